@@ -1,0 +1,325 @@
+//! proto <-> session types. The only place that knows both.
+
+use prost_types::value::Kind;
+use serde_json::{Map, Number, Value};
+
+use super::proto;
+use crate::config::ToolCategory;
+use crate::session::{
+    ClientEvent, ContextBlock, HistoryMessage, HistoryPart, ServerEvent, StartRequest, ToolOutcome,
+    ToolSpec, UserTurn,
+};
+
+/// Why a request could not be converted; becomes `SessionError{invalid_argument}`.
+pub type ConvertError = String;
+
+pub fn struct_to_json(s: &prost_types::Struct, path: &str) -> Result<Value, ConvertError> {
+    let mut map = Map::with_capacity(s.fields.len());
+    for (k, v) in &s.fields {
+        map.insert(k.clone(), value_to_json(v, &format!("{path}.{k}"))?);
+    }
+    Ok(Value::Object(map))
+}
+
+fn value_to_json(v: &prost_types::Value, path: &str) -> Result<Value, ConvertError> {
+    Ok(match &v.kind {
+        None => return Err(format!("{path}: google.protobuf.Value has no kind set")),
+        Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::BoolValue(b)) => Value::Bool(*b),
+        Some(Kind::StringValue(s)) => Value::String(s.clone()),
+        Some(Kind::NumberValue(n)) => {
+            if n.fract() == 0.0 && n.abs() < 9.0e15 {
+                // Integral values stay integers so JSON Schema `integer` accepts them.
+                Value::Number(Number::from(*n as i64))
+            } else {
+                Value::Number(
+                    Number::from_f64(*n)
+                        .ok_or_else(|| format!("{path}: number {n} is not finite"))?,
+                )
+            }
+        }
+        Some(Kind::StructValue(s)) => struct_to_json(s, path)?,
+        Some(Kind::ListValue(l)) => Value::Array(
+            l.values
+                .iter()
+                .enumerate()
+                .map(|(i, v)| value_to_json(v, &format!("{path}[{i}]")))
+                .collect::<Result<_, _>>()?,
+        ),
+    })
+}
+
+/// A JSON value as a `Struct`. Non-objects are wrapped as `{"value": ...}`.
+pub fn json_to_struct(v: &Value) -> prost_types::Struct {
+    match v {
+        Value::Object(map) => prost_types::Struct {
+            fields: map.iter().map(|(k, v)| (k.clone(), json_to_value(v))).collect(),
+        },
+        other => prost_types::Struct {
+            fields: [("value".to_string(), json_to_value(other))].into_iter().collect(),
+        },
+    }
+}
+
+fn json_to_value(v: &Value) -> prost_types::Value {
+    let kind = match v {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(*b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        Value::String(s) => Kind::StringValue(s.clone()),
+        Value::Array(a) => Kind::ListValue(prost_types::ListValue {
+            values: a.iter().map(json_to_value).collect(),
+        }),
+        Value::Object(_) => Kind::StructValue(json_to_struct(v)),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+fn tool_spec(t: &proto::ToolSchema, path: &str) -> Result<ToolSpec, ConvertError> {
+    let category = match proto::ToolCategoryHint::try_from(t.category) {
+        Ok(proto::ToolCategoryHint::ToolCategoryPure) => ToolCategory::Pure,
+        Ok(proto::ToolCategoryHint::ToolCategoryPhysical | proto::ToolCategoryHint::ToolCategoryUnspecified) => {
+            ToolCategory::Physical
+        }
+        Err(_) => return Err(format!("{path}.category: unknown ToolCategoryHint {}", t.category)),
+    };
+    if t.name.trim().is_empty() {
+        return Err(format!("{path}.name: tool name must not be empty"));
+    }
+    let parameters_schema = match &t.parameters_schema {
+        Some(s) => struct_to_json(s, &format!("{path}.parameters_schema"))?,
+        None => Value::Object(Map::new()),
+    };
+    Ok(ToolSpec {
+        name: t.name.clone(),
+        description: t.description.clone(),
+        parameters_schema,
+        timeout_ms: t.timeout_ms,
+        category,
+    })
+}
+
+fn tool_specs(tools: &[proto::ToolSchema], path: &str) -> Result<Vec<ToolSpec>, ConvertError> {
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| tool_spec(t, &format!("{path}[{i}]")))
+        .collect()
+}
+
+fn history_part(p: &proto::ContentPart, path: &str) -> Result<HistoryPart, ConvertError> {
+    use proto::content_part::Part;
+    Ok(match &p.part {
+        None => HistoryPart::Empty,
+        Some(Part::Text(t)) => HistoryPart::Text(t.text.clone()),
+        Some(Part::ToolUse(u)) => HistoryPart::ToolUse {
+            id: u.id.clone(),
+            name: u.name.clone(),
+            input: match &u.input {
+                Some(s) => struct_to_json(s, &format!("{path}.tool_use.input"))?,
+                None => Value::Object(Map::new()),
+            },
+        },
+        Some(Part::ToolResult(r)) => HistoryPart::ToolResult {
+            tool_use_id: r.tool_use_id.clone(),
+            name: r.name.clone(),
+            content: r.content.clone(),
+            is_error: r.is_error,
+        },
+        Some(Part::Thinking(t)) => HistoryPart::Thinking {
+            thinking: t.thinking.clone(),
+            signature: t.signature.clone(),
+        },
+        Some(Part::Image(i)) => HistoryPart::Image {
+            media_type: i.media_type.clone(),
+            data: i.data.clone(),
+        },
+    })
+}
+
+/// Converts one client message. `Err` for malformed input (empty oneof, bad Struct).
+pub fn client_event(req: proto::SessionRequest) -> Result<ClientEvent, ConvertError> {
+    use proto::session_request::Request;
+    let Some(request) = req.request else {
+        return Err("SessionRequest has no request set".to_string());
+    };
+    Ok(match request {
+        Request::Start(s) => ClientEvent::Start(StartRequest {
+            tools: tool_specs(&s.tools, "start.tools")?,
+            history: s
+                .history
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    Ok(HistoryMessage {
+                        role: m.role.clone(),
+                        parts: m
+                            .parts
+                            .iter()
+                            .enumerate()
+                            .map(|(j, p)| history_part(p, &format!("start.history[{i}].parts[{j}]")))
+                            .collect::<Result<_, ConvertError>>()?,
+                    })
+                })
+                .collect::<Result<_, ConvertError>>()?,
+            environment_id: s.environment_id,
+            host_id: s.host_id,
+            model: s.model,
+            project_context: s.project_context,
+            max_context_tokens: s.max_context_tokens,
+        }),
+        Request::UserMessage(m) => ClientEvent::UserMessage(UserTurn {
+            tools: tool_specs(&m.tools, "user_message.tools")?,
+            context: m
+                .context
+                .into_iter()
+                .enumerate()
+                .map(|(i, b)| match b.block {
+                    Some(proto::content_block::Block::Text(text)) => {
+                        Ok(ContextBlock::Text { text, label: b.label })
+                    }
+                    Some(proto::content_block::Block::Binary(bin)) => Ok(ContextBlock::Binary {
+                        mime_type: bin.mime_type,
+                        data: bin.data,
+                        label: b.label,
+                    }),
+                    None => Err(format!("user_message.context[{i}]: ContentBlock has no block set")),
+                })
+                .collect::<Result<_, _>>()?,
+            content: m.content,
+            ai_mode: m.ai_mode,
+            message_id: m.message_id,
+            system_context: m.system_context,
+        }),
+        Request::ToolResult(r) => ClientEvent::ToolResult(ToolOutcome {
+            tool_call_id: r.tool_call_id,
+            success: r.success,
+            result: r.result,
+            exit_code: r.exit_code,
+            truncated: r.truncated,
+            duration_ms: r.duration_ms,
+        }),
+        Request::CancelTurn(c) => ClientEvent::CancelTurn { reason: c.reason },
+        Request::CancelSession(c) => ClientEvent::CancelSession { reason: c.reason },
+        Request::Ping(_) => ClientEvent::Ping,
+        Request::Feedback(f) => ClientEvent::Feedback {
+            session_id: f.session_id,
+            message_id: f.message_id,
+            rating: f.rating,
+        },
+        Request::PermissionDecision(d) => ClientEvent::PermissionDecision {
+            tool_call_id: d.tool_call_id,
+            approved: d.approved,
+        },
+        Request::RegisterTools(r) => ClientEvent::RegisterTools {
+            tools: tool_specs(&r.tools, "register_tools.tools")?,
+            source: r.source,
+            system_context: r.system_context,
+        },
+    })
+}
+
+pub fn server_response(event: ServerEvent) -> proto::SessionResponse {
+    use proto::session_response::Response;
+    let response = match event {
+        ServerEvent::Started { session_id, model, permissions } => {
+            Response::SessionStarted(proto::SessionStarted {
+                session_id,
+                model,
+                permissions: permissions
+                    .into_iter()
+                    .map(|p| proto::PermissionRule {
+                        tool_pattern: p.tool_pattern,
+                        policy: p.policy,
+                        category: p.category,
+                        reason: p.reason,
+                    })
+                    .collect(),
+            })
+        }
+        ServerEvent::TextDelta { message_id, content } => {
+            Response::TextDelta(proto::TextDelta { message_id, content })
+        }
+        ServerEvent::ThinkingDelta { message_id, content } => {
+            Response::ThinkingDelta(proto::ThinkingDelta { message_id, content })
+        }
+        ServerEvent::ToolRequest { tool_call_id, tool_name, parameters, timeout_ms } => {
+            Response::ToolRequest(proto::ToolRequest {
+                tool_call_id,
+                tool_name,
+                parameters: Some(json_to_struct(&parameters)),
+                timeout_ms,
+            })
+        }
+        ServerEvent::TurnComplete { message_id, usage, stop_reason } => {
+            Response::TurnComplete(proto::TurnComplete {
+                message_id,
+                usage: Some(proto::TokenUsage {
+                    input_tokens: usage.input_tokens,
+                    output_tokens: usage.output_tokens,
+                    cache_read_tokens: usage.cache_read_tokens,
+                    cache_creation_tokens: usage.cache_creation_tokens,
+                }),
+                stop_reason: stop_reason.as_str().to_string(),
+            })
+        }
+        ServerEvent::Error(e) => Response::Error(proto::SessionError {
+            code: e.code.as_str().to_string(),
+            message: e.message,
+            retryable: e.retryable,
+        }),
+        ServerEvent::Keepalive { tokens_used, tokens_max } => {
+            Response::Keepalive(proto::Keepalive { tokens_used, tokens_max })
+        }
+        ServerEvent::Pong => Response::Pong(proto::Pong {}),
+        ServerEvent::Presence { level, reason } => Response::PresenceHint(proto::PresenceHint {
+            level: level.as_str().to_string(),
+            reason,
+        }),
+        ServerEvent::Activity { state, detail } => Response::ActivityUpdate(proto::ActivityUpdate {
+            state: state.as_str().to_string(),
+            detail,
+            progress: None,
+        }),
+    };
+    proto::SessionResponse { response: Some(response) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_struct_round_trip_keeps_integers_and_nesting() {
+        let v = serde_json::json!({"a": 1, "b": [true, null, "x", 2.5], "c": {"d": -3}});
+        assert_eq!(struct_to_json(&json_to_struct(&v), "p").unwrap(), v);
+    }
+
+    #[test]
+    fn value_without_kind_is_rejected_with_its_path() {
+        let s = prost_types::Struct {
+            fields: [("x".to_string(), prost_types::Value { kind: None })].into_iter().collect(),
+        };
+        let err = struct_to_json(&s, "tool.parameters").unwrap_err();
+        assert!(err.contains("tool.parameters.x"), "{err}");
+    }
+
+    #[test]
+    fn non_finite_number_is_rejected() {
+        let s = json_to_struct(&serde_json::json!({}));
+        let mut s = s;
+        s.fields.insert("n".into(), prost_types::Value { kind: Some(Kind::NumberValue(f64::NAN)) });
+        assert!(struct_to_json(&s, "p").is_err());
+    }
+
+    #[test]
+    fn empty_request_is_malformed() {
+        assert!(client_event(proto::SessionRequest { request: None }).is_err());
+    }
+
+    #[test]
+    fn unspecified_category_is_physical() {
+        let t = proto::ToolSchema { name: "t".into(), ..Default::default() };
+        assert_eq!(tool_spec(&t, "t").unwrap().category, ToolCategory::Physical);
+    }
+}

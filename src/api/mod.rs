@@ -1,0 +1,62 @@
+//! Transport: tonic gRPC services and the axum REST API on one listener.
+
+mod agent;
+mod auth;
+pub mod convert;
+mod rest;
+
+use std::sync::Arc;
+
+use tonic_health::server::HealthReporter;
+
+use crate::HostContext;
+
+/// Generated roz.v1 types, server and client.
+pub mod proto {
+    tonic::include_proto!("roz.v1");
+
+    /// Encoded `FileDescriptorSet` of `proto/`, served by reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/roz_descriptor.bin"));
+}
+
+/// Fully qualified name of the agent service, as reflection and health report it.
+pub const AGENT_SERVICE_NAME: &str = "roz.v1.AgentService";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("cannot build gRPC reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Builds the one router that serves gRPC and REST, behind authentication.
+pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReporter), ApiError> {
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<proto::agent_service_server::AgentServiceServer<agent::AgentApi>>()
+        .await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let grpc = tonic::service::Routes::builder()
+        .add_service(proto::agent_service_server::AgentServiceServer::new(agent::AgentApi::new(
+            ctx.clone(),
+        )))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .clone()
+        .routes()
+        .into_axum_router();
+    let router = grpc
+        .merge(rest::routes().with_state(ctx.clone()))
+        .fallback(rest::fallback)
+        .method_not_allowed_fallback(rest::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(ctx, auth::require_token));
+    Ok((router, health_reporter))
+}

@@ -1,0 +1,857 @@
+//! Configuration: TOML text -> validated, typed [`Config`].
+//!
+//! Every error names the file, the line and the key, so an operator can fix a
+//! broken `/etc/rozd/rozd.toml` without reading source code. Validation is
+//! complete before anything binds a socket or touches hardware.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Where the system-wide configuration lives when nothing else is given.
+pub const SYSTEM_CONFIG_PATH: &str = "/etc/rozd/rozd.toml";
+/// Environment variable that names a configuration file.
+pub const CONFIG_ENV: &str = "ROZD_CONFIG";
+/// Name used in errors for the built-in simulated-host configuration.
+pub const BUILTIN_NAME: &str = "<built-in simulated host>";
+
+/// The built-in configuration: a small simulated robot, so `rozd run` works
+/// on any machine with no hardware, no network and no API key.
+pub const BUILTIN_CONFIG: &str = include_str!("builtin.toml");
+
+/// A configuration error that names where the problem is.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read configuration: {source}")]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}:{line}: key `{key}`: {message}", line = fmt_line(*.line))]
+    Invalid {
+        file: String,
+        line: Option<usize>,
+        key: String,
+        message: String,
+    },
+}
+
+fn fmt_line(line: Option<usize>) -> String {
+    line.map_or_else(|| "?".to_string(), |l| l.to_string())
+}
+
+/// Where a configuration came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigSource {
+    File(PathBuf),
+    BuiltIn,
+}
+
+impl fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigSource::File(p) => write!(f, "{}", p.display()),
+            ConfigSource::BuiltIn => f.write_str(BUILTIN_NAME),
+        }
+    }
+}
+
+/// A secret string (an auth token): compared in constant time, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Secret)
+    }
+}
+
+// ------------------------------------------------------------------ schema
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub host: HostConfig,
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+    #[serde(default)]
+    pub store: StoreConfig,
+    #[serde(default)]
+    pub session: SessionConfig,
+    #[serde(default)]
+    pub permissions: Vec<PermissionRuleConfig>,
+    #[serde(default)]
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub ooda: OodaConfig,
+    #[serde(default)]
+    pub safety: SafetyConfig,
+    #[serde(default)]
+    pub sensors: Vec<SensorConfig>,
+    #[serde(default)]
+    pub actuators: Vec<ActuatorConfig>,
+    /// Tokens read from `server.auth_token_file`, merged with `server.auth_tokens`.
+    #[serde(skip)]
+    pub resolved_tokens: Vec<Secret>,
+    #[serde(skip)]
+    pub source: Option<ConfigSource>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// Stable identifier of this host; defaults to the machine's hostname.
+    #[serde(default = "default_host_id")]
+    pub id: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default = "default_environment")]
+    pub environment_id: String,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            id: default_host_id(),
+            name: None,
+            environment_id: default_environment(),
+        }
+    }
+}
+
+impl HostConfig {
+    pub fn display_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.id)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    #[serde(default)]
+    pub auth_tokens: Vec<Secret>,
+    #[serde(default)]
+    pub auth_token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub allow_unauthenticated_remote: bool,
+    /// How long open streams get to finish after SIGTERM before they are cut.
+    #[serde(default = "default_shutdown_grace_secs")]
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: default_listen(),
+            auth_tokens: Vec::new(),
+            auth_token_file: None,
+            allow_unauthenticated_remote: false,
+            shutdown_grace_secs: default_shutdown_grace_secs(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    #[serde(default = "default_log_level")]
+    pub level: String,
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: default_log_level(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// SQLite database file. Default: `$STATE_DIRECTORY/rozd.db` under systemd,
+    /// else `$XDG_STATE_HOME/rozd/rozd.db` (or `~/.local/state/rozd/rozd.db`).
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+}
+
+impl StoreConfig {
+    pub fn resolved_path(&self) -> PathBuf {
+        if let Some(p) = &self.path {
+            return p.clone();
+        }
+        if let Some(dir) = std::env::var_os("STATE_DIRECTORY") {
+            // systemd may pass several colon-separated directories; the first is ours.
+            let first = dir.to_string_lossy().split(':').next().unwrap_or("").to_string();
+            if !first.is_empty() {
+                return PathBuf::from(first).join("rozd.db");
+            }
+        }
+        let base = std::env::var_os("XDG_STATE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+            .unwrap_or_else(|| PathBuf::from("."));
+        base.join("rozd").join("rozd.db")
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionConfig {
+    /// Seconds between `Keepalive` messages on an open session stream.
+    #[serde(default = "default_keepalive_secs")]
+    pub keepalive_secs: u64,
+    /// Timeout for a client tool that declares `timeout_ms = 0`.
+    #[serde(default = "default_tool_timeout_ms")]
+    pub default_tool_timeout_ms: u32,
+    /// How long a `require_confirmation` call waits for a `PermissionDecision`.
+    #[serde(default = "default_approval_timeout_secs")]
+    pub approval_timeout_secs: u64,
+    /// Upper bound of model calls in one turn (stop reason `max_cycles`).
+    #[serde(default = "default_max_cycles")]
+    pub max_cycles: u32,
+    /// Context budget when `StartSession.max_context_tokens` is absent.
+    #[serde(default = "default_max_context_tokens")]
+    pub default_max_context_tokens: u32,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            keepalive_secs: default_keepalive_secs(),
+            default_tool_timeout_ms: default_tool_timeout_ms(),
+            approval_timeout_secs: default_approval_timeout_secs(),
+            max_cycles: default_max_cycles(),
+            default_max_context_tokens: default_max_context_tokens(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    Allow,
+    RequireConfirmation,
+    Block,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Allow => "allow",
+            Policy::RequireConfirmation => "require_confirmation",
+            Policy::Block => "block",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolCategory {
+    Physical,
+    Pure,
+}
+
+impl ToolCategory {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolCategory::Physical => "physical",
+            ToolCategory::Pure => "pure",
+        }
+    }
+}
+
+/// One `[[permissions]]` rule. Rules are checked in order; the first whose
+/// `tool_pattern` (a glob: `*` and `?`) matches, and whose `category` (if set)
+/// equals the tool's, decides.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionRuleConfig {
+    pub tool_pattern: String,
+    pub policy: Policy,
+    #[serde(default)]
+    pub category: Option<ToolCategory>,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Name of the model a session uses when `StartSession.model` is absent.
+    #[serde(default = "default_model")]
+    pub default: String,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            default: default_model(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OodaConfig {
+    /// Rate of the orient/decide tick.
+    #[serde(default = "default_tick_hz")]
+    pub tick_hz: f64,
+}
+
+impl Default for OodaConfig {
+    fn default() -> Self {
+        OodaConfig {
+            tick_hz: default_tick_hz(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SafetyConfig {
+    /// Deadline for a PHYSICAL call on an actuator without its own `timeout_ms`.
+    #[serde(default = "default_physical_timeout_ms")]
+    pub default_timeout_ms: u32,
+}
+
+impl Default for SafetyConfig {
+    fn default() -> Self {
+        SafetyConfig {
+            default_timeout_ms: default_physical_timeout_ms(),
+        }
+    }
+}
+
+/// Where a sensor's values come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SensorSourceKind {
+    Sim,
+    Serial,
+    Gpio,
+    Mqtt,
+    System,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SensorConfig {
+    pub name: String,
+    pub source: SensorSourceKind,
+    #[serde(default)]
+    pub unit: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActuatorKind {
+    Sim,
+    Serial,
+    Gpio,
+    Mqtt,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActuatorConfig {
+    pub name: String,
+    pub kind: ActuatorKind,
+    #[serde(default)]
+    pub unit: Option<String>,
+    pub min: f64,
+    pub max: f64,
+    /// The value the actuator returns to on timeout, stop, disconnect or shutdown.
+    pub safe_value: f64,
+    #[serde(default)]
+    pub timeout_ms: Option<u32>,
+}
+
+fn default_host_id() -> String {
+    machine_hostname().unwrap_or_else(|| "rozd-host".to_string())
+}
+fn default_environment() -> String {
+    "default".to_string()
+}
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+fn default_shutdown_grace_secs() -> u64 {
+    5
+}
+fn default_log_level() -> String {
+    "info".to_string()
+}
+fn default_keepalive_secs() -> u64 {
+    10
+}
+fn default_tool_timeout_ms() -> u32 {
+    30_000
+}
+fn default_approval_timeout_secs() -> u64 {
+    120
+}
+fn default_max_cycles() -> u32 {
+    25
+}
+fn default_max_context_tokens() -> u32 {
+    200_000
+}
+fn default_model() -> String {
+    "local".to_string()
+}
+fn default_tick_hz() -> f64 {
+    50.0
+}
+fn default_physical_timeout_ms() -> u32 {
+    5_000
+}
+
+/// The machine's hostname, as the kernel reports it.
+pub fn machine_hostname() -> Option<String> {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .ok()?;
+    let name = raw.trim();
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+// ------------------------------------------------------------------ loading
+
+impl Config {
+    /// Finds and loads the configuration: `explicit` (from `--config`) >
+    /// `$ROZD_CONFIG` > `/etc/rozd/rozd.toml` > the built-in simulated host.
+    pub fn discover(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        if let Some(path) = explicit {
+            return Config::load_file(path);
+        }
+        if let Some(path) = std::env::var_os(CONFIG_ENV).filter(|p| !p.is_empty()) {
+            return Config::load_file(Path::new(&path));
+        }
+        let system = Path::new(SYSTEM_CONFIG_PATH);
+        if system.exists() {
+            return Config::load_file(system);
+        }
+        Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn)
+    }
+
+    pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.display().to_string(),
+            source,
+        })?;
+        Config::parse(&text, ConfigSource::File(path.to_path_buf()))
+    }
+
+    /// Parses and fully validates configuration text.
+    pub fn parse(text: &str, source: ConfigSource) -> Result<Config, ConfigError> {
+        let file = source.to_string();
+        let mut config: Config = toml::from_str(text).map_err(|e| {
+            let (line, key) = match e.span() {
+                Some(span) => locate_span(text, span.start),
+                None => (None, String::from("<document>")),
+            };
+            ConfigError::Invalid {
+                file: file.clone(),
+                line,
+                key,
+                message: e.message().trim().to_string(),
+            }
+        })?;
+        config.source = Some(source);
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            file: file.clone(),
+            line: locate_key(text, key),
+            key: key.to_string(),
+            message,
+        };
+        config.validate(invalid)?;
+        config.resolve_tokens(&file, text)?;
+        if !config.server.listen.ip().is_loopback()
+            && config.resolved_tokens.is_empty()
+            && !config.server.allow_unauthenticated_remote
+        {
+            return Err(ConfigError::Invalid {
+                file: file.clone(),
+                line: locate_key(text, "server.listen"),
+                key: "server.listen".into(),
+                message: format!(
+                    "{} is not a loopback address and no auth tokens are configured; \
+                     set server.auth_tokens or server.auth_token_file, or set \
+                     server.allow_unauthenticated_remote = true to accept the risk",
+                    config.server.listen
+                ),
+            });
+        }
+        Ok(config)
+    }
+
+    fn validate(
+        &self,
+        invalid: impl Fn(&str, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
+        if !valid_id(&self.host.id) {
+            return Err(invalid(
+                "host.id",
+                format!(
+                    "{:?} is not a valid host id (1-128 characters of letters, digits, '-', '_', '.')",
+                    self.host.id
+                ),
+            ));
+        }
+        if self.host.environment_id.trim().is_empty() {
+            return Err(invalid("host.environment_id", "must not be empty".into()));
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return Err(invalid(
+                "log.level",
+                format!(
+                    "{:?} is not a log level or filter (try \"info\", \"debug\", \"rozd=debug,info\")",
+                    self.log.level
+                ),
+            ));
+        }
+        if self.server.auth_tokens.iter().any(|t| t.expose().trim().is_empty()) {
+            return Err(invalid("server.auth_tokens", "tokens must not be empty".into()));
+        }
+        if self.session.keepalive_secs == 0 {
+            return Err(invalid("session.keepalive_secs", "must be at least 1".into()));
+        }
+        if self.session.default_tool_timeout_ms == 0 {
+            return Err(invalid("session.default_tool_timeout_ms", "must be at least 1".into()));
+        }
+        if self.session.approval_timeout_secs == 0 {
+            return Err(invalid("session.approval_timeout_secs", "must be at least 1".into()));
+        }
+        if self.session.max_cycles == 0 {
+            return Err(invalid("session.max_cycles", "must be at least 1".into()));
+        }
+        if self.session.default_max_context_tokens < 1024 {
+            return Err(invalid(
+                "session.default_max_context_tokens",
+                "must be at least 1024".into(),
+            ));
+        }
+        for (i, rule) in self.permissions.iter().enumerate() {
+            if rule.tool_pattern.trim().is_empty() {
+                return Err(invalid(
+                    &format!("permissions[{i}].tool_pattern"),
+                    "must not be empty".into(),
+                ));
+            }
+        }
+        if self.model.default != "local" {
+            return Err(invalid(
+                "model.default",
+                format!("unknown model {:?}; known models: local", self.model.default),
+            ));
+        }
+        if !(self.ooda.tick_hz.is_finite() && self.ooda.tick_hz > 0.0 && self.ooda.tick_hz <= 10_000.0) {
+            return Err(invalid(
+                "ooda.tick_hz",
+                format!("{} is outside 0 < tick_hz <= 10000", self.ooda.tick_hz),
+            ));
+        }
+        if self.safety.default_timeout_ms == 0 {
+            return Err(invalid("safety.default_timeout_ms", "must be at least 1".into()));
+        }
+        let mut names = HashSet::new();
+        for (i, s) in self.sensors.iter().enumerate() {
+            if !valid_id(&s.name) {
+                return Err(invalid(&format!("sensors[{i}].name"), format!("{:?} is not a valid name", s.name)));
+            }
+            if !names.insert(s.name.as_str()) {
+                return Err(invalid(&format!("sensors[{i}].name"), format!("duplicate sensor name {:?}", s.name)));
+            }
+        }
+        let mut names = HashSet::new();
+        for (i, a) in self.actuators.iter().enumerate() {
+            let key = |k: &str| format!("actuators[{i}].{k}");
+            if !valid_id(&a.name) {
+                return Err(invalid(&key("name"), format!("{:?} is not a valid name", a.name)));
+            }
+            if !names.insert(a.name.as_str()) {
+                return Err(invalid(&key("name"), format!("duplicate actuator name {:?}", a.name)));
+            }
+            if !(a.min.is_finite() && a.max.is_finite() && a.min <= a.max) {
+                return Err(invalid(&key("max"), format!("range [{}, {}] is not a finite, ordered range", a.min, a.max)));
+            }
+            if !(a.safe_value >= a.min && a.safe_value <= a.max) {
+                return Err(invalid(
+                    &key("safe_value"),
+                    format!("{} is outside [{}, {}]", a.safe_value, a.min, a.max),
+                ));
+            }
+            if a.timeout_ms == Some(0) {
+                return Err(invalid(&key("timeout_ms"), "must be at least 1".into()));
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve_tokens(&mut self, file: &str, text: &str) -> Result<(), ConfigError> {
+        let mut tokens = self.server.auth_tokens.clone();
+        if let Some(path) = &self.server.auth_token_file {
+            let content = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+                file: file.to_string(),
+                line: locate_key(text, "server.auth_token_file"),
+                key: "server.auth_token_file".into(),
+                message: format!("cannot read {}: {e}", path.display()),
+            })?;
+            tokens.extend(
+                content
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(Secret::new),
+            );
+        }
+        self.resolved_tokens = tokens;
+        Ok(())
+    }
+
+    /// Whether requests must carry a bearer token.
+    pub fn auth_required(&self) -> bool {
+        !self.resolved_tokens.is_empty()
+    }
+
+    /// A human-readable summary of the effective configuration (no secrets).
+    pub fn summary(&self) -> String {
+        let source = self
+            .source
+            .as_ref()
+            .map_or_else(|| BUILTIN_NAME.to_string(), ToString::to_string);
+        let mut out = String::new();
+        let mut line = |s: String| {
+            out.push_str(&s);
+            out.push('\n');
+        };
+        line(format!("config:        {source}"));
+        line(format!("host:          {} ({})", self.host.id, self.host.display_name()));
+        line(format!("environment:   {}", self.host.environment_id));
+        line(format!("listen:        {}", self.server.listen));
+        line(format!(
+            "auth:          {}",
+            if self.auth_required() {
+                format!("{} bearer token(s)", self.resolved_tokens.len())
+            } else {
+                "none (loopback only)".to_string()
+            }
+        ));
+        line(format!("log:           {} ({:?})", self.log.level, self.log.format));
+        line(format!("store:         {}", self.store.resolved_path().display()));
+        line(format!("model:         {}", self.model.default));
+        line(format!("ooda tick:     {} Hz", self.ooda.tick_hz));
+        line(format!("permissions:   {} rule(s)", self.permissions.len()));
+        let sensors: Vec<&str> = self.sensors.iter().map(|s| s.name.as_str()).collect();
+        let actuators: Vec<&str> = self.actuators.iter().map(|a| a.name.as_str()).collect();
+        line(format!("sensors:       {} [{}]", sensors.len(), sensors.join(", ")));
+        line(format!("actuators:     {} [{}]", actuators.len(), actuators.join(", ")));
+        out
+    }
+}
+
+fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+// ------------------------------------------------------------------ locating keys in TOML text
+
+/// One logical TOML line: its 1-based number, the table it is in, and the key
+/// it assigns (if any).
+struct TomlLine<'a> {
+    number: usize,
+    table: String,
+    key: Option<&'a str>,
+    is_header: bool,
+}
+
+fn scan_lines(text: &str) -> Vec<TomlLine<'_>> {
+    let mut table = String::new();
+    let mut counts: std::collections::HashMap<String, usize> = Default::default();
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if let Some(inner) = line.strip_prefix("[[") {
+            let name = inner.split("]]").next().unwrap_or("").trim().to_string();
+            let n = counts.entry(name.clone()).or_insert(0);
+            table = format!("{name}[{n}]");
+            *n += 1;
+            out.push(TomlLine { number: i + 1, table: table.clone(), key: None, is_header: true });
+        } else if let Some(inner) = line.strip_prefix('[') {
+            table = inner.split(']').next().unwrap_or("").trim().to_string();
+            out.push(TomlLine { number: i + 1, table: table.clone(), key: None, is_header: true });
+        } else if let Some((k, _)) = line.split_once('=')
+            && !line.starts_with('#')
+        {
+            let key = k.trim().trim_matches('"');
+            out.push(TomlLine { number: i + 1, table: table.clone(), key: Some(key), is_header: false });
+        }
+    }
+    out
+}
+
+fn join_key(table: &str, key: Option<&str>) -> String {
+    match (table.is_empty(), key) {
+        (true, Some(k)) => k.to_string(),
+        (false, Some(k)) => format!("{table}.{k}"),
+        (_, None) if table.is_empty() => "<document>".to_string(),
+        (_, None) => table.to_string(),
+    }
+}
+
+/// The 1-based line and dotted key at a byte offset of the text.
+fn locate_span(text: &str, offset: usize) -> (Option<usize>, String) {
+    let offset = offset.min(text.len());
+    let line_no = text
+        .get(..offset)
+        .map_or(1, |before| before.matches('\n').count() + 1);
+    let lines = scan_lines(text);
+    let found = lines.iter().rev().find(|l| l.number <= line_no);
+    match found {
+        Some(l) if l.number == line_no => (Some(line_no), join_key(&l.table, l.key)),
+        Some(l) => (Some(line_no), join_key(&l.table, None)),
+        None => (Some(line_no), "<document>".to_string()),
+    }
+}
+
+/// The line where a dotted key (e.g. `server.listen`, `actuators[1].max`) is
+/// set, or the line of its table header if the key itself is absent.
+fn locate_key(text: &str, dotted: &str) -> Option<usize> {
+    let lines = scan_lines(text);
+    let (table, key) = match dotted.rsplit_once('.') {
+        Some((t, k)) => (t, k),
+        None => ("", dotted),
+    };
+    lines
+        .iter()
+        .find(|l| l.table == table && l.key == Some(key))
+        .or_else(|| lines.iter().find(|l| l.is_header && l.table == table))
+        .map(|l| l.number)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, ConfigSource::File(PathBuf::from("/etc/rozd/test.toml")))
+    }
+
+    fn invalid(text: &str) -> (String, Option<usize>, String) {
+        match parse(text) {
+            Err(ConfigError::Invalid { file, line, key, .. }) => (file, line, key),
+            other => panic!("expected an invalid-config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn builtin_config_is_a_valid_simulated_host() {
+        let c = Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn).unwrap();
+        assert_eq!(c.server.listen, default_listen());
+        assert!(!c.auth_required());
+        assert!(c.sensors.iter().all(|s| s.source == SensorSourceKind::Sim));
+        assert!(c.actuators.iter().all(|a| a.kind == ActuatorKind::Sim));
+        assert!(c.sensors.len() >= 3 && !c.actuators.is_empty());
+        assert_eq!(Some(c.host.id), machine_hostname().or(Some("rozd-host".into())));
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_key() {
+        let (file, line, key) = invalid("[host]\nid = \"a\"\n\n[server]\nlisten = \"127.0.0.1:1\"\nlisen = 3\n");
+        assert_eq!(file, "/etc/rozd/test.toml");
+        assert_eq!(line, Some(6));
+        assert_eq!(key, "server.lisen");
+    }
+
+    #[test]
+    fn wrong_type_names_line_and_key() {
+        let (_, line, key) = invalid("[session]\nkeepalive_secs = \"ten\"\n");
+        assert_eq!((line, key.as_str()), (Some(2), "session.keepalive_secs"));
+    }
+
+    #[test]
+    fn bad_address_names_line_and_key() {
+        let (_, line, key) = invalid("\n[server]\nlisten = \"localhost:99999\"\n");
+        assert_eq!((line, key.as_str()), (Some(3), "server.listen"));
+    }
+
+    #[test]
+    fn semantic_errors_point_at_the_key_in_arrays_of_tables() {
+        let text = "[[actuators]]\nname = \"a\"\nkind = \"sim\"\nmin = 0\nmax = 1\nsafe_value = 0\n\n\
+                    [[actuators]]\nname = \"b\"\nkind = \"sim\"\nmin = 0\nmax = 1\nsafe_value = 5\n";
+        let (_, line, key) = invalid(text);
+        assert_eq!((line, key.as_str()), (Some(13), "actuators[1].safe_value"));
+    }
+
+    #[test]
+    fn non_loopback_without_tokens_is_refused_unless_allowed() {
+        let (_, line, key) = invalid("[server]\nlisten = \"0.0.0.0:8080\"\n");
+        assert_eq!((line, key.as_str()), (Some(2), "server.listen"));
+        assert!(parse("[server]\nlisten = \"0.0.0.0:8080\"\nauth_tokens = [\"t0ken\"]\n").is_ok());
+        assert!(
+            parse("[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n").is_ok()
+        );
+    }
+
+    #[test]
+    fn token_file_is_read_and_secrets_are_not_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, "# operators\nalpha-token\n\nbeta-token\n").unwrap();
+        let c = parse(&format!("[server]\nauth_token_file = {:?}\n", path.display().to_string())).unwrap();
+        let tokens: Vec<&str> = c.resolved_tokens.iter().map(Secret::expose).collect();
+        assert_eq!(tokens, ["alpha-token", "beta-token"]);
+        let printed = format!("{c:?}{}", c.summary());
+        assert!(!printed.contains("alpha-token") && !printed.contains("beta-token"));
+    }
+
+    #[test]
+    fn missing_token_file_is_an_error_naming_the_key() {
+        let (_, line, key) = invalid("[server]\nauth_token_file = \"/nonexistent/rozd-tokens\"\n");
+        assert_eq!((line, key.as_str()), (Some(2), "server.auth_token_file"));
+    }
+
+    #[test]
+    fn missing_file_is_a_read_error_naming_the_file() {
+        let err = Config::load_file(Path::new("/nonexistent/rozd.toml")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/rozd.toml"), "{err}");
+    }
+}

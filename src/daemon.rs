@@ -1,0 +1,185 @@
+//! Start order, serving, shutdown order, and systemd notification.
+//!
+//! Start: validated config -> bind the listener -> build the router ->
+//! `READY=1`. Stop (SIGTERM/SIGINT): `STOPPING=1` -> health NOT_SERVING ->
+//! stop accepting -> sessions end their streams -> connections drain within
+//! `server.shutdown_grace_secs` -> exit 0.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use sd_notify::NotifyState;
+use tokio::net::TcpListener;
+
+use crate::HostContext;
+use crate::api;
+use crate::config::Config;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Api(#[from] api::ApiError),
+    #[error("cannot install signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+/// HTTP/2 pings detect a peer that vanished without closing its connection
+/// (a robot's client on a dropped Wi-Fi link), so its session ends promptly.
+const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A daemon whose listener is bound but which does not serve yet.
+pub struct Daemon {
+    listener: TcpListener,
+    ctx: Arc<HostContext>,
+    router: axum::Router,
+    health: tonic_health::server::HealthReporter,
+}
+
+impl Daemon {
+    /// Binds the configured address. Nothing is bound before this point, and
+    /// the config is already fully validated.
+    pub async fn bind(config: Config) -> Result<Daemon, DaemonError> {
+        let addr = config.server.listen;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| DaemonError::Bind { addr, source })?;
+        let local = listener.local_addr().map_err(|source| DaemonError::Bind { addr, source })?;
+        let ctx = HostContext::new(Arc::new(config), local);
+        let (router, health) = api::router(ctx.clone()).await?;
+        Ok(Daemon { listener, ctx, router, health })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.ctx.listen_addr
+    }
+
+    pub fn context(&self) -> Arc<HostContext> {
+        self.ctx.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then drains gracefully.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        let Daemon { listener, ctx, router, health } = self;
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(H2_KEEPALIVE_INTERVAL))
+            .keep_alive_timeout(H2_KEEPALIVE_TIMEOUT);
+        let builder = Arc::new(builder);
+        let graceful = GracefulShutdown::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(pair) => pair,
+                        Err(e) => {
+                            // EMFILE and friends: back off briefly rather than spin.
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    };
+                    // Tool calls are small messages on a latency-critical path.
+                    let _ = stream.set_nodelay(true);
+                    let service = TowerToHyperService::new(router.clone());
+                    let builder = builder.clone();
+                    let watcher = graceful.watcher();
+                    tokio::spawn(async move {
+                        let connection = builder.serve_connection(TokioIo::new(stream), service);
+                        if let Err(e) = watcher.watch(connection).await {
+                            tracing::debug!(%peer, error = %e, "connection ended with an error");
+                        }
+                    });
+                }
+                () = &mut shutdown => break,
+            }
+        }
+        drop(listener);
+        tracing::info!("shutting down: no longer accepting connections");
+        for service in ["", api::AGENT_SERVICE_NAME] {
+            health
+                .set_service_status(service, tonic_health::ServingStatus::NotServing)
+                .await;
+        }
+        ctx.shutdown.cancel();
+        let grace = Duration::from_secs(ctx.config.server.shutdown_grace_secs);
+        if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+            tracing::warn!(?grace, "connections still open after the grace period; closing them");
+        }
+        tracing::info!("shutdown complete");
+    }
+}
+
+/// Runs the daemon as a service: binds, tells systemd it is ready, pets the
+/// watchdog, and shuts down on SIGTERM or SIGINT.
+pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let daemon = Daemon::bind(config).await?;
+    let addr = daemon.local_addr();
+    let ctx = daemon.context();
+    tracing::info!(
+        %addr,
+        host_id = %ctx.config.host.id,
+        config = %ctx.config.source.as_ref().map_or_else(String::new, ToString::to_string),
+        "rozd {} serving gRPC and REST", crate::VERSION
+    );
+    let status = format!("STATUS=serving roz.v1 on {addr}");
+    notify(&[NotifyState::Ready, NotifyState::Custom(&status)]);
+    if let Some(period) = sd_notify::watchdog_enabled() {
+        tokio::spawn(pet_watchdog(period / 2, ctx.shutdown.clone()));
+    }
+    let shutdown = shutdown_signal()?;
+    daemon
+        .serve(async move {
+            let signal = shutdown.await;
+            tracing::info!(signal, "received signal, stopping");
+            notify(&[NotifyState::Stopping]);
+        })
+        .await;
+    Ok(())
+}
+
+/// Sends `WATCHDOG=1` while the runtime keeps scheduling this task: a wedged
+/// runtime stops the pets and systemd restarts the service.
+async fn pet_watchdog(every: Duration, stop: tokio_util::sync::CancellationToken) {
+    let mut ticker = tokio::time::interval(every.max(Duration::from_millis(10)));
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => notify(&[NotifyState::Watchdog]),
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+fn notify(states: &[NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!(error = %e, "sd_notify failed");
+    }
+}
+
+/// Resolves with the signal's name on the first SIGTERM or SIGINT.
+fn shutdown_signal() -> Result<impl Future<Output = &'static str>, DaemonError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    })
+}

@@ -1,0 +1,51 @@
+//! rozd: the edge-host daemon of the roz agent runtime.
+//!
+//! Module map (dependency direction `api -> session -> model`; protocol types
+//! stop at `api`):
+//!
+//! - [`config`]: TOML -> validated [`config::Config`]
+//! - [`daemon`]: start order, shutdown order, sd_notify, signals
+//! - [`api`]: tonic services and axum REST on one listener, auth, reflection, health
+//! - [`session`]: one agent session: state machine and turn loop
+//! - [`client`]: small HTTP client used by the CLI (`rozd status`)
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod client;
+pub mod config;
+pub mod daemon;
+pub mod session;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+
+/// Version of this build, reported by `--version` and `/v1/status`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What every part of the running daemon shares.
+#[derive(Debug)]
+pub struct HostContext {
+    pub config: Arc<Config>,
+    pub started_at: Instant,
+    pub listen_addr: SocketAddr,
+    pub sessions: session::SessionRegistry,
+    /// Cancelled when the daemon begins its shutdown.
+    pub shutdown: CancellationToken,
+}
+
+impl HostContext {
+    pub fn new(config: Arc<Config>, listen_addr: SocketAddr) -> Arc<Self> {
+        Arc::new(HostContext {
+            config,
+            started_at: Instant::now(),
+            listen_addr,
+            sessions: session::SessionRegistry::default(),
+            shutdown: CancellationToken::new(),
+        })
+    }
+}

@@ -1,0 +1,176 @@
+//! The `rozd` command line.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use rozd::config::{Config, LogConfig, LogFormat};
+
+/// Exit status for an invalid configuration (sysexits EX_CONFIG). The systemd
+/// unit lists it in `RestartPreventExitStatus`, so a broken config does not
+/// cause a restart loop.
+const EXIT_CONFIG: u8 = 78;
+
+#[derive(Parser)]
+#[command(
+    name = "rozd",
+    version,
+    about = "Edge-host daemon for roz agent sessions",
+    long_about = "rozd owns this machine's sensors and actuators and serves the roz.v1 \
+                  gRPC agent-session API (and a REST API) on one port.\n\n\
+                  Without a subcommand it runs the daemon."
+)]
+struct Cli {
+    /// Configuration file. Default: $ROZD_CONFIG, then /etc/rozd/rozd.toml,
+    /// then the built-in simulated host.
+    #[arg(long, short, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon (the default).
+    Run,
+    /// Validate the configuration and print the effective settings.
+    Check,
+    /// Ask a running daemon for its status (GET /v1/status).
+    Status {
+        /// Address of the daemon.
+        #[arg(long, default_value = "127.0.0.1:8080", env = "ROZD_ADDR")]
+        addr: String,
+        /// Bearer token, when the daemon requires one.
+        #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => run(cli.config.as_deref()),
+        Command::Check => check(cli.config.as_deref()),
+        Command::Status { addr, token, json } => status(&addr, token.as_deref(), json),
+    }
+}
+
+fn load_config(path: Option<&Path>) -> Result<Config, ExitCode> {
+    Config::discover(path).map_err(|e| {
+        eprintln!("rozd: invalid configuration: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+fn check(path: Option<&Path>) -> ExitCode {
+    match load_config(path) {
+        Ok(config) => {
+            print!("{}", config.summary());
+            println!("configuration OK");
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+fn run(path: Option<&Path>) -> ExitCode {
+    let config = match load_config(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    init_tracing(&config.log);
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("rozd")
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|rt| rt.block_on(rozd::daemon::run(config)).map_err(anyhow::Error::from));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("rozd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn status(addr: &str, token: Option<&str>, raw: bool) -> ExitCode {
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|rt| {
+            rt.block_on(rozd::client::get(addr, "/v1/status", token)).map_err(anyhow::Error::from)
+        });
+    let reply = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("rozd status: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !reply.status.is_success() {
+        eprintln!("rozd status: {} answered {}: {}", addr, reply.status, reply.body.trim());
+        return ExitCode::FAILURE;
+    }
+    if raw {
+        println!("{}", reply.body.trim());
+        return ExitCode::SUCCESS;
+    }
+    match serde_json::from_str::<serde_json::Value>(&reply.body) {
+        Ok(v) => {
+            print!("{}", format_status(&v));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rozd status: {addr} answered something that is not JSON ({e}): {}", reply.body);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn format_status(v: &serde_json::Value) -> String {
+    let s = |k: &str| v.get(k).map_or_else(|| "?".to_string(), |x| x.to_string().trim_matches('"').to_string());
+    let uptime = v.get("uptime_secs").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let active = v.pointer("/sessions/active").map_or_else(|| "?".into(), ToString::to_string);
+    format!(
+        "host:         {} ({})\nenvironment:  {}\nversion:      {}\nlistening:    {}\nuptime:       {}h {:02}m {:02}s\nsessions:     {} active\nsensors:      {}\nactuators:    {}\n",
+        s("host_id"),
+        s("name"),
+        s("environment_id"),
+        s("version"),
+        s("listen"),
+        uptime / 3600,
+        (uptime / 60) % 60,
+        uptime % 60,
+        active,
+        s("sensors"),
+        s("actuators"),
+    )
+}
+
+/// Logs go to journald when systemd started us with a journal (its
+/// `JOURNAL_STREAM` is set and the socket exists), else to stderr.
+/// `RUST_LOG` overrides `log.level`.
+fn init_tracing(log: &LogConfig) {
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&log.level));
+    let under_journal = std::env::var_os("JOURNAL_STREAM").is_some()
+        && Path::new("/run/systemd/journal/socket").exists();
+    if under_journal && let Ok(journald) = tracing_journald::layer() {
+        tracing_subscriber::registry().with(filter).with(journald).init();
+        return;
+    }
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    match log.format {
+        LogFormat::Json => tracing_subscriber::registry().with(filter).with(fmt.json()).init(),
+        LogFormat::Text => tracing_subscriber::registry().with(filter).with(fmt).init(),
+    }
+}

@@ -1,0 +1,147 @@
+//! Shared test harness: a real daemon on a free loopback port and real
+//! clients talking to it over TCP.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rozd::api::proto;
+use rozd::api::proto::agent_service_client::AgentServiceClient;
+use rozd::config::{Config, ConfigSource};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+/// How long a test waits for a message it expects before failing: a bound on
+/// a hang, not a synchronisation.
+pub const EXPECT_WITHIN: Duration = Duration::from_secs(10);
+
+pub struct TestDaemon {
+    pub addr: SocketAddr,
+    pub ctx: std::sync::Arc<rozd::HostContext>,
+    stop: Option<oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestDaemon {
+    /// Starts a daemon from config text; `listen` is forced to an ephemeral
+    /// loopback port and the store into a temporary directory.
+    pub async fn start(extra_toml: &str) -> TestDaemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n{extra_toml}",
+            dir.path().join("rozd.db").display().to_string()
+        );
+        let config = Config::parse(&text, ConfigSource::BuiltIn).expect("test config is valid");
+        Self::start_with(config, dir).await
+    }
+
+    pub async fn start_with(config: Config, dir: tempfile::TempDir) -> TestDaemon {
+        let daemon = rozd::daemon::Daemon::bind(config).await.expect("bind");
+        let addr = daemon.local_addr();
+        let ctx = daemon.context();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = tokio::spawn(daemon.serve(async move {
+            let _ = stopped.await;
+        }));
+        TestDaemon { addr, ctx, stop: Some(stop), served: Some(served), _dir: dir }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(self.url()).expect("url").connect().await.expect("connect")
+    }
+
+    pub async fn agent(&self) -> AgentServiceClient<Channel> {
+        AgentServiceClient::new(self.channel().await)
+    }
+
+    /// Stops the daemon and waits for its graceful shutdown to finish.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(served) = self.served.take() {
+            tokio::time::timeout(EXPECT_WITHIN, served)
+                .await
+                .expect("shutdown finishes")
+                .expect("serve task");
+        }
+    }
+}
+
+/// One open StreamSession from the client side.
+pub struct Session {
+    pub tx: mpsc::Sender<proto::SessionRequest>,
+    pub rx: tonic::Streaming<proto::SessionResponse>,
+}
+
+impl Session {
+    pub async fn open(client: &mut AgentServiceClient<Channel>) -> Session {
+        let (tx, rx) = mpsc::channel(64);
+        let response = client
+            .stream_session(ReceiverStream::new(rx))
+            .await
+            .expect("StreamSession accepted");
+        Session { tx, rx: response.into_inner() }
+    }
+
+    pub async fn send(&self, request: proto::session_request::Request) {
+        self.tx
+            .send(proto::SessionRequest { request: Some(request) })
+            .await
+            .expect("request stream open");
+    }
+
+    /// The next response, failing the test if none arrives in time.
+    pub async fn next(&mut self) -> proto::session_response::Response {
+        let message = tokio::time::timeout(EXPECT_WITHIN, self.rx.message())
+            .await
+            .expect("a response arrives in time")
+            .expect("stream healthy")
+            .expect("stream still open");
+        message.response.expect("response has a body")
+    }
+
+    /// Skips keepalives, presence hints and activity updates.
+    pub async fn next_significant(&mut self) -> proto::session_response::Response {
+        use proto::session_response::Response as R;
+        loop {
+            match self.next().await {
+                R::Keepalive(_) | R::PresenceHint(_) | R::ActivityUpdate(_) => continue,
+                other => return other,
+            }
+        }
+    }
+
+    pub async fn start(&mut self, start: proto::StartSession) -> proto::SessionStarted {
+        self.send(proto::session_request::Request::Start(start)).await;
+        match self.next_significant().await {
+            proto::session_response::Response::SessionStarted(s) => s,
+            other => panic!("expected SessionStarted, got {other:?}"),
+        }
+    }
+
+    /// Waits for the server to close the stream.
+    pub async fn closed(&mut self) -> Result<(), tonic::Status> {
+        loop {
+            let next = tokio::time::timeout(EXPECT_WITHIN, self.rx.message())
+                .await
+                .expect("stream closes in time")?;
+            if next.is_none() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+pub fn expect_error(response: proto::session_response::Response) -> proto::SessionError {
+    match response {
+        proto::session_response::Response::Error(e) => e,
+        other => panic!("expected SessionError, got {other:?}"),
+    }
+}
