@@ -34,7 +34,10 @@ pub struct Reply {
 
 /// `host:port` from `host:port`, `http://host:port` or `http://host:port/`.
 pub fn authority(addr: &str) -> Result<String, ClientError> {
-    let rest = addr.strip_prefix("http://").unwrap_or(addr).trim_end_matches('/');
+    let rest = addr
+        .strip_prefix("http://")
+        .unwrap_or(addr)
+        .trim_end_matches('/');
     if rest.is_empty() || rest.contains('/') || !rest.contains(':') {
         return Err(ClientError::Address(addr.to_string()));
     }
@@ -51,10 +54,17 @@ pub async fn request(
     let authority = authority(addr)?;
     let stream = TcpStream::connect(&authority)
         .await
-        .map_err(|source| ClientError::Connect { addr: authority.clone(), source })?;
-    let http_err = |source| ClientError::Http { addr: authority.clone(), source };
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(http_err)?;
+        .map_err(|source| ClientError::Connect {
+            addr: authority.clone(),
+            source,
+        })?;
+    let http_err = |source| ClientError::Http {
+        addr: authority.clone(),
+        source,
+    };
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(http_err)?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -66,10 +76,21 @@ pub async fn request(
     if let Some(token) = token {
         builder = builder.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
     }
-    let response = sender.send_request(builder.body(Empty::<Bytes>::new())?).await.map_err(http_err)?;
+    let response = sender
+        .send_request(builder.body(Empty::<Bytes>::new())?)
+        .await
+        .map_err(http_err)?;
     let status = response.status();
-    let body = response.into_body().collect().await.map_err(http_err)?.to_bytes();
-    Ok(Reply { status, body: String::from_utf8_lossy(&body).into_owned() })
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(http_err)?
+        .to_bytes();
+    Ok(Reply {
+        status,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
 }
 
 /// `GET path`.

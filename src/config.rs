@@ -217,7 +217,12 @@ impl StoreConfig {
         }
         if let Some(dir) = std::env::var_os("STATE_DIRECTORY") {
             // systemd may pass several colon-separated directories; the first is ours.
-            let first = dir.to_string_lossy().split(':').next().unwrap_or("").to_string();
+            let first = dir
+                .to_string_lossy()
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .to_string();
             if !first.is_empty() {
                 return PathBuf::from(first).join("rozd.db");
             }
@@ -521,10 +526,7 @@ impl Config {
         Ok(config)
     }
 
-    fn validate(
-        &self,
-        invalid: impl Fn(&str, String) -> ConfigError,
-    ) -> Result<(), ConfigError> {
+    fn validate(&self, invalid: impl Fn(&str, String) -> ConfigError) -> Result<(), ConfigError> {
         if !valid_id(&self.host.id) {
             return Err(invalid(
                 "host.id",
@@ -546,17 +548,34 @@ impl Config {
                 ),
             ));
         }
-        if self.server.auth_tokens.iter().any(|t| t.expose().trim().is_empty()) {
-            return Err(invalid("server.auth_tokens", "tokens must not be empty".into()));
+        if self
+            .server
+            .auth_tokens
+            .iter()
+            .any(|t| t.expose().trim().is_empty())
+        {
+            return Err(invalid(
+                "server.auth_tokens",
+                "tokens must not be empty".into(),
+            ));
         }
         if self.session.keepalive_secs == 0 {
-            return Err(invalid("session.keepalive_secs", "must be at least 1".into()));
+            return Err(invalid(
+                "session.keepalive_secs",
+                "must be at least 1".into(),
+            ));
         }
         if self.session.default_tool_timeout_ms == 0 {
-            return Err(invalid("session.default_tool_timeout_ms", "must be at least 1".into()));
+            return Err(invalid(
+                "session.default_tool_timeout_ms",
+                "must be at least 1".into(),
+            ));
         }
         if self.session.approval_timeout_secs == 0 {
-            return Err(invalid("session.approval_timeout_secs", "must be at least 1".into()));
+            return Err(invalid(
+                "session.approval_timeout_secs",
+                "must be at least 1".into(),
+            ));
         }
         if self.session.max_cycles == 0 {
             return Err(invalid("session.max_cycles", "must be at least 1".into()));
@@ -578,38 +597,65 @@ impl Config {
         if self.model.default != "local" {
             return Err(invalid(
                 "model.default",
-                format!("unknown model {:?}; known models: local", self.model.default),
+                format!(
+                    "unknown model {:?}; known models: local",
+                    self.model.default
+                ),
             ));
         }
-        if !(self.ooda.tick_hz.is_finite() && self.ooda.tick_hz > 0.0 && self.ooda.tick_hz <= 10_000.0) {
+        if !(self.ooda.tick_hz.is_finite()
+            && self.ooda.tick_hz > 0.0
+            && self.ooda.tick_hz <= 10_000.0)
+        {
             return Err(invalid(
                 "ooda.tick_hz",
                 format!("{} is outside 0 < tick_hz <= 10000", self.ooda.tick_hz),
             ));
         }
         if self.safety.default_timeout_ms == 0 {
-            return Err(invalid("safety.default_timeout_ms", "must be at least 1".into()));
+            return Err(invalid(
+                "safety.default_timeout_ms",
+                "must be at least 1".into(),
+            ));
         }
         let mut names = HashSet::new();
         for (i, s) in self.sensors.iter().enumerate() {
             if !valid_id(&s.name) {
-                return Err(invalid(&format!("sensors[{i}].name"), format!("{:?} is not a valid name", s.name)));
+                return Err(invalid(
+                    &format!("sensors[{i}].name"),
+                    format!("{:?} is not a valid name", s.name),
+                ));
             }
             if !names.insert(s.name.as_str()) {
-                return Err(invalid(&format!("sensors[{i}].name"), format!("duplicate sensor name {:?}", s.name)));
+                return Err(invalid(
+                    &format!("sensors[{i}].name"),
+                    format!("duplicate sensor name {:?}", s.name),
+                ));
             }
         }
         let mut names = HashSet::new();
         for (i, a) in self.actuators.iter().enumerate() {
             let key = |k: &str| format!("actuators[{i}].{k}");
             if !valid_id(&a.name) {
-                return Err(invalid(&key("name"), format!("{:?} is not a valid name", a.name)));
+                return Err(invalid(
+                    &key("name"),
+                    format!("{:?} is not a valid name", a.name),
+                ));
             }
             if !names.insert(a.name.as_str()) {
-                return Err(invalid(&key("name"), format!("duplicate actuator name {:?}", a.name)));
+                return Err(invalid(
+                    &key("name"),
+                    format!("duplicate actuator name {:?}", a.name),
+                ));
             }
             if !(a.min.is_finite() && a.max.is_finite() && a.min <= a.max) {
-                return Err(invalid(&key("max"), format!("range [{}, {}] is not a finite, ordered range", a.min, a.max)));
+                return Err(invalid(
+                    &key("max"),
+                    format!(
+                        "range [{}, {}] is not a finite, ordered range",
+                        a.min, a.max
+                    ),
+                ));
             }
             if !(a.safe_value >= a.min && a.safe_value <= a.max) {
                 return Err(invalid(
@@ -662,7 +708,11 @@ impl Config {
             out.push('\n');
         };
         line(format!("config:        {source}"));
-        line(format!("host:          {} ({})", self.host.id, self.host.display_name()));
+        line(format!(
+            "host:          {} ({})",
+            self.host.id,
+            self.host.display_name()
+        ));
         line(format!("environment:   {}", self.host.environment_id));
         line(format!("listen:        {}", self.server.listen));
         line(format!(
@@ -673,15 +723,29 @@ impl Config {
                 "none (loopback only)".to_string()
             }
         ));
-        line(format!("log:           {} ({:?})", self.log.level, self.log.format));
-        line(format!("store:         {}", self.store.resolved_path().display()));
+        line(format!(
+            "log:           {} ({:?})",
+            self.log.level, self.log.format
+        ));
+        line(format!(
+            "store:         {}",
+            self.store.resolved_path().display()
+        ));
         line(format!("model:         {}", self.model.default));
         line(format!("ooda tick:     {} Hz", self.ooda.tick_hz));
         line(format!("permissions:   {} rule(s)", self.permissions.len()));
         let sensors: Vec<&str> = self.sensors.iter().map(|s| s.name.as_str()).collect();
         let actuators: Vec<&str> = self.actuators.iter().map(|a| a.name.as_str()).collect();
-        line(format!("sensors:       {} [{}]", sensors.len(), sensors.join(", ")));
-        line(format!("actuators:     {} [{}]", actuators.len(), actuators.join(", ")));
+        line(format!(
+            "sensors:       {} [{}]",
+            sensors.len(),
+            sensors.join(", ")
+        ));
+        line(format!(
+            "actuators:     {} [{}]",
+            actuators.len(),
+            actuators.join(", ")
+        ));
         out
     }
 }
@@ -689,7 +753,8 @@ impl Config {
 fn valid_id(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 // ------------------------------------------------------------------ locating keys in TOML text
@@ -714,15 +779,30 @@ fn scan_lines(text: &str) -> Vec<TomlLine<'_>> {
             let n = counts.entry(name.clone()).or_insert(0);
             table = format!("{name}[{n}]");
             *n += 1;
-            out.push(TomlLine { number: i + 1, table: table.clone(), key: None, is_header: true });
+            out.push(TomlLine {
+                number: i + 1,
+                table: table.clone(),
+                key: None,
+                is_header: true,
+            });
         } else if let Some(inner) = line.strip_prefix('[') {
             table = inner.split(']').next().unwrap_or("").trim().to_string();
-            out.push(TomlLine { number: i + 1, table: table.clone(), key: None, is_header: true });
+            out.push(TomlLine {
+                number: i + 1,
+                table: table.clone(),
+                key: None,
+                is_header: true,
+            });
         } else if let Some((k, _)) = line.split_once('=')
             && !line.starts_with('#')
         {
             let key = k.trim().trim_matches('"');
-            out.push(TomlLine { number: i + 1, table: table.clone(), key: Some(key), is_header: false });
+            out.push(TomlLine {
+                number: i + 1,
+                table: table.clone(),
+                key: Some(key),
+                is_header: false,
+            });
         }
     }
     out
@@ -772,12 +852,17 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
-        Config::parse(text, ConfigSource::File(PathBuf::from("/etc/rozd/test.toml")))
+        Config::parse(
+            text,
+            ConfigSource::File(PathBuf::from("/etc/rozd/test.toml")),
+        )
     }
 
     fn invalid(text: &str) -> (String, Option<usize>, String) {
         match parse(text) {
-            Err(ConfigError::Invalid { file, line, key, .. }) => (file, line, key),
+            Err(ConfigError::Invalid {
+                file, line, key, ..
+            }) => (file, line, key),
             other => panic!("expected an invalid-config error, got {other:?}"),
         }
     }
@@ -790,12 +875,25 @@ mod tests {
         assert!(c.sensors.iter().all(|s| s.source == SensorSourceKind::Sim));
         assert!(c.actuators.iter().all(|a| a.kind == ActuatorKind::Sim));
         assert!(c.sensors.len() >= 3 && !c.actuators.is_empty());
-        assert_eq!(Some(c.host.id), machine_hostname().or(Some("rozd-host".into())));
+        assert_eq!(
+            Some(c.host.id),
+            machine_hostname().or(Some("rozd-host".into()))
+        );
+    }
+
+    #[test]
+    fn documented_example_config_is_valid() {
+        let text = include_str!("../config/rozd.toml");
+        let c = parse(text).unwrap();
+        assert_eq!(c.host.id, "rover-1");
+        assert_eq!(c.permissions.len(), 2);
+        assert_eq!(c.permissions[1].policy, Policy::Block);
     }
 
     #[test]
     fn unknown_key_names_file_line_and_key() {
-        let (file, line, key) = invalid("[host]\nid = \"a\"\n\n[server]\nlisten = \"127.0.0.1:1\"\nlisen = 3\n");
+        let (file, line, key) =
+            invalid("[host]\nid = \"a\"\n\n[server]\nlisten = \"127.0.0.1:1\"\nlisen = 3\n");
         assert_eq!(file, "/etc/rozd/test.toml");
         assert_eq!(line, Some(6));
         assert_eq!(key, "server.lisen");
@@ -827,7 +925,8 @@ mod tests {
         assert_eq!((line, key.as_str()), (Some(2), "server.listen"));
         assert!(parse("[server]\nlisten = \"0.0.0.0:8080\"\nauth_tokens = [\"t0ken\"]\n").is_ok());
         assert!(
-            parse("[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n").is_ok()
+            parse("[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n")
+                .is_ok()
         );
     }
 
@@ -836,7 +935,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens");
         std::fs::write(&path, "# operators\nalpha-token\n\nbeta-token\n").unwrap();
-        let c = parse(&format!("[server]\nauth_token_file = {:?}\n", path.display().to_string())).unwrap();
+        let c = parse(&format!(
+            "[server]\nauth_token_file = {:?}\n",
+            path.display().to_string()
+        ))
+        .unwrap();
         let tokens: Vec<&str> = c.resolved_tokens.iter().map(Secret::expose).collect();
         assert_eq!(tokens, ["alpha-token", "beta-token"]);
         let printed = format!("{c:?}{}", c.summary());

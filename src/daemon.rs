@@ -56,10 +56,17 @@ impl Daemon {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| DaemonError::Bind { addr, source })?;
-        let local = listener.local_addr().map_err(|source| DaemonError::Bind { addr, source })?;
+        let local = listener
+            .local_addr()
+            .map_err(|source| DaemonError::Bind { addr, source })?;
         let ctx = HostContext::new(Arc::new(config), local);
         let (router, health) = api::router(ctx.clone()).await?;
-        Ok(Daemon { listener, ctx, router, health })
+        Ok(Daemon {
+            listener,
+            ctx,
+            router,
+            health,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -72,7 +79,12 @@ impl Daemon {
 
     /// Serves until `shutdown` resolves, then drains gracefully.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
-        let Daemon { listener, ctx, router, health } = self;
+        let Daemon {
+            listener,
+            ctx,
+            router,
+            health,
+        } = self;
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http2()
@@ -118,8 +130,14 @@ impl Daemon {
         }
         ctx.shutdown.cancel();
         let grace = Duration::from_secs(ctx.config.server.shutdown_grace_secs);
-        if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
-            tracing::warn!(?grace, "connections still open after the grace period; closing them");
+        if tokio::time::timeout(grace, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?grace,
+                "connections still open after the grace period; closing them"
+            );
         }
         tracing::info!("shutdown complete");
     }

@@ -89,7 +89,10 @@ fn run(path: Option<&Path>) -> ExitCode {
         .thread_name("rozd")
         .build()
         .context("cannot start the async runtime")
-        .and_then(|rt| rt.block_on(rozd::daemon::run(config)).map_err(anyhow::Error::from));
+        .and_then(|rt| {
+            rt.block_on(rozd::daemon::run(config))
+                .map_err(anyhow::Error::from)
+        });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -106,7 +109,8 @@ fn status(addr: &str, token: Option<&str>, raw: bool) -> ExitCode {
         .build()
         .context("cannot start the async runtime")
         .and_then(|rt| {
-            rt.block_on(rozd::client::get(addr, "/v1/status", token)).map_err(anyhow::Error::from)
+            rt.block_on(rozd::client::get(addr, "/v1/status", token))
+                .map_err(anyhow::Error::from)
         });
     let reply = match result {
         Ok(r) => r,
@@ -116,7 +120,12 @@ fn status(addr: &str, token: Option<&str>, raw: bool) -> ExitCode {
         }
     };
     if !reply.status.is_success() {
-        eprintln!("rozd status: {} answered {}: {}", addr, reply.status, reply.body.trim());
+        eprintln!(
+            "rozd status: {} answered {}: {}",
+            addr,
+            reply.status,
+            reply.body.trim()
+        );
         return ExitCode::FAILURE;
     }
     if raw {
@@ -129,16 +138,29 @@ fn status(addr: &str, token: Option<&str>, raw: bool) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("rozd status: {addr} answered something that is not JSON ({e}): {}", reply.body);
+            eprintln!(
+                "rozd status: {addr} answered something that is not JSON ({e}): {}",
+                reply.body
+            );
             ExitCode::FAILURE
         }
     }
 }
 
 fn format_status(v: &serde_json::Value) -> String {
-    let s = |k: &str| v.get(k).map_or_else(|| "?".to_string(), |x| x.to_string().trim_matches('"').to_string());
-    let uptime = v.get("uptime_secs").and_then(serde_json::Value::as_u64).unwrap_or(0);
-    let active = v.pointer("/sessions/active").map_or_else(|| "?".into(), ToString::to_string);
+    let s = |k: &str| {
+        v.get(k).map_or_else(
+            || "?".to_string(),
+            |x| x.to_string().trim_matches('"').to_string(),
+        )
+    };
+    let uptime = v
+        .get("uptime_secs")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
+    let active = v
+        .pointer("/sessions/active")
+        .map_or_else(|| "?".into(), ToString::to_string);
     format!(
         "host:         {} ({})\nenvironment:  {}\nversion:      {}\nlistening:    {}\nuptime:       {}h {:02}m {:02}s\nsessions:     {} active\nsensors:      {}\nactuators:    {}\n",
         s("host_id"),
@@ -165,12 +187,18 @@ fn init_tracing(log: &LogConfig) {
     let under_journal = std::env::var_os("JOURNAL_STREAM").is_some()
         && Path::new("/run/systemd/journal/socket").exists();
     if under_journal && let Ok(journald) = tracing_journald::layer() {
-        tracing_subscriber::registry().with(filter).with(journald).init();
+        tracing_subscriber::registry()
+            .with(filter)
+            .with(journald)
+            .init();
         return;
     }
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     match log.format {
-        LogFormat::Json => tracing_subscriber::registry().with(filter).with(fmt.json()).init(),
+        LogFormat::Json => tracing_subscriber::registry()
+            .with(filter)
+            .with(fmt.json())
+            .init(),
         LogFormat::Text => tracing_subscriber::registry().with(filter).with(fmt).init(),
     }
 }

@@ -12,8 +12,16 @@ async fn start_session_answers_session_started() {
     let daemon = TestDaemon::start("").await;
     let mut client = daemon.agent().await;
     let mut session = Session::open(&mut client).await;
-    let started = session.start(proto::StartSession { environment_id: "lab".into(), ..Default::default() }).await;
-    assert!(uuid::Uuid::parse_str(&started.session_id).is_ok(), "session id is a UUID");
+    let started = session
+        .start(proto::StartSession {
+            environment_id: "lab".into(),
+            ..Default::default()
+        })
+        .await;
+    assert!(
+        uuid::Uuid::parse_str(&started.session_id).is_ok(),
+        "session id is a UUID"
+    );
     assert_eq!(started.model, "local");
     daemon.shutdown().await;
 }
@@ -23,11 +31,19 @@ async fn message_before_start_gets_no_session_and_the_stream_stays_open() {
     let daemon = TestDaemon::start("").await;
     let mut client = daemon.agent().await;
     let mut session = Session::open(&mut client).await;
-    session.send(Req::UserMessage(proto::UserMessage { content: "hi".into(), ..Default::default() })).await;
+    session
+        .send(Req::UserMessage(proto::UserMessage {
+            content: "hi".into(),
+            ..Default::default()
+        }))
+        .await;
     let err = expect_error(session.next().await);
     assert_eq!(err.code, "no_session");
     session.send(Req::Ping(proto::Ping {})).await;
-    assert!(matches!(session.next().await, proto::session_response::Response::Pong(_)));
+    assert!(matches!(
+        session.next().await,
+        proto::session_response::Response::Pong(_)
+    ));
     session.start(proto::StartSession::default()).await;
     daemon.shutdown().await;
 }
@@ -37,7 +53,11 @@ async fn empty_request_is_invalid_argument_and_not_fatal() {
     let daemon = TestDaemon::start("").await;
     let mut client = daemon.agent().await;
     let mut session = Session::open(&mut client).await;
-    session.tx.send(proto::SessionRequest { request: None }).await.unwrap();
+    session
+        .tx
+        .send(proto::SessionRequest { request: None })
+        .await
+        .unwrap();
     assert_eq!(expect_error(session.next().await).code, "invalid_argument");
     session.start(proto::StartSession::default()).await;
     daemon.shutdown().await;
@@ -62,7 +82,9 @@ async fn watch_team_is_a_clear_unimplemented() {
     let daemon = TestDaemon::start("").await;
     let mut client = daemon.agent().await;
     let status = client
-        .watch_team(proto::WatchTeamRequest { task_id: "t".into() })
+        .watch_team(proto::WatchTeamRequest {
+            task_id: "t".into(),
+        })
         .await
         .expect_err("WatchTeam is not served yet");
     assert_eq!(status.code(), Code::Unimplemented);
@@ -71,16 +93,24 @@ async fn watch_team_is_a_clear_unimplemented() {
 
 #[tokio::test]
 async fn health_reports_serving() {
-    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
     let daemon = TestDaemon::start("").await;
     let mut health = HealthClient::new(daemon.channel().await);
     for service in ["", "roz.v1.AgentService"] {
         let reply = health
-            .check(HealthCheckRequest { service: service.into() })
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
             .await
             .expect("health check answers")
             .into_inner();
-        assert_eq!(reply.status(), ServingStatus::Serving, "service {service:?}");
+        assert_eq!(
+            reply.status(),
+            ServingStatus::Serving,
+            "service {service:?}"
+        );
     }
     daemon.shutdown().await;
 }
@@ -90,31 +120,58 @@ async fn reflection_v1_and_v1alpha_list_the_agent_service() {
     use tonic_reflection::pb::{v1, v1alpha};
     let daemon = TestDaemon::start("").await;
 
-    let mut client = v1::server_reflection_client::ServerReflectionClient::new(daemon.channel().await);
+    let mut client =
+        v1::server_reflection_client::ServerReflectionClient::new(daemon.channel().await);
     let request = v1::ServerReflectionRequest {
         host: String::new(),
-        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(String::new())),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
     };
-    let mut replies = client.server_reflection_info(tokio_stream::iter([request])).await.unwrap().into_inner();
+    let mut replies = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
     let reply = replies.message().await.unwrap().expect("one reply");
-    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) = reply.message_response else {
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        reply.message_response
+    else {
         panic!("expected a service list");
     };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.contains(&"roz.v1.AgentService".to_string()), "{names:?}");
-    assert!(names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"roz.v1.AgentService".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_string()),
+        "{names:?}"
+    );
 
-    let mut client = v1alpha::server_reflection_client::ServerReflectionClient::new(daemon.channel().await);
+    let mut client =
+        v1alpha::server_reflection_client::ServerReflectionClient::new(daemon.channel().await);
     let request = v1alpha::ServerReflectionRequest {
         host: String::new(),
-        message_request: Some(v1alpha::server_reflection_request::MessageRequest::FileContainingSymbol(
-            "roz.v1.AgentService".into(),
-        )),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::FileContainingSymbol(
+                "roz.v1.AgentService".into(),
+            ),
+        ),
     };
-    let mut replies = client.server_reflection_info(tokio_stream::iter([request])).await.unwrap().into_inner();
+    let mut replies = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
     let reply = replies.message().await.unwrap().expect("one reply");
-    let Some(v1alpha::server_reflection_response::MessageResponse::FileDescriptorResponse(files)) = reply.message_response else {
-        panic!("expected file descriptors, got {:?}", reply.message_response);
+    let Some(v1alpha::server_reflection_response::MessageResponse::FileDescriptorResponse(files)) =
+        reply.message_response
+    else {
+        panic!(
+            "expected file descriptors, got {:?}",
+            reply.message_response
+        );
     };
     assert!(!files.file_descriptor_proto.is_empty());
     daemon.shutdown().await;
@@ -122,11 +179,17 @@ async fn reflection_v1_and_v1alpha_list_the_agent_service() {
 
 #[tokio::test]
 async fn rest_healthz_status_and_json_404() {
-    let daemon = TestDaemon::start("[host]\nid = \"rover-7\"\nname = \"Rover Seven\"\nenvironment_id = \"lab\"\n").await;
+    let daemon = TestDaemon::start(
+        "[host]\nid = \"rover-7\"\nname = \"Rover Seven\"\nenvironment_id = \"lab\"\n",
+    )
+    .await;
     let addr = daemon.addr.to_string();
     let health = rozd::client::get(&addr, "/healthz", None).await.unwrap();
     assert_eq!(health.status, 200);
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&health.body).unwrap()["status"], "ok");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&health.body).unwrap()["status"],
+        "ok"
+    );
 
     let status = rozd::client::get(&addr, "/v1/status", None).await.unwrap();
     assert_eq!(status.status, 200);
@@ -140,7 +203,9 @@ async fn rest_healthz_status_and_json_404() {
     assert!(v["uptime_secs"].is_u64());
     assert!(v["sensors"].is_u64() && v["actuators"].is_u64());
 
-    let missing = rozd::client::get(&addr, "/v1/nothing-here", None).await.unwrap();
+    let missing = rozd::client::get(&addr, "/v1/nothing-here", None)
+        .await
+        .unwrap();
     assert_eq!(missing.status, 404);
     let v: serde_json::Value = serde_json::from_str(&missing.body).expect("404 body is JSON");
     assert_eq!(v["error"]["code"], "not_found");
@@ -153,7 +218,9 @@ async fn status_counts_open_sessions() {
     let mut client = daemon.agent().await;
     let mut session = Session::open(&mut client).await;
     session.start(proto::StartSession::default()).await;
-    let status = rozd::client::get(&daemon.addr.to_string(), "/v1/status", None).await.unwrap();
+    let status = rozd::client::get(&daemon.addr.to_string(), "/v1/status", None)
+        .await
+        .unwrap();
     let v: serde_json::Value = serde_json::from_str(&status.body).unwrap();
     assert_eq!(v["sessions"]["active"], 1);
     daemon.shutdown().await;
@@ -177,14 +244,21 @@ fn with_token(
     channel: tonic::transport::Channel,
     token: Option<&'static str>,
 ) -> proto::agent_service_client::AgentServiceClient<
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, impl tonic::service::Interceptor>,
+    tonic::service::interceptor::InterceptedService<
+        tonic::transport::Channel,
+        impl tonic::service::Interceptor,
+    >,
 > {
-    proto::agent_service_client::AgentServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-        if let Some(token) = token {
-            req.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
-        }
-        Ok(req)
-    })
+    proto::agent_service_client::AgentServiceClient::with_interceptor(
+        channel,
+        move |mut req: tonic::Request<()>| {
+            if let Some(token) = token {
+                req.metadata_mut()
+                    .insert("authorization", format!("Bearer {token}").parse().unwrap());
+            }
+            Ok(req)
+        },
+    )
 }
 
 #[tokio::test]
@@ -201,21 +275,34 @@ async fn grpc_requires_a_valid_bearer_token() {
     }
     let mut health = tonic_health::pb::health_client::HealthClient::new(daemon.channel().await);
     let status = health
-        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
         .await
         .expect_err("health over gRPC needs a token too");
     assert_eq!(status.code(), Code::Unauthenticated);
 
     let mut client = with_token(daemon.channel().await, Some("s3cret-beta"));
     let (tx, rx) = tokio::sync::mpsc::channel::<proto::SessionRequest>(4);
-    tx.send(proto::SessionRequest { request: Some(Req::Start(proto::StartSession::default())) }).await.unwrap();
+    tx.send(proto::SessionRequest {
+        request: Some(Req::Start(proto::StartSession::default())),
+    })
+    .await
+    .unwrap();
     let mut stream = client
         .stream_session(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
         .expect("accepted with the right token")
         .into_inner();
-    let first = tokio::time::timeout(common::EXPECT_WITHIN, stream.message()).await.unwrap().unwrap().unwrap();
-    assert!(matches!(first.response, Some(proto::session_response::Response::SessionStarted(_))));
+    let first = tokio::time::timeout(common::EXPECT_WITHIN, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        first.response,
+        Some(proto::session_response::Response::SessionStarted(_))
+    ));
     daemon.shutdown().await;
 }
 
@@ -228,9 +315,24 @@ async fn rest_requires_a_valid_bearer_token_except_healthz() {
         assert_eq!(reply.status, 401, "token {token:?}");
         let v: serde_json::Value = serde_json::from_str(&reply.body).expect("401 body is JSON");
         assert_eq!(v["error"]["code"], "unauthenticated");
-        assert!(!reply.body.contains("s3cret"), "the body never echoes a token");
+        assert!(
+            !reply.body.contains("s3cret"),
+            "the body never echoes a token"
+        );
     }
-    assert_eq!(rozd::client::get(&addr, "/v1/status", Some("s3cret-alpha")).await.unwrap().status, 200);
-    assert_eq!(rozd::client::get(&addr, "/healthz", None).await.unwrap().status, 200);
+    assert_eq!(
+        rozd::client::get(&addr, "/v1/status", Some("s3cret-alpha"))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    assert_eq!(
+        rozd::client::get(&addr, "/healthz", None)
+            .await
+            .unwrap()
+            .status,
+        200
+    );
     daemon.shutdown().await;
 }

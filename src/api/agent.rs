@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use futures_util::Stream;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
@@ -67,7 +67,8 @@ impl AgentService for AgentApi {
             }
         });
         tokio::spawn(session::run(self.ctx.clone(), in_rx, out_tx));
-        let responses = ReceiverStream::new(out_rx).map(|event| Ok(convert::server_response(event)));
+        let responses =
+            ReceiverStream::new(out_rx).map(|event| Ok(convert::server_response(event)));
         Ok(Response::new(Box::pin(responses)))
     }
 

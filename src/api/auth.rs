@@ -26,7 +26,10 @@ pub async fn require_token(
         .headers()
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .map(str::trim);
     match presented {
         Some(token) if token_matches(token, &ctx.config.resolved_tokens) => next.run(request).await,
@@ -41,10 +44,12 @@ pub async fn require_token(
                 tonic::Status::unauthenticated(why).into_http::<axum::body::Body>()
             } else {
                 let mut response =
-                    json_error(http::StatusCode::UNAUTHORIZED, "unauthenticated", why).into_response();
-                response
-                    .headers_mut()
-                    .insert(http::header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
+                    json_error(http::StatusCode::UNAUTHORIZED, "unauthenticated", why)
+                        .into_response();
+                response.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Bearer"),
+                );
                 response
             }
         }

@@ -53,10 +53,15 @@ fn value_to_json(v: &prost_types::Value, path: &str) -> Result<Value, ConvertErr
 pub fn json_to_struct(v: &Value) -> prost_types::Struct {
     match v {
         Value::Object(map) => prost_types::Struct {
-            fields: map.iter().map(|(k, v)| (k.clone(), json_to_value(v))).collect(),
+            fields: map
+                .iter()
+                .map(|(k, v)| (k.clone(), json_to_value(v)))
+                .collect(),
         },
         other => prost_types::Struct {
-            fields: [("value".to_string(), json_to_value(other))].into_iter().collect(),
+            fields: [("value".to_string(), json_to_value(other))]
+                .into_iter()
+                .collect(),
         },
     }
 }
@@ -78,10 +83,16 @@ fn json_to_value(v: &Value) -> prost_types::Value {
 fn tool_spec(t: &proto::ToolSchema, path: &str) -> Result<ToolSpec, ConvertError> {
     let category = match proto::ToolCategoryHint::try_from(t.category) {
         Ok(proto::ToolCategoryHint::ToolCategoryPure) => ToolCategory::Pure,
-        Ok(proto::ToolCategoryHint::ToolCategoryPhysical | proto::ToolCategoryHint::ToolCategoryUnspecified) => {
-            ToolCategory::Physical
+        Ok(
+            proto::ToolCategoryHint::ToolCategoryPhysical
+            | proto::ToolCategoryHint::ToolCategoryUnspecified,
+        ) => ToolCategory::Physical,
+        Err(_) => {
+            return Err(format!(
+                "{path}.category: unknown ToolCategoryHint {}",
+                t.category
+            ));
         }
-        Err(_) => return Err(format!("{path}.category: unknown ToolCategoryHint {}", t.category)),
     };
     if t.name.trim().is_empty() {
         return Err(format!("{path}.name: tool name must not be empty"));
@@ -157,7 +168,9 @@ pub fn client_event(req: proto::SessionRequest) -> Result<ClientEvent, ConvertEr
                             .parts
                             .iter()
                             .enumerate()
-                            .map(|(j, p)| history_part(p, &format!("start.history[{i}].parts[{j}]")))
+                            .map(|(j, p)| {
+                                history_part(p, &format!("start.history[{i}].parts[{j}]"))
+                            })
                             .collect::<Result<_, ConvertError>>()?,
                     })
                 })
@@ -175,15 +188,18 @@ pub fn client_event(req: proto::SessionRequest) -> Result<ClientEvent, ConvertEr
                 .into_iter()
                 .enumerate()
                 .map(|(i, b)| match b.block {
-                    Some(proto::content_block::Block::Text(text)) => {
-                        Ok(ContextBlock::Text { text, label: b.label })
-                    }
+                    Some(proto::content_block::Block::Text(text)) => Ok(ContextBlock::Text {
+                        text,
+                        label: b.label,
+                    }),
                     Some(proto::content_block::Block::Binary(bin)) => Ok(ContextBlock::Binary {
                         mime_type: bin.mime_type,
                         data: bin.data,
                         label: b.label,
                     }),
-                    None => Err(format!("user_message.context[{i}]: ContentBlock has no block set")),
+                    None => Err(format!(
+                        "user_message.context[{i}]: ContentBlock has no block set"
+                    )),
                 })
                 .collect::<Result<_, _>>()?,
             content: m.content,
@@ -222,67 +238,90 @@ pub fn client_event(req: proto::SessionRequest) -> Result<ClientEvent, ConvertEr
 pub fn server_response(event: ServerEvent) -> proto::SessionResponse {
     use proto::session_response::Response;
     let response = match event {
-        ServerEvent::Started { session_id, model, permissions } => {
-            Response::SessionStarted(proto::SessionStarted {
-                session_id,
-                model,
-                permissions: permissions
-                    .into_iter()
-                    .map(|p| proto::PermissionRule {
-                        tool_pattern: p.tool_pattern,
-                        policy: p.policy,
-                        category: p.category,
-                        reason: p.reason,
-                    })
-                    .collect(),
-            })
-        }
-        ServerEvent::TextDelta { message_id, content } => {
-            Response::TextDelta(proto::TextDelta { message_id, content })
-        }
-        ServerEvent::ThinkingDelta { message_id, content } => {
-            Response::ThinkingDelta(proto::ThinkingDelta { message_id, content })
-        }
-        ServerEvent::ToolRequest { tool_call_id, tool_name, parameters, timeout_ms } => {
-            Response::ToolRequest(proto::ToolRequest {
-                tool_call_id,
-                tool_name,
-                parameters: Some(json_to_struct(&parameters)),
-                timeout_ms,
-            })
-        }
-        ServerEvent::TurnComplete { message_id, usage, stop_reason } => {
-            Response::TurnComplete(proto::TurnComplete {
-                message_id,
-                usage: Some(proto::TokenUsage {
-                    input_tokens: usage.input_tokens,
-                    output_tokens: usage.output_tokens,
-                    cache_read_tokens: usage.cache_read_tokens,
-                    cache_creation_tokens: usage.cache_creation_tokens,
-                }),
-                stop_reason: stop_reason.as_str().to_string(),
-            })
-        }
+        ServerEvent::Started {
+            session_id,
+            model,
+            permissions,
+        } => Response::SessionStarted(proto::SessionStarted {
+            session_id,
+            model,
+            permissions: permissions
+                .into_iter()
+                .map(|p| proto::PermissionRule {
+                    tool_pattern: p.tool_pattern,
+                    policy: p.policy,
+                    category: p.category,
+                    reason: p.reason,
+                })
+                .collect(),
+        }),
+        ServerEvent::TextDelta {
+            message_id,
+            content,
+        } => Response::TextDelta(proto::TextDelta {
+            message_id,
+            content,
+        }),
+        ServerEvent::ThinkingDelta {
+            message_id,
+            content,
+        } => Response::ThinkingDelta(proto::ThinkingDelta {
+            message_id,
+            content,
+        }),
+        ServerEvent::ToolRequest {
+            tool_call_id,
+            tool_name,
+            parameters,
+            timeout_ms,
+        } => Response::ToolRequest(proto::ToolRequest {
+            tool_call_id,
+            tool_name,
+            parameters: Some(json_to_struct(&parameters)),
+            timeout_ms,
+        }),
+        ServerEvent::TurnComplete {
+            message_id,
+            usage,
+            stop_reason,
+        } => Response::TurnComplete(proto::TurnComplete {
+            message_id,
+            usage: Some(proto::TokenUsage {
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                cache_read_tokens: usage.cache_read_tokens,
+                cache_creation_tokens: usage.cache_creation_tokens,
+            }),
+            stop_reason: stop_reason.as_str().to_string(),
+        }),
         ServerEvent::Error(e) => Response::Error(proto::SessionError {
             code: e.code.as_str().to_string(),
             message: e.message,
             retryable: e.retryable,
         }),
-        ServerEvent::Keepalive { tokens_used, tokens_max } => {
-            Response::Keepalive(proto::Keepalive { tokens_used, tokens_max })
-        }
+        ServerEvent::Keepalive {
+            tokens_used,
+            tokens_max,
+        } => Response::Keepalive(proto::Keepalive {
+            tokens_used,
+            tokens_max,
+        }),
         ServerEvent::Pong => Response::Pong(proto::Pong {}),
         ServerEvent::Presence { level, reason } => Response::PresenceHint(proto::PresenceHint {
             level: level.as_str().to_string(),
             reason,
         }),
-        ServerEvent::Activity { state, detail } => Response::ActivityUpdate(proto::ActivityUpdate {
-            state: state.as_str().to_string(),
-            detail,
-            progress: None,
-        }),
+        ServerEvent::Activity { state, detail } => {
+            Response::ActivityUpdate(proto::ActivityUpdate {
+                state: state.as_str().to_string(),
+                detail,
+                progress: None,
+            })
+        }
     };
-    proto::SessionResponse { response: Some(response) }
+    proto::SessionResponse {
+        response: Some(response),
+    }
 }
 
 #[cfg(test)]
@@ -298,7 +337,9 @@ mod tests {
     #[test]
     fn value_without_kind_is_rejected_with_its_path() {
         let s = prost_types::Struct {
-            fields: [("x".to_string(), prost_types::Value { kind: None })].into_iter().collect(),
+            fields: [("x".to_string(), prost_types::Value { kind: None })]
+                .into_iter()
+                .collect(),
         };
         let err = struct_to_json(&s, "tool.parameters").unwrap_err();
         assert!(err.contains("tool.parameters.x"), "{err}");
@@ -308,7 +349,12 @@ mod tests {
     fn non_finite_number_is_rejected() {
         let s = json_to_struct(&serde_json::json!({}));
         let mut s = s;
-        s.fields.insert("n".into(), prost_types::Value { kind: Some(Kind::NumberValue(f64::NAN)) });
+        s.fields.insert(
+            "n".into(),
+            prost_types::Value {
+                kind: Some(Kind::NumberValue(f64::NAN)),
+            },
+        );
         assert!(struct_to_json(&s, "p").is_err());
     }
 
@@ -319,7 +365,10 @@ mod tests {
 
     #[test]
     fn unspecified_category_is_physical() {
-        let t = proto::ToolSchema { name: "t".into(), ..Default::default() };
+        let t = proto::ToolSchema {
+            name: "t".into(),
+            ..Default::default()
+        };
         assert_eq!(tool_spec(&t, "t").unwrap().category, ToolCategory::Physical);
     }
 }

@@ -44,9 +44,9 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     let grpc = tonic::service::Routes::builder()
-        .add_service(proto::agent_service_server::AgentServiceServer::new(agent::AgentApi::new(
-            ctx.clone(),
-        )))
+        .add_service(proto::agent_service_server::AgentServiceServer::new(
+            agent::AgentApi::new(ctx.clone()),
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -57,6 +57,9 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .merge(rest::routes().with_state(ctx.clone()))
         .fallback(rest::fallback)
         .method_not_allowed_fallback(rest::method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(ctx, auth::require_token));
+        .layer(axum::middleware::from_fn_with_state(
+            ctx,
+            auth::require_token,
+        ));
     Ok((router, health_reporter))
 }

@@ -18,13 +18,24 @@ pub fn routes() -> Router<Arc<HostContext>> {
 }
 
 /// The error body every REST error uses: `{"error": {"code", "message"}}`.
-pub fn json_error(status: StatusCode, code: &str, message: &str) -> (StatusCode, Json<serde_json::Value>) {
-    (status, Json(json!({ "error": { "code": code, "message": message } })))
+pub fn json_error(
+    status: StatusCode,
+    code: &str,
+    message: &str,
+) -> (StatusCode, Json<serde_json::Value>) {
+    (
+        status,
+        Json(json!({ "error": { "code": code, "message": message } })),
+    )
 }
 
 async fn healthz(State(ctx): State<Arc<HostContext>>) -> Response {
     if ctx.shutdown.is_cancelled() {
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "stopping" }))).into_response();
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "stopping" })),
+        )
+            .into_response();
     }
     Json(json!({ "status": "ok" })).into_response()
 }
@@ -66,7 +77,11 @@ pub async fn method_not_allowed(request: Request) -> Response {
     json_error(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
-        &format!("{} is not allowed on {}", request.method(), request.uri().path()),
+        &format!(
+            "{} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
     )
     .into_response()
 }

@@ -55,7 +55,10 @@ pub async fn run(
         };
         let Some(event) = event else { return };
         let reply = match event {
-            Err(message) => Some(ServerEvent::Error(SessionError::new(ErrorCode::InvalidArgument, message))),
+            Err(message) => Some(ServerEvent::Error(SessionError::new(
+                ErrorCode::InvalidArgument,
+                message,
+            ))),
             Ok(ClientEvent::Start(_)) if started => Some(ServerEvent::Error(SessionError::new(
                 ErrorCode::AlreadyStarted,
                 "this stream already has a session",
@@ -64,7 +67,9 @@ pub async fn run(
                 started = true;
                 Some(ServerEvent::Started {
                     session_id: uuid::Uuid::new_v4().to_string(),
-                    model: start.model.unwrap_or_else(|| ctx.config.model.default.clone()),
+                    model: start
+                        .model
+                        .unwrap_or_else(|| ctx.config.model.default.clone()),
                     permissions: Vec::new(),
                 })
             }
@@ -74,10 +79,10 @@ pub async fn run(
                 ErrorCode::NoSession,
                 "send StartSession first",
             ))),
-            Ok(_) => Some(ServerEvent::Error(SessionError::new(
-                ErrorCode::Internal,
-                "turns are not implemented yet",
-            ).with_retryable(false))),
+            Ok(_) => Some(ServerEvent::Error(
+                SessionError::new(ErrorCode::Internal, "turns are not implemented yet")
+                    .with_retryable(false),
+            )),
         };
         if let Some(reply) = reply
             && outbound.send(reply).await.is_err()

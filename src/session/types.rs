@@ -39,18 +39,40 @@ pub struct HistoryMessage {
 #[derive(Debug, Clone, PartialEq)]
 pub enum HistoryPart {
     Text(String),
-    ToolUse { id: String, name: String, input: Value },
-    ToolResult { tool_use_id: String, name: String, content: String, is_error: bool },
-    Thinking { thinking: String, signature: String },
-    Image { media_type: String, data: Vec<u8> },
+    ToolUse {
+        id: String,
+        name: String,
+        input: Value,
+    },
+    ToolResult {
+        tool_use_id: String,
+        name: String,
+        content: String,
+        is_error: bool,
+    },
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    Image {
+        media_type: String,
+        data: Vec<u8>,
+    },
     /// A `ContentPart` with no `part` set: refused when the history is converted.
     Empty,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ContextBlock {
-    Text { text: String, label: Option<String> },
-    Binary { mime_type: String, data: Vec<u8>, label: Option<String> },
+    Text {
+        text: String,
+        label: Option<String>,
+    },
+    Binary {
+        mime_type: String,
+        data: Vec<u8>,
+        label: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -78,12 +100,27 @@ pub enum ClientEvent {
     Start(StartRequest),
     UserMessage(UserTurn),
     ToolResult(ToolOutcome),
-    CancelTurn { reason: String },
-    CancelSession { reason: String },
+    CancelTurn {
+        reason: String,
+    },
+    CancelSession {
+        reason: String,
+    },
     Ping,
-    Feedback { session_id: String, message_id: String, rating: String },
-    PermissionDecision { tool_call_id: String, approved: bool },
-    RegisterTools { source: Option<String>, tools: Vec<ToolSpec>, system_context: Option<String> },
+    Feedback {
+        session_id: String,
+        message_id: String,
+        rating: String,
+    },
+    PermissionDecision {
+        tool_call_id: String,
+        approved: bool,
+    },
+    RegisterTools {
+        source: Option<String>,
+        tools: Vec<ToolSpec>,
+        system_context: Option<String>,
+    },
 }
 
 /// What arrives from the transport: an event, or a message the api layer
@@ -111,9 +148,12 @@ impl Usage {
     pub fn add(&mut self, other: Usage) {
         self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
-        self.cache_read_tokens = self.cache_read_tokens.saturating_add(other.cache_read_tokens);
-        self.cache_creation_tokens =
-            self.cache_creation_tokens.saturating_add(other.cache_creation_tokens);
+        self.cache_read_tokens = self
+            .cache_read_tokens
+            .saturating_add(other.cache_read_tokens);
+        self.cache_creation_tokens = self
+            .cache_creation_tokens
+            .saturating_add(other.cache_creation_tokens);
     }
 }
 
@@ -243,7 +283,11 @@ pub struct SessionError {
 
 impl SessionError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        SessionError { code, message: message.into(), retryable: code.retryable() }
+        SessionError {
+            code,
+            message: message.into(),
+            retryable: code.retryable(),
+        }
     }
     pub fn with_retryable(mut self, retryable: bool) -> Self {
         self.retryable = retryable;
@@ -253,14 +297,42 @@ impl SessionError {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ServerEvent {
-    Started { session_id: String, model: String, permissions: Vec<PermissionView> },
-    TextDelta { message_id: String, content: String },
-    ThinkingDelta { message_id: String, content: String },
-    ToolRequest { tool_call_id: String, tool_name: String, parameters: Value, timeout_ms: u32 },
-    TurnComplete { message_id: String, usage: Usage, stop_reason: StopReason },
+    Started {
+        session_id: String,
+        model: String,
+        permissions: Vec<PermissionView>,
+    },
+    TextDelta {
+        message_id: String,
+        content: String,
+    },
+    ThinkingDelta {
+        message_id: String,
+        content: String,
+    },
+    ToolRequest {
+        tool_call_id: String,
+        tool_name: String,
+        parameters: Value,
+        timeout_ms: u32,
+    },
+    TurnComplete {
+        message_id: String,
+        usage: Usage,
+        stop_reason: StopReason,
+    },
     Error(SessionError),
-    Keepalive { tokens_used: Option<u32>, tokens_max: Option<u32> },
+    Keepalive {
+        tokens_used: Option<u32>,
+        tokens_max: Option<u32>,
+    },
     Pong,
-    Presence { level: Presence, reason: String },
-    Activity { state: Activity, detail: String },
+    Presence {
+        level: Presence,
+        reason: String,
+    },
+    Activity {
+        state: Activity,
+        detail: String,
+    },
 }

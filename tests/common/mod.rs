@@ -45,7 +45,13 @@ impl TestDaemon {
         let served = tokio::spawn(daemon.serve(async move {
             let _ = stopped.await;
         }));
-        TestDaemon { addr, ctx, stop: Some(stop), served: Some(served), _dir: dir }
+        TestDaemon {
+            addr,
+            ctx,
+            stop: Some(stop),
+            served: Some(served),
+            _dir: dir,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -53,7 +59,11 @@ impl TestDaemon {
     }
 
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(self.url()).expect("url").connect().await.expect("connect")
+        Channel::from_shared(self.url())
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect")
     }
 
     pub async fn agent(&self) -> AgentServiceClient<Channel> {
@@ -87,12 +97,17 @@ impl Session {
             .stream_session(ReceiverStream::new(rx))
             .await
             .expect("StreamSession accepted");
-        Session { tx, rx: response.into_inner() }
+        Session {
+            tx,
+            rx: response.into_inner(),
+        }
     }
 
     pub async fn send(&self, request: proto::session_request::Request) {
         self.tx
-            .send(proto::SessionRequest { request: Some(request) })
+            .send(proto::SessionRequest {
+                request: Some(request),
+            })
             .await
             .expect("request stream open");
     }
@@ -119,7 +134,8 @@ impl Session {
     }
 
     pub async fn start(&mut self, start: proto::StartSession) -> proto::SessionStarted {
-        self.send(proto::session_request::Request::Start(start)).await;
+        self.send(proto::session_request::Request::Start(start))
+            .await;
         match self.next_significant().await {
             proto::session_response::Response::SessionStarted(s) => s,
             other => panic!("expected SessionStarted, got {other:?}"),

@@ -1,0 +1,223 @@
+//! The `rozd` binary: config errors, `check`, `status`, and the systemd
+//! notification protocol over a real unix datagram socket.
+
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+const ROZD: &str = env!("CARGO_BIN_EXE_rozd");
+/// Bound on how long a test waits for the daemon to say something.
+const WAIT: Duration = Duration::from_secs(15);
+
+fn rozd(args: &[&str], dir: &Path) -> Output {
+    Command::new(ROZD)
+        .args(args)
+        .env_remove("ROZD_CONFIG")
+        .env_remove("NOTIFY_SOCKET")
+        .env("HOME", dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rozd")
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn bad_configs_fail_check_and_run_naming_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "unknown.toml",
+            "[server]\nlisten = \"127.0.0.1:0\"\nlistne = 1\n",
+            ":3: key `server.listne`",
+        ),
+        (
+            "type.toml",
+            "[host]\nid = \"a\"\n[log]\nlevel = 5\n",
+            ":4: key `log.level`",
+        ),
+        (
+            "addr.toml",
+            "[server]\nlisten = \"not-an-address\"\n",
+            ":2: key `server.listen`",
+        ),
+        (
+            "remote.toml",
+            "[server]\nlisten = \"0.0.0.0:0\"\n",
+            ":2: key `server.listen`",
+        ),
+    ];
+    for (name, text, expected) in cases {
+        let path = write(dir.path(), name, text);
+        for command in ["check", "run"] {
+            let out = rozd(&[command, "--config", &path], dir.path());
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(78), "{command} {name}: {stderr}");
+            assert!(
+                stderr.contains(&format!("{path}{expected}")),
+                "{command} {name}: {stderr}"
+            );
+            assert!(
+                !stderr.contains("serving"),
+                "{command} {name} must not bind: {stderr}"
+            );
+        }
+    }
+}
+
+#[test]
+fn missing_config_file_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("absent.toml").display().to_string();
+    for command in ["check", "run"] {
+        let out = rozd(&[command, "--config", &missing], dir.path());
+        assert_eq!(out.status.code(), Some(78));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(&missing));
+    }
+}
+
+#[test]
+fn rozd_config_env_is_used_when_no_flag_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "env.toml", "[host]\nid = \"from-env\"\n");
+    let out = Command::new(ROZD)
+        .arg("check")
+        .env("ROZD_CONFIG", &path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("from-env") && stdout.contains(&path),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn check_prints_the_effective_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "ok.toml",
+        "[host]\nid = \"rover-1\"\n[server]\nlisten = \"0.0.0.0:9000\"\nauth_tokens = [\"top-secret-token\"]\n",
+    );
+    let out = rozd(&["check", "--config", &path], dir.path());
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("rover-1")
+            && stdout.contains("0.0.0.0:9000")
+            && stdout.contains("1 bearer token")
+    );
+    assert!(
+        !stdout.contains("top-secret-token"),
+        "tokens are never printed"
+    );
+}
+
+#[test]
+fn version_flag() {
+    let out = Command::new(ROZD).arg("--version").output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("rozd {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+/// Reads datagrams until one contains `wanted`; returns all lines seen.
+fn recv_until(socket: &UnixDatagram, wanted: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = socket
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("waiting for {wanted}: {e}; seen {seen:?}"));
+        let text = String::from_utf8_lossy(&buf[..n]).to_string();
+        let done = text.lines().any(|l| l == wanted);
+        seen.extend(text.lines().map(String::from));
+        if done {
+            return seen;
+        }
+    }
+}
+
+#[test]
+fn sd_notify_ready_watchdog_stopping_and_clean_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_read_timeout(Some(WAIT)).unwrap();
+    let config = write(
+        dir.path(),
+        "rozd.toml",
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n",
+            dir.path().join("rozd.db").display().to_string()
+        ),
+    );
+    let mut child = Command::new(ROZD)
+        .args(["run", "--config", &config])
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "200000")
+        .env_remove("WATCHDOG_PID")
+        .env("HOME", dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let ready = recv_until(&socket, "READY=1");
+    let status = ready
+        .iter()
+        .find_map(|l| l.strip_prefix("STATUS=serving roz.v1 on "))
+        .expect("READY comes with the address in STATUS");
+    // READY=1 means the port already accepts connections.
+    std::net::TcpStream::connect(status).expect("port accepts once READY=1 is sent");
+
+    // rozd status against the live binary.
+    let out = rozd(&["status", "--addr", status], dir.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("listening:    ") && text.contains(status),
+        "{text}"
+    );
+
+    // WATCHDOG=1 keeps arriving.
+    recv_until(&socket, "WATCHDOG=1");
+    recv_until(&socket, "WATCHDOG=1");
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    recv_until(&socket, "STOPPING=1");
+    let exit = child.wait().unwrap();
+    assert_eq!(exit.code(), Some(0), "graceful shutdown exits 0");
+}
+
+#[test]
+fn status_against_nothing_fails_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    // Bind then drop to get a port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let out = rozd(&["status", "--addr", &addr], dir.path());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&addr));
+}
