@@ -321,12 +321,16 @@ pub struct ModelConfig {
     /// Name of the model a session uses when `StartSession.model` is absent.
     #[serde(default = "default_model")]
     pub default: String,
+    /// Most tokens one model call may produce (stop reason `max_tokens`).
+    #[serde(default = "default_max_output_tokens")]
+    pub max_output_tokens: u32,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig {
             default: default_model(),
+            max_output_tokens: default_max_output_tokens(),
         }
     }
 }
@@ -439,6 +443,9 @@ fn default_max_context_tokens() -> u32 {
 }
 fn default_model() -> String {
     "local".to_string()
+}
+fn default_max_output_tokens() -> u32 {
+    4096
 }
 fn default_tick_hz() -> f64 {
     50.0
@@ -601,6 +608,12 @@ impl Config {
                     "unknown model {:?}; known models: local",
                     self.model.default
                 ),
+            ));
+        }
+        if self.model.max_output_tokens == 0 {
+            return Err(invalid(
+                "model.max_output_tokens",
+                "must be at least 1".into(),
             ));
         }
         if !(self.ooda.tick_hz.is_finite()

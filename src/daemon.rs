@@ -31,6 +31,8 @@ pub enum DaemonError {
     },
     #[error(transparent)]
     Api(#[from] api::ApiError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
     #[error("cannot install signal handler: {0}")]
     Signal(#[source] std::io::Error),
 }
@@ -52,6 +54,18 @@ impl Daemon {
     /// Binds the configured address. Nothing is bound before this point, and
     /// the config is already fully validated.
     pub async fn bind(config: Config) -> Result<Daemon, DaemonError> {
+        Self::bind_with_hooks(config, Arc::new(crate::session::LogHooks)).await
+    }
+
+    /// [`Daemon::bind`] with the given session hooks (the safety layer's attach point).
+    pub async fn bind_with_hooks(
+        config: Config,
+        hooks: Arc<dyn crate::session::SessionHooks>,
+    ) -> Result<Daemon, DaemonError> {
+        let store_path = config.store.resolved_path();
+        let store = tokio::task::spawn_blocking(move || crate::store::Store::open(&store_path))
+            .await
+            .map_err(|e| crate::store::StoreError::Task(e.to_string()))??;
         let addr = config.server.listen;
         let listener = TcpListener::bind(addr)
             .await
@@ -59,7 +73,7 @@ impl Daemon {
         let local = listener
             .local_addr()
             .map_err(|source| DaemonError::Bind { addr, source })?;
-        let ctx = HostContext::new(Arc::new(config), local);
+        let ctx = HostContext::new(Arc::new(config), local, store, hooks);
         let (router, health) = api::router(ctx.clone()).await?;
         Ok(Daemon {
             listener,

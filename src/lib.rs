@@ -7,6 +7,8 @@
 //! - [`daemon`]: start order, shutdown order, sd_notify, signals
 //! - [`api`]: tonic services and axum REST on one listener, auth, reflection, health
 //! - [`session`]: one agent session: state machine and turn loop
+//! - [`model`]: language models behind one streaming trait (offline `local` model)
+//! - [`store`]: SQLite store of sessions, turns and feedback
 //! - [`client`]: small HTTP client used by the CLI (`rozd status`)
 #![forbid(unsafe_code)]
 
@@ -14,7 +16,9 @@ pub mod api;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod model;
 pub mod session;
+pub mod store;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,17 +38,32 @@ pub struct HostContext {
     pub started_at: Instant,
     pub listen_addr: SocketAddr,
     pub sessions: session::SessionRegistry,
+    pub models: model::ModelRegistry,
+    pub permissions: Arc<session::permissions::PermissionPolicy>,
+    pub store: store::Store,
+    pub hooks: Arc<dyn session::SessionHooks>,
     /// Cancelled when the daemon begins its shutdown.
     pub shutdown: CancellationToken,
 }
 
 impl HostContext {
-    pub fn new(config: Arc<Config>, listen_addr: SocketAddr) -> Arc<Self> {
+    pub fn new(
+        config: Arc<Config>,
+        listen_addr: SocketAddr,
+        store: store::Store,
+        hooks: Arc<dyn session::SessionHooks>,
+    ) -> Arc<Self> {
         Arc::new(HostContext {
+            models: model::ModelRegistry::from_config(&config.model),
+            permissions: Arc::new(session::permissions::PermissionPolicy::new(
+                config.permissions.clone(),
+            )),
             config,
             started_at: Instant::now(),
             listen_addr,
             sessions: session::SessionRegistry::default(),
+            store,
+            hooks,
             shutdown: CancellationToken::new(),
         })
     }

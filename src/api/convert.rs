@@ -307,6 +307,21 @@ pub fn server_response(event: ServerEvent) -> proto::SessionResponse {
             tokens_max,
         }),
         ServerEvent::Pong => Response::Pong(proto::Pong {}),
+        ServerEvent::ContextCompacted {
+            level,
+            messages_before,
+            messages_after,
+            tokens_before,
+            tokens_after,
+            summary,
+        } => Response::ContextCompacted(proto::ContextCompacted {
+            level,
+            messages_before,
+            messages_after,
+            tokens_before,
+            tokens_after,
+            summary,
+        }),
         ServerEvent::Presence { level, reason } => Response::PresenceHint(proto::PresenceHint {
             level: level.as_str().to_string(),
             reason,

@@ -1,15 +1,30 @@
 //! One agent session per `StreamSession` stream.
+//!
+//! [`run`] is the session's I/O loop: a `select!` over client events, the
+//! active turn's completion, the keepalive timer and daemon shutdown. The
+//! session's data and rules live in [`state`], a turn's model/tool loop in
+//! [`turn`].
 
+pub mod permissions;
+pub mod state;
+pub mod tools;
+pub mod turn;
 pub mod types;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 pub use types::*;
 
 use crate::HostContext;
+use crate::store::{SessionRecord, TurnRecord, now_ms};
+use state::{Session, TurnPlan};
+use turn::{TurnInput, TurnLimits, TurnOutcome, TurnSetup};
 
 /// Counts the sessions this daemon is serving.
 #[derive(Debug, Default)]
@@ -40,54 +55,549 @@ impl Drop for ActiveSession<'_> {
     }
 }
 
+/// Where the safety layer attaches: called when a turn is interrupted
+/// (cancel, disconnect, shutdown) and when a session ends, so actuators
+/// commanded by that session can be returned to their safe state.
+pub trait SessionHooks: Send + Sync + std::fmt::Debug {
+    fn turn_interrupted(&self, session_id: &str, reason: &str);
+    fn session_ended(&self, session_id: &str, reason: &str);
+}
+
+/// Hooks that only log; the default until the safety layer is attached.
+#[derive(Debug, Default)]
+pub struct LogHooks;
+
+impl SessionHooks for LogHooks {
+    fn turn_interrupted(&self, session_id: &str, reason: &str) {
+        tracing::info!(session_id, reason, "turn interrupted");
+    }
+    fn session_ended(&self, session_id: &str, reason: &str) {
+        tracing::info!(session_id, reason, "session ended");
+    }
+}
+
+/// How long a cancelled turn gets to wind down before it is aborted.
+const TURN_WIND_DOWN: Duration = Duration::from_secs(5);
+/// Bound of the queue of client events forwarded to a running turn.
+const TURN_INBOX: usize = 64;
+
+struct ActiveTurn {
+    plan_message_id: String,
+    ai_mode: &'static str,
+    user_content: String,
+    started_at_ms: i64,
+    /// Index in the conversation where this turn's messages begin.
+    first_message: usize,
+    cancel: CancellationToken,
+    inbox: mpsc::Sender<TurnInput>,
+    handle: JoinHandle<TurnOutcome>,
+}
+
+/// Why the session loop stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    CancelSession,
+    Disconnect,
+    Shutdown,
+}
+
+impl End {
+    fn as_str(self) -> &'static str {
+        match self {
+            End::CancelSession => "cancel_session",
+            End::Disconnect => "disconnect",
+            End::Shutdown => "shutdown",
+        }
+    }
+}
+
+struct Runner {
+    ctx: Arc<HostContext>,
+    out: mpsc::Sender<ServerEvent>,
+    session: Option<Session>,
+    turn: Option<ActiveTurn>,
+}
+
+/// The client's response stream is gone.
+struct Gone;
+
 /// Runs one session until the client ends it, disconnects, or the daemon shuts down.
 pub async fn run(
     ctx: Arc<HostContext>,
     mut inbound: mpsc::Receiver<Inbound>,
-    outbound: mpsc::Sender<ServerEvent>,
+    out: mpsc::Sender<ServerEvent>,
 ) {
-    let _active = ctx.sessions.enter();
-    let mut started = false;
-    loop {
-        let event = tokio::select! {
-            event = inbound.recv() => event,
-            () = ctx.shutdown.cancelled() => return,
+    let registry = ctx.clone();
+    let _active = registry.sessions.enter();
+    let period = Duration::from_secs(ctx.config.session.keepalive_secs);
+    let mut keepalive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let shutdown = ctx.shutdown.clone();
+    let mut runner = Runner {
+        ctx,
+        out,
+        session: None,
+        turn: None,
+    };
+    let end = loop {
+        let step = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break End::Shutdown,
+            joined = turn_finished(&mut runner.turn) => runner.finish_turn(joined).await,
+            event = inbound.recv() => match event {
+                None => break End::Disconnect,
+                Some(event) => match runner.handle(event).await {
+                    Ok(Some(end)) => break end,
+                    Ok(None) => Ok(()),
+                    Err(gone) => Err(gone),
+                },
+            },
+            _ = keepalive.tick() => runner.keepalive().await,
         };
-        let Some(event) = event else { return };
-        let reply = match event {
-            Err(message) => Some(ServerEvent::Error(SessionError::new(
-                ErrorCode::InvalidArgument,
-                message,
-            ))),
-            Ok(ClientEvent::Start(_)) if started => Some(ServerEvent::Error(SessionError::new(
-                ErrorCode::AlreadyStarted,
-                "this stream already has a session",
-            ))),
-            Ok(ClientEvent::Start(start)) => {
-                started = true;
-                Some(ServerEvent::Started {
-                    session_id: uuid::Uuid::new_v4().to_string(),
-                    model: start
-                        .model
-                        .unwrap_or_else(|| ctx.config.model.default.clone()),
-                    permissions: Vec::new(),
-                })
+        if step.is_err() {
+            break End::Disconnect;
+        }
+    };
+    runner.close(end).await;
+}
+
+/// Resolves when the active turn's task finishes; never if there is none.
+async fn turn_finished(
+    turn: &mut Option<ActiveTurn>,
+) -> Result<TurnOutcome, tokio::task::JoinError> {
+    match turn {
+        Some(t) => (&mut t.handle).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Runner {
+    async fn send(&self, event: ServerEvent) -> Result<(), Gone> {
+        self.out.send(event).await.map_err(|_| Gone)
+    }
+
+    async fn error(&self, code: ErrorCode, message: impl Into<String>) -> Result<(), Gone> {
+        self.send(ServerEvent::Error(SessionError::new(code, message)))
+            .await
+    }
+
+    async fn handle(&mut self, event: Inbound) -> Result<Option<End>, Gone> {
+        let event = match event {
+            Ok(event) => event,
+            Err(why) => {
+                self.error(ErrorCode::InvalidArgument, why).await?;
+                return Ok(None);
             }
-            Ok(ClientEvent::Ping) => Some(ServerEvent::Pong),
-            Ok(ClientEvent::CancelSession { .. }) => return,
-            Ok(_) if !started => Some(ServerEvent::Error(SessionError::new(
-                ErrorCode::NoSession,
-                "send StartSession first",
-            ))),
-            Ok(_) => Some(ServerEvent::Error(
-                SessionError::new(ErrorCode::Internal, "turns are not implemented yet")
-                    .with_retryable(false),
-            )),
         };
-        if let Some(reply) = reply
-            && outbound.send(reply).await.is_err()
-        {
+        if let ClientEvent::Start(request) = event {
+            self.start(request).await?;
+            return Ok(None);
+        }
+        if self.session.is_none() {
+            self.error(
+                ErrorCode::NoSession,
+                "no session on this stream: send StartSession first",
+            )
+            .await?;
+            return Ok(None);
+        }
+        match event {
+            ClientEvent::Start(_) => {}
+            ClientEvent::UserMessage(user) => self.user_message(user).await?,
+            ClientEvent::ToolResult(result) => self.tool_result(result).await?,
+            ClientEvent::PermissionDecision {
+                tool_call_id,
+                approved,
+            } => match &self.turn {
+                Some(turn) => {
+                    forward(
+                        turn,
+                        TurnInput::Decision {
+                            tool_call_id,
+                            approved,
+                        },
+                    )
+                    .await
+                }
+                None => {
+                    self.error(
+                        ErrorCode::NoActiveTurn,
+                        format!("PermissionDecision for {tool_call_id}: no turn is running"),
+                    )
+                    .await?;
+                }
+            },
+            ClientEvent::CancelTurn { reason } => match &self.turn {
+                Some(turn) => {
+                    tracing::info!(reason, message_id = %turn.plan_message_id, "CancelTurn");
+                    turn.cancel.cancel();
+                }
+                None => {
+                    self.error(ErrorCode::NoActiveTurn, "CancelTurn: no turn is running")
+                        .await?
+                }
+            },
+            ClientEvent::CancelSession { reason } => {
+                tracing::info!(reason, "CancelSession");
+                return Ok(Some(End::CancelSession));
+            }
+            ClientEvent::Ping => self.send(ServerEvent::Pong).await?,
+            ClientEvent::Feedback {
+                session_id,
+                message_id,
+                rating,
+            } => {
+                self.feedback(session_id, message_id, rating).await?;
+            }
+            ClientEvent::RegisterTools {
+                source,
+                tools,
+                system_context,
+            } => {
+                let Some(session) = self.session.as_mut() else {
+                    return Ok(None);
+                };
+                match session.register_tools(source.clone(), tools, system_context) {
+                    Ok(summary) => tracing::info!(
+                        source = source.as_deref().unwrap_or(""),
+                        removed = summary.removed,
+                        added = summary.added,
+                        "tools registered"
+                    ),
+                    Err(e) => self.send(ServerEvent::Error(e)).await?,
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    async fn start(&mut self, request: StartRequest) -> Result<(), Gone> {
+        if let Some(session) = &self.session {
+            let message = format!("this stream already has session {}", session.id);
+            return self.error(ErrorCode::AlreadyStarted, message).await;
+        }
+        let ctx = &self.ctx;
+        let session = match Session::start(
+            request,
+            &ctx.config.host,
+            &ctx.models,
+            ctx.config.session.default_max_context_tokens,
+        ) {
+            Ok(s) => s,
+            Err(e) => return self.send(ServerEvent::Error(e)).await,
+        };
+        let record = SessionRecord {
+            id: session.id.clone(),
+            host_id: ctx.config.host.id.clone(),
+            environment_id: session.environment_id.clone(),
+            model: session.model.name().to_string(),
+            started_at_ms: now_ms(),
+            ended_at_ms: None,
+            end_reason: None,
+            turns: 0,
+        };
+        if let Err(e) = ctx.store.session_started(record).await {
+            tracing::error!(error = %e, "cannot record the new session");
+            return self
+                .error(
+                    ErrorCode::Internal,
+                    "cannot record the session in the store; try again",
+                )
+                .await;
+        }
+        tracing::info!(session_id = %session.id, model = session.model.name(), tools = session.tools.len(), "session started");
+        let started = ServerEvent::Started {
+            session_id: session.id.clone(),
+            model: session.model.name().to_string(),
+            permissions: ctx.permissions.views(),
+        };
+        self.session = Some(session);
+        self.send(started).await
+    }
+
+    async fn user_message(&mut self, user: UserTurn) -> Result<(), Gone> {
+        if let Some(turn) = &self.turn {
+            let message = format!(
+                "turn {} is still running; wait for its TurnComplete or send CancelTurn",
+                turn.plan_message_id
+            );
+            return self.error(ErrorCode::TurnInProgress, message).await;
+        }
+        let Some(session) = self.session.as_ref() else {
+            return Ok(());
+        };
+        let plan = match session.plan_turn(user, &self.ctx.config.host) {
+            Ok(plan) => plan,
+            Err(e) => return self.send(ServerEvent::Error(e)).await,
+        };
+        self.spawn_turn(plan);
+        Ok(())
+    }
+
+    fn spawn_turn(&mut self, plan: TurnPlan) {
+        let Some(session) = self.session.as_ref() else {
             return;
+        };
+        let config = &self.ctx.config;
+        let first_message = session.conversation.len();
+        let mut conversation = session.conversation.clone();
+        conversation.push(plan.user_message);
+        let setup = TurnSetup {
+            message_id: plan.message_id.clone(),
+            model: session.model.clone(),
+            system: plan.system,
+            tools: plan.tools,
+            conversation,
+            permissions: self.ctx.permissions.clone(),
+            limits: TurnLimits {
+                max_cycles: config.session.max_cycles,
+                max_output_tokens: config.model.max_output_tokens,
+                default_tool_timeout_ms: config.session.default_tool_timeout_ms,
+                approval_timeout: Duration::from_secs(config.session.approval_timeout_secs),
+                context_budget: session.context_budget,
+            },
+        };
+        let cancel = CancellationToken::new();
+        let (inbox_tx, inbox_rx) = mpsc::channel(TURN_INBOX);
+        let handle = tokio::spawn(turn::run(setup, self.out.clone(), inbox_rx, cancel.clone()));
+        self.turn = Some(ActiveTurn {
+            plan_message_id: plan.message_id,
+            ai_mode: plan.ai_mode,
+            user_content: plan.user_content,
+            started_at_ms: now_ms(),
+            first_message,
+            cancel,
+            inbox: inbox_tx,
+            handle,
+        });
+    }
+
+    async fn tool_result(&mut self, result: ToolOutcome) -> Result<(), Gone> {
+        if let Some(code) = result.exit_code
+            && result.success != (code == 0)
+        {
+            let message = format!(
+                "ToolResult {}: success={} contradicts exit_code={code} (success must equal exit_code == 0)",
+                result.tool_call_id, result.success
+            );
+            return self.error(ErrorCode::InvalidArgument, message).await;
+        }
+        if let Some(turn) = &self.turn {
+            forward(turn, TurnInput::ToolResult(result)).await;
+            return Ok(());
+        }
+        if self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.is_expired(&result.tool_call_id))
+        {
+            tracing::warn!(tool_call_id = %result.tool_call_id, "late ToolResult for a timed-out call ignored");
+            return Ok(());
+        }
+        let message = format!("ToolResult {}: no turn is running", result.tool_call_id);
+        self.error(ErrorCode::NoActiveTurn, message).await
+    }
+
+    async fn feedback(
+        &mut self,
+        session_id: String,
+        message_id: String,
+        rating: String,
+    ) -> Result<(), Gone> {
+        if rating != "up" && rating != "down" {
+            return self
+                .error(
+                    ErrorCode::InvalidArgument,
+                    format!("feedback.rating {rating:?} is not \"up\" or \"down\""),
+                )
+                .await;
+        }
+        let own = self
+            .session
+            .as_ref()
+            .map(|s| s.id.clone())
+            .unwrap_or_default();
+        let session_id = if session_id.is_empty() {
+            own
+        } else {
+            session_id
+        };
+        match self
+            .ctx
+            .store
+            .feedback(session_id.clone(), message_id.clone(), rating.clone())
+            .await
+        {
+            Ok(()) => tracing::info!(%session_id, %message_id, %rating, "feedback stored"),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot store feedback");
+                self.error(ErrorCode::Internal, "cannot store feedback; try again")
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The active turn ended: clear it, record it, then tell the client —
+    /// in that order, so a client that answers `TurnComplete` at once is
+    /// never told a turn is in progress.
+    async fn finish_turn(
+        &mut self,
+        joined: Result<TurnOutcome, tokio::task::JoinError>,
+    ) -> Result<(), Gone> {
+        match self.record_turn(joined).await {
+            Some(report) => self.report_turn(report).await,
+            None => Ok(()),
         }
     }
+
+    /// Clears the active turn, folds its outcome into the session and writes it to the store.
+    async fn record_turn(
+        &mut self,
+        joined: Result<TurnOutcome, tokio::task::JoinError>,
+    ) -> Option<TurnReport> {
+        let turn = self.turn.take()?;
+        let session = self.session.as_mut()?;
+        let outcome = match joined {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                // A panicking turn must not take the session (or the daemon) down.
+                tracing::error!(error = %e, message_id = %turn.plan_message_id, "turn task failed");
+                self.ctx
+                    .hooks
+                    .turn_interrupted(&session.id, "turn task failed");
+                TurnOutcome {
+                    conversation: session.conversation.clone(),
+                    usage: Usage::default(),
+                    stop_reason: StopReason::Error,
+                    error: Some(
+                        SessionError::new(ErrorCode::Internal, "the turn failed inside rozd")
+                            .with_retryable(true),
+                    ),
+                    expired_calls: Vec::new(),
+                }
+            }
+        };
+        if outcome.stop_reason == StopReason::Cancelled {
+            self.ctx
+                .hooks
+                .turn_interrupted(&session.id, "turn cancelled");
+        }
+        let added_from = turn.first_message.min(outcome.conversation.len());
+        let record = TurnRecord {
+            session_id: session.id.clone(),
+            seq: session.turns_done,
+            message_id: turn.plan_message_id.clone(),
+            ai_mode: turn.ai_mode.to_string(),
+            user_content: turn.user_content.clone(),
+            messages: crate::store::messages_json(&outcome.conversation[added_from..]),
+            stop_reason: outcome.stop_reason.as_str().to_string(),
+            input_tokens: outcome.usage.input_tokens,
+            output_tokens: outcome.usage.output_tokens,
+            cache_read_tokens: outcome.usage.cache_read_tokens,
+            cache_creation_tokens: outcome.usage.cache_creation_tokens,
+            started_at_ms: turn.started_at_ms,
+            ended_at_ms: now_ms(),
+        };
+        session.conversation = outcome.conversation;
+        session.turns_done += 1;
+        session.remember_expired(outcome.expired_calls);
+        let mut errors = Vec::new();
+        if let Err(e) = self.ctx.store.turn_completed(record).await {
+            tracing::error!(error = %e, "cannot record the turn");
+            errors.push(SessionError::new(
+                ErrorCode::Internal,
+                "the turn could not be recorded in the store",
+            ));
+        }
+        errors.extend(outcome.error);
+        Some(TurnReport {
+            message_id: turn.plan_message_id,
+            usage: outcome.usage,
+            stop_reason: outcome.stop_reason,
+            errors,
+        })
+    }
+
+    async fn report_turn(&self, report: TurnReport) -> Result<(), Gone> {
+        for error in report.errors {
+            self.send(ServerEvent::Error(error)).await?;
+        }
+        self.send(ServerEvent::Activity {
+            state: Activity::Idle,
+            detail: String::new(),
+        })
+        .await?;
+        self.send(ServerEvent::Presence {
+            level: Presence::Hidden,
+            reason: "idle".into(),
+        })
+        .await?;
+        self.send(ServerEvent::TurnComplete {
+            message_id: report.message_id,
+            usage: report.usage,
+            stop_reason: report.stop_reason,
+        })
+        .await
+    }
+
+    async fn keepalive(&self) -> Result<(), Gone> {
+        let (tokens_used, tokens_max) = match &self.session {
+            Some(s) => (Some(s.tokens_used()), Some(s.context_budget)),
+            None => (None, None),
+        };
+        self.send(ServerEvent::Keepalive {
+            tokens_used,
+            tokens_max,
+        })
+        .await
+    }
+
+    /// Ends the session: cancels a running turn (reporting its
+    /// `TurnComplete` if the client is still there), then records the end.
+    async fn close(mut self, end: End) {
+        if let Some(turn) = &mut self.turn {
+            turn.cancel.cancel();
+            let joined = match tokio::time::timeout(TURN_WIND_DOWN, &mut turn.handle).await {
+                Ok(joined) => joined,
+                Err(_) => {
+                    turn.handle.abort();
+                    tracing::error!("turn did not wind down in time; aborted");
+                    (&mut turn.handle).await
+                }
+            };
+            if let Some(session) = &self.session {
+                self.ctx.hooks.turn_interrupted(&session.id, end.as_str());
+            }
+            if let Some(report) = self.record_turn(joined).await
+                && end != End::Disconnect
+            {
+                let _ = self.report_turn(report).await;
+            }
+        }
+        if let Some(session) = &self.session {
+            self.ctx.hooks.session_ended(&session.id, end.as_str());
+            if let Err(e) = self
+                .ctx
+                .store
+                .session_ended(session.id.clone(), end.as_str().to_string())
+                .await
+            {
+                tracing::error!(error = %e, session_id = %session.id, "cannot record the end of the session");
+            }
+        }
+    }
+}
+
+struct TurnReport {
+    message_id: String,
+    usage: Usage,
+    stop_reason: StopReason,
+    errors: Vec<SessionError>,
+}
+
+async fn forward(turn: &ActiveTurn, input: TurnInput) {
+    // The turn may finish between our check and this send; the input then
+    // belongs to no one and is dropped, which is what a finished turn does.
+    let _ = turn.inbox.send(input).await;
 }

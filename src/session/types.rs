@@ -136,26 +136,7 @@ pub struct PermissionView {
     pub reason: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub input_tokens: u32,
-    pub output_tokens: u32,
-    pub cache_read_tokens: u32,
-    pub cache_creation_tokens: u32,
-}
-
-impl Usage {
-    pub fn add(&mut self, other: Usage) {
-        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
-        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
-        self.cache_read_tokens = self
-            .cache_read_tokens
-            .saturating_add(other.cache_read_tokens);
-        self.cache_creation_tokens = self
-            .cache_creation_tokens
-            .saturating_add(other.cache_creation_tokens);
-    }
-}
+pub use crate::model::Usage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
@@ -327,6 +308,14 @@ pub enum ServerEvent {
         tokens_max: Option<u32>,
     },
     Pong,
+    ContextCompacted {
+        level: String,
+        messages_before: u32,
+        messages_after: u32,
+        tokens_before: u32,
+        tokens_after: u32,
+        summary: Option<String>,
+    },
     Presence {
         level: Presence,
         reason: String,

@@ -1,0 +1,542 @@
+//! `local`: the offline command model.
+//!
+//! It is not a language model and says so. It reads the user's message as a
+//! small command language, turns commands into tool calls, and answers with
+//! their results — deterministically, with no network and no API key. It
+//! makes rozd usable before any provider is configured, and it drives tests.
+//!
+//! Commands (one per line, or separated by `;`):
+//!
+//! | command | effect |
+//! |---|---|
+//! | `help` | lists the commands and the tools of this session |
+//! | `status` | calls `observe` if the session has it, else describes the session |
+//! | `read <sensor>` | calls `read_sensor {"name": sensor}` |
+//! | `set <actuator> <value>` | calls tool `<actuator>` `{"value": v}`, or `actuate {"actuator", "value"}` |
+//! | `call <tool> [json object]` | calls any tool with the given parameters |
+//! | `echo <text>` | answers with the text |
+//! | `wait <ms>` | takes `<ms>` milliseconds before each answer in this turn (simulates a slow model) |
+//!
+//! Tool calls run one per model call, in order; when all have results, the
+//! final answer lists each result.
+
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use serde_json::{Value, json};
+
+use super::{Block, Model, ModelEvent, ModelRequest, ModelStop, ModelStream, Role, Usage, tokens};
+
+pub const NAME: &str = "local";
+
+/// Words per `TextDelta`, so answers stream in several pieces like a real model's.
+const WORDS_PER_DELTA: usize = 3;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LocalModel;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Command {
+    Help,
+    Status,
+    Echo(String),
+    Wait(u64),
+    Call {
+        tool: String,
+        input: Value,
+    },
+    /// A command that cannot run, with the reason shown to the user.
+    Invalid(String),
+}
+
+impl Model for LocalModel {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn stream(&self, request: ModelRequest) -> ModelStream {
+        let (delay, events) = respond(&request);
+        let events = futures_util::stream::iter(events.into_iter().map(Ok));
+        if delay.is_zero() {
+            return events.boxed();
+        }
+        futures_util::stream::once(tokio::time::sleep(delay))
+            .filter_map(|()| std::future::ready(None))
+            .chain(events)
+            .boxed()
+    }
+}
+
+/// Splits on newlines and on `;` outside JSON braces and strings.
+fn split_commands(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let (mut depth, mut in_string, mut escaped) = (0i32, false, false);
+    for c in text.chars() {
+        if in_string {
+            current.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '{' | '[' => depth += 1,
+            '}' | ']' => depth -= 1,
+            _ => {}
+        }
+        if (c == ';' || c == '\n') && depth <= 0 {
+            out.push(std::mem::take(&mut current));
+        } else {
+            current.push(c);
+        }
+    }
+    out.push(current);
+    out.into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn parse_command(line: &str, tools: &[&str]) -> Command {
+    let (verb, rest) = match line.split_once(char::is_whitespace) {
+        Some((v, r)) => (v, r.trim()),
+        None => (line, ""),
+    };
+    let has = |name: &str| tools.contains(&name);
+    match verb.to_ascii_lowercase().as_str() {
+        "help" => Command::Help,
+        "status" if has("observe") => Command::Call {
+            tool: "observe".into(),
+            input: json!({}),
+        },
+        "status" => Command::Status,
+        "echo" => Command::Echo(rest.to_string()),
+        "wait" => match rest.parse::<u64>() {
+            Ok(ms) => Command::Wait(ms),
+            Err(_) => Command::Invalid(format!("`wait` needs milliseconds, got {rest:?}")),
+        },
+        "read" if rest.is_empty() => Command::Invalid("`read` needs a sensor name".into()),
+        "read" if has("read_sensor") => Command::Call {
+            tool: "read_sensor".into(),
+            input: json!({ "name": rest }),
+        },
+        "read" => Command::Invalid("this session has no `read_sensor` tool".into()),
+        "set" => {
+            let mut words = rest.split_whitespace();
+            let (Some(actuator), Some(raw), None) = (words.next(), words.next(), words.next())
+            else {
+                return Command::Invalid(
+                    "`set` needs an actuator and a value: set <actuator> <value>".into(),
+                );
+            };
+            let value = raw
+                .parse::<f64>()
+                .ok()
+                .and_then(|v| serde_json::Number::from_f64(v).map(Value::Number))
+                .unwrap_or_else(|| Value::String(raw.to_string()));
+            if has(actuator) {
+                Command::Call {
+                    tool: actuator.to_string(),
+                    input: json!({ "value": value }),
+                }
+            } else if has("actuate") {
+                Command::Call {
+                    tool: "actuate".into(),
+                    input: json!({ "actuator": actuator, "value": value }),
+                }
+            } else {
+                Command::Invalid(format!(
+                    "this session has no tool `{actuator}` and no `actuate` tool"
+                ))
+            }
+        }
+        "call" => {
+            let (tool, params) = match rest.split_once(char::is_whitespace) {
+                Some((t, p)) => (t, p.trim()),
+                None => (rest, ""),
+            };
+            if tool.is_empty() {
+                return Command::Invalid("`call` needs a tool name: call <tool> {json}".into());
+            }
+            let input = if params.is_empty() {
+                Ok(json!({}))
+            } else {
+                serde_json::from_str::<Value>(params)
+            };
+            match input {
+                Ok(v @ Value::Object(_)) => Command::Call {
+                    tool: tool.to_string(),
+                    input: v,
+                },
+                Ok(_) => Command::Invalid(format!("parameters for `{tool}` must be a JSON object")),
+                Err(e) => {
+                    Command::Invalid(format!("parameters for `{tool}` are not valid JSON: {e}"))
+                }
+            }
+        }
+        other => Command::Invalid(format!(
+            "unknown command `{other}`; say `help` for the list"
+        )),
+    }
+}
+
+fn help_text(tools: &[&str]) -> String {
+    let mut text = String::from(
+        "I am rozd's offline command model, not a language model. Commands: help; status; \
+         read <sensor>; set <actuator> <value>; call <tool> {json}; echo <text>; wait <ms>. \
+         Separate several with `;` or new lines.",
+    );
+    if tools.is_empty() {
+        text.push_str(" This session has no tools.");
+    } else {
+        text.push_str(&format!(" Tools in this session: {}.", tools.join(", ")));
+    }
+    text
+}
+
+/// The prompt of the current turn: the last user message that is not just
+/// tool results, and the index of that message.
+fn current_prompt(messages: &[super::Message]) -> Option<(usize, String)> {
+    messages.iter().enumerate().rev().find_map(|(i, m)| {
+        if m.role != Role::User {
+            return None;
+        }
+        m.content.iter().find_map(|b| match b {
+            Block::Text(t) => Some((i, t.clone())),
+            _ => None,
+        })
+    })
+}
+
+/// Decides the whole answer of one model call: a delay, then events.
+fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
+    let tools: Vec<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
+    let Some((prompt_index, prompt)) = current_prompt(&request.messages) else {
+        return (
+            Duration::ZERO,
+            finish(request, String::new(), help_text(&tools), None),
+        );
+    };
+    let commands: Vec<Command> = split_commands(&prompt)
+        .iter()
+        .map(|l| parse_command(l, &tools))
+        .collect();
+    let delay = commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::Wait(ms) => Some(Duration::from_millis(*ms)),
+            _ => None,
+        })
+        .sum();
+    // Results of the tool calls made since the prompt, in call order.
+    let mut results: Vec<(String, String, bool)> = Vec::new();
+    for m in &request.messages[prompt_index + 1..] {
+        for b in &m.content {
+            if let Block::ToolResult {
+                name,
+                content,
+                is_error,
+                ..
+            } = b
+            {
+                results.push((name.clone(), content.clone(), *is_error));
+            }
+        }
+    }
+    let calls: Vec<(&String, &Value)> = commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::Call { tool, input } => Some((tool, input)),
+            _ => None,
+        })
+        .collect();
+    let thinking = format!(
+        "Offline command model. Parsed {} command(s) from the prompt; {} tool call(s), {} done.",
+        commands.len(),
+        calls.len(),
+        results.len()
+    );
+    if let Some((tool, input)) = calls.get(results.len()) {
+        let text = format!("Calling {tool}.");
+        let id = format!("toolu_local_{}", uuid::Uuid::new_v4().simple());
+        let call = ModelEvent::ToolUse {
+            id,
+            name: (*tool).clone(),
+            input: (*input).clone(),
+        };
+        return (delay, finish(request, thinking, text, Some(call)));
+    }
+    let mut results = results.into_iter();
+    let mut lines = Vec::new();
+    for command in &commands {
+        match command {
+            Command::Help => lines.push(help_text(&tools)),
+            Command::Status => lines.push(format!(
+                "Offline command model; {} tool(s) in this session: {}.",
+                tools.len(),
+                if tools.is_empty() {
+                    "none".to_string()
+                } else {
+                    tools.join(", ")
+                }
+            )),
+            Command::Echo(text) => lines.push(text.clone()),
+            Command::Wait(_) => {}
+            Command::Invalid(why) => lines.push(format!("Cannot do that: {why}.")),
+            Command::Call { tool, .. } => match results.next() {
+                Some((_, content, false)) => lines.push(format!("{tool} returned: {content}")),
+                Some((_, content, true)) => lines.push(format!("{tool} failed: {content}")),
+                None => lines.push(format!("{tool} returned nothing.")),
+            },
+        }
+    }
+    let text = if lines.is_empty() {
+        help_text(&tools)
+    } else {
+        lines.join("\n")
+    };
+    (delay, finish(request, thinking, text, None))
+}
+
+/// Turns thinking, text and an optional tool call into a streamed answer with
+/// usage, honouring the output budget.
+fn finish(
+    request: &ModelRequest,
+    thinking: String,
+    text: String,
+    call: Option<ModelEvent>,
+) -> Vec<ModelEvent> {
+    let budget = request.max_output_tokens;
+    let mut events = Vec::new();
+    let mut output: u32 = 0;
+    let mut stop = if call.is_some() {
+        ModelStop::ToolUse
+    } else {
+        ModelStop::EndTurn
+    };
+    if !thinking.is_empty() {
+        output = output.saturating_add(tokens::count(&thinking));
+        events.push(ModelEvent::ThinkingDelta(thinking));
+    }
+    for chunk in chunk_words(&text) {
+        let cost = tokens::count(&chunk);
+        if output.saturating_add(cost) > budget {
+            stop = ModelStop::MaxTokens;
+            break;
+        }
+        output += cost;
+        events.push(ModelEvent::TextDelta(chunk));
+    }
+    if stop != ModelStop::MaxTokens
+        && let Some(call) = call
+    {
+        if let ModelEvent::ToolUse { input, name, .. } = &call {
+            output = output
+                .saturating_add(tokens::count(name))
+                .saturating_add(tokens::count(&input.to_string()));
+        }
+        events.push(call);
+    }
+    events.push(ModelEvent::Usage(Usage {
+        input_tokens: request.estimate_tokens(),
+        output_tokens: output,
+        ..Usage::default()
+    }));
+    events.push(ModelEvent::Stop(stop));
+    events
+}
+
+/// Splits text into pieces of a few words, keeping every character.
+fn chunk_words(text: &str) -> Vec<String> {
+    let mut chunks = Vec::new();
+    let mut current = String::new();
+    let mut words = 0;
+    for piece in text.split_inclusive(char::is_whitespace) {
+        current.push_str(piece);
+        if piece.ends_with(char::is_whitespace) {
+            words += 1;
+            if words == WORDS_PER_DELTA {
+                chunks.push(std::mem::take(&mut current));
+                words = 0;
+            }
+        }
+    }
+    if !current.is_empty() {
+        chunks.push(current);
+    }
+    chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Message, ToolDef};
+
+    fn request(messages: Vec<Message>, tools: &[&str]) -> ModelRequest {
+        ModelRequest {
+            system: "sys".into(),
+            messages,
+            tools: tools
+                .iter()
+                .map(|n| ToolDef {
+                    name: n.to_string(),
+                    description: String::new(),
+                    input_schema: json!({}),
+                })
+                .collect(),
+            max_output_tokens: 4096,
+        }
+    }
+
+    fn text_of(events: &[ModelEvent]) -> String {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                ModelEvent::TextDelta(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn splits_on_semicolons_outside_json() {
+        assert_eq!(
+            split_commands("call a {\"x\": \"1;2\"}; echo hi\nhelp"),
+            ["call a {\"x\": \"1;2\"}", "echo hi", "help"]
+        );
+    }
+
+    #[test]
+    fn echo_streams_in_several_deltas_and_ends_the_turn() {
+        let (_, events) = respond(&request(
+            vec![Message::user(vec![Block::Text(
+                "echo one two three four five six seven".into(),
+            )])],
+            &[],
+        ));
+        let deltas = events
+            .iter()
+            .filter(|e| matches!(e, ModelEvent::TextDelta(_)))
+            .count();
+        assert!(deltas >= 3, "{events:?}");
+        assert_eq!(text_of(&events), "one two three four five six seven");
+        assert!(matches!(events.first(), Some(ModelEvent::ThinkingDelta(_))));
+        assert_eq!(events.last(), Some(&ModelEvent::Stop(ModelStop::EndTurn)));
+    }
+
+    #[test]
+    fn calls_tools_in_order_then_reports_results() {
+        let tools = ["gripper", "read_sensor"];
+        let prompt = Message::user(vec![Block::Text("set gripper 0.5; read temp".into())]);
+        let (_, first) = respond(&request(vec![prompt.clone()], &tools));
+        let Some(ModelEvent::ToolUse { id, name, input }) = first
+            .iter()
+            .find(|e| matches!(e, ModelEvent::ToolUse { .. }))
+            .cloned()
+        else {
+            panic!("first call is a tool use: {first:?}");
+        };
+        assert_eq!((name.as_str(), input), ("gripper", json!({"value": 0.5})));
+        assert_eq!(first.last(), Some(&ModelEvent::Stop(ModelStop::ToolUse)));
+
+        let mut history = vec![
+            prompt,
+            Message::assistant(vec![Block::ToolUse {
+                id: id.clone(),
+                name: name.clone(),
+                input: json!({"value": 0.5}),
+            }]),
+            Message::user(vec![Block::ToolResult {
+                tool_use_id: id,
+                name,
+                content: "ok".into(),
+                is_error: false,
+            }]),
+        ];
+        let (_, second) = respond(&request(history.clone(), &tools));
+        let Some(ModelEvent::ToolUse { id, name, input }) = second
+            .iter()
+            .find(|e| matches!(e, ModelEvent::ToolUse { .. }))
+            .cloned()
+        else {
+            panic!("second call is a tool use: {second:?}");
+        };
+        assert_eq!(
+            (name.as_str(), input.clone()),
+            ("read_sensor", json!({"name": "temp"}))
+        );
+        history.push(Message::assistant(vec![Block::ToolUse {
+            id: id.clone(),
+            name: name.clone(),
+            input,
+        }]));
+        history.push(Message::user(vec![Block::ToolResult {
+            tool_use_id: id,
+            name,
+            content: "21.5".into(),
+            is_error: true,
+        }]));
+        let (_, last) = respond(&request(history, &tools));
+        assert_eq!(
+            text_of(&last),
+            "gripper returned: ok\nread_sensor failed: 21.5"
+        );
+        assert_eq!(last.last(), Some(&ModelEvent::Stop(ModelStop::EndTurn)));
+    }
+
+    #[test]
+    fn bad_commands_are_explained_not_called() {
+        let (_, events) = respond(&request(
+            vec![Message::user(vec![Block::Text(
+                "call t [1]; frobnicate; read x".into(),
+            )])],
+            &[],
+        ));
+        let text = text_of(&events);
+        assert!(text.contains("must be a JSON object"), "{text}");
+        assert!(text.contains("unknown command `frobnicate`"), "{text}");
+        assert!(text.contains("no `read_sensor` tool"), "{text}");
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, ModelEvent::ToolUse { .. }))
+        );
+    }
+
+    #[test]
+    fn usage_is_counted_and_the_output_budget_is_kept() {
+        let mut r = request(
+            vec![Message::user(vec![Block::Text(
+                "echo a b c d e f g h i j".into(),
+            )])],
+            &[],
+        );
+        let (_, events) = respond(&r);
+        let usage = events
+            .iter()
+            .find_map(|e| match e {
+                ModelEvent::Usage(u) => Some(*u),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(usage.input_tokens, r.estimate_tokens());
+        assert!(usage.output_tokens > 0);
+        r.max_output_tokens = usage.output_tokens - 2;
+        let (_, events) = respond(&r);
+        assert_eq!(events.last(), Some(&ModelEvent::Stop(ModelStop::MaxTokens)));
+    }
+
+    #[test]
+    fn wait_delays_the_answer() {
+        let (delay, _) = respond(&request(
+            vec![Message::user(vec![Block::Text("wait 250; echo x".into())])],
+            &[],
+        ));
+        assert_eq!(delay, Duration::from_millis(250));
+    }
+}

@@ -1,0 +1,159 @@
+//! Which tools may run without asking: configured `[[permissions]]` rules,
+//! first match wins, then the defaults (PHYSICAL asks, PURE runs).
+
+use crate::config::{PermissionRuleConfig, Policy, ToolCategory};
+
+use super::PermissionView;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub policy: Policy,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PermissionPolicy {
+    rules: Vec<PermissionRuleConfig>,
+}
+
+const PHYSICAL_DEFAULT: &str = "default: PHYSICAL tools move hardware and need confirmation";
+const PURE_DEFAULT: &str = "default: PURE tools only read";
+
+impl PermissionPolicy {
+    pub fn new(rules: Vec<PermissionRuleConfig>) -> Self {
+        PermissionPolicy { rules }
+    }
+
+    pub fn decide(&self, tool: &str, category: ToolCategory) -> Verdict {
+        for rule in &self.rules {
+            if rule.category.is_none_or(|c| c == category) && glob_match(&rule.tool_pattern, tool) {
+                return Verdict {
+                    policy: rule.policy,
+                    reason: rule
+                        .reason
+                        .clone()
+                        .unwrap_or_else(|| format!("rule `{}`", rule.tool_pattern)),
+                };
+            }
+        }
+        match category {
+            ToolCategory::Physical => Verdict {
+                policy: Policy::RequireConfirmation,
+                reason: PHYSICAL_DEFAULT.into(),
+            },
+            ToolCategory::Pure => Verdict {
+                policy: Policy::Allow,
+                reason: PURE_DEFAULT.into(),
+            },
+        }
+    }
+
+    /// The effective rules, in evaluation order, as `SessionStarted` reports them.
+    pub fn views(&self) -> Vec<PermissionView> {
+        let mut views: Vec<PermissionView> = self
+            .rules
+            .iter()
+            .map(|r| PermissionView {
+                tool_pattern: r.tool_pattern.clone(),
+                policy: r.policy.as_str().to_string(),
+                category: r.category.map(|c| c.as_str().to_string()),
+                reason: r.reason.clone(),
+            })
+            .collect();
+        for (category, policy, reason) in [
+            (
+                ToolCategory::Physical,
+                Policy::RequireConfirmation,
+                PHYSICAL_DEFAULT,
+            ),
+            (ToolCategory::Pure, Policy::Allow, PURE_DEFAULT),
+        ] {
+            views.push(PermissionView {
+                tool_pattern: "*".into(),
+                policy: policy.as_str().into(),
+                category: Some(category.as_str().into()),
+                reason: Some(reason.into()),
+            });
+        }
+        views
+    }
+}
+
+/// Glob match where `*` matches any run of characters and `?` exactly one.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let (mut pi, mut ti) = (0, 0);
+    let mut backtrack: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        match p.get(pi) {
+            Some('*') => {
+                backtrack = Some((pi, ti));
+                pi += 1;
+            }
+            Some(&c) if c == '?' || c == t[ti] => {
+                pi += 1;
+                ti += 1;
+            }
+            _ => match backtrack {
+                Some((star, matched)) => {
+                    pi = star + 1;
+                    ti = matched + 1;
+                    backtrack = Some((star, matched + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(pattern: &str, policy: Policy, category: Option<ToolCategory>) -> PermissionRuleConfig {
+        PermissionRuleConfig {
+            tool_pattern: pattern.into(),
+            policy,
+            category,
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn glob() {
+        assert!(glob_match("*", ""));
+        assert!(glob_match("cam_*", "cam_front"));
+        assert!(!glob_match("cam_*", "xcam_front"));
+        assert!(glob_match("a?c", "abc"));
+        assert!(!glob_match("a?c", "ac"));
+        assert!(glob_match("*__read*", "sim__read_sensor"));
+        assert!(glob_match("exact", "exact"));
+        assert!(!glob_match("exact", "exactly"));
+    }
+
+    #[test]
+    fn defaults_first_match_and_category_filter() {
+        let p = PermissionPolicy::new(vec![
+            rule("arm_*", Policy::Block, None),
+            rule("*", Policy::Allow, Some(ToolCategory::Physical)),
+            rule("arm_*", Policy::Allow, None),
+        ]);
+        assert_eq!(
+            p.decide("arm_move", ToolCategory::Physical).policy,
+            Policy::Block
+        );
+        assert_eq!(
+            p.decide("wheel", ToolCategory::Physical).policy,
+            Policy::Allow
+        );
+        let empty = PermissionPolicy::default();
+        assert_eq!(
+            empty.decide("x", ToolCategory::Physical).policy,
+            Policy::RequireConfirmation
+        );
+        assert_eq!(empty.decide("x", ToolCategory::Pure).policy, Policy::Allow);
+        assert_eq!(p.views().len(), 5);
+    }
+}

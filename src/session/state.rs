@@ -1,0 +1,465 @@
+//! A started session as plain data: identity, model, tools, conversation.
+//! Methods validate requests and prepare turns; none of them does I/O.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use crate::config::HostConfig;
+use crate::model::{self, Block, Message, Model, ModelRegistry};
+
+use super::tools::{RegisterSummary, ToolRegistry};
+use super::{
+    ContextBlock, ErrorCode, HistoryMessage, HistoryPart, SessionError, StartRequest, ToolSpec,
+    UserTurn,
+};
+
+/// How many timed-out tool call ids a session remembers, so that their late
+/// results are recognised and ignored rather than reported as errors.
+const EXPIRED_CALLS_KEPT: usize = 256;
+
+/// The agent modes a `UserMessage.ai_mode` may name.
+pub const MODE_REACT: &str = "react";
+pub const MODE_OODA: &str = "ooda_re_act";
+
+fn invalid(message: impl Into<String>) -> SessionError {
+    SessionError::new(ErrorCode::InvalidArgument, message)
+}
+
+#[derive(Debug)]
+pub struct Session {
+    pub id: String,
+    pub environment_id: String,
+    pub model: Arc<dyn Model>,
+    pub tools: ToolRegistry,
+    /// `RegisterTools.system_context` by source ("" when no source was given).
+    guidance: BTreeMap<String, String>,
+    project_context: Vec<String>,
+    pub conversation: Vec<Message>,
+    pub context_budget: u32,
+    pub turns_done: u32,
+    expired_calls: VecDeque<String>,
+}
+
+/// Everything a turn needs, prepared from the session and the `UserMessage`.
+#[derive(Debug)]
+pub struct TurnPlan {
+    pub message_id: String,
+    pub ai_mode: &'static str,
+    pub user_content: String,
+    pub system: String,
+    /// The tools of this turn: `UserMessage.tools` when given, else the session's.
+    pub tools: ToolRegistry,
+    pub user_message: Message,
+}
+
+impl Session {
+    /// Validates a `StartSession` and builds the session.
+    pub fn start(
+        request: StartRequest,
+        host: &HostConfig,
+        models: &ModelRegistry,
+        default_budget: u32,
+    ) -> Result<Session, SessionError> {
+        if let Some(target) = request.host_id.as_deref().filter(|h| !h.is_empty())
+            && target != host.id
+        {
+            return Err(SessionError::new(
+                ErrorCode::HostNotFound,
+                format!(
+                    "host {target:?} is not this host ({:?}) and no fleet routing is configured",
+                    host.id
+                ),
+            ));
+        }
+        let model = models.resolve(request.model.as_deref()).map_err(invalid)?;
+        let tools = ToolRegistry::from_specs(request.tools, "start.tools").map_err(invalid)?;
+        let context_budget = match request.max_context_tokens {
+            Some(0) => return Err(invalid("start.max_context_tokens must be greater than 0")),
+            Some(n) => n,
+            None => default_budget,
+        };
+        let conversation = convert_history(request.history)?;
+        Ok(Session {
+            id: uuid::Uuid::new_v4().to_string(),
+            environment_id: if request.environment_id.is_empty() {
+                host.environment_id.clone()
+            } else {
+                request.environment_id
+            },
+            model,
+            tools,
+            guidance: BTreeMap::new(),
+            project_context: request.project_context,
+            conversation,
+            context_budget,
+            turns_done: 0,
+            expired_calls: VecDeque::new(),
+        })
+    }
+
+    pub fn register_tools(
+        &mut self,
+        source: Option<String>,
+        tools: Vec<ToolSpec>,
+        system_context: Option<String>,
+    ) -> Result<RegisterSummary, SessionError> {
+        let summary = self
+            .tools
+            .register(source.as_deref(), tools)
+            .map_err(invalid)?;
+        let key = source.unwrap_or_default();
+        match system_context {
+            Some(text) if !text.trim().is_empty() => {
+                self.guidance.insert(key, text);
+            }
+            // Unregistering a source's tools drops its guidance too.
+            _ if summary.added == 0 => {
+                self.guidance.remove(&key);
+            }
+            _ => {}
+        }
+        Ok(summary)
+    }
+
+    /// Validates a `UserMessage` and prepares its turn.
+    pub fn plan_turn(&self, turn: UserTurn, host: &HostConfig) -> Result<TurnPlan, SessionError> {
+        let ai_mode = match turn.ai_mode.as_deref() {
+            None | Some("") => MODE_OODA,
+            Some("react") => MODE_REACT,
+            Some("ooda_re_act" | "ooda" | "ooda_react") => MODE_OODA,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "user_message.ai_mode {other:?} is not one of react, ooda_re_act (ooda, ooda_react)"
+                )));
+            }
+        };
+        if let Some(id) = &turn.message_id
+            && id.is_empty()
+        {
+            return Err(invalid(
+                "user_message.message_id must not be empty when present",
+            ));
+        }
+        let tools = if turn.tools.is_empty() {
+            self.tools.clone()
+        } else {
+            ToolRegistry::from_specs(turn.tools, "user_message.tools").map_err(invalid)?
+        };
+        let mut content = vec![Block::Text(turn.content.clone())];
+        for block in turn.context {
+            content.push(context_block(block));
+        }
+        Ok(TurnPlan {
+            message_id: turn
+                .message_id
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            ai_mode,
+            user_content: turn.content,
+            system: self.system_prompt(host, turn.system_context.as_deref()),
+            tools,
+            user_message: Message::user(content),
+        })
+    }
+
+    fn system_prompt(&self, host: &HostConfig, turn_context: Option<&str>) -> String {
+        let mut parts = vec![format!(
+            "You are an agent session on rozd host {:?} ({}), environment {:?}. \
+             The host enforces limits, timeouts and permissions on every tool call.",
+            host.id,
+            host.display_name(),
+            self.environment_id
+        )];
+        parts.extend(self.project_context.iter().cloned());
+        parts.extend(self.guidance.values().cloned());
+        if let Some(text) = turn_context.filter(|t| !t.trim().is_empty()) {
+            parts.push(text.to_string());
+        }
+        parts.join("\n\n")
+    }
+
+    pub fn remember_expired(&mut self, ids: impl IntoIterator<Item = String>) {
+        for id in ids {
+            if self.expired_calls.len() == EXPIRED_CALLS_KEPT {
+                self.expired_calls.pop_front();
+            }
+            self.expired_calls.push_back(id);
+        }
+    }
+
+    pub fn is_expired(&self, tool_call_id: &str) -> bool {
+        self.expired_calls.iter().any(|id| id == tool_call_id)
+    }
+
+    /// Estimated tokens of the conversation so far (for `Keepalive`).
+    pub fn tokens_used(&self) -> u32 {
+        self.conversation
+            .iter()
+            .map(model::estimate_message_tokens)
+            .fold(0u32, u32::saturating_add)
+    }
+}
+
+fn context_block(block: ContextBlock) -> Block {
+    match block {
+        ContextBlock::Text { text, label } => Block::Text(match label {
+            Some(label) => format!("[{label}]\n{text}"),
+            None => text,
+        }),
+        ContextBlock::Binary {
+            mime_type, data, ..
+        } if mime_type.starts_with("image/") => Block::Image {
+            media_type: mime_type,
+            data,
+        },
+        ContextBlock::Binary {
+            mime_type,
+            data,
+            label,
+        } => {
+            let label = label.map(|l| format!("[{l}] ")).unwrap_or_default();
+            match String::from_utf8(data) {
+                Ok(text) if is_textual(&mime_type) => {
+                    Block::Text(format!("{label}({mime_type})\n{text}"))
+                }
+                Ok(text) => Block::Text(format!("{label}({mime_type}, {} bytes)", text.len())),
+                Err(e) => Block::Text(format!(
+                    "{label}({mime_type}, {} bytes of binary data)",
+                    e.as_bytes().len()
+                )),
+            }
+        }
+    }
+}
+
+fn is_textual(mime: &str) -> bool {
+    mime.starts_with("text/")
+        || matches!(
+            mime,
+            "application/json" | "application/xml" | "application/yaml" | "application/toml"
+        )
+}
+
+/// Converts `StartSession.history`; anything that cannot be represented is
+/// an `invalid_argument` naming its index, never silently dropped.
+fn convert_history(history: Vec<HistoryMessage>) -> Result<Vec<Message>, SessionError> {
+    let mut out = Vec::with_capacity(history.len());
+    for (i, message) in history.into_iter().enumerate() {
+        let role = match message.role.as_str() {
+            "user" => model::Role::User,
+            "assistant" => model::Role::Assistant,
+            other => {
+                return Err(invalid(format!(
+                    "start.history[{i}].role {other:?} is not \"user\" or \"assistant\""
+                )));
+            }
+        };
+        if message.parts.is_empty() {
+            return Err(invalid(format!("start.history[{i}] has no parts")));
+        }
+        let mut content = Vec::with_capacity(message.parts.len());
+        for (j, part) in message.parts.into_iter().enumerate() {
+            let at = || format!("start.history[{i}].parts[{j}]");
+            let block = match (part, role) {
+                (HistoryPart::Empty, _) => {
+                    return Err(invalid(format!("{} has no part set", at())));
+                }
+                (HistoryPart::Text(t), _) => Block::Text(t),
+                (HistoryPart::ToolUse { id, name, input }, model::Role::Assistant) => {
+                    if id.is_empty() || name.is_empty() {
+                        return Err(invalid(format!(
+                            "{}: tool_use needs an id and a name",
+                            at()
+                        )));
+                    }
+                    Block::ToolUse { id, name, input }
+                }
+                (
+                    HistoryPart::ToolResult {
+                        tool_use_id,
+                        name,
+                        content,
+                        is_error,
+                    },
+                    model::Role::User,
+                ) => {
+                    if tool_use_id.is_empty() {
+                        return Err(invalid(format!(
+                            "{}: tool_result needs a tool_use_id",
+                            at()
+                        )));
+                    }
+                    Block::ToolResult {
+                        tool_use_id,
+                        name,
+                        content,
+                        is_error,
+                    }
+                }
+                (
+                    HistoryPart::Thinking {
+                        thinking,
+                        signature,
+                    },
+                    model::Role::Assistant,
+                ) => Block::Thinking {
+                    text: thinking,
+                    signature,
+                },
+                (HistoryPart::Image { media_type, data }, model::Role::User) => {
+                    if !media_type.starts_with("image/") {
+                        return Err(invalid(format!(
+                            "{}: image media_type {media_type:?} is not image/*",
+                            at()
+                        )));
+                    }
+                    Block::Image { media_type, data }
+                }
+                (part, _) => {
+                    return Err(invalid(format!(
+                        "{}: a {} part cannot appear in a {:?} message",
+                        at(),
+                        part_name(&part),
+                        message.role
+                    )));
+                }
+            };
+            content.push(block);
+        }
+        out.push(Message { role, content });
+    }
+    Ok(out)
+}
+
+fn part_name(part: &HistoryPart) -> &'static str {
+    match part {
+        HistoryPart::Text(_) => "text",
+        HistoryPart::ToolUse { .. } => "tool_use",
+        HistoryPart::ToolResult { .. } => "tool_result",
+        HistoryPart::Thinking { .. } => "thinking",
+        HistoryPart::Image { .. } => "image",
+        HistoryPart::Empty => "empty",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host() -> HostConfig {
+        HostConfig {
+            id: "h1".into(),
+            name: None,
+            environment_id: "env".into(),
+        }
+    }
+
+    fn models() -> ModelRegistry {
+        ModelRegistry::from_config(&crate::config::ModelConfig::default())
+    }
+
+    fn start(request: StartRequest) -> Result<Session, SessionError> {
+        Session::start(request, &host(), &models(), 10_000)
+    }
+
+    fn request() -> StartRequest {
+        StartRequest {
+            environment_id: String::new(),
+            host_id: None,
+            model: None,
+            tools: vec![],
+            history: vec![],
+            project_context: vec![],
+            max_context_tokens: None,
+        }
+    }
+
+    #[test]
+    fn host_id_must_be_this_host() {
+        let mut r = request();
+        r.host_id = Some("h1".into());
+        assert!(start(r.clone()).is_ok());
+        r.host_id = Some("other".into());
+        let e = start(r).unwrap_err();
+        assert_eq!((e.code, e.retryable), (ErrorCode::HostNotFound, false));
+    }
+
+    #[test]
+    fn unknown_model_lists_known_ones() {
+        let mut r = request();
+        r.model = Some("gpt-99".into());
+        let e = start(r).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument);
+        assert!(e.message.contains("local"), "{}", e.message);
+    }
+
+    #[test]
+    fn history_errors_name_the_index() {
+        let mut r = request();
+        r.history = vec![
+            HistoryMessage {
+                role: "user".into(),
+                parts: vec![HistoryPart::Text("hi".into())],
+            },
+            HistoryMessage {
+                role: "assistant".into(),
+                parts: vec![HistoryPart::Text("a".into()), HistoryPart::Empty],
+            },
+        ];
+        let e = start(r.clone()).unwrap_err();
+        assert!(
+            e.message.contains("start.history[1].parts[1]"),
+            "{}",
+            e.message
+        );
+        r.history[1].parts[1] = HistoryPart::Image {
+            media_type: "image/png".into(),
+            data: vec![1],
+        };
+        let e = start(r.clone()).unwrap_err();
+        assert!(
+            e.message.contains("start.history[1].parts[1]") && e.message.contains("image"),
+            "{}",
+            e.message
+        );
+        r.history[1].role = "robot".into();
+        assert!(
+            start(r)
+                .unwrap_err()
+                .message
+                .contains("start.history[1].role")
+        );
+    }
+
+    #[test]
+    fn history_and_project_context_reach_the_model_input() {
+        let mut r = request();
+        r.project_context = vec!["first block".into(), "second block".into()];
+        r.history = vec![HistoryMessage {
+            role: "user".into(),
+            parts: vec![HistoryPart::Text("earlier".into())],
+        }];
+        let s = start(r).unwrap();
+        assert_eq!(
+            s.conversation,
+            vec![Message::user(vec![Block::Text("earlier".into())])]
+        );
+        let plan = s
+            .plan_turn(
+                UserTurn {
+                    content: "now".into(),
+                    context: vec![],
+                    ai_mode: None,
+                    message_id: None,
+                    tools: vec![],
+                    system_context: Some("turn only".into()),
+                },
+                &host(),
+            )
+            .unwrap();
+        let first = plan.system.find("first block").unwrap();
+        let second = plan.system.find("second block").unwrap();
+        assert!(first < second && plan.system.contains("turn only"));
+        assert_eq!(plan.ai_mode, MODE_OODA);
+        assert!(uuid::Uuid::parse_str(&plan.message_id).is_ok());
+    }
+}

@@ -1,0 +1,227 @@
+//! The client tools of a session: unique names, compiled parameter schemas,
+//! and `RegisterTools` replacement by source.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::ToolSpec;
+use crate::model::ToolDef;
+
+/// A tool with its compiled parameter schema.
+#[derive(Debug, Clone)]
+pub struct Tool {
+    pub spec: ToolSpec,
+    validator: Arc<jsonschema::Validator>,
+}
+
+impl Tool {
+    pub fn new(spec: ToolSpec) -> Result<Tool, String> {
+        if !spec.parameters_schema.is_object() {
+            return Err(format!(
+                "tool `{}`: parameters_schema must be a JSON object",
+                spec.name
+            ));
+        }
+        // No remote `$ref` resolution is compiled in: a schema can never make
+        // the daemon fetch anything.
+        let validator = jsonschema::validator_for(&spec.parameters_schema).map_err(|e| {
+            format!(
+                "tool `{}`: parameters_schema is not a valid JSON Schema: {e}",
+                spec.name
+            )
+        })?;
+        Ok(Tool {
+            spec,
+            validator: Arc::new(validator),
+        })
+    }
+
+    /// Checks parameters against the schema; the message lists what is wrong.
+    pub fn validate(&self, parameters: &Value) -> Result<(), String> {
+        let errors: Vec<String> = self
+            .validator
+            .iter_errors(parameters)
+            .take(5)
+            .map(|e| {
+                let path = e.instance_path().to_string();
+                if path.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("{path}: {e}")
+                }
+            })
+            .collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+
+    pub fn definition(&self) -> ToolDef {
+        ToolDef {
+            name: self.spec.name.clone(),
+            description: self.spec.description.clone(),
+            input_schema: self.spec.parameters_schema.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ToolRegistry {
+    tools: Vec<Tool>,
+}
+
+impl ToolRegistry {
+    /// A registry from a list that must have unique names.
+    pub fn from_specs(specs: Vec<ToolSpec>, field: &str) -> Result<ToolRegistry, String> {
+        let mut registry = ToolRegistry::default();
+        registry.add(specs, field)?;
+        Ok(registry)
+    }
+
+    fn add(&mut self, specs: Vec<ToolSpec>, field: &str) -> Result<(), String> {
+        let mut seen: HashSet<String> = self.tools.iter().map(|t| t.spec.name.clone()).collect();
+        let mut new = Vec::with_capacity(specs.len());
+        for (i, spec) in specs.into_iter().enumerate() {
+            if !seen.insert(spec.name.clone()) {
+                return Err(format!(
+                    "{field}[{i}]: a tool named `{}` is already registered",
+                    spec.name
+                ));
+            }
+            new.push(Tool::new(spec).map_err(|e| format!("{field}[{i}]: {e}"))?);
+        }
+        self.tools.extend(new);
+        Ok(())
+    }
+
+    /// `RegisterTools`: drops every tool named `{source}__*`, then adds
+    /// `specs` (each must carry that prefix). All or nothing: on error the
+    /// registry is unchanged.
+    pub fn register(
+        &mut self,
+        source: Option<&str>,
+        specs: Vec<ToolSpec>,
+    ) -> Result<RegisterSummary, String> {
+        let mut next = self.clone();
+        let mut removed = 0;
+        if let Some(source) = source {
+            if source.is_empty() {
+                return Err("register_tools.source must not be empty when present".into());
+            }
+            let prefix = format!("{source}__");
+            if let Some((i, bad)) = specs
+                .iter()
+                .enumerate()
+                .find(|(_, s)| !s.name.starts_with(&prefix))
+            {
+                return Err(format!(
+                    "register_tools.tools[{i}]: `{}` must be named `{prefix}<name>` to belong to source `{source}`",
+                    bad.name
+                ));
+            }
+            let before = next.tools.len();
+            next.tools.retain(|t| !t.spec.name.starts_with(&prefix));
+            removed = before - next.tools.len();
+        }
+        let added = specs.len();
+        next.add(specs, "register_tools.tools")?;
+        *self = next;
+        Ok(RegisterSummary { removed, added })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Tool> {
+        self.tools.iter().find(|t| t.spec.name == name)
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.tools.iter().map(|t| t.spec.name.as_str()).collect()
+    }
+
+    pub fn definitions(&self) -> Vec<ToolDef> {
+        self.tools.iter().map(Tool::definition).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegisterSummary {
+    pub removed: usize,
+    pub added: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ToolCategory;
+    use serde_json::json;
+
+    fn spec(name: &str) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            parameters_schema: json!({"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}, "required": ["n"]}),
+            timeout_ms: 0,
+            category: ToolCategory::Pure,
+        }
+    }
+
+    #[test]
+    fn validates_parameters_against_the_schema() {
+        let t = Tool::new(spec("t")).unwrap();
+        assert!(t.validate(&json!({"n": 2})).is_ok());
+        let err = t.validate(&json!({"n": 9})).unwrap_err();
+        assert!(err.contains("/n"), "{err}");
+        assert!(t.validate(&json!({})).is_err());
+    }
+
+    #[test]
+    fn invalid_schema_is_refused() {
+        let mut s = spec("t");
+        s.parameters_schema = json!({"type": 12});
+        assert!(Tool::new(s).is_err());
+    }
+
+    #[test]
+    fn register_replaces_by_source_and_is_atomic() {
+        let mut r =
+            ToolRegistry::from_specs(vec![spec("local"), spec("sim__a"), spec("sim__b")], "tools")
+                .unwrap();
+        let s = r.register(Some("sim"), vec![spec("sim__c")]).unwrap();
+        assert_eq!(
+            s,
+            RegisterSummary {
+                removed: 2,
+                added: 1
+            }
+        );
+        assert_eq!(r.names(), ["local", "sim__c"]);
+        assert!(
+            r.register(Some("sim"), vec![spec("sim__x"), spec("sim__x")])
+                .is_err()
+        );
+        assert!(r.register(Some("sim"), vec![spec("other")]).is_err());
+        assert_eq!(
+            r.names(),
+            ["local", "sim__c"],
+            "a failed register changes nothing"
+        );
+        r.register(Some("sim"), vec![]).unwrap();
+        assert_eq!(r.names(), ["local"]);
+        assert!(
+            r.register(None, vec![spec("local")]).is_err(),
+            "name conflict"
+        );
+        assert!(ToolRegistry::from_specs(vec![spec("a"), spec("a")], "tools").is_err());
+    }
+}

@@ -1,0 +1,441 @@
+//! The embedded SQLite store (WAL mode): sessions, their turns, feedback.
+//!
+//! Writes happen before the response they back is sent, so what a client was
+//! told survives a crash. SQLite calls are blocking; each runs on tokio's
+//! blocking pool behind one connection mutex (writes are a few per turn).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create store directory {path}: {source}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("store {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error(
+        "store {path} has schema version {found}, newer than this rozd knows ({known}); refusing to touch it"
+    )]
+    TooNew {
+        path: PathBuf,
+        found: i64,
+        known: i64,
+    },
+    #[error("store query failed: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("store task failed: {0}")]
+    Task(String),
+}
+
+/// Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
+const MIGRATIONS: &[&str] = &[
+    // 1: sessions, turns, feedback
+    "CREATE TABLE sessions (
+        id             TEXT PRIMARY KEY,
+        host_id        TEXT NOT NULL,
+        environment_id TEXT NOT NULL,
+        model          TEXT NOT NULL,
+        started_at_ms  INTEGER NOT NULL,
+        ended_at_ms    INTEGER,
+        end_reason     TEXT
+    );
+    CREATE TABLE turns (
+        session_id            TEXT NOT NULL REFERENCES sessions(id),
+        seq                   INTEGER NOT NULL,
+        message_id            TEXT NOT NULL,
+        ai_mode               TEXT NOT NULL,
+        user_content          TEXT NOT NULL,
+        messages_json         TEXT NOT NULL,
+        stop_reason           TEXT NOT NULL,
+        input_tokens          INTEGER NOT NULL,
+        output_tokens         INTEGER NOT NULL,
+        cache_read_tokens     INTEGER NOT NULL,
+        cache_creation_tokens INTEGER NOT NULL,
+        started_at_ms         INTEGER NOT NULL,
+        ended_at_ms           INTEGER NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    );
+    CREATE TABLE feedback (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id    TEXT NOT NULL,
+        message_id    TEXT NOT NULL,
+        rating        TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX sessions_started ON sessions(started_at_ms);",
+];
+
+/// Conversation messages as stored JSON. Image bytes are not stored, only their size.
+pub fn messages_json(messages: &[crate::model::Message]) -> serde_json::Value {
+    use crate::model::{Block, Role};
+    use serde_json::json;
+    let blocks = |m: &crate::model::Message| -> Vec<serde_json::Value> {
+        m.content
+            .iter()
+            .map(|b| match b {
+                Block::Text(t) => json!({"type": "text", "text": t}),
+                Block::Thinking { text, .. } => json!({"type": "thinking", "thinking": text}),
+                Block::ToolUse { id, name, input } => json!({"type": "tool_use", "id": id, "name": name, "input": input}),
+                Block::ToolResult { tool_use_id, name, content, is_error } => json!({
+                    "type": "tool_result", "tool_use_id": tool_use_id, "name": name, "content": content, "is_error": is_error
+                }),
+                Block::Image { media_type, data } => json!({"type": "image", "media_type": media_type, "bytes": data.len()}),
+            })
+            .collect()
+    };
+    serde_json::Value::Array(
+        messages
+            .iter()
+            .map(|m| {
+                let role = match m.role {
+                    Role::User => "user",
+                    Role::Assistant => "assistant",
+                };
+                json!({"role": role, "content": blocks(m)})
+            })
+            .collect(),
+    )
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionRecord {
+    pub id: String,
+    pub host_id: String,
+    pub environment_id: String,
+    pub model: String,
+    pub started_at_ms: i64,
+    pub ended_at_ms: Option<i64>,
+    pub end_reason: Option<String>,
+    pub turns: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TurnRecord {
+    pub session_id: String,
+    pub seq: u32,
+    pub message_id: String,
+    pub ai_mode: String,
+    pub user_content: String,
+    /// The messages this turn added to the conversation, as JSON.
+    pub messages: serde_json::Value,
+    pub stop_reason: String,
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    pub cache_read_tokens: u32,
+    pub cache_creation_tokens: u32,
+    pub started_at_ms: i64,
+    pub ended_at_ms: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    conn: Arc<Mutex<Connection>>,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database and applies migrations.
+    /// Sessions left open by a previous run are closed as `daemon_restart`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        let open_err = |source| StoreError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut conn = Connection::open(path).map_err(open_err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(open_err)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(open_err)?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(open_err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(open_err)?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(open_err)?;
+        let known = MIGRATIONS.len() as i64;
+        if version > known {
+            return Err(StoreError::TooNew {
+                path: path.to_path_buf(),
+                found: version,
+                known,
+            });
+        }
+        for (i, sql) in MIGRATIONS
+            .iter()
+            .enumerate()
+            .skip(usize::try_from(version).unwrap_or(0))
+        {
+            let tx = conn.transaction().map_err(open_err)?;
+            tx.execute_batch(sql).map_err(open_err)?;
+            tx.pragma_update(None, "user_version", i as i64 + 1)
+                .map_err(open_err)?;
+            tx.commit().map_err(open_err)?;
+        }
+        conn.execute(
+            "UPDATE sessions SET ended_at_ms = ?1, end_reason = 'daemon_restart' WHERE ended_at_ms IS NULL",
+            params![now_ms()],
+        )
+        .map_err(open_err)?;
+        Ok(Store {
+            conn: Arc::new(Mutex::new(conn)),
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn with_conn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            // A panic while holding the lock poisons it; the connection itself
+            // is still consistent (SQLite rolled back), so keep using it.
+            let mut guard = conn
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))?
+        .map_err(StoreError::from)
+    }
+
+    pub async fn session_started(&self, s: SessionRecord) -> Result<(), StoreError> {
+        self.with_conn(move |c| {
+            c.execute(
+                "INSERT INTO sessions (id, host_id, environment_id, model, started_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![s.id, s.host_id, s.environment_id, s.model, s.started_at_ms],
+            )
+            .map(drop)
+        })
+        .await
+    }
+
+    pub async fn session_ended(&self, id: String, reason: String) -> Result<(), StoreError> {
+        self.with_conn(move |c| {
+            c.execute(
+                "UPDATE sessions SET ended_at_ms = ?1, end_reason = ?2 WHERE id = ?3 AND ended_at_ms IS NULL",
+                params![now_ms(), reason, id],
+            )
+            .map(drop)
+        })
+        .await
+    }
+
+    pub async fn turn_completed(&self, t: TurnRecord) -> Result<(), StoreError> {
+        self.with_conn(move |c| {
+            c.execute(
+                "INSERT INTO turns (session_id, seq, message_id, ai_mode, user_content, messages_json, stop_reason,
+                    input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, started_at_ms, ended_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                params![
+                    t.session_id,
+                    t.seq,
+                    t.message_id,
+                    t.ai_mode,
+                    t.user_content,
+                    t.messages.to_string(),
+                    t.stop_reason,
+                    t.input_tokens,
+                    t.output_tokens,
+                    t.cache_read_tokens,
+                    t.cache_creation_tokens,
+                    t.started_at_ms,
+                    t.ended_at_ms
+                ],
+            )
+            .map(drop)
+        })
+        .await
+    }
+
+    pub async fn feedback(
+        &self,
+        session_id: String,
+        message_id: String,
+        rating: String,
+    ) -> Result<(), StoreError> {
+        self.with_conn(move |c| {
+            c.execute(
+                "INSERT INTO feedback (session_id, message_id, rating, created_at_ms) VALUES (?1, ?2, ?3, ?4)",
+                params![session_id, message_id, rating, now_ms()],
+            )
+            .map(drop)
+        })
+        .await
+    }
+
+    /// Most recent sessions first.
+    pub async fn sessions(
+        &self,
+        limit: u32,
+        offset: u32,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        self.with_conn(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT s.id, s.host_id, s.environment_id, s.model, s.started_at_ms, s.ended_at_ms, s.end_reason,
+                        (SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id)
+                 FROM sessions s ORDER BY s.started_at_ms DESC, s.rowid DESC LIMIT ?1 OFFSET ?2",
+            )?;
+            let rows = stmt.query_map(params![limit, offset], session_row)?;
+            rows.collect()
+        })
+        .await
+    }
+
+    pub async fn session(
+        &self,
+        id: String,
+    ) -> Result<Option<(SessionRecord, Vec<TurnRecord>)>, StoreError> {
+        self.with_conn(move |c| {
+            let session = c
+                .query_row(
+                    "SELECT s.id, s.host_id, s.environment_id, s.model, s.started_at_ms, s.ended_at_ms, s.end_reason,
+                            (SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id)
+                     FROM sessions s WHERE s.id = ?1",
+                    params![id],
+                    session_row,
+                )
+                .optional()?;
+            let Some(session) = session else { return Ok(None) };
+            let mut stmt = c.prepare(
+                "SELECT session_id, seq, message_id, ai_mode, user_content, messages_json, stop_reason,
+                        input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, started_at_ms, ended_at_ms
+                 FROM turns WHERE session_id = ?1 ORDER BY seq",
+            )?;
+            let turns = stmt
+                .query_map(params![id], |r| {
+                    let messages: String = r.get(5)?;
+                    Ok(TurnRecord {
+                        session_id: r.get(0)?,
+                        seq: r.get(1)?,
+                        message_id: r.get(2)?,
+                        ai_mode: r.get(3)?,
+                        user_content: r.get(4)?,
+                        messages: serde_json::from_str(&messages).unwrap_or(serde_json::Value::Null),
+                        stop_reason: r.get(6)?,
+                        input_tokens: r.get(7)?,
+                        output_tokens: r.get(8)?,
+                        cache_read_tokens: r.get(9)?,
+                        cache_creation_tokens: r.get(10)?,
+                        started_at_ms: r.get(11)?,
+                        ended_at_ms: r.get(12)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Some((session, turns)))
+        })
+        .await
+    }
+
+    pub async fn feedback_count(&self, session_id: String) -> Result<u32, StoreError> {
+        self.with_conn(move |c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM feedback WHERE session_id = ?1",
+                params![session_id],
+                |r| r.get(0),
+            )
+        })
+        .await
+    }
+}
+
+fn session_row(r: &rusqlite::Row<'_>) -> Result<SessionRecord, rusqlite::Error> {
+    Ok(SessionRecord {
+        id: r.get(0)?,
+        host_id: r.get(1)?,
+        environment_id: r.get(2)?,
+        model: r.get(3)?,
+        started_at_ms: r.get(4)?,
+        ended_at_ms: r.get(5)?,
+        end_reason: r.get(6)?,
+        turns: r.get(7)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str) -> SessionRecord {
+        SessionRecord {
+            id: id.into(),
+            host_id: "h".into(),
+            environment_id: "e".into(),
+            model: "local".into(),
+            started_at_ms: now_ms(),
+            ended_at_ms: None,
+            end_reason: None,
+            turns: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn migrates_in_wal_mode_and_closes_sessions_left_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/rozd.db");
+        let store = Store::open(&path).unwrap();
+        store.session_started(record("s1")).await.unwrap();
+        let mode: String = store
+            .conn
+            .lock()
+            .unwrap()
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        let (s, turns) = store.session("s1".into()).await.unwrap().unwrap();
+        assert_eq!(s.end_reason.as_deref(), Some("daemon_restart"));
+        assert!(turns.is_empty());
+        let version: i64 = store
+            .conn
+            .lock()
+            .unwrap()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn refuses_a_newer_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rozd.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.pragma_update(None, "user_version", 99).unwrap();
+        drop(conn);
+        assert!(matches!(
+            Store::open(&path),
+            Err(StoreError::TooNew { found: 99, .. })
+        ));
+    }
+}
