@@ -161,6 +161,9 @@ pub struct ServerConfig {
     /// How long open streams get to finish after SIGTERM before they are cut.
     #[serde(default = "default_shutdown_grace_secs")]
     pub shutdown_grace_secs: u64,
+    /// Interval of HTTP/2 pings that detect vanished peers; 0 disables them.
+    #[serde(default = "default_http2_keepalive_secs")]
+    pub http2_keepalive_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -171,6 +174,7 @@ impl Default for ServerConfig {
             auth_token_file: None,
             allow_unauthenticated_remote: false,
             shutdown_grace_secs: default_shutdown_grace_secs(),
+            http2_keepalive_secs: default_http2_keepalive_secs(),
         }
     }
 }
@@ -422,6 +426,9 @@ fn default_listen() -> SocketAddr {
 }
 fn default_shutdown_grace_secs() -> u64 {
     5
+}
+fn default_http2_keepalive_secs() -> u64 {
+    20
 }
 fn default_log_level() -> String {
     "info".to_string()

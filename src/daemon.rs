@@ -37,9 +37,7 @@ pub enum DaemonError {
     Signal(#[source] std::io::Error),
 }
 
-/// HTTP/2 pings detect a peer that vanished without closing its connection
-/// (a robot's client on a dropped Wi-Fi link), so its session ends promptly.
-const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+/// How long an HTTP/2 ping may go unanswered before the connection is closed.
 const H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A daemon whose listener is bound but which does not serve yet.
@@ -100,10 +98,14 @@ impl Daemon {
             health,
         } = self;
         let mut builder = auto::Builder::new(TokioExecutor::new());
+        // HTTP/2 pings detect a peer that vanished without closing its
+        // connection (a client on a dropped Wi-Fi link), so its session ends
+        // and its actuators go safe promptly.
+        let keepalive = ctx.config.server.http2_keepalive_secs;
         builder
             .http2()
             .timer(TokioTimer::new())
-            .keep_alive_interval(Some(H2_KEEPALIVE_INTERVAL))
+            .keep_alive_interval((keepalive > 0).then(|| Duration::from_secs(keepalive)))
             .keep_alive_timeout(H2_KEEPALIVE_TIMEOUT);
         let builder = Arc::new(builder);
         let graceful = GracefulShutdown::new();

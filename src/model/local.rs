@@ -15,6 +15,7 @@
 //! | `set <actuator> <value>` | calls tool `<actuator>` `{"value": v}`, or `actuate {"actuator", "value"}` |
 //! | `call <tool> [json object]` | calls any tool with the given parameters |
 //! | `echo <text>` | answers with the text |
+//! | `context` | shows what the model received: the system prompt and the message's context blocks |
 //! | `wait <ms>` | takes `<ms>` milliseconds before each answer in this turn (simulates a slow model) |
 //!
 //! Tool calls run one per model call, in order; when all have results, the
@@ -40,6 +41,7 @@ enum Command {
     Help,
     Status,
     Echo(String),
+    Context,
     Wait(u64),
     Call {
         tool: String,
@@ -116,6 +118,7 @@ fn parse_command(line: &str, tools: &[&str]) -> Command {
         },
         "status" => Command::Status,
         "echo" => Command::Echo(rest.to_string()),
+        "context" => Command::Context,
         "wait" => match rest.parse::<u64>() {
             Ok(ms) => Command::Wait(ms),
             Err(_) => Command::Invalid(format!("`wait` needs milliseconds, got {rest:?}")),
@@ -188,7 +191,7 @@ fn parse_command(line: &str, tools: &[&str]) -> Command {
 fn help_text(tools: &[&str]) -> String {
     let mut text = String::from(
         "I am rozd's offline command model, not a language model. Commands: help; status; \
-         read <sensor>; set <actuator> <value>; call <tool> {json}; echo <text>; wait <ms>. \
+         read <sensor>; set <actuator> <value>; call <tool> {json}; echo <text>; context; wait <ms>. \
          Separate several with `;` or new lines.",
     );
     if tools.is_empty() {
@@ -286,6 +289,7 @@ fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
                 }
             )),
             Command::Echo(text) => lines.push(text.clone()),
+            Command::Context => lines.push(describe_context(request, prompt_index)),
             Command::Wait(_) => {}
             Command::Invalid(why) => lines.push(format!("Cannot do that: {why}.")),
             Command::Call { tool, .. } => match results.next() {
@@ -301,6 +305,28 @@ fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
         lines.join("\n")
     };
     (delay, finish(request, thinking, text, None))
+}
+
+/// The system prompt and the extra blocks of the prompt message, as text.
+fn describe_context(request: &ModelRequest, prompt_index: usize) -> String {
+    let blocks: Vec<String> = request.messages[prompt_index]
+        .content
+        .iter()
+        .skip(1)
+        .map(|b| match b {
+            Block::Text(t) => format!("text: {t}"),
+            Block::Image { media_type, data } => {
+                format!("image: {media_type}, {} bytes", data.len())
+            }
+            other => format!("{other:?}"),
+        })
+        .collect();
+    format!(
+        "System prompt:\n{}\nContext blocks ({}):\n{}",
+        request.system,
+        blocks.len(),
+        blocks.join("\n")
+    )
 }
 
 /// Turns thinking, text and an optional tool call into a streamed answer with

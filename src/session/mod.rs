@@ -12,7 +12,7 @@ pub mod turn;
 pub mod types;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -27,21 +27,36 @@ use state::{Session, TurnPlan};
 use turn::{TurnInput, TurnLimits, TurnOutcome, TurnSetup};
 
 /// Counts the sessions this daemon is serving.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SessionRegistry {
-    active: AtomicUsize,
+    active: tokio::sync::watch::Sender<usize>,
     total: AtomicU64,
+}
+
+impl Default for SessionRegistry {
+    fn default() -> Self {
+        SessionRegistry {
+            active: tokio::sync::watch::Sender::new(0),
+            total: AtomicU64::new(0),
+        }
+    }
 }
 
 impl SessionRegistry {
     pub fn active(&self) -> usize {
-        self.active.load(Ordering::Relaxed)
+        *self.active.borrow()
     }
     pub fn total(&self) -> u64 {
         self.total.load(Ordering::Relaxed)
     }
+    /// Resolves once no session is running (each has recorded its end).
+    pub async fn wait_idle(&self) {
+        let mut rx = self.active.subscribe();
+        // The sender lives in `self`, so the channel cannot close under us.
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
     fn enter(&self) -> ActiveSession<'_> {
-        self.active.fetch_add(1, Ordering::Relaxed);
+        self.active.send_modify(|n| *n += 1);
         self.total.fetch_add(1, Ordering::Relaxed);
         ActiveSession(self)
     }
@@ -51,7 +66,7 @@ struct ActiveSession<'a>(&'a SessionRegistry);
 
 impl Drop for ActiveSession<'_> {
     fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
+        self.0.active.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 

@@ -28,17 +28,44 @@ impl TestDaemon {
     /// Starts a daemon from config text; `listen` is forced to an ephemeral
     /// loopback port and the store into a temporary directory.
     pub async fn start(extra_toml: &str) -> TestDaemon {
+        Self::start_adjusted(extra_toml, |_| {}).await
+    }
+
+    /// [`TestDaemon::start`], then `adjust` edits the parsed config before binding.
+    pub async fn start_adjusted(extra_toml: &str, adjust: impl FnOnce(&mut Config)) -> TestDaemon {
+        Self::start_full(
+            extra_toml,
+            adjust,
+            std::sync::Arc::new(rozd::session::LogHooks),
+        )
+        .await
+    }
+
+    /// Starts with config text, a config adjustment and session hooks.
+    pub async fn start_full(
+        extra_toml: &str,
+        adjust: impl FnOnce(&mut Config),
+        hooks: std::sync::Arc<dyn rozd::session::SessionHooks>,
+    ) -> TestDaemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let text = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n{extra_toml}",
             dir.path().join("rozd.db").display().to_string()
         );
-        let config = Config::parse(&text, ConfigSource::BuiltIn).expect("test config is valid");
-        Self::start_with(config, dir).await
+        let mut config = Config::parse(&text, ConfigSource::BuiltIn).expect("test config is valid");
+        adjust(&mut config);
+        let daemon = rozd::daemon::Daemon::bind_with_hooks(config, hooks)
+            .await
+            .expect("bind");
+        Self::serve(daemon, dir)
     }
 
     pub async fn start_with(config: Config, dir: tempfile::TempDir) -> TestDaemon {
         let daemon = rozd::daemon::Daemon::bind(config).await.expect("bind");
+        Self::serve(daemon, dir)
+    }
+
+    fn serve(daemon: rozd::daemon::Daemon, dir: tempfile::TempDir) -> TestDaemon {
         let addr = daemon.local_addr();
         let ctx = daemon.context();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -52,6 +79,19 @@ impl TestDaemon {
             served: Some(served),
             _dir: dir,
         }
+    }
+
+    /// Starts a daemon on the store file `store`, which the caller keeps, so
+    /// a later daemon can open the same file; `listen` is an ephemeral
+    /// loopback port.
+    pub async fn start_with_store(store: &std::path::Path, extra_toml: &str) -> TestDaemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n{extra_toml}",
+            store.display().to_string()
+        );
+        let config = Config::parse(&text, ConfigSource::BuiltIn).expect("test config is valid");
+        Self::start_with(config, dir).await
     }
 
     pub fn url(&self) -> String {
@@ -88,6 +128,10 @@ impl TestDaemon {
 pub struct Session {
     pub tx: mpsc::Sender<proto::SessionRequest>,
     pub rx: tonic::Streaming<proto::SessionResponse>,
+    /// Bound on waiting for one response. Tests on tokio's paused clock
+    /// raise it above the timers they wait for, since the paused clock jumps
+    /// straight to the earliest timer when everything is idle.
+    pub wait_bound: Duration,
 }
 
 impl Session {
@@ -100,6 +144,7 @@ impl Session {
         Session {
             tx,
             rx: response.into_inner(),
+            wait_bound: EXPECT_WITHIN,
         }
     }
 
@@ -114,7 +159,7 @@ impl Session {
 
     /// The next response, failing the test if none arrives in time.
     pub async fn next(&mut self) -> proto::session_response::Response {
-        let message = tokio::time::timeout(EXPECT_WITHIN, self.rx.message())
+        let message = tokio::time::timeout(self.wait_bound, self.rx.message())
             .await
             .expect("a response arrives in time")
             .expect("stream healthy")
