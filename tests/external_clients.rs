@@ -135,3 +135,27 @@ fn grpcurl_lists_services_by_reflection_and_starts_a_session() {
         "{stdout}"
     );
 }
+
+#[test]
+fn python_grpcio_client_runs_a_session_with_a_client_tool() {
+    let rozd = RunningRozd::start();
+    let python = pyenv_tool("python");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/session_client.py");
+    // The script bounds itself (30 s overall) and exits non-zero on any failure.
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(&rozd.addr)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{} exited with {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        script.display(),
+        out.status
+    );
+    assert!(stdout.contains("session_client: OK"), "{stdout}");
+}

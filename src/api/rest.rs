@@ -2,19 +2,29 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use http::StatusCode;
+use serde::Deserialize;
 use serde_json::json;
 
 use crate::HostContext;
+use crate::store::{StoreError, TurnRecord};
+
+/// `GET /v1/sessions` page size when `limit` is not given.
+pub const DEFAULT_SESSIONS_LIMIT: u32 = 50;
+/// The largest `limit` `GET /v1/sessions` accepts.
+pub const MAX_SESSIONS_LIMIT: u32 = 500;
 
 pub fn routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/status", get(status))
+        .route("/v1/sessions", get(sessions))
+        .route("/v1/sessions/{id}", get(session))
 }
 
 /// The error body every REST error uses: `{"error": {"code", "message"}}`.
@@ -59,6 +69,119 @@ async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> 
     }))
 }
 
+/// Query of `GET /v1/sessions`. Values are strings so that a bad value is
+/// reported by us as JSON, not by the extractor as plain text.
+#[derive(Debug, Deserialize)]
+struct SessionsQuery {
+    limit: Option<String>,
+    offset: Option<String>,
+}
+
+fn invalid_argument(message: &str) -> Response {
+    json_error(StatusCode::BAD_REQUEST, "invalid_argument", message).into_response()
+}
+
+/// A store failure: logged with its cause, answered without internals.
+fn store_failure(what: &str, error: &StoreError) -> Response {
+    tracing::error!(error = %error, "{what} failed");
+    json_error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        &format!("{what} failed; see the daemon log"),
+    )
+    .into_response()
+}
+
+/// Parses `limit` and `offset`: `limit` in 1..=500 (default 50), `offset` >= 0 (default 0).
+fn page(query: &SessionsQuery) -> Result<(u32, u32), String> {
+    let limit = match query.limit.as_deref() {
+        None => DEFAULT_SESSIONS_LIMIT,
+        Some(text) => match text.parse::<u32>() {
+            Ok(n) if (1..=MAX_SESSIONS_LIMIT).contains(&n) => n,
+            _ => {
+                return Err(format!(
+                    "limit {text:?} is not a whole number from 1 to {MAX_SESSIONS_LIMIT}"
+                ));
+            }
+        },
+    };
+    let offset = match query.offset.as_deref() {
+        None => 0,
+        Some(text) => text.parse::<u32>().map_err(|_| {
+            format!(
+                "offset {text:?} is not a whole number from 0 to {}",
+                u32::MAX
+            )
+        })?,
+    };
+    Ok((limit, offset))
+}
+
+/// `GET /v1/sessions?limit=N&offset=M`: recorded sessions, newest first.
+async fn sessions(
+    State(ctx): State<Arc<HostContext>>,
+    query: Result<Query<SessionsQuery>, QueryRejection>,
+) -> Response {
+    let query = match query {
+        Ok(Query(query)) => query,
+        Err(rejection) => {
+            return invalid_argument(&format!("invalid query: {}", rejection.body_text()));
+        }
+    };
+    let (limit, offset) = match page(&query) {
+        Ok(page) => page,
+        Err(message) => return invalid_argument(&message),
+    };
+    match ctx.store.sessions(limit, offset).await {
+        Ok(data) => Json(json!({ "data": data })).into_response(),
+        Err(e) => store_failure("listing sessions", &e),
+    }
+}
+
+/// `GET /v1/sessions/{id}`: one session and its turns in order.
+async fn session(
+    State(ctx): State<Arc<HostContext>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
+    let id = match id {
+        Ok(Path(id)) => id,
+        Err(rejection) => {
+            return invalid_argument(&format!("invalid session id: {}", rejection.body_text()));
+        }
+    };
+    match ctx.store.session(id.clone()).await {
+        Ok(Some((session, turns))) => Json(json!({
+            "session": session,
+            "turns": turns.iter().map(turn_json).collect::<Vec<_>>(),
+        }))
+        .into_response(),
+        Ok(None) => json_error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("no session {id:?}"),
+        )
+        .into_response(),
+        Err(e) => store_failure("reading the session", &e),
+    }
+}
+
+fn turn_json(t: &TurnRecord) -> serde_json::Value {
+    json!({
+        "seq": t.seq,
+        "message_id": t.message_id,
+        "ai_mode": t.ai_mode,
+        "user_content": t.user_content,
+        "messages": t.messages,
+        "stop_reason": t.stop_reason,
+        "input_tokens": t.input_tokens,
+        "output_tokens": t.output_tokens,
+        "cache_read_tokens": t.cache_read_tokens,
+        "cache_creation_tokens": t.cache_creation_tokens,
+        "started_at_ms": t.started_at_ms,
+        "ended_at_ms": t.ended_at_ms,
+    })
+}
+
 /// Unknown paths: gRPC clients get `UNIMPLEMENTED`, everyone else a JSON 404.
 pub async fn fallback(request: Request) -> Response {
     if super::auth::is_grpc(&request) {
@@ -84,4 +207,29 @@ pub async fn method_not_allowed(request: Request) -> Response {
         ),
     )
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(limit: Option<&str>, offset: Option<&str>) -> SessionsQuery {
+        SessionsQuery {
+            limit: limit.map(str::to_string),
+            offset: offset.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn page_defaults_and_bounds() {
+        assert_eq!(page(&q(None, None)), Ok((DEFAULT_SESSIONS_LIMIT, 0)));
+        assert_eq!(page(&q(Some("1"), Some("7"))), Ok((1, 7)));
+        assert_eq!(page(&q(Some("500"), None)), Ok((500, 0)));
+        for bad in ["0", "501", "-1", "ten", "", "1.5"] {
+            assert!(page(&q(Some(bad), None)).is_err(), "limit {bad:?}");
+        }
+        for bad in ["-1", "x", "", "4294967296"] {
+            assert!(page(&q(None, Some(bad))).is_err(), "offset {bad:?}");
+        }
+    }
 }

@@ -490,6 +490,7 @@ impl Runner {
                             .with_retryable(true),
                     ),
                     expired_calls: Vec::new(),
+                    dropped_messages: 0,
                 }
             }
         };
@@ -498,7 +499,10 @@ impl Runner {
                 .hooks
                 .turn_interrupted(&session.id, "turn cancelled");
         }
-        let added_from = turn.first_message.min(outcome.conversation.len());
+        let added_from = turn
+            .first_message
+            .saturating_sub(outcome.dropped_messages)
+            .min(outcome.conversation.len());
         let record = TurnRecord {
             session_id: session.id.clone(),
             seq: session.turns_done,

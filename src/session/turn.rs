@@ -62,6 +62,8 @@ pub struct TurnOutcome {
     pub error: Option<SessionError>,
     /// Tool calls that timed out; their late results are ignored.
     pub expired_calls: Vec<String>,
+    /// Messages dropped from the front of the conversation by compaction.
+    pub dropped_messages: usize,
 }
 
 /// Why the turn stopped early.
@@ -85,6 +87,8 @@ struct Turn {
     /// Calls whose results were delivered: a second result is a duplicate.
     completed: HashSet<String>,
     expired: Vec<String>,
+    /// Messages dropped from the front of the conversation to fit the budget.
+    dropped: usize,
 }
 
 pub async fn run(
@@ -114,6 +118,7 @@ pub async fn run(
         last_presence: None,
         completed: HashSet::new(),
         expired: Vec::new(),
+        dropped: 0,
     };
     let mut usage = Usage::default();
     let result = turn
@@ -134,6 +139,7 @@ pub async fn run(
         stop_reason,
         error,
         expired_calls: turn.expired,
+        dropped_messages: turn.dropped,
     }
 }
 
@@ -156,7 +162,7 @@ impl Turn {
         conversation: &mut Vec<Message>,
         usage: &mut Usage,
     ) -> Result<StopReason, TurnError> {
-        let turn_start = conversation.len().saturating_sub(1);
+        let mut turn_start = conversation.len().saturating_sub(1);
         for _cycle in 0..self.limits.max_cycles {
             self.state(
                 Activity::Thinking,
@@ -171,7 +177,7 @@ impl Turn {
                 tools: self.tools.definitions(),
                 max_output_tokens: self.limits.max_output_tokens,
             };
-            self.fit_budget(&mut request, conversation, turn_start)
+            self.fit_budget(&mut request, conversation, &mut turn_start)
                 .await?;
             let reply = self.call_model(model, request).await?;
             usage.add(reply.usage);
@@ -228,7 +234,7 @@ impl Turn {
         &mut self,
         request: &mut ModelRequest,
         conversation: &mut Vec<Message>,
-        turn_start: usize,
+        turn_start: &mut usize,
     ) -> Result<(), TurnError> {
         let budget = self.limits.context_budget;
         let tokens_before = request.estimate_tokens();
@@ -239,7 +245,7 @@ impl Turn {
         // Turn boundaries: user messages that carry the user's own text.
         let mut cut = 0;
         while request.estimate_tokens() > budget {
-            let next_boundary = (cut + 1..turn_start).find(|&i| {
+            let next_boundary = (cut + 1..=*turn_start).find(|&i| {
                 conversation[i].role == model::Role::User
                     && conversation[i]
                         .content
@@ -252,6 +258,8 @@ impl Turn {
         }
         if cut > 0 {
             conversation.drain(..cut);
+            *turn_start -= cut;
+            self.dropped += cut;
             let tokens_after = request.estimate_tokens();
             self.send(ServerEvent::ContextCompacted {
                 level: "truncate".into(),
