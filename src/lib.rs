@@ -10,9 +10,11 @@
 //! - [`model`]: language models behind one streaming trait (offline `local` model)
 //! - [`store`]: SQLite store of sessions, turns and feedback
 //! - [`client`]: small HTTP client used by the CLI (`rozd status`)
+//! - [`chat`]: `rozd chat`, an interactive terminal client of a session over gRPC
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod chat;
 pub mod client;
 pub mod config;
 pub mod daemon;

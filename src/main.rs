@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use rozd::config::{Config, LogConfig, LogFormat};
 
 /// Exit status for an invalid configuration (sysexits EX_CONFIG). The systemd
@@ -49,6 +49,45 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Chat with an agent session on a running daemon (a gRPC client).
+    #[command(
+        long_about = "Opens a roz.v1 session on a running daemon and chats with it: each \
+                      line on stdin is a message; the answer streams to stdout, activity, \
+                      approvals and each turn's stop line to stderr. Ctrl-C cancels the \
+                      running turn; a second Ctrl-C, Ctrl-C while idle, or end of input \
+                      ends the session.\n\n\
+                      The model gets one tool, `shell`. Without --allow-shell it refuses \
+                      every call; with it, approved calls run `sh -c <command>` here.",
+        after_help = rozd::chat::EXIT_STATUS_HELP
+    )]
+    Chat(ChatArgs),
+}
+
+#[derive(Args)]
+struct ChatArgs {
+    /// Address of the daemon (host:port or http://host:port).
+    #[arg(long, default_value = "127.0.0.1:8080", env = "ROZD_ADDR")]
+    addr: String,
+    /// Bearer token, when the daemon requires one.
+    #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Model for the session (default: the daemon's `model.default`).
+    #[arg(long)]
+    model: Option<String>,
+    /// Host the session runs on (default: the daemon's own host).
+    #[arg(long, value_name = "HOST_ID")]
+    host_id: Option<String>,
+    /// Environment id (default: the host's `environment_id`).
+    #[arg(long, value_name = "ENV")]
+    environment: Option<String>,
+    /// Run this one message non-interactively, then end the session; the
+    /// exit status reports how the turn ended.
+    #[arg(long, value_name = "TEXT")]
+    prompt: Option<String>,
+    /// Let the model run shell commands on this machine (`sh -c`), each after
+    /// your approval.
+    #[arg(long)]
+    allow_shell: bool,
 }
 
 fn main() -> ExitCode {
@@ -57,6 +96,41 @@ fn main() -> ExitCode {
         Command::Run => run(cli.config.as_deref()),
         Command::Check => check(cli.config.as_deref()),
         Command::Status { addr, token, json } => status(&addr, token.as_deref(), json),
+        Command::Chat(args) => chat(args),
+    }
+}
+
+fn chat(args: ChatArgs) -> ExitCode {
+    let options = rozd::chat::ChatOptions {
+        addr: args.addr,
+        token: args.token,
+        model: args.model,
+        host_id: args.host_id,
+        environment: args.environment,
+        prompt: args.prompt,
+        allow_shell: args.allow_shell,
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rozd chat: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(rozd::chat::run(options));
+    // tokio reads stdin with a blocking read that cannot be cancelled: do not
+    // wait for it (or for anything else) before exiting.
+    rt.shutdown_background();
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("rozd chat: {e}");
+            ExitCode::from(e.exit_code())
+        }
     }
 }
 
