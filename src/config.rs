@@ -4,12 +4,16 @@
 //! broken `/etc/rozd/rozd.toml` without reading source code. Validation is
 //! complete before anything binds a socket or touches hardware.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+pub use crate::hw::config::{
+    ActuatorConfig, ActuatorKind, GpioConfig, HardwareSpec, MqttConfig, SensorConfig, SensorSourceKind,
+    SerialPortConfig,
+};
 
 /// Where the system-wide configuration lives when nothing else is given.
 pub const SYSTEM_CONFIG_PATH: &str = "/etc/rozd/rozd.toml";
@@ -109,9 +113,18 @@ pub struct Config {
     #[serde(default)]
     pub safety: SafetyConfig,
     #[serde(default)]
+    pub gpio: GpioConfig,
+    #[serde(default)]
+    pub mqtt: Option<MqttConfig>,
+    #[serde(default)]
+    pub serial: Vec<SerialPortConfig>,
+    #[serde(default)]
     pub sensors: Vec<SensorConfig>,
     #[serde(default)]
     pub actuators: Vec<ActuatorConfig>,
+    /// The validated hardware sections.
+    #[serde(skip)]
+    pub hardware: HardwareSpec,
     /// Tokens read from `server.auth_token_file`, merged with `server.auth_tokens`.
     #[serde(skip)]
     pub resolved_tokens: Vec<Secret>,
@@ -371,50 +384,6 @@ impl Default for SafetyConfig {
     }
 }
 
-/// Where a sensor's values come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SensorSourceKind {
-    Sim,
-    Serial,
-    Gpio,
-    Mqtt,
-    System,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SensorConfig {
-    pub name: String,
-    pub source: SensorSourceKind,
-    #[serde(default)]
-    pub unit: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ActuatorKind {
-    Sim,
-    Serial,
-    Gpio,
-    Mqtt,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ActuatorConfig {
-    pub name: String,
-    pub kind: ActuatorKind,
-    #[serde(default)]
-    pub unit: Option<String>,
-    pub min: f64,
-    pub max: f64,
-    /// The value the actuator returns to on timeout, stop, disconnect or shutdown.
-    pub safe_value: f64,
-    #[serde(default)]
-    pub timeout_ms: Option<u32>,
-}
-
 fn default_host_id() -> String {
     machine_hostname().unwrap_or_else(|| "rozd-host".to_string())
 }
@@ -519,7 +488,16 @@ impl Config {
             key: key.to_string(),
             message,
         };
-        config.validate(invalid)?;
+        config.validate(&invalid)?;
+        config.hardware = crate::hw::config::validate(
+            &config.gpio,
+            config.mqtt.as_ref(),
+            &config.serial,
+            &config.sensors,
+            &config.actuators,
+            config.safety.default_timeout_ms,
+        )
+        .map_err(|e| invalid(&e.key, e.message))?;
         config.resolve_tokens(&file, text)?;
         if !config.server.listen.ip().is_loopback()
             && config.resolved_tokens.is_empty()
@@ -637,55 +615,6 @@ impl Config {
                 "safety.default_timeout_ms",
                 "must be at least 1".into(),
             ));
-        }
-        let mut names = HashSet::new();
-        for (i, s) in self.sensors.iter().enumerate() {
-            if !valid_id(&s.name) {
-                return Err(invalid(
-                    &format!("sensors[{i}].name"),
-                    format!("{:?} is not a valid name", s.name),
-                ));
-            }
-            if !names.insert(s.name.as_str()) {
-                return Err(invalid(
-                    &format!("sensors[{i}].name"),
-                    format!("duplicate sensor name {:?}", s.name),
-                ));
-            }
-        }
-        let mut names = HashSet::new();
-        for (i, a) in self.actuators.iter().enumerate() {
-            let key = |k: &str| format!("actuators[{i}].{k}");
-            if !valid_id(&a.name) {
-                return Err(invalid(
-                    &key("name"),
-                    format!("{:?} is not a valid name", a.name),
-                ));
-            }
-            if !names.insert(a.name.as_str()) {
-                return Err(invalid(
-                    &key("name"),
-                    format!("duplicate actuator name {:?}", a.name),
-                ));
-            }
-            if !(a.min.is_finite() && a.max.is_finite() && a.min <= a.max) {
-                return Err(invalid(
-                    &key("max"),
-                    format!(
-                        "range [{}, {}] is not a finite, ordered range",
-                        a.min, a.max
-                    ),
-                ));
-            }
-            if !(a.safe_value >= a.min && a.safe_value <= a.max) {
-                return Err(invalid(
-                    &key("safe_value"),
-                    format!("{} is outside [{}, {}]", a.safe_value, a.min, a.max),
-                ));
-            }
-            if a.timeout_ms == Some(0) {
-                return Err(invalid(&key("timeout_ms"), "must be at least 1".into()));
-            }
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ pub mod chat;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod hw;
 pub mod model;
 pub mod session;
 pub mod store;

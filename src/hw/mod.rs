@@ -1,0 +1,63 @@
+//! Hardware drivers: sensor sources and actuator outputs over serial, GPIO,
+//! MQTT, the host system, and simulation. Drivers know nothing about
+//! sessions or the OODA loop: they deliver readings to a [`Readings`] sink
+//! and apply values through [`ActuatorDriver`].
+
+pub mod config;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+/// Health of a sensor or a source (a serial port, the MQTT connection, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    Ok,
+    Stale,
+    Disconnected,
+    Error(String),
+}
+
+impl Health {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Health::Ok => "ok",
+            Health::Stale => "stale",
+            Health::Disconnected => "disconnected",
+            Health::Error(_) => "error",
+        }
+    }
+}
+
+/// Where drivers deliver what they read. The OODA world state implements it.
+pub trait Readings: Send + Sync + 'static {
+    /// A new value of the named sensor, read now.
+    fn record(&self, sensor: &str, value: f64);
+    /// The health of a source (e.g. `serial:arduino`, `mqtt`, `gpio`).
+    fn source_health(&self, source: &str, health: Health);
+    /// Input from a source that could not be used (garbage, overlong or
+    /// partial lines, undecodable payloads): counted, logged rate-limited.
+    fn rejected(&self, source: &str, why: &str);
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum HwError {
+    #[error("{0} is disconnected")]
+    Disconnected(String),
+    #[error("no reply within {0} ms")]
+    Timeout(u64),
+    #[error("I/O error: {0}")]
+    Io(String),
+    #[error("device answered {0:?}, which does not match the expected reply")]
+    UnexpectedReply(String),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+pub type DriverFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HwError>> + Send + 'a>>;
+
+/// One actuator output. `apply` sets the value; the caller bounds it with the
+/// actuator's deadline and drives the safe value when it fails or expires.
+pub trait ActuatorDriver: Send + Sync + fmt::Debug {
+    fn apply(&self, value: f64) -> DriverFuture<'_>;
+}
