@@ -821,7 +821,12 @@ mod tests {
         let c = Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn).unwrap();
         assert_eq!(c.server.listen, default_listen());
         assert!(!c.auth_required());
-        assert!(c.sensors.iter().all(|s| s.source == SensorSourceKind::Sim));
+        // No hardware needed: only simulated and host-system sources.
+        assert!(
+            c.sensors
+                .iter()
+                .all(|s| matches!(s.source, SensorSourceKind::Sim | SensorSourceKind::System))
+        );
         assert!(c.actuators.iter().all(|a| a.kind == ActuatorKind::Sim));
         assert!(c.sensors.len() >= 3 && !c.actuators.is_empty());
         assert_eq!(
