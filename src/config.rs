@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 pub use crate::hw::config::{
-    ActuatorConfig, ActuatorKind, GpioConfig, HardwareSpec, MqttConfig, SensorConfig, SensorSourceKind,
-    SerialPortConfig,
+    ActuatorConfig, ActuatorKind, GpioConfig, HardwareSpec, MqttConfig, SensorConfig,
+    SensorSourceKind, SerialPortConfig,
 };
 
 /// Where the system-wide configuration lives when nothing else is given.
@@ -122,6 +122,11 @@ pub struct Config {
     pub sensors: Vec<SensorConfig>,
     #[serde(default)]
     pub actuators: Vec<ActuatorConfig>,
+    #[serde(default)]
+    pub rules: Vec<crate::ooda::rules::RuleConfig>,
+    /// The validated reflex rules.
+    #[serde(skip)]
+    pub reflex_rules: Vec<crate::ooda::rules::Rule>,
     /// The validated hardware sections.
     #[serde(skip)]
     pub hardware: HardwareSpec,
@@ -498,6 +503,15 @@ impl Config {
             config.safety.default_timeout_ms,
         )
         .map_err(|e| invalid(&e.key, e.message))?;
+        let sensor_names = config.sensors.iter().map(|s| s.name.clone()).collect();
+        let actuator_names = config.actuators.iter().map(|a| a.name.clone()).collect();
+        config.reflex_rules = crate::ooda::rules::build_rules(
+            &config.rules,
+            &sensor_names,
+            &actuator_names,
+            config.mqtt.is_some(),
+        )
+        .map_err(|(key, message)| invalid(&key, message))?;
         config.resolve_tokens(&file, text)?;
         if !config.server.listen.ip().is_loopback()
             && config.resolved_tokens.is_empty()
@@ -518,7 +532,7 @@ impl Config {
         Ok(config)
     }
 
-    fn validate(&self, invalid: impl Fn(&str, String) -> ConfigError) -> Result<(), ConfigError> {
+    fn validate(&self, invalid: &dyn Fn(&str, String) -> ConfigError) -> Result<(), ConfigError> {
         if !valid_id(&self.host.id) {
             return Err(invalid(
                 "host.id",

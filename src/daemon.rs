@@ -33,6 +33,8 @@ pub enum DaemonError {
     Api(#[from] api::ApiError),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    #[error("hardware: {0}")]
+    Ooda(#[from] crate::ooda::OodaError),
     #[error("cannot install signal handler: {0}")]
     Signal(#[source] std::io::Error),
 }
@@ -71,7 +73,18 @@ impl Daemon {
         let local = listener
             .local_addr()
             .map_err(|source| DaemonError::Bind { addr, source })?;
-        let ctx = HostContext::new(Arc::new(config), local, store, hooks);
+        // Hardware comes up only after the config is valid and the port is
+        // ours; every actuator is driven to its safe value first.
+        let ooda = crate::ooda::Ooda::start(
+            &config.hardware,
+            config.reflex_rules.clone(),
+            config.ooda.tick_hz,
+            crate::safety::ProtectiveStop::default(),
+            &|_target| None,
+            None,
+        )
+        .await?;
+        let ctx = HostContext::new(Arc::new(config), local, store, hooks, ooda);
         let (router, health) = api::router(ctx.clone()).await?;
         Ok(Daemon {
             listener,
@@ -146,15 +159,20 @@ impl Daemon {
         }
         ctx.shutdown.cancel();
         let grace = Duration::from_secs(ctx.config.server.shutdown_grace_secs);
-        if tokio::time::timeout(grace, graceful.shutdown())
-            .await
-            .is_err()
-        {
+        let drained = async {
+            graceful.shutdown().await;
+            // Sessions record their end (and release their actuators) after
+            // their streams close; wait for that too.
+            ctx.sessions.wait_idle().await;
+        };
+        if tokio::time::timeout(grace, drained).await.is_err() {
             tracing::warn!(
                 ?grace,
-                "connections still open after the grace period; closing them"
+                "connections or sessions still open after the grace period; closing them"
             );
         }
+        // Last: every actuator to its safe value, sensor tasks stopped.
+        ctx.ooda.stop().await;
         tracing::info!("shutdown complete");
     }
 }
@@ -174,7 +192,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let status = format!("STATUS=serving roz.v1 on {addr}");
     notify(&[NotifyState::Ready, NotifyState::Custom(&status)]);
     if let Some(period) = sd_notify::watchdog_enabled() {
-        tokio::spawn(pet_watchdog(period / 2, ctx.shutdown.clone()));
+        tokio::spawn(pet_watchdog(period / 2, ctx.clone()));
     }
     let shutdown = shutdown_signal()?;
     daemon
@@ -187,15 +205,25 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// Sends `WATCHDOG=1` while the runtime keeps scheduling this task: a wedged
-/// runtime stops the pets and systemd restarts the service.
-async fn pet_watchdog(every: Duration, stop: tokio_util::sync::CancellationToken) {
+/// Sends `WATCHDOG=1` while the OODA loop keeps ticking: a stalled loop (or
+/// a wedged runtime) stops the pets and systemd restarts the service.
+async fn pet_watchdog(every: Duration, ctx: Arc<HostContext>) {
     let mut ticker = tokio::time::interval(every.max(Duration::from_millis(10)));
+    let mut last_ticks = None;
     loop {
         tokio::select! {
-            _ = ticker.tick() => notify(&[NotifyState::Watchdog]),
-            () = stop.cancelled() => return,
+            _ = ticker.tick() => {}
+            () = ctx.shutdown.cancelled() => return,
         }
+        let ticks = ctx.ooda.stats().ticks;
+        if last_ticks == Some(ticks) {
+            tracing::error!(
+                "the OODA loop has not ticked since the last watchdog period; withholding WATCHDOG=1"
+            );
+        } else {
+            notify(&[NotifyState::Watchdog]);
+        }
+        last_ticks = Some(ticks);
     }
 }
 

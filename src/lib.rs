@@ -9,6 +9,9 @@
 //! - [`session`]: one agent session: state machine and turn loop
 //! - [`model`]: language models behind one streaming trait (offline `local` model)
 //! - [`store`]: SQLite store of sessions, turns and feedback
+//! - [`ooda`]: the observe–orient–decide–act loop: world, alarms, reflex rules, actuators
+//! - [`hw`]: drivers (sim, system, GPIO, serial, MQTT) and hardware config
+//! - [`safety`]: the protective-stop latch
 //! - [`client`]: small HTTP client used by the CLI (`rozd status`)
 //! - [`chat`]: `rozd chat`, an interactive terminal client of a session over gRPC
 #![forbid(unsafe_code)]
@@ -20,6 +23,8 @@ pub mod config;
 pub mod daemon;
 pub mod hw;
 pub mod model;
+pub mod ooda;
+pub mod safety;
 pub mod session;
 pub mod store;
 
@@ -45,6 +50,8 @@ pub struct HostContext {
     pub permissions: Arc<session::permissions::PermissionPolicy>,
     pub store: store::Store,
     pub hooks: Arc<dyn session::SessionHooks>,
+    /// The OODA loop: world state, actuators, protective stop.
+    pub ooda: Arc<ooda::Ooda>,
     /// Cancelled when the daemon begins its shutdown.
     pub shutdown: CancellationToken,
 }
@@ -55,6 +62,7 @@ impl HostContext {
         listen_addr: SocketAddr,
         store: store::Store,
         hooks: Arc<dyn session::SessionHooks>,
+        ooda: Arc<ooda::Ooda>,
     ) -> Arc<Self> {
         Arc::new(HostContext {
             models: model::ModelRegistry::from_config(&config.model),
@@ -67,6 +75,7 @@ impl HostContext {
             sessions: session::SessionRegistry::default(),
             store,
             hooks,
+            ooda,
             shutdown: CancellationToken::new(),
         })
     }

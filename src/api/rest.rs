@@ -25,6 +25,48 @@ pub fn routes() -> Router<Arc<HostContext>> {
         .route("/v1/status", get(status))
         .route("/v1/sessions", get(sessions))
         .route("/v1/sessions/{id}", get(session))
+        .route("/v1/observation", get(observation))
+        .route("/v1/sensors", get(sensors))
+        .route("/v1/sensors/{name}", get(sensor))
+}
+
+/// The latest Observation of the OODA loop.
+async fn observation(State(ctx): State<Arc<HostContext>>) -> Json<crate::ooda::Observation> {
+    Json(crate::ooda::Observation::clone(&ctx.ooda.observation()))
+}
+
+/// Every sensor's latest value, age, health and alarm.
+async fn sensors(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> {
+    Json(json!({ "data": ctx.ooda.observation().sensors }))
+}
+
+/// One sensor with its recent history (oldest first).
+async fn sensor(State(ctx): State<Arc<HostContext>>, Path(name): Path<String>) -> Response {
+    let now = tokio::time::Instant::now();
+    match ctx.ooda.world().sensor(&name, now) {
+        Some((view, history)) => {
+            let alarm = ctx
+                .ooda
+                .observation()
+                .sensor(&name)
+                .map(|s| s.alarm)
+                .unwrap_or_default();
+            let spec = ctx.ooda.world().specs().iter().find(|s| s.name == name);
+            Json(json!({
+                "sensor": view,
+                "alarm": alarm,
+                "stale_after_ms": spec.and_then(|s| s.stale_after).map(|d| d.as_millis() as u64),
+                "history": history,
+            }))
+            .into_response()
+        }
+        None => json_error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("no sensor named {name:?}"),
+        )
+        .into_response(),
+    }
 }
 
 /// The error body every REST error uses: `{"error": {"code", "message"}}`.
@@ -66,6 +108,8 @@ async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> 
         },
         "sensors": c.sensors.len(),
         "actuators": c.actuators.len(),
+        "protective_stop": ctx.ooda.protective_stop().active(),
+        "ooda": ctx.ooda.stats(),
     }))
 }
 

@@ -359,19 +359,43 @@ pub struct AlarmLimits {
 
 #[derive(Debug, Clone)]
 pub enum LineParser {
-    Json { pointer: String },
-    Kv { key: String },
-    Regex { pattern: regex::Regex, group: String },
-    Nmea { field: NmeaField },
+    Json {
+        pointer: String,
+    },
+    Kv {
+        key: String,
+    },
+    Regex {
+        pattern: regex::Regex,
+        group: String,
+    },
+    Nmea {
+        field: NmeaField,
+    },
     Number,
 }
 
 #[derive(Debug, Clone)]
 pub enum SensorSource {
-    Serial { port: String, parser: LineParser },
-    Gpio { pin: u8, pull: Pull, active: Level, debounce: Duration, poll: Option<Duration> },
-    Mqtt { topic: String, pointer: Option<String> },
-    System { metric: SystemMetric, every: Duration },
+    Serial {
+        port: String,
+        parser: LineParser,
+    },
+    Gpio {
+        pin: u8,
+        pull: Pull,
+        active: Level,
+        debounce: Duration,
+        poll: Option<Duration>,
+    },
+    Mqtt {
+        topic: String,
+        pointer: Option<String>,
+    },
+    System {
+        metric: SystemMetric,
+        every: Duration,
+    },
     Sim(SimSpec),
 }
 
@@ -400,10 +424,26 @@ pub struct SensorSpec {
 #[derive(Debug, Clone)]
 pub enum ActuatorTarget {
     Sim,
-    Gpio { pin: u8, active: Level },
-    Pwm { pin: u8, frequency_hz: f64 },
-    Serial { port: String, template: String, expect: Option<regex::Regex>, reply_timeout: Duration },
-    Mqtt { topic: String, payload: String, qos: u8, retain: bool },
+    Gpio {
+        pin: u8,
+        active: Level,
+    },
+    Pwm {
+        pin: u8,
+        frequency_hz: f64,
+    },
+    Serial {
+        port: String,
+        template: String,
+        expect: Option<regex::Regex>,
+        reply_timeout: Duration,
+    },
+    Mqtt {
+        topic: String,
+        payload: String,
+        qos: u8,
+        retain: bool,
+    },
 }
 
 /// What values an actuator accepts.
@@ -466,24 +506,35 @@ pub struct Invalid {
 }
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> Invalid {
-    Invalid { key: key.into(), message: message.into() }
+    Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
 }
 
 fn valid_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 64 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 fn rate(key: &str, hz: Option<f64>, default_hz: f64) -> Result<Duration, Invalid> {
     let hz = hz.unwrap_or(default_hz);
     if !(hz.is_finite() && hz > 0.0 && hz <= 10_000.0) {
-        return Err(invalid(key, format!("{hz} is outside 0 < rate <= 10000 Hz")));
+        return Err(invalid(
+            key,
+            format!("{hz} is outside 0 < rate <= 10000 Hz"),
+        ));
     }
     Ok(Duration::from_secs_f64(1.0 / hz))
 }
 
 /// Keys set on a table that do not belong to its source or kind.
 fn misplaced(set: &[(&str, bool)], allowed: &[&str]) -> Option<String> {
-    set.iter().find(|(k, is_set)| *is_set && !allowed.contains(k)).map(|(k, _)| (*k).to_string())
+    set.iter()
+        .find(|(k, is_set)| *is_set && !allowed.contains(k))
+        .map(|(k, _)| (*k).to_string())
 }
 
 /// Checks the hardware sections together (cross-references included).
@@ -503,13 +554,22 @@ pub fn validate(
     for (i, p) in serial.iter().enumerate() {
         let key = |k: &str| format!("serial[{i}].{k}");
         if !valid_name(&p.name) {
-            return Err(invalid(key("name"), format!("{:?} is not a valid name", p.name)));
+            return Err(invalid(
+                key("name"),
+                format!("{:?} is not a valid name", p.name),
+            ));
         }
         if !port_names.insert(p.name.as_str()) {
-            return Err(invalid(key("name"), format!("duplicate serial port name {:?}", p.name)));
+            return Err(invalid(
+                key("name"),
+                format!("duplicate serial port name {:?}", p.name),
+            ));
         }
         if !paths.insert(p.path.as_str()) {
-            return Err(invalid(key("path"), format!("{} is configured twice", p.path)));
+            return Err(invalid(
+                key("path"),
+                format!("{} is configured twice", p.path),
+            ));
         }
         if p.baud == 0 {
             return Err(invalid(key("baud"), "must be greater than 0"));
@@ -544,10 +604,19 @@ pub fn validate(
     for (i, s) in sensors.iter().enumerate() {
         let key = |k: &str| format!("sensors[{i}].{k}");
         if !valid_name(&s.name) {
-            return Err(invalid(key("name"), format!("{:?} is not a valid name (letters, digits, '_', '-')", s.name)));
+            return Err(invalid(
+                key("name"),
+                format!(
+                    "{:?} is not a valid name (letters, digits, '_', '-')",
+                    s.name
+                ),
+            ));
         }
         if !names.insert(s.name.as_str()) {
-            return Err(invalid(key("name"), format!("duplicate sensor name {:?}", s.name)));
+            return Err(invalid(
+                key("name"),
+                format!("duplicate sensor name {:?}", s.name),
+            ));
         }
         let alarms = alarm_limits(s, &key)?;
         if s.stale_after_ms == Some(0) {
@@ -577,22 +646,51 @@ pub fn validate(
             ("rate_hz", s.rate_hz.is_some()),
         ];
         let allowed: &[&str] = match s.source {
-            SensorSourceKind::Serial => &["port", "parser", "pointer", "key", "pattern", "group", "nmea_field"],
+            SensorSourceKind::Serial => &[
+                "port",
+                "parser",
+                "pointer",
+                "key",
+                "pattern",
+                "group",
+                "nmea_field",
+            ],
             SensorSourceKind::Gpio => &["pin", "pull", "active", "debounce_ms", "rate_hz"],
             SensorSourceKind::Mqtt => &["topic", "pointer"],
             SensorSourceKind::System => &["metric", "rate_hz"],
-            SensorSourceKind::Sim => &["signal", "amplitude", "offset", "period_ms", "noise", "file", "seed", "rate_hz"],
+            SensorSourceKind::Sim => &[
+                "signal",
+                "amplitude",
+                "offset",
+                "period_ms",
+                "noise",
+                "file",
+                "seed",
+                "rate_hz",
+            ],
         };
         if let Some(k) = misplaced(&set, allowed) {
-            return Err(invalid(key(&k), format!("does not apply to a sensor with source = {:?}", s.source)));
+            return Err(invalid(
+                key(&k),
+                format!("does not apply to a sensor with source = {:?}", s.source),
+            ));
         }
-        let require = |v: bool, k: &str| if v { Ok(()) } else { Err(invalid(key(k), "is required for this source")) };
+        let require = |v: bool, k: &str| {
+            if v {
+                Ok(())
+            } else {
+                Err(invalid(key(k), "is required for this source"))
+            }
+        };
         let source = match s.source {
             SensorSourceKind::Serial => {
                 let port = s.port.clone().unwrap_or_default();
                 require(s.port.is_some(), "port")?;
                 if !port_names.contains(port.as_str()) {
-                    return Err(invalid(key("port"), format!("no [[serial]] port named {port:?}")));
+                    return Err(invalid(
+                        key("port"),
+                        format!("no [[serial]] port named {port:?}"),
+                    ));
                 }
                 require(s.parser.is_some(), "parser")?;
                 let parser = match s.parser {
@@ -606,21 +704,30 @@ pub fn validate(
                     }
                     Some(ParserKind::Kv) => {
                         require(s.key.is_some(), "key")?;
-                        LineParser::Kv { key: s.key.clone().unwrap_or_default() }
+                        LineParser::Kv {
+                            key: s.key.clone().unwrap_or_default(),
+                        }
                     }
                     Some(ParserKind::Regex) => {
                         require(s.pattern.is_some(), "pattern")?;
                         let pattern = regex::Regex::new(s.pattern.as_deref().unwrap_or_default())
-                            .map_err(|e| invalid(key("pattern"), format!("not a valid regex: {e}")))?;
+                            .map_err(|e| {
+                            invalid(key("pattern"), format!("not a valid regex: {e}"))
+                        })?;
                         let group = s.group.clone().unwrap_or_else(|| "value".to_string());
                         if !pattern.capture_names().flatten().any(|n| n == group) {
-                            return Err(invalid(key("pattern"), format!("has no named group `{group}`")));
+                            return Err(invalid(
+                                key("pattern"),
+                                format!("has no named group `{group}`"),
+                            ));
                         }
                         LineParser::Regex { pattern, group }
                     }
                     Some(ParserKind::Nmea) => {
                         require(s.nmea_field.is_some(), "nmea_field")?;
-                        LineParser::Nmea { field: s.nmea_field.unwrap_or(NmeaField::Latitude) }
+                        LineParser::Nmea {
+                            field: s.nmea_field.unwrap_or(NmeaField::Latitude),
+                        }
                     }
                     Some(ParserKind::Number) | None => LineParser::Number,
                 };
@@ -630,31 +737,46 @@ pub fn validate(
                 require(s.pin.is_some(), "pin")?;
                 let pin = s.pin.unwrap_or(0);
                 if let Some(other) = gpio_pins.insert(pin, s.name.clone()) {
-                    return Err(invalid(key("pin"), format!("GPIO {pin} is already used by {other:?}")));
+                    return Err(invalid(
+                        key("pin"),
+                        format!("GPIO {pin} is already used by {other:?}"),
+                    ));
                 }
                 SensorSource::Gpio {
                     pin,
                     pull: s.pull.unwrap_or(Pull::None),
                     active: s.active.unwrap_or(Level::High),
                     debounce: Duration::from_millis(s.debounce_ms.unwrap_or(0)),
-                    poll: s.rate_hz.map(|hz| rate(&key("rate_hz"), Some(hz), hz)).transpose()?,
+                    poll: s
+                        .rate_hz
+                        .map(|hz| rate(&key("rate_hz"), Some(hz), hz))
+                        .transpose()?,
                 }
             }
             SensorSourceKind::Mqtt => {
                 require(s.topic.is_some(), "topic")?;
                 if mqtt.is_none() {
-                    return Err(invalid(key("topic"), "an mqtt sensor needs an [mqtt] section"));
+                    return Err(invalid(
+                        key("topic"),
+                        "an mqtt sensor needs an [mqtt] section",
+                    ));
                 }
                 let topic = s.topic.clone().unwrap_or_default();
                 if topic.is_empty() || topic.contains('#') || topic.contains('+') {
-                    return Err(invalid(key("topic"), "must be a concrete topic (no wildcards)"));
+                    return Err(invalid(
+                        key("topic"),
+                        "must be a concrete topic (no wildcards)",
+                    ));
                 }
                 if let Some(p) = &s.pointer
                     && !p.starts_with('/')
                 {
                     return Err(invalid(key("pointer"), "a JSON pointer starts with '/'"));
                 }
-                SensorSource::Mqtt { topic, pointer: s.pointer.clone() }
+                SensorSource::Mqtt {
+                    topic,
+                    pointer: s.pointer.clone(),
+                }
             }
             SensorSourceKind::System => {
                 require(s.metric.is_some(), "metric")?;
@@ -679,10 +801,19 @@ pub fn validate(
     for (i, a) in actuators.iter().enumerate() {
         let key = |k: &str| format!("actuators[{i}].{k}");
         if !valid_name(&a.name) {
-            return Err(invalid(key("name"), format!("{:?} is not a valid name (letters, digits, '_', '-')", a.name)));
+            return Err(invalid(
+                key("name"),
+                format!(
+                    "{:?} is not a valid name (letters, digits, '_', '-')",
+                    a.name
+                ),
+            ));
         }
         if !names.insert(a.name.as_str()) {
-            return Err(invalid(key("name"), format!("duplicate actuator name {:?}", a.name)));
+            return Err(invalid(
+                key("name"),
+                format!("duplicate actuator name {:?}", a.name),
+            ));
         }
         let set = [
             ("pin", a.pin.is_some()),
@@ -705,16 +836,31 @@ pub fn validate(
             ActuatorKind::Mqtt => &["topic", "payload", "qos", "retain"],
         };
         if let Some(k) = misplaced(&set, allowed) {
-            return Err(invalid(key(&k), format!("does not apply to an actuator with kind = {:?}", a.kind)));
+            return Err(invalid(
+                key(&k),
+                format!("does not apply to an actuator with kind = {:?}", a.kind),
+            ));
         }
-        let require = |v: bool, k: &str| if v { Ok(()) } else { Err(invalid(key(k), "is required for this kind")) };
+        let require = |v: bool, k: &str| {
+            if v {
+                Ok(())
+            } else {
+                Err(invalid(key(k), "is required for this kind"))
+            }
+        };
         let values = match (a.kind, a.min, a.max, &a.allowed) {
             (_, Some(_), _, Some(_)) | (_, _, Some(_), Some(_)) => {
-                return Err(invalid(key("allowed"), "give either min/max or allowed, not both"));
+                return Err(invalid(
+                    key("allowed"),
+                    "give either min/max or allowed, not both",
+                ));
             }
             (_, None, None, Some(list)) => {
                 if list.is_empty() || list.iter().any(|v| !v.is_finite()) {
-                    return Err(invalid(key("allowed"), "must be a non-empty list of finite numbers"));
+                    return Err(invalid(
+                        key("allowed"),
+                        "must be a non-empty list of finite numbers",
+                    ));
                 }
                 ValueSet::Allowed(list.clone())
             }
@@ -722,21 +868,35 @@ pub fn validate(
             (ActuatorKind::Pwm, None, None, None) => ValueSet::Range { min: 0.0, max: 1.0 },
             (_, Some(min), Some(max), None) => {
                 if !(min.is_finite() && max.is_finite() && min <= max) {
-                    return Err(invalid(key("max"), format!("[{min}, {max}] is not a finite, ordered range")));
+                    return Err(invalid(
+                        key("max"),
+                        format!("[{min}, {max}] is not a finite, ordered range"),
+                    ));
                 }
                 ValueSet::Range { min, max }
             }
-            (_, None, _, None) => return Err(invalid(key("min"), "is required (or give `allowed`)")),
-            (_, _, None, None) => return Err(invalid(key("max"), "is required (or give `allowed`)")),
+            (_, None, _, None) => {
+                return Err(invalid(key("min"), "is required (or give `allowed`)"));
+            }
+            (_, _, None, None) => {
+                return Err(invalid(key("max"), "is required (or give `allowed`)"));
+            }
         };
-        if a.kind == ActuatorKind::Gpio && !matches!(&values, ValueSet::Allowed(v) if v.iter().all(|x| *x == 0.0 || *x == 1.0)) {
+        if a.kind == ActuatorKind::Gpio
+            && !matches!(&values, ValueSet::Allowed(v) if v.iter().all(|x| *x == 0.0 || *x == 1.0))
+        {
             return Err(invalid(key("allowed"), "a gpio output takes only 0 and 1"));
         }
-        if a.kind == ActuatorKind::Pwm && !matches!(values, ValueSet::Range { min, max } if min >= 0.0 && max <= 1.0) {
+        if a.kind == ActuatorKind::Pwm
+            && !matches!(values, ValueSet::Range { min, max } if min >= 0.0 && max <= 1.0)
+        {
             return Err(invalid(key("max"), "a pwm duty cycle lies within [0, 1]"));
         }
         if !a.safe_value.is_finite() || !values.contains(a.safe_value) {
-            return Err(invalid(key("safe_value"), format!("{} is not in {values}", a.safe_value)));
+            return Err(invalid(
+                key("safe_value"),
+                format!("{} is not in {values}", a.safe_value),
+            ));
         }
         if let Some(hz) = a.max_rate_hz
             && !(hz.is_finite() && hz > 0.0)
@@ -752,13 +912,22 @@ pub fn validate(
                 require(a.pin.is_some(), "pin")?;
                 let pin = a.pin.unwrap_or(0);
                 if let Some(other) = gpio_pins.insert(pin, a.name.clone()) {
-                    return Err(invalid(key("pin"), format!("GPIO {pin} is already used by {other:?}")));
+                    return Err(invalid(
+                        key("pin"),
+                        format!("GPIO {pin} is already used by {other:?}"),
+                    ));
                 }
                 if a.kind == ActuatorKind::Gpio {
-                    ActuatorTarget::Gpio { pin, active: a.active.unwrap_or(Level::High) }
+                    ActuatorTarget::Gpio {
+                        pin,
+                        active: a.active.unwrap_or(Level::High),
+                    }
                 } else {
                     let frequency_hz = a.frequency_hz.unwrap_or(1_000.0);
-                    if !(frequency_hz.is_finite() && frequency_hz > 0.0 && frequency_hz <= 100_000.0) {
+                    if !(frequency_hz.is_finite()
+                        && frequency_hz > 0.0
+                        && frequency_hz <= 100_000.0)
+                    {
                         return Err(invalid(key("frequency_hz"), "must be within (0, 100000]"));
                     }
                     ActuatorTarget::Pwm { pin, frequency_hz }
@@ -769,7 +938,10 @@ pub fn validate(
                 require(a.template.is_some(), "template")?;
                 let port = a.port.clone().unwrap_or_default();
                 if !port_names.contains(port.as_str()) {
-                    return Err(invalid(key("port"), format!("no [[serial]] port named {port:?}")));
+                    return Err(invalid(
+                        key("port"),
+                        format!("no [[serial]] port named {port:?}"),
+                    ));
                 }
                 let template = a.template.clone().unwrap_or_default();
                 if !template.contains("{value}") {
@@ -794,7 +966,10 @@ pub fn validate(
             ActuatorKind::Mqtt => {
                 require(a.topic.is_some(), "topic")?;
                 if mqtt.is_none() {
-                    return Err(invalid(key("topic"), "an mqtt actuator needs an [mqtt] section"));
+                    return Err(invalid(
+                        key("topic"),
+                        "an mqtt actuator needs an [mqtt] section",
+                    ));
                 }
                 let qos = a.qos.unwrap_or(1);
                 if qos > 2 {
@@ -802,7 +977,10 @@ pub fn validate(
                 }
                 let topic = a.topic.clone().unwrap_or_default();
                 if topic.is_empty() || topic.contains('#') || topic.contains('+') {
-                    return Err(invalid(key("topic"), "must be a concrete topic (no wildcards)"));
+                    return Err(invalid(
+                        key("topic"),
+                        "must be a concrete topic (no wildcards)",
+                    ));
                 }
                 ActuatorTarget::Mqtt {
                     topic,
@@ -842,13 +1020,19 @@ fn validate_mqtt(m: &MqttConfig) -> Result<(), Invalid> {
         .ok_or_else(|| invalid("mqtt.url", "must start with mqtt:// or mqtts://"))?;
     let (host, port) = rest.rsplit_once(':').unwrap_or((rest, "1883"));
     if host.is_empty() || port.parse::<u16>().is_err() {
-        return Err(invalid("mqtt.url", format!("{:?} is not mqtt://host:port", m.url)));
+        return Err(invalid(
+            "mqtt.url",
+            format!("{:?} is not mqtt://host:port", m.url),
+        ));
     }
     if m.keep_alive_secs < 5 {
         return Err(invalid("mqtt.keep_alive_secs", "must be at least 5"));
     }
     if m.reconnect_min_ms == 0 || m.reconnect_max_ms < m.reconnect_min_ms {
-        return Err(invalid("mqtt.reconnect_max_ms", "needs 0 < reconnect_min_ms <= reconnect_max_ms"));
+        return Err(invalid(
+            "mqtt.reconnect_max_ms",
+            "needs 0 < reconnect_min_ms <= reconnect_max_ms",
+        ));
     }
     if let Some(client_id) = &m.client_id
         && (client_id.is_empty() || client_id.len() > 64)
@@ -899,27 +1083,40 @@ fn sim_spec(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<SimSpec, I
     let signal = s.signal.unwrap_or(SimSignal::Constant);
     let mut replay = Vec::new();
     if signal == SimSignal::Replay {
-        let Some(file) = &s.file else { return Err(invalid(key("file"), "is required for signal = \"replay\"")) };
+        let Some(file) = &s.file else {
+            return Err(invalid(key("file"), "is required for signal = \"replay\""));
+        };
         let text = std::fs::read_to_string(file)
             .map_err(|e| invalid(key("file"), format!("cannot read {}: {e}", file.display())))?;
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
-            if line.is_empty() || line.starts_with('#') || (n == 0 && line.chars().any(char::is_alphabetic)) {
+            if line.is_empty()
+                || line.starts_with('#')
+                || (n == 0 && line.chars().any(char::is_alphabetic))
+            {
                 continue;
             }
             let parsed = line
                 .split_once(',')
-                .and_then(|(t, v)| Some((t.trim().parse::<u64>().ok()?, v.trim().parse::<f64>().ok()?)))
+                .and_then(|(t, v)| {
+                    Some((t.trim().parse::<u64>().ok()?, v.trim().parse::<f64>().ok()?))
+                })
                 .filter(|(_, v)| v.is_finite());
             match parsed {
                 Some(row) => replay.push(row),
                 None => {
-                    return Err(invalid(key("file"), format!("{}:{}: expected `elapsed_ms,value`", file.display(), n + 1)));
+                    return Err(invalid(
+                        key("file"),
+                        format!("{}:{}: expected `elapsed_ms,value`", file.display(), n + 1),
+                    ));
                 }
             }
         }
         if replay.is_empty() {
-            return Err(invalid(key("file"), format!("{} has no rows", file.display())));
+            return Err(invalid(
+                key("file"),
+                format!("{} has no rows", file.display()),
+            ));
         }
     } else if s.file.is_some() {
         return Err(invalid(key("file"), "applies only to signal = \"replay\""));

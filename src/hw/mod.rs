@@ -4,6 +4,9 @@
 //! and apply values through [`ActuatorDriver`].
 
 pub mod config;
+pub mod gpio;
+pub mod sim;
+pub mod system;
 
 use std::fmt;
 use std::future::Future;

@@ -1,0 +1,356 @@
+//! Act: the one path every actuator command takes.
+//!
+//! validate (finite, within limits, rate) -> apply through the driver under
+//! the actuator's deadline -> record -> schedule the hold expiry. A refused
+//! command is never clamped. Any failure or expiry drives the safe value.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::hw::config::ActuatorSpec;
+use crate::hw::{ActuatorDriver, HwError};
+use crate::safety::ProtectiveStop;
+
+/// Who asked for a command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "id", rename_all = "snake_case")]
+pub enum Origin {
+    Session(String),
+    Rule(String),
+    Operator(String),
+    /// rozd itself: start-up, shutdown, hold expiry, protective stop, deadman.
+    Safety(String),
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Session(id) => write!(f, "session {id}"),
+            Origin::Rule(name) => write!(f, "rule {name}"),
+            Origin::Operator(who) => write!(f, "operator {who}"),
+            Origin::Safety(why) => write!(f, "safety ({why})"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ActError {
+    #[error("unknown actuator `{0}`")]
+    Unknown(String),
+    #[error("{actuator}: {reason}")]
+    SafetyViolation { actuator: String, reason: String },
+    #[error("{actuator}: protective stop is active ({reason}); PHYSICAL commands are refused")]
+    EStop { actuator: String, reason: String },
+    #[error("{actuator} is held by {holder}; sharing is not enabled for it")]
+    Held { actuator: String, holder: String },
+    #[error(
+        "{actuator}: the driver did not finish within {timeout_ms} ms; the actuator was sent to its safe value"
+    )]
+    Timeout { actuator: String, timeout_ms: u64 },
+    #[error("{actuator}: {error}; the actuator was sent to its safe value")]
+    Driver { actuator: String, error: HwError },
+}
+
+#[derive(Debug, Clone)]
+struct State {
+    value: f64,
+    /// Who commanded the current (non-safe) value.
+    owner: Option<Origin>,
+    since: Instant,
+    hold_until: Option<Instant>,
+    last_command: Option<Instant>,
+    /// Bumped on every change, so a stale hold-expiry timer does nothing.
+    generation: u64,
+}
+
+struct Entry {
+    spec: ActuatorSpec,
+    driver: Arc<dyn ActuatorDriver>,
+    state: Mutex<State>,
+    /// Serialises driver access: one command at a time per actuator.
+    io: tokio::sync::Mutex<()>,
+}
+
+/// One actuator as shown in an Observation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ActuatorView {
+    pub name: String,
+    pub unit: Option<String>,
+    pub value: f64,
+    pub safe_value: f64,
+    pub at_safe_value: bool,
+    pub owner: Option<String>,
+    pub since_ms: u64,
+    pub hold_remaining_ms: Option<u64>,
+}
+
+/// What a successful command did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Applied {
+    pub actuator: String,
+    pub value: f64,
+    pub previous: f64,
+    pub hold_ms: Option<u64>,
+}
+
+pub struct Actuators {
+    entries: Vec<Entry>,
+    index: HashMap<String, usize>,
+    estop: ProtectiveStop,
+}
+
+impl std::fmt::Debug for Actuators {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Actuators")
+            .field("names", &self.index.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Actuators {
+    pub fn new(
+        actuators: Vec<(ActuatorSpec, Arc<dyn ActuatorDriver>)>,
+        estop: ProtectiveStop,
+    ) -> Arc<Actuators> {
+        let now = Instant::now();
+        let index = actuators
+            .iter()
+            .enumerate()
+            .map(|(i, (s, _))| (s.name.clone(), i))
+            .collect();
+        let entries = actuators
+            .into_iter()
+            .map(|(spec, driver)| Entry {
+                state: Mutex::new(State {
+                    value: spec.safe_value,
+                    owner: None,
+                    since: now,
+                    hold_until: None,
+                    last_command: None,
+                    generation: 0,
+                }),
+                spec,
+                driver,
+                io: tokio::sync::Mutex::new(()),
+            })
+            .collect();
+        Arc::new(Actuators {
+            entries,
+            index,
+            estop,
+        })
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry, ActError> {
+        self.index
+            .get(name)
+            .map(|&i| &self.entries[i])
+            .ok_or_else(|| ActError::Unknown(name.to_string()))
+    }
+
+    pub fn specs(&self) -> impl Iterator<Item = &ActuatorSpec> {
+        self.entries.iter().map(|e| &e.spec)
+    }
+
+    pub fn spec(&self, name: &str) -> Option<&ActuatorSpec> {
+        self.entry(name).ok().map(|e| &e.spec)
+    }
+
+    /// The current value of an actuator.
+    pub fn value(&self, name: &str) -> Option<f64> {
+        self.entry(name).ok().map(|e| lock(&e.state).value)
+    }
+
+    /// Commands `value` on behalf of `origin`. `hold` shortens (never
+    /// extends) the actuator's configured `hold_ms` for this command.
+    pub async fn command(
+        self: &Arc<Self>,
+        name: &str,
+        value: f64,
+        origin: Origin,
+        hold: Option<Duration>,
+    ) -> Result<Applied, ActError> {
+        let entry = self.entry(name)?;
+        let spec = &entry.spec;
+        let violation = |reason: String| ActError::SafetyViolation {
+            actuator: name.to_string(),
+            reason,
+        };
+        if !matches!(origin, Origin::Safety(_))
+            && let Some(stop) = self.estop.active()
+        {
+            return Err(ActError::EStop {
+                actuator: name.to_string(),
+                reason: stop.reason,
+            });
+        }
+        if !value.is_finite() {
+            return Err(violation(format!("{value} is not a finite number")));
+        }
+        if !spec.values.contains(value) {
+            return Err(violation(format!(
+                "{value} is outside the allowed values {}",
+                spec.values
+            )));
+        }
+        let _io = entry.io.lock().await;
+        let now = Instant::now();
+        {
+            let state = lock(&entry.state);
+            if let (Some(hz), Some(last)) = (spec.max_rate_hz, state.last_command) {
+                let min_gap = Duration::from_secs_f64(1.0 / hz);
+                if now.duration_since(last) < min_gap && !matches!(origin, Origin::Safety(_)) {
+                    return Err(violation(format!("rate limit of {hz} commands/s exceeded")));
+                }
+            }
+            if let (Origin::Session(_), Some(owner @ Origin::Session(_))) = (&origin, &state.owner)
+                && owner != &origin
+                && !spec.shared
+            {
+                return Err(ActError::Held {
+                    actuator: name.to_string(),
+                    holder: owner.to_string(),
+                });
+            }
+        }
+        let result = tokio::time::timeout(spec.timeout, entry.driver.apply(value)).await;
+        let failure = match result {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(ActError::Driver {
+                actuator: name.to_string(),
+                error,
+            }),
+            Err(_) => Some(ActError::Timeout {
+                actuator: name.to_string(),
+                timeout_ms: ms(spec.timeout),
+            }),
+        };
+        if let Some(failure) = failure {
+            tracing::warn!(actuator = name, %origin, error = %failure, "command failed; driving the safe value");
+            drop(_io);
+            self.drive_safe(entry, &format!("command failed: {failure}"))
+                .await;
+            return Err(failure);
+        }
+        let hold = match (spec.hold, hold) {
+            (Some(configured), Some(asked)) => Some(configured.min(asked)),
+            (configured, asked) => configured.or(asked),
+        };
+        let is_safe = (value - spec.safe_value).abs() < 1e-12;
+        let (previous, generation) = {
+            let mut state = lock(&entry.state);
+            let previous = state.value;
+            state.value = value;
+            state.owner = (!is_safe).then(|| origin.clone());
+            state.since = now;
+            state.last_command = Some(now);
+            state.hold_until = hold.filter(|_| !is_safe).map(|h| now + h);
+            state.generation += 1;
+            (previous, state.generation)
+        };
+        tracing::info!(actuator = name, value, previous, %origin, "actuator commanded");
+        if let Some(hold) = hold.filter(|_| !is_safe) {
+            let me = self.clone();
+            let name = name.to_string();
+            tokio::spawn(async move {
+                tokio::time::sleep(hold).await;
+                me.expire(&name, generation).await;
+            });
+        }
+        Ok(Applied {
+            actuator: name.to_string(),
+            value,
+            previous,
+            hold_ms: hold.map(ms),
+        })
+    }
+
+    async fn expire(&self, name: &str, generation: u64) {
+        let Ok(entry) = self.entry(name) else { return };
+        if lock(&entry.state).generation == generation {
+            self.drive_safe(entry, "hold_ms expired").await;
+        }
+    }
+
+    /// Drives one actuator to its safe value. Never refused: no estop, rate
+    /// or ownership check applies to going safe.
+    async fn drive_safe(&self, entry: &Entry, reason: &str) {
+        let _io = entry.io.lock().await;
+        let safe = entry.spec.safe_value;
+        let result = tokio::time::timeout(entry.spec.timeout, entry.driver.apply(safe)).await;
+        let mut state = lock(&entry.state);
+        state.value = safe;
+        state.owner = None;
+        state.since = Instant::now();
+        state.hold_until = None;
+        state.generation += 1;
+        match result {
+            Ok(Ok(())) => {
+                tracing::info!(actuator = %entry.spec.name, safe, reason, "actuator at safe value")
+            }
+            // The value we *want* is safe; the device did not confirm it.
+            // Log loudly: this is what a hardwired stop exists for.
+            Ok(Err(e)) => {
+                tracing::error!(actuator = %entry.spec.name, error = %e, reason, "driving the safe value failed")
+            }
+            Err(_) => {
+                tracing::error!(actuator = %entry.spec.name, reason, "driving the safe value timed out")
+            }
+        }
+    }
+
+    pub async fn safe(&self, name: &str, reason: &str) -> Result<(), ActError> {
+        let entry = self.entry(name)?;
+        self.drive_safe(entry, reason).await;
+        Ok(())
+    }
+
+    /// Every actuator to its safe value, concurrently.
+    pub async fn safe_all(&self, reason: &str) {
+        futures_util::future::join_all(self.entries.iter().map(|e| self.drive_safe(e, reason)))
+            .await;
+    }
+
+    /// Deadman: every actuator whose current value was commanded by `origin`
+    /// goes to its safe value.
+    pub async fn release(&self, origin: &Origin, reason: &str) -> Vec<String> {
+        let owned: Vec<&Entry> = self
+            .entries
+            .iter()
+            .filter(|e| lock(&e.state).owner.as_ref() == Some(origin))
+            .collect();
+        futures_util::future::join_all(owned.iter().map(|e| self.drive_safe(e, reason))).await;
+        owned.iter().map(|e| e.spec.name.clone()).collect()
+    }
+
+    pub fn views(&self, now: Instant) -> Vec<ActuatorView> {
+        self.entries
+            .iter()
+            .map(|e| {
+                let s = lock(&e.state);
+                ActuatorView {
+                    name: e.spec.name.clone(),
+                    unit: e.spec.unit.clone(),
+                    value: s.value,
+                    safe_value: e.spec.safe_value,
+                    at_safe_value: (s.value - e.spec.safe_value).abs() < 1e-12,
+                    owner: s.owner.as_ref().map(ToString::to_string),
+                    since_ms: ms(now.saturating_duration_since(s.since)),
+                    hold_remaining_ms: s.hold_until.map(|t| ms(t.saturating_duration_since(now))),
+                }
+            })
+            .collect()
+    }
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,274 @@
+//! World state: the latest value, timestamp and a short history per sensor,
+//! and the health of every source. Drivers write it (through
+//! [`Readings`]); the tick loop and the API read it.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::hw::config::{SensorSource, SensorSpec};
+use crate::hw::{Health, Readings};
+
+/// Samples kept per sensor for `read_sensor` and `/v1/sensors/{name}`.
+pub const HISTORY: usize = 128;
+/// Minimum spacing of log lines about rejected input from one source.
+const REJECT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+struct SensorState {
+    latest: Option<(f64, Instant)>,
+    history: VecDeque<(f64, Instant)>,
+    source: String,
+}
+
+#[derive(Debug)]
+struct SourceState {
+    health: Health,
+    rejected: u64,
+    last_rejection: Option<String>,
+    last_logged: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Default for SourceState {
+    fn default() -> Self {
+        SourceState {
+            health: Health::Ok,
+            rejected: 0,
+            last_rejection: None,
+            last_logged: None,
+            suppressed: 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    sensors: Vec<SensorState>,
+    sources: BTreeMap<String, SourceState>,
+}
+
+#[derive(Debug)]
+pub struct World {
+    specs: Vec<SensorSpec>,
+    index: HashMap<String, usize>,
+    inner: Mutex<Inner>,
+}
+
+/// The source key a sensor belongs to (its health is that source's health).
+pub fn source_key(source: &SensorSource) -> String {
+    match source {
+        SensorSource::Serial { port, .. } => format!("serial:{port}"),
+        SensorSource::Gpio { .. } => "gpio".into(),
+        SensorSource::Mqtt { .. } => "mqtt".into(),
+        SensorSource::System { .. } => "system".into(),
+        SensorSource::Sim(_) => "sim".into(),
+    }
+}
+
+/// One sensor as seen at one instant.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SensorView {
+    pub name: String,
+    pub unit: Option<String>,
+    pub value: Option<f64>,
+    pub age_ms: Option<u64>,
+    /// `ok`, `stale`, `disconnected` or `error` (the source's, or stale by age).
+    pub health: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SourceView {
+    pub name: String,
+    pub health: &'static str,
+    pub error: Option<String>,
+    pub rejected: u64,
+    pub last_rejection: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sample {
+    pub value: f64,
+    pub age_ms: u64,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl World {
+    pub fn new(specs: Vec<SensorSpec>) -> World {
+        let index = specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.clone(), i))
+            .collect();
+        let sensors = specs
+            .iter()
+            .map(|s| SensorState {
+                latest: None,
+                history: VecDeque::with_capacity(HISTORY),
+                source: source_key(&s.source),
+            })
+            .collect();
+        let mut sources = BTreeMap::new();
+        for s in &specs {
+            sources
+                .entry(source_key(&s.source))
+                .or_insert_with(SourceState::default);
+        }
+        World {
+            specs,
+            index,
+            inner: Mutex::new(Inner { sensors, sources }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn specs(&self) -> &[SensorSpec] {
+        &self.specs
+    }
+
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    /// Every sensor as of `now`.
+    pub fn sensors(&self, now: Instant) -> Vec<SensorView> {
+        let inner = self.lock();
+        self.specs
+            .iter()
+            .zip(&inner.sensors)
+            .map(|(spec, state)| view(spec, state, &inner, now))
+            .collect()
+    }
+
+    /// One sensor with its history (newest last).
+    pub fn sensor(&self, name: &str, now: Instant) -> Option<(SensorView, Vec<Sample>)> {
+        let i = self.index_of(name)?;
+        let inner = self.lock();
+        let state = &inner.sensors[i];
+        let history = state
+            .history
+            .iter()
+            .map(|(value, at)| Sample {
+                value: *value,
+                age_ms: ms(now.saturating_duration_since(*at)),
+            })
+            .collect();
+        Some((view(&self.specs[i], state, &inner, now), history))
+    }
+
+    pub fn sources(&self) -> Vec<SourceView> {
+        self.lock()
+            .sources
+            .iter()
+            .map(|(name, s)| SourceView {
+                name: name.clone(),
+                health: s.health.as_str(),
+                error: match &s.health {
+                    Health::Error(e) => Some(e.clone()),
+                    _ => None,
+                },
+                rejected: s.rejected,
+                last_rejection: s.last_rejection.clone(),
+            })
+            .collect()
+    }
+}
+
+fn view(spec: &SensorSpec, state: &SensorState, inner: &Inner, now: Instant) -> SensorView {
+    let age = state
+        .latest
+        .map(|(_, at)| now.saturating_duration_since(at));
+    let source = inner.sources.get(&state.source).map(|s| &s.health);
+    let (health, error) = match source {
+        Some(Health::Error(e)) => ("error", Some(e.clone())),
+        Some(Health::Disconnected) => ("disconnected", None),
+        _ if state.latest.is_none() => ("stale", None),
+        _ if spec
+            .stale_after
+            .zip(age)
+            .is_some_and(|(limit, age)| age > limit) =>
+        {
+            ("stale", None)
+        }
+        _ => ("ok", None),
+    };
+    SensorView {
+        name: spec.name.clone(),
+        unit: spec.unit.clone(),
+        value: state.latest.map(|(v, _)| v),
+        age_ms: age.map(ms),
+        health,
+        error,
+    }
+}
+
+impl Readings for World {
+    fn record(&self, sensor: &str, value: f64) {
+        let Some(i) = self.index_of(sensor) else {
+            tracing::warn!(sensor, "reading for an unknown sensor dropped");
+            return;
+        };
+        if !value.is_finite() {
+            let source = source_key(&self.specs[i].source);
+            self.rejected(&source, &format!("{sensor}: non-finite value"));
+            return;
+        }
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let state = &mut inner.sensors[i];
+        state.latest = Some((value, now));
+        if state.history.len() == HISTORY {
+            state.history.pop_front();
+        }
+        state.history.push_back((value, now));
+    }
+
+    fn source_health(&self, source: &str, health: Health) {
+        let mut inner = self.lock();
+        let entry = inner.sources.entry(source.to_string()).or_default();
+        if entry.health != health {
+            match &health {
+                Health::Ok => tracing::info!(source, "source ok"),
+                Health::Error(e) => tracing::warn!(source, error = %e, "source failed"),
+                other => tracing::warn!(source, health = other.as_str(), "source unhealthy"),
+            }
+            entry.health = health;
+        }
+    }
+
+    fn rejected(&self, source: &str, why: &str) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let entry = inner.sources.entry(source.to_string()).or_default();
+        entry.rejected += 1;
+        entry.last_rejection = Some(why.chars().take(200).collect());
+        // Rate-limited: a device spewing garbage must not flood the journal.
+        if entry
+            .last_logged
+            .is_none_or(|t| now.duration_since(t) >= REJECT_LOG_EVERY)
+        {
+            tracing::warn!(
+                source,
+                why,
+                suppressed = entry.suppressed,
+                total = entry.rejected,
+                "input rejected"
+            );
+            entry.last_logged = Some(now);
+            entry.suppressed = 0;
+        } else {
+            entry.suppressed += 1;
+        }
+    }
+}
