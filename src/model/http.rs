@@ -719,6 +719,14 @@ mod tests {
     }
 
     #[test]
+    fn the_client_builds_with_the_ring_provider() {
+        // reqwest panics while building a rustls client without a provider.
+        let client = SharedClient::build(Duration::from_secs(1));
+        assert!(client.get().is_ok(), "{client:?}");
+        assert!(rustls::crypto::CryptoProvider::get_default().is_some());
+    }
+
+    #[test]
     fn retryable_statuses() {
         for s in [408, 409, 425, 429, 500, 502, 503, 504, 529] {
             assert!(retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
