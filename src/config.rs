@@ -890,6 +890,8 @@ mod tests {
         assert_eq!(c.host.id, "rover-1");
         assert_eq!(c.permissions.len(), 2);
         assert_eq!(c.permissions[1].policy, Policy::Block);
+        let endpoints: Vec<&str> = c.model.endpoints.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(endpoints, ["claude", "lab-box"]);
     }
 
     #[test]
