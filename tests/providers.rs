@@ -773,6 +773,80 @@ async fn overload_until_the_retry_budget_is_spent_is_a_retryable_model_error() {
 }
 
 #[tokio::test]
+async fn an_overloaded_error_event_before_any_content_is_retried_invisibly() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&format!(
+        "[model]\nretry_initial_backoff_ms = 1\nretry_max_backoff_ms = 1\n{}",
+        fake.anthropic_endpoint("claude", "claude-test-1", "")
+    ))
+    .await;
+    fake.stream(vec![
+        event(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+        ),
+        event(
+            "error",
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+        ),
+    ]);
+    fake.stream(anthropic(
+        &[Part::Text("Second try.")],
+        "end_turn",
+        U::default(),
+    ));
+    let (mut session, _) = open(&daemon, Some("claude"), vec![]).await;
+    session.send(user("hi")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert!(errors_of(&seen).is_empty(), "{seen:?}");
+    assert_eq!(text_of(&seen), "Second try.");
+    assert_eq!(done.stop_reason, "end_turn");
+    let first = fake.request().await;
+    let second = fake.request().await;
+    assert_eq!(first.body, second.body);
+    daemon.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn connection_failures_are_retried_within_the_budget() {
+    // A port that nothing listens on.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let daemon = TestDaemon::start_adjusted(
+        &format!(
+            "[model]\nretry_budget_ms = 3000\n[[model.endpoints]]\nname = \"box\"\nprovider = \"openai\"\n\
+             model = \"m\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\n"
+        ),
+        |c| c.server.http2_keepalive_secs = 0,
+    )
+    .await;
+    let (mut session, _) = open(&daemon, Some("box"), vec![]).await;
+    session.wait_bound = PAUSED_WAIT;
+    session.send(user("hi")).await;
+    let asked = tokio::time::Instant::now();
+    let (seen, done) = until_complete(&mut session).await;
+    let errors = errors_of(&seen);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].code, "model_error");
+    assert!(errors[0].retryable);
+    assert!(
+        errors[0].message.contains(&format!("127.0.0.1:{port}"))
+            && errors[0].message.contains("gave up after"),
+        "{}",
+        errors[0].message
+    );
+    assert!(
+        !errors[0].message.contains("gave up after 1 attempt"),
+        "{}",
+        errors[0].message
+    );
+    assert_eq!(done.stop_reason, "error");
+    assert!(tokio::time::Instant::now() - asked <= Duration::from_secs(3));
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
 async fn http_401_is_not_retried_and_reports_the_provider_message() {
     let mut fake = FakeProvider::start().await;
     let daemon = TestDaemon::start(&fake.anthropic_endpoint("claude", "claude-test-1", "")).await;
