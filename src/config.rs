@@ -275,6 +275,22 @@ pub struct SessionConfig {
     /// Context budget when `StartSession.max_context_tokens` is absent.
     #[serde(default = "default_max_context_tokens")]
     pub default_max_context_tokens: u32,
+    /// Tokens one session may spend in total (input, cached input and output
+    /// of every model call); 0 = unlimited. Then `budget_exceeded`.
+    #[serde(default)]
+    pub max_session_tokens: u64,
+    /// Compaction brings the context down to this fraction of the budget.
+    #[serde(default = "default_compact_target")]
+    pub compact_target: f64,
+    /// Above this fraction of the budget, old tool results are elided.
+    #[serde(default = "default_compact_tool_results_at")]
+    pub compact_tool_results_at: f64,
+    /// Above this fraction, old thinking is removed.
+    #[serde(default = "default_compact_thinking_at")]
+    pub compact_thinking_at: f64,
+    /// Above this fraction, the oldest turns are summarised by the model.
+    #[serde(default = "default_compact_summary_at")]
+    pub compact_summary_at: f64,
 }
 
 impl Default for SessionConfig {
@@ -285,6 +301,11 @@ impl Default for SessionConfig {
             approval_timeout_secs: default_approval_timeout_secs(),
             max_cycles: default_max_cycles(),
             default_max_context_tokens: default_max_context_tokens(),
+            max_session_tokens: 0,
+            compact_target: default_compact_target(),
+            compact_tool_results_at: default_compact_tool_results_at(),
+            compact_thinking_at: default_compact_thinking_at(),
+            compact_summary_at: default_compact_summary_at(),
         }
     }
 }
@@ -337,25 +358,8 @@ pub struct PermissionRuleConfig {
     pub reason: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelConfig {
-    /// Name of the model a session uses when `StartSession.model` is absent.
-    #[serde(default = "default_model")]
-    pub default: String,
-    /// Most tokens one model call may produce (stop reason `max_tokens`).
-    #[serde(default = "default_max_output_tokens")]
-    pub max_output_tokens: u32,
-}
-
-impl Default for ModelConfig {
-    fn default() -> Self {
-        ModelConfig {
-            default: default_model(),
-            max_output_tokens: default_max_output_tokens(),
-        }
-    }
-}
+/// `[model]` and `[[model.endpoints]]`: defined and validated in `model::config`.
+pub use crate::model::config::{EndpointConfig, ModelConfig};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -422,11 +426,17 @@ fn default_max_cycles() -> u32 {
 fn default_max_context_tokens() -> u32 {
     200_000
 }
-fn default_model() -> String {
-    "local".to_string()
+fn default_compact_target() -> f64 {
+    0.4
 }
-fn default_max_output_tokens() -> u32 {
-    4096
+fn default_compact_tool_results_at() -> f64 {
+    0.5
+}
+fn default_compact_thinking_at() -> f64 {
+    0.6
+}
+fn default_compact_summary_at() -> f64 {
+    0.75
 }
 fn default_tick_hz() -> f64 {
     50.0
@@ -600,20 +610,43 @@ impl Config {
                 ));
             }
         }
-        if self.model.default != "local" {
-            return Err(invalid(
-                "model.default",
-                format!(
-                    "unknown model {:?}; known models: local",
-                    self.model.default
-                ),
-            ));
+        let s = &self.session;
+        // 0 < compact_target < compact_tool_results_at <= compact_thinking_at
+        // <= compact_summary_at <= 1
+        for (key, low, strict, value) in [
+            ("compact_target", 0.0, true, s.compact_target),
+            (
+                "compact_tool_results_at",
+                s.compact_target,
+                true,
+                s.compact_tool_results_at,
+            ),
+            (
+                "compact_thinking_at",
+                s.compact_tool_results_at,
+                false,
+                s.compact_thinking_at,
+            ),
+            (
+                "compact_summary_at",
+                s.compact_thinking_at,
+                false,
+                s.compact_summary_at,
+            ),
+        ] {
+            let above = if strict { value > low } else { value >= low };
+            if !(value.is_finite() && above && value <= 1.0) {
+                return Err(invalid(
+                    &format!("session.{key}"),
+                    format!(
+                        "{value} is out of order: 0 < compact_target < compact_tool_results_at \
+                         <= compact_thinking_at <= compact_summary_at <= 1"
+                    ),
+                ));
+            }
         }
-        if self.model.max_output_tokens == 0 {
-            return Err(invalid(
-                "model.max_output_tokens",
-                "must be at least 1".into(),
-            ));
+        if let Err((key, message)) = self.model.validate() {
+            return Err(invalid(&key, message));
         }
         if !(self.ooda.tick_hz.is_finite()
             && self.ooda.tick_hz > 0.0
@@ -695,6 +728,21 @@ impl Config {
             self.store.resolved_path().display()
         ));
         line(format!("model:         {}", self.model.default));
+        for e in &self.model.endpoints {
+            let r = self.model.resolve(e);
+            let key = match (&r.api_key_file, &r.api_key_env) {
+                (Some(f), _) => format!("key from {}", f.display()),
+                (None, Some(var)) => format!("key from ${var}"),
+                (None, None) => "no key".to_string(),
+            };
+            line(format!(
+                "  endpoint:    {} = {} {} at {} ({key})",
+                r.name,
+                r.provider.as_str(),
+                r.model,
+                r.base_url
+            ));
+        }
         line(format!("ooda tick:     {} Hz", self.ooda.tick_hz));
         line(format!("permissions:   {} rule(s)", self.permissions.len()));
         let sensors: Vec<&str> = self.sensors.iter().map(|s| s.name.as_str()).collect();
@@ -856,6 +904,8 @@ mod tests {
         assert_eq!(c.host.id, "rover-1");
         assert_eq!(c.permissions.len(), 2);
         assert_eq!(c.permissions[1].policy, Policy::Block);
+        let endpoints: Vec<&str> = c.model.endpoints.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(endpoints, ["claude", "lab-box"]);
     }
 
     #[test]

@@ -56,6 +56,10 @@ impl Model for LocalModel {
         NAME
     }
 
+    fn can_summarize(&self) -> bool {
+        false
+    }
+
     fn stream(&self, request: ModelRequest) -> ModelStream {
         let (delay, events) = respond(&request);
         let events = futures_util::stream::iter(events.into_iter().map(Ok));

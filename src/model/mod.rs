@@ -1,11 +1,17 @@
 //! Language models behind one streaming trait. The session engine speaks only
-//! this trait; providers (the offline `local` command model here, network
-//! providers later) plug in without touching it. Nothing here knows gRPC.
+//! this trait; providers plug in without touching it: the offline `local`
+//! command model, the Anthropic Messages API ([`anthropic`]) and
+//! OpenAI-compatible Chat Completions servers ([`openai`]). Nothing here
+//! knows gRPC.
 
+pub mod anthropic;
+pub mod config;
+mod http;
 pub mod local;
+pub mod openai;
+pub mod sse;
 pub mod tokens;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -22,9 +28,16 @@ pub enum Role {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Block {
     Text(String),
+    /// Extended thinking; `signature` is the provider's proof of it (Anthropic),
+    /// sent back unchanged in later requests. Empty when the model gave none.
     Thinking {
         text: String,
         signature: String,
+    },
+    /// Thinking the provider encrypted (Anthropic `redacted_thinking`): opaque,
+    /// sent back unchanged.
+    RedactedThinking {
+        data: String,
     },
     ToolUse {
         id: String,
@@ -103,6 +116,8 @@ pub fn estimate_message_tokens(m: &Message) -> u32 {
         acc.saturating_add(match b {
             Block::Text(t) => tokens::count(t),
             Block::Thinking { text, .. } => tokens::count(text),
+            // Opaque base64 of encrypted thinking: roughly four characters per token.
+            Block::RedactedThinking { data } => u32::try_from(data.len() / 4).unwrap_or(u32::MAX),
             Block::ToolUse { name, input, .. } => {
                 tokens::count(name).saturating_add(tokens::count(&input.to_string()))
             }
@@ -122,6 +137,19 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// Every token the call processed: input, cached input and output.
+    pub fn total(&self) -> u64 {
+        u64::from(self.input_tokens)
+            + u64::from(self.output_tokens)
+            + u64::from(self.cache_read_tokens)
+            + u64::from(self.cache_creation_tokens)
+    }
+
+    /// The size of the context after the call: what was read plus what was written.
+    pub fn context_tokens(&self) -> u32 {
+        u32::try_from(self.total()).unwrap_or(u32::MAX)
+    }
+
     pub fn add(&mut self, other: Usage) {
         self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
@@ -143,10 +171,17 @@ pub enum ModelStop {
 }
 
 /// What a model call streams, in order; exactly one `Stop` ends a good stream.
+///
+/// Deltas of one kind that follow each other belong to one block; a
+/// `ThinkingSignature` closes the thinking block it signs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelEvent {
     TextDelta(String),
     ThinkingDelta(String),
+    /// The signature of the thinking block just streamed.
+    ThinkingSignature(String),
+    /// A whole encrypted thinking block.
+    RedactedThinking(String),
     ToolUse {
         id: String,
         name: String,
@@ -160,48 +195,112 @@ pub enum ModelEvent {
 #[error("{message}")]
 pub struct ModelError {
     pub message: String,
+    /// Whether the same call may succeed if made again later.
     pub retryable: bool,
+}
+
+impl ModelError {
+    pub fn new(message: impl Into<String>, retryable: bool) -> Self {
+        ModelError {
+            message: message.into(),
+            retryable,
+        }
+    }
 }
 
 pub type ModelStream = BoxStream<'static, Result<ModelEvent, ModelError>>;
 
 /// A language model. Dropping the stream aborts the call.
 pub trait Model: Send + Sync + fmt::Debug {
-    /// The name reported in `SessionStarted.model`.
+    /// The name reported in `SessionStarted.model`: the model actually used.
     fn name(&self) -> &str;
     fn stream(&self, request: ModelRequest) -> ModelStream;
+    /// The output limit of one call, when the model has its own.
+    fn max_output_tokens(&self) -> Option<u32> {
+        None
+    }
+    /// The model's usable context window, when configured; caps a session's budget.
+    fn max_context_tokens(&self) -> Option<u32> {
+        None
+    }
+    /// Whether the model can write a summary of old turns when the context
+    /// is compacted (the offline command model cannot).
+    fn can_summarize(&self) -> bool {
+        true
+    }
 }
 
 /// The models this daemon can run, by name.
 #[derive(Debug, Clone)]
 pub struct ModelRegistry {
-    models: BTreeMap<String, Arc<dyn Model>>,
-    default: String,
+    config: config::ModelConfig,
+    local: Arc<dyn Model>,
+    /// Configured endpoints, by endpoint name, in configuration order.
+    endpoints: Vec<(String, Arc<dyn Model>)>,
+    /// The HTTP client of models asked for by a `claude-*` name no endpoint
+    /// has; built on first use.
+    claude_client: Arc<std::sync::OnceLock<http::SharedClient>>,
 }
 
 impl ModelRegistry {
-    /// The registry for a configuration's `[model]` section.
-    pub fn from_config(config: &crate::config::ModelConfig) -> Self {
-        let mut models: BTreeMap<String, Arc<dyn Model>> = BTreeMap::new();
-        models.insert(local::NAME.to_string(), Arc::new(local::LocalModel));
+    /// The registry for a configuration's (validated) `[model]` section.
+    pub fn from_config(config: &config::ModelConfig) -> Self {
+        let endpoints = config
+            .endpoints
+            .iter()
+            .map(|e| {
+                let resolved = config.resolve(e);
+                let model: Arc<dyn Model> = match resolved.provider {
+                    config::Provider::Anthropic => {
+                        Arc::new(anthropic::AnthropicModel::new(resolved))
+                    }
+                    config::Provider::Openai => Arc::new(openai::OpenAiModel::new(resolved)),
+                };
+                (e.name.clone(), model)
+            })
+            .collect();
         ModelRegistry {
-            models,
-            default: config.default.clone(),
+            config: config.clone(),
+            local: Arc::new(local::LocalModel),
+            endpoints,
+            claude_client: Arc::new(std::sync::OnceLock::new()),
         }
     }
 
-    /// The named model, or the default when `name` is `None`.
+    /// The model `name` selects, or the default when `name` is `None` (or
+    /// empty): `local`, an endpoint by name, an endpoint by its model id, or
+    /// any `claude-*` model id (on Anthropic).
     pub fn resolve(&self, name: Option<&str>) -> Result<Arc<dyn Model>, String> {
-        let name = name.unwrap_or(&self.default);
-        self.models.get(name).cloned().ok_or_else(|| {
-            format!(
-                "unknown model {name:?}; known models: {}",
-                self.models.keys().cloned().collect::<Vec<_>>().join(", ")
-            )
-        })
+        let name = name
+            .filter(|n| !n.is_empty())
+            .unwrap_or(&self.config.default);
+        if name == config::LOCAL {
+            return Ok(self.local.clone());
+        }
+        if let Some((_, m)) = self.endpoints.iter().find(|(n, _)| n == name) {
+            return Ok(m.clone());
+        }
+        if let Some((_, m)) = self.endpoints.iter().find(|(_, m)| m.name() == name) {
+            return Ok(m.clone());
+        }
+        if config::is_claude(name) {
+            let endpoint = self.config.claude(name);
+            let client = self
+                .claude_client
+                .get_or_init(|| http::SharedClient::build(endpoint.connect_timeout))
+                .clone();
+            return Ok(Arc::new(anthropic::AnthropicModel::with_client(
+                endpoint, client,
+            )));
+        }
+        Err(format!(
+            "unknown model {name:?}; known models: {}",
+            self.config.known_names().join(", ")
+        ))
     }
 
+    /// The names a session may ask for.
     pub fn names(&self) -> Vec<String> {
-        self.models.keys().cloned().collect()
+        self.config.known_names()
     }
 }

@@ -5,6 +5,7 @@
 //! session's data and rules live in [`state`], a turn's model/tool loop in
 //! [`turn`].
 
+pub mod context;
 pub mod permissions;
 pub mod state;
 pub mod tools;
@@ -101,8 +102,6 @@ struct ActiveTurn {
     ai_mode: &'static str,
     user_content: String,
     started_at_ms: i64,
-    /// Index in the conversation where this turn's messages begin.
-    first_message: usize,
     cancel: CancellationToken,
     inbox: mpsc::Sender<TurnInput>,
     handle: JoinHandle<TurnOutcome>,
@@ -354,7 +353,6 @@ impl Runner {
             return;
         };
         let config = &self.ctx.config;
-        let first_message = session.conversation.len();
         let mut conversation = session.conversation.clone();
         conversation.push(plan.user_message);
         let setup = TurnSetup {
@@ -366,11 +364,24 @@ impl Runner {
             permissions: self.ctx.permissions.clone(),
             limits: TurnLimits {
                 max_cycles: config.session.max_cycles,
-                max_output_tokens: config.model.max_output_tokens,
+                max_output_tokens: session
+                    .model
+                    .max_output_tokens()
+                    .unwrap_or(config.model.max_output_tokens),
                 default_tool_timeout_ms: config.session.default_tool_timeout_ms,
                 approval_timeout: Duration::from_secs(config.session.approval_timeout_secs),
                 context_budget: session.context_budget,
+                compaction: context::CompactionLimits {
+                    target: config.session.compact_target,
+                    tool_results_at: config.session.compact_tool_results_at,
+                    thinking_at: config.session.compact_thinking_at,
+                    summary_at: config.session.compact_summary_at,
+                },
+                max_session_tokens: config.session.max_session_tokens,
+                session_tokens_spent: session.tokens_spent,
             },
+            meter: session.meter,
+            live_tokens: session.live_tokens.clone(),
         };
         let cancel = CancellationToken::new();
         let (inbox_tx, inbox_rx) = mpsc::channel(TURN_INBOX);
@@ -380,7 +391,6 @@ impl Runner {
             ai_mode: plan.ai_mode,
             user_content: plan.user_content,
             started_at_ms: now_ms(),
-            first_message,
             cancel,
             inbox: inbox_tx,
             handle,
@@ -483,6 +493,7 @@ impl Runner {
                     .turn_interrupted(&session.id, "turn task failed");
                 TurnOutcome {
                     conversation: session.conversation.clone(),
+                    added: Vec::new(),
                     usage: Usage::default(),
                     stop_reason: StopReason::Error,
                     error: Some(
@@ -490,7 +501,7 @@ impl Runner {
                             .with_retryable(true),
                     ),
                     expired_calls: Vec::new(),
-                    dropped_messages: 0,
+                    meter: session.meter,
                 }
             }
         };
@@ -499,17 +510,13 @@ impl Runner {
                 .hooks
                 .turn_interrupted(&session.id, "turn cancelled");
         }
-        let added_from = turn
-            .first_message
-            .saturating_sub(outcome.dropped_messages)
-            .min(outcome.conversation.len());
         let record = TurnRecord {
             session_id: session.id.clone(),
             seq: session.turns_done,
             message_id: turn.plan_message_id.clone(),
             ai_mode: turn.ai_mode.to_string(),
             user_content: turn.user_content.clone(),
-            messages: crate::store::messages_json(&outcome.conversation[added_from..]),
+            messages: crate::store::messages_json(&outcome.added),
             stop_reason: outcome.stop_reason.as_str().to_string(),
             input_tokens: outcome.usage.input_tokens,
             output_tokens: outcome.usage.output_tokens,
@@ -520,6 +527,8 @@ impl Runner {
         };
         session.conversation = outcome.conversation;
         session.turns_done += 1;
+        session.tokens_spent = session.tokens_spent.saturating_add(outcome.usage.total());
+        session.meter = outcome.meter;
         session.remember_expired(outcome.expired_calls);
         let mut errors = Vec::new();
         if let Err(e) = self.ctx.store.turn_completed(record).await {

@@ -3,10 +3,12 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::config::HostConfig;
 use crate::model::{self, Block, Message, Model, ModelRegistry};
 
+use super::context::ContextMeter;
 use super::tools::{RegisterSummary, ToolRegistry};
 use super::{
     ContextBlock, ErrorCode, HistoryMessage, HistoryPart, SessionError, StartRequest, ToolSpec,
@@ -35,8 +37,15 @@ pub struct Session {
     guidance: BTreeMap<String, String>,
     project_context: Vec<String>,
     pub conversation: Vec<Message>,
+    /// `max_context_tokens` of this session, capped by the model's window.
     pub context_budget: u32,
     pub turns_done: u32,
+    /// Tokens spent by every model call of the session so far.
+    pub tokens_spent: u64,
+    /// Estimates calibrated by the provider's usage reports.
+    pub meter: ContextMeter,
+    /// The context's current size, kept live by a running turn.
+    pub live_tokens: Arc<AtomicU32>,
     expired_calls: VecDeque<String>,
 }
 
@@ -78,7 +87,17 @@ impl Session {
             Some(n) => n,
             None => default_budget,
         };
+        // A model with a smaller window bounds the budget.
+        let context_budget = model
+            .max_context_tokens()
+            .map_or(context_budget, |window| context_budget.min(window));
         let conversation = convert_history(request.history)?;
+        let live_tokens = Arc::new(AtomicU32::new(
+            conversation
+                .iter()
+                .map(model::estimate_message_tokens)
+                .fold(0u32, u32::saturating_add),
+        ));
         Ok(Session {
             id: uuid::Uuid::new_v4().to_string(),
             environment_id: if request.environment_id.is_empty() {
@@ -93,6 +112,9 @@ impl Session {
             conversation,
             context_budget,
             turns_done: 0,
+            tokens_spent: 0,
+            meter: ContextMeter::default(),
+            live_tokens,
             expired_calls: VecDeque::new(),
         })
     }
@@ -190,12 +212,11 @@ impl Session {
         self.expired_calls.iter().any(|id| id == tool_call_id)
     }
 
-    /// Estimated tokens of the conversation so far (for `Keepalive`).
+    /// The context's size in tokens (for `Keepalive`): the last request and
+    /// answer as the provider counted them, or estimated, updated live while
+    /// a turn runs.
     pub fn tokens_used(&self) -> u32 {
-        self.conversation
-            .iter()
-            .map(model::estimate_message_tokens)
-            .fold(0u32, u32::saturating_add)
+        self.live_tokens.load(Ordering::Relaxed)
     }
 }
 

@@ -8,6 +8,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -19,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Policy, ToolCategory};
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
 
+use super::context::{self, CompactionLimits, ContextMeter};
 use super::permissions::PermissionPolicy;
 use super::tools::ToolRegistry;
 use super::{Activity, ErrorCode, Presence, ServerEvent, SessionError, StopReason, ToolOutcome};
@@ -39,7 +41,13 @@ pub struct TurnLimits {
     pub max_output_tokens: u32,
     pub default_tool_timeout_ms: u32,
     pub approval_timeout: Duration,
+    /// The session's context budget (`max_context_tokens`).
     pub context_budget: u32,
+    pub compaction: CompactionLimits,
+    /// Tokens the session may spend in total; 0 = unlimited.
+    pub max_session_tokens: u64,
+    /// Tokens the session spent before this turn.
+    pub session_tokens_spent: u64,
 }
 
 pub struct TurnSetup {
@@ -51,20 +59,30 @@ pub struct TurnSetup {
     pub conversation: Vec<Message>,
     pub permissions: Arc<PermissionPolicy>,
     pub limits: TurnLimits,
+    pub meter: ContextMeter,
+    /// The live size of the context, read by `Keepalive`.
+    pub live_tokens: Arc<AtomicU32>,
 }
 
 #[derive(Debug)]
 pub struct TurnOutcome {
+    /// The conversation after the turn (compacted where the budget required).
     pub conversation: Vec<Message>,
+    /// This turn's own messages as they were produced, from its user message
+    /// on, uncompacted: what is recorded. A model answer that broke off is
+    /// not among them.
+    pub added: Vec<Message>,
     pub usage: Usage,
     pub stop_reason: StopReason,
     /// An error the client is told about before `TurnComplete`.
     pub error: Option<SessionError>,
     /// Tool calls that timed out; their late results are ignored.
     pub expired_calls: Vec<String>,
-    /// Messages dropped from the front of the conversation by compaction.
-    pub dropped_messages: usize,
+    pub meter: ContextMeter,
 }
+
+/// Longest summary a compaction asks the model for.
+const SUMMARY_MAX_TOKENS: u32 = 1024;
 
 /// Why the turn stopped early.
 enum Interrupt {
@@ -87,8 +105,10 @@ struct Turn {
     /// Calls whose results were delivered: a second result is a duplicate.
     completed: HashSet<String>,
     expired: Vec<String>,
-    /// Messages dropped from the front of the conversation to fit the budget.
-    dropped: usize,
+    /// This turn's messages, for the record.
+    added: Vec<Message>,
+    meter: ContextMeter,
+    live_tokens: Arc<AtomicU32>,
 }
 
 pub async fn run(
@@ -105,7 +125,10 @@ pub async fn run(
         mut conversation,
         permissions,
         limits,
+        meter,
+        live_tokens,
     } = setup;
+    let added = conversation.last().cloned().into_iter().collect();
     let mut turn = Turn {
         message_id,
         tools,
@@ -118,7 +141,9 @@ pub async fn run(
         last_presence: None,
         completed: HashSet::new(),
         expired: Vec::new(),
-        dropped: 0,
+        added,
+        meter,
+        live_tokens,
     };
     let mut usage = Usage::default();
     let result = turn
@@ -135,11 +160,12 @@ pub async fn run(
     };
     TurnOutcome {
         conversation,
+        added: turn.added,
         usage,
         stop_reason,
         error,
         expired_calls: turn.expired,
-        dropped_messages: turn.dropped,
+        meter: turn.meter,
     }
 }
 
@@ -171,18 +197,35 @@ impl Turn {
                 "the model is thinking",
             )
             .await?;
+            self.check_session_budget(usage)?;
             let mut request = ModelRequest {
                 system: system.to_string(),
                 messages: conversation.clone(),
                 tools: self.tools.definitions(),
                 max_output_tokens: self.limits.max_output_tokens,
             };
-            self.fit_budget(&mut request, conversation, &mut turn_start)
+            self.fit_budget(model, &mut request, conversation, &mut turn_start, usage)
                 .await?;
+            let estimate = request.estimate_tokens();
+            self.live_tokens
+                .store(self.meter.scaled(estimate), Ordering::Relaxed);
             let reply = self.call_model(model, request).await?;
             usage.add(reply.usage);
-            let calls: Vec<(String, String, Value)> = reply
-                .blocks
+            let answer = Message::assistant(reply.blocks);
+            let answer_estimate = model::estimate_message_tokens(&answer);
+            let actual = reply.usage.context_tokens();
+            self.meter
+                .calibrate(estimate.saturating_add(answer_estimate), actual);
+            self.live_tokens.store(
+                if actual > 0 {
+                    actual
+                } else {
+                    self.meter.scaled(estimate.saturating_add(answer_estimate))
+                },
+                Ordering::Relaxed,
+            );
+            let calls: Vec<(String, String, Value)> = answer
+                .content
                 .iter()
                 .filter_map(|b| match b {
                     Block::ToolUse { id, name, input } => {
@@ -191,8 +234,9 @@ impl Turn {
                     _ => None,
                 })
                 .collect();
-            if !reply.blocks.is_empty() {
-                conversation.push(Message::assistant(reply.blocks));
+            if !answer.content.is_empty() {
+                self.added.push(answer.clone());
+                conversation.push(answer);
             }
             if calls.is_empty() {
                 return Ok(match reply.stop {
@@ -220,7 +264,14 @@ impl Turn {
                     }
                 }
             }
-            conversation.push(Message::user(results));
+            let results = Message::user(results);
+            let grown = self
+                .live_tokens
+                .load(Ordering::Relaxed)
+                .saturating_add(self.meter.scaled(model::estimate_message_tokens(&results)));
+            self.live_tokens.store(grown, Ordering::Relaxed);
+            self.added.push(results.clone());
+            conversation.push(results);
             if let Some(i) = interrupted {
                 return Err(i.into());
             }
@@ -228,52 +279,136 @@ impl Turn {
         Ok(StopReason::MaxCycles)
     }
 
-    /// Keeps the request inside the context budget by dropping the oldest
-    /// whole turns (never the current one), telling the client what it did.
+    /// `budget_exceeded` once the session has spent its token budget.
+    fn check_session_budget(&self, usage: &Usage) -> Result<(), TurnError> {
+        let limit = self.limits.max_session_tokens;
+        let spent = self
+            .limits
+            .session_tokens_spent
+            .saturating_add(usage.total());
+        if limit > 0 && spent >= limit {
+            return Err(TurnError::Failed(SessionError::new(
+                ErrorCode::BudgetExceeded,
+                format!(
+                    "this session has spent {spent} tokens of its budget of {limit} \
+                     (session.max_session_tokens); start a new session"
+                ),
+            )));
+        }
+        Ok(())
+    }
+
+    /// Keeps the request inside the context budget, compacting between model
+    /// calls once it passes the configured fractions of the budget: first
+    /// old tool results are elided, then old thinking is removed, then the
+    /// oldest turns are summarised by the model, and as a last resort (over
+    /// the budget, no summary possible) the oldest turns are dropped. Each
+    /// step that changed something is reported with `ContextCompacted`; the
+    /// current turn's messages are never summarised or dropped.
     async fn fit_budget(
         &mut self,
+        model: &dyn Model,
         request: &mut ModelRequest,
         conversation: &mut Vec<Message>,
         turn_start: &mut usize,
+        usage: &mut Usage,
     ) -> Result<(), TurnError> {
         let budget = self.limits.context_budget;
-        let tokens_before = request.estimate_tokens();
-        if tokens_before <= budget {
+        let limits = self.limits.compaction;
+        let at = |fraction: f64| -> u32 { (f64::from(budget) * fraction).floor() as u32 };
+        if self.meter.tokens(request) <= at(limits.tool_results_at).min(budget) {
             return Ok(());
         }
-        let messages_before = conversation.len();
-        // Turn boundaries: user messages that carry the user's own text.
-        let mut cut = 0;
-        while request.estimate_tokens() > budget {
-            let next_boundary = (cut + 1..=*turn_start).find(|&i| {
-                conversation[i].role == model::Role::User
-                    && conversation[i]
-                        .content
-                        .iter()
-                        .any(|b| matches!(b, Block::Text(_)))
-            });
-            let Some(boundary) = next_boundary else { break };
-            cut = boundary;
-            request.messages = conversation[cut..].to_vec();
-        }
-        if cut > 0 {
-            conversation.drain(..cut);
-            *turn_start -= cut;
-            self.dropped += cut;
-            let tokens_after = request.estimate_tokens();
-            self.send(ServerEvent::ContextCompacted {
-                level: "truncate".into(),
-                messages_before: u32::try_from(messages_before).unwrap_or(u32::MAX),
-                messages_after: u32::try_from(conversation.len()).unwrap_or(u32::MAX),
-                tokens_before,
-                tokens_after,
-                summary: Some(format!(
-                    "dropped the {cut} oldest message(s) to fit {budget} tokens"
-                )),
-            })
+        let target = self.meter.unscaled(at(limits.target));
+
+        // Level 1: old tool results.
+        let before = (conversation.len(), self.meter.tokens(request));
+        let mut estimate = request.estimate_tokens();
+        let tail = context::working_tail(conversation);
+        let elided = context::elide_tool_results(conversation, tail, &mut estimate, target);
+        if elided > 0 {
+            request.messages = conversation.clone();
+            self.compacted(
+                "tool_results",
+                before,
+                (conversation.len(), self.meter.tokens(request)),
+                format!("elided {elided} old tool result(s)"),
+            )
             .await?;
         }
-        let tokens = request.estimate_tokens();
+
+        // Level 2: old thinking (never the current turn's: providers verify it).
+        if self.meter.tokens(request) > at(limits.thinking_at) {
+            let before = (conversation.len(), self.meter.tokens(request));
+            let mut estimate = request.estimate_tokens();
+            let (blocks, removed) =
+                context::strip_thinking(conversation, *turn_start, &mut estimate, target);
+            *turn_start -= removed;
+            if blocks > 0 {
+                request.messages = conversation.clone();
+                self.compacted(
+                    "thinking",
+                    before,
+                    (conversation.len(), self.meter.tokens(request)),
+                    format!("removed {blocks} old thinking block(s)"),
+                )
+                .await?;
+            }
+        }
+
+        // Level 3: summarise the oldest turns with the model itself.
+        if self.meter.tokens(request) > at(limits.summary_at) && model.can_summarize() {
+            let before = (conversation.len(), self.meter.tokens(request));
+            let summary_budget = self.limits.max_output_tokens.min(SUMMARY_MAX_TOKENS);
+            if let Some(cut) = context::cut_old_turns(
+                conversation,
+                *turn_start,
+                request.estimate_tokens(),
+                target,
+                summary_budget,
+            ) {
+                self.check_session_budget(usage)?;
+                if let Some(summary) = self
+                    .summarize(model, &conversation[..cut], summary_budget, usage)
+                    .await?
+                {
+                    conversation.splice(..cut, [context::summary_message(&summary)]);
+                    *turn_start = *turn_start + 1 - cut;
+                    request.messages = conversation.clone();
+                    self.compacted(
+                        "summary",
+                        before,
+                        (conversation.len(), self.meter.tokens(request)),
+                        summary,
+                    )
+                    .await?;
+                }
+            }
+        }
+
+        // Level 4: over the budget and nothing else helped: drop the oldest turns.
+        if self.meter.tokens(request) > budget {
+            let before = (conversation.len(), self.meter.tokens(request));
+            if let Some(cut) = context::cut_old_turns(
+                conversation,
+                *turn_start,
+                request.estimate_tokens(),
+                target,
+                0,
+            ) {
+                conversation.drain(..cut);
+                *turn_start -= cut;
+                request.messages = conversation.clone();
+                self.compacted(
+                    "truncate",
+                    before,
+                    (conversation.len(), self.meter.tokens(request)),
+                    format!("dropped the {cut} oldest message(s) to fit {budget} tokens"),
+                )
+                .await?;
+            }
+        }
+        let tokens = self.meter.tokens(request);
         if tokens > budget {
             return Err(TurnError::Failed(SessionError::new(
                 ErrorCode::BudgetExceeded,
@@ -283,6 +418,83 @@ impl Turn {
             )));
         }
         Ok(())
+    }
+
+    async fn compacted(
+        &mut self,
+        level: &str,
+        (messages_before, tokens_before): (usize, u32),
+        (messages_after, tokens_after): (usize, u32),
+        summary: String,
+    ) -> Result<(), Interrupt> {
+        tracing::info!(
+            level,
+            messages_before,
+            messages_after,
+            tokens_before,
+            tokens_after,
+            "context compacted"
+        );
+        self.live_tokens.store(tokens_after, Ordering::Relaxed);
+        self.send(ServerEvent::ContextCompacted {
+            level: level.to_string(),
+            messages_before: u32::try_from(messages_before).unwrap_or(u32::MAX),
+            messages_after: u32::try_from(messages_after).unwrap_or(u32::MAX),
+            tokens_before,
+            tokens_after,
+            summary: Some(summary),
+        })
+        .await
+    }
+
+    /// Asks the model for a summary of old turns; `None` when it fails (the
+    /// caller then falls back to dropping them).
+    async fn summarize(
+        &mut self,
+        model: &dyn Model,
+        old: &[Message],
+        max_output_tokens: u32,
+        usage: &mut Usage,
+    ) -> Result<Option<String>, Interrupt> {
+        self.state(
+            Activity::Thinking,
+            "compacting the context",
+            Presence::Mini,
+            "the model is summarising old turns",
+        )
+        .await?;
+        let request = ModelRequest {
+            system: context::SUMMARY_SYSTEM.to_string(),
+            messages: vec![Message::user(vec![Block::Text(context::transcript(old))])],
+            tools: Vec::new(),
+            max_output_tokens,
+        };
+        let mut stream = model.stream(request);
+        let mut text = String::new();
+        let mut stopped = false;
+        loop {
+            let event = tokio::select! {
+                event = stream.next() => event,
+                () = self.cancel.cancelled() => return Err(Interrupt::Cancelled),
+            };
+            match event {
+                None => break,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "the model could not summarise old turns");
+                    return Ok(None);
+                }
+                Some(Ok(ModelEvent::TextDelta(delta))) => text.push_str(&delta),
+                Some(Ok(ModelEvent::Usage(u))) => usage.add(u),
+                Some(Ok(ModelEvent::Stop(_))) => stopped = true,
+                Some(Ok(_)) => {}
+            }
+        }
+        let text = text.trim();
+        if !stopped || text.is_empty() {
+            tracing::warn!("the model gave no summary of old turns");
+            return Ok(None);
+        }
+        Ok(Some(text.to_string()))
     }
 
     async fn call_model(
@@ -296,7 +508,6 @@ impl Turn {
             usage: Usage::default(),
             stop: ModelStop::EndTurn,
         };
-        let (mut text, mut thinking) = (String::new(), String::new());
         let mut stopped = false;
         loop {
             let event = tokio::select! {
@@ -315,7 +526,13 @@ impl Turn {
                     ));
                 }
                 Some(Ok(ModelEvent::TextDelta(delta))) => {
-                    text.push_str(&delta);
+                    if delta.is_empty() {
+                        continue;
+                    }
+                    match reply.blocks.last_mut() {
+                        Some(Block::Text(text)) => text.push_str(&delta),
+                        _ => reply.blocks.push(Block::Text(delta.clone())),
+                    }
                     let message_id = self.message_id.clone();
                     self.send(ServerEvent::TextDelta {
                         message_id,
@@ -324,13 +541,36 @@ impl Turn {
                     .await?;
                 }
                 Some(Ok(ModelEvent::ThinkingDelta(delta))) => {
-                    thinking.push_str(&delta);
+                    if delta.is_empty() {
+                        continue;
+                    }
+                    match reply.blocks.last_mut() {
+                        Some(Block::Thinking { text, signature }) if signature.is_empty() => {
+                            text.push_str(&delta)
+                        }
+                        _ => reply.blocks.push(Block::Thinking {
+                            text: delta.clone(),
+                            signature: String::new(),
+                        }),
+                    }
                     let message_id = self.message_id.clone();
                     self.send(ServerEvent::ThinkingDelta {
                         message_id,
                         content: delta,
                     })
                     .await?;
+                }
+                Some(Ok(ModelEvent::ThinkingSignature(sig))) => match reply.blocks.last_mut() {
+                    Some(Block::Thinking { signature, .. }) if signature.is_empty() => {
+                        *signature = sig;
+                    }
+                    _ => reply.blocks.push(Block::Thinking {
+                        text: String::new(),
+                        signature: sig,
+                    }),
+                },
+                Some(Ok(ModelEvent::RedactedThinking(data))) => {
+                    reply.blocks.push(Block::RedactedThinking { data });
                 }
                 Some(Ok(ModelEvent::ToolUse { id, name, input })) => {
                     reply.blocks.push(Block::ToolUse { id, name, input });
@@ -354,18 +594,6 @@ impl Turn {
                 .with_retryable(true),
             ));
         }
-        let mut blocks = Vec::new();
-        if !thinking.is_empty() {
-            blocks.push(Block::Thinking {
-                text: thinking,
-                signature: String::new(),
-            });
-        }
-        if !text.is_empty() {
-            blocks.push(Block::Text(text));
-        }
-        blocks.append(&mut reply.blocks);
-        reply.blocks = blocks;
         Ok(reply)
     }
 

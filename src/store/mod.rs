@@ -87,6 +87,7 @@ pub fn messages_json(messages: &[crate::model::Message]) -> serde_json::Value {
             .map(|b| match b {
                 Block::Text(t) => json!({"type": "text", "text": t}),
                 Block::Thinking { text, .. } => json!({"type": "thinking", "thinking": text}),
+                Block::RedactedThinking { .. } => json!({"type": "redacted_thinking"}),
                 Block::ToolUse { id, name, input } => json!({"type": "tool_use", "id": id, "name": name, "input": input}),
                 Block::ToolResult { tool_use_id, name, content, is_error } => json!({
                     "type": "tool_result", "tool_use_id": tool_use_id, "name": name, "content": content, "is_error": is_error

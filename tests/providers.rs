@@ -1,0 +1,1508 @@
+//! Network model providers against loopback HTTP servers that replay each
+//! provider's documented streaming format, driven through real gRPC
+//! sessions: what the session emits, and what request the provider got.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use common::{Session, TestDaemon, expect_error};
+use futures_util::StreamExt as _;
+use rozd::api::proto;
+use rozd::api::proto::session_request::Request as Req;
+use rozd::api::proto::session_response::Response as Resp;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+/// Paused-clock tests wait through long virtual timeouts.
+const PAUSED_WAIT: Duration = Duration::from_secs(24 * 3600);
+/// An environment variable no test machine sets.
+const UNSET_VAR: &str = "ROZD_TEST_KEY_THAT_IS_NEVER_SET_4F1C";
+
+// ---------------------------------------------------------------- fake provider
+
+/// What the fake provider answers to one request.
+enum Reply {
+    /// `200 text/event-stream` with these chunks (each written separately),
+    /// then the end of the body, or a stall that never ends.
+    Stream { chunks: Vec<String>, stall: bool },
+    /// Any status with headers and a body.
+    Status {
+        code: u16,
+        headers: Vec<(&'static str, String)>,
+        body: String,
+    },
+}
+
+/// A request the fake provider received.
+#[derive(Debug, Clone)]
+struct Seen {
+    path: String,
+    headers: http::HeaderMap,
+    body: Value,
+    len: usize,
+    at: tokio::time::Instant,
+}
+
+#[derive(Clone)]
+struct Script {
+    replies: Arc<Mutex<VecDeque<Reply>>>,
+    /// Answer every request beyond the script with this status and body.
+    fallback: Arc<Mutex<Option<(u16, String)>>>,
+    seen: mpsc::UnboundedSender<Seen>,
+}
+
+struct FakeProvider {
+    url: String,
+    script: Script,
+    seen: mpsc::UnboundedReceiver<Seen>,
+    wait: Duration,
+    _key_dir: tempfile::TempDir,
+    key_file: String,
+}
+
+impl FakeProvider {
+    async fn start() -> FakeProvider {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let script = Script {
+            replies: Arc::new(Mutex::new(VecDeque::new())),
+            fallback: Arc::new(Mutex::new(None)),
+            seen: tx,
+        };
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(script.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let key_dir = tempfile::tempdir().unwrap();
+        let key_file = key_dir.path().join("key");
+        std::fs::write(&key_file, "sk-ant-test-0123456789abcdefghij\n").unwrap();
+        FakeProvider {
+            url: format!("http://{addr}"),
+            script,
+            seen: rx,
+            wait: common::EXPECT_WITHIN,
+            key_file: key_file.display().to_string(),
+            _key_dir: key_dir,
+        }
+    }
+
+    fn reply(&self, reply: Reply) {
+        self.script.replies.lock().unwrap().push_back(reply);
+    }
+
+    fn stream(&self, chunks: Vec<String>) {
+        self.reply(Reply::Stream {
+            chunks,
+            stall: false,
+        });
+    }
+
+    /// The next request the provider received.
+    async fn request(&mut self) -> Seen {
+        tokio::time::timeout(self.wait, self.seen.recv())
+            .await
+            .expect("the provider gets a request in time")
+            .expect("provider running")
+    }
+
+    fn no_more_requests(&mut self) {
+        assert!(
+            self.seen.try_recv().is_err(),
+            "the provider got an unexpected request"
+        );
+    }
+
+    /// `[[model.endpoints]]` for this server.
+    fn anthropic_endpoint(&self, name: &str, model: &str, extra: &str) -> String {
+        format!(
+            "[[model.endpoints]]\nname = {name:?}\nprovider = \"anthropic\"\nmodel = {model:?}\n\
+             base_url = {:?}\napi_key_file = {:?}\n{extra}\n",
+            self.url, self.key_file
+        )
+    }
+
+    fn openai_endpoint(&self, name: &str, model: &str, extra: &str) -> String {
+        format!(
+            "[[model.endpoints]]\nname = {name:?}\nprovider = \"openai\"\nmodel = {model:?}\n\
+             base_url = \"{}/v1\"\n{extra}\n",
+            self.url
+        )
+    }
+}
+
+async fn handle(State(script): State<Script>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let _ = script.seen.send(Seen {
+        path: parts.uri.path().to_string(),
+        headers: parts.headers,
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        len: bytes.len(),
+        at: tokio::time::Instant::now(),
+    });
+    let next = script.replies.lock().unwrap().pop_front();
+    let reply = match next {
+        Some(reply) => reply,
+        None => match script.fallback.lock().unwrap().clone() {
+            Some((code, body)) => Reply::Status {
+                code,
+                headers: vec![("content-type", "application/json".into())],
+                body,
+            },
+            None => Reply::Status {
+                code: 500,
+                headers: vec![],
+                body: "the test scripted no reply for this request".into(),
+            },
+        },
+    };
+    match reply {
+        Reply::Stream { chunks, stall } => {
+            let chunks = futures_util::stream::iter(chunks.into_iter().map(Ok::<_, Infallible>));
+            let body = if stall {
+                Body::from_stream(chunks.chain(futures_util::stream::pending()))
+            } else {
+                Body::from_stream(chunks)
+            };
+            Response::builder()
+                .status(200)
+                .header("content-type", "text/event-stream")
+                .header("cache-control", "no-cache")
+                .body(body)
+                .unwrap()
+        }
+        Reply::Status {
+            code,
+            headers,
+            body,
+        } => {
+            let mut response = Response::builder().status(code);
+            for (k, v) in headers {
+                response = response.header(k, v);
+            }
+            response.body(Body::from(body)).unwrap()
+        }
+    }
+}
+
+/// Splits every event in two chunks, so the client sees events cut across reads.
+fn split_in_halves(events: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in events {
+        let mut mid = e.len() / 2;
+        while !e.is_char_boundary(mid) {
+            mid += 1;
+        }
+        out.push(e[..mid].to_string());
+        out.push(e[mid..].to_string());
+    }
+    out
+}
+
+// ---------------------------------------------------------------- Anthropic wire format
+
+fn event(name: &str, data: Value) -> String {
+    format!("event: {name}\ndata: {data}\n\n")
+}
+
+#[derive(Clone)]
+enum Part {
+    Text(&'static str),
+    Thinking(String, &'static str),
+    Tool(&'static str, &'static str, Vec<&'static str>),
+}
+
+#[derive(Clone, Copy, Default)]
+struct U {
+    input: u32,
+    output: u32,
+    cache_read: u32,
+    cache_creation: u32,
+}
+
+/// A whole Messages stream as Anthropic documents it.
+fn anthropic(parts: &[Part], stop: &str, u: U) -> Vec<String> {
+    let mut events = vec![event(
+        "message_start",
+        json!({"type": "message_start", "message": {
+            "id": "msg_01", "type": "message", "role": "assistant", "content": [],
+            "model": "claude-test-1", "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": u.input, "cache_creation_input_tokens": u.cache_creation,
+                      "cache_read_input_tokens": u.cache_read, "output_tokens": 1}}}),
+    )];
+    for (index, part) in parts.iter().enumerate() {
+        match part {
+            Part::Text(text) => {
+                events.push(event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})));
+                events.push(event("ping", json!({"type": "ping"})));
+                for word in text.split_inclusive(' ') {
+                    events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": word}})));
+                }
+            }
+            Part::Thinking(text, signature) => {
+                events.push(event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "thinking", "thinking": ""}})));
+                for piece in text.split_inclusive(". ") {
+                    events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": piece}})));
+                }
+                events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": signature}})));
+            }
+            Part::Tool(id, name, fragments) => {
+                events.push(event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}})));
+                for fragment in fragments {
+                    events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": fragment}})));
+                }
+            }
+        }
+        events.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+    events.push(event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": u.output}}),
+    ));
+    events.push(event("message_stop", json!({"type": "message_stop"})));
+    split_in_halves(&events)
+}
+
+// ---------------------------------------------------------------- OpenAI wire format
+
+fn chunk(delta: Value, finish: Option<&str>) -> String {
+    format!(
+        "data: {}\n\n",
+        json!({"id": "chatcmpl-123", "object": "chat.completion.chunk", "created": 1694268190,
+               "model": "qwen3:8b", "system_fingerprint": "fp_44709d6fcb",
+               "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+    )
+}
+
+fn usage_chunk(prompt: u32, completion: u32, cached: u32) -> String {
+    format!(
+        "data: {}\n\n",
+        json!({"id": "chatcmpl-123", "object": "chat.completion.chunk", "created": 1694268190,
+               "model": "qwen3:8b", "choices": [],
+               "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                         "total_tokens": prompt + completion,
+                         "prompt_tokens_details": {"cached_tokens": cached}}})
+    )
+}
+
+const DONE: &str = "data: [DONE]\n\n";
+
+// ---------------------------------------------------------------- session helpers
+
+fn schema(v: Value) -> Option<prost_types::Struct> {
+    Some(rozd::api::convert::json_to_struct(&v))
+}
+
+fn pure_tool(name: &str) -> proto::ToolSchema {
+    proto::ToolSchema {
+        name: name.into(),
+        description: format!("reads {name}"),
+        parameters_schema: schema(json!({"type": "object"})),
+        timeout_ms: 5_000,
+        category: proto::ToolCategoryHint::ToolCategoryPure as i32,
+    }
+}
+
+fn user(content: &str) -> Req {
+    Req::UserMessage(proto::UserMessage {
+        content: content.into(),
+        ..Default::default()
+    })
+}
+
+fn tool_result(id: &str, text: &str) -> Req {
+    Req::ToolResult(proto::ToolResult {
+        tool_call_id: id.into(),
+        success: true,
+        result: text.into(),
+        exit_code: Some(0),
+        ..Default::default()
+    })
+}
+
+async fn open(
+    daemon: &TestDaemon,
+    model: Option<&str>,
+    tools: Vec<proto::ToolSchema>,
+) -> (Session, proto::SessionStarted) {
+    let mut client = daemon.agent().await;
+    let mut session = Session::open(&mut client).await;
+    let started = session
+        .start(proto::StartSession {
+            environment_id: "test".into(),
+            model: model.map(str::to_string),
+            tools,
+            ..Default::default()
+        })
+        .await;
+    (session, started)
+}
+
+async fn until_complete(session: &mut Session) -> (Vec<Resp>, proto::TurnComplete) {
+    let mut seen = Vec::new();
+    loop {
+        match session.next().await {
+            Resp::TurnComplete(done) => return (seen, done),
+            other => seen.push(other),
+        }
+    }
+}
+
+fn text_of(responses: &[Resp]) -> String {
+    responses
+        .iter()
+        .filter_map(|r| match r {
+            Resp::TextDelta(d) => Some(d.content.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn thinking_of(responses: &[Resp]) -> String {
+    responses
+        .iter()
+        .filter_map(|r| match r {
+            Resp::ThinkingDelta(d) => Some(d.content.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn errors_of(responses: &[Resp]) -> Vec<proto::SessionError> {
+    responses
+        .iter()
+        .filter_map(|r| match r {
+            Resp::Error(e) => Some(e.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn compactions_of(responses: &[Resp]) -> Vec<proto::ContextCompacted> {
+    responses
+        .iter()
+        .filter_map(|r| match r {
+            Resp::ContextCompacted(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn next_tool_request(session: &mut Session) -> proto::ToolRequest {
+    loop {
+        match session.next().await {
+            Resp::ToolRequest(r) => return r,
+            Resp::TurnComplete(t) => panic!("turn ended before a ToolRequest: {t:?}"),
+            Resp::Error(e) => panic!("error before a ToolRequest: {e:?}"),
+            _ => {}
+        }
+    }
+}
+
+fn params(request: &proto::ToolRequest) -> Value {
+    rozd::api::convert::struct_to_json(request.parameters.as_ref().unwrap(), "parameters").unwrap()
+}
+
+fn header<'a>(seen: &'a Seen, name: &str) -> Option<&'a str> {
+    seen.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+// ---------------------------------------------------------------- Anthropic
+
+#[tokio::test]
+async fn anthropic_text_streams_as_deltas_with_usage_and_cached_system_prompt() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&fake.anthropic_endpoint("claude", "claude-test-1", "")).await;
+    // Byte for byte the example stream of Anthropic's streaming documentation.
+    fake.stream(vec![
+        "event: message_start\ndata: {\"type\": \"message_start\", \"message\": {\"id\": \"msg_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY\", \"type\": \"message\", \"role\": \"assistant\", \"content\": [], \"model\": \"claude-test-1\", \"stop_reason\": null, \"stop_sequence\": null, \"usage\": {\"input_tokens\": 25, \"cache_creation_input_tokens\": 7, \"cache_read_input_tokens\": 1200, \"output_tokens\": 1}}}\n\n".into(),
+        "event: content_block_start\ndata: {\"type\": \"content_block_start\", \"index\": 0, \"content_block\": {\"type\": \"text\", \"text\": \"\"}}\n\n".into(),
+        "event: ping\ndata: {\"type\": \"ping\"}\n\n".into(),
+        "event: content_block_delta\ndata: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\"type\": \"text_delta\", \"text\": \"Hello\"}}\n\n".into(),
+        "event: content_block_delta\ndata: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\"type\": \"text_delta\", \"text\": \"!\"}}\n\n".into(),
+        "event: content_block_stop\ndata: {\"type\": \"content_block_stop\", \"index\": 0}\n\n".into(),
+        "event: message_delta\ndata: {\"type\": \"message_delta\", \"delta\": {\"stop_reason\": \"end_turn\", \"stop_sequence\":null}, \"usage\": {\"output_tokens\": 15}}\n\n".into(),
+        "event: message_stop\ndata: {\"type\": \"message_stop\"}\n\n".into(),
+    ]);
+    let (mut session, started) = open(&daemon, Some("claude"), vec![]).await;
+    assert_eq!(started.model, "claude-test-1", "the model actually used");
+    session.send(user("say hello")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(text_of(&seen), "Hello!");
+    assert!(
+        seen.iter()
+            .filter(|r| matches!(r, Resp::TextDelta(_)))
+            .count()
+            == 2
+    );
+    assert_eq!(done.stop_reason, "end_turn");
+    assert_eq!(
+        done.usage,
+        Some(proto::TokenUsage {
+            input_tokens: 25,
+            output_tokens: 15,
+            cache_read_tokens: 1200,
+            cache_creation_tokens: 7,
+        })
+    );
+
+    let request = fake.request().await;
+    assert_eq!(request.path, "/v1/messages");
+    assert_eq!(
+        header(&request, "x-api-key"),
+        Some("sk-ant-test-0123456789abcdefghij")
+    );
+    assert_eq!(header(&request, "anthropic-version"), Some("2023-06-01"));
+    assert_eq!(request.body["model"], "claude-test-1");
+    assert_eq!(request.body["stream"], true);
+    assert_eq!(request.body["max_tokens"], 4096);
+    assert!(request.body.get("thinking").is_none());
+    let system = &request.body["system"][0];
+    assert!(
+        system["text"]
+            .as_str()
+            .unwrap()
+            .contains("You are an agent session on rozd host")
+    );
+    assert_eq!(system["cache_control"], json!({"type": "ephemeral"}));
+    assert_eq!(
+        request.body["messages"],
+        json!([{"role": "user", "content": [
+            {"type": "text", "text": "say hello", "cache_control": {"type": "ephemeral"}}
+        ]}])
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn anthropic_thinking_streams_and_its_signature_is_sent_back_next_turn() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&fake.anthropic_endpoint(
+        "claude",
+        "claude-test-1",
+        "thinking_budget_tokens = 2048",
+    ))
+    .await;
+    fake.stream(anthropic(
+        &[
+            Part::Thinking(
+                "The user greets me. A short answer fits. ".into(),
+                "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pk",
+            ),
+            Part::Text("Hi there."),
+        ],
+        "end_turn",
+        U::default(),
+    ));
+    fake.stream(anthropic(&[Part::Text("Again.")], "end_turn", U::default()));
+    let (mut session, _) = open(&daemon, Some("claude"), vec![]).await;
+    session.send(user("hello")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(
+        thinking_of(&seen),
+        "The user greets me. A short answer fits. "
+    );
+    assert_eq!(text_of(&seen), "Hi there.");
+    assert_eq!(done.stop_reason, "end_turn");
+    let first = fake.request().await;
+    assert_eq!(
+        first.body["thinking"],
+        json!({"type": "enabled", "budget_tokens": 2048})
+    );
+
+    session.send(user("and again")).await;
+    let (seen, _) = until_complete(&mut session).await;
+    assert_eq!(text_of(&seen), "Again.");
+    let second = fake.request().await;
+    assert_eq!(
+        second.body["messages"][1],
+        json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "The user greets me. A short answer fits. ",
+             "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pk"},
+            {"type": "text", "text": "Hi there."},
+        ]})
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn anthropic_tool_use_from_many_json_fragments_round_trips_with_thinking_and_cached_tools() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&fake.anthropic_endpoint(
+        "claude",
+        "claude-test-1",
+        "thinking_budget_tokens = 1024",
+    ))
+    .await;
+    fake.stream(anthropic(
+        &[
+            Part::Thinking("I should read the sensor. ".into(), "sig-1"),
+            Part::Text("Reading it."),
+            Part::Tool(
+                "toolu_01A09q90qw90lq917835lq9",
+                "read_sensor",
+                vec![
+                    "",
+                    "{\"",
+                    "na",
+                    "me\": ",
+                    "\"front",
+                    "_dist",
+                    "ance\"",
+                    ", \"sam",
+                    "ples\": 3",
+                    "}",
+                ],
+            ),
+        ],
+        "tool_use",
+        U {
+            input: 400,
+            output: 60,
+            ..U::default()
+        },
+    ));
+    fake.stream(anthropic(
+        &[Part::Text("It is 1.25 m away.")],
+        "end_turn",
+        U {
+            input: 500,
+            output: 10,
+            ..U::default()
+        },
+    ));
+    let (mut session, _) = open(
+        &daemon,
+        Some("claude"),
+        vec![pure_tool("camera"), pure_tool("read_sensor")],
+    )
+    .await;
+    session.send(user("how far is the wall?")).await;
+    let call = next_tool_request(&mut session).await;
+    assert_eq!(call.tool_call_id, "toolu_01A09q90qw90lq917835lq9");
+    assert_eq!(call.tool_name, "read_sensor");
+    assert_eq!(
+        params(&call),
+        json!({"name": "front_distance", "samples": 3})
+    );
+    session
+        .send(tool_result(&call.tool_call_id, "1.25 m"))
+        .await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(text_of(&seen), "It is 1.25 m away.");
+    assert_eq!(done.stop_reason, "end_turn");
+    let usage = done.usage.unwrap();
+    assert_eq!((usage.input_tokens, usage.output_tokens), (900, 70));
+
+    let first = fake.request().await;
+    let tools = first.body["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 2);
+    assert_eq!(tools[0]["name"], "camera");
+    assert!(tools[0].get("cache_control").is_none());
+    assert_eq!(tools[1]["name"], "read_sensor");
+    assert_eq!(tools[1]["input_schema"], json!({"type": "object"}));
+    assert_eq!(tools[1]["cache_control"], json!({"type": "ephemeral"}));
+    let second = fake.request().await;
+    assert_eq!(
+        second.body["messages"],
+        json!([
+            {"role": "user", "content": [{"type": "text", "text": "how far is the wall?"}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "I should read the sensor. ", "signature": "sig-1"},
+                {"type": "text", "text": "Reading it."},
+                {"type": "tool_use", "id": "toolu_01A09q90qw90lq917835lq9", "name": "read_sensor",
+                 "input": {"name": "front_distance", "samples": 3}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01A09q90qw90lq917835lq9",
+                 "content": "1.25 m\n[exit code 0]", "is_error": false,
+                 "cache_control": {"type": "ephemeral"}},
+            ]},
+        ])
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn anthropic_error_event_mid_stream_ends_the_turn_and_nothing_partial_is_recorded() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&fake.anthropic_endpoint("claude", "claude-test-1", "")).await;
+    let mut events = anthropic(&[Part::Text("Half an ")], "end_turn", U::default());
+    // Cut after the text deltas: the provider fails mid-answer.
+    events.truncate(events.len() - 6);
+    events.push(event(
+        "error",
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    ));
+    fake.stream(events);
+    let (mut session, started) = open(&daemon, Some("claude"), vec![]).await;
+    session.send(user("tell me")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(text_of(&seen), "Half an ", "what arrived was streamed");
+    let errors = errors_of(&seen);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].code, "model_error");
+    assert!(errors[0].retryable);
+    assert!(
+        errors[0].message.contains("overloaded_error") && errors[0].message.contains("Overloaded"),
+        "{}",
+        errors[0].message
+    );
+    assert_eq!(done.stop_reason, "error");
+    let _ = fake.request().await;
+    fake.no_more_requests();
+
+    let (_, turns) = daemon
+        .ctx
+        .store
+        .session(started.session_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(turns.len(), 1);
+    assert_eq!(turns[0].stop_reason, "error");
+    assert_eq!(
+        turns[0].messages,
+        json!([{"role": "user", "content": [{"type": "text", "text": "tell me"}]}]),
+        "the broken answer is not recorded"
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn http_429_is_retried_after_its_retry_after() {
+    let mut fake = FakeProvider::start().await;
+    fake.wait = PAUSED_WAIT;
+    let daemon = TestDaemon::start_adjusted(
+        &fake.anthropic_endpoint("claude", "claude-test-1", ""),
+        |c| c.server.http2_keepalive_secs = 0,
+    )
+    .await;
+    fake.reply(Reply::Status {
+        code: 429,
+        headers: vec![
+            ("content-type", "application/json".into()),
+            ("retry-after", "3".into()),
+        ],
+        body: json!({"type": "error", "error": {"type": "rate_limit_error", "message": "Number of request tokens has exceeded your per-minute rate limit"}}).to_string(),
+    });
+    fake.stream(anthropic(
+        &[Part::Text("Made it.")],
+        "end_turn",
+        U::default(),
+    ));
+    let (mut session, _) = open(&daemon, Some("claude"), vec![]).await;
+    session.wait_bound = PAUSED_WAIT;
+    session.send(user("hi")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert!(errors_of(&seen).is_empty(), "{seen:?}");
+    assert_eq!(text_of(&seen), "Made it.");
+    assert_eq!(done.stop_reason, "end_turn");
+    let first = fake.request().await;
+    let second = fake.request().await;
+    let waited = second.at - first.at;
+    assert!(
+        waited >= Duration::from_secs(3) && waited < Duration::from_secs(4),
+        "waited {waited:?}"
+    );
+    assert_eq!(first.body, second.body, "the same request is sent again");
+    daemon.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn overload_until_the_retry_budget_is_spent_is_a_retryable_model_error() {
+    let mut fake = FakeProvider::start().await;
+    fake.wait = PAUSED_WAIT;
+    let daemon = TestDaemon::start_adjusted(
+        &format!(
+            "[model]\nretry_budget_ms = 5000\nretry_initial_backoff_ms = 500\nretry_max_backoff_ms = 2000\n{}",
+            fake.anthropic_endpoint("claude", "claude-test-1", "")
+        ),
+        |c| c.server.http2_keepalive_secs = 0,
+    )
+    .await;
+    *fake.script.fallback.lock().unwrap() = Some((
+        529,
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+            .to_string(),
+    ));
+    let (mut session, _) = open(&daemon, Some("claude"), vec![]).await;
+    session.wait_bound = PAUSED_WAIT;
+    session.send(user("hi")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    let errors = errors_of(&seen);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].code, "model_error");
+    assert!(errors[0].retryable);
+    assert!(
+        errors[0].message.contains("529")
+            && errors[0].message.contains("overloaded_error: Overloaded")
+            && errors[0].message.contains("gave up"),
+        "{}",
+        errors[0].message
+    );
+    assert_eq!(done.stop_reason, "error");
+    let mut times = vec![fake.request().await.at];
+    while let Ok(seen) = fake.seen.try_recv() {
+        times.push(seen.at);
+    }
+    assert!(times.len() >= 3, "{} attempts", times.len());
+    assert!(times[times.len() - 1] - times[0] <= Duration::from_secs(5));
+    for pair in times.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= Duration::from_millis(250),
+            "backoff between attempts"
+        );
+    }
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_overloaded_error_event_before_any_content_is_retried_invisibly() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&format!(
+        "[model]\nretry_initial_backoff_ms = 1\nretry_max_backoff_ms = 1\n{}",
+        fake.anthropic_endpoint("claude", "claude-test-1", "")
+    ))
+    .await;
+    fake.stream(vec![
+        event(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+        ),
+        event(
+            "error",
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+        ),
+    ]);
+    fake.stream(anthropic(
+        &[Part::Text("Second try.")],
+        "end_turn",
+        U::default(),
+    ));
+    let (mut session, _) = open(&daemon, Some("claude"), vec![]).await;
+    session.send(user("hi")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert!(errors_of(&seen).is_empty(), "{seen:?}");
+    assert_eq!(text_of(&seen), "Second try.");
+    assert_eq!(done.stop_reason, "end_turn");
+    let first = fake.request().await;
+    let second = fake.request().await;
+    assert_eq!(first.body, second.body);
+    daemon.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn connection_failures_are_retried_within_the_budget() {
+    // A port that nothing listens on.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let daemon = TestDaemon::start_adjusted(
+        &format!(
+            "[model]\nretry_budget_ms = 3000\n[[model.endpoints]]\nname = \"box\"\nprovider = \"openai\"\n\
+             model = \"m\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\n"
+        ),
+        |c| c.server.http2_keepalive_secs = 0,
+    )
+    .await;
+    let (mut session, _) = open(&daemon, Some("box"), vec![]).await;
+    session.wait_bound = PAUSED_WAIT;
+    session.send(user("hi")).await;
+    let asked = tokio::time::Instant::now();
+    let (seen, done) = until_complete(&mut session).await;
+    let errors = errors_of(&seen);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].code, "model_error");
+    assert!(errors[0].retryable);
+    assert!(
+        errors[0].message.contains(&format!("127.0.0.1:{port}"))
+            && errors[0].message.contains("gave up after"),
+        "{}",
+        errors[0].message
+    );
+    assert!(
+        !errors[0].message.contains("gave up after 1 attempt"),
+        "{}",
+        errors[0].message
+    );
+    assert_eq!(done.stop_reason, "error");
+    assert!(tokio::time::Instant::now() - asked <= Duration::from_secs(3));
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn http_401_is_not_retried_and_reports_the_provider_message() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&fake.anthropic_endpoint("claude", "claude-test-1", "")).await;
+    fake.reply(Reply::Status {
+        code: 401,
+        headers: vec![("content-type", "application/json".into())],
+        body: json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}).to_string(),
+    });
+    let (mut session, _) = open(&daemon, Some("claude"), vec![]).await;
+    session.send(user("hi")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    let errors = errors_of(&seen);
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].code, "model_error");
+    assert!(!errors[0].retryable);
+    assert!(
+        errors[0].message.contains("401")
+            && errors[0]
+                .message
+                .contains("authentication_error: invalid x-api-key"),
+        "{}",
+        errors[0].message
+    );
+    assert_eq!(done.stop_reason, "error");
+    let _ = fake.request().await;
+    fake.no_more_requests();
+    daemon.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_stream_hits_the_idle_timeout_and_ends_the_turn() {
+    let mut fake = FakeProvider::start().await;
+    fake.wait = PAUSED_WAIT;
+    let daemon = TestDaemon::start_adjusted(
+        &fake.anthropic_endpoint("claude", "claude-test-1", "idle_timeout_ms = 30000"),
+        |c| c.server.http2_keepalive_secs = 0,
+    )
+    .await;
+    let mut events = anthropic(&[Part::Text("Starting ")], "end_turn", U::default());
+    events.truncate(events.len() - 6);
+    fake.reply(Reply::Stream {
+        chunks: events,
+        stall: true,
+    });
+    let (mut session, _) = open(&daemon, Some("claude"), vec![]).await;
+    session.wait_bound = PAUSED_WAIT;
+    session.send(user("go")).await;
+    let asked = tokio::time::Instant::now();
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(text_of(&seen), "Starting ");
+    let errors = errors_of(&seen);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].code, "model_error");
+    assert!(errors[0].retryable);
+    assert!(
+        errors[0].message.contains("stalled") && errors[0].message.contains("30000 ms"),
+        "{}",
+        errors[0].message
+    );
+    assert_eq!(done.stop_reason, "error");
+    let waited = tokio::time::Instant::now() - asked;
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(31),
+        "{waited:?}"
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_missing_api_key_names_the_variable_and_sends_nothing() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&format!(
+        "[[model.endpoints]]\nname = \"claude\"\nprovider = \"anthropic\"\nmodel = \"claude-test-1\"\n\
+         base_url = {:?}\napi_key_env = {UNSET_VAR:?}\n",
+        fake.url
+    ))
+    .await;
+    let (mut session, _) = open(&daemon, Some("claude"), vec![]).await;
+    session.send(user("hi")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    let errors = errors_of(&seen);
+    assert_eq!(errors[0].code, "model_error");
+    assert!(!errors[0].retryable);
+    assert!(
+        errors[0].message.contains(UNSET_VAR),
+        "{}",
+        errors[0].message
+    );
+    assert_eq!(done.stop_reason, "error");
+    fake.no_more_requests();
+    daemon.shutdown().await;
+}
+
+// ---------------------------------------------------------------- OpenAI-compatible
+
+#[tokio::test]
+async fn openai_text_reasoning_and_usage_with_stream_options() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&fake.openai_endpoint("box", "qwen3:8b", "")).await;
+    fake.stream(vec![
+        chunk(json!({"role": "assistant", "content": ""}), None),
+        chunk(json!({"reasoning_content": "The user wants "}), None),
+        chunk(json!({"reasoning": "a greeting."}), None),
+        chunk(json!({"content": "Hello"}), None),
+        chunk(json!({"content": " there"}), None),
+        chunk(json!({}), Some("stop")),
+        usage_chunk(120, 14, 100),
+        DONE.into(),
+    ]);
+    let (mut session, started) = open(&daemon, Some("box"), vec![]).await;
+    assert_eq!(started.model, "qwen3:8b");
+    session.send(user("hello")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(thinking_of(&seen), "The user wants a greeting.");
+    assert_eq!(text_of(&seen), "Hello there");
+    assert_eq!(done.stop_reason, "end_turn");
+    assert_eq!(
+        done.usage,
+        Some(proto::TokenUsage {
+            input_tokens: 20,
+            output_tokens: 14,
+            cache_read_tokens: 100,
+            cache_creation_tokens: 0,
+        })
+    );
+    let request = fake.request().await;
+    assert_eq!(request.path, "/v1/chat/completions");
+    assert_eq!(header(&request, "authorization"), None, "no key configured");
+    assert_eq!(request.body["model"], "qwen3:8b");
+    assert_eq!(request.body["stream"], true);
+    assert_eq!(
+        request.body["stream_options"],
+        json!({"include_usage": true})
+    );
+    assert_eq!(request.body["max_tokens"], 4096);
+    let messages = request.body["messages"].as_array().unwrap();
+    assert_eq!(messages[0]["role"], "system");
+    assert!(
+        messages[0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("You are an agent session on rozd host")
+    );
+    assert_eq!(messages[1], json!({"role": "user", "content": "hello"}));
+    assert!(request.body.get("tools").is_none());
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_think_tags_in_content_become_thinking() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&fake.openai_endpoint("box", "deepseek-r1:8b", "")).await;
+    // llama.cpp / older Ollama: reasoning inline, tags cut across chunks.
+    fake.stream(vec![
+        chunk(json!({"role": "assistant", "content": "<th"}), None),
+        chunk(json!({"content": "ink>\nCheck the "}), None),
+        chunk(json!({"content": "units.</thi"}), None),
+        chunk(json!({"content": "nk>\n\n42 mm"}), None),
+        chunk(json!({}), Some("stop")),
+        DONE.into(),
+    ]);
+    let (mut session, _) = open(&daemon, Some("box"), vec![]).await;
+    session.send(user("how wide?")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(thinking_of(&seen), "\nCheck the units.");
+    assert_eq!(text_of(&seen), "42 mm");
+    assert_eq!(done.stop_reason, "end_turn");
+    let usage = done.usage.unwrap();
+    assert!(
+        usage.input_tokens > 0 && usage.output_tokens > 0,
+        "estimated when the server reports none: {usage:?}"
+    );
+    let _ = fake.request().await;
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_parallel_tool_calls_are_assembled_by_index_and_answered_in_order() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&fake.openai_endpoint("box", "qwen3:8b", "")).await;
+    fake.stream(vec![
+        chunk(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"index": 0, "id": "call_temp", "type": "function", "function": {"name": "read_sensor", "arguments": ""}}]}), None),
+        chunk(json!({"tool_calls": [
+            {"index": 1, "id": "call_batt", "type": "function", "function": {"name": "read_sensor", "arguments": ""}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 1, "function": {"arguments": "{\"name\": \"bat"}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"name\""}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": ": \"temp\"}"}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 1, "function": {"arguments": "tery\"}"}}]}), None),
+        chunk(json!({}), Some("tool_calls")),
+        usage_chunk(300, 40, 0),
+        DONE.into(),
+    ]);
+    fake.stream(vec![
+        chunk(
+            json!({"role": "assistant", "content": "21 C, 12.1 V"}),
+            None,
+        ),
+        chunk(json!({}), Some("stop")),
+        usage_chunk(380, 8, 256),
+        DONE.into(),
+    ]);
+    let (mut session, _) = open(&daemon, Some("box"), vec![pure_tool("read_sensor")]).await;
+    session.send(user("temperature and battery?")).await;
+    let first = next_tool_request(&mut session).await;
+    assert_eq!(first.tool_call_id, "call_temp");
+    assert_eq!(params(&first), json!({"name": "temp"}));
+    session.send(tool_result("call_temp", "21 C")).await;
+    let second = next_tool_request(&mut session).await;
+    assert_eq!(second.tool_call_id, "call_batt");
+    assert_eq!(params(&second), json!({"name": "battery"}));
+    session.send(tool_result("call_batt", "12.1 V")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(text_of(&seen), "21 C, 12.1 V");
+    assert_eq!(done.stop_reason, "end_turn");
+    let usage = done.usage.unwrap();
+    assert_eq!(
+        (
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cache_read_tokens
+        ),
+        (300 + 380 - 256, 48, 256)
+    );
+
+    let first = fake.request().await;
+    assert_eq!(
+        first.body["tools"],
+        json!([{"type": "function", "function": {"name": "read_sensor", "description": "reads read_sensor", "parameters": {"type": "object"}}}])
+    );
+    let second = fake.request().await;
+    let messages = second.body["messages"].as_array().unwrap();
+    assert_eq!(
+        &messages[1..],
+        &[
+            json!({"role": "user", "content": "temperature and battery?"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_temp", "type": "function", "function": {"name": "read_sensor", "arguments": "{\"name\":\"temp\"}"}},
+                {"id": "call_batt", "type": "function", "function": {"name": "read_sensor", "arguments": "{\"name\":\"battery\"}"}},
+            ]}),
+            json!({"role": "tool", "tool_call_id": "call_temp", "content": "21 C\n[exit code 0]"}),
+            json!({"role": "tool", "tool_call_id": "call_batt", "content": "12.1 V\n[exit code 0]"}),
+        ]
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_401_message_is_reported_with_the_key_redacted() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&fake.openai_endpoint(
+        "box",
+        "gpt-test",
+        &format!("api_key_file = {:?}", fake.key_file),
+    ))
+    .await;
+    fake.reply(Reply::Status {
+        code: 401,
+        headers: vec![("content-type", "application/json".into())],
+        body: json!({"error": {"message": "Incorrect API key provided: sk-ant-test-0123456789abcdefghij. You can find your API key at https://platform.openai.com/account/api-keys.", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}).to_string(),
+    });
+    let (mut session, _) = open(&daemon, Some("box"), vec![]).await;
+    session.send(user("hi")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    let errors = errors_of(&seen);
+    assert_eq!(errors[0].code, "model_error");
+    assert!(!errors[0].retryable);
+    assert!(
+        errors[0]
+            .message
+            .contains("Incorrect API key provided: [redacted]."),
+        "{}",
+        errors[0].message
+    );
+    assert!(!errors[0].message.contains("0123456789abcdefghij"));
+    assert_eq!(done.stop_reason, "error");
+    let request = fake.request().await;
+    assert_eq!(
+        header(&request, "authorization"),
+        Some("Bearer sk-ant-test-0123456789abcdefghij")
+    );
+    fake.no_more_requests();
+    daemon.shutdown().await;
+}
+
+// ---------------------------------------------------------------- model selection
+
+#[tokio::test]
+async fn claude_model_names_go_to_anthropic_with_the_endpoint_settings() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&fake.anthropic_endpoint("claude", "claude-test-1", "")).await;
+    fake.stream(anthropic(&[Part::Text("ok")], "end_turn", U::default()));
+    let (mut session, started) = open(&daemon, Some("claude-sonnet-4-5-20250929"), vec![]).await;
+    assert_eq!(started.model, "claude-sonnet-4-5-20250929");
+    session.send(user("hi")).await;
+    let (_, done) = until_complete(&mut session).await;
+    assert_eq!(done.stop_reason, "end_turn");
+    let request = fake.request().await;
+    assert_eq!(request.body["model"], "claude-sonnet-4-5-20250929");
+    assert_eq!(
+        header(&request, "x-api-key"),
+        Some("sk-ant-test-0123456789abcdefghij")
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_default_endpoint_serves_sessions_that_name_no_model() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&format!(
+        "[model]\ndefault = \"box\"\n{}",
+        fake.openai_endpoint("box", "qwen3:8b", "")
+    ))
+    .await;
+    fake.stream(vec![
+        chunk(json!({"content": "from the box"}), None),
+        chunk(json!({}), Some("stop")),
+        DONE.into(),
+    ]);
+    let (mut session, started) = open(&daemon, None, vec![]).await;
+    assert_eq!(started.model, "qwen3:8b");
+    session.send(user("hi")).await;
+    let (seen, _) = until_complete(&mut session).await;
+    assert_eq!(text_of(&seen), "from the box");
+    let _ = fake.request().await;
+    // The reported model id selects the same endpoint again.
+    let (_, again) = open(&daemon, Some("qwen3:8b"), vec![]).await;
+    assert_eq!(again.model, "qwen3:8b");
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unknown_model_is_invalid_argument_listing_the_endpoints() {
+    let fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&format!(
+        "{}{}",
+        fake.anthropic_endpoint("claude", "claude-test-1", ""),
+        fake.openai_endpoint("box", "qwen3:8b", "")
+    ))
+    .await;
+    let mut client = daemon.agent().await;
+    let mut session = Session::open(&mut client).await;
+    session
+        .send(Req::Start(proto::StartSession {
+            model: Some("gpt-imaginary".into()),
+            ..Default::default()
+        }))
+        .await;
+    let err = expect_error(session.next_significant().await);
+    assert_eq!(err.code, "invalid_argument");
+    for name in ["gpt-imaginary", "local", "claude", "box", "claude-*"] {
+        assert!(err.message.contains(name), "{name}: {}", err.message);
+    }
+    daemon.shutdown().await;
+}
+
+#[test]
+fn model_config_errors_name_the_line_and_key() {
+    use rozd::config::{Config, ConfigError, ConfigSource};
+    let parse = |text: &str| match Config::parse(text, ConfigSource::BuiltIn) {
+        Err(ConfigError::Invalid {
+            line, key, message, ..
+        }) => (line, key, message),
+        other => panic!("expected an invalid-config error, got {other:?}"),
+    };
+    let (line, key, message) = parse("[model]\ndefault = \"gpt-9\"\n");
+    assert_eq!((line, key.as_str()), (Some(2), "model.default"));
+    assert!(message.contains("known models: local"), "{message}");
+    let (line, key, _) = parse(
+        "[model]\ndefault = \"local\"\n\n[[model.endpoints]]\nname = \"a\"\nprovider = \"openai\"\nmodel = \"m\"\n\n\
+         [[model.endpoints]]\nname = \"b\"\nprovider = \"anthropic\"\nmodel = \"m\"\nbase_url = \"ftp://x\"\n",
+    );
+    assert_eq!(
+        (line, key.as_str()),
+        (Some(13), "model.endpoints[1].base_url")
+    );
+    let (line, key, _) =
+        parse("[[model.endpoints]]\nname = \"a\"\nprovider = \"gemini\"\nmodel = \"m\"\n");
+    assert_eq!(
+        (line, key.as_str()),
+        (Some(3), "model.endpoints[0].provider")
+    );
+}
+
+// ---------------------------------------------------------------- budgets
+
+#[tokio::test]
+async fn the_session_token_budget_is_budget_exceeded_before_the_next_call() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&format!(
+        "[session]\nmax_session_tokens = 1000\n{}",
+        fake.anthropic_endpoint("claude", "claude-test-1", "")
+    ))
+    .await;
+    fake.stream(anthropic(
+        &[Part::Text("expensive")],
+        "end_turn",
+        U {
+            input: 600,
+            output: 100,
+            cache_read: 300,
+            cache_creation: 0,
+        },
+    ));
+    let (mut session, _) = open(&daemon, Some("claude"), vec![]).await;
+    session.send(user("one")).await;
+    let (_, done) = until_complete(&mut session).await;
+    assert_eq!(done.stop_reason, "end_turn");
+    let _ = fake.request().await;
+    session.send(user("two")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    let errors = errors_of(&seen);
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].code, "budget_exceeded");
+    assert!(!errors[0].retryable);
+    assert!(
+        errors[0]
+            .message
+            .contains("1000 tokens of its budget of 1000"),
+        "{}",
+        errors[0].message
+    );
+    assert_eq!(done.stop_reason, "error");
+    fake.no_more_requests();
+    daemon.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn keepalive_reports_the_provider_figures_and_the_endpoint_window() {
+    let mut fake = FakeProvider::start().await;
+    fake.wait = PAUSED_WAIT;
+    let daemon = TestDaemon::start_adjusted(
+        &format!(
+            "[session]\nkeepalive_secs = 5\n{}",
+            fake.anthropic_endpoint("claude", "claude-test-1", "max_context_tokens = 8000")
+        ),
+        |c| c.server.http2_keepalive_secs = 0,
+    )
+    .await;
+    fake.stream(anthropic(
+        &[Part::Text("noted")],
+        "end_turn",
+        U {
+            input: 1000,
+            output: 50,
+            cache_read: 500,
+            cache_creation: 20,
+        },
+    ));
+    let (mut session, _) = open(&daemon, Some("claude"), vec![]).await;
+    session.wait_bound = PAUSED_WAIT;
+    session.send(user("remember this")).await;
+    let _ = until_complete(&mut session).await;
+    loop {
+        if let Resp::Keepalive(k) = session.next().await {
+            assert_eq!(
+                k.tokens_max,
+                Some(8000),
+                "the endpoint's window caps the budget"
+            );
+            assert_eq!(k.tokens_used, Some(1000 + 50 + 500 + 20));
+            break;
+        }
+    }
+    daemon.shutdown().await;
+}
+
+// ---------------------------------------------------------------- compaction
+
+fn words(word: &str, n: usize) -> String {
+    format!("{word} ").repeat(n)
+}
+
+#[tokio::test]
+async fn compaction_elides_old_tool_results_then_old_thinking_and_the_next_request_is_smaller() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&format!(
+        "[session]\ncompact_target = 0.2\ncompact_tool_results_at = 0.3\ncompact_thinking_at = 0.4\n\
+         compact_summary_at = 0.9\n{}",
+        fake.anthropic_endpoint("claude", "claude-test-1", "thinking_budget_tokens = 1024")
+    ))
+    .await;
+    // Usage 0: the estimate stays uncalibrated, so the figures are predictable.
+    let thinking = words("mull", 4000);
+    fake.stream(anthropic(
+        &[
+            Part::Thinking(thinking.clone(), "sig-big"),
+            Part::Tool("toolu_1", "read_sensor", vec!["{}"]),
+        ],
+        "tool_use",
+        U::default(),
+    ));
+    fake.stream(anthropic(
+        &[Part::Text("Logged.")],
+        "end_turn",
+        U::default(),
+    ));
+    fake.stream(anthropic(&[Part::Text("Next.")], "end_turn", U::default()));
+    let mut client = daemon.agent().await;
+    let mut session = Session::open(&mut client).await;
+    session
+        .start(proto::StartSession {
+            model: Some("claude".into()),
+            tools: vec![pure_tool("read_sensor")],
+            max_context_tokens: Some(10_000),
+            ..Default::default()
+        })
+        .await;
+    session.send(user("log the sensor")).await;
+    let call = next_tool_request(&mut session).await;
+    session
+        .send(tool_result(&call.tool_call_id, &words("data", 1000)))
+        .await;
+    let (seen, _) = until_complete(&mut session).await;
+    assert!(
+        compactions_of(&seen).is_empty(),
+        "the current turn's thinking and latest results are never compacted: {seen:?}"
+    );
+    let _ = fake.request().await;
+    let before = fake.request().await;
+    assert!(before.body.to_string().contains("sig-big"));
+
+    session.send(user("next")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(done.stop_reason, "end_turn");
+    let c = compactions_of(&seen);
+    assert_eq!(c.len(), 2, "{c:?}");
+    assert_eq!(c[0].level, "tool_results");
+    assert!(
+        c[0].tokens_before > 5_000 && c[0].tokens_after < c[0].tokens_before - 900,
+        "{c:?}"
+    );
+    assert_eq!((c[0].messages_before, c[0].messages_after), (5, 5));
+    assert_eq!(c[1].level, "thinking");
+    assert_eq!(c[1].tokens_before, c[0].tokens_after);
+    assert!(c[1].tokens_after <= 2_000, "down to compact_target: {c:?}");
+    assert_eq!((c[1].messages_before, c[1].messages_after), (5, 5));
+
+    let after = fake.request().await;
+    assert!(
+        after.len < before.len / 4,
+        "{} vs {}",
+        after.len,
+        before.len
+    );
+    let history = after.body["messages"].to_string();
+    assert!(history.contains("result elided by rozd"), "{history}");
+    assert!(!history.contains("sig-big") && !history.contains("mull"));
+    assert!(
+        history.contains("toolu_1"),
+        "the call and its result stay paired"
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn compaction_summarises_the_oldest_turns_with_the_model_itself() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&format!(
+        "[session]\ncompact_target = 0.2\ncompact_tool_results_at = 0.3\ncompact_thinking_at = 0.3\n\
+         compact_summary_at = 0.3\n{}",
+        fake.anthropic_endpoint("claude", "claude-test-1", "thinking_budget_tokens = 1024")
+    ))
+    .await;
+    let text = |t: &str| proto::ContentPart {
+        part: Some(proto::content_part::Part::Text(proto::TextContent {
+            text: t.into(),
+        })),
+    };
+    let history: Vec<proto::ConversationMessage> = (1..=3)
+        .flat_map(|i| {
+            [
+                proto::ConversationMessage {
+                    role: "user".into(),
+                    parts: vec![text(&format!("question {i}"))],
+                },
+                proto::ConversationMessage {
+                    role: "assistant".into(),
+                    parts: vec![text(&format!("answer {i} {}", words("blah", 1500)))],
+                },
+            ]
+        })
+        .collect();
+    // First the summary call, then the turn's own call.
+    fake.stream(anthropic(
+        &[Part::Text("SUMMARY: three questions, three long answers.")],
+        "end_turn",
+        U {
+            input: 4600,
+            output: 12,
+            ..U::default()
+        },
+    ));
+    fake.stream(anthropic(&[Part::Text("Fresh.")], "end_turn", U::default()));
+    let mut client = daemon.agent().await;
+    let mut session = Session::open(&mut client).await;
+    session
+        .start(proto::StartSession {
+            model: Some("claude".into()),
+            history,
+            max_context_tokens: Some(10_000),
+            ..Default::default()
+        })
+        .await;
+    session.send(user("now what?")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(
+        text_of(&seen),
+        "Fresh.",
+        "the summary is not streamed as the answer"
+    );
+    assert_eq!(done.stop_reason, "end_turn");
+    assert_eq!(
+        done.usage.unwrap().input_tokens,
+        4600,
+        "the summary call counts"
+    );
+    let c = compactions_of(&seen);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(c[0].level, "summary");
+    assert_eq!((c[0].messages_before, c[0].messages_after), (7, 2));
+    assert!(
+        c[0].tokens_before > 4_500 && c[0].tokens_after < 1_000,
+        "{c:?}"
+    );
+    assert_eq!(
+        c[0].summary.as_deref(),
+        Some("SUMMARY: three questions, three long answers.")
+    );
+
+    let summary_request = fake.request().await;
+    assert!(summary_request.body.get("tools").is_none());
+    assert!(summary_request.body.get("thinking").is_none());
+    assert_eq!(summary_request.body["max_tokens"], 1024);
+    assert!(
+        summary_request.body["system"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("compress the early part of a conversation")
+    );
+    let transcript = summary_request.body["messages"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(transcript.starts_with("User: question 1\nAssistant: answer 1 blah"));
+    assert!(transcript.contains("User: question 3"));
+
+    let turn_request = fake.request().await;
+    assert!(turn_request.len < summary_request.len / 4);
+    let messages = turn_request.body["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2);
+    assert!(
+        messages[0]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("SUMMARY: three questions")
+    );
+    assert_eq!(messages[1]["content"][0]["text"], "now what?");
+    daemon.shutdown().await;
+}
