@@ -4,6 +4,9 @@
 //! and apply values through [`ActuatorDriver`].
 
 pub mod config;
+pub mod mqtt;
+pub mod parse;
+pub mod serial;
 
 use std::fmt;
 use std::future::Future;
