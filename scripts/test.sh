@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every rozd test on a fresh Debian/Ubuntu machine: installs what the
 # tests need (apt packages, Python grpcio for the independent client), then
-# checks formatting and lints and runs the whole test suite.
+# checks formatting and lints, runs the whole test suite, then builds the
+# Debian packages (amd64, arm64) and tests them (arm64 under qemu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +10,7 @@ apt_packages=()
 command -v systemd-analyze >/dev/null || apt_packages+=(systemd)
 command -v socat >/dev/null || apt_packages+=(socat)
 command -v mosquitto >/dev/null || apt_packages+=(mosquitto mosquitto-clients)
+command -v openssl >/dev/null || apt_packages+=(openssl)
 if ((${#apt_packages[@]})); then
   echo "== installing ${apt_packages[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -32,3 +34,11 @@ echo "== cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --locked
+
+# What ships: the release .debs for amd64 and arm64 (cross-built), their
+# contents and maintainer scripts in a throwaway dpkg root, and the arm64
+# binary serving a real session under qemu-aarch64-static.
+echo "== Debian packages: scripts/package.sh"
+./scripts/package.sh
+echo "== Debian packages: scripts/package-test.sh"
+./scripts/package-test.sh

@@ -60,3 +60,50 @@ fn systemd_analyze_verifies_the_unit() {
         "warnings about the unit: {stderr}"
     );
 }
+
+/// The exposure level the README states. Raising it (a weaker sandbox) fails
+/// here; lowering it is welcome — update this and the README together.
+const MAX_EXPOSURE: f64 = 1.5;
+
+#[test]
+fn systemd_analyze_security_rates_the_unit_ok_or_better() {
+    let dir = tempfile::tempdir().unwrap();
+    let unit = UNIT.replace("/usr/bin/rozd", env!("CARGO_BIN_EXE_rozd"));
+    let path = dir.path().join("rozd.service");
+    std::fs::write(&path, unit).unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--no-pager"])
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze is installed (scripts/test.sh installs the systemd package)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "systemd-analyze security: {stderr}");
+    // "→ Overall exposure level for rozd.service: 1.5 OK 🙂"
+    let verdict = stdout
+        .lines()
+        .find_map(|l| l.split_once("Overall exposure level for rozd.service: "))
+        .map(|(_, v)| v.to_string())
+        .unwrap_or_else(|| panic!("no overall exposure level in: {stdout}{stderr}"));
+    let mut words = verdict.split_whitespace();
+    let level: f64 = words.next().and_then(|w| w.parse().ok()).unwrap();
+    let label = words.next().unwrap_or_default();
+    assert!(
+        ["PERFECT", "SAFE", "OK"].contains(&label),
+        "exposure {verdict}: worse than OK"
+    );
+    assert!(
+        level <= MAX_EXPOSURE,
+        "exposure {level} exceeds {MAX_EXPOSURE} (the README states it): {verdict}"
+    );
+}
+
+#[test]
+fn unit_reads_the_optional_env_file_and_has_no_sighup_reload() {
+    assert!(has("EnvironmentFile", "-/etc/rozd/env"));
+    // rozd does not handle SIGHUP: a reload would kill it.
+    assert!(
+        !directives().iter().any(|(k, _)| *k == "ExecReload"),
+        "rozd does not handle SIGHUP; the unit must not declare ExecReload"
+    );
+}

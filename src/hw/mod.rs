@@ -5,6 +5,9 @@
 
 pub mod config;
 pub mod gpio;
+pub mod mqtt;
+pub mod parse;
+pub mod serial;
 pub mod sim;
 pub mod system;
 

@@ -250,6 +250,13 @@ impl ModelRegistry {
             .iter()
             .map(|e| {
                 let resolved = config.resolve(e);
+                tracing::debug!(
+                    endpoint = %resolved.name,
+                    provider = resolved.provider.as_str(),
+                    model = %resolved.model,
+                    base_url = %resolved.base_url,
+                    "model endpoint configured"
+                );
                 let model: Arc<dyn Model> = match resolved.provider {
                     config::Provider::Anthropic => {
                         Arc::new(anthropic::AnthropicModel::new(resolved))

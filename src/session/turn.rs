@@ -366,7 +366,12 @@ impl Turn {
                 request.estimate_tokens(),
                 target,
                 summary_budget,
-            ) {
+            )
+            // Only worth a model call when the summary is much smaller than
+            // what it replaces (never re-summarise a lone summary).
+            .filter(|&cut| {
+                context::estimate(&conversation[..cut]) > summary_budget.saturating_mul(2)
+            }) {
                 self.check_session_budget(usage)?;
                 if let Some(summary) = self
                     .summarize(model, &conversation[..cut], summary_budget, usage)
@@ -517,6 +522,7 @@ impl Turn {
             match event {
                 None => break,
                 Some(Err(e)) => {
+                    tracing::warn!(model = model.name(), retryable = e.retryable, error = %e, "model call failed");
                     return Err(TurnError::Failed(
                         SessionError::new(
                             ErrorCode::ModelError,

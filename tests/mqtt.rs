@@ -1,0 +1,578 @@
+//! MQTT driver against a real `mosquitto` started by each test on a free
+//! loopback port, with persistence in a temporary directory.
+
+mod hw_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use hw_support::{EXPECT_WITHIN, Ev, Events, free_port, recorder, terminate};
+use rozd::hw::config::{AlarmLimits, MqttConfig, SensorSource, SensorSpec};
+use rozd::hw::mqtt::{Mqtt, MqttActuator};
+use rozd::hw::{ActuatorDriver, HwError, Readings};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+struct Broker {
+    child: Child,
+    port: u16,
+    conf: PathBuf,
+}
+
+impl Broker {
+    /// Starts mosquitto on `port` with persistence in `dir` and waits until
+    /// it says it is running (its listener is open by then).
+    async fn start(dir: &Path, port: u16, extra: &str) -> Broker {
+        let user = std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .expect("run id -un");
+        let user = String::from_utf8_lossy(&user.stdout).trim().to_string();
+        let conf = dir.join("mosquitto.conf");
+        let text = format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n\
+             user {user}\nlog_dest stderr\n{extra}\n",
+            dir.display()
+        );
+        std::fs::write(&conf, text).expect("write mosquitto.conf");
+        Self::spawn(conf, port).await
+    }
+
+    async fn spawn(conf: PathBuf, port: u16) -> Broker {
+        let mut child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&conf)
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn mosquitto (apt-get install mosquitto)");
+        let stderr = child.stderr.take().expect("mosquitto stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let mut log = String::new();
+        let running = tokio::time::timeout(EXPECT_WITHIN, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                log.push_str(&line);
+                log.push('\n');
+                if line.contains(" running") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(running, Ok(true), "mosquitto did not start:\n{log}");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Broker { child, port, conf }
+    }
+
+    /// SIGTERM: mosquitto saves its persistence file and exits.
+    async fn stop(&mut self) {
+        terminate(&mut self.child).await;
+    }
+
+    /// The same broker again: same port, configuration and persistence.
+    async fn restart(&mut self) {
+        self.stop().await;
+        *self = Self::spawn(self.conf.clone(), self.port).await;
+    }
+}
+
+/// Publishes like any other client would, at QoS 1 (mosquitto_pub returns
+/// once the broker acknowledged).
+async fn publish(port: u16, topic: &str, payload: &str, retain: bool) {
+    let mut cmd = Command::new("mosquitto_pub");
+    cmd.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-q",
+        "1",
+        "-t",
+        topic,
+        "-m",
+        payload,
+    ]);
+    if retain {
+        cmd.arg("-r");
+    }
+    let out = tokio::time::timeout(EXPECT_WITHIN, cmd.output())
+        .await
+        .expect("mosquitto_pub hung")
+        .expect("run mosquitto_pub (apt-get install mosquitto-clients)");
+    assert!(
+        out.status.success(),
+        "mosquitto_pub failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A TCP relay in front of the broker that the test can close, so that our
+/// client provably stays away while the test publishes.
+struct Gate {
+    port: u16,
+    open: Arc<AtomicBool>,
+}
+
+impl Gate {
+    async fn start(upstream: u16) -> Gate {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the gate");
+        let port = listener.local_addr().expect("gate address").port();
+        let open = Arc::new(AtomicBool::new(true));
+        let is_open = open.clone();
+        tokio::spawn(async move {
+            while let Ok((mut down, _)) = listener.accept().await {
+                if !is_open.load(Ordering::SeqCst) {
+                    continue; // dropped: the client sees the connection closed
+                }
+                tokio::spawn(async move {
+                    if let Ok(mut up) = TcpStream::connect(("127.0.0.1", upstream)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+            }
+        });
+        Gate { port, open }
+    }
+
+    fn set_open(&self, open: bool) {
+        self.open.store(open, Ordering::SeqCst);
+    }
+}
+
+fn config(port: u16, client_id: &str) -> MqttConfig {
+    MqttConfig {
+        url: format!("mqtt://127.0.0.1:{port}"),
+        client_id: Some(client_id.to_string()),
+        username: None,
+        password_env: None,
+        ca_file: None,
+        keep_alive_secs: 5,
+        reconnect_min_ms: 50,
+        reconnect_max_ms: 400,
+    }
+}
+
+fn sensor(name: &str, topic: &str, pointer: Option<&str>) -> SensorSpec {
+    SensorSpec {
+        name: name.to_string(),
+        unit: None,
+        alarms: AlarmLimits::default(),
+        stale_after: None,
+        source: SensorSource::Mqtt {
+            topic: topic.to_string(),
+            pointer: pointer.map(str::to_string),
+        },
+    }
+}
+
+struct Rig {
+    mqtt: Mqtt,
+    events: Events,
+    shutdown: CancellationToken,
+}
+
+impl Rig {
+    fn start(cfg: &MqttConfig, sensors: &[SensorSpec]) -> Rig {
+        let (readings, events): (Arc<dyn Readings>, Events) = recorder();
+        let shutdown = CancellationToken::new();
+        let mqtt = Mqtt::start(cfg, "test-host", sensors, readings, shutdown.clone());
+        Rig {
+            mqtt,
+            events,
+            shutdown,
+        }
+    }
+
+    async fn stop(self) -> Events {
+        self.shutdown.cancel();
+        tokio::time::timeout(EXPECT_WITHIN, self.mqtt.join())
+            .await
+            .expect("the event loop ends on shutdown");
+        self.events
+    }
+}
+
+#[tokio::test]
+async fn values_by_json_pointer_and_plain_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path(), free_port(), "").await;
+    // Retained values reach us as soon as our subscriptions are active:
+    // they prove the subscriptions before the live messages below.
+    publish(broker.port, "robot/env", r#"{"temp": 19.0}"#, true).await;
+    publish(broker.port, "robot/battery", "12.0", true).await;
+    let sensors = [
+        sensor("temp", "robot/env", Some("/temp")),
+        sensor("humidity", "robot/env", Some("/hum/value")),
+        sensor("battery", "robot/battery", None),
+        sensor("bumper", "robot/bumper", None),
+    ];
+    let mut rig = Rig::start(&config(broker.port, "rozd-values"), &sensors);
+    rig.events.health("mqtt", "ok").await;
+    rig.events
+        .values(&[("temp", 19.0), ("battery", 12.0)])
+        .await;
+
+    publish(
+        broker.port,
+        "robot/env",
+        r#"{"temp": 21.5, "hum": {"value": "40.5"}}"#,
+        false,
+    )
+    .await;
+    rig.events
+        .values(&[("temp", 21.5), ("humidity", 40.5)])
+        .await;
+    publish(broker.port, "robot/battery", " 12.6\n", false).await;
+    rig.events.value("battery", 12.6).await;
+    publish(broker.port, "robot/bumper", "true", false).await;
+    rig.events.value("bumper", 1.0).await;
+
+    // undecodable payloads are rejected, never fatal
+    publish(broker.port, "robot/battery", "twelve", false).await;
+    rig.events.rejected("mqtt", "robot/battery").await;
+    publish(broker.port, "robot/env", r#"{"temp": "hot"}"#, false).await;
+    rig.events.rejected("mqtt", "sensor temp").await;
+    publish(broker.port, "robot/env", "{not json", false).await;
+    rig.events.rejected("mqtt", "not JSON").await;
+    // an empty message (e.g. clearing a retained value) is no value and no garbage
+    publish(broker.port, "robot/battery", "", false).await;
+    publish(broker.port, "robot/battery", "11.9", false).await;
+    rig.events.value("battery", 11.9).await;
+    let events = rig.stop().await;
+    let battery: Vec<f64> = events
+        .seen
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Value(s, v) if s == "battery" => Some(*v),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        battery,
+        [12.0, 12.6, 11.9],
+        "rejected payloads gave no values"
+    );
+    assert_eq!(events.rejections().len(), 3, "{:?}", events.seen);
+}
+
+/// The acceptance test of the persistent session: QoS 1 messages published
+/// while our client is away (broker stopped, restarted with its persistence,
+/// our client kept out until the messages are in) all arrive once it is back.
+#[tokio::test]
+async fn no_qos1_message_published_during_an_outage_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = Broker::start(dir.path(), free_port(), "").await;
+    let gate = Gate::start(broker.port).await;
+    publish(broker.port, "plant/level", "0", true).await;
+    let mut rig = Rig::start(
+        &config(gate.port, "rozd-outage"),
+        &[sensor("level", "plant/level", None)],
+    );
+    rig.events.health("mqtt", "ok").await;
+    rig.events.value("level", 0.0).await; // subscribed
+
+    // The broker goes down; our client notices and keeps retrying, but the
+    // gate keeps it out until the test says so.
+    gate.set_open(false);
+    broker.restart().await;
+    rig.events.health("mqtt", "disconnected").await;
+    assert!(!rig.mqtt.is_connected());
+    for i in 1..=5 {
+        publish(broker.port, "plant/level", &i.to_string(), false).await;
+    }
+    gate.set_open(true);
+    rig.events.health("mqtt", "ok").await;
+    for i in 1..=5 {
+        rig.events.value("level", f64::from(i)).await;
+    }
+    // and live traffic continues
+    publish(broker.port, "plant/level", "6", false).await;
+    rig.events.value("level", 6.0).await;
+    rig.stop().await;
+}
+
+/// A broker that lost our session (restarted without its persistence
+/// file) answers ConnAck without a session present: we subscribe again.
+#[tokio::test]
+async fn resubscribes_when_the_broker_forgot_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut broker = Broker::start(&dir.path().join("a").tap_mkdir(), port, "").await;
+    publish(port, "plant/temp", "1", true).await;
+    let mut rig = Rig::start(
+        &config(port, "rozd-resub"),
+        &[sensor("temp", "plant/temp", None)],
+    );
+    rig.events.value("temp", 1.0).await;
+
+    broker.stop().await;
+    rig.events.health("mqtt", "disconnected").await;
+    let _fresh = Broker::start(&dir.path().join("b").tap_mkdir(), port, "").await;
+    // Only a new subscription delivers this retained message, whenever our
+    // client reconnects relative to it.
+    publish(port, "plant/temp", "2", true).await;
+    rig.events.health("mqtt", "ok").await;
+    rig.events.value("temp", 2.0).await;
+    publish(port, "plant/temp", "3", false).await;
+    rig.events.value("temp", 3.0).await;
+    rig.stop().await;
+}
+
+trait TapMkdir {
+    fn tap_mkdir(self) -> Self;
+}
+
+impl TapMkdir for PathBuf {
+    fn tap_mkdir(self) -> Self {
+        std::fs::create_dir_all(&self).expect("create a directory");
+        self
+    }
+}
+
+/// A client of the broker that records what it receives.
+async fn subscriber(port: u16, topic: &str) -> (rumqttc::AsyncClient, rumqttc::EventLoop) {
+    let opts = rumqttc::MqttOptions::new("test-subscriber", "127.0.0.1", port);
+    let (client, mut eventloop) = rumqttc::AsyncClient::new(opts, 10);
+    client
+        .subscribe(topic, rumqttc::QoS::AtLeastOnce)
+        .await
+        .expect("queue the subscription");
+    tokio::time::timeout(EXPECT_WITHIN, async {
+        loop {
+            if let rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) =
+                eventloop.poll().await.expect("subscriber")
+            {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the subscription was acknowledged");
+    (client, eventloop)
+}
+
+async fn received(eventloop: &mut rumqttc::EventLoop) -> rumqttc::Publish {
+    tokio::time::timeout(EXPECT_WITHIN, async {
+        loop {
+            if let rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) =
+                eventloop.poll().await.expect("subscriber")
+            {
+                return p;
+            }
+        }
+    })
+    .await
+    .expect("the subscriber received nothing")
+}
+
+#[tokio::test]
+async fn actuator_publishes_reach_a_subscriber() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = Broker::start(dir.path(), free_port(), "").await;
+    let (_sub, mut sub_events) = subscriber(broker.port, "robot/cmd/speed").await;
+    let mut rig = Rig::start(&config(broker.port, "rozd-actuator"), &[]);
+    rig.events.health("mqtt", "ok").await;
+    let speed = MqttActuator::new(
+        rig.mqtt.clone(),
+        "robot/cmd/speed".into(),
+        r#"{"speed": {value}}"#.into(),
+        1,
+        false,
+    );
+
+    speed.apply(0.5).await.expect("publish 0.5");
+    let p = received(&mut sub_events).await;
+    assert_eq!(p.topic, "robot/cmd/speed");
+    assert_eq!(&p.payload[..], br#"{"speed": 0.5}"#);
+    assert_eq!(p.qos, rumqttc::QoS::AtLeastOnce);
+    speed.apply(1.0).await.expect("publish 1");
+    assert_eq!(
+        &received(&mut sub_events).await.payload[..],
+        br#"{"speed": 1}"#
+    );
+    // the raw publish used by reflex rules
+    rig.mqtt
+        .publish("robot/cmd/speed", "stop", 0, false)
+        .expect("publish stop");
+    assert_eq!(&received(&mut sub_events).await.payload[..], b"stop");
+    assert!(matches!(
+        rig.mqtt.publish("robot/cmd/speed", "x", 3, false),
+        Err(HwError::Unsupported(_))
+    ));
+    assert!(matches!(
+        rig.mqtt.publish("robot/#", "x", 1, false),
+        Err(HwError::Unsupported(_))
+    ));
+    assert!(matches!(
+        speed.apply(f64::NAN).await,
+        Err(HwError::Unsupported(_))
+    ));
+
+    // without a broker, commands fail at once instead of being delivered late
+    broker.stop().await;
+    rig.events.health("mqtt", "disconnected").await;
+    assert_eq!(
+        speed.apply(0.0).await,
+        Err(HwError::Disconnected("mqtt".into()))
+    );
+    rig.stop().await;
+}
+
+#[tokio::test]
+async fn a_configuration_that_cannot_work_reports_an_error() {
+    let mut cfg = config(1, "rozd-bad");
+    cfg.username = Some("rozd".into());
+    cfg.password_env = Some("ROZD_TEST_SURELY_UNSET_PASSWORD_VAR".into());
+    let mut rig = Rig::start(&cfg, &[]);
+    let health = rig.events.health("mqtt", "error").await;
+    assert!(
+        format!("{health:?}").contains("ROZD_TEST_SURELY_UNSET_PASSWORD_VAR"),
+        "{health:?}"
+    );
+    assert_eq!(
+        rig.mqtt.publish("a", "1", 1, false),
+        Err(HwError::Disconnected("mqtt".into()))
+    );
+    rig.stop().await;
+}
+
+/// `mqtts://` with a private CA: rustls with the ring provider, and no
+/// other crypto library.
+#[tokio::test]
+async fn mqtts_with_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(d)
+            .output()
+            .expect("run openssl (apt-get install openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=rozd test CA",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=localhost",
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        d.join("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+    let port = free_port();
+    let tls = format!(
+        "cafile {0}/ca.pem\ncertfile {0}/server.pem\nkeyfile {0}/server.key\n",
+        d.display()
+    );
+    let broker = Broker::start(d, port, &tls).await;
+    let publish_tls = |payload: &'static str| {
+        let mut cmd = Command::new("mosquitto_pub");
+        cmd.args([
+            "-h",
+            "localhost",
+            "-p",
+            &port.to_string(),
+            "-q",
+            "1",
+            "-t",
+            "secure/x",
+            "-m",
+            payload,
+            "-r",
+        ])
+        .arg("--cafile")
+        .arg(d.join("ca.pem"));
+        cmd
+    };
+    let out = publish_tls("7")
+        .output()
+        .await
+        .expect("mosquitto_pub over TLS");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mut cfg = config(port, "rozd-tls");
+    cfg.url = format!("mqtts://localhost:{port}");
+    cfg.ca_file = Some(d.join("ca.pem"));
+    let mut rig = Rig::start(&cfg, &[sensor("x", "secure/x", None)]);
+    rig.events.health("mqtt", "ok").await;
+    rig.events.value("x", 7.0).await;
+    rig.stop().await;
+
+    // a client that does not trust the broker's CA does not connect
+    let mut cfg = config(port, "rozd-tls-untrusted");
+    cfg.url = format!("mqtts://localhost:{port}");
+    cfg.ca_file = Some(d.join("server.pem")); // a leaf, not the issuer
+    let mut rig = Rig::start(&cfg, &[]);
+    let health = rig.events.health("mqtt", "error").await;
+    assert!(format!("{health:?}").contains("TLS"), "{health:?}");
+    assert!(!rig.mqtt.is_connected());
+    rig.stop().await;
+    drop(broker);
+}
