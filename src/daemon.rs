@@ -79,9 +79,8 @@ impl Daemon {
             &config.hardware,
             config.reflex_rules.clone(),
             config.ooda.tick_hz,
+            &config.host.id,
             crate::safety::ProtectiveStop::default(),
-            &|_target| None,
-            None,
         )
         .await?;
         let ctx = HostContext::new(Arc::new(config), local, store, hooks, ooda);

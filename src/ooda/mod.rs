@@ -19,6 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::hw::config::{ActuatorTarget, HardwareSpec, SensorSource};
 use crate::hw::gpio::{self, GpioActuator, GpioBackend};
+use crate::hw::mqtt::{Mqtt, MqttActuator};
+use crate::hw::serial::{SerialActuator, SerialPortHandle, SerialPorts};
 use crate::hw::sim::SimActuator;
 use crate::hw::{ActuatorDriver, HwError, Readings};
 use crate::safety::{ProtectiveStop, StopInfo};
@@ -85,11 +87,6 @@ struct StatsInner {
     recent: std::collections::VecDeque<u64>,
 }
 
-/// Publishes messages for reflex rules (`then = { publish = ... }`).
-pub trait Publisher: Send + Sync + std::fmt::Debug {
-    fn publish(&self, topic: &str, payload: Vec<u8>, qos: u8) -> crate::hw::DriverFuture<'_>;
-}
-
 pub struct Ooda {
     world: Arc<World>,
     actuators: Arc<Actuators>,
@@ -100,7 +97,8 @@ pub struct Ooda {
     stats: Mutex<StatsInner>,
     gpio: Arc<dyn GpioBackend>,
     sim_actuators: HashMap<String, Arc<SimActuator>>,
-    publisher: Option<Arc<dyn Publisher>>,
+    serial: SerialPorts,
+    mqtt: Option<Mqtt>,
     shutdown: CancellationToken,
 }
 
@@ -113,25 +111,36 @@ impl std::fmt::Debug for Ooda {
     }
 }
 
-/// Drivers for the non-simulated, non-GPIO targets, supplied by the daemon
-/// (serial ports and MQTT live in their own modules).
-pub type ExternalDriver<'a> =
-    dyn Fn(&ActuatorTarget) -> Option<Result<Arc<dyn ActuatorDriver>, HwError>> + 'a;
-
 impl Ooda {
-    /// Builds the world and actuators from validated config, drives every
-    /// actuator to its safe value, starts the sim, system and GPIO sensor
-    /// tasks and the tick loop.
+    /// Builds the world and actuators from validated config, starts the
+    /// serial ports and the MQTT client, drives every actuator to its safe
+    /// value, starts the sensor tasks and the tick loop.
     pub async fn start(
         hardware: &HardwareSpec,
         rules: Vec<Rule>,
         tick_hz: f64,
+        host_id: &str,
         estop: ProtectiveStop,
-        external: &ExternalDriver<'_>,
-        publisher: Option<Arc<dyn Publisher>>,
     ) -> Result<Arc<Ooda>, OodaError> {
         let gpio = gpio::open_backend(hardware.gpio_backend).map_err(OodaError::Gpio)?;
         let world = Arc::new(World::new(hardware.sensors.clone()));
+        let shutdown = CancellationToken::new();
+        let readings: Arc<dyn Readings> = world.clone();
+        let serial = SerialPorts::start(
+            &hardware.serial,
+            &hardware.sensors,
+            readings.clone(),
+            shutdown.clone(),
+        );
+        let mqtt = hardware.mqtt.as_ref().map(|cfg| {
+            Mqtt::start(
+                cfg,
+                host_id,
+                &hardware.sensors,
+                readings.clone(),
+                shutdown.clone(),
+            )
+        });
         let mut drivers: Vec<(crate::hw::config::ActuatorSpec, Arc<dyn ActuatorDriver>)> =
             Vec::new();
         let mut sim_actuators = HashMap::new();
@@ -154,23 +163,32 @@ impl Ooda {
                     gpio.output(*pin).map_err(err)?,
                     *frequency_hz,
                 )),
-                other => match external(other) {
-                    Some(driver) => driver.map_err(err)?,
+                ActuatorTarget::Serial { .. } => match SerialActuator::from_spec(spec, &serial) {
+                    Some(driver) => Arc::new(driver),
                     None => {
                         return Err(OodaError::Unsupported(format!(
-                            "actuator {}: no driver for {other:?}",
+                            "actuator {}: its serial port was not started",
                             spec.name
                         )));
                     }
                 },
+                ActuatorTarget::Mqtt { .. } => {
+                    match mqtt.as_ref().and_then(|m| MqttActuator::from_spec(spec, m)) {
+                        Some(driver) => Arc::new(driver),
+                        None => {
+                            return Err(OodaError::Unsupported(format!(
+                                "actuator {}: no MQTT client",
+                                spec.name
+                            )));
+                        }
+                    }
+                }
             };
             drivers.push((spec.clone(), driver));
         }
         let actuators = Actuators::new(drivers, estop.clone());
         actuators.safe_all("start-up").await;
 
-        let shutdown = CancellationToken::new();
-        let readings: Arc<dyn Readings> = world.clone();
         for sensor in &hardware.sensors {
             let name = sensor.name.clone();
             match &sensor.source {
@@ -234,7 +252,8 @@ impl Ooda {
             stats: Mutex::new(StatsInner::default()),
             gpio,
             sim_actuators,
-            publisher,
+            serial,
+            mqtt,
             shutdown,
         });
         tokio::spawn(ooda.clone().run());
@@ -284,10 +303,19 @@ impl Ooda {
             .await;
     }
 
-    /// Stops the loop and sensor tasks and drives every actuator safe.
+    /// Drives every actuator safe (while the drivers still run), then stops
+    /// the loop, the sensor tasks, the serial ports and the MQTT client.
     pub async fn stop(&self) {
-        self.shutdown.cancel();
         self.actuators.safe_all("shutdown").await;
+        self.shutdown.cancel();
+        if let Some(mqtt) = &self.mqtt {
+            mqtt.join().await;
+        }
+    }
+
+    /// A configured serial port (for raw queries).
+    pub fn serial_port(&self, name: &str) -> Option<SerialPortHandle> {
+        self.serial.port(name)
     }
 
     pub fn stats(&self) -> LoopStats {
@@ -419,9 +447,9 @@ impl Ooda {
                 topic,
                 payload,
                 qos,
-            } => match &self.publisher {
-                Some(p) => {
-                    if let Err(e) = p.publish(topic, payload.clone().into_bytes(), *qos).await {
+            } => match &self.mqtt {
+                Some(mqtt) => {
+                    if let Err(e) = mqtt.publish(topic, payload.clone(), *qos, false) {
                         tracing::warn!(rule = %rule.name, error = %e, "reflex publish failed");
                     }
                 }
