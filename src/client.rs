@@ -1,6 +1,6 @@
-//! A small HTTP/1.1 client for the CLI's REST calls (`rozd status`).
+//! A small HTTP/1.1 client for the CLI's REST calls (`rozd status`, `rozd estop`).
 
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -24,6 +24,9 @@ pub enum ClientError {
     #[error("invalid request: {0}")]
     Request(#[from] http::Error),
 }
+
+/// `user-agent` of the CLI's requests: `rozd-cli/<version>`.
+pub const USER_AGENT_PREFIX: &str = "rozd-cli/";
 
 /// A reply: status code and body text.
 #[derive(Debug)]
@@ -51,6 +54,33 @@ pub async fn request(
     path: &str,
     token: Option<&str>,
 ) -> Result<Reply, ClientError> {
+    send(addr, method, path, token, None).await
+}
+
+/// `POST path` with a JSON body.
+pub async fn post_json(
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &serde_json::Value,
+) -> Result<Reply, ClientError> {
+    send(
+        addr,
+        http::Method::POST,
+        path,
+        token,
+        Some(body.to_string().into_bytes()),
+    )
+    .await
+}
+
+async fn send(
+    addr: &str,
+    method: http::Method,
+    path: &str,
+    token: Option<&str>,
+    json: Option<Vec<u8>>,
+) -> Result<Reply, ClientError> {
     let authority = authority(addr)?;
     let stream = TcpStream::connect(&authority)
         .await
@@ -72,12 +102,19 @@ pub async fn request(
         .method(method)
         .uri(path)
         .header(http::header::HOST, &authority)
-        .header(http::header::ACCEPT, "application/json");
+        .header(http::header::ACCEPT, "application/json")
+        .header(
+            http::header::USER_AGENT,
+            format!("{USER_AGENT_PREFIX}{}", crate::VERSION),
+        );
+    if json.is_some() {
+        builder = builder.header(http::header::CONTENT_TYPE, "application/json");
+    }
     if let Some(token) = token {
         builder = builder.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
     }
     let response = sender
-        .send_request(builder.body(Empty::<Bytes>::new())?)
+        .send_request(builder.body(Full::new(Bytes::from(json.unwrap_or_default())))?)
         .await
         .map_err(http_err)?;
     let status = response.status();

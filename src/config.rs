@@ -179,7 +179,8 @@ pub struct ServerConfig {
     /// How long open streams get to finish after SIGTERM before they are cut.
     #[serde(default = "default_shutdown_grace_secs")]
     pub shutdown_grace_secs: u64,
-    /// Interval of HTTP/2 pings that detect vanished peers; 0 disables them.
+    /// Bound within which a silently vanished client is detected (HTTP/2
+    /// pings every half of it, each answered within the other half); 0 disables.
     #[serde(default = "default_http2_keepalive_secs")]
     pub http2_keepalive_secs: u64,
 }
@@ -383,12 +384,30 @@ pub struct SafetyConfig {
     /// Deadline for a PHYSICAL call on an actuator without its own `timeout_ms`.
     #[serde(default = "default_physical_timeout_ms")]
     pub default_timeout_ms: u32,
+    /// A GPIO input (BCM number) that triggers the protective stop while it
+    /// is at `estop_gpio_active`.
+    #[serde(default)]
+    pub estop_gpio_pin: Option<u8>,
+    /// The stop input's active level; default `low`.
+    #[serde(default)]
+    pub estop_gpio_active: Option<crate::hw::config::Level>,
+    /// The stop input's bias; default `up` when active low, `down` when active high.
+    #[serde(default)]
+    pub estop_gpio_pull: Option<crate::hw::config::Pull>,
+    /// An MQTT topic whose messages `1`, `true` or `stop` trigger the
+    /// protective stop (needs `[mqtt]`).
+    #[serde(default)]
+    pub estop_mqtt_topic: Option<String>,
 }
 
 impl Default for SafetyConfig {
     fn default() -> Self {
         SafetyConfig {
             default_timeout_ms: default_physical_timeout_ms(),
+            estop_gpio_pin: None,
+            estop_gpio_active: None,
+            estop_gpio_pull: None,
+            estop_mqtt_topic: None,
         }
     }
 }
@@ -406,7 +425,7 @@ fn default_shutdown_grace_secs() -> u64 {
     5
 }
 fn default_http2_keepalive_secs() -> u64 {
-    20
+    5
 }
 fn default_log_level() -> String {
     "info".to_string()
@@ -513,6 +532,19 @@ impl Config {
             config.safety.default_timeout_ms,
         )
         .map_err(|e| invalid(&e.key, e.message))?;
+        crate::safety::inputs::validate(&config.safety, &config.hardware)
+            .map_err(|(key, message): (String, String)| invalid(&key, message))?;
+        if let Some((i, a)) = config
+            .actuators
+            .iter()
+            .enumerate()
+            .find(|(_, a)| crate::tools::RESERVED.contains(&a.name.as_str()))
+        {
+            return Err(invalid(
+                &format!("actuators[{i}].name"),
+                format!("{:?} is the name of a host tool; choose another", a.name),
+            ));
+        }
         let sensor_names = config.sensors.iter().map(|s| s.name.clone()).collect();
         let actuator_names = config.actuators.iter().map(|a| a.name.clone()).collect();
         config.reflex_rules = crate::ooda::rules::build_rules(
@@ -745,6 +777,10 @@ impl Config {
         }
         line(format!("ooda tick:     {} Hz", self.ooda.tick_hz));
         line(format!("permissions:   {} rule(s)", self.permissions.len()));
+        line(format!(
+            "stop inputs:   {}",
+            crate::safety::inputs::describe(&self.safety)
+        ));
         let sensors: Vec<&str> = self.sensors.iter().map(|s| s.name.as_str()).collect();
         let actuators: Vec<&str> = self.actuators.iter().map(|a| a.name.as_str()).collect();
         line(format!(

@@ -35,12 +35,11 @@ pub enum DaemonError {
     Store(#[from] crate::store::StoreError),
     #[error("hardware: {0}")]
     Ooda(#[from] crate::ooda::OodaError),
+    #[error(transparent)]
+    StopInput(#[from] crate::safety::inputs::InputError),
     #[error("cannot install signal handler: {0}")]
     Signal(#[source] std::io::Error),
 }
-
-/// How long an HTTP/2 ping may go unanswered before the connection is closed.
-const H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A daemon whose listener is bound but which does not serve yet.
 pub struct Daemon {
@@ -83,6 +82,34 @@ impl Daemon {
             crate::safety::ProtectiveStop::default(),
         )
         .await?;
+        // The GPIO and MQTT protective-stop inputs of `[safety]`.
+        if let Err(e) = crate::safety::inputs::start(&config.safety, &ooda) {
+            ooda.stop().await;
+            return Err(e.into());
+        }
+        // Every actuator change goes to the audit in the store.
+        let (audit_tx, mut audit_rx) = tokio::sync::mpsc::unbounded_channel();
+        ooda.actuators().set_audit(audit_tx);
+        let audit_store = store.clone();
+        tokio::spawn(async move {
+            while let Some(event) = audit_rx.recv().await {
+                let now = crate::store::now_ms();
+                let record = crate::store::AuditRecord {
+                    at_ms: now,
+                    kind: "actuator".into(),
+                    session_id: event.session_id,
+                    actuator: Some(event.actuator),
+                    result: Some(event.value.to_string()),
+                    error: event.error,
+                    origin: Some(event.origin),
+                    ended_at_ms: Some(now),
+                    ..Default::default()
+                };
+                if let Err(e) = audit_store.audit(record).await {
+                    tracing::error!(error = %e, "cannot write the audit record of an actuator change");
+                }
+            }
+        });
         let ctx = HostContext::new(Arc::new(config), local, store, hooks, ooda);
         let (router, health) = api::router(ctx.clone()).await?;
         Ok(Daemon {
@@ -117,8 +144,14 @@ impl Daemon {
         builder
             .http2()
             .timer(TokioTimer::new())
-            .keep_alive_interval((keepalive > 0).then(|| Duration::from_secs(keepalive)))
-            .keep_alive_timeout(H2_KEEPALIVE_TIMEOUT);
+            // Half the bound pinging, half waiting for the answer: a silent
+            // peer is dropped within `http2_keepalive_secs`.
+            .keep_alive_interval(
+                (keepalive > 0).then(|| Duration::from_millis(keepalive.saturating_mul(500))),
+            )
+            .keep_alive_timeout(Duration::from_millis(
+                keepalive.saturating_mul(500).max(500),
+            ));
         let builder = Arc::new(builder);
         let graceful = GracefulShutdown::new();
         tokio::pin!(shutdown);
@@ -151,7 +184,7 @@ impl Daemon {
         }
         drop(listener);
         tracing::info!("shutting down: no longer accepting connections");
-        for service in ["", api::AGENT_SERVICE_NAME] {
+        for service in ["", api::AGENT_SERVICE_NAME, api::SAFETY_SERVICE_NAME] {
             health
                 .set_service_status(service, tonic_health::ServingStatus::NotServing)
                 .await;

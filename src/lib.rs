@@ -27,6 +27,7 @@ pub mod ooda;
 pub mod safety;
 pub mod session;
 pub mod store;
+pub mod tools;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -52,6 +53,10 @@ pub struct HostContext {
     pub hooks: Arc<dyn session::SessionHooks>,
     /// The OODA loop: world state, actuators, protective stop.
     pub ooda: Arc<ooda::Ooda>,
+    /// Host tools generated from the sensors and actuators.
+    pub host_tools: Arc<tools::HostTools>,
+    /// The host tools' schemas, compiled for validation.
+    pub host_registry: session::tools::ToolRegistry,
     /// Cancelled when the daemon begins its shutdown.
     pub shutdown: CancellationToken,
 }
@@ -64,7 +69,35 @@ impl HostContext {
         hooks: Arc<dyn session::SessionHooks>,
         ooda: Arc<ooda::Ooda>,
     ) -> Arc<Self> {
+        let raw_ports = config
+            .serial
+            .iter()
+            .filter(|p| p.allow_raw)
+            .map(|p| p.name.clone())
+            .collect();
+        let host_tools = Arc::new(tools::HostTools::new(ooda.clone(), raw_ports));
+        let host_registry = session::tools::ToolRegistry::from_specs(
+            host_tools
+                .definitions()
+                .iter()
+                .map(|d| session::ToolSpec {
+                    name: d.name.clone(),
+                    description: d.description.clone(),
+                    parameters_schema: d.schema.clone(),
+                    timeout_ms: u32::try_from(d.timeout.as_millis()).unwrap_or(u32::MAX),
+                    category: d.category,
+                })
+                .collect(),
+            "host tools",
+        )
+        // Generated from validated config; a failure here is a bug in rozd.
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "host tool schemas do not compile; offering none");
+            session::tools::ToolRegistry::default()
+        });
         Arc::new(HostContext {
+            host_tools,
+            host_registry,
             models: model::ModelRegistry::from_config(&config.model),
             permissions: Arc::new(session::permissions::PermissionPolicy::new(
                 config.permissions.clone(),

@@ -61,7 +61,46 @@ enum Command {
         after_help = rozd::chat::EXIT_STATUS_HELP
     )]
     Chat(ChatArgs),
+    /// Trigger the protective stop of a running daemon, or clear it (--clear).
+    #[command(
+        long_about = "Triggers the software protective stop of a running daemon \
+                      (POST /v1/estop): every actuator goes to its safe value and \
+                      commands are refused until the stop is cleared. With --clear, \
+                      clears it (POST /v1/estop/clear); clearing never moves anything. \
+                      Prints the resulting state.\n\n\
+                      This is a software protective stop, not an emergency stop: a \
+                      hardwired emergency stop is still required.",
+        after_help = ESTOP_EXIT_HELP
+    )]
+    Estop {
+        /// Address of the daemon.
+        #[arg(long, default_value = "127.0.0.1:8080", env = "ROZD_ADDR")]
+        addr: String,
+        /// Bearer token, when the daemon requires one.
+        #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Why: recorded as the stop's reason, or logged with the clear.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        /// Clear the latched stop instead of triggering it.
+        #[arg(long)]
+        clear: bool,
+        /// Print the daemon's JSON answer.
+        #[arg(long)]
+        json: bool,
+    },
 }
+
+const ESTOP_EXIT_HELP: &str = "Exit status:
+  0  triggered: the stop is latched; --clear: the stop is not latched (cleared, or was not active)
+  1  no answer: cannot connect, no reply within 30 s, or a reply that is not understood
+  2  bad arguments
+  3  the daemon refused the request (e.g. 401: a missing or wrong token)
+  4  --clear refused: a stop input (e.g. the GPIO stop button) still asserts the stop";
+
+/// Bound on `rozd estop`'s whole request (triggering waits until every
+/// actuator was driven to its safe value).
+const ESTOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[derive(Args)]
 struct ChatArgs {
@@ -97,6 +136,13 @@ fn main() -> ExitCode {
         Command::Check => check(cli.config.as_deref()),
         Command::Status { addr, token, json } => status(&addr, token.as_deref(), json),
         Command::Chat(args) => chat(args),
+        Command::Estop {
+            addr,
+            token,
+            reason,
+            clear,
+            json,
+        } => estop(&addr, token.as_deref(), reason.as_deref(), clear, json),
     }
 }
 
@@ -221,6 +267,136 @@ fn status(addr: &str, token: Option<&str>, raw: bool) -> ExitCode {
     }
 }
 
+fn estop(
+    addr: &str,
+    token: Option<&str>,
+    reason: Option<&str>,
+    clear: bool,
+    raw: bool,
+) -> ExitCode {
+    let (path, what) = if clear {
+        ("/v1/estop/clear", "the protective stop was NOT cleared")
+    } else {
+        ("/v1/estop", "the protective stop was NOT triggered")
+    };
+    let body = match reason {
+        Some(r) => serde_json::json!({ "reason": r }),
+        None => serde_json::json!({}),
+    };
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|rt| {
+            rt.block_on(async {
+                tokio::time::timeout(
+                    ESTOP_TIMEOUT,
+                    rozd::client::post_json(addr, path, token, &body),
+                )
+                .await
+            })
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "no answer from {addr} within {}s; check the state with `rozd status`",
+                    ESTOP_TIMEOUT.as_secs()
+                )
+            })?
+            .map_err(anyhow::Error::from)
+        });
+    let reply = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("rozd estop: {e:#}\nrozd estop: {what}");
+            return ExitCode::from(1);
+        }
+    };
+    if !reply.status.is_success() {
+        let message = serde_json::from_str::<serde_json::Value>(&reply.body)
+            .ok()
+            .and_then(|v| {
+                v.pointer("/error/message")
+                    .and_then(|m| m.as_str())
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| reply.body.trim().to_string());
+        eprintln!(
+            "rozd estop: {addr} answered {}: {message}\nrozd estop: {what}",
+            reply.status
+        );
+        return ExitCode::from(if reply.status == http::StatusCode::CONFLICT {
+            4
+        } else {
+            3
+        });
+    }
+    let v = match serde_json::from_str::<serde_json::Value>(&reply.body) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!(
+                "rozd estop: {addr} answered something that is not JSON ({e}): {}",
+                reply.body
+            );
+            return ExitCode::from(1);
+        }
+    };
+    if raw {
+        println!("{}", reply.body.trim());
+    } else {
+        print!("{}", format_safety(&v, clear));
+    }
+    let active = v.get("estop_active").and_then(serde_json::Value::as_bool);
+    match (clear, active) {
+        (false, Some(true)) | (true, Some(false)) => ExitCode::SUCCESS,
+        _ => {
+            eprintln!(
+                "rozd estop: unexpected state in the answer: {}",
+                reply.body.trim()
+            );
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The answer of `/v1/estop` or `/v1/estop/clear`, readably.
+fn format_safety(v: &serde_json::Value, cleared: bool) -> String {
+    let text = |p: &str| {
+        v.pointer(p)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("?")
+            .to_string()
+    };
+    let guards: Vec<&str> = v
+        .get("active_guards")
+        .and_then(serde_json::Value::as_array)
+        .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
+        .unwrap_or_default();
+    let mut out = String::new();
+    if v.get("estop_active").and_then(serde_json::Value::as_bool) == Some(true) {
+        let fresh = v.get("triggered").and_then(serde_json::Value::as_bool) == Some(true);
+        out.push_str(&format!(
+            "protective stop: ACTIVE{}\n  source:  {}\n  reason:  {}\n",
+            if fresh {
+                ""
+            } else {
+                " (it was already latched; the first cause is kept)"
+            },
+            text("/stop/source"),
+            text("/stop/reason"),
+        ));
+        out.push_str(
+            "  every actuator was sent to its safe value; commands are refused until cleared\n",
+        );
+    } else if cleared && v.get("cleared").and_then(serde_json::Value::as_bool) == Some(true) {
+        out.push_str("protective stop: cleared (nothing was moved; commands are accepted again)\n");
+    } else {
+        out.push_str("protective stop: not active\n");
+    }
+    if !guards.is_empty() {
+        out.push_str(&format!("  guards:  {}\n", guards.join(", ")));
+    }
+    out
+}
+
 fn format_status(v: &serde_json::Value) -> String {
     let s = |k: &str| {
         v.get(k).map_or_else(
@@ -235,8 +411,17 @@ fn format_status(v: &serde_json::Value) -> String {
     let active = v
         .pointer("/sessions/active")
         .map_or_else(|| "?".into(), ToString::to_string);
+    let stop = match v.get("protective_stop") {
+        Some(serde_json::Value::Object(stop)) => format!(
+            "ACTIVE ({}: {})",
+            stop.get("source").and_then(|x| x.as_str()).unwrap_or("?"),
+            stop.get("reason").and_then(|x| x.as_str()).unwrap_or("?")
+        ),
+        Some(serde_json::Value::Null) => "not active".to_string(),
+        _ => "?".to_string(),
+    };
     format!(
-        "host:         {} ({})\nenvironment:  {}\nversion:      {}\nlistening:    {}\nuptime:       {}h {:02}m {:02}s\nsessions:     {} active\nsensors:      {}\nactuators:    {}\n",
+        "host:         {} ({})\nenvironment:  {}\nversion:      {}\nlistening:    {}\nuptime:       {}h {:02}m {:02}s\nsessions:     {} active\nsensors:      {}\nactuators:    {}\nstop:         {}\n",
         s("host_id"),
         s("name"),
         s("environment_id"),
@@ -248,6 +433,7 @@ fn format_status(v: &serde_json::Value) -> String {
         active,
         s("sensors"),
         s("actuators"),
+        stop,
     )
 }
 

@@ -234,7 +234,7 @@ async fn ctrl_c_during_a_prompt_cancels_the_turn_and_exits_3() {
         &daemon.addr.to_string(),
         &["--prompt", "wait 600000; echo x"],
     );
-    chat.stderr_until("[thinking]").await;
+    chat.stderr_until("[thinking").await;
     interrupt(chat.pid());
     let done = chat.finish().await;
     assert_eq!(done.code, Some(3), "{}", done.stderr);

@@ -933,7 +933,12 @@ async fn activity_and_presence_follow_the_turn() {
     }
     assert_eq!(
         states,
-        ["thinking:", "calling_tool:look", "thinking:", "idle:"]
+        [
+            "thinking:ooda cycle 1",
+            "calling_tool:look",
+            "thinking:ooda cycle 2",
+            "idle:"
+        ]
     );
     assert_eq!(presence, ["mini", "hidden"]);
     daemon.shutdown().await;

@@ -4,6 +4,7 @@ mod agent;
 mod auth;
 pub mod convert;
 mod rest;
+mod safety;
 
 use std::sync::Arc;
 
@@ -22,6 +23,8 @@ pub mod proto {
 
 /// Fully qualified name of the agent service, as reflection and health report it.
 pub const AGENT_SERVICE_NAME: &str = "roz.v1.AgentService";
+/// Fully qualified name of the safety service (protective stop).
+pub const SAFETY_SERVICE_NAME: &str = "roz.v1.SafetyService";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -35,6 +38,9 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
     health_reporter
         .set_serving::<proto::agent_service_server::AgentServiceServer<agent::AgentApi>>()
         .await;
+    health_reporter
+        .set_serving::<proto::safety_service_server::SafetyServiceServer<safety::SafetyApi>>()
+        .await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -47,6 +53,9 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .add_service(proto::agent_service_server::AgentServiceServer::new(
             agent::AgentApi::new(ctx.clone()),
         ))
+        .add_service(proto::safety_service_server::SafetyServiceServer::new(
+            safety::SafetyApi::new(ctx.clone()),
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -55,6 +64,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .into_axum_router();
     let router = grpc
         .merge(rest::routes().with_state(ctx.clone()))
+        .merge(safety::routes().with_state(ctx.clone()))
         .fallback(rest::fallback)
         .method_not_allowed_fallback(rest::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

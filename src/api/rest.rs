@@ -26,6 +26,7 @@ pub fn routes() -> Router<Arc<HostContext>> {
         .route("/v1/sessions", get(sessions))
         .route("/v1/sessions/{id}", get(session))
         .route("/v1/observation", get(observation))
+        .route("/v1/audit", get(audit))
         .route("/v1/sensors", get(sensors))
         .route("/v1/sensors/{name}", get(sensor))
 }
@@ -179,6 +180,44 @@ async fn sessions(
     match ctx.store.sessions(limit, offset).await {
         Ok(data) => Json(json!({ "data": data })).into_response(),
         Err(e) => store_failure("listing sessions", &e),
+    }
+}
+
+/// Query of `GET /v1/audit`; strings so bad values get a JSON 400.
+#[derive(Debug, Deserialize)]
+struct AuditQuery {
+    since: Option<String>,
+    session: Option<String>,
+    limit: Option<String>,
+}
+
+/// `GET /v1/audit?since=<unix ms>&session=<id>&limit=<n>`: physical actions, oldest first.
+async fn audit(
+    State(ctx): State<Arc<HostContext>>,
+    query: Result<Query<AuditQuery>, QueryRejection>,
+) -> Response {
+    let query = match query {
+        Ok(Query(query)) => query,
+        Err(rejection) => {
+            return invalid_argument(&format!("invalid query: {}", rejection.body_text()));
+        }
+    };
+    let since = match query.since.as_deref().map(str::parse::<i64>).transpose() {
+        Ok(since) => since,
+        Err(_) => return invalid_argument("since must be a unix time in milliseconds"),
+    };
+    let limit = match query.limit.as_deref().map(str::parse::<u32>).transpose() {
+        Ok(Some(l)) if (1..=5000).contains(&l) => l,
+        Ok(None) => 500,
+        _ => return invalid_argument("limit must be an integer from 1 to 5000"),
+    };
+    match ctx
+        .store
+        .audit_records(since, query.session.filter(|s| !s.is_empty()), limit)
+        .await
+    {
+        Ok(data) => Json(json!({ "data": data })).into_response(),
+        Err(e) => store_failure("reading the audit", &e),
     }
 }
 

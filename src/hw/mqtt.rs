@@ -24,6 +24,10 @@
 //! - TLS (`mqtts://`) uses rustls with the process-wide crypto provider
 //!   (ring is installed if none is), the system roots or `ca_file`.
 //!
+//! - Other parts of rozd (the protective-stop input) receive a topic's raw
+//!   payloads through [`Mqtt::listen`]; those topics are subscribed like the
+//!   sensors' (QoS 1, persistent session).
+//!
 //! The password is read from the environment variable named by
 //! `password_env` and never logged.
 
@@ -37,6 +41,7 @@ use rumqttc::{
     AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Packet, Publish, QoS, Request,
     Subscribe, SubscribeFilter, SubscribeReasonCode, TlsConfiguration, Transport,
 };
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -59,6 +64,14 @@ const REJECT_LOG_EVERY: Duration = Duration::from_secs(10);
 /// Sensors fed by one topic.
 type Topics = HashMap<String, Vec<(String, LineParser)>>;
 
+/// Raw-payload listeners added with [`Mqtt::listen`].
+#[derive(Debug, Default)]
+struct Listeners {
+    by_topic: HashMap<String, Vec<mpsc::UnboundedSender<Vec<u8>>>>,
+    /// Topics not yet subscribed on the current connection/session.
+    unsubscribed: Vec<String>,
+}
+
 /// The MQTT client; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Mqtt {
@@ -70,7 +83,18 @@ struct Shared {
     /// `None` when the configuration cannot work (see the health report).
     client: Option<AsyncClient>,
     connected: AtomicBool,
+    /// `true` once the first connection attempt has succeeded or failed.
+    attempted: tokio::sync::watch::Sender<bool>,
     task: std::sync::Mutex<Option<JoinHandle<()>>>,
+    listeners: std::sync::Mutex<Listeners>,
+}
+
+impl Shared {
+    fn listeners(&self) -> std::sync::MutexGuard<'_, Listeners> {
+        self.listeners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl Mqtt {
@@ -113,7 +137,9 @@ impl Mqtt {
         let shared = Arc::new(Shared {
             client: Some(client.clone()),
             connected: AtomicBool::new(false),
+            attempted: tokio::sync::watch::Sender::new(false),
             task: std::sync::Mutex::new(None),
+            listeners: Default::default(),
         });
         let task = EventTask {
             url: cfg.url.clone(),
@@ -143,7 +169,10 @@ impl Mqtt {
             inner: Arc::new(Shared {
                 client: None,
                 connected: AtomicBool::new(false),
+                // nothing will be attempted
+                attempted: tokio::sync::watch::Sender::new(true),
                 task: std::sync::Mutex::new(None),
+                listeners: Default::default(),
             }),
         }
     }
@@ -193,6 +222,54 @@ impl Mqtt {
                     HwError::Io("the MQTT request queue is full or closed".to_string())
                 }
             })
+    }
+
+    /// Every message on `topic` (a concrete topic, no wildcards), as raw
+    /// bytes, from now on. The topic is subscribed at QoS 1 like the
+    /// sensors' topics: now if connected, else at the next connection, and
+    /// again whenever the broker has lost our session. Empty payloads are
+    /// delivered too. The channel closes when the client stops.
+    pub fn listen(&self, topic: &str) -> Result<mpsc::UnboundedReceiver<Vec<u8>>, HwError> {
+        if topic.is_empty() || topic.contains(['#', '+']) {
+            return Err(HwError::Unsupported(format!(
+                "cannot listen on topic {topic:?}"
+            )));
+        }
+        let Some(client) = &self.inner.client else {
+            return Err(HwError::Disconnected(SOURCE.to_string()));
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        {
+            let mut guard = self.inner.listeners();
+            let listeners = &mut *guard;
+            let senders = listeners.by_topic.entry(topic.to_string()).or_default();
+            if senders.is_empty() {
+                listeners.unsubscribed.push(topic.to_string());
+            }
+            senders.push(tx);
+        }
+        // The event task subscribes pending topics at every ConnAck and sets
+        // `connected` before it looks; if it has looked already, we are
+        // connected and subscribe here. Whoever takes a topic subscribes it.
+        if self.is_connected() {
+            let pending = std::mem::take(&mut self.inner.listeners().unsubscribed);
+            for t in pending {
+                if let Err(e) = client.try_subscribe(t.clone(), QoS::AtLeastOnce) {
+                    tracing::warn!(topic = %t, "mqtt: cannot subscribe now ({e}); retrying at the next connection");
+                    self.inner.listeners().unsubscribed.push(t);
+                }
+            }
+        }
+        Ok(rx)
+    }
+
+    /// Resolves once the first attempt to connect has succeeded or failed
+    /// (at once for a configuration that cannot work), so that publishes
+    /// (the start-up safe values) reach a broker that is up. It does not
+    /// wait for reconnects; bound it, an unreachable broker may take long.
+    pub async fn first_connection_attempt(&self) {
+        let mut rx = self.inner.attempted.subscribe();
+        let _ = rx.wait_for(|attempted| *attempted).await;
     }
 
     /// Waits until the event-loop task has ended (after `shutdown`).
@@ -377,10 +454,9 @@ impl EventTask {
                     }
                     failures = 0;
                     self.backoff.reset();
-                    if !subscribed || !ack.session_present {
-                        self.subscribe();
-                        subscribed = true;
-                    }
+                    let everything = !subscribed || !ack.session_present;
+                    self.subscribe(everything);
+                    subscribed = true;
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => self.publish_received(&p),
                 Ok(Event::Incoming(Packet::SubAck(ack))) => {
@@ -434,17 +510,35 @@ impl EventTask {
         tracing::debug!("mqtt: event loop ended");
     }
 
-    /// Queues one SUBSCRIBE for every sensor topic at QoS 1, ahead of
-    /// anything else the event loop will send (not through the request
-    /// channel, which may be full of publishes).
-    fn subscribe(&mut self) {
-        if self.topics.is_empty() {
+    /// Queues one SUBSCRIBE at QoS 1 for every sensor and listener topic
+    /// (`everything`), or only for listener topics added since the last
+    /// subscription, ahead of anything else the event loop will send (not
+    /// through the request channel, which may be full of publishes).
+    fn subscribe(&mut self, everything: bool) {
+        let mut topics: Vec<String> = {
+            let mut listeners = self.shared.listeners();
+            let pending = std::mem::take(&mut listeners.unsubscribed);
+            if everything {
+                listeners.by_topic.keys().cloned().collect()
+            } else {
+                pending
+            }
+        };
+        if everything {
+            topics.extend(
+                self.topics
+                    .keys()
+                    .filter(|t| !topics.contains(t))
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            );
+        }
+        if topics.is_empty() {
             return;
         }
-        let filters = self
-            .topics
-            .keys()
-            .map(|t| SubscribeFilter::new(t.clone(), QoS::AtLeastOnce));
+        let filters = topics
+            .into_iter()
+            .map(|t| SubscribeFilter::new(t, QoS::AtLeastOnce));
         self.eventloop
             .pending
             .push_front(Request::Subscribe(Subscribe::new_many(filters)));
@@ -454,6 +548,11 @@ impl EventTask {
         self.shared
             .connected
             .store(health == Health::Ok, Ordering::Release);
+        self.shared.attempted.send_if_modified(|attempted| {
+            let first = !*attempted;
+            *attempted = true;
+            first
+        });
         if self.health.as_ref() != Some(&health) {
             self.readings.source_health(SOURCE, health.clone());
             self.health = Some(health);
@@ -461,8 +560,20 @@ impl EventTask {
     }
 
     fn publish_received(&mut self, p: &Publish) {
+        let listened = {
+            let mut listeners = self.shared.listeners();
+            match listeners.by_topic.get_mut(&p.topic) {
+                Some(senders) => {
+                    senders.retain(|tx| tx.send(p.payload.to_vec()).is_ok());
+                    true
+                }
+                None => false,
+            }
+        };
         let Some(sensors) = self.topics.get(&p.topic) else {
-            tracing::debug!(topic = %p.topic, "mqtt: message on a topic no sensor reads");
+            if !listened {
+                tracing::debug!(topic = %p.topic, "mqtt: message on a topic no sensor reads");
+            }
             return;
         };
         if p.payload.iter().all(u8::is_ascii_whitespace) {

@@ -47,6 +47,8 @@ const COMMAND_QUEUE: usize = 16;
 pub struct SerialPorts {
     ports: HashMap<String, SerialPortHandle>,
     tasks: Vec<JoinHandle<()>>,
+    /// One per port: resolves after the port's first attempt to open its device.
+    first_attempts: Vec<oneshot::Receiver<()>>,
 }
 
 impl SerialPorts {
@@ -72,6 +74,8 @@ impl SerialPorts {
                 })
                 .collect();
             let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+            let (attempted, first_attempt) = oneshot::channel();
+            out.first_attempts.push(first_attempt);
             let source = format!("serial:{}", cfg.name);
             let connected = Arc::new(AtomicBool::new(false));
             let handle = SerialPortHandle {
@@ -94,6 +98,7 @@ impl SerialPorts {
                 health: None,
                 reject_log: RejectLog::default(),
                 waiters: Vec::new(),
+                first_attempt: Some(attempted),
             };
             out.tasks.push(tokio::spawn(task.run()));
             out.ports.insert(cfg.name.clone(), handle);
@@ -109,6 +114,15 @@ impl SerialPorts {
     /// Names of the configured ports.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.ports.keys().map(String::as_str)
+    }
+
+    /// Resolves once every port has tried to open its device once, so that
+    /// commands (the start-up safe values) reach the devices that are
+    /// present. Opening is quick; it does not wait for absent devices.
+    pub async fn first_open_attempts(&mut self) {
+        for attempt in self.first_attempts.drain(..) {
+            let _ = attempt.await;
+        }
     }
 
     /// Waits until every port task has ended (after `shutdown` was cancelled).
@@ -226,6 +240,8 @@ struct PortTask {
     health: Option<Health>,
     reject_log: RejectLog,
     waiters: Vec<Waiter>,
+    /// Fired after the first attempt to open the device.
+    first_attempt: Option<oneshot::Sender<()>>,
 }
 
 impl PortTask {
@@ -238,6 +254,7 @@ impl PortTask {
                 Ok(stream) => {
                     tracing::info!(port = %self.cfg.name, path = %self.cfg.path, "serial port open");
                     self.set_health(Health::Ok);
+                    self.attempted();
                     let end = self.session(stream).await;
                     self.connected.store(false, Ordering::Release);
                     for w in self.waiters.drain(..) {
@@ -262,6 +279,7 @@ impl PortTask {
                         tracing::warn!(port = %self.cfg.name, path = %self.cfg.path, "cannot open serial port: {why}; retrying every {} ms", self.cfg.reconnect_ms);
                     }
                     self.set_health(health);
+                    self.attempted();
                 }
             }
             if !self.wait_before_reopen().await {
@@ -270,6 +288,12 @@ impl PortTask {
         }
         self.connected.store(false, Ordering::Release);
         tracing::debug!(port = %self.cfg.name, "serial port task ended");
+    }
+
+    fn attempted(&mut self) {
+        if let Some(tx) = self.first_attempt.take() {
+            let _ = tx.send(());
+        }
     }
 
     /// Sleeps `reconnect_ms`, answering commands with `Disconnected`.

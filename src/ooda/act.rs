@@ -97,10 +97,23 @@ pub struct Applied {
     pub hold_ms: Option<u64>,
 }
 
+/// One change of an actuator, for the audit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActuatorEvent {
+    pub actuator: String,
+    pub value: f64,
+    /// Who: `session <id>`, `rule <name>`, `operator ...`, `safety (...)`.
+    pub origin: String,
+    /// The session that owned it, for filtering.
+    pub session_id: Option<String>,
+    pub error: Option<String>,
+}
+
 pub struct Actuators {
     entries: Vec<Entry>,
     index: HashMap<String, usize>,
     estop: ProtectiveStop,
+    audit: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<ActuatorEvent>>,
 }
 
 impl std::fmt::Debug for Actuators {
@@ -146,7 +159,32 @@ impl Actuators {
             entries,
             index,
             estop,
+            audit: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Where every actuator change is reported (once; later calls are ignored).
+    pub fn set_audit(&self, sink: tokio::sync::mpsc::UnboundedSender<ActuatorEvent>) {
+        let _ = self.audit.set(sink);
+    }
+
+    fn report(
+        &self,
+        actuator: &str,
+        value: f64,
+        origin: &Origin,
+        session_id: Option<String>,
+        error: Option<String>,
+    ) {
+        if let Some(sink) = self.audit.get() {
+            let _ = sink.send(ActuatorEvent {
+                actuator: actuator.to_string(),
+                value,
+                origin: origin.to_string(),
+                session_id,
+                error,
+            });
+        }
     }
 
     fn entry(&self, name: &str) -> Result<&Entry, ActError> {
@@ -224,6 +262,12 @@ impl Actuators {
         let result = tokio::time::timeout(spec.timeout, entry.driver.apply(value)).await;
         let failure = match result {
             Ok(Ok(())) => None,
+            // The driver's own deadline (e.g. a serial reply timeout shorter
+            // than the command's) is a timeout too, not a generic failure.
+            Ok(Err(HwError::Timeout(timeout_ms))) => Some(ActError::Timeout {
+                actuator: name.to_string(),
+                timeout_ms,
+            }),
             Ok(Err(error)) => Some(ActError::Driver {
                 actuator: name.to_string(),
                 error,
@@ -257,6 +301,11 @@ impl Actuators {
             (previous, state.generation)
         };
         tracing::info!(actuator = name, value, previous, %origin, "actuator commanded");
+        let session = match &origin {
+            Origin::Session(id) => Some(id.clone()),
+            _ => None,
+        };
+        self.report(name, value, &origin, session, None);
         if let Some(hold) = hold.filter(|_| !is_safe) {
             let me = self.clone();
             let name = name.to_string();
@@ -287,6 +336,22 @@ impl Actuators {
         let safe = entry.spec.safe_value;
         let result = tokio::time::timeout(entry.spec.timeout, entry.driver.apply(safe)).await;
         let mut state = lock(&entry.state);
+        let session = match &state.owner {
+            Some(Origin::Session(id)) => Some(id.clone()),
+            _ => None,
+        };
+        let error = match &result {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some("timed out".to_string()),
+        };
+        self.report(
+            &entry.spec.name,
+            safe,
+            &Origin::Safety(reason.to_string()),
+            session,
+            error,
+        );
         state.value = safe;
         state.owner = None;
         state.since = Instant::now();

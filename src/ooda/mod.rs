@@ -31,6 +31,9 @@ use world::{SensorView, SourceView, World};
 
 /// Lateness samples kept for the loop's statistics.
 const LATENESS_WINDOW: usize = 4096;
+/// Longest start-up waits for the serial ports' first open and the MQTT
+/// client's first connection before driving every actuator safe.
+const START_SETTLE: Duration = Duration::from_secs(3);
 
 #[derive(Debug, thiserror::Error)]
 pub enum OodaError {
@@ -126,7 +129,7 @@ impl Ooda {
         let world = Arc::new(World::new(hardware.sensors.clone()));
         let shutdown = CancellationToken::new();
         let readings: Arc<dyn Readings> = world.clone();
-        let serial = SerialPorts::start(
+        let mut serial = SerialPorts::start(
             &hardware.serial,
             &hardware.sensors,
             readings.clone(),
@@ -187,6 +190,22 @@ impl Ooda {
             drivers.push((spec.clone(), driver));
         }
         let actuators = Actuators::new(drivers, estop.clone());
+        // The start-up safe values must reach the devices, not a port that
+        // is not open yet: let each serial port try to open its device and
+        // the MQTT client try to connect first (bounded; absent devices and
+        // brokers are not waited for).
+        let settled = tokio::time::timeout(START_SETTLE, async {
+            serial.first_open_attempts().await;
+            if let Some(mqtt) = &mqtt {
+                mqtt.first_connection_attempt().await;
+            }
+        })
+        .await;
+        if settled.is_err() {
+            tracing::warn!(
+                "serial ports or MQTT not settled within {START_SETTLE:?}; driving the safe values anyway"
+            );
+        }
         actuators.safe_all("start-up").await;
 
         for sensor in &hardware.sensors {
@@ -275,6 +294,10 @@ impl Ooda {
     pub fn gpio(&self) -> &Arc<dyn GpioBackend> {
         &self.gpio
     }
+    /// The MQTT client, when `[mqtt]` is configured.
+    pub fn mqtt(&self) -> Option<&Mqtt> {
+        self.mqtt.as_ref()
+    }
     /// A simulated actuator's driver (what it was actually told).
     pub fn sim_actuator(&self, name: &str) -> Option<Arc<SimActuator>> {
         self.sim_actuators.get(name).cloned()
@@ -287,6 +310,34 @@ impl Ooda {
     /// The latest Observation.
     pub fn observation(&self) -> Arc<Observation> {
         self.latest.borrow().clone()
+    }
+
+    /// An Observation of this instant: sensor values and actuator states read
+    /// now, alarm levels as of the last tick. What a host tool returns, so a
+    /// command is visible to the next `observe` without waiting for a tick.
+    pub fn observe_now(&self) -> Observation {
+        let latest = self.observation();
+        let now = Instant::now();
+        let sensors = self
+            .world
+            .sensors(now)
+            .into_iter()
+            .map(|sensor| {
+                let alarm = latest
+                    .sensor(&sensor.name)
+                    .map(|s| s.alarm)
+                    .unwrap_or_default();
+                SensorObservation { sensor, alarm }
+            })
+            .collect();
+        Observation {
+            seq: latest.seq,
+            at_unix_ms: crate::store::now_ms(),
+            protective_stop: self.estop.active(),
+            sensors,
+            actuators: self.actuators.views(now),
+            sources: self.world.sources(),
+        }
     }
 
     /// A receiver that changes every tick.

@@ -268,6 +268,10 @@ impl Runner {
                 tools,
                 system_context,
             } => {
+                if let Some(e) = self.host_collision(&tools, "register_tools.tools") {
+                    self.send(ServerEvent::Error(e)).await?;
+                    return Ok(None);
+                }
                 let Some(session) = self.session.as_mut() else {
                     return Ok(None);
                 };
@@ -289,6 +293,9 @@ impl Runner {
         if let Some(session) = &self.session {
             let message = format!("this stream already has session {}", session.id);
             return self.error(ErrorCode::AlreadyStarted, message).await;
+        }
+        if let Some(e) = self.host_collision(&request.tools, "start.tools") {
+            return self.send(ServerEvent::Error(e)).await;
         }
         let ctx = &self.ctx;
         let session = match Session::start(
@@ -323,7 +330,7 @@ impl Runner {
         let started = ServerEvent::Started {
             session_id: session.id.clone(),
             model: session.model.name().to_string(),
-            permissions: ctx.permissions.views(),
+            permissions: self.permission_views(),
         };
         self.session = Some(session);
         self.send(started).await
@@ -336,6 +343,9 @@ impl Runner {
                 turn.plan_message_id
             );
             return self.error(ErrorCode::TurnInProgress, message).await;
+        }
+        if let Some(e) = self.host_collision(&user.tools, "user_message.tools") {
+            return self.send(ServerEvent::Error(e)).await;
         }
         let Some(session) = self.session.as_ref() else {
             return Ok(());
@@ -382,6 +392,13 @@ impl Runner {
             },
             meter: session.meter,
             live_tokens: session.live_tokens.clone(),
+            host: turn::HostAccess {
+                session_id: session.id.clone(),
+                tools: self.ctx.host_tools.clone(),
+                registry: self.ctx.host_registry.clone(),
+                store: self.ctx.store.clone(),
+                observe: (plan.ai_mode == state::MODE_OODA).then(|| self.ctx.ooda.clone()),
+            },
         };
         let cancel = CancellationToken::new();
         let (inbox_tx, inbox_rx) = mpsc::channel(TURN_INBOX);
@@ -395,6 +412,55 @@ impl Runner {
             inbox: inbox_tx,
             handle,
         });
+    }
+
+    /// A client tool may not take a host tool's name.
+    fn host_collision(&self, tools: &[ToolSpec], field: &str) -> Option<SessionError> {
+        tools.iter().enumerate().find_map(|(i, t)| {
+            self.ctx.host_registry.get(&t.name).map(|_| {
+                SessionError::new(
+                    ErrorCode::InvalidArgument,
+                    format!(
+                        "{field}[{i}]: `{}` is a host tool of this rozd; rename the client tool",
+                        t.name
+                    ),
+                )
+            })
+        })
+    }
+
+    /// Effective rules: one per host tool (its actual decision), then the
+    /// configured rules and the defaults for client tools.
+    fn permission_views(&self) -> Vec<PermissionView> {
+        let policy = &self.ctx.permissions;
+        let mut views: Vec<PermissionView> = self
+            .ctx
+            .host_tools
+            .definitions()
+            .iter()
+            .map(|d| {
+                let verdict = policy.decide(&d.name, d.category);
+                PermissionView {
+                    tool_pattern: d.name.clone(),
+                    policy: verdict.policy.as_str().to_string(),
+                    category: Some(d.category.as_str().to_string()),
+                    reason: Some(format!("host tool; {}", verdict.reason)),
+                }
+            })
+            .collect();
+        views.extend(policy.views());
+        views
+    }
+
+    /// Deadman: the session's actuators go to their safe values.
+    async fn release_actuators(&self, reason: &str) {
+        if let Some(session) = &self.session {
+            let origin = crate::ooda::act::Origin::Session(session.id.clone());
+            let released = self.ctx.ooda.actuators().release(&origin, reason).await;
+            if !released.is_empty() {
+                tracing::warn!(session_id = %session.id, reason, ?released, "deadman: session's actuators sent to safe values");
+            }
+        }
     }
 
     async fn tool_result(&mut self, result: ToolOutcome) -> Result<(), Gone> {
@@ -482,6 +548,14 @@ impl Runner {
         joined: Result<TurnOutcome, tokio::task::JoinError>,
     ) -> Option<TurnReport> {
         let turn = self.turn.take()?;
+        let interrupted = match &joined {
+            Ok(outcome) => outcome.stop_reason == StopReason::Cancelled,
+            Err(_) => true,
+        };
+        if interrupted {
+            // Deadman: a cancelled (or failed) turn leaves nothing commanded.
+            self.release_actuators("turn cancelled").await;
+        }
         let session = self.session.as_mut()?;
         let outcome = match joined {
             Ok(outcome) => outcome,
@@ -603,6 +677,8 @@ impl Runner {
                 let _ = self.report_turn(report).await;
             }
         }
+        self.release_actuators(&format!("session ended: {}", end.as_str()))
+            .await;
         if let Some(session) = &self.session {
             self.ctx.hooks.session_ended(&session.id, end.as_str());
             if let Err(e) = self

@@ -22,8 +22,25 @@ use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelS
 
 use super::context::{self, CompactionLimits, ContextMeter};
 use super::permissions::PermissionPolicy;
-use super::tools::ToolRegistry;
+use super::tools::{Tool, ToolRegistry};
 use super::{Activity, ErrorCode, Presence, ServerEvent, SessionError, StopReason, ToolOutcome};
+use crate::ooda::Ooda;
+use crate::ooda::orient::AlarmLevel;
+use crate::store::{AuditRecord, Store, now_ms};
+use crate::tools::{HostTools, ToolError};
+
+/// The host side of a turn: host tools, where audit goes, and the
+/// Observation to inject in `ooda_re_act` mode.
+#[derive(Debug, Clone)]
+pub struct HostAccess {
+    pub session_id: String,
+    pub tools: Arc<HostTools>,
+    pub registry: ToolRegistry,
+    pub store: Store,
+    /// Set in `ooda_re_act` mode: the latest Observation goes into the
+    /// model's context before every model call.
+    pub observe: Option<Arc<Ooda>>,
+}
 
 /// What the session loop forwards to the running turn.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,6 +79,7 @@ pub struct TurnSetup {
     pub meter: ContextMeter,
     /// The live size of the context, read by `Keepalive`.
     pub live_tokens: Arc<AtomicU32>,
+    pub host: HostAccess,
 }
 
 #[derive(Debug)]
@@ -109,6 +127,10 @@ struct Turn {
     added: Vec<Message>,
     meter: ContextMeter,
     live_tokens: Arc<AtomicU32>,
+    host: HostAccess,
+    /// Alarm levels seen at the previous cycle, to point out new ones.
+    seen_alarms: Vec<(String, AlarmLevel)>,
+    cycle: u32,
 }
 
 pub async fn run(
@@ -127,6 +149,7 @@ pub async fn run(
         limits,
         meter,
         live_tokens,
+        host,
     } = setup;
     let added = conversation.last().cloned().into_iter().collect();
     let mut turn = Turn {
@@ -144,6 +167,9 @@ pub async fn run(
         added,
         meter,
         live_tokens,
+        host,
+        seen_alarms: Vec::new(),
+        cycle: 0,
     };
     let mut usage = Usage::default();
     let result = turn
@@ -190,18 +216,33 @@ impl Turn {
     ) -> Result<StopReason, TurnError> {
         let mut turn_start = conversation.len().saturating_sub(1);
         for _cycle in 0..self.limits.max_cycles {
+            self.cycle += 1;
+            // In ooda_re_act mode each cycle is one observe-orient-decide-act
+            // pass, reported as such; the Observation goes into the context.
+            let (phase, observation) = match self.host.observe.clone() {
+                Some(ooda) => (
+                    format!("ooda cycle {}", self.cycle),
+                    Some(self.describe_observation(&ooda)),
+                ),
+                None => (String::new(), None),
+            };
             self.state(
                 Activity::Thinking,
-                "",
+                &phase,
                 Presence::Mini,
                 "the model is thinking",
             )
             .await?;
             self.check_session_budget(usage)?;
+            let mut tools = self.host.registry.definitions();
+            tools.extend(self.tools.definitions());
             let mut request = ModelRequest {
-                system: system.to_string(),
+                system: match observation {
+                    Some(text) => format!("{system}\n\n{text}"),
+                    None => system.to_string(),
+                },
                 messages: conversation.clone(),
-                tools: self.tools.definitions(),
+                tools,
                 max_output_tokens: self.limits.max_output_tokens,
             };
             self.fit_budget(model, &mut request, conversation, &mut turn_start, usage)
@@ -606,6 +647,11 @@ impl Turn {
     /// Runs one tool call of the model: look-up, validation, permission,
     /// approval, then the client round trip under the tool's deadline.
     async fn tool_call(&mut self, id: &str, name: &str, input: Value) -> Result<Block, Interrupt> {
+        if self.tools.get(name).is_none()
+            && let Some(tool) = self.host.registry.get(name).cloned()
+        {
+            return self.host_tool_call(id, &tool, input).await;
+        }
         let Some(tool) = self.tools.get(name).cloned() else {
             tracing::info!(tool = name, "model called a tool this turn does not have");
             return Ok(error_result(
@@ -690,6 +736,226 @@ impl Turn {
                 None => return Err(Interrupt::Cancelled),
             }
         }
+    }
+
+    /// A host tool: runs inside rozd under the daemon's own deadline, never
+    /// as a `ToolRequest`. PHYSICAL calls are audited before the model sees
+    /// the result.
+    async fn host_tool_call(
+        &mut self,
+        id: &str,
+        tool: &Tool,
+        input: Value,
+    ) -> Result<Block, Interrupt> {
+        let name = tool.spec.name.as_str();
+        let physical = tool.spec.category == ToolCategory::Physical;
+        let presence = if physical {
+            Presence::Full
+        } else {
+            Presence::Mini
+        };
+        let started = now_ms();
+        if let Err(why) = tool.validate(&input) {
+            if !physical {
+                return Ok(error_result(
+                    id,
+                    name,
+                    &format!("invalid parameters for `{name}`: {why}"),
+                ));
+            }
+            // The host never applies a value outside its limits: say so plainly.
+            let message = format!("`{name}` refused: {why}");
+            self.audit(id, name, &input, "refused", Err(&message), started)
+                .await;
+            self.send(ServerEvent::Error(SessionError::new(
+                ErrorCode::SafetyViolation,
+                format!("tool call {id}: {message}"),
+            )))
+            .await?;
+            return Ok(error_result(id, name, &message));
+        }
+        if physical && let Some(stop) = self.host.tools.protective_stop() {
+            let message = format!(
+                "`{name}` refused: protective stop is active ({}: {})",
+                stop.source, stop.reason
+            );
+            self.audit(id, name, &input, "refused", Err(&message), started)
+                .await;
+            self.send(ServerEvent::Error(SessionError::new(
+                ErrorCode::EStop,
+                format!("tool call {id}: {message}"),
+            )))
+            .await?;
+            return Ok(error_result(id, name, &message));
+        }
+        let verdict = self.permissions.decide(name, tool.spec.category);
+        let decision = match verdict.policy {
+            Policy::Block => {
+                let message = format!("`{name}` is blocked by policy: {}", verdict.reason);
+                if physical {
+                    self.audit(id, name, &input, "blocked", Err(&message), started)
+                        .await;
+                }
+                return Ok(error_result(id, name, &message));
+            }
+            Policy::RequireConfirmation => {
+                if !self.approval(id, name, presence).await? {
+                    let message = format!("the user denied `{name}`");
+                    if physical {
+                        self.audit(id, name, &input, "denied", Err(&message), started)
+                            .await;
+                    }
+                    return Ok(error_result(id, name, &message));
+                }
+                "approved"
+            }
+            Policy::Allow => "allowed",
+        };
+        let reason = if physical {
+            "a PHYSICAL host tool is running"
+        } else {
+            "reading the host"
+        };
+        self.state(Activity::CallingTool, name, presence, reason)
+            .await?;
+        let result = tokio::select! {
+            result = self.host.tools.execute(name, &input, &self.host.session_id) => result,
+            () = self.cancel.cancelled() => {
+                if physical {
+                    self.audit(id, name, &input, decision, Err("cancelled while running"), started).await;
+                }
+                return Err(Interrupt::Cancelled);
+            }
+        };
+        let (text, is_error) = match &result {
+            Ok(text) => (text.clone(), false),
+            Err(e) => (format!("`{name}` failed: {e}"), true),
+        };
+        if physical {
+            let audited = if is_error {
+                Err(text.as_str())
+            } else {
+                Ok(text.as_str())
+            };
+            self.audit(id, name, &input, decision, audited, started)
+                .await;
+        }
+        let code = match &result {
+            Ok(_) => None,
+            Err(ToolError::Timeout(_)) => Some(ErrorCode::ToolTimeout),
+            Err(ToolError::EStop(_)) => Some(ErrorCode::EStop),
+            Err(ToolError::SafetyViolation(_)) => Some(ErrorCode::SafetyViolation),
+            Err(ToolError::Held(_)) => Some(ErrorCode::PermissionDenied),
+            Err(ToolError::Invalid(_) | ToolError::Failed(_)) => None,
+        };
+        if let Some(code) = code {
+            self.send(ServerEvent::Error(SessionError::new(
+                code,
+                format!("tool call {id}: {text}"),
+            )))
+            .await?;
+        }
+        Ok(Block::ToolResult {
+            tool_use_id: id.to_string(),
+            name: name.to_string(),
+            content: text,
+            is_error,
+        })
+    }
+
+    /// Writes one PHYSICAL call to the audit (awaited: the record exists
+    /// before the model or the client hears the result).
+    async fn audit(
+        &self,
+        id: &str,
+        tool: &str,
+        input: &Value,
+        decision: &str,
+        result: Result<&str, &str>,
+        started: i64,
+    ) {
+        let ended = now_ms();
+        let record = AuditRecord {
+            at_ms: ended,
+            kind: "tool_call".into(),
+            session_id: Some(self.host.session_id.clone()),
+            tool_call_id: Some(id.to_string()),
+            tool: Some(tool.to_string()),
+            parameters: Some(input.clone()),
+            decision: Some(decision.to_string()),
+            result: result.ok().map(str::to_string),
+            error: result.err().map(str::to_string),
+            origin: Some(format!("session {}", self.host.session_id)),
+            started_at_ms: Some(started),
+            ended_at_ms: Some(ended),
+            duration_ms: Some(ended - started),
+            ..Default::default()
+        };
+        if let Err(e) = self.host.store.audit(record).await {
+            tracing::error!(error = %e, tool_call_id = id, "cannot write the audit record");
+        }
+    }
+
+    /// The Observation as compact text for the model, with alarms that
+    /// appeared since the previous cycle called out.
+    fn describe_observation(&mut self, ooda: &Ooda) -> String {
+        let obs = ooda.observation();
+        let mut lines = vec![format!(
+            "Current observation #{} (protective stop: {}):",
+            obs.seq,
+            obs.protective_stop.as_ref().map_or_else(
+                || "none".to_string(),
+                |s| format!("ACTIVE, {}: {}", s.source, s.reason)
+            )
+        )];
+        let mut now_alarms = Vec::new();
+        for s in &obs.sensors {
+            let v = &s.sensor;
+            let value = v
+                .value
+                .map_or_else(|| "no value".to_string(), |x| format!("{x:.4}"));
+            let unit = v.unit.as_deref().unwrap_or("");
+            let age = v
+                .age_ms
+                .map_or_else(String::new, |a| format!(", age {a} ms"));
+            let alarm = match s.alarm {
+                AlarmLevel::Ok => String::new(),
+                other => format!(", ALARM {other:?}").to_uppercase(),
+            };
+            lines.push(format!(
+                "- sensor {} = {value} {unit} ({}{age}{alarm})",
+                v.name, v.health
+            ));
+            if s.alarm != AlarmLevel::Ok {
+                now_alarms.push((v.name.clone(), s.alarm));
+            }
+        }
+        for a in &obs.actuators {
+            let holder = a
+                .owner
+                .as_deref()
+                .map_or_else(String::new, |o| format!(", held by {o}"));
+            lines.push(format!(
+                "- actuator {} = {}{}{}",
+                a.name,
+                a.value,
+                if a.at_safe_value { " (safe)" } else { "" },
+                holder
+            ));
+        }
+        let new: Vec<String> = now_alarms
+            .iter()
+            .filter(|(n, l)| !self.seen_alarms.iter().any(|(sn, sl)| sn == n && sl >= l))
+            .map(|(n, l)| format!("{n} {l:?}").to_lowercase())
+            .collect();
+        if self.cycle > 1 && !new.is_empty() {
+            lines.push(format!(
+                "NEW ALARMS since the last cycle: {}",
+                new.join(", ")
+            ));
+        }
+        self.seen_alarms = now_alarms;
+        lines.join("\n")
     }
 
     /// Asks the client for a decision; `false` on denial or timeout.

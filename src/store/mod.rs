@@ -75,6 +75,26 @@ const MIGRATIONS: &[&str] = &[
         created_at_ms INTEGER NOT NULL
     );
     CREATE INDEX sessions_started ON sessions(started_at_ms);",
+    // 2: audit of physical actions
+    "CREATE TABLE audit (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        at_ms         INTEGER NOT NULL,
+        kind          TEXT NOT NULL,
+        session_id    TEXT,
+        tool_call_id  TEXT,
+        tool          TEXT,
+        actuator      TEXT,
+        parameters    TEXT,
+        decision      TEXT,
+        result        TEXT,
+        error         TEXT,
+        origin        TEXT,
+        started_at_ms INTEGER,
+        ended_at_ms   INTEGER,
+        duration_ms   INTEGER
+    );
+    CREATE INDEX audit_at ON audit(at_ms);
+    CREATE INDEX audit_session ON audit(session_id);",
 ];
 
 /// Conversation messages as stored JSON. Image bytes are not stored, only their size.
@@ -144,6 +164,28 @@ pub struct TurnRecord {
     pub cache_creation_tokens: u32,
     pub started_at_ms: i64,
     pub ended_at_ms: i64,
+}
+
+/// One audited physical action: a PHYSICAL tool call (`kind = "tool_call"`)
+/// or an actuator change (`kind = "actuator"`: commands, safe-state drives).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AuditRecord {
+    pub id: i64,
+    pub at_ms: i64,
+    pub kind: String,
+    pub session_id: Option<String>,
+    pub tool_call_id: Option<String>,
+    pub tool: Option<String>,
+    pub actuator: Option<String>,
+    pub parameters: Option<serde_json::Value>,
+    /// `allowed`, `approved`, `denied`, `blocked` or `refused`.
+    pub decision: Option<String>,
+    pub result: Option<String>,
+    pub error: Option<String>,
+    pub origin: Option<String>,
+    pub started_at_ms: Option<i64>,
+    pub ended_at_ms: Option<i64>,
+    pub duration_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -354,6 +396,74 @@ impl Store {
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(Some((session, turns)))
+        })
+        .await
+    }
+
+    /// Appends one audit record.
+    pub async fn audit(&self, r: AuditRecord) -> Result<(), StoreError> {
+        self.with_conn(move |c| {
+            c.execute(
+                "INSERT INTO audit (at_ms, kind, session_id, tool_call_id, tool, actuator, parameters, decision,
+                    result, error, origin, started_at_ms, ended_at_ms, duration_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                params![
+                    r.at_ms,
+                    r.kind,
+                    r.session_id,
+                    r.tool_call_id,
+                    r.tool,
+                    r.actuator,
+                    r.parameters.as_ref().map(ToString::to_string),
+                    r.decision,
+                    r.result,
+                    r.error,
+                    r.origin,
+                    r.started_at_ms,
+                    r.ended_at_ms,
+                    r.duration_ms
+                ],
+            )
+            .map(drop)
+        })
+        .await
+    }
+
+    /// Audit records, oldest first, optionally since a time and for one session.
+    pub async fn audit_records(
+        &self,
+        since_ms: Option<i64>,
+        session_id: Option<String>,
+        limit: u32,
+    ) -> Result<Vec<AuditRecord>, StoreError> {
+        self.with_conn(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT id, at_ms, kind, session_id, tool_call_id, tool, actuator, parameters, decision, result,
+                        error, origin, started_at_ms, ended_at_ms, duration_ms
+                 FROM audit WHERE at_ms >= ?1 AND (?2 IS NULL OR session_id = ?2)
+                 ORDER BY id LIMIT ?3",
+            )?;
+            let rows = stmt.query_map(params![since_ms.unwrap_or(0), session_id, limit], |r| {
+                let parameters: Option<String> = r.get(7)?;
+                Ok(AuditRecord {
+                    id: r.get(0)?,
+                    at_ms: r.get(1)?,
+                    kind: r.get(2)?,
+                    session_id: r.get(3)?,
+                    tool_call_id: r.get(4)?,
+                    tool: r.get(5)?,
+                    actuator: r.get(6)?,
+                    parameters: parameters.and_then(|p| serde_json::from_str(&p).ok()),
+                    decision: r.get(8)?,
+                    result: r.get(9)?,
+                    error: r.get(10)?,
+                    origin: r.get(11)?,
+                    started_at_ms: r.get(12)?,
+                    ended_at_ms: r.get(13)?,
+                    duration_ms: r.get(14)?,
+                })
+            })?;
+            rows.collect()
         })
         .await
     }

@@ -1,0 +1,254 @@
+//! The protective stop over the network: `roz.v1.SafetyService` (gRPC) and
+//! `GET /v1/safety`, `POST /v1/estop`, `POST /v1/estop/clear` (REST). Both
+//! sit behind the same bearer-token check as every other route, so clearing
+//! always needs an authenticated request when tokens are configured.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use tonic::{Request, Status};
+
+use super::proto::{self, safety_service_server::SafetyService};
+use super::rest::json_error;
+use crate::HostContext;
+use crate::safety::status::{SafetyStatus, status};
+
+/// Longest reason kept (longer ones are cut, never refused: a stop must not
+/// fail over its wording).
+const MAX_REASON_CHARS: usize = 500;
+
+pub struct SafetyApi {
+    ctx: Arc<HostContext>,
+}
+
+impl SafetyApi {
+    pub fn new(ctx: Arc<HostContext>) -> Self {
+        SafetyApi { ctx }
+    }
+
+    /// An empty `environment_id` means this host's; another one is not here.
+    fn check_environment(&self, environment_id: &str) -> Result<(), Status> {
+        let ours = &self.ctx.config.host.environment_id;
+        if environment_id.is_empty() || environment_id == ours {
+            Ok(())
+        } else {
+            Err(Status::not_found(format!(
+                "environment {environment_id:?} is not served by this host (its environment is {ours:?})"
+            )))
+        }
+    }
+}
+
+/// A reason as given, without control characters and cut to
+/// [`MAX_REASON_CHARS`]; `default` when empty.
+fn clean_reason(reason: Option<&str>, default: &str) -> String {
+    let reason: String = reason
+        .unwrap_or_default()
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MAX_REASON_CHARS)
+        .collect();
+    let reason = reason.trim();
+    if reason.is_empty() {
+        default.to_string()
+    } else {
+        reason.to_string()
+    }
+}
+
+#[tonic::async_trait]
+impl SafetyService for SafetyApi {
+    async fn get_safety_status(
+        &self,
+        request: Request<proto::GetSafetyStatusRequest>,
+    ) -> Result<tonic::Response<proto::SafetyStatus>, Status> {
+        self.check_environment(&request.get_ref().environment_id)?;
+        let s = status(&self.ctx);
+        Ok(tonic::Response::new(proto::SafetyStatus {
+            environment_id: s.environment_id,
+            estop_active: s.estop_active,
+            level: s.level.to_string(),
+            active_guards: s.active_guards,
+        }))
+    }
+
+    async fn trigger_estop(
+        &self,
+        request: Request<proto::TriggerEstopRequest>,
+    ) -> Result<tonic::Response<proto::TriggerEstopResponse>, Status> {
+        let request = request.into_inner();
+        self.check_environment(&request.environment_id)?;
+        let reason = clean_reason(Some(&request.reason), "TriggerEstop (gRPC)");
+        self.ctx.ooda.trigger_stop("grpc", &reason).await;
+        Ok(tonic::Response::new(proto::TriggerEstopResponse {}))
+    }
+
+    async fn clear_estop(
+        &self,
+        request: Request<proto::ClearEstopRequest>,
+    ) -> Result<tonic::Response<proto::ClearEstopResponse>, Status> {
+        let request = request.into_inner();
+        self.check_environment(&request.environment_id)?;
+        let reason = clean_reason(Some(&request.reason), "ClearEstop (gRPC)");
+        match self
+            .ctx
+            .ooda
+            .protective_stop()
+            .try_clear(&format!("grpc: {reason}"))
+        {
+            Ok(_) => Ok(tonic::Response::new(proto::ClearEstopResponse {})),
+            Err(refused) => Err(Status::failed_precondition(refused.to_string())),
+        }
+    }
+}
+
+// ------------------------------------------------------------------ REST
+
+pub fn routes() -> Router<Arc<HostContext>> {
+    Router::new()
+        .route("/v1/safety", get(get_status))
+        .route("/v1/estop", post(trigger))
+        .route("/v1/estop/clear", post(clear))
+}
+
+/// The optional JSON body of `POST /v1/estop` and `POST /v1/estop/clear`.
+#[derive(Debug, Default, Deserialize)]
+struct StopRequest {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// An empty body is no reason; anything else must be a JSON object whose
+/// `reason`, if present, is a string.
+fn parse_body(body: &[u8]) -> Result<StopRequest, String> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(StopRequest::default());
+    }
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    if !value.is_object() {
+        let kind = match value {
+            serde_json::Value::Null => "null",
+            serde_json::Value::Bool(_) => "a boolean",
+            serde_json::Value::Number(_) => "a number",
+            serde_json::Value::String(_) => "a string",
+            _ => "an array",
+        };
+        return Err(format!("got {kind}"));
+    }
+    serde_json::from_value(value).map_err(|e| e.to_string())
+}
+
+fn bad_body(why: &str) -> Response {
+    json_error(
+        StatusCode::BAD_REQUEST,
+        "invalid_argument",
+        &format!("the body must be empty or a JSON object {{\"reason\": \"...\"}}: {why}"),
+    )
+    .into_response()
+}
+
+/// `cli` for the `rozd` command line, else `rest`.
+fn rest_source(headers: &HeaderMap) -> &'static str {
+    let cli = headers
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ua| ua.starts_with(crate::client::USER_AGENT_PREFIX));
+    if cli { "cli" } else { "rest" }
+}
+
+fn status_json(s: SafetyStatus, extra: (&str, bool)) -> Response {
+    let mut value = serde_json::to_value(s).unwrap_or_default();
+    if let Some(object) = value.as_object_mut() {
+        object.insert(extra.0.to_string(), extra.1.into());
+    }
+    Json(value).into_response()
+}
+
+/// `GET /v1/safety`.
+async fn get_status(State(ctx): State<Arc<HostContext>>) -> Json<SafetyStatus> {
+    Json(status(&ctx))
+}
+
+/// `POST /v1/estop`: latches the stop; answers once every actuator was
+/// driven to its safe value.
+async fn trigger(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: Bytes) -> Response {
+    let request = match parse_body(&body) {
+        Ok(r) => r,
+        Err(why) => return bad_body(&why),
+    };
+    let source = rest_source(&headers);
+    let reason = clean_reason(
+        request.reason.as_deref(),
+        if source == "cli" {
+            "rozd estop"
+        } else {
+            "POST /v1/estop"
+        },
+    );
+    let was_active = ctx.ooda.protective_stop().active().is_some();
+    ctx.ooda.trigger_stop(source, &reason).await;
+    status_json(status(&ctx), ("triggered", !was_active))
+}
+
+/// `POST /v1/estop/clear`: clears the latch (moves nothing); `409` while a
+/// stop input still asserts the stop.
+async fn clear(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: Bytes) -> Response {
+    let request = match parse_body(&body) {
+        Ok(r) => r,
+        Err(why) => return bad_body(&why),
+    };
+    let source = rest_source(&headers);
+    let reason = clean_reason(request.reason.as_deref(), "operator");
+    match ctx
+        .ooda
+        .protective_stop()
+        .try_clear(&format!("{source}: {reason}"))
+    {
+        Ok(cleared) => status_json(status(&ctx), ("cleared", cleared)),
+        Err(refused) => json_error(
+            StatusCode::CONFLICT,
+            "failed_precondition",
+            &refused.to_string(),
+        )
+        .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_cleaned_and_cut() {
+        assert_eq!(clean_reason(None, "d"), "d");
+        assert_eq!(clean_reason(Some("  "), "d"), "d");
+        assert_eq!(clean_reason(Some("a\nb\x07"), "d"), "a b");
+        assert_eq!(
+            clean_reason(Some(&"x".repeat(2000)), "d").chars().count(),
+            MAX_REASON_CHARS
+        );
+    }
+
+    #[test]
+    fn bodies() {
+        assert!(parse_body(b"").unwrap().reason.is_none());
+        assert!(parse_body(b" \n").unwrap().reason.is_none());
+        assert_eq!(
+            parse_body(br#"{"reason":"r","other":1}"#)
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("r")
+        );
+        assert!(parse_body(b"{}").unwrap().reason.is_none());
+        for bad in [&b"{"[..], b"[]", b"null", br#"{"reason":5}"#, b"stop"] {
+            assert!(parse_body(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! The host's safety state, as `GET /v1/safety` and `GetSafetyStatus` report it.
+
+use serde::Serialize;
+
+use super::StopInfo;
+use super::inputs::{GpioStopInput, mqtt_input_name};
+use crate::HostContext;
+use crate::ooda::orient::AlarmLevel;
+
+/// `level` while nothing is latched.
+pub const LEVEL_NORMAL: &str = "normal";
+/// `level` while the protective stop is latched.
+pub const LEVEL_PROTECTIVE_STOP: &str = "protective_stop";
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SafetyStatus {
+    pub environment_id: String,
+    pub estop_active: bool,
+    /// `normal` or `protective_stop`.
+    pub level: &'static str,
+    /// What restricts motion now: `protective_stop:<source>`,
+    /// `stop_input:<input>` (an input still asserting the stop: clearing is
+    /// refused), `critical_alarm:<sensor>`.
+    pub active_guards: Vec<String>,
+    /// The latched stop's first cause.
+    pub stop: Option<StopInfo>,
+    /// The configured stop inputs.
+    pub inputs: Vec<InputStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InputStatus {
+    /// `gpio:<pin>` or `mqtt:<topic>`.
+    pub name: String,
+    /// A GPIO input at its active level (clearing is refused meanwhile).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asserted: Option<bool>,
+    /// Whether the MQTT client is connected (the topic works only then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connected: Option<bool>,
+}
+
+/// The safety state now.
+pub fn status(ctx: &HostContext) -> SafetyStatus {
+    let latch = ctx.ooda.protective_stop();
+    let stop = latch.active();
+    let held = latch.held_inputs();
+    let mut active_guards = Vec::new();
+    if let Some(s) = &stop {
+        active_guards.push(format!("protective_stop:{}", s.source));
+    }
+    active_guards.extend(held.iter().map(|input| format!("stop_input:{input}")));
+    active_guards.extend(
+        ctx.ooda
+            .observation()
+            .sensors
+            .iter()
+            .filter(|s| s.alarm == AlarmLevel::Critical)
+            .map(|s| format!("critical_alarm:{}", s.sensor.name)),
+    );
+    let mut inputs = Vec::new();
+    if let Some(g) = GpioStopInput::from_config(&ctx.config.safety) {
+        let name = g.name();
+        inputs.push(InputStatus {
+            asserted: Some(held.contains(&name)),
+            connected: None,
+            name,
+        });
+    }
+    if let Some(topic) = &ctx.config.safety.estop_mqtt_topic {
+        inputs.push(InputStatus {
+            name: mqtt_input_name(topic),
+            asserted: None,
+            connected: Some(ctx.ooda.mqtt().is_some_and(|m| m.is_connected())),
+        });
+    }
+    SafetyStatus {
+        environment_id: ctx.config.host.environment_id.clone(),
+        estop_active: stop.is_some(),
+        level: if stop.is_some() {
+            LEVEL_PROTECTIVE_STOP
+        } else {
+            LEVEL_NORMAL
+        },
+        active_guards,
+        stop,
+        inputs,
+    }
+}

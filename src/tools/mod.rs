@@ -1,0 +1,373 @@
+//! Host tools: generated from the configured sensors and actuators and run
+//! inside rozd (no `ToolRequest` to the client).
+//!
+//! - `observe` (PURE): the current Observation, optionally filtered by sensor names;
+//! - `read_sensor` (PURE): one sensor with recent history;
+//! - one PHYSICAL tool per actuator, named after it, taking `{value, hold_ms?}`;
+//! - `stop_all` (PHYSICAL): every actuator to its safe value;
+//! - `serial_query` (PHYSICAL): only when a `[[serial]]` port has `allow_raw = true`.
+//!
+//! One tool per actuator (rather than a generic `actuate`) lets each schema
+//! carry that actuator's own range or allowed set, unit and description, so
+//! the model sees exactly what it may send and JSON Schema validation rejects
+//! the rest before anything moves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::config::ToolCategory;
+use crate::hw::config::ValueSet;
+use crate::ooda::Ooda;
+use crate::ooda::act::{ActError, Origin};
+
+pub const OBSERVE: &str = "observe";
+pub const READ_SENSOR: &str = "read_sensor";
+pub const STOP_ALL: &str = "stop_all";
+pub const SERIAL_QUERY: &str = "serial_query";
+/// Names no actuator may take, since host tools use them.
+pub const RESERVED: &[&str] = &[OBSERVE, READ_SENSOR, STOP_ALL, SERIAL_QUERY];
+
+/// Samples of history `read_sensor` returns.
+const READ_HISTORY: usize = 20;
+/// Upper bound of a `serial_query` reply wait.
+const SERIAL_QUERY_MAX_MS: u64 = 10_000;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostToolDef {
+    pub name: String,
+    pub description: String,
+    pub schema: Value,
+    pub category: ToolCategory,
+    /// The daemon's own deadline for one execution; not extendable by the model or client.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ToolError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    SafetyViolation(String),
+    #[error("{0}")]
+    EStop(String),
+    #[error("{0}")]
+    Held(String),
+    #[error("{0}")]
+    Timeout(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<ActError> for ToolError {
+    fn from(e: ActError) -> Self {
+        let text = e.to_string();
+        match e {
+            ActError::Unknown(_) => ToolError::Invalid(text),
+            ActError::SafetyViolation { .. } => ToolError::SafetyViolation(text),
+            ActError::EStop { .. } => ToolError::EStop(text),
+            ActError::Held { .. } => ToolError::Held(text),
+            ActError::Timeout { .. } => ToolError::Timeout(text),
+            ActError::Driver { .. } => ToolError::Failed(text),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct HostTools {
+    ooda: Arc<Ooda>,
+    defs: Vec<HostToolDef>,
+    raw_ports: Vec<String>,
+}
+
+impl HostTools {
+    pub fn new(ooda: Arc<Ooda>, raw_ports: Vec<String>) -> HostTools {
+        let sensors: Vec<String> = ooda
+            .world()
+            .specs()
+            .iter()
+            .map(|s| s.name.clone())
+            .collect();
+        // A host without sensors offers no reading tools, one without
+        // actuators no PHYSICAL ones.
+        let mut defs = Vec::new();
+        if !sensors.is_empty() {
+            defs.extend([
+            HostToolDef {
+                name: OBSERVE.into(),
+                description: "The host's current Observation: every sensor's value, unit, age, health and alarm, \
+                              actuator states and the protective-stop state. Optionally only some sensors."
+                    .into(),
+                schema: json!({
+                    "type": "object",
+                    "properties": {"sensors": {"type": "array", "items": {"type": "string", "enum": sensors}}},
+                    "additionalProperties": false
+                }),
+                category: ToolCategory::Pure,
+                timeout: Duration::from_secs(1),
+            },
+            HostToolDef {
+                name: READ_SENSOR.into(),
+                description: "One sensor's latest value with its recent history (newest last).".into(),
+                schema: json!({
+                    "type": "object",
+                    "properties": {"name": {"type": "string", "enum": sensors}},
+                    "required": ["name"],
+                    "additionalProperties": false
+                }),
+                category: ToolCategory::Pure,
+                timeout: Duration::from_secs(1),
+            },
+        ]);
+        }
+        for spec in ooda.actuators().specs() {
+            let unit = spec
+                .unit
+                .as_deref()
+                .map(|u| format!(" in {u}"))
+                .unwrap_or_default();
+            let mut value = match &spec.values {
+                ValueSet::Range { min, max } => {
+                    json!({"type": "number", "minimum": min, "maximum": max})
+                }
+                ValueSet::Allowed(values) => json!({"type": "number", "enum": values}),
+            };
+            value["description"] = json!(format!("the value to set{unit}"));
+            let hold = match spec.hold {
+                Some(h) => format!(
+                    " A command holds for at most {} ms, then the actuator returns to its safe value unless renewed.",
+                    h.as_millis()
+                ),
+                None => " A command holds until changed.".to_string(),
+            };
+            defs.push(HostToolDef {
+                name: spec.name.clone(),
+                description: format!(
+                    "Sets actuator `{}`{}{}. Allowed: {}; safe value {}.{}",
+                    spec.name,
+                    spec.description.as_deref().map(|d| format!(" ({d})")).unwrap_or_default(),
+                    unit,
+                    spec.values,
+                    spec.safe_value,
+                    hold
+                ),
+                schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "value": value,
+                        "hold_ms": {"type": "integer", "minimum": 1, "description": "hold for at most this long (never longer than the host allows)"}
+                    },
+                    "required": ["value"],
+                    "additionalProperties": false
+                }),
+                category: ToolCategory::Physical,
+                timeout: spec.timeout,
+            });
+        }
+        let has_actuators = ooda.actuators().specs().next().is_some();
+        if has_actuators {
+            defs.push(HostToolDef {
+                name: STOP_ALL.into(),
+                description: "Drives every actuator to its safe value now.".into(),
+                schema: json!({"type": "object", "properties": {}, "additionalProperties": false}),
+                category: ToolCategory::Physical,
+                timeout: ooda
+                    .actuators()
+                    .specs()
+                    .map(|s| s.timeout)
+                    .max()
+                    .unwrap_or(Duration::from_secs(1)),
+            });
+        }
+        if !raw_ports.is_empty() {
+            defs.push(HostToolDef {
+                name: SERIAL_QUERY.into(),
+                description: "Sends raw text to a serial device and optionally waits for a reply line matching \
+                              a regular expression."
+                    .into(),
+                schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "port": {"type": "string", "enum": raw_ports},
+                        "command": {"type": "string", "maxLength": 1024},
+                        "expect": {"type": "string", "description": "regex the reply line must match"},
+                        "timeout_ms": {"type": "integer", "minimum": 1, "maximum": SERIAL_QUERY_MAX_MS}
+                    },
+                    "required": ["port", "command"],
+                    "additionalProperties": false
+                }),
+                category: ToolCategory::Physical,
+                timeout: Duration::from_millis(SERIAL_QUERY_MAX_MS),
+            });
+        }
+        HostTools {
+            ooda,
+            defs,
+            raw_ports,
+        }
+    }
+
+    pub fn definitions(&self) -> &[HostToolDef] {
+        &self.defs
+    }
+
+    /// The protective stop, if it is latched.
+    pub fn protective_stop(&self) -> Option<crate::safety::StopInfo> {
+        self.ooda.protective_stop().active()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&HostToolDef> {
+        self.defs.iter().find(|d| d.name == name)
+    }
+
+    /// Runs a host tool (parameters already validated against its schema).
+    /// The result is JSON text for the model.
+    pub async fn execute(
+        &self,
+        name: &str,
+        input: &Value,
+        session_id: &str,
+    ) -> Result<String, ToolError> {
+        let def = self
+            .get(name)
+            .ok_or_else(|| ToolError::Invalid(format!("unknown host tool `{name}`")))?;
+        let run = self.run(name, input, session_id);
+        if def.category == ToolCategory::Pure {
+            return run.await;
+        }
+        // In-flight PHYSICAL calls fail as soon as a protective stop latches.
+        let mut stop = self.ooda.protective_stop().subscribe();
+        if let Some(active) = stop.borrow_and_update().clone() {
+            return Err(ToolError::EStop(format!(
+                "protective stop is active ({}: {})",
+                active.source, active.reason
+            )));
+        }
+        tokio::select! {
+            result = run => result,
+            () = async { let _ = stop.wait_for(Option::is_some).await; } => {
+                Err(ToolError::EStop("a protective stop latched while the call was running".into()))
+            }
+            () = tokio::time::sleep(def.timeout + Duration::from_millis(50)) => {
+                // Actuator commands bound their driver themselves and go safe;
+                // this is the backstop for anything else.
+                Err(ToolError::Timeout(format!("`{name}` did not finish within {} ms", def.timeout.as_millis())))
+            }
+        }
+    }
+
+    async fn run(&self, name: &str, input: &Value, session_id: &str) -> Result<String, ToolError> {
+        let obs = self.ooda.observe_now();
+        match name {
+            OBSERVE => {
+                let wanted: Option<Vec<&str>> = input
+                    .get("sensors")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(Value::as_str).collect());
+                let mut v =
+                    serde_json::to_value(&obs).map_err(|e| ToolError::Failed(e.to_string()))?;
+                if let (Some(wanted), Some(sensors)) =
+                    (wanted, v.get_mut("sensors").and_then(Value::as_array_mut))
+                {
+                    sensors.retain(|s| {
+                        s.get("name")
+                            .and_then(Value::as_str)
+                            .is_some_and(|n| wanted.contains(&n))
+                    });
+                }
+                if let Some(map) = v.as_object_mut() {
+                    map.remove("sources");
+                }
+                Ok(v.to_string())
+            }
+            READ_SENSOR => {
+                let sensor = input
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let (view, history) = self
+                    .ooda
+                    .world()
+                    .sensor(sensor, tokio::time::Instant::now())
+                    .ok_or_else(|| ToolError::Invalid(format!("no sensor named {sensor:?}")))?;
+                let alarm = obs.sensor(sensor).map(|s| s.alarm).unwrap_or_default();
+                let recent: Vec<_> = history.iter().rev().take(READ_HISTORY).rev().collect();
+                Ok(json!({"sensor": view, "alarm": alarm, "history": recent}).to_string())
+            }
+            STOP_ALL => {
+                self.ooda
+                    .actuators()
+                    .safe_all(&format!("stop_all by session {session_id}"))
+                    .await;
+                Ok(json!({"stopped": self.ooda.actuators().specs().map(|s| s.name.clone()).collect::<Vec<_>>()}).to_string())
+            }
+            SERIAL_QUERY => {
+                let port = input
+                    .get("port")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                if !self.raw_ports.iter().any(|p| p == port) {
+                    return Err(ToolError::Invalid(format!(
+                        "port {port:?} does not allow raw queries"
+                    )));
+                }
+                let handle = self
+                    .ooda
+                    .serial_port(port)
+                    .ok_or_else(|| ToolError::Invalid(format!("no serial port {port:?}")))?;
+                let command = input
+                    .get("command")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let expect = input
+                    .get("expect")
+                    .and_then(Value::as_str)
+                    .map(regex::Regex::new)
+                    .transpose()
+                    .map_err(|e| ToolError::Invalid(format!("expect is not a valid regex: {e}")))?;
+                let timeout = Duration::from_millis(
+                    input
+                        .get("timeout_ms")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(1_000)
+                        .min(SERIAL_QUERY_MAX_MS),
+                );
+                match handle
+                    .command(command.as_bytes(), expect.as_ref(), timeout)
+                    .await
+                {
+                    Ok(reply) => Ok(json!({"port": port, "reply": reply}).to_string()),
+                    Err(crate::hw::HwError::Timeout(ms)) => Err(ToolError::Timeout(format!(
+                        "no matching reply from {port} within {ms} ms"
+                    ))),
+                    Err(e) => Err(ToolError::Failed(format!("{port}: {e}"))),
+                }
+            }
+            actuator => {
+                let value = input
+                    .get("value")
+                    .and_then(Value::as_f64)
+                    .ok_or_else(|| ToolError::Invalid("`value` must be a number".into()))?;
+                let hold = input
+                    .get("hold_ms")
+                    .and_then(Value::as_u64)
+                    .map(Duration::from_millis);
+                let applied = self
+                    .ooda
+                    .actuators()
+                    .command(
+                        actuator,
+                        value,
+                        Origin::Session(session_id.to_string()),
+                        hold,
+                    )
+                    .await?;
+                Ok(
+                    serde_json::to_string(&applied)
+                        .map_err(|e| ToolError::Failed(e.to_string()))?,
+                )
+            }
+        }
+    }
+}

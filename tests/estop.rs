@@ -1,0 +1,974 @@
+//! The protective stop from each of its sources — REST, the gRPC
+//! `SafetyService`, the `rozd estop` binary, the GPIO stop input (sim
+//! backend) and the MQTT stop topic (a real mosquitto) — against a running
+//! daemon: each latches the stop, drives a held actuator to its safe value
+//! and refuses new commands; clearing needs an authenticated request, moves
+//! nothing, and lets commands work again.
+
+mod common;
+mod hw_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+
+use common::{EXPECT_WITHIN, TestDaemon};
+use rozd::api::proto;
+use rozd::api::proto::safety_service_client::SafetyServiceClient;
+use rozd::ooda::act::{ActError, Origin};
+use rozd::ooda::{Observation, Ooda};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tonic::Code;
+
+const TOKEN: &str = "estop-test-token";
+
+/// A robot with a held actuator, a brake, a sensor in critical alarm and a
+/// simulated GPIO chip; `extra` adds to it.
+fn robot_toml(extra: &str) -> String {
+    format!(
+        r#"
+[host]
+environment_id = "lab"
+
+[gpio]
+backend = "sim"
+
+[[sensors]]
+name = "distance"
+source = "sim"
+signal = "constant"
+offset = 0.2
+rate_hz = 50
+critical_min = 0.3
+
+[[actuators]]
+name = "speed"
+kind = "sim"
+min = -1.0
+max = 1.0
+safe_value = 0.0
+
+[[actuators]]
+name = "brake"
+kind = "sim"
+allowed = [0, 1]
+safe_value = 1
+
+{extra}
+"#
+    )
+}
+
+async fn robot(extra: &str) -> TestDaemon {
+    TestDaemon::start_adjusted(&robot_toml(extra), |c| c.server.http2_keepalive_secs = 0).await
+}
+
+/// With the auth token [`TOKEN`] (as `server.auth_tokens` gives it) and
+/// `safety` in `[safety]`.
+async fn robot_with_token(safety: &str) -> TestDaemon {
+    TestDaemon::start_adjusted(&robot_toml(&format!("[safety]\n{safety}\n")), |c| {
+        c.server.http2_keepalive_secs = 0;
+        c.resolved_tokens = vec![rozd::config::Secret::new(TOKEN)];
+    })
+    .await
+}
+
+/// Waits on the loop's own tick signal until `pred` holds (bounded).
+async fn until(ooda: &Ooda, what: &str, pred: impl Fn(&Observation) -> bool) -> Arc<Observation> {
+    let mut rx = ooda.subscribe();
+    tokio::time::timeout(EXPECT_WITHIN, async {
+        loop {
+            let obs = rx.borrow_and_update().clone();
+            if pred(&obs) {
+                return obs;
+            }
+            rx.changed().await.expect("loop alive");
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} within {EXPECT_WITHIN:?}"))
+}
+
+fn operator() -> Origin {
+    Origin::Operator("estop-test".into())
+}
+
+/// Commands `speed` to 0.5 (held: no hold_ms) and checks the driver got it.
+async fn hold_speed(daemon: &TestDaemon) {
+    let ooda = &daemon.ctx.ooda;
+    ooda.actuators()
+        .command("speed", 0.5, operator(), None)
+        .await
+        .expect("speed accepted");
+    assert_eq!(ooda.sim_actuator("speed").unwrap().value(), Some(0.5));
+}
+
+/// The stop is latched from `source`: speed is back at its safe value (the
+/// driver was told so, and the next Observation shows it), and commands are
+/// refused with `EStop`.
+async fn assert_stopped(daemon: &TestDaemon, source: &str) {
+    let ooda = &daemon.ctx.ooda;
+    let obs = until(ooda, "the stop in an Observation with speed safe", |o| {
+        o.protective_stop.is_some()
+            && o.actuators
+                .iter()
+                .any(|a| a.name == "speed" && a.at_safe_value)
+    })
+    .await;
+    assert_eq!(obs.protective_stop.as_ref().unwrap().source, source);
+    let speed = ooda.sim_actuator("speed").unwrap();
+    assert_eq!(speed.value(), Some(0.0), "the held actuator went safe");
+    assert_eq!(speed.history().last(), Some(&0.0), "{:?}", speed.history());
+    let refused = ooda
+        .actuators()
+        .command("speed", 0.3, operator(), None)
+        .await
+        .expect_err("commands are refused while stopped");
+    assert!(matches!(refused, ActError::EStop { .. }), "{refused}");
+    assert_eq!(speed.value(), Some(0.0));
+}
+
+/// Runs `clear`, checks it moved nothing, and that commands work again.
+async fn assert_clear_moves_nothing<F: std::future::Future<Output = ()>>(
+    daemon: &TestDaemon,
+    clear: F,
+) {
+    let ooda = &daemon.ctx.ooda;
+    let speed = ooda.sim_actuator("speed").unwrap();
+    let brake = ooda.sim_actuator("brake").unwrap();
+    let before = (speed.history(), brake.history());
+    clear.await;
+    assert!(ooda.protective_stop().active().is_none(), "cleared");
+    until(ooda, "an Observation without the stop", |o| {
+        o.protective_stop.is_none()
+    })
+    .await;
+    assert_eq!(
+        (speed.history(), brake.history()),
+        before,
+        "clearing moves nothing"
+    );
+    ooda.actuators()
+        .command("speed", 0.25, operator(), None)
+        .await
+        .expect("commands work again after clearing");
+    assert_eq!(speed.value(), Some(0.25));
+}
+
+// ------------------------------------------------------------------ REST
+
+fn http() -> reqwest::Client {
+    // reqwest is built without a default TLS provider (plain HTTP here anyway).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(EXPECT_WITHIN)
+        .build()
+        .unwrap()
+}
+
+async fn json(response: reqwest::Response) -> (u16, serde_json::Value) {
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (status, value)
+}
+
+#[tokio::test]
+async fn rest_estop_latches_and_clearing_needs_a_token_and_moves_nothing() {
+    let daemon = robot_with_token("").await;
+    hold_speed(&daemon).await;
+    let url = daemon.url();
+    let client = http();
+
+    // Unauthenticated: refused, nothing happens.
+    let (status, body) = json(client.post(format!("{url}/v1/estop")).send().await.unwrap()).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"]["code"], "unauthenticated");
+    assert!(daemon.ctx.ooda.protective_stop().active().is_none());
+
+    // Malformed JSON: 400 JSON, nothing happens.
+    for bad in ["{", "[1]", r#"{"reason": 5}"#] {
+        let (status, body) = json(
+            client
+                .post(format!("{url}/v1/estop"))
+                .bearer_auth(TOKEN)
+                .header("content-type", "application/json")
+                .body(bad)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_argument");
+    }
+    assert!(daemon.ctx.ooda.protective_stop().active().is_none());
+    assert_eq!(
+        daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
+        Some(0.5)
+    );
+
+    let (status, body) = json(
+        client
+            .post(format!("{url}/v1/estop"))
+            .bearer_auth(TOKEN)
+            .json(&serde_json::json!({ "reason": "person in the cell" }))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["estop_active"], true);
+    assert_eq!(body["triggered"], true);
+    assert_eq!(body["level"], "protective_stop");
+    assert_eq!(body["environment_id"], "lab");
+    assert_eq!(body["stop"]["source"], "rest");
+    assert_eq!(body["stop"]["reason"], "person in the cell");
+    // The answer comes after the actuators were driven: no tick needed.
+    assert_eq!(
+        daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
+        Some(0.0)
+    );
+    assert_stopped(&daemon, "rest").await;
+
+    // A second stop (no body) keeps the first cause.
+    let (status, body) = json(
+        client
+            .post(format!("{url}/v1/estop"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["triggered"], false);
+    assert_eq!(body["stop"]["reason"], "person in the cell");
+
+    let (status, body) = json(
+        client
+            .get(format!("{url}/v1/safety"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["estop_active"], true);
+    let guards = body["active_guards"].as_array().unwrap();
+    assert!(
+        guards.contains(&"protective_stop:rest".into()),
+        "{guards:?}"
+    );
+    assert!(
+        guards.contains(&"critical_alarm:distance".into()),
+        "{guards:?}"
+    );
+
+    // Clearing without a token: 401, still latched.
+    let (status, body) = json(
+        client
+            .post(format!("{url}/v1/estop/clear"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    let (status, _) = json(
+        client
+            .post(format!("{url}/v1/estop/clear"))
+            .bearer_auth("wrong-token")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert!(daemon.ctx.ooda.protective_stop().active().is_some());
+
+    assert_clear_moves_nothing(&daemon, async {
+        let (status, body) = json(
+            client
+                .post(format!("{url}/v1/estop/clear"))
+                .bearer_auth(TOKEN)
+                .json(&serde_json::json!({ "reason": "cell checked" }))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["cleared"], true);
+        assert_eq!(body["estop_active"], false);
+        assert_eq!(body["level"], "normal");
+        assert!(body["stop"].is_null());
+    })
+    .await;
+
+    // Clearing again: nothing to clear.
+    let (status, body) = json(
+        client
+            .post(format!("{url}/v1/estop/clear"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((status, &body["cleared"]), (200, &false.into()), "{body}");
+
+    // Wrong methods are JSON 405s.
+    let (status, body) = json(
+        client
+            .get(format!("{url}/v1/estop"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 405, "{body}");
+    daemon.shutdown().await;
+}
+
+// ------------------------------------------------------------------ gRPC
+
+/// Adds `authorization: Bearer <token>` when it has a token.
+#[derive(Clone)]
+struct Bearer(Option<&'static str>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        }
+        Ok(request)
+    }
+}
+
+type Authed = tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>;
+
+async fn safety_client(
+    daemon: &TestDaemon,
+    token: Option<&'static str>,
+) -> SafetyServiceClient<Authed> {
+    SafetyServiceClient::with_interceptor(daemon.channel().await, Bearer(token))
+}
+
+async fn grpc_status(client: &mut SafetyServiceClient<Authed>) -> proto::SafetyStatus {
+    client
+        .get_safety_status(proto::GetSafetyStatusRequest {
+            environment_id: String::new(),
+        })
+        .await
+        .expect("GetSafetyStatus")
+        .into_inner()
+}
+
+#[tokio::test]
+async fn grpc_safety_service_triggers_reports_and_clears() {
+    let daemon = robot_with_token("").await;
+    let mut client = safety_client(&daemon, Some(TOKEN)).await;
+    let mut anonymous = safety_client(&daemon, None).await;
+
+    let status = grpc_status(&mut client).await;
+    assert_eq!(status.environment_id, "lab");
+    assert!(!status.estop_active);
+    assert_eq!(status.level, "normal");
+    until(&daemon.ctx.ooda, "the distance alarm", |o| {
+        o.sensor("distance")
+            .is_some_and(|s| s.alarm == rozd::ooda::orient::AlarmLevel::Critical)
+    })
+    .await;
+    let status = grpc_status(&mut client).await;
+    assert_eq!(status.active_guards, ["critical_alarm:distance"]);
+
+    hold_speed(&daemon).await;
+    // Without a token, and for another environment: refused, nothing happens.
+    let err = anonymous
+        .trigger_estop(proto::TriggerEstopRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    let err = client
+        .trigger_estop(proto::TriggerEstopRequest {
+            environment_id: "elsewhere".into(),
+            reason: "wrong cell".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    let err = client
+        .get_safety_status(proto::GetSafetyStatusRequest {
+            environment_id: "elsewhere".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(daemon.ctx.ooda.protective_stop().active().is_none());
+
+    client
+        .trigger_estop(proto::TriggerEstopRequest {
+            environment_id: "lab".into(),
+            reason: "gRPC stop".into(),
+        })
+        .await
+        .expect("TriggerEstop");
+    assert_stopped(&daemon, "grpc").await;
+    assert_eq!(
+        daemon.ctx.ooda.protective_stop().active().unwrap().reason,
+        "gRPC stop"
+    );
+    let status = grpc_status(&mut client).await;
+    assert!(status.estop_active);
+    assert_eq!(status.level, "protective_stop");
+    assert_eq!(
+        status.active_guards,
+        ["protective_stop:grpc", "critical_alarm:distance"]
+    );
+
+    let err = anonymous
+        .clear_estop(proto::ClearEstopRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(daemon.ctx.ooda.protective_stop().active().is_some());
+
+    assert_clear_moves_nothing(&daemon, async {
+        client
+            .clear_estop(proto::ClearEstopRequest {
+                environment_id: String::new(),
+                reason: "checked".into(),
+            })
+            .await
+            .expect("ClearEstop");
+    })
+    .await;
+    let status = grpc_status(&mut client).await;
+    assert!(!status.estop_active);
+    assert_eq!(status.level, "normal");
+    // Clearing what is not latched is fine.
+    client
+        .clear_estop(proto::ClearEstopRequest::default())
+        .await
+        .expect("ClearEstop when clear");
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn safety_service_is_in_health_and_reflection() {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    use tonic_reflection::pb::{v1, v1alpha};
+    let daemon = robot("").await;
+    let reply = HealthClient::new(daemon.channel().await)
+        .check(HealthCheckRequest {
+            service: "roz.v1.SafetyService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), ServingStatus::Serving);
+
+    let mut client =
+        v1::server_reflection_client::ServerReflectionClient::new(daemon.channel().await);
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let reply = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner()
+        .message()
+        .await
+        .unwrap()
+        .expect("one reply");
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        reply.message_response
+    else {
+        panic!("expected a service list");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"roz.v1.SafetyService".to_string()),
+        "{names:?}"
+    );
+
+    let mut client =
+        v1alpha::server_reflection_client::ServerReflectionClient::new(daemon.channel().await);
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::FileContainingSymbol(
+                "roz.v1.SafetyService".into(),
+            ),
+        ),
+    };
+    let reply = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner()
+        .message()
+        .await
+        .unwrap()
+        .expect("one reply");
+    let Some(v1alpha::server_reflection_response::MessageResponse::FileDescriptorResponse(files)) =
+        reply.message_response
+    else {
+        panic!(
+            "expected file descriptors, got {:?}",
+            reply.message_response
+        );
+    };
+    use prost::Message as _;
+    let names: Vec<String> = files
+        .file_descriptor_proto
+        .iter()
+        .map(|f| {
+            prost_types::FileDescriptorProto::decode(f.as_slice())
+                .unwrap()
+                .name()
+                .to_string()
+        })
+        .collect();
+    assert!(
+        names.contains(&"roz/v1/safety.proto".to_string()),
+        "{names:?}"
+    );
+    daemon.shutdown().await;
+}
+
+// ------------------------------------------------------------------ CLI
+
+const ROZD: &str = env!("CARGO_BIN_EXE_rozd");
+
+/// Runs the `rozd` binary (without blocking the runtime the daemon runs on).
+async fn rozd_cli(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = tokio::time::timeout(
+        EXPECT_WITHIN * 4,
+        Command::new(ROZD)
+            .args(args)
+            .env_remove("ROZD_ADDR")
+            .env_remove("ROZD_TOKEN")
+            .env_remove("ROZD_CONFIG")
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("rozd exits")
+    .expect("run rozd");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn cli_estop_and_clear_against_a_running_daemon() {
+    let daemon = robot_with_token("").await;
+    let addr = daemon.addr.to_string();
+    hold_speed(&daemon).await;
+
+    // No token: exit 3, nothing happens.
+    let (code, _, stderr) = rozd_cli(&["estop", "--addr", &addr]).await;
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(stderr.contains("NOT triggered"), "{stderr}");
+    assert!(daemon.ctx.ooda.protective_stop().active().is_none());
+
+    let (code, stdout, stderr) = rozd_cli(&[
+        "estop",
+        "--addr",
+        &addr,
+        "--token",
+        TOKEN,
+        "--reason",
+        "arm left its envelope",
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("protective stop: ACTIVE"), "{stdout}");
+    assert!(stdout.contains("source:  cli"), "{stdout}");
+    assert!(stdout.contains("arm left its envelope"), "{stdout}");
+    assert_stopped(&daemon, "cli").await;
+
+    // `rozd status` shows it.
+    let (code, stdout, stderr) = rozd_cli(&["status", "--addr", &addr, "--token", TOKEN]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("stop:         ACTIVE (cli: arm left its envelope)"),
+        "{stdout}"
+    );
+
+    // Clearing without the token: exit 3, still latched.
+    let (code, _, stderr) = rozd_cli(&["estop", "--clear", "--addr", &addr]).await;
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(
+        stderr.contains("401") && stderr.contains("NOT cleared"),
+        "{stderr}"
+    );
+    assert!(daemon.ctx.ooda.protective_stop().active().is_some());
+
+    assert_clear_moves_nothing(&daemon, async {
+        let (code, stdout, stderr) = rozd_cli(&[
+            "estop", "--clear", "--addr", &addr, "--token", TOKEN, "--json",
+        ])
+        .await;
+        assert_eq!(code, Some(0), "{stdout}{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(
+            (&v["estop_active"], &v["cleared"]),
+            (&false.into(), &true.into())
+        );
+    })
+    .await;
+
+    let (code, stdout, _) =
+        rozd_cli(&["estop", "--clear", "--addr", &addr, "--token", TOKEN]).await;
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("protective stop: not active"), "{stdout}");
+
+    // No daemon there: exit 1, saying the stop did not happen.
+    let gone = hw_support::free_port();
+    let (code, _, stderr) = rozd_cli(&["estop", "--addr", &format!("127.0.0.1:{gone}")]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("NOT triggered"), "{stderr}");
+    daemon.shutdown().await;
+}
+
+// ------------------------------------------------------------------ GPIO
+
+const STOP_PIN: u8 = 5;
+
+#[tokio::test]
+async fn gpio_stop_input_latches_and_holds_until_released() {
+    let daemon = robot_with_token(&format!("estop_gpio_pin = {STOP_PIN}")).await;
+    let ooda = daemon.ctx.ooda.clone();
+    let chip = ooda.gpio().as_sim().expect("sim GPIO");
+    // Active low with the default pull-up: idle high, nothing latched.
+    assert_eq!(chip.level(STOP_PIN), Some(true));
+    assert!(ooda.protective_stop().active().is_none());
+    hold_speed(&daemon).await;
+
+    chip.set_level(STOP_PIN, false); // the button is pressed
+    assert_stopped(&daemon, "gpio").await;
+    let url = daemon.url();
+    let client = http();
+    let (_, body) = json(
+        client
+            .get(format!("{url}/v1/safety"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let guards = body["active_guards"].as_array().unwrap();
+    assert!(guards.contains(&"protective_stop:gpio".into()), "{body}");
+    assert!(guards.contains(&"stop_input:gpio:5".into()), "{body}");
+    assert_eq!(body["inputs"][0]["name"], "gpio:5");
+    assert_eq!(body["inputs"][0]["asserted"], true);
+
+    // Clearing while the button is still pressed: refused (409), still latched.
+    let (status, body) = json(
+        client
+            .post(format!("{url}/v1/estop/clear"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "failed_precondition");
+    let err = safety_client(&daemon, Some(TOKEN))
+        .await
+        .clear_estop(proto::ClearEstopRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(ooda.protective_stop().active().is_some());
+
+    // Released: the stop stays latched until an operator clears it.
+    chip.set_level(STOP_PIN, true);
+    until(&ooda, "the input released", |_| {
+        ooda.protective_stop().held_inputs().is_empty()
+    })
+    .await;
+    assert!(ooda.protective_stop().active().is_some());
+    assert_clear_moves_nothing(&daemon, async {
+        let (status, body) = json(
+            client
+                .post(format!("{url}/v1/estop/clear"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    })
+    .await;
+
+    // A press shorter than the task takes to look still latches.
+    chip.set_level(STOP_PIN, false);
+    chip.set_level(STOP_PIN, true);
+    assert_stopped(&daemon, "gpio").await;
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn gpio_stop_input_active_at_start_up_latches_before_anything_moves() {
+    // Active high with a pull-up: the idle sim pin reads high, i.e. pressed.
+    let daemon = robot(&format!(
+        "[safety]\nestop_gpio_pin = {STOP_PIN}\nestop_gpio_active = \"high\"\nestop_gpio_pull = \"up\"\n"
+    ))
+    .await;
+    let ooda = daemon.ctx.ooda.clone();
+    let obs = until(&ooda, "the start-up stop", |o| o.protective_stop.is_some()).await;
+    let stop = obs.protective_stop.clone().unwrap();
+    assert_eq!(stop.source, "gpio");
+    assert!(stop.reason.contains("start-up"), "{}", stop.reason);
+    let err = ooda
+        .actuators()
+        .command("speed", 0.5, operator(), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ActError::EStop { .. }), "{err}");
+    let history = ooda.sim_actuator("speed").unwrap().history();
+    assert!(
+        !history.is_empty() && history.iter().all(|v| *v == 0.0),
+        "speed never left its safe value: {history:?}"
+    );
+    daemon.shutdown().await;
+}
+
+// ------------------------------------------------------------------ MQTT
+
+/// mosquitto on a free loopback port (as in tests/mqtt.rs).
+struct Broker {
+    child: Child,
+    port: u16,
+}
+
+impl Broker {
+    async fn start(dir: &Path) -> Broker {
+        let port = hw_support::free_port();
+        let user = std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .expect("run id -un");
+        let user = String::from_utf8_lossy(&user.stdout).trim().to_string();
+        let conf: PathBuf = dir.join("mosquitto.conf");
+        let text = format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n\
+             user {user}\nlog_dest stderr\n",
+            dir.display()
+        );
+        std::fs::write(&conf, text).expect("write mosquitto.conf");
+        let mut child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&conf)
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn mosquitto (apt-get install mosquitto)");
+        let stderr = child.stderr.take().expect("mosquitto stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let mut log = String::new();
+        let running = tokio::time::timeout(EXPECT_WITHIN, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                log.push_str(&line);
+                log.push('\n');
+                if line.contains(" running") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(running, Ok(true), "mosquitto did not start:\n{log}");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Broker { child, port }
+    }
+
+    async fn stop(mut self) {
+        hw_support::terminate(&mut self.child).await;
+    }
+}
+
+/// Publishes at QoS 1 like any other client (returns once the broker acknowledged).
+async fn publish(port: u16, topic: &str, payload: &str, retain: bool) {
+    let port = port.to_string();
+    let mut args = vec![
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-q",
+        "1",
+        "-t",
+        topic,
+        "-m",
+        payload,
+    ];
+    if retain {
+        args.push("-r");
+    }
+    let out = tokio::time::timeout(
+        EXPECT_WITHIN,
+        Command::new("mosquitto_pub").args(&args).output(),
+    )
+    .await
+    .expect("mosquitto_pub hung")
+    .expect("run mosquitto_pub (apt-get install mosquitto-clients)");
+    assert!(
+        out.status.success(),
+        "mosquitto_pub failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn mqtt_stop_topic_latches_and_cannot_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path()).await;
+    let daemon = robot(&format!(
+        "[mqtt]\nurl = \"mqtt://127.0.0.1:{}\"\nclient_id = \"rozd-estop-test\"\nreconnect_min_ms = 50\nreconnect_max_ms = 400\n\
+         [safety]\nestop_mqtt_topic = \"cell/estop\"\n",
+        broker.port
+    ))
+    .await;
+    let ooda = daemon.ctx.ooda.clone();
+    hold_speed(&daemon).await;
+
+    // Retained, so it reaches us whether or not the subscription is in
+    // place yet (a retained stop latches whenever rozd subscribes anew).
+    publish(broker.port, "cell/estop", "stop", true).await;
+    assert_stopped(&daemon, "mqtt").await;
+    let status = safety_client(&daemon, None)
+        .await
+        .get_safety_status(proto::GetSafetyStatusRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        status
+            .active_guards
+            .contains(&"protective_stop:mqtt".to_string()),
+        "{status:?}"
+    );
+    let (_, body) = json(
+        http()
+            .get(format!("{}/v1/safety", daemon.url()))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(body["inputs"][0]["name"], "mqtt:cell/estop");
+    assert_eq!(body["inputs"][0]["connected"], true);
+
+    // Remove the retained stop. Other payloads are ignored: MQTT has no
+    // way to clear the stop (payload parsing: unit tests in safety::inputs).
+    publish(broker.port, "cell/estop", "", true).await;
+    publish(broker.port, "cell/estop", "0", false).await;
+    assert_clear_moves_nothing(&daemon, async {
+        assert!(ooda.protective_stop().try_clear("test operator").unwrap());
+    })
+    .await;
+
+    // The subscription is live now: a plain (not retained) "1" stops too.
+    hold_speed(&daemon).await;
+    publish(broker.port, "cell/estop", "1", false).await;
+    assert_stopped(&daemon, "mqtt").await;
+    daemon.shutdown().await;
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn mqtt_listen_subscribes_before_and_after_the_connection() {
+    use hw_support::{Ev, recorder};
+    use rozd::hw::Health;
+    use rozd::hw::config::MqttConfig;
+    use rozd::hw::mqtt::Mqtt;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path()).await;
+    let cfg = MqttConfig {
+        url: format!("mqtt://127.0.0.1:{}", broker.port),
+        client_id: Some("rozd-listen-test".into()),
+        username: None,
+        password_env: None,
+        ca_file: None,
+        keep_alive_secs: 5,
+        reconnect_min_ms: 50,
+        reconnect_max_ms: 400,
+    };
+    let (readings, mut events) = recorder();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mqtt = Mqtt::start(&cfg, "h", &[], readings, shutdown.clone());
+    // Registered before the connection: subscribed at the ConnAck.
+    let mut early = mqtt.listen("a/early").unwrap();
+    events
+        .wait_for("connected", |e| *e == Ev::Health("mqtt".into(), Health::Ok))
+        .await;
+    // Registered while connected: subscribed at once.
+    let mut late = mqtt.listen("a/late").unwrap();
+    assert!(mqtt.listen("a/#").is_err(), "no wildcards");
+    publish(broker.port, "a/early", "stop", true).await;
+    publish(broker.port, "a/late", "1", true).await;
+    let got = tokio::time::timeout(EXPECT_WITHIN, early.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, b"stop");
+    let got = tokio::time::timeout(EXPECT_WITHIN, late.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, b"1");
+    shutdown.cancel();
+    tokio::time::timeout(EXPECT_WITHIN, mqtt.join())
+        .await
+        .unwrap();
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_stop_input_keeps_the_daemon_from_starting() {
+    // A sim pin that is already an output cannot be the stop input: the
+    // daemon refuses to run without it. (Config validation catches the
+    // configured cases; this is the backend refusing at start.)
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n{}",
+        dir.path().join("rozd.db").display().to_string(),
+        robot_toml(
+            "[safety]\nestop_gpio_pin = 6\n[[actuators]]\nname = \"lamp\"\nkind = \"gpio\"\npin = 7\nsafe_value = 0\n"
+        )
+    );
+    let mut config =
+        rozd::config::Config::parse(&text, rozd::config::ConfigSource::BuiltIn).unwrap();
+    // Bypass validation the way only a bug could: point the input at the output pin.
+    config.safety.estop_gpio_pin = Some(7);
+    let err = match rozd::daemon::Daemon::bind(config).await {
+        Ok(_) => panic!("the daemon started with an unusable stop input"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("safety.estop_gpio_pin"), "{err}");
+}
