@@ -18,6 +18,7 @@ directory. Exit status 0 on success, 1 on any failure (with rozd's output).
 import argparse
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -41,23 +42,30 @@ def log(text):
     print(f"smoke: {text}", flush=True)
 
 
-def recv_until(sock, deadline, predicate, what):
-    """Receives notify datagrams until predicate(lines) holds or the deadline passes."""
+def recv_until(sock, child, deadline, predicate, what):
+    """Receives notify datagrams until predicate(lines) holds; fails when the
+    deadline passes or the child exits first (watched through a pidfd)."""
     seen = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise Failure(f"no {what} within the timeout; notifications so far: {seen}")
-        sock.settimeout(left)
-        try:
-            data = sock.recv(4096)
-        except socket.timeout:
-            continue
-        lines = data.decode("utf-8", "replace").splitlines()
-        seen.extend(lines)
-        result = predicate(lines)
-        if result is not None:
-            return result
+    pidfd = os.pidfd_open(child.pid)
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Failure(f"no {what} within the timeout; notifications so far: {seen}")
+            readable, _, _ = select.select([sock, pidfd], [], [], left)
+            if sock in readable:
+                data = sock.recv(4096)
+            elif pidfd in readable:
+                raise Failure(f"rozd exited with status {child.wait()} before {what}; notifications: {seen}")
+            else:
+                continue
+            lines = data.decode("utf-8", "replace").splitlines()
+            seen.extend(lines)
+            result = predicate(lines)
+            if result is not None:
+                return result
+    finally:
+        os.close(pidfd)
 
 
 def http_get_json(url):
@@ -109,7 +117,7 @@ def main():
                         return line.removeprefix("STATUS=serving roz.v1 on ")
                 raise Failure(f"READY=1 without a STATUS naming the address: {lines}")
 
-            addr = recv_until(notify, started + READY_TIMEOUT_SECS, ready, "READY=1")
+            addr = recv_until(notify, child, started + READY_TIMEOUT_SECS, ready, "READY=1")
             log(f"READY=1 after {time.monotonic() - started:.1f} s, serving on {addr}")
 
             status, body = http_get_json(f"http://{addr}/healthz")
@@ -140,6 +148,7 @@ def main():
             child.send_signal(signal.SIGTERM)
             recv_until(
                 notify,
+                child,
                 time.monotonic() + STOP_TIMEOUT_SECS,
                 lambda lines: True if "STOPPING=1" in lines else None,
                 "STOPPING=1 after SIGTERM",
