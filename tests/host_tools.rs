@@ -446,3 +446,95 @@ async fn the_audit_survives_a_restart() {
     );
     again.shutdown().await;
 }
+
+/// A socat pty pair: rozd opens `a`, the test plays the device on `b`.
+struct PtyPair {
+    _child: tokio::process::Child,
+    a: std::path::PathBuf,
+    b: std::path::PathBuf,
+}
+
+async fn pty_pair(dir: &std::path::Path) -> PtyPair {
+    use tokio::io::AsyncBufReadExt;
+    let (a, b) = (dir.join("A"), dir.join("B"));
+    let mut child = tokio::process::Command::new("socat")
+        .args(["-d", "-d"])
+        .arg(format!("pty,raw,echo=0,link={}", a.display()))
+        .arg(format!("pty,raw,echo=0,link={}", b.display()))
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn socat (scripts/test.sh installs it)");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    tokio::time::timeout(common::EXPECT_WITHIN, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("starting data transfer loop") {
+                return;
+            }
+        }
+        panic!("socat ended before it was ready");
+    })
+    .await
+    .expect("socat ready");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    PtyPair {
+        _child: child,
+        a,
+        b,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_serial_actuator_times_out_and_ends_at_its_safe_value() {
+    use tokio::io::AsyncBufReadExt;
+    use tokio_serial::SerialPortBuilderExt;
+    let dir = tempfile::tempdir().unwrap();
+    let pty = pty_pair(dir.path()).await;
+    let config = format!(
+        "[[serial]]\nname = \"mcu\"\npath = {:?}\n\n[[actuators]]\nname = \"valve\"\nkind = \"serial\"\nport = \"mcu\"\n\
+         template = \"V {{value}}\\n\"\nexpect = \"^OK\"\nreply_timeout_ms = 60000\ntimeout_ms = 300\nmin = 0\nmax = 1\nsafe_value = 0\n\n\
+         [[permissions]]\ntool_pattern = \"valve\"\npolicy = \"allow\"\n",
+        pty.a.display().to_string()
+    );
+    let device = tokio_serial::new(pty.b.to_string_lossy(), 9600)
+        .open_native_async()
+        .unwrap();
+    let mut device = tokio::io::BufReader::new(device).lines();
+    let daemon = TestDaemon::start(&config).await;
+    // Start-up drives the safe value first; the device never answers anything.
+    let first = tokio::time::timeout(common::EXPECT_WITHIN, device.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.as_deref(), Some("V 0"));
+    let (mut session, session_id) = open(&daemon, vec![]).await;
+    session.send(user("set valve 1")).await;
+    let line = tokio::time::timeout(common::EXPECT_WITHIN, device.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(line.as_deref(), Some("V 1"));
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(errors(&seen), ["tool_timeout"]);
+    assert!(
+        text_of(&seen).contains("did not finish within 300 ms"),
+        "{}",
+        text_of(&seen)
+    );
+    assert_eq!(done.stop_reason, "end_turn");
+    // The safe value was sent to the device and is what the host holds.
+    let safe = tokio::time::timeout(common::EXPECT_WITHIN, device.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(safe.as_deref(), Some("V 0"));
+    assert_eq!(daemon.ctx.ooda.actuators().value("valve"), Some(0.0));
+    let records = audit(&daemon, &session_id).await;
+    assert!(
+        records.iter().any(|r| r["kind"] == "tool_call"
+            && r["tool"] == "valve"
+            && r["error"].as_str().unwrap_or("").contains("300 ms")),
+        "{records:?}"
+    );
+    daemon.shutdown().await;
+}

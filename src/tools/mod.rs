@@ -249,9 +249,14 @@ impl HostTools {
             () = async { let _ = stop.wait_for(Option::is_some).await; } => {
                 Err(ToolError::EStop("a protective stop latched while the call was running".into()))
             }
-            () = tokio::time::sleep(def.timeout + Duration::from_millis(50)) => {
-                // Actuator commands bound their driver themselves and go safe;
-                // this is the backstop for anything else.
+            // Actuator commands bound their driver with the actuator's deadline
+            // and then drive the safe value (bounded the same way), so they
+            // finish within twice the deadline. This backstop is for anything
+            // that does not; a PHYSICAL tool that hits it still goes safe.
+            () = tokio::time::sleep(def.timeout * 2 + Duration::from_secs(1)) => {
+                if self.ooda.actuators().spec(name).is_some() {
+                    let _ = self.ooda.actuators().safe(name, "host tool backstop deadline").await;
+                }
                 Err(ToolError::Timeout(format!("`{name}` did not finish within {} ms", def.timeout.as_millis())))
             }
         }
