@@ -240,6 +240,16 @@ impl Actuators {
             )));
         }
         let _io = entry.io.lock().await;
+        // Again under the lock: a stop that latched while this command waited
+        // has already driven the actuator safe, and it must stay there.
+        if !matches!(origin, Origin::Safety(_))
+            && let Some(stop) = self.estop.active()
+        {
+            return Err(ActError::EStop {
+                actuator: name.to_string(),
+                reason: stop.reason,
+            });
+        }
         let now = Instant::now();
         {
             let state = lock(&entry.state);
