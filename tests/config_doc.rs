@@ -1,0 +1,110 @@
+//! `config/rozd.toml` documents every key of the hardware sections: each key
+//! the configuration accepts (as serde lists them) appears with an example
+//! value in its section of the file (commented where the example needs real
+//! hardware or a broker), and the file itself is a valid configuration.
+
+use rozd::config::{Config, ConfigSource};
+
+const DOC: &str = include_str!("../config/rozd.toml");
+
+/// The keys a table accepts, from the error that an unknown key produces.
+fn accepted_keys(table: &str) -> Vec<String> {
+    let text = table.replace("ZZZ", "zzz_not_a_key = 1");
+    let err = Config::parse(&text, ConfigSource::BuiltIn)
+        .expect_err("an unknown key is an error")
+        .to_string();
+    let expected = err
+        .split_once("expected")
+        .unwrap_or_else(|| panic!("no list of expected keys in: {err}"))
+        .1;
+    let keys: Vec<String> = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    assert!(!keys.is_empty(), "{err}");
+    keys
+}
+
+/// The part of the file from the line that ends with `from` to the one that
+/// ends with `to` (section rulers such as `# ---...--- sensors`).
+fn section(from: &str, to: Option<&str>) -> &'static str {
+    let start = DOC
+        .find(&format!("-- {from}\n"))
+        .unwrap_or_else(|| panic!("no section {from}"));
+    let end = to.map_or(DOC.len(), |to| {
+        DOC[start..]
+            .find(&format!("-- {to}\n"))
+            .map(|i| start + i)
+            .unwrap_or_else(|| panic!("no section {to} after {from}"))
+    });
+    &DOC[start..end]
+}
+
+fn assert_documented(what: &str, keys: &[String], text: &str) {
+    let missing: Vec<&String> = keys
+        .iter()
+        .filter(|key| {
+            let assignment =
+                regex::Regex::new(&format!(r"(?m)(^#?\s*|[{{,]\s*){key}\s*=")).unwrap();
+            !assignment.is_match(text)
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "config/rozd.toml shows no `key = ...` example for these {what} keys: {missing:?}"
+    );
+}
+
+#[test]
+fn the_example_config_is_valid() {
+    let c = Config::parse(DOC, ConfigSource::File("config/rozd.toml".into())).unwrap();
+    assert!(!c.hardware.sensors.is_empty());
+    assert!(!c.hardware.actuators.is_empty());
+    assert!(!c.reflex_rules.is_empty());
+}
+
+#[test]
+fn every_hardware_key_is_documented_with_an_example() {
+    let sensors = accepted_keys("[[sensors]]\nname = \"s\"\nsource = \"sim\"\nZZZ\n");
+    assert_documented(
+        "[[sensors]]",
+        &sensors,
+        section("sensors", Some("actuators")),
+    );
+    let actuators = accepted_keys(
+        "[[actuators]]\nname = \"a\"\nkind = \"sim\"\nmin = 0\nmax = 1\nsafe_value = 0\nZZZ\n",
+    );
+    assert_documented(
+        "[[actuators]]",
+        &actuators,
+        section("actuators", Some("reflex rules")),
+    );
+    let rules = section("reflex rules", None);
+    assert_documented(
+        "[[rules]]",
+        &accepted_keys("[[rules]]\nname = \"r\"\nwhen = \"true\"\nZZZ\nthen = { estop = true }\n"),
+        rules,
+    );
+    assert_documented(
+        "[[rules]] then",
+        &accepted_keys("[[rules]]\nname = \"r\"\nwhen = \"true\"\nthen = { ZZZ }\n"),
+        rules,
+    );
+    assert_documented(
+        "[gpio]",
+        &accepted_keys("[gpio]\nZZZ\n"),
+        section("GPIO", Some("MQTT")),
+    );
+    assert_documented(
+        "[mqtt]",
+        &accepted_keys("[mqtt]\nurl = \"mqtt://127.0.0.1\"\nZZZ\n"),
+        section("MQTT", Some("serial ports")),
+    );
+    assert_documented(
+        "[[serial]]",
+        &accepted_keys("[[serial]]\nname = \"p\"\npath = \"/dev/null\"\nZZZ\n"),
+        section("serial ports", Some("sensors")),
+    );
+}

@@ -1,0 +1,718 @@
+//! The OODA loop end to end through the real daemon, started in-process:
+//! a serial device that the test plays on the far end of a `socat` pty pair,
+//! and a real `mosquitto` on a free loopback port. What the daemon reads
+//! shows up in the Observation (over REST too); what it commands reaches the
+//! device or the broker; failures end at the safe value; shutdown drives the
+//! actuators safe before it stops the drivers.
+//!
+//! Every wait is on an event (a line from rozd, an MQTT message, an
+//! Observation tick) and bounded; nothing sleeps to synchronise.
+
+mod common;
+mod hw_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+
+use common::TestDaemon;
+use hw_support::{EXPECT_WITHIN, free_port, terminate};
+use rozd::hw::HwError;
+use rozd::ooda::act::{ActError, Origin};
+use rozd::ooda::orient::AlarmLevel;
+use rozd::ooda::{Observation, Ooda};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio_serial::{SerialPortBuilderExt, SerialStream};
+
+// ------------------------------------------------------------------ helpers
+
+/// Waits (on the loop's own tick signal) until `pred` holds for an Observation.
+async fn until(ooda: &Ooda, what: &str, pred: impl Fn(&Observation) -> bool) -> Arc<Observation> {
+    let mut rx = ooda.subscribe();
+    let mut last = None;
+    let reached = tokio::time::timeout(EXPECT_WITHIN, async {
+        loop {
+            let obs = rx.borrow_and_update().clone();
+            if pred(&obs) {
+                return obs;
+            }
+            last = Some(obs);
+            rx.changed().await.expect("the OODA loop is alive");
+        }
+    })
+    .await;
+    match reached {
+        Ok(obs) => obs,
+        Err(_) => {
+            panic!("not reached within {EXPECT_WITHIN:?}: {what}\nlast observation: {last:#?}")
+        }
+    }
+}
+
+fn sensor<'a>(obs: &'a Observation, name: &str) -> &'a rozd::ooda::SensorObservation {
+    obs.sensor(name)
+        .unwrap_or_else(|| panic!("no sensor {name} in {obs:#?}"))
+}
+
+/// Whether sensor `name` reads `want`, fresh.
+fn value_is(obs: &Observation, name: &str, want: f64) -> bool {
+    obs.sensor(name)
+        .is_some_and(|s| s.sensor.value == Some(want) && s.sensor.health == "ok")
+}
+
+fn health_is(obs: &Observation, name: &str, want: &str) -> bool {
+    obs.sensor(name).is_some_and(|s| s.sensor.health == want)
+}
+
+fn source_health(obs: &Observation, source: &str) -> Option<&'static str> {
+    obs.sources
+        .iter()
+        .find(|s| s.name == source)
+        .map(|s| s.health)
+}
+
+fn actuator<'a>(obs: &'a Observation, name: &str) -> &'a rozd::ooda::act::ActuatorView {
+    obs.actuators
+        .iter()
+        .find(|a| a.name == name)
+        .unwrap_or_else(|| panic!("no actuator {name} in {obs:#?}"))
+}
+
+/// `GET path` on the daemon, as JSON.
+async fn rest(daemon: &TestDaemon, path: &str) -> (u16, Value) {
+    let reply = rozd::client::get(&daemon.addr.to_string(), path, None)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let body = serde_json::from_str(&reply.body)
+        .unwrap_or_else(|e| panic!("GET {path}: not JSON ({e}): {}", reply.body));
+    (reply.status.as_u16(), body)
+}
+
+/// The entry named `name` of a JSON array.
+fn named<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not an array: {list}"))
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {list}"))
+}
+
+fn operator() -> Origin {
+    Origin::Operator("e2e test".into())
+}
+
+async fn start_daemon(config: &str) -> TestDaemon {
+    TestDaemon::start_adjusted(config, |c| c.server.http2_keepalive_secs = 0).await
+}
+
+// ------------------------------------------------------------------ serial device
+
+/// A pty pair made by socat: rozd opens `a` as its serial device, the test
+/// plays the device on `b`.
+struct PtyPair {
+    child: Child,
+    a: PathBuf,
+    b: PathBuf,
+}
+
+impl PtyPair {
+    /// Starts socat and waits until it reports both ptys and enters its
+    /// transfer loop (the links exist by then).
+    async fn start(dir: &Path) -> PtyPair {
+        let a = dir.join("A");
+        let b = dir.join("B");
+        let mut child = Command::new("socat")
+            .arg("-d")
+            .arg("-d")
+            .arg(format!("pty,raw,echo=0,link={}", a.display()))
+            .arg(format!("pty,raw,echo=0,link={}", b.display()))
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn socat (apt-get install socat)");
+        let stderr = child.stderr.take().expect("socat stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let mut ptys = 0;
+        let mut log = String::new();
+        let ready = tokio::time::timeout(EXPECT_WITHIN, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                log.push_str(&line);
+                log.push('\n');
+                if line.contains(" N PTY is ") {
+                    ptys += 1;
+                }
+                if ptys == 2 && line.contains("starting data transfer loop") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(ready, Ok(true), "socat did not start:\n{log}");
+        assert!(a.exists() && b.exists(), "socat links missing:\n{log}");
+        // keep draining its log so socat never blocks on a full pipe
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        PtyPair { child, a, b }
+    }
+
+    /// The device end.
+    fn device(&self) -> Device {
+        let port = tokio_serial::new(self.b.to_string_lossy(), 115_200)
+            .open_native_async()
+            .expect("open the device end of the pty pair");
+        let (r, w) = tokio::io::split(port);
+        Device {
+            lines: BufReader::new(r).lines(),
+            w,
+        }
+    }
+
+    /// The device vanishes: socat exits and closes both ptys (and removes
+    /// the links).
+    async fn stop(&mut self) {
+        terminate(&mut self.child).await;
+    }
+}
+
+struct Device {
+    lines: tokio::io::Lines<BufReader<tokio::io::ReadHalf<SerialStream>>>,
+    w: tokio::io::WriteHalf<SerialStream>,
+}
+
+impl Device {
+    async fn send(&mut self, text: &str) {
+        self.w
+            .write_all(text.as_bytes())
+            .await
+            .expect("write to the device end");
+        self.w.flush().await.expect("flush the device end");
+    }
+
+    /// The next line rozd wrote to the device.
+    async fn line(&mut self) -> String {
+        tokio::time::timeout(EXPECT_WITHIN, self.lines.next_line())
+            .await
+            .expect("rozd wrote nothing to the device")
+            .expect("read the device end")
+            .expect("the device end closed")
+    }
+
+    /// Expects the command `want` and answers `reply` (a whole line).
+    async fn answer(&mut self, want: &str, reply: &str) {
+        assert_eq!(self.line().await, want);
+        self.send(&format!("{reply}\n")).await;
+    }
+}
+
+/// A motor controller on a serial port: it reports its current as `I=<A>`
+/// lines and takes `M <speed>` commands, which it acknowledges with `OK`.
+fn serial_robot(device: &Path) -> String {
+    format!(
+        r#"
+[ooda]
+tick_hz = 100
+
+[[serial]]
+name = "mcu"
+path = "{}"
+baud = 115200
+reconnect_ms = 50
+
+[[sensors]]
+name = "current"
+source = "serial"
+port = "mcu"
+parser = "kv"
+key = "I"
+unit = "A"
+warn_max = 2.0
+hysteresis = 0.1
+
+[[actuators]]
+name = "motor"
+kind = "serial"
+port = "mcu"
+template = "M {{value}}\n"
+expect = "^OK\\b"
+reply_timeout_ms = 500
+min = -1.0
+max = 1.0
+safe_value = 0.0
+"#,
+        device.display()
+    )
+}
+
+/// Starts the daemon while the device acknowledges the start-up safe value.
+async fn start_serial_robot(pty: &PtyPair, dev: &mut Device) -> TestDaemon {
+    let config = serial_robot(&pty.a);
+    let (daemon, ()) = tokio::join!(start_daemon(&config), dev.answer("M 0", "OK"));
+    daemon
+}
+
+// ------------------------------------------------------------------ serial tests
+
+#[tokio::test]
+async fn serial_sensor_and_actuator_through_the_daemon_and_a_device_that_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pty = PtyPair::start(dir.path()).await;
+    let mut dev = pty.device();
+    // start-up: the device gets the safe value before anything else
+    let daemon = start_serial_robot(&pty, &mut dev).await;
+    let ooda = daemon.ctx.ooda.clone();
+    let act = ooda.actuators().clone();
+
+    // Observe: a line from the device becomes the sensor's value.
+    dev.send("I=0.25\n").await;
+    until(&ooda, "current = 0.25", |o| value_is(o, "current", 0.25)).await;
+    let (status, obs) = rest(&daemon, "/v1/observation").await;
+    assert_eq!(status, 200);
+    let current = named(&obs["sensors"], "current");
+    assert_eq!(current["value"], 0.25, "{obs}");
+    assert_eq!(current["unit"], "A");
+    assert_eq!(current["health"], "ok");
+    assert_eq!(current["alarm"], "ok");
+    assert_eq!(named(&obs["sources"], "serial:mcu")["health"], "ok");
+    let motor = named(&obs["actuators"], "motor");
+    assert_eq!(
+        (motor["value"].as_f64(), motor["at_safe_value"].as_bool()),
+        (Some(0.0), Some(true)),
+        "{obs}"
+    );
+    let (status, one) = rest(&daemon, "/v1/sensors/current").await;
+    assert_eq!(status, 200);
+    assert_eq!(one["sensor"]["value"], 0.25);
+    assert_eq!(one["history"].as_array().map(Vec::len), Some(1), "{one}");
+
+    // Orient: over warn_max is a warning.
+    dev.send("I=2.5\n").await;
+    let obs = until(&ooda, "current = 2.5", |o| value_is(o, "current", 2.5)).await;
+    assert_eq!(sensor(&obs, "current").alarm, AlarmLevel::Warn);
+
+    // Act: the rendered template reaches the device; telemetry before the
+    // reply feeds the sensor and is not taken for the reply.
+    let (applied, ()) = tokio::join!(act.command("motor", 0.5, operator(), None), async {
+        assert_eq!(dev.line().await, "M 0.5");
+        dev.send("I=0.75\nOK M=0.5\n").await;
+    });
+    let applied = applied.expect("the device acknowledged");
+    assert_eq!((applied.value, applied.previous), (0.5, 0.0));
+    let obs = until(&ooda, "current = 0.75 (telemetry) and motor at 0.5", |o| {
+        value_is(o, "current", 0.75) && actuator(o, "motor").value == 0.5
+    })
+    .await;
+    let motor = actuator(&obs, "motor");
+    assert!(!motor.at_safe_value);
+    assert_eq!(motor.owner.as_deref(), Some("operator e2e test"));
+    assert_eq!(sensor(&obs, "current").alarm, AlarmLevel::Ok);
+
+    // A wrong reply fails the command, and the safe value is sent.
+    let (result, ()) = tokio::join!(act.command("motor", 0.25, operator(), None), async {
+        dev.answer("M 0.25", "ERR overcurrent").await;
+        dev.answer("M 0", "OK").await;
+    });
+    assert_eq!(
+        result,
+        Err(ActError::Driver {
+            actuator: "motor".into(),
+            error: HwError::UnexpectedReply("ERR overcurrent".into()),
+        })
+    );
+    assert_eq!(act.value("motor"), Some(0.0));
+
+    // A device that never replies: a timeout, and the safe value is sent.
+    let (result, ()) = tokio::join!(act.command("motor", -0.5, operator(), None), async {
+        assert_eq!(dev.line().await, "M -0.5");
+        // no reply; the safe command follows
+        dev.answer("M 0", "OK").await;
+    });
+    assert_eq!(
+        result,
+        Err(ActError::Timeout {
+            actuator: "motor".into(),
+            timeout_ms: 500,
+        })
+    );
+    assert_eq!(act.value("motor"), Some(0.0));
+    let obs = until(&ooda, "motor back at its safe value", |o| {
+        actuator(o, "motor").at_safe_value
+    })
+    .await;
+    assert_eq!(actuator(&obs, "motor").owner, None);
+
+    // The device vanishes: its sensor is disconnected, commands fail fast.
+    pty.stop().await;
+    drop(dev);
+    until(&ooda, "current disconnected", |o| {
+        health_is(o, "current", "disconnected")
+    })
+    .await;
+    let (_, obs) = rest(&daemon, "/v1/observation").await;
+    assert_eq!(named(&obs["sensors"], "current")["health"], "disconnected");
+    assert_eq!(
+        named(&obs["sources"], "serial:mcu")["health"],
+        "disconnected"
+    );
+    assert_eq!(
+        act.command("motor", 0.5, operator(), None).await,
+        Err(ActError::Driver {
+            actuator: "motor".into(),
+            error: HwError::Disconnected("serial:mcu".into()),
+        })
+    );
+    assert_eq!(act.value("motor"), Some(0.0));
+
+    // It comes back at the same path: values flow again, no restart.
+    let pty = PtyPair::start(dir.path()).await;
+    until(&ooda, "serial:mcu open again", |o| {
+        source_health(o, "serial:mcu") == Some("ok")
+    })
+    .await;
+    let mut dev = pty.device();
+    dev.send("I=1.5\n").await;
+    until(&ooda, "current = 1.5 after the reconnect", |o| {
+        value_is(o, "current", 1.5)
+    })
+    .await;
+    let (applied, ()) = tokio::join!(
+        act.command("motor", 0.25, operator(), None),
+        dev.answer("M 0.25", "OK")
+    );
+    applied.expect("commands work again");
+
+    // Shutdown: the safe value first (the device answers), then the port.
+    let ((), ()) = tokio::join!(daemon.shutdown(), dev.answer("M 0", "OK"));
+}
+
+#[tokio::test]
+async fn shutdown_drives_the_serial_actuator_safe_before_the_port_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let pty = PtyPair::start(dir.path()).await;
+    let mut dev = pty.device();
+    let daemon = start_serial_robot(&pty, &mut dev).await;
+    let ooda = daemon.ctx.ooda.clone();
+    let act = ooda.actuators().clone();
+    let (applied, ()) = tokio::join!(
+        act.command("motor", 0.8, operator(), None),
+        dev.answer("M 0.8", "OK")
+    );
+    applied.expect("commanded");
+    // Shutdown sends the safe value while the port still reads: the
+    // telemetry the device sends with its reply is still recorded ...
+    let ((), ()) = tokio::join!(daemon.shutdown(), async {
+        assert_eq!(dev.line().await, "M 0");
+        dev.send("I=0.125\nOK\n").await;
+    });
+    assert_eq!(act.value("motor"), Some(0.0));
+    let (current, _) = ooda
+        .world()
+        .sensor("current", tokio::time::Instant::now())
+        .expect("sensor current");
+    assert_eq!(
+        current.value,
+        Some(0.125),
+        "the port read the device's answer to the safe value"
+    );
+    // ... and only then does the port stop.
+    let port = ooda.serial_port("mcu").expect("port mcu");
+    assert_eq!(
+        port.command(b"M 1\n", None, EXPECT_WITHIN).await,
+        Err(HwError::Disconnected("serial:mcu".into()))
+    );
+}
+
+// ------------------------------------------------------------------ MQTT
+
+struct Broker {
+    child: Child,
+    port: u16,
+    conf: PathBuf,
+}
+
+impl Broker {
+    /// Starts mosquitto on `port` with persistence in `dir` and waits until
+    /// it says it is running (its listener is open by then).
+    async fn start(dir: &Path, port: u16) -> Broker {
+        let user = std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .expect("run id -un");
+        let user = String::from_utf8_lossy(&user.stdout).trim().to_string();
+        let conf = dir.join("mosquitto.conf");
+        let text = format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n\
+             user {user}\nlog_dest stderr\n",
+            dir.display()
+        );
+        std::fs::write(&conf, text).expect("write mosquitto.conf");
+        Self::spawn(conf, port).await
+    }
+
+    async fn spawn(conf: PathBuf, port: u16) -> Broker {
+        let mut child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&conf)
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn mosquitto (apt-get install mosquitto)");
+        let stderr = child.stderr.take().expect("mosquitto stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let mut log = String::new();
+        let running = tokio::time::timeout(EXPECT_WITHIN, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                log.push_str(&line);
+                log.push('\n');
+                if line.contains(" running") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(running, Ok(true), "mosquitto did not start:\n{log}");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Broker { child, port, conf }
+    }
+
+    /// SIGTERM: mosquitto saves its persistence file and exits.
+    async fn stop(&mut self) {
+        terminate(&mut self.child).await;
+    }
+
+    /// The same broker again: same port, configuration and persistence.
+    async fn start_again(&mut self) {
+        *self = Self::spawn(self.conf.clone(), self.port).await;
+    }
+}
+
+/// Publishes like any other client would, at QoS 1 (mosquitto_pub returns
+/// once the broker acknowledged).
+async fn publish(port: u16, topic: &str, payload: &str, retain: bool) {
+    let mut cmd = Command::new("mosquitto_pub");
+    cmd.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-q",
+        "1",
+        "-t",
+        topic,
+        "-m",
+        payload,
+    ]);
+    if retain {
+        cmd.arg("-r");
+    }
+    let out = tokio::time::timeout(EXPECT_WITHIN, cmd.output())
+        .await
+        .expect("mosquitto_pub hung")
+        .expect("run mosquitto_pub (apt-get install mosquitto-clients)");
+    assert!(
+        out.status.success(),
+        "mosquitto_pub failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Another client of the broker that records what rozd publishes.
+struct Subscriber {
+    _client: rumqttc::AsyncClient,
+    events: rumqttc::EventLoop,
+}
+
+impl Subscriber {
+    async fn start(port: u16, id: &str, filter: &str) -> Subscriber {
+        let opts = rumqttc::MqttOptions::new(id, "127.0.0.1", port);
+        let (client, mut events) = rumqttc::AsyncClient::new(opts, 10);
+        client
+            .subscribe(filter, rumqttc::QoS::AtLeastOnce)
+            .await
+            .expect("queue the subscription");
+        tokio::time::timeout(EXPECT_WITHIN, async {
+            loop {
+                if let rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) =
+                    events.poll().await.expect("subscriber")
+                {
+                    break;
+                }
+            }
+        })
+        .await
+        .expect("the subscription was acknowledged");
+        Subscriber {
+            _client: client,
+            events,
+        }
+    }
+
+    /// The next message: (topic, payload).
+    async fn next(&mut self) -> (String, String) {
+        let p = tokio::time::timeout(EXPECT_WITHIN, async {
+            loop {
+                if let rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) =
+                    self.events.poll().await.expect("subscriber")
+                {
+                    return p;
+                }
+            }
+        })
+        .await
+        .expect("the subscriber received nothing");
+        assert_eq!(p.qos, rumqttc::QoS::AtLeastOnce, "{p:?}");
+        assert!(!p.retain, "{p:?}");
+        (
+            p.topic.clone(),
+            String::from_utf8_lossy(&p.payload).into_owned(),
+        )
+    }
+
+    async fn expect(&mut self, topic: &str, payload: &str) {
+        assert_eq!(self.next().await, (topic.to_string(), payload.to_string()));
+    }
+}
+
+/// A greenhouse: temperature and tank level over MQTT, a fan commanded over
+/// MQTT, and a reflex rule that raises an alert.
+fn mqtt_robot(port: u16) -> String {
+    format!(
+        r#"
+[ooda]
+tick_hz = 100
+
+[mqtt]
+url = "mqtt://127.0.0.1:{port}"
+client_id = "rozd-e2e"
+keep_alive_secs = 5
+reconnect_min_ms = 50
+reconnect_max_ms = 400
+
+[[sensors]]
+name = "temp"
+source = "mqtt"
+topic = "plant/env"
+pointer = "/temp"
+unit = "degC"
+
+[[sensors]]
+name = "level"
+source = "mqtt"
+topic = "plant/level"
+
+[[actuators]]
+name = "fan"
+kind = "mqtt"
+topic = "robot/cmd/fan"
+payload = '{{"fan": {{value}}}}'
+qos = 1
+min = 0.0
+max = 1.0
+safe_value = 0.0
+
+[[rules]]
+name = "overheat"
+when = "temp > 80"
+then = {{ publish = "robot/alert", payload = "overheat", qos = 1 }}
+"#
+    )
+}
+
+#[tokio::test]
+async fn mqtt_sensors_actuator_and_reflex_publish_through_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = Broker::start(dir.path(), free_port()).await;
+    let port = broker.port;
+    let mut sub = Subscriber::start(port, "e2e-watcher", "robot/#").await;
+    // Retained: they reach rozd as soon as its subscriptions are active.
+    publish(port, "plant/env", r#"{"temp": 21.5}"#, true).await;
+    publish(port, "plant/level", "3", true).await;
+
+    let daemon = start_daemon(&mqtt_robot(port)).await;
+    let ooda = daemon.ctx.ooda.clone();
+    let act = ooda.actuators().clone();
+    // start-up: the safe value is published before anything else
+    sub.expect("robot/cmd/fan", r#"{"fan": 0}"#).await;
+
+    // Observe: values by JSON pointer and plain number.
+    until(&ooda, "temp 21.5 and level 3", |o| {
+        value_is(o, "temp", 21.5) && value_is(o, "level", 3.0)
+    })
+    .await;
+    let (status, obs) = rest(&daemon, "/v1/observation").await;
+    assert_eq!(status, 200);
+    assert_eq!(named(&obs["sensors"], "temp")["value"], 21.5, "{obs}");
+    assert_eq!(named(&obs["sensors"], "temp")["unit"], "degC");
+    assert_eq!(named(&obs["sensors"], "level")["value"], 3.0);
+    assert_eq!(named(&obs["sources"], "mqtt")["health"], "ok");
+    let (status, one) = rest(&daemon, "/v1/sensors/level").await;
+    assert_eq!((status, &one["sensor"]["value"]), (200, &Value::from(3.0)));
+    let (status, missing) = rest(&daemon, "/v1/sensors/humidity").await;
+    assert_eq!(status, 404);
+    assert_eq!(missing["error"]["code"], "not_found");
+
+    // Act: the rendered payload is published.
+    let applied = act
+        .command("fan", 0.5, operator(), None)
+        .await
+        .expect("published");
+    assert_eq!((applied.value, applied.previous), (0.5, 0.0));
+    sub.expect("robot/cmd/fan", r#"{"fan": 0.5}"#).await;
+
+    // Decide: the rule publishes when its condition becomes true ...
+    publish(port, "plant/env", r#"{"temp": 85}"#, false).await;
+    sub.expect("robot/alert", "overheat").await;
+    // ... once: while it stays true, nothing more (the fan command that
+    // follows is the next message, ticks after the rule saw 90) ...
+    publish(port, "plant/env", r#"{"temp": 90}"#, false).await;
+    let seen = until(&ooda, "temp 90", |o| value_is(o, "temp", 90.0)).await;
+    until(&ooda, "two more ticks", |o| o.seq >= seen.seq + 2).await;
+    act.command("fan", 0.25, operator(), None)
+        .await
+        .expect("published");
+    sub.expect("robot/cmd/fan", r#"{"fan": 0.25}"#).await;
+    // ... and again after it was false.
+    publish(port, "plant/env", r#"{"temp": 20}"#, false).await;
+    until(&ooda, "temp 20", |o| value_is(o, "temp", 20.0)).await;
+    publish(port, "plant/env", r#"{"temp": 86}"#, false).await;
+    sub.expect("robot/alert", "overheat").await;
+
+    // The broker goes away: the sensors are disconnected; it comes back
+    // (with its persistence): values flow again.
+    drop(sub);
+    broker.stop().await;
+    until(&ooda, "temp disconnected", |o| {
+        health_is(o, "temp", "disconnected")
+    })
+    .await;
+    let (_, obs) = rest(&daemon, "/v1/observation").await;
+    assert_eq!(named(&obs["sensors"], "level")["health"], "disconnected");
+    assert_eq!(
+        act.command("fan", 1.0, operator(), None).await,
+        Err(ActError::Driver {
+            actuator: "fan".into(),
+            error: HwError::Disconnected("mqtt".into()),
+        })
+    );
+    broker.start_again().await;
+    until(&ooda, "mqtt connected again", |o| {
+        source_health(o, "mqtt") == Some("ok")
+    })
+    .await;
+    let mut sub = Subscriber::start(port, "e2e-watcher-2", "robot/#").await;
+    publish(port, "plant/level", "4", false).await;
+    until(&ooda, "level 4 after the broker restart", |o| {
+        value_is(o, "level", 4.0)
+    })
+    .await;
+    act.command("fan", 0.75, operator(), None)
+        .await
+        .expect("published");
+    sub.expect("robot/cmd/fan", r#"{"fan": 0.75}"#).await;
+
+    // Shutdown publishes the safe value before the client disconnects.
+    daemon.shutdown().await;
+    sub.expect("robot/cmd/fan", r#"{"fan": 0}"#).await;
+}
