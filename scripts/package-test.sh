@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Checks the Debian packages that scripts/package.sh built in target/debian/:
+# Checks the Debian packages that scripts/package.sh built in target/debian/
+# (the architectures in $ROZD_DEB_ARCHES, default "amd64 arm64", as there;
+# amd64 is required):
 #
-#  1. control data of both packages: fields, conffiles, maintainer scripts
+#  1. control data of every package: fields, conffiles, maintainer scripts
 #     (shell syntax, user creation, systemd enable/start, purge);
 #  2. file lists: paths, owners and modes; the packaged unit is
 #     systemd/rozd.service and the packaged config validates (`rozd check`);
@@ -11,8 +13,10 @@
 #     ownership and the unit's enablement symlink land in DIR. Then a
 #     reinstall (the edited conffile survives), remove and purge. The host's
 #     account files and /etc/systemd are checked to be untouched;
-#  4. the arm64 binary is an aarch64 ELF, and under qemu-aarch64-static it
-#     serves a real session (scripts/smoke_session.py + the Python client).
+#  4. each binary is an ELF of its architecture linking only libc/libm/
+#     libgcc_s, and each (arm64 under qemu-aarch64-static, armhf under
+#     qemu-arm-static) serves a real session (scripts/smoke_session.py + the
+#     Python client tests/python/session_client.py).
 #
 # What this cannot show: systemd starting the unit (PID 1 here is not
 # systemd; `systemd-analyze verify`/`security` in tests/systemd_unit.rs check
@@ -22,6 +26,7 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 
 out=target/debian
+arches=${ROZD_DEB_ARCHES:-amd64 arm64}
 failures=0
 
 die() {
@@ -42,10 +47,35 @@ check() {
   fi
 }
 
-for tool in dpkg dpkg-deb qemu-aarch64-static python3 od; do
-  command -v "$tool" >/dev/null || die "$tool not found (scripts/package.sh installs dpkg-dev and qemu-user-static)"
+[[ " $arches " == *" amd64 "* ]] || die "ROZD_DEB_ARCHES ($arches) must include amd64: the dpkg --root test installs it"
+# Per architecture: the ELF class/endianness bytes and e_machine, and how to
+# run the binary here (qemu-user with the cross libc as its sysroot).
+elf_expect() {
+  case "$1" in
+    amd64) echo "02 01|3e 00|x86-64" ;;
+    arm64) echo "02 01|b7 00|64-bit little-endian AArch64" ;;
+    armhf) echo "01 01|28 00|32-bit little-endian ARM" ;;
+    *) die "unsupported architecture '$1'" ;;
+  esac
+}
+runner() {
+  case "$1" in
+    amd64) echo "" ;;
+    arm64) echo "qemu-aarch64-static -L /usr/aarch64-linux-gnu" ;;
+    armhf) echo "qemu-arm-static -L /usr/arm-linux-gnueabihf" ;;
+  esac
+}
+for tool in dpkg dpkg-deb python3 od readelf; do
+  command -v "$tool" >/dev/null || die "$tool not found (apt packages dpkg-dev, binutils)"
 done
-[ -d /usr/aarch64-linux-gnu/lib ] || die "/usr/aarch64-linux-gnu/lib missing (apt package libc6-dev-arm64-cross; scripts/package.sh installs it)"
+for arch in $arches; do
+  elf_expect "$arch" >/dev/null
+  read -r qemu _ sysroot <<<"$(runner "$arch")"
+  if [ -n "${qemu:-}" ]; then
+    command -v "$qemu" >/dev/null || die "$qemu not found (apt package qemu-user-static; scripts/package.sh installs it)"
+    [ -d "$sysroot/lib" ] || die "$sysroot/lib missing (the $arch cross libc; scripts/package.sh installs it)"
+  fi
+done
 
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
 [ -n "$version" ] || die "cannot read the version from Cargo.toml"
@@ -56,8 +86,10 @@ find_deb() {
   [ "${#debs[@]}" -eq 1 ] || die "several $arch packages of $version in $out: ${debs[*]}"
   echo "${debs[0]}"
 }
-deb_amd64=$(find_deb amd64)
-deb_arm64=$(find_deb arm64)
+declare -A debs
+for arch in $arches; do
+  debs[$arch]=$(find_deb "$arch")
+done
 
 work=$(mktemp -d /tmp/rozd-package-test.XXXXXX)
 cleanup() { rm -rf "$work"; }
@@ -93,10 +125,14 @@ check_control() {
     bash -c 'grep -q "rm -rf \"\$ROOT/var/lib/rozd\" \"\$ROOT/etc/rozd\"" "$1" && grep -q "shadow userdel rozd" "$1"' _ "$ctl/postrm"
   check "postrm purges the unit's enablement state" grep -q 'deb-systemd-helper purge rozd.service' "$ctl/postrm"
 }
-check_control "$deb_amd64" amd64
-check_control "$deb_arm64" arm64
-check "both packages carry identical maintainer scripts" \
-  diff -r "$work/control-amd64" "$work/control-arm64" --exclude=control --exclude=md5sums
+for arch in $arches; do
+  check_control "${debs[$arch]}" "$arch"
+done
+for arch in $arches; do
+  [ "$arch" = amd64 ] && continue
+  check "$arch and amd64 packages carry identical maintainer scripts" \
+    diff -r "$work/control-amd64" "$work/control-$arch" --exclude=control --exclude=md5sums
+done
 
 # ------------------------------------------------------------ 2. file lists
 # "mode owner/group path" for every regular file and directory in a package.
@@ -129,49 +165,50 @@ check_files() {
   check "the packaged config is packaging/deb/rozd.toml" \
     cmp -s packaging/deb/rozd.toml "$work/x-$arch/etc/rozd/rozd.toml"
 }
-check_files "$deb_amd64" amd64
-check_files "$deb_arm64" arm64
-check "both packages install the same paths with the same modes" \
-  diff <(awk '{ print $1, $3 }' "$work/list-amd64") <(awk '{ print $1, $3 }' "$work/list-arm64")
+for arch in $arches; do
+  check_files "${debs[$arch]}" "$arch"
+done
+for arch in $arches; do
+  [ "$arch" = amd64 ] && continue
+  check "$arch and amd64 packages install the same paths with the same modes" \
+    diff <(awk '{ print $1, $3 }' "$work/list-amd64") <(awk '{ print $1, $3 }' "$work/list-$arch")
+done
 
-# ------------------------------------------------------------ 4a. ELF headers
-# e_ident: "\x7fELF", class (2 = 64-bit), data (1 = little endian);
-# e_machine at offset 18: 0x3e = x86-64, 0xb7 = AArch64.
+# ------------------------------------------------------------ 4a. binaries
+# e_ident: "\x7fELF", class (1 = 32-bit, 2 = 64-bit), data (1 = little
+# endian); e_machine at offset 18: 0x3e x86-64, 0xb7 AArch64, 0x28 ARM.
 elf_header() {
   od -An -tx1 -N20 "$1" | tr -s ' \n' ' ' | sed 's/^ //; s/ $//'
 }
 echo "== binaries"
-amd64_elf=$(elf_header "$work/x-amd64/usr/bin/rozd")
-arm64_elf=$(elf_header "$work/x-arm64/usr/bin/rozd")
-check "amd64 /usr/bin/rozd is an x86-64 ELF ($amd64_elf)" \
-  bash -c '[[ "$1" == "7f 45 4c 46 02 01 "* && "$1" == *" 3e 00" ]]' _ "$amd64_elf"
-check "arm64 /usr/bin/rozd is a 64-bit little-endian AArch64 ELF ($arm64_elf)" \
-  bash -c '[[ "$1" == "7f 45 4c 46 02 01 "* && "$1" == *" b7 00" ]]' _ "$arm64_elf"
-# The package's Depends (libc6 >= 2.34, libgcc-s1) must cover what the
-# binaries link: a new shared library or a newer glibc symbol fails here.
-command -v readelf >/dev/null || die "readelf not found (apt package binutils)"
-for arch in amd64 arm64; do
+for arch in $arches; do
   bin="$work/x-$arch/usr/bin/rozd"
+  how=$(runner "$arch")
+  IFS='|' read -r ident machine name <<<"$(elf_expect "$arch")"
+  header=$(elf_header "$bin")
+  check "$arch /usr/bin/rozd is a $name ELF ($header)" \
+    bash -c '[[ "$1" == "7f 45 4c 46 $2 "* && "$1" == *" $3" ]]' _ "$header" "$ident" "$machine"
+  if command -v file >/dev/null; then
+    echo "  file: $(file -b "$bin")"
+  fi
+  # The package's Depends (libc6 >= 2.34, libgcc-s1) must cover what the
+  # binary links: a new shared library or a newer glibc symbol fails here.
   needed=$(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort | tr '\n' ' ')
   check "$arch links only libc, libm, libgcc_s, ld.so ($needed)" \
-    bash -c '! tr " " "\n" <<<"$1" | grep -v "^$" | grep -vqx "libc.so.6\|libm.so.6\|libgcc_s.so.1\|ld-linux-x86-64.so.2\|ld-linux-aarch64.so.1"' _ "$needed"
+    bash -c '! tr " " "\n" <<<"$1" | grep -v "^$" | grep -vqx "libc.so.6\|libm.so.6\|libgcc_s.so.1\|ld-linux-x86-64.so.2\|ld-linux-aarch64.so.1\|ld-linux-armhf.so.3"' _ "$needed"
   glibc=$(readelf -V "$bin" | grep -o 'GLIBC_2\.[0-9]*' | sort -t. -k2 -n -u | tail -n1)
   check "$arch needs glibc symbols up to 2.34 ($glibc)" \
     bash -c '[ "${1#GLIBC_2.}" -le 34 ]' _ "$glibc"
+  # shellcheck disable=SC2086 # $how is the qemu command line, or nothing
+  check "$arch binary validates the packaged config (rozd check${how:+ under qemu})" \
+    quiet $how "$bin" check --config "$work/x-$arch/etc/rozd/rozd.toml"
+  # shellcheck disable=SC2086
+  check "$arch binary reports version $version" \
+    bash -c '"$@" --version | grep -qF "$0"' "$version" $how "$bin"
 done
-if command -v file >/dev/null; then
-  echo "  file: $(file -b "$work/x-arm64/usr/bin/rozd")"
-fi
-check "the amd64 binary validates the packaged config (rozd check)" \
-  quiet "$work/x-amd64/usr/bin/rozd" check --config "$work/x-amd64/etc/rozd/rozd.toml"
-check "the arm64 binary (qemu) validates the packaged config (rozd check)" \
-  quiet qemu-aarch64-static -L /usr/aarch64-linux-gnu "$work/x-arm64/usr/bin/rozd" check \
-  --config "$work/x-arm64/etc/rozd/rozd.toml"
-check "the arm64 binary (qemu) reports version $version" \
-  bash -c 'qemu-aarch64-static -L /usr/aarch64-linux-gnu "$1" --version | grep -qF "$2"' _ \
-  "$work/x-arm64/usr/bin/rozd" "$version"
 
 # ------------------------------------------------------------ 3. throwaway root
+deb_amd64=${debs[amd64]}
 echo "== $deb_amd64: dpkg --root install, reinstall, remove, purge"
 root="$work/root"
 mkdir -p "$root/etc" "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" "$root/usr/sbin"
@@ -285,22 +322,25 @@ check "purge: dpkg no longer knows rozd" bash -c '! dpkg --root="$1" -s rozd >/d
 check "the host's accounts, /etc/systemd/system, /usr/bin and /var/lib are untouched" \
   [ "$(host_state)" = "$host_before" ]
 
-# ------------------------------------------------------------ 4b. emulated session
-echo "== arm64 binary under qemu-aarch64-static: a real session"
+# ------------------------------------------------------------ 4b. a real session
 venv=${ROZD_TEST_PYENV:-$repo/target/pyenv}
 if ! "$venv/bin/python" -c 'import grpc, grpc_tools' 2>/dev/null; then
   echo "== installing grpcio and grpcio-tools into $venv"
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools
 fi
-smoke_start=$SECONDS
-check "arm64 rozd serves a session with a client tool round trip (qemu)" \
-  python3 scripts/smoke_session.py --python "$venv/bin/python" --expect-version "$version" \
-  --config "$work/x-arm64/etc/rozd/rozd.toml" -- \
-  qemu-aarch64-static -L /usr/aarch64-linux-gnu "$work/x-arm64/usr/bin/rozd"
-echo "  (emulated session: $((SECONDS - smoke_start)) s)"
+for arch in $arches; do
+  how=$(runner "$arch")
+  echo "== $arch binary${how:+ under ${how%% *}}: a real session"
+  smoke_start=$SECONDS
+  # shellcheck disable=SC2086 # $how is the qemu command line, or nothing
+  check "$arch rozd serves a session with a client tool round trip${how:+ (${how%% *})}" \
+    python3 scripts/smoke_session.py --python "$venv/bin/python" --expect-version "$version" \
+    --config "$work/x-$arch/etc/rozd/rozd.toml" -- $how "$work/x-$arch/usr/bin/rozd"
+  echo "  ($arch session: $((SECONDS - smoke_start)) s)"
+done
 
 if ((failures)); then
   die "$failures check(s) failed"
 fi
-echo "== package-test: all checks passed ($deb_amd64, $deb_arm64)"
+echo "== package-test: all checks passed (${debs[*]})"

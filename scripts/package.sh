@@ -8,8 +8,8 @@
 #   ROZD_DEB_ARCHES=arm64 ./scripts/package.sh
 #   ROZD_DEB_ARCHES="amd64 arm64 armhf" ./scripts/package.sh   # + 32-bit Pi OS
 #
-# Output: target/debian/rozd_<version>-1_<arch>.deb (older rozd_*.deb there
-# are removed first, so the directory holds exactly this build's packages).
+# Output: target/debian/rozd_<version>-1_<arch>.deb (older rozd_*_<arch>.deb
+# of the architectures built are removed first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,7 +85,9 @@ fi
 
 # ---------------------------------------------------------------- build
 mkdir -p "$out"
-rm -f "$out"/rozd_*.deb
+for arch in $arches; do
+  rm -f "$out"/rozd_*_"$arch".deb
+done
 for arch in $arches; do
   target=$(rust_target "$arch")
   gcc=$(cross_gcc "$arch")
