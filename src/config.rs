@@ -607,10 +607,11 @@ impl Config {
                 "tokens must not be empty".into(),
             ));
         }
-        if self.session.keepalive_secs == 0 {
+        // Upper bounds keep `now + period` far from overflowing an Instant.
+        if !(1..=86_400).contains(&self.session.keepalive_secs) {
             return Err(invalid(
                 "session.keepalive_secs",
-                "must be at least 1".into(),
+                "must be between 1 and 86400".into(),
             ));
         }
         if self.session.default_tool_timeout_ms == 0 {
@@ -619,10 +620,10 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
-        if self.session.approval_timeout_secs == 0 {
+        if !(1..=86_400).contains(&self.session.approval_timeout_secs) {
             return Err(invalid(
                 "session.approval_timeout_secs",
-                "must be at least 1".into(),
+                "must be between 1 and 86400".into(),
             ));
         }
         if self.session.max_cycles == 0 {
@@ -951,6 +952,17 @@ mod tests {
         assert_eq!(file, "/etc/rozd/test.toml");
         assert_eq!(line, Some(6));
         assert_eq!(key, "server.lisen");
+    }
+
+    #[test]
+    fn absurd_timeouts_are_refused_not_overflowed() {
+        let (_, line, key) = invalid("[session]\napproval_timeout_secs = 18446744073709551615\n");
+        assert_eq!(
+            (line, key.as_str()),
+            (Some(2), "session.approval_timeout_secs")
+        );
+        let (_, _, key) = invalid("[session]\nkeepalive_secs = 9999999999\n");
+        assert_eq!(key, "session.keepalive_secs");
     }
 
     #[test]

@@ -409,3 +409,31 @@ fn rules_are_type_checked_at_config_load_naming_the_line() {
         "{msg}"
     );
 }
+
+#[tokio::test]
+async fn an_absurd_hold_from_a_caller_does_not_overflow() {
+    let daemon = robot("").await;
+    let act = daemon.ctx.ooda.actuators().clone();
+    let applied = act
+        .command(
+            "brake",
+            0.0,
+            Origin::Operator("t".into()),
+            Some(Duration::from_millis(u64::MAX)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied.value, 0.0);
+    // The configured hold (2 s) still bounds a caller's absurd one.
+    let applied = act
+        .command(
+            "speed",
+            0.2,
+            Origin::Operator("t".into()),
+            Some(Duration::from_millis(u64::MAX)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied.hold_ms, Some(2000));
+    daemon.shutdown().await;
+}

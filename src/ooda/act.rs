@@ -306,7 +306,8 @@ impl Actuators {
             state.owner = (!is_safe).then(|| origin.clone());
             state.since = now;
             state.last_command = Some(now);
-            state.hold_until = hold.filter(|_| !is_safe).map(|h| now + h);
+            // `hold_ms` may come from a model: an absurd one must not overflow.
+            state.hold_until = hold.filter(|_| !is_safe).and_then(|h| now.checked_add(h));
             state.generation += 1;
             (previous, state.generation)
         };
