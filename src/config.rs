@@ -105,6 +105,8 @@ pub struct Config {
     #[serde(default)]
     pub session: SessionConfig,
     #[serde(default)]
+    pub tasks: TasksConfig,
+    #[serde(default)]
     pub permissions: Vec<PermissionRuleConfig>,
     #[serde(default)]
     pub model: ModelConfig,
@@ -361,6 +363,70 @@ pub struct PermissionRuleConfig {
 
 /// `[model]` and `[[model.endpoints]]`: defined and validated in `model::config`.
 pub use crate::model::config::{EndpointConfig, ModelConfig};
+
+/// `[tasks]`: jobs the host runs without a client (TaskService).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TasksConfig {
+    /// Tasks running at once; `CreateTask` beyond that is refused.
+    #[serde(default = "default_tasks_max_concurrent")]
+    pub max_concurrent: u32,
+    /// Workers one task's lead may start with `spawn_worker` (the lead itself not counted).
+    #[serde(default = "default_tasks_max_workers")]
+    pub max_workers: u32,
+    /// `timeout_secs` of a task that does not give one.
+    #[serde(default = "default_tasks_timeout_secs")]
+    pub default_timeout_secs: u32,
+    /// Largest `timeout_secs` a task may ask for.
+    #[serde(default = "default_tasks_max_timeout_secs")]
+    pub max_timeout_secs: u32,
+    /// Agent mode of a task's lead and of workers that do not name one.
+    #[serde(default = "default_tasks_ai_mode")]
+    pub ai_mode: String,
+    /// Model of the task agents; absent = `model.default`.
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+impl Default for TasksConfig {
+    fn default() -> Self {
+        TasksConfig {
+            max_concurrent: default_tasks_max_concurrent(),
+            max_workers: default_tasks_max_workers(),
+            default_timeout_secs: default_tasks_timeout_secs(),
+            max_timeout_secs: default_tasks_max_timeout_secs(),
+            ai_mode: default_tasks_ai_mode(),
+            model: None,
+        }
+    }
+}
+
+impl TasksConfig {
+    /// The validated `ai_mode` as the session engine names it.
+    pub fn ai_mode(&self) -> &'static str {
+        if self.ai_mode == crate::session::state::MODE_REACT {
+            crate::session::state::MODE_REACT
+        } else {
+            crate::session::state::MODE_OODA
+        }
+    }
+}
+
+fn default_tasks_max_concurrent() -> u32 {
+    4
+}
+fn default_tasks_max_workers() -> u32 {
+    8
+}
+fn default_tasks_timeout_secs() -> u32 {
+    600
+}
+fn default_tasks_max_timeout_secs() -> u32 {
+    86_400
+}
+fn default_tasks_ai_mode() -> String {
+    crate::session::state::MODE_OODA.to_string()
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -633,6 +699,53 @@ impl Config {
             return Err(invalid(
                 "session.default_max_context_tokens",
                 "must be at least 1024".into(),
+            ));
+        }
+        let t = &self.tasks;
+        if !(1..=1024).contains(&t.max_concurrent) {
+            return Err(invalid(
+                "tasks.max_concurrent",
+                "must be between 1 and 1024".into(),
+            ));
+        }
+        if t.max_workers > 256 {
+            return Err(invalid("tasks.max_workers", "must be at most 256".into()));
+        }
+        if !(1..=31_536_000).contains(&t.max_timeout_secs) {
+            return Err(invalid(
+                "tasks.max_timeout_secs",
+                "must be between 1 and 31536000 (a year)".into(),
+            ));
+        }
+        if t.default_timeout_secs == 0 || t.default_timeout_secs > t.max_timeout_secs {
+            return Err(invalid(
+                "tasks.default_timeout_secs",
+                format!(
+                    "must be between 1 and tasks.max_timeout_secs ({})",
+                    t.max_timeout_secs
+                ),
+            ));
+        }
+        if ![
+            crate::session::state::MODE_REACT,
+            crate::session::state::MODE_OODA,
+        ]
+        .contains(&t.ai_mode.as_str())
+        {
+            return Err(invalid(
+                "tasks.ai_mode",
+                format!("{:?} is not \"react\" or \"ooda_re_act\"", t.ai_mode),
+            ));
+        }
+        if let Some(model) = &t.model
+            && !self.model.knows(model)
+        {
+            return Err(invalid(
+                "tasks.model",
+                format!(
+                    "unknown model {model:?}; known models: {}",
+                    self.model.known_names().join(", ")
+                ),
             ));
         }
         for (i, rule) in self.permissions.iter().enumerate() {

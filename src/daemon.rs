@@ -65,6 +65,8 @@ impl Daemon {
         let store = tokio::task::spawn_blocking(move || crate::store::Store::open(&store_path))
             .await
             .map_err(|e| crate::store::StoreError::Task(e.to_string()))??;
+        // Before anything can start a task: no task resumes by itself.
+        crate::team::recover(&store).await?;
         let addr = config.server.listen;
         let listener = TcpListener::bind(addr)
             .await
@@ -184,7 +186,12 @@ impl Daemon {
         }
         drop(listener);
         tracing::info!("shutting down: no longer accepting connections");
-        for service in ["", api::AGENT_SERVICE_NAME, api::SAFETY_SERVICE_NAME] {
+        for service in [
+            "",
+            api::AGENT_SERVICE_NAME,
+            api::SAFETY_SERVICE_NAME,
+            api::TASK_SERVICE_NAME,
+        ] {
             health
                 .set_service_status(service, tonic_health::ServingStatus::NotServing)
                 .await;
@@ -196,6 +203,8 @@ impl Daemon {
             // Sessions record their end (and release their actuators) after
             // their streams close; wait for that too.
             ctx.sessions.wait_idle().await;
+            // Tasks stop their workers on shutdown and record their end.
+            ctx.tasks.wait_idle().await;
         };
         if tokio::time::timeout(grace, drained).await.is_err() {
             tracing::warn!(

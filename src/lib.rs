@@ -12,6 +12,8 @@
 //! - [`ooda`]: the observe–orient–decide–act loop: world, alarms, reflex rules, actuators
 //! - [`hw`]: drivers (sim, system, GPIO, serial, MQTT) and hardware config
 //! - [`safety`]: the protective-stop latch
+//! - [`team`]: tasks, their workers and durable team events
+//! - [`tools`]: the host tools generated from sensors and actuators
 //! - [`client`]: small HTTP client used by the CLI (`rozd status`)
 //! - [`chat`]: `rozd chat`, an interactive terminal client of a session over gRPC
 #![forbid(unsafe_code)]
@@ -27,6 +29,7 @@ pub mod ooda;
 pub mod safety;
 pub mod session;
 pub mod store;
+pub mod team;
 pub mod tools;
 
 use std::net::SocketAddr;
@@ -47,6 +50,8 @@ pub struct HostContext {
     pub started_at: Instant,
     pub listen_addr: SocketAddr,
     pub sessions: session::SessionRegistry,
+    /// Tasks running on this host.
+    pub tasks: team::Tasks,
     pub models: model::ModelRegistry,
     pub permissions: Arc<session::permissions::PermissionPolicy>,
     pub store: store::Store,
@@ -106,6 +111,7 @@ impl HostContext {
             started_at: Instant::now(),
             listen_addr,
             sessions: session::SessionRegistry::default(),
+            tasks: team::Tasks::default(),
             store,
             hooks,
             ooda,

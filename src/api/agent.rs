@@ -74,10 +74,10 @@ impl AgentService for AgentApi {
 
     async fn watch_team(
         &self,
-        _request: Request<proto::WatchTeamRequest>,
+        request: Request<proto::WatchTeamRequest>,
     ) -> Result<Response<Self::WatchTeamStream>, Status> {
-        Err(Status::unimplemented(
-            "WatchTeam needs tasks and teams, which this rozd does not run yet",
-        ))
+        let task_id = request.into_inner().task_id;
+        let events = super::tasks::watch_team(self.ctx.clone(), task_id).await?;
+        Ok(Response::new(events))
     }
 }

@@ -17,6 +17,8 @@
 //! | `echo <text>` | answers with the text |
 //! | `context` | shows what the model received: the system prompt and the message's context blocks |
 //! | `wait <ms>` | takes `<ms>` milliseconds before each answer in this turn (simulates a slow model) |
+//! | `spawn [react\|ooda_re_act] <prompt>` | calls `spawn_worker {"prompt", "ai_mode"?}` (a task's lead); quote a prompt with `;` in it as a JSON string |
+//! | `await [worker ids]` | calls `await_workers`, for the given workers or all of them |
 //!
 //! Tool calls run one per model call, in order; when all have results, the
 //! final answer lists each result.
@@ -127,6 +129,20 @@ fn parse_command(line: &str, tools: &[&str]) -> Command {
             Ok(ms) => Command::Wait(ms),
             Err(_) => Command::Invalid(format!("`wait` needs milliseconds, got {rest:?}")),
         },
+        "spawn" if has("spawn_worker") => parse_spawn(rest),
+        "spawn" => Command::Invalid("only a task's lead can `spawn` workers".into()),
+        "await" if has("await_workers") => {
+            let ids: Vec<&str> = rest.split_whitespace().collect();
+            Command::Call {
+                tool: "await_workers".into(),
+                input: if ids.is_empty() {
+                    json!({})
+                } else {
+                    json!({ "worker_ids": ids })
+                },
+            }
+        }
+        "await" => Command::Invalid("only a task's lead can `await` workers".into()),
         "read" if rest.is_empty() => Command::Invalid("`read` needs a sensor name".into()),
         "read" if has("read_sensor") => Command::Call {
             tool: "read_sensor".into(),
@@ -192,10 +208,40 @@ fn parse_command(line: &str, tools: &[&str]) -> Command {
     }
 }
 
+/// `spawn [react|ooda_re_act] <prompt>`; the prompt may be a JSON string.
+fn parse_spawn(rest: &str) -> Command {
+    let (mode, prompt) = match rest.split_once(char::is_whitespace) {
+        Some((m @ ("react" | "ooda_re_act"), p)) => (Some(m), p.trim()),
+        _ => (None, rest),
+    };
+    let prompt = if prompt.starts_with('"') {
+        match serde_json::from_str::<String>(prompt) {
+            Ok(p) => p,
+            Err(e) => {
+                return Command::Invalid(format!("the quoted prompt is not a JSON string: {e}"));
+            }
+        }
+    } else {
+        prompt.to_string()
+    };
+    if prompt.trim().is_empty() {
+        return Command::Invalid("`spawn` needs a prompt for the worker".into());
+    }
+    let mut input = json!({ "prompt": prompt });
+    if let (Some(mode), Some(map)) = (mode, input.as_object_mut()) {
+        map.insert("ai_mode".into(), json!(mode));
+    }
+    Command::Call {
+        tool: "spawn_worker".into(),
+        input,
+    }
+}
+
 fn help_text(tools: &[&str]) -> String {
     let mut text = String::from(
         "I am rozd's offline command model, not a language model. Commands: help; status; \
-         read <sensor>; set <actuator> <value>; call <tool> {json}; echo <text>; context; wait <ms>. \
+         read <sensor>; set <actuator> <value>; call <tool> {json}; echo <text>; context; wait <ms>; \
+         spawn [react|ooda_re_act] <prompt>; await [worker ids] (a task's lead). \
          Separate several with `;` or new lines.",
     );
     if tools.is_empty() {
@@ -457,6 +503,42 @@ mod tests {
         assert_eq!(text_of(&events), "one two three four five six seven");
         assert!(matches!(events.first(), Some(ModelEvent::ThinkingDelta(_))));
         assert_eq!(events.last(), Some(&ModelEvent::Stop(ModelStop::EndTurn)));
+    }
+
+    #[test]
+    fn spawn_and_await_become_team_tool_calls_for_a_lead_only() {
+        let lead = ["spawn_worker", "await_workers"];
+        assert_eq!(
+            parse_command(r#"spawn react "read a; read b""#, &lead),
+            Command::Call {
+                tool: "spawn_worker".into(),
+                input: json!({"prompt": "read a; read b", "ai_mode": "react"}),
+            }
+        );
+        assert_eq!(
+            parse_command("spawn read temp", &lead),
+            Command::Call {
+                tool: "spawn_worker".into(),
+                input: json!({"prompt": "read temp"}),
+            }
+        );
+        assert_eq!(
+            parse_command("await x:w1 x:w2", &lead),
+            Command::Call {
+                tool: "await_workers".into(),
+                input: json!({"worker_ids": ["x:w1", "x:w2"]}),
+            }
+        );
+        assert!(matches!(parse_command("spawn", &lead), Command::Invalid(_)));
+        assert!(matches!(
+            parse_command("spawn read temp", &["read_sensor"]),
+            Command::Invalid(_)
+        ));
+        // A quoted prompt keeps its `;` through command splitting.
+        assert_eq!(
+            split_commands(r#"spawn "read a; read b"; await"#),
+            [r#"spawn "read a; read b""#, "await"]
+        );
     }
 
     #[test]

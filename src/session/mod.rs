@@ -394,6 +394,8 @@ impl Runner {
             live_tokens: session.live_tokens.clone(),
             host: turn::HostAccess {
                 session_id: session.id.clone(),
+                label: format!("session {}", session.id),
+                notes: None,
                 tools: self.ctx.host_tools.clone(),
                 registry: self.ctx.host_registry.clone(),
                 store: self.ctx.store.clone(),

@@ -33,13 +33,28 @@ use crate::tools::{HostTools, ToolError};
 /// Observation to inject in `ooda_re_act` mode.
 #[derive(Debug, Clone)]
 pub struct HostAccess {
+    /// Who owns the actuators this turn commands (a session, or a task's worker).
     pub session_id: String,
+    /// How the audit names the caller, e.g. `session <id>`.
+    pub label: String,
+    /// Where a headless driver (a task's worker) hears of each cycle and tool
+    /// call; sessions leave it unset.
+    pub notes: Option<mpsc::UnboundedSender<TurnNote>>,
     pub tools: Arc<HostTools>,
     pub registry: ToolRegistry,
     pub store: Store,
     /// Set in `ooda_re_act` mode: the latest Observation goes into the
     /// model's context before every model call.
     pub observe: Option<Arc<Ooda>>,
+}
+
+/// Progress of a turn for a headless driver: not part of the session protocol.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnNote {
+    /// A model/tool cycle began (1-based).
+    Cycle(u32),
+    /// The model called a tool (host or client), before any permission check.
+    ToolCall { id: String, name: String },
 }
 
 /// What the session loop forwards to the running turn.
@@ -217,6 +232,7 @@ impl Turn {
         let mut turn_start = conversation.len().saturating_sub(1);
         for _cycle in 0..self.limits.max_cycles {
             self.cycle += 1;
+            self.note(TurnNote::Cycle(self.cycle));
             // In ooda_re_act mode each cycle is one observe-orient-decide-act
             // pass, reported as such; the Observation goes into the context.
             let (phase, observation) = match self.host.observe.clone() {
@@ -647,6 +663,10 @@ impl Turn {
     /// Runs one tool call of the model: look-up, validation, permission,
     /// approval, then the client round trip under the tool's deadline.
     async fn tool_call(&mut self, id: &str, name: &str, input: Value) -> Result<Block, Interrupt> {
+        self.note(TurnNote::ToolCall {
+            id: id.to_string(),
+            name: name.to_string(),
+        });
         if self.tools.get(name).is_none()
             && let Some(tool) = self.host.registry.get(name).cloned()
         {
@@ -885,7 +905,7 @@ impl Turn {
             decision: Some(decision.to_string()),
             result: result.ok().map(str::to_string),
             error: result.err().map(str::to_string),
-            origin: Some(format!("session {}", self.host.session_id)),
+            origin: Some(self.host.label.clone()),
             started_at_ms: Some(started),
             ended_at_ms: Some(ended),
             duration_ms: Some(ended - started),
@@ -1040,6 +1060,13 @@ impl Turn {
             self.last_presence = Some(presence);
         }
         Ok(())
+    }
+
+    fn note(&self, note: TurnNote) {
+        if let Some(notes) = &self.host.notes {
+            // A driver that stopped listening has nothing left to hear.
+            let _ = notes.send(note);
+        }
     }
 
     async fn send(&self, event: ServerEvent) -> Result<(), Interrupt> {

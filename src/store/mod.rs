@@ -1,4 +1,5 @@
-//! The embedded SQLite store (WAL mode): sessions, their turns, feedback.
+//! The embedded SQLite store (WAL mode): sessions, their turns, feedback,
+//! the audit of physical actions, tasks and their event logs ([`tasks`]).
 //!
 //! Writes happen before the response they back is sent, so what a client was
 //! told survives a crash. SQLite calls are blocking; each runs on tokio's
@@ -7,6 +8,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+mod tasks;
+
+pub use tasks::{StoredTaskEvent, TaskRow};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
@@ -95,6 +100,28 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX audit_at ON audit(at_ms);
     CREATE INDEX audit_session ON audit(session_id);",
+    // 3: tasks and their event log (status changes and team events)
+    "CREATE TABLE tasks (
+        id             TEXT PRIMARY KEY,
+        prompt         TEXT NOT NULL,
+        environment_id TEXT NOT NULL,
+        host_id        TEXT NOT NULL,
+        status         TEXT NOT NULL,
+        detail         TEXT,
+        timeout_secs   INTEGER NOT NULL,
+        created_at_ms  INTEGER NOT NULL,
+        updated_at_ms  INTEGER NOT NULL
+    );
+    CREATE INDEX tasks_created ON tasks(created_at_ms);
+    CREATE TABLE task_events (
+        task_id   TEXT NOT NULL REFERENCES tasks(id),
+        seq       INTEGER NOT NULL,
+        at_ms     INTEGER NOT NULL,
+        kind      TEXT NOT NULL,
+        worker_id TEXT,
+        body      TEXT NOT NULL,
+        PRIMARY KEY (task_id, seq)
+    );",
 ];
 
 /// Conversation messages as stored JSON. Image bytes are not stored, only their size.

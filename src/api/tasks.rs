@@ -1,0 +1,475 @@
+//! Tasks over the network: `roz.v1.TaskService` (gRPC), `WatchTeam`'s event
+//! conversion, and the REST routes `/v1/tasks...`. The task engine is
+//! [`crate::team`]; this module only validates and converts.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::Stream;
+use http::StatusCode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response as GrpcResponse, Status};
+
+use super::proto::{self, task_service_server::TaskService};
+use super::rest::json_error;
+use crate::HostContext;
+use crate::store::StoredTaskEvent;
+use crate::team::state::TeamEvent;
+use crate::team::{self, Follow, NewTask, TaskError, TaskView};
+
+/// Default and largest page of `ListTasks` / `GET /v1/tasks`.
+const DEFAULT_LIMIT: u32 = 50;
+const MAX_LIMIT: u32 = 500;
+
+type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+pub struct TaskApi {
+    ctx: Arc<HostContext>,
+}
+
+impl TaskApi {
+    pub fn new(ctx: Arc<HostContext>) -> Self {
+        TaskApi { ctx }
+    }
+}
+
+pub fn status_of(e: TaskError) -> Status {
+    match e {
+        TaskError::InvalidArgument(m) => Status::invalid_argument(m),
+        TaskError::NotFound(m) => Status::not_found(m),
+        TaskError::FailedPrecondition(m) => Status::failed_precondition(m),
+        TaskError::ResourceExhausted(m) => Status::resource_exhausted(m),
+        TaskError::Store(e) => {
+            tracing::error!(error = %e, "task store failure");
+            Status::internal("the task store failed; see the daemon log")
+        }
+    }
+}
+
+fn timestamp(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
+    }
+}
+
+fn task_proto(view: TaskView) -> proto::Task {
+    let row = view.row;
+    proto::Task {
+        id: row.id,
+        prompt: row.prompt,
+        environment_id: row.environment_id,
+        status: row.status,
+        host_id: Some(row.host_id),
+        created_at: Some(timestamp(row.created_at_ms)),
+        updated_at: Some(timestamp(row.updated_at_ms)),
+        detail: row.detail,
+        pending_approvals: view
+            .pending_approvals
+            .into_iter()
+            .map(|p| proto::PendingApproval {
+                tool_call_id: p.tool_call_id,
+                worker_id: p.worker_id,
+                tool: p.tool,
+            })
+            .collect(),
+    }
+}
+
+/// A stored team event as the wire's `TeamEvent`.
+pub fn team_event_proto(entry: &StoredTaskEvent) -> Option<proto::TeamEvent> {
+    use proto::team_event::Event;
+    let event = match TeamEvent::from_stored(&entry.kind, &entry.body)? {
+        TeamEvent::Started { worker_id, host_id } => {
+            Event::WorkerStarted(proto::WorkerStarted { worker_id, host_id })
+        }
+        TeamEvent::Phase {
+            worker_id,
+            phase,
+            mode,
+        } => Event::WorkerPhase(proto::WorkerPhase {
+            worker_id,
+            phase,
+            mode,
+        }),
+        TeamEvent::ToolCall { worker_id, tool } => {
+            Event::WorkerToolCall(proto::WorkerToolCall { worker_id, tool })
+        }
+        TeamEvent::Completed { worker_id, result } => {
+            Event::WorkerCompleted(proto::WorkerCompleted { worker_id, result })
+        }
+        TeamEvent::Failed { worker_id, reason } => {
+            Event::WorkerFailed(proto::WorkerFailed { worker_id, reason })
+        }
+        TeamEvent::Exited {
+            worker_id,
+            parent_task_id,
+        } => Event::WorkerExited(proto::WorkerExited {
+            worker_id,
+            parent_task_id,
+        }),
+    };
+    Some(proto::TeamEvent { event: Some(event) })
+}
+
+fn status_update(task_id: &str, entry: &StoredTaskEvent) -> proto::TaskStatusUpdate {
+    proto::TaskStatusUpdate {
+        task_id: task_id.to_string(),
+        status: entry
+            .body
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        detail: entry
+            .body
+            .get("detail")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        timestamp: Some(timestamp(entry.at_ms)),
+    }
+}
+
+/// `WatchTeam`: every stored team event of the task, then live ones.
+pub async fn watch_team(
+    ctx: Arc<HostContext>,
+    task_id: String,
+) -> Result<ResponseStream<proto::TeamEvent>, Status> {
+    let entries = team::follow(ctx, task_id, Follow::TeamEvents)
+        .await
+        .map_err(status_of)?;
+    let events = ReceiverStream::new(entries).filter_map(|entry| match entry {
+        Ok(entry) => team_event_proto(&entry).map(Ok),
+        Err(e) => Some(Err(status_of(e))),
+    });
+    Ok(Box::pin(events))
+}
+
+fn page(limit: i64, offset: i64) -> Result<(u32, u32), TaskError> {
+    let limit = match limit {
+        0 => DEFAULT_LIMIT,
+        n if (1..=i64::from(MAX_LIMIT)).contains(&n) => n as u32,
+        n => {
+            return Err(TaskError::InvalidArgument(format!(
+                "limit {n} is not from 1 to {MAX_LIMIT} (0 = default {DEFAULT_LIMIT})"
+            )));
+        }
+    };
+    let offset = u32::try_from(offset).map_err(|_| {
+        TaskError::InvalidArgument(format!("offset {offset} is not from 0 to {}", u32::MAX))
+    })?;
+    Ok((limit, offset))
+}
+
+#[tonic::async_trait]
+impl TaskService for TaskApi {
+    type StreamTaskStatusStream = ResponseStream<proto::TaskStatusUpdate>;
+
+    async fn create_task(
+        &self,
+        request: Request<proto::CreateTaskRequest>,
+    ) -> Result<GrpcResponse<proto::Task>, Status> {
+        let r = request.into_inner();
+        let view = team::create(
+            &self.ctx,
+            NewTask {
+                prompt: r.prompt,
+                environment_id: r.environment_id,
+                host_id: r.host_id,
+                timeout_secs: r.timeout_secs,
+            },
+        )
+        .await
+        .map_err(status_of)?;
+        Ok(GrpcResponse::new(task_proto(view)))
+    }
+
+    async fn get_task(
+        &self,
+        request: Request<proto::GetTaskRequest>,
+    ) -> Result<GrpcResponse<proto::Task>, Status> {
+        let view = team::get(&self.ctx, &request.get_ref().id)
+            .await
+            .map_err(status_of)?;
+        Ok(GrpcResponse::new(task_proto(view)))
+    }
+
+    async fn list_tasks(
+        &self,
+        request: Request<proto::ListTasksRequest>,
+    ) -> Result<GrpcResponse<proto::ListTasksResponse>, Status> {
+        let r = request.get_ref();
+        let (limit, offset) = page(r.limit, r.offset).map_err(status_of)?;
+        let views = team::list(&self.ctx, limit, offset)
+            .await
+            .map_err(status_of)?;
+        Ok(GrpcResponse::new(proto::ListTasksResponse {
+            data: views.into_iter().map(task_proto).collect(),
+        }))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: Request<proto::CancelTaskRequest>,
+    ) -> Result<GrpcResponse<proto::CancelTaskResponse>, Status> {
+        team::cancel(&self.ctx, &request.get_ref().id)
+            .await
+            .map_err(status_of)?;
+        Ok(GrpcResponse::new(proto::CancelTaskResponse {}))
+    }
+
+    async fn approve_tool_use(
+        &self,
+        request: Request<proto::ApproveToolUseRequest>,
+    ) -> Result<GrpcResponse<proto::Task>, Status> {
+        let r = request.into_inner();
+        if r.modifier.as_ref().is_some_and(|m| !m.fields.is_empty()) {
+            return Err(Status::invalid_argument(
+                "modifier: rozd does not change a tool call's parameters on approval; \
+                 deny the call and let the agent retry instead",
+            ));
+        }
+        if r.tool_call_id.is_empty() {
+            return Err(Status::invalid_argument("tool_call_id must not be empty"));
+        }
+        let view = team::approve(&self.ctx, &r.task_id, &r.tool_call_id, r.approved)
+            .await
+            .map_err(status_of)?;
+        Ok(GrpcResponse::new(task_proto(view)))
+    }
+
+    async fn stream_task_status(
+        &self,
+        request: Request<proto::StreamTaskStatusRequest>,
+    ) -> Result<GrpcResponse<Self::StreamTaskStatusStream>, Status> {
+        let task_id = request.into_inner().task_id;
+        let entries = team::follow(self.ctx.clone(), task_id.clone(), Follow::Status)
+            .await
+            .map_err(status_of)?;
+        let updates = ReceiverStream::new(entries).map(move |entry| match entry {
+            Ok(entry) => Ok(status_update(&task_id, &entry)),
+            Err(e) => Err(status_of(e)),
+        });
+        Ok(GrpcResponse::new(Box::pin(updates)))
+    }
+}
+
+// ------------------------------------------------------------------ REST
+
+pub fn routes() -> Router<Arc<HostContext>> {
+    Router::new()
+        .route("/v1/tasks", get(list_rest).post(create_rest))
+        .route("/v1/tasks/{id}", get(get_rest))
+        .route("/v1/tasks/{id}/events", get(events_rest))
+        .route("/v1/tasks/{id}/cancel", post(cancel_rest))
+        .route("/v1/tasks/{id}/approvals", post(approve_rest))
+}
+
+fn rest_error(e: TaskError) -> Response {
+    let (status, code) = match &e {
+        TaskError::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
+        TaskError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+        TaskError::FailedPrecondition(_) => (StatusCode::CONFLICT, "failed_precondition"),
+        TaskError::ResourceExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "resource_exhausted"),
+        TaskError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    };
+    let message = match e {
+        TaskError::Store(e) => {
+            tracing::error!(error = %e, "task store failure");
+            "the task store failed; see the daemon log".to_string()
+        }
+        other => other.to_string(),
+    };
+    json_error(status, code, &message).into_response()
+}
+
+/// A JSON object body, or a 400 naming what is wrong.
+fn object_body(body: &[u8]) -> Result<serde_json::Map<String, Value>, TaskError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(TaskError::InvalidArgument(
+            "the body must be a JSON object".into(),
+        )),
+        Err(e) => Err(TaskError::InvalidArgument(format!(
+            "the body is not valid JSON: {e}"
+        ))),
+    }
+}
+
+fn string_field(
+    map: &serde_json::Map<String, Value>,
+    key: &str,
+) -> Result<Option<String>, TaskError> {
+    match map.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(TaskError::InvalidArgument(format!(
+            "`{key}` must be a string"
+        ))),
+    }
+}
+
+fn check_fields(map: &serde_json::Map<String, Value>, known: &[&str]) -> Result<(), TaskError> {
+    match map.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(unknown) => Err(TaskError::InvalidArgument(format!(
+            "unknown field `{unknown}` (known: {})",
+            known.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `POST /v1/tasks` `{"prompt", "environment_id"?, "host_id"?, "timeout_secs"?}` -> 201.
+async fn create_rest(State(ctx): State<Arc<HostContext>>, body: Bytes) -> Response {
+    let new = (|| {
+        let map = object_body(&body)?;
+        check_fields(
+            &map,
+            &["prompt", "environment_id", "host_id", "timeout_secs"],
+        )?;
+        let timeout_secs =
+            match map.get("timeout_secs") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(
+                    || {
+                        TaskError::InvalidArgument(
+                            "`timeout_secs` must be a whole number of seconds".into(),
+                        )
+                    },
+                )?),
+            };
+        Ok::<_, TaskError>(NewTask {
+            prompt: string_field(&map, "prompt")?
+                .ok_or_else(|| TaskError::InvalidArgument("`prompt` is required".into()))?,
+            environment_id: string_field(&map, "environment_id")?.unwrap_or_default(),
+            host_id: string_field(&map, "host_id")?,
+            timeout_secs,
+        })
+    })();
+    let new = match new {
+        Ok(new) => new,
+        Err(e) => return rest_error(e),
+    };
+    match team::create(&ctx, new).await {
+        Ok(view) => (StatusCode::CREATED, Json(view)).into_response(),
+        Err(e) => rest_error(e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct PageQuery {
+    limit: Option<String>,
+    offset: Option<String>,
+}
+
+/// `GET /v1/tasks?limit=N&offset=M`: newest first.
+async fn list_rest(
+    State(ctx): State<Arc<HostContext>>,
+    query: Result<Query<PageQuery>, QueryRejection>,
+) -> Response {
+    let parsed = (|| {
+        let Query(q) = query
+            .map_err(|r| TaskError::InvalidArgument(format!("invalid query: {}", r.body_text())))?;
+        let number = |key: &str, text: Option<String>| -> Result<i64, TaskError> {
+            match text {
+                None => Ok(0),
+                Some(t) => t.parse::<i64>().map_err(|_| {
+                    TaskError::InvalidArgument(format!("{key} {t:?} is not a whole number"))
+                }),
+            }
+        };
+        page(number("limit", q.limit)?, number("offset", q.offset)?)
+    })();
+    let (limit, offset) = match parsed {
+        Ok(p) => p,
+        Err(e) => return rest_error(e),
+    };
+    match team::list(&ctx, limit, offset).await {
+        Ok(views) => Json(json!({ "data": views })).into_response(),
+        Err(e) => rest_error(e),
+    }
+}
+
+async fn get_rest(State(ctx): State<Arc<HostContext>>, Path(id): Path<String>) -> Response {
+    match team::get(&ctx, &id).await {
+        Ok(view) => Json(view).into_response(),
+        Err(e) => rest_error(e),
+    }
+}
+
+/// `GET /v1/tasks/{id}/events`: the task's whole stored log (status changes
+/// and team events), oldest first.
+async fn events_rest(State(ctx): State<Arc<HostContext>>, Path(id): Path<String>) -> Response {
+    if let Err(e) = team::get(&ctx, &id).await {
+        return rest_error(e);
+    }
+    let mut all = Vec::new();
+    let mut cursor = 0;
+    loop {
+        match ctx.store.task_events(id.clone(), cursor, None, 1000).await {
+            Ok(batch) => {
+                let done = batch.len() < 1000;
+                if let Some(last) = batch.last() {
+                    cursor = last.seq;
+                }
+                all.extend(batch);
+                if done {
+                    break;
+                }
+            }
+            Err(e) => return rest_error(e.into()),
+        }
+    }
+    Json(json!({ "data": all })).into_response()
+}
+
+async fn cancel_rest(State(ctx): State<Arc<HostContext>>, Path(id): Path<String>) -> Response {
+    if let Err(e) = team::cancel(&ctx, &id).await {
+        return rest_error(e);
+    }
+    match team::get(&ctx, &id).await {
+        Ok(view) => Json(view).into_response(),
+        Err(e) => rest_error(e),
+    }
+}
+
+/// `POST /v1/tasks/{id}/approvals` `{"tool_call_id", "approved"}`.
+async fn approve_rest(
+    State(ctx): State<Arc<HostContext>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let parsed = (|| {
+        let map = object_body(&body)?;
+        check_fields(&map, &["tool_call_id", "approved"])?;
+        let call = string_field(&map, "tool_call_id")?
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| TaskError::InvalidArgument("`tool_call_id` is required".into()))?;
+        let approved = match map.get("approved") {
+            Some(Value::Bool(b)) => *b,
+            _ => {
+                return Err(TaskError::InvalidArgument(
+                    "`approved` (true or false) is required".into(),
+                ));
+            }
+        };
+        Ok((call, approved))
+    })();
+    let (call, approved) = match parsed {
+        Ok(p) => p,
+        Err(e) => return rest_error(e),
+    };
+    match team::approve(&ctx, &id, &call, approved).await {
+        Ok(view) => Json(view).into_response(),
+        Err(e) => rest_error(e),
+    }
+}

@@ -1,0 +1,727 @@
+//! Tasks: jobs the host runs without a client attached — one headless agent
+//! (worker zero, the task's lead) that may start worker agents — and their
+//! durable event logs, followed live by `WatchTeam` and `StreamTaskStatus`.
+//!
+//! Every status change and team event is written to the store before anyone
+//! hears of it; watchers read the store by sequence number and are woken by
+//! a `watch` of the latest number, so a slow watcher never holds up a worker
+//! and a late one replays exactly what an early one saw.
+//!
+//! - [`state`]: statuses, failure reasons, team events, a task's live state (no I/O)
+//! - [`worker`]: one worker's turn and the driver that answers for it
+
+pub mod state;
+pub mod worker;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::HostContext;
+use crate::session::turn::TurnInput;
+use crate::store::{StoreError, StoredTaskEvent, TaskRow, now_ms};
+use state::{PendingApproval, StopCause, TaskState, TaskStatus, TeamEvent, WorkerEnd};
+
+/// Longest prompt a task accepts.
+const MAX_PROMPT_CHARS: usize = 100_000;
+/// Log entries a watcher reads from the store at a time.
+const WATCH_BATCH: u32 = 256;
+/// A watcher that is not woken re-reads the store this often anyway.
+const WATCH_POLL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// The request is valid but the task's state does not allow it.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    ResourceExhausted(String),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// What `CreateTask` asks for.
+#[derive(Debug, Clone, Default)]
+pub struct NewTask {
+    pub prompt: String,
+    pub environment_id: String,
+    pub host_id: Option<String>,
+    pub timeout_secs: Option<u32>,
+}
+
+/// A task as reported: its row plus the calls waiting for approval.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TaskView {
+    #[serde(flatten)]
+    pub row: TaskRow,
+    pub pending_approvals: Vec<ApprovalView>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ApprovalView {
+    pub tool_call_id: String,
+    pub worker_id: String,
+    pub tool: String,
+}
+
+/// The tasks running on this daemon.
+#[derive(Debug)]
+pub struct Tasks {
+    live: Mutex<HashMap<String, Arc<LiveTask>>>,
+    active: watch::Sender<usize>,
+}
+
+impl Default for Tasks {
+    fn default() -> Self {
+        Tasks {
+            live: Mutex::default(),
+            active: watch::Sender::new(0),
+        }
+    }
+}
+
+impl Tasks {
+    pub fn active(&self) -> usize {
+        *self.active.borrow()
+    }
+
+    /// Resolves once no task is running (each has recorded its end).
+    pub async fn wait_idle(&self) {
+        let mut rx = self.active.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+
+    fn live(&self) -> MutexGuard<'_, HashMap<String, Arc<LiveTask>>> {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn get(&self, id: &str) -> Option<Arc<LiveTask>> {
+        self.live().get(id).cloned()
+    }
+}
+
+/// A running task.
+#[derive(Debug)]
+pub struct LiveTask {
+    pub id: String,
+    pub environment_id: String,
+    pub timeout_secs: u32,
+    state: Mutex<TaskState>,
+    /// Cancelled once the task is being stopped (cancel, timeout, stop, shutdown).
+    stop: CancellationToken,
+    /// Inbox of the worker whose call waits, by tool call id.
+    approval_inboxes: Mutex<HashMap<String, mpsc::Sender<TurnInput>>>,
+    /// Each worker's end, once it has one.
+    ends: Mutex<Vec<(String, watch::Receiver<Option<WorkerEnd>>)>>,
+    /// Workers not yet exited.
+    running: watch::Sender<u32>,
+    /// Highest sequence number written to the task's log.
+    log_seq: watch::Sender<i64>,
+    /// The status last written (to write only changes).
+    status: Mutex<TaskStatus>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl LiveTask {
+    fn stopping(&self) -> Option<StopCause> {
+        lock(&self.state).stopping.clone()
+    }
+
+    /// Stops every worker of the task (the first cause is the one reported).
+    fn stop(&self, cause: StopCause) {
+        if lock(&self.state).stop(cause.clone()) {
+            tracing::info!(task_id = %self.id, ?cause, "stopping task");
+        }
+        self.stop.cancel();
+    }
+
+    fn published(&self, seq: i64) {
+        self.log_seq.send_if_modified(|latest| {
+            let newer = seq > *latest;
+            if newer {
+                *latest = seq;
+            }
+            newer
+        });
+    }
+
+    /// Appends a team event to the store, then wakes the watchers.
+    async fn publish(&self, ctx: &HostContext, event: TeamEvent) {
+        let stored = ctx
+            .store
+            .task_event(
+                self.id.clone(),
+                event.kind().to_string(),
+                Some(event.worker_id().to_string()),
+                event.body(),
+            )
+            .await;
+        match stored {
+            Ok(seq) => self.published(seq),
+            Err(e) => {
+                tracing::error!(task_id = %self.id, error = %e, ?event, "cannot store a team event");
+            }
+        }
+    }
+
+    /// Writes a status change (only a change) to the store, then wakes the watchers.
+    async fn set_status(&self, ctx: &HostContext, status: TaskStatus, detail: Option<String>) {
+        {
+            let mut current = lock(&self.status);
+            if *current == status && !status.is_terminal() {
+                return;
+            }
+            *current = status;
+        }
+        match ctx
+            .store
+            .task_status(self.id.clone(), status.as_str().to_string(), detail)
+            .await
+        {
+            Ok(seq) => self.published(seq),
+            Err(e) => {
+                tracing::error!(task_id = %self.id, error = %e, status = status.as_str(), "cannot store a task status");
+            }
+        }
+    }
+
+    /// The status a running task shows, written if it changed.
+    async fn refresh_status(&self, ctx: &HostContext) {
+        let (status, detail) = {
+            let state = lock(&self.state);
+            let detail = state.approvals.values().next().map(|p| {
+                format!(
+                    "{} ({}) of {} waits for approval",
+                    p.tool_call_id, p.tool, p.worker_id
+                )
+            });
+            (state.live_status(), detail)
+        };
+        self.set_status(ctx, status, detail).await;
+    }
+
+    async fn approval_waiting(
+        &self,
+        ctx: &HostContext,
+        pending: PendingApproval,
+        inbox: mpsc::Sender<TurnInput>,
+    ) {
+        lock(&self.approval_inboxes).insert(pending.tool_call_id.clone(), inbox);
+        lock(&self.state)
+            .approvals
+            .insert(pending.tool_call_id.clone(), pending);
+        self.refresh_status(ctx).await;
+    }
+
+    async fn approvals_done(&self, ctx: &HostContext, worker_id: &str) {
+        let removed: Vec<String> = {
+            let mut state = lock(&self.state);
+            let ids: Vec<String> = state
+                .approvals
+                .values()
+                .filter(|p| p.worker_id == worker_id)
+                .map(|p| p.tool_call_id.clone())
+                .collect();
+            for id in &ids {
+                state.approvals.remove(id);
+            }
+            ids
+        };
+        if removed.is_empty() {
+            return;
+        }
+        {
+            let mut inboxes = lock(&self.approval_inboxes);
+            for id in &removed {
+                inboxes.remove(id);
+            }
+        }
+        self.refresh_status(ctx).await;
+    }
+
+    /// The end receivers of the given workers (default: every worker but the caller).
+    fn worker_ends(
+        &self,
+        wanted: Option<Vec<String>>,
+        caller: &str,
+    ) -> Result<Vec<(String, watch::Receiver<Option<WorkerEnd>>)>, String> {
+        let ends = lock(&self.ends);
+        match wanted {
+            None => Ok(ends
+                .iter()
+                .filter(|(id, _)| id != caller)
+                .cloned()
+                .collect()),
+            Some(ids) => ids
+                .into_iter()
+                .map(|id| {
+                    ends.iter()
+                        .find(|(known, _)| *known == id && known != caller)
+                        .cloned()
+                        .ok_or_else(|| format!("{id:?} is not a worker of this task"))
+                })
+                .collect(),
+        }
+    }
+
+    fn view(&self, row: TaskRow) -> TaskView {
+        TaskView {
+            row,
+            pending_approvals: lock(&self.state)
+                .approvals
+                .values()
+                .map(|p| ApprovalView {
+                    tool_call_id: p.tool_call_id.clone(),
+                    worker_id: p.worker_id.clone(),
+                    tool: p.tool.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Starts a worker of `task`; its id, or why not.
+fn start_worker(
+    ctx: &Arc<HostContext>,
+    task: &Arc<LiveTask>,
+    prompt: String,
+    mode: &'static str,
+    lead: bool,
+) -> Result<String, String> {
+    let index = lock(&task.state).admit_worker(ctx.config.tasks.max_workers)?;
+    task.running.send_modify(|n| *n += 1);
+    let worker_id = format!("{}:w{index}", task.id);
+    let (end_tx, end_rx) = watch::channel(None);
+    lock(&task.ends).push((worker_id.clone(), end_rx));
+    let ctx = ctx.clone();
+    let task = task.clone();
+    let plan = worker::WorkerPlan {
+        worker_id: worker_id.clone(),
+        prompt,
+        mode,
+        lead,
+    };
+    tokio::spawn(async move {
+        let worker_id = plan.worker_id.clone();
+        task.publish(
+            &ctx,
+            TeamEvent::Started {
+                worker_id: worker_id.clone(),
+                host_id: ctx.config.host.id.clone(),
+            },
+        )
+        .await;
+        // In its own task, so that even a panic in the driver ends in a
+        // recorded failure and safe actuators.
+        let end = match tokio::spawn(worker::run(ctx.clone(), task.clone(), plan)).await {
+            Ok(end) => end,
+            Err(e) => {
+                tracing::error!(%worker_id, error = %e, "worker task failed");
+                let origin = crate::ooda::act::Origin::Session(worker_id.clone());
+                ctx.ooda
+                    .actuators()
+                    .release(&origin, "task worker failed")
+                    .await;
+                WorkerEnd::Failed {
+                    reason: state::FailReason::ModelError,
+                    detail: "the worker failed inside rozd".into(),
+                }
+            }
+        };
+        tracing::info!(%worker_id, ?end, "worker ended");
+        let outcome = match &end {
+            WorkerEnd::Completed(result) => Some(TeamEvent::Completed {
+                worker_id: worker_id.clone(),
+                result: result.clone(),
+            }),
+            WorkerEnd::Failed { reason, .. } => Some(TeamEvent::Failed {
+                worker_id: worker_id.clone(),
+                reason: reason.as_str().to_string(),
+            }),
+            WorkerEnd::Cancelled => None,
+        };
+        if let Some(event) = outcome {
+            task.publish(&ctx, event).await;
+        }
+        task.publish(
+            &ctx,
+            TeamEvent::Exited {
+                worker_id: worker_id.clone(),
+                parent_task_id: task.id.clone(),
+            },
+        )
+        .await;
+        lock(&task.state).worker_exited(&worker_id);
+        lock(&task.approval_inboxes).retain(|_, inbox| !inbox.is_closed());
+        task.refresh_status_if_running(&ctx).await;
+        let _ = end_tx.send(Some(end));
+        task.running.send_modify(|n| *n = n.saturating_sub(1));
+    });
+    Ok(worker_id)
+}
+
+impl LiveTask {
+    async fn refresh_status_if_running(&self, ctx: &HostContext) {
+        if self.stopping().is_none() && !lock(&self.status).is_terminal() {
+            self.refresh_status(ctx).await;
+        }
+    }
+}
+
+/// Validates a task id: a UUID, as rozd makes them.
+pub fn check_task_id(id: &str) -> Result<(), TaskError> {
+    uuid::Uuid::parse_str(id)
+        .map(drop)
+        .map_err(|_| TaskError::InvalidArgument(format!("task id {id:?} is not a UUID")))
+}
+
+/// Creates and starts a task.
+pub async fn create(ctx: &Arc<HostContext>, new: NewTask) -> Result<TaskView, TaskError> {
+    let config = &ctx.config;
+    let prompt = new.prompt.trim().to_string();
+    if prompt.is_empty() {
+        return Err(TaskError::InvalidArgument(
+            "prompt must not be empty".into(),
+        ));
+    }
+    if prompt.chars().count() > MAX_PROMPT_CHARS {
+        return Err(TaskError::InvalidArgument(format!(
+            "prompt is longer than {MAX_PROMPT_CHARS} characters"
+        )));
+    }
+    if let Some(host) = new.host_id.as_deref().filter(|h| !h.is_empty())
+        && host != config.host.id
+    {
+        return Err(TaskError::NotFound(format!(
+            "host_not_found: host {host:?} is not this host ({:?}) and no fleet routing is configured",
+            config.host.id
+        )));
+    }
+    let environment_id = if new.environment_id.is_empty() {
+        config.host.environment_id.clone()
+    } else if new.environment_id == config.host.environment_id {
+        new.environment_id
+    } else {
+        return Err(TaskError::InvalidArgument(format!(
+            "environment_id {:?} is not this host's environment ({:?})",
+            new.environment_id, config.host.environment_id
+        )));
+    };
+    let timeout_secs = match new.timeout_secs {
+        None => config.tasks.default_timeout_secs,
+        Some(0) => {
+            return Err(TaskError::InvalidArgument(
+                "timeout_secs must be at least 1".into(),
+            ));
+        }
+        Some(t) if t > config.tasks.max_timeout_secs => {
+            return Err(TaskError::InvalidArgument(format!(
+                "timeout_secs {t} is above this host's limit of {} (tasks.max_timeout_secs)",
+                config.tasks.max_timeout_secs
+            )));
+        }
+        Some(t) => t,
+    };
+    if let Err(e) = ctx.models.resolve(config.tasks.model.as_deref()) {
+        return Err(TaskError::FailedPrecondition(format!(
+            "the task model is not available: {e}"
+        )));
+    }
+    if let Some(stop) = ctx.ooda.protective_stop().active() {
+        return Err(TaskError::FailedPrecondition(format!(
+            "a protective stop is active ({}: {}); clear it before starting a task",
+            stop.source, stop.reason
+        )));
+    }
+    if ctx.shutdown.is_cancelled() {
+        return Err(TaskError::FailedPrecondition(
+            "the daemon is shutting down".into(),
+        ));
+    }
+    let now = now_ms();
+    let row = TaskRow {
+        id: uuid::Uuid::new_v4().to_string(),
+        prompt,
+        environment_id,
+        host_id: config.host.id.clone(),
+        status: TaskStatus::Pending.as_str().to_string(),
+        detail: None,
+        timeout_secs,
+        created_at_ms: now,
+        updated_at_ms: now,
+    };
+    let task = Arc::new(LiveTask {
+        id: row.id.clone(),
+        environment_id: row.environment_id.clone(),
+        timeout_secs,
+        state: Mutex::default(),
+        stop: CancellationToken::new(),
+        approval_inboxes: Mutex::default(),
+        ends: Mutex::default(),
+        running: watch::Sender::new(0),
+        log_seq: watch::Sender::new(1),
+        status: Mutex::new(TaskStatus::Pending),
+    });
+    {
+        let mut live = ctx.tasks.live();
+        if live.len() >= config.tasks.max_concurrent as usize {
+            return Err(TaskError::ResourceExhausted(format!(
+                "{} task(s) are running, the most this host runs at once (tasks.max_concurrent)",
+                live.len()
+            )));
+        }
+        live.insert(row.id.clone(), task.clone());
+        ctx.tasks.active.send_modify(|n| *n += 1);
+    }
+    if let Err(e) = ctx.store.task_created(row.clone()).await {
+        ctx.tasks.live().remove(&row.id);
+        ctx.tasks.active.send_modify(|n| *n = n.saturating_sub(1));
+        return Err(e.into());
+    }
+    tracing::info!(task_id = %row.id, timeout_secs, "task created");
+    let view = task.view(row.clone());
+    tokio::spawn(supervise(ctx.clone(), task, row.prompt));
+    Ok(view)
+}
+
+/// Runs a task: its lead, the stop conditions, then its final status.
+async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
+    task.set_status(&ctx, TaskStatus::Running, None).await;
+    let lead_id = match start_worker(&ctx, &task, prompt, ctx.config.tasks.ai_mode(), true) {
+        Ok(id) => Some(id),
+        Err(e) => {
+            tracing::error!(task_id = %task.id, error = %e, "cannot start the task's lead");
+            None
+        }
+    };
+    let deadline = tokio::time::sleep(Duration::from_secs(u64::from(task.timeout_secs)));
+    tokio::pin!(deadline);
+    let mut estop = ctx.ooda.protective_stop().subscribe();
+    let mut running = task.running.subscribe();
+    loop {
+        let stopping = task.stopping().is_some();
+        tokio::select! {
+            // The sender lives in `task`: this only resolves at zero.
+            _ = running.wait_for(|n| *n == 0) => break,
+            () = &mut deadline, if !stopping => task.stop(StopCause::Timeout),
+            changed = estop.wait_for(Option::is_some), if !stopping => {
+                let why = match changed {
+                    Ok(info) => info.as_ref().map(|s| format!("{}: {}", s.source, s.reason)).unwrap_or_default(),
+                    Err(_) => "protective stop".into(),
+                };
+                task.stop(StopCause::EStop(why));
+            }
+            () = ctx.shutdown.cancelled(), if !stopping => task.stop(StopCause::Shutdown),
+        }
+    }
+    let lead_end = lead_id.and_then(|id| {
+        lock(&task.ends)
+            .iter()
+            .find(|(w, _)| *w == id)
+            .and_then(|(_, end)| end.borrow().clone())
+    });
+    let (status, detail) = match (task.stopping(), lead_end) {
+        (Some(cause), _) => cause.final_status(),
+        (None, Some(WorkerEnd::Completed(result))) => (TaskStatus::Succeeded, result),
+        (None, Some(WorkerEnd::Failed { reason, detail })) => {
+            (TaskStatus::Failed, format!("{}: {detail}", reason.as_str()))
+        }
+        (None, Some(WorkerEnd::Cancelled)) => (TaskStatus::Cancelled, "cancelled".into()),
+        (None, None) => (
+            TaskStatus::Failed,
+            "the task's agent could not start".into(),
+        ),
+    };
+    task.set_status(&ctx, status, Some(detail)).await;
+    tracing::info!(task_id = %task.id, status = status.as_str(), "task finished");
+    ctx.tasks.live().remove(&task.id);
+    ctx.tasks.active.send_modify(|n| *n = n.saturating_sub(1));
+}
+
+async fn load_row(ctx: &HostContext, id: &str) -> Result<TaskRow, TaskError> {
+    check_task_id(id)?;
+    ctx.store
+        .task(id.to_string())
+        .await?
+        .ok_or_else(|| TaskError::NotFound(format!("no task {id:?} on this host")))
+}
+
+fn view(ctx: &HostContext, row: TaskRow) -> TaskView {
+    match ctx.tasks.get(&row.id) {
+        Some(task) => task.view(row),
+        None => TaskView {
+            row,
+            pending_approvals: Vec::new(),
+        },
+    }
+}
+
+pub async fn get(ctx: &HostContext, id: &str) -> Result<TaskView, TaskError> {
+    let row = load_row(ctx, id).await?;
+    Ok(view(ctx, row))
+}
+
+/// Tasks, newest first.
+pub async fn list(ctx: &HostContext, limit: u32, offset: u32) -> Result<Vec<TaskView>, TaskError> {
+    let rows = ctx.store.tasks(limit, offset).await?;
+    Ok(rows.into_iter().map(|r| view(ctx, r)).collect())
+}
+
+/// Stops a running task; its workers exit and their actuators go safe.
+pub async fn cancel(ctx: &HostContext, id: &str) -> Result<(), TaskError> {
+    let row = load_row(ctx, id).await?;
+    match ctx.tasks.get(id) {
+        Some(task) => {
+            task.stop(StopCause::Cancelled);
+            Ok(())
+        }
+        None => Err(TaskError::FailedPrecondition(format!(
+            "task {id} has already finished ({})",
+            row.status
+        ))),
+    }
+}
+
+/// Answers a tool call waiting for approval.
+pub async fn approve(
+    ctx: &HostContext,
+    task_id: &str,
+    tool_call_id: &str,
+    approved: bool,
+) -> Result<TaskView, TaskError> {
+    let row = load_row(ctx, task_id).await?;
+    let Some(task) = ctx.tasks.get(task_id) else {
+        return Err(TaskError::FailedPrecondition(format!(
+            "task {task_id} has already finished ({})",
+            row.status
+        )));
+    };
+    let pending = lock(&task.state).approvals.remove(tool_call_id);
+    let inbox = lock(&task.approval_inboxes).remove(tool_call_id);
+    let (Some(pending), Some(inbox)) = (pending, inbox) else {
+        return Err(TaskError::NotFound(format!(
+            "no tool call {tool_call_id:?} waits for approval in task {task_id}"
+        )));
+    };
+    tracing::info!(task_id, tool_call_id, tool = %pending.tool, worker_id = %pending.worker_id, approved, "tool use decided");
+    let decision = TurnInput::Decision {
+        tool_call_id: tool_call_id.to_string(),
+        approved,
+    };
+    if inbox.send(decision).await.is_err() {
+        return Err(TaskError::FailedPrecondition(format!(
+            "worker {} is no longer running",
+            pending.worker_id
+        )));
+    }
+    task.refresh_status(ctx).await;
+    let row = load_row(ctx, task_id).await?;
+    Ok(task.view(row))
+}
+
+/// Which part of a task's log a watcher follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Follow {
+    TeamEvents,
+    Status,
+}
+
+/// Follows a task's log from its start: every stored entry in order, then
+/// new ones as they are written, until the task has finished and every
+/// entry is delivered. The task must exist (checked before streaming).
+pub async fn follow(
+    ctx: Arc<HostContext>,
+    task_id: String,
+    which: Follow,
+) -> Result<mpsc::Receiver<Result<StoredTaskEvent, TaskError>>, TaskError> {
+    load_row(&ctx, &task_id).await?;
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let status_only = Some(which == Follow::Status);
+        let mut wake = ctx.tasks.get(&task_id).map(|t| t.log_seq.subscribe());
+        let mut cursor = 0;
+        loop {
+            // Finished is read before the log: every entry of a finished
+            // task was written before its final status.
+            let finished = match ctx.store.task(task_id.clone()).await {
+                Ok(Some(row)) => TaskStatus::is_terminal_str(&row.status),
+                Ok(None) => true,
+                Err(e) => {
+                    let _ = tx.send(Err(e.into())).await;
+                    return;
+                }
+            };
+            loop {
+                let batch = match ctx
+                    .store
+                    .task_events(task_id.clone(), cursor, status_only, WATCH_BATCH)
+                    .await
+                {
+                    Ok(batch) => batch,
+                    Err(e) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                };
+                let full = batch.len() == WATCH_BATCH as usize;
+                for entry in batch {
+                    cursor = entry.seq;
+                    if tx.send(Ok(entry)).await.is_err() {
+                        return;
+                    }
+                }
+                if !full {
+                    break;
+                }
+            }
+            if finished {
+                return;
+            }
+            match &mut wake {
+                Some(rx) => {
+                    tokio::select! {
+                        changed = rx.changed() => if changed.is_err() { wake = None },
+                        () = tx.closed() => return,
+                    }
+                }
+                None => {
+                    tokio::select! {
+                        () = tokio::time::sleep(WATCH_POLL) => {}
+                        () = tx.closed() => return,
+                    }
+                }
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// After a restart: no task resumes physical work by itself. Tasks that were
+/// running are failed (`interrupted`), their workers reported failed
+/// (`e_stop`: the host stopped under them) and exited.
+pub async fn recover(store: &crate::store::Store) -> Result<Vec<String>, StoreError> {
+    let closed = store
+        .close_unfinished_tasks(
+            TaskStatus::TERMINAL,
+            TaskStatus::Failed.as_str(),
+            state::INTERRUPTED,
+            state::FailReason::EStop.as_str(),
+        )
+        .await?;
+    if !closed.is_empty() {
+        tracing::warn!(tasks = ?closed, "tasks interrupted by the restart marked failed");
+    }
+    Ok(closed)
+}
