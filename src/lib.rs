@@ -15,6 +15,7 @@
 //! - [`team`]: tasks, their workers and durable team events
 //! - [`tools`]: the host tools generated from sensors and actuators
 //! - [`client`]: small HTTP client used by the CLI (`rozd status`)
+//! - [`task_cli`]: `rozd task ...`, tasks from the command line
 //! - [`chat`]: `rozd chat`, an interactive terminal client of a session over gRPC
 #![forbid(unsafe_code)]
 
@@ -29,6 +30,7 @@ pub mod ooda;
 pub mod safety;
 pub mod session;
 pub mod store;
+pub mod task_cli;
 pub mod team;
 pub mod tools;
 

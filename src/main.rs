@@ -89,6 +89,31 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Tasks on a running daemon: create, list, show, cancel, approve, watch.
+    #[command(
+        long_about = "Tasks are jobs the host runs without a client attached: a headless \
+                      agent with the host's tools, which may start worker agents. \
+                      `watch` follows a task's status and team events until it ends.",
+        after_help = rozd::task_cli::TASK_EXIT_HELP
+    )]
+    Task {
+        /// Address of the daemon.
+        #[arg(
+            long,
+            global = true,
+            default_value = "127.0.0.1:8080",
+            env = "ROZD_ADDR"
+        )]
+        addr: String,
+        /// Bearer token, when the daemon requires one.
+        #[arg(long, global = true, env = "ROZD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Print the daemon's JSON answer.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        command: rozd::task_cli::TaskCommand,
+    },
 }
 
 const ESTOP_EXIT_HELP: &str = "Exit status:
@@ -143,6 +168,38 @@ fn main() -> ExitCode {
             clear,
             json,
         } => estop(&addr, token.as_deref(), reason.as_deref(), clear, json),
+        Command::Task {
+            addr,
+            token,
+            json,
+            command,
+        } => task(&addr, token.as_deref(), command, json),
+    }
+}
+
+fn task(
+    addr: &str,
+    token: Option<&str>,
+    command: rozd::task_cli::TaskCommand,
+    raw: bool,
+) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rozd task: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(rozd::task_cli::run(addr, token, command, raw)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("rozd task: {e}");
+            ExitCode::from(e.exit)
+        }
     }
 }
 

@@ -389,6 +389,7 @@ impl Runner {
                 },
                 max_session_tokens: config.session.max_session_tokens,
                 session_tokens_spent: session.tokens_spent,
+                halt_on_safety_error: false,
             },
             meter: session.meter,
             live_tokens: session.live_tokens.clone(),

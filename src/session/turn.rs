@@ -80,6 +80,10 @@ pub struct TurnLimits {
     pub max_session_tokens: u64,
     /// Tokens the session spent before this turn.
     pub session_tokens_spent: u64,
+    /// A `safety_violation` or `e_stop` ends the turn at once. Set for
+    /// headless task workers (no one is there to correct them); a session's
+    /// model hears the refusal and its client decides.
+    pub halt_on_safety_error: bool,
 }
 
 pub struct TurnSetup {
@@ -123,6 +127,8 @@ enum Interrupt {
     Cancelled,
     /// The client's response stream is gone.
     ClientGone,
+    /// A safety error ended a headless turn ([`TurnLimits::halt_on_safety_error`]).
+    Halted(SessionError),
 }
 
 struct Turn {
@@ -193,6 +199,7 @@ pub async fn run(
     let (stop_reason, error) = match result {
         Ok(stop) => (stop, None),
         Err(TurnError::Interrupted(Interrupt::Cancelled)) => (StopReason::Cancelled, None),
+        Err(TurnError::Interrupted(Interrupt::Halted(e))) => (StopReason::Error, Some(e)),
         Err(TurnError::Interrupted(Interrupt::ClientGone)) => {
             tracing::info!("client stream closed during the turn");
             (StopReason::Cancelled, None)
@@ -787,10 +794,10 @@ impl Turn {
             let message = format!("`{name}` refused: {why}");
             self.audit(id, name, &input, "refused", Err(&message), started)
                 .await;
-            self.send(ServerEvent::Error(SessionError::new(
+            self.safety_error(SessionError::new(
                 ErrorCode::SafetyViolation,
                 format!("tool call {id}: {message}"),
-            )))
+            ))
             .await?;
             return Ok(error_result(id, name, &message));
         }
@@ -801,10 +808,10 @@ impl Turn {
             );
             self.audit(id, name, &input, "refused", Err(&message), started)
                 .await;
-            self.send(ServerEvent::Error(SessionError::new(
+            self.safety_error(SessionError::new(
                 ErrorCode::EStop,
                 format!("tool call {id}: {message}"),
-            )))
+            ))
             .await?;
             return Ok(error_result(id, name, &message));
         }
@@ -869,11 +876,12 @@ impl Turn {
             Err(ToolError::Invalid(_) | ToolError::Failed(_)) => None,
         };
         if let Some(code) = code {
-            self.send(ServerEvent::Error(SessionError::new(
-                code,
-                format!("tool call {id}: {text}"),
-            )))
-            .await?;
+            let error = SessionError::new(code, format!("tool call {id}: {text}"));
+            if matches!(code, ErrorCode::EStop | ErrorCode::SafetyViolation) {
+                self.safety_error(error).await?;
+            } else {
+                self.send(ServerEvent::Error(error)).await?;
+            }
         }
         Ok(Block::ToolResult {
             tool_use_id: id.to_string(),
@@ -1058,6 +1066,15 @@ impl Turn {
             })
             .await?;
             self.last_presence = Some(presence);
+        }
+        Ok(())
+    }
+
+    /// Reports a safety error; ends a headless turn with it.
+    async fn safety_error(&self, error: SessionError) -> Result<(), Interrupt> {
+        self.send(ServerEvent::Error(error.clone())).await?;
+        if self.limits.halt_on_safety_error {
+            return Err(Interrupt::Halted(error));
         }
         Ok(())
     }

@@ -109,6 +109,9 @@ impl Tasks {
     }
 }
 
+/// A worker's id and, once it has one, its end.
+type WorkerEndWatch = (String, watch::Receiver<Option<WorkerEnd>>);
+
 /// A running task.
 #[derive(Debug)]
 pub struct LiveTask {
@@ -121,7 +124,7 @@ pub struct LiveTask {
     /// Inbox of the worker whose call waits, by tool call id.
     approval_inboxes: Mutex<HashMap<String, mpsc::Sender<TurnInput>>>,
     /// Each worker's end, once it has one.
-    ends: Mutex<Vec<(String, watch::Receiver<Option<WorkerEnd>>)>>,
+    ends: Mutex<Vec<WorkerEndWatch>>,
     /// Workers not yet exited.
     running: watch::Sender<u32>,
     /// Highest sequence number written to the task's log.
@@ -256,7 +259,7 @@ impl LiveTask {
         &self,
         wanted: Option<Vec<String>>,
         caller: &str,
-    ) -> Result<Vec<(String, watch::Receiver<Option<WorkerEnd>>)>, String> {
+    ) -> Result<Vec<WorkerEndWatch>, String> {
         let ends = lock(&self.ends);
         match wanted {
             None => Ok(ends

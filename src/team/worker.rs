@@ -173,6 +173,7 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
             },
             max_session_tokens: config.session.max_session_tokens,
             session_tokens_spent: 0,
+            halt_on_safety_error: true,
         },
         model,
         meter: ContextMeter::default(),
@@ -214,8 +215,12 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
             Some(outcome) = driver.awaiting.next(), if !driver.awaiting.is_empty() => {
                 let _ = driver.inbox.send(TurnInput::ToolResult(outcome)).await;
             }
+            // The task stopping, or the driver itself (a safety error),
+            // cancels the turn, which then gets WIND_DOWN to finish.
             () = stop.cancelled(), if !winding_down => {
                 driver.cancel.cancel();
+                winding_down = true;
+                wind_down.as_mut().reset(tokio::time::Instant::now() + WIND_DOWN);
             }
             () = driver.cancel.cancelled(), if !winding_down => {
                 winding_down = true;
