@@ -75,7 +75,7 @@ async fn shutdown_closes_open_session_streams() {
 }
 
 #[tokio::test]
-async fn watch_team_is_a_clear_unimplemented() {
+async fn watch_team_refuses_malformed_and_unknown_task_ids() {
     let daemon = TestDaemon::start("").await;
     let mut client = daemon.agent().await;
     let status = client
@@ -83,8 +83,15 @@ async fn watch_team_is_a_clear_unimplemented() {
             task_id: "t".into(),
         })
         .await
-        .expect_err("WatchTeam is not served yet");
-    assert_eq!(status.code(), Code::Unimplemented);
+        .expect_err("not a task id");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let status = client
+        .watch_team(proto::WatchTeamRequest {
+            task_id: "00000000-0000-4000-8000-000000000000".into(),
+        })
+        .await
+        .expect_err("no such task");
+    assert_eq!(status.code(), Code::NotFound);
     daemon.shutdown().await;
 }
 
@@ -95,7 +102,7 @@ async fn health_reports_serving() {
     };
     let daemon = TestDaemon::start("").await;
     let mut health = HealthClient::new(daemon.channel().await);
-    for service in ["", "roz.v1.AgentService"] {
+    for service in ["", "roz.v1.AgentService", "roz.v1.TaskService"] {
         let reply = health
             .check(HealthCheckRequest {
                 service: service.into(),

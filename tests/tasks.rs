@@ -917,3 +917,111 @@ fn a_restart_after_a_crash_mid_task_replays_the_interrupted_history() {
         daemon.shutdown().await;
     });
 }
+
+// ------------------------------------------------------------------ CLI
+
+const ROZD: &str = env!("CARGO_BIN_EXE_rozd");
+
+/// Runs the `rozd` binary without blocking the runtime the daemon runs on.
+async fn rozd_cli(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = tokio::time::timeout(
+        EXPECT_WITHIN * 4,
+        tokio::process::Command::new(ROZD)
+            .args(args)
+            .env_remove("ROZD_ADDR")
+            .env_remove("ROZD_TOKEN")
+            .env_remove("ROZD_CONFIG")
+            .stdin(std::process::Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("rozd exits")
+    .expect("run rozd");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_task_cli_creates_approves_watches_lists_and_reports_refusals() {
+    let daemon = host("").await;
+    let addr = daemon.addr.to_string();
+    let (code, out, err) =
+        rozd_cli(&["task", "create", "set lamp 1", "--addr", &addr, "--json"]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    let created: Value = serde_json::from_str(out.trim()).unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
+    let pending = pending_call(&daemon, &id).await;
+
+    let (code, out, err) = rozd_cli(&["task", "show", &id, "--addr", &addr]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("status: waiting_approval"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "waiting for approval: {} (lamp",
+            pending.tool_call_id
+        )),
+        "{out}"
+    );
+
+    let (code, _, err) = rozd_cli(&[
+        "task",
+        "approve",
+        &id,
+        &pending.tool_call_id,
+        "--addr",
+        &addr,
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = rozd_cli(&["task", "watch", &id, "--addr", &addr]).await;
+    assert_eq!(code, Some(0), "the task succeeded: {out}{err}");
+    for expected in [
+        "status pending",
+        "status waiting_approval",
+        "w0 calls lamp",
+        "w0 exited",
+    ] {
+        assert!(out.contains(expected), "{expected}: {out}");
+    }
+    assert!(
+        out.trim_end()
+            .lines()
+            .any(|l| l.starts_with("status succeeded")),
+        "{out}"
+    );
+
+    let (code, out, _) = rozd_cli(&["task", "list", "--addr", &addr]).await;
+    assert_eq!(code, Some(0));
+    assert!(out.contains(&id) && out.contains("succeeded"), "{out}");
+
+    // Refusals: exit 3 with the daemon's message.
+    let (code, _, err) = rozd_cli(&["task", "cancel", &id, "--addr", &addr]).await;
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        err.contains("409") && err.contains("already finished"),
+        "{err}"
+    );
+    let (code, _, err) = rozd_cli(&["task", "show", "not-a-uuid", "--addr", &addr]).await;
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("not a UUID"), "{err}");
+
+    // A task that fails makes `watch` exit 4.
+    let (code, out, _) =
+        rozd_cli(&["task", "create", "set speed 9", "--addr", &addr, "--json"]).await;
+    assert_eq!(code, Some(0));
+    let failing: Value = serde_json::from_str(out.trim()).unwrap();
+    let (code, out, _) = rozd_cli(&[
+        "task",
+        "watch",
+        failing["id"].as_str().unwrap(),
+        "--addr",
+        &addr,
+    ])
+    .await;
+    assert_eq!(code, Some(4), "{out}");
+    assert!(out.contains("w0 failed: safety_violation"), "{out}");
+    daemon.shutdown().await;
+}
