@@ -5,7 +5,11 @@ use std::path::PathBuf;
 
 use prost::Message as _;
 
-const PROTOS: &[&str] = &["proto/roz/v1/agent.proto", "proto/roz/v1/safety.proto"];
+const PROTOS: &[&str] = &[
+    "proto/roz/v1/agent.proto",
+    "proto/roz/v1/safety.proto",
+    "proto/roz/v1/hosts.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in PROTOS {

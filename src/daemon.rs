@@ -190,7 +190,12 @@ impl Daemon {
         }
         drop(listener);
         tracing::info!("shutting down: no longer accepting connections");
-        for service in ["", api::AGENT_SERVICE_NAME, api::SAFETY_SERVICE_NAME] {
+        for service in [
+            "",
+            api::AGENT_SERVICE_NAME,
+            api::SAFETY_SERVICE_NAME,
+            api::HOST_SERVICE_NAME,
+        ] {
             health
                 .set_service_status(service, tonic_health::ServingStatus::NotServing)
                 .await;

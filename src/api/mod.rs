@@ -3,6 +3,8 @@
 mod agent;
 mod auth;
 pub mod convert;
+mod hosts;
+pub mod relay;
 mod rest;
 mod safety;
 
@@ -25,6 +27,8 @@ pub mod proto {
 pub const AGENT_SERVICE_NAME: &str = "roz.v1.AgentService";
 /// Fully qualified name of the safety service (protective stop).
 pub const SAFETY_SERVICE_NAME: &str = "roz.v1.SafetyService";
+/// Fully qualified name of the host registry service.
+pub const HOST_SERVICE_NAME: &str = "roz.v1.HostService";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -41,6 +45,9 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
     health_reporter
         .set_serving::<proto::safety_service_server::SafetyServiceServer<safety::SafetyApi>>()
         .await;
+    health_reporter
+        .set_serving::<proto::host_service_server::HostServiceServer<hosts::HostApi>>()
+        .await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -56,6 +63,9 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .add_service(proto::safety_service_server::SafetyServiceServer::new(
             safety::SafetyApi::new(ctx.clone()),
         ))
+        .add_service(proto::host_service_server::HostServiceServer::new(
+            hosts::HostApi::new(ctx.clone()),
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -65,6 +75,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
     let router = grpc
         .merge(rest::routes().with_state(ctx.clone()))
         .merge(safety::routes().with_state(ctx.clone()))
+        .merge(hosts::routes().with_state(ctx.clone()))
         .fallback(rest::fallback)
         .method_not_allowed_fallback(rest::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

@@ -113,7 +113,7 @@ impl FleetView {
                 why: "a record for this host itself".into(),
             });
         }
-        Ok(self.insert(record, now)?)
+        self.insert(record, now)
     }
 
     /// Stores a record that is already checked (e.g. one this host published).
