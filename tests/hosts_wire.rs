@@ -61,7 +61,10 @@ fn requests() {
             .as_slice(),
     )
     .unwrap();
-    assert_eq!((r.environment_id.as_str(), r.limit, r.offset), ("lab", 10, 20));
+    assert_eq!(
+        (r.environment_id.as_str(), r.limit, r.offset),
+        ("lab", 10, 20)
+    );
     let entry = [ld(1, b"k"), ld(2, b"v")].concat();
     let r = proto::RegisterHostRequest::decode(
         [ld(1, b"camera"), ld(2, b"lab"), ld(3, &entry)]
@@ -69,10 +72,15 @@ fn requests() {
             .as_slice(),
     )
     .unwrap();
-    assert_eq!((r.name.as_str(), r.environment_id.as_str()), ("camera", "lab"));
+    assert_eq!(
+        (r.name.as_str(), r.environment_id.as_str()),
+        ("camera", "lab")
+    );
     assert_eq!(r.capabilities["k"], "v");
     assert_eq!(
-        proto::GetHostRequest::decode(ld(1, b"x").as_slice()).unwrap().id,
+        proto::GetHostRequest::decode(ld(1, b"x").as_slice())
+            .unwrap()
+            .id,
         "x"
     );
     assert_eq!(

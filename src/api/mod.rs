@@ -4,6 +4,7 @@ mod agent;
 mod auth;
 pub mod convert;
 mod hosts;
+pub use hosts::MAX_HOSTS_LIMIT;
 pub mod relay;
 mod rest;
 mod safety;
