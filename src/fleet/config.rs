@@ -258,6 +258,151 @@ pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Config, ConfigError, ConfigSource};
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, ConfigSource::File("/etc/rozd/rozd.toml".into()))
+    }
+
+    /// The (line, key, message) of a configuration error.
+    fn invalid(text: &str) -> (Option<usize>, String, String) {
+        match parse(text) {
+            Err(ConfigError::Invalid {
+                line, key, message, ..
+            }) => (line, key, message),
+            other => panic!("expected an invalid-config error, got {other:?}"),
+        }
+    }
+
+    const FLEET: &str = "[fleet]\nurl = \"mqtt://broker:1883\"\n";
+
+    #[test]
+    fn defaults() {
+        let c = parse(FLEET).unwrap();
+        let f = c.fleet.as_ref().unwrap();
+        assert_eq!(
+            (f.topic_prefix.as_str(), f.heartbeat_secs, f.keep_alive_secs),
+            ("roz/v1", 10, 15)
+        );
+        assert_eq!(f.client_id("rover-1"), "rozd-fleet-rover-1");
+        assert_eq!(
+            f.advertised("127.0.0.1:8080".parse().unwrap()),
+            "http://127.0.0.1:8080"
+        );
+        assert!(f.token.is_none());
+        assert!(c.summary().contains("fleet:         mqtt://broker:1883"));
+        assert!(parse("").unwrap().fleet.is_none());
+    }
+
+    #[test]
+    fn errors_name_the_line_and_key() {
+        let cases: &[(&str, usize, &str)] = &[
+            ("[fleet]\nurl = \"http://x\"\n", 2, "fleet.url"),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\nheartbeat_secs = 0\n",
+                3,
+                "fleet.heartbeat_secs",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\nkeep_alive_secs = 0\n",
+                3,
+                "fleet.keep_alive_secs",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\ntopic_prefix = \"roz/#\"\n",
+                3,
+                "fleet.topic_prefix",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\ntopic_prefix = \"roz//v1\"\n",
+                3,
+                "fleet.topic_prefix",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\nadvertise = \"https://a:1\"\n",
+                3,
+                "fleet.advertise",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\npassword_env = \"X\"\n",
+                3,
+                "fleet.password_env",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\ntoken_env = \"ROZD_TEST_FLEET_TOKEN_SURELY_UNSET\"\n",
+                3,
+                "fleet.token_env",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\ntoken_file = \"/nonexistent/fleet-token\"\n",
+                3,
+                "fleet.token_file",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\nsurprise = 1\n",
+                3,
+                "fleet.surprise",
+            ),
+            (
+                "[host]\nenvironment_id = \"lab/1\"\n[fleet]\nurl = \"mqtt://b\"\n",
+                2,
+                "host.environment_id",
+            ),
+            (
+                "[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n\
+                 [fleet]\nurl = \"mqtt://b\"\n",
+                4,
+                "fleet.advertise",
+            ),
+            (
+                "[host]\nid = \"r\"\n[mqtt]\nurl = \"mqtt://b\"\n[fleet]\nurl = \"mqtt://b\"\n\
+                 client_id = \"rozd-r\"\n",
+                7,
+                "fleet.client_id",
+            ),
+        ];
+        for (text, line, key) in cases {
+            let (got_line, got_key, message) = invalid(text);
+            assert_eq!(
+                (got_line, got_key.as_str()),
+                (Some(*line), *key),
+                "{text}: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_token_is_accepted_for_auth_and_never_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet-token");
+        std::fs::write(&path, "# shared by the lab's hosts\n\n  s3cret-fleet  \n").unwrap();
+        let c = parse(&format!(
+            "[server]\nlisten = \"0.0.0.0:8080\"\n[fleet]\nurl = \"mqtt://b\"\n\
+             advertise = \"http://10.0.0.7:8080\"\ntoken_file = {:?}\n",
+            path.display().to_string()
+        ))
+        .unwrap();
+        let fleet = c.fleet.as_ref().unwrap();
+        assert_eq!(
+            fleet.token.as_ref().map(Secret::expose),
+            Some("s3cret-fleet")
+        );
+        // it counts as a token: a non-loopback listener is allowed
+        assert!(c.auth_required());
+        assert!(
+            c.resolved_tokens
+                .iter()
+                .any(|t| t.expose() == "s3cret-fleet")
+        );
+        let printed = format!("{c:?}{}", c.summary());
+        assert!(!printed.contains("s3cret"), "{printed}");
+        std::fs::write(&path, "# nothing\n").unwrap();
+        let (_, key, _) = invalid(&format!(
+            "[fleet]\nurl = \"mqtt://b\"\ntoken_file = {:?}\n",
+            path.display().to_string()
+        ));
+        assert_eq!(key, "fleet.token_file");
+    }
 
     #[test]
     fn endpoints() {
