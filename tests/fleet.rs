@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::broker::{Broker, free_port, publish};
+use common::broker::{Broker, free_port, publish, terminate};
 use common::{Session, expect_error};
 use rozd::api::proto;
 use rozd::api::proto::agent_service_client::AgentServiceClient;
@@ -520,6 +520,16 @@ async fn three_hosts_converge_stop_together_ignore_forgeries_and_see_a_kill() {
         .await
         .unwrap();
     view_is(&a, &[("a", "online"), ("b", "online")]).await;
+
+    // A clean shutdown says offline itself.
+    let mut b = b;
+    terminate(&mut b.child).await;
+    view_is(&a, &[("a", "online"), ("b", "offline")]).await;
+    assert!(
+        b.log().contains("fleet: left (published offline)"),
+        "{}",
+        b.log()
+    );
 }
 
 fn user(content: &str) -> Req {

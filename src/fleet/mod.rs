@@ -42,6 +42,9 @@ use crate::HostContext;
 use crate::config::{Config, Secret};
 use crate::safety::ProtectiveStop;
 
+/// Shortest interval between two re-checks of [`Fleet::wait_for`].
+const RECHECK_EVERY: Duration = Duration::from_millis(20);
+
 /// `StopInfo.source` of a protective stop that came from the fleet.
 pub const FLEET_SOURCE: &str = "fleet";
 
@@ -437,8 +440,19 @@ impl Fleet {
         Ok(command)
     }
 
+    /// How many hosts the registry holds (this one included).
+    pub fn host_count(&self) -> usize {
+        lock(&self.view).len() + 1
+    }
+
+    /// Changes whenever the view (or this host's stop) changes.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
     /// Waits until `done` holds for the listed hosts, or `within` passed;
-    /// returns whether it held. Re-checks on every change of the view.
+    /// returns whether it held. Re-checks after changes of the view, at
+    /// most every [`RECHECK_EVERY`] (a burst of records costs one listing).
     pub async fn wait_for(
         &self,
         within: Duration,
@@ -447,6 +461,7 @@ impl Fleet {
         let mut changes = self.changed.subscribe();
         let deadline = Instant::now() + within;
         loop {
+            changes.borrow_and_update();
             if done(&self.list(None)) {
                 return true;
             }
@@ -457,6 +472,7 @@ impl Fleet {
             {
                 return done(&self.list(None));
             }
+            tokio::time::sleep_until(deadline.min(Instant::now() + RECHECK_EVERY)).await;
         }
     }
 
