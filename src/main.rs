@@ -245,47 +245,7 @@ fn run(path: Option<&Path>) -> ExitCode {
 }
 
 fn status(addr: &str, token: Option<&str>, raw: bool) -> ExitCode {
-    let result = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
-        .and_then(|rt| {
-            rt.block_on(rozd::client::get(addr, "/v1/status", token))
-                .map_err(anyhow::Error::from)
-        });
-    let reply = match result {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("rozd status: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if !reply.status.is_success() {
-        eprintln!(
-            "rozd status: {} answered {}: {}",
-            addr,
-            reply.status,
-            reply.body.trim()
-        );
-        return ExitCode::FAILURE;
-    }
-    if raw {
-        println!("{}", reply.body.trim());
-        return ExitCode::SUCCESS;
-    }
-    match serde_json::from_str::<serde_json::Value>(&reply.body) {
-        Ok(v) => {
-            print!("{}", format_status(&v));
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!(
-                "rozd status: {addr} answered something that is not JSON ({e}): {}",
-                reply.body
-            );
-            ExitCode::FAILURE
-        }
-    }
+    show_json("status", addr, "/v1/status", token, raw, format_status)
 }
 
 fn hosts(addr: &str, token: Option<&str>, environment: Option<&str>, raw: bool) -> ExitCode {
@@ -294,24 +254,37 @@ fn hosts(addr: &str, token: Option<&str>, environment: Option<&str>, raw: bool) 
         path.push_str("&environment_id=");
         path.push_str(&percent_encode(env));
     }
+    show_json("hosts", addr, &path, token, raw, format_hosts)
+}
+
+/// `GET path` on the daemon, printed raw (`--json`) or by `format`; exit
+/// status 1 when there is no answer, an error, or no JSON.
+fn show_json(
+    command: &str,
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+    raw: bool,
+    format: fn(&serde_json::Value) -> String,
+) -> ExitCode {
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")
         .and_then(|rt| {
-            rt.block_on(rozd::client::get(addr, &path, token))
+            rt.block_on(rozd::client::get(addr, path, token))
                 .map_err(anyhow::Error::from)
         });
     let reply = match result {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("rozd hosts: {e:#}");
+            eprintln!("rozd {command}: {e:#}");
             return ExitCode::FAILURE;
         }
     };
     if !reply.status.is_success() {
         eprintln!(
-            "rozd hosts: {addr} answered {}: {}",
+            "rozd {command}: {addr} answered {}: {}",
             reply.status,
             reply.body.trim()
         );
@@ -323,12 +296,12 @@ fn hosts(addr: &str, token: Option<&str>, environment: Option<&str>, raw: bool) 
     }
     match serde_json::from_str::<serde_json::Value>(&reply.body) {
         Ok(v) => {
-            print!("{}", format_hosts(&v));
+            print!("{}", format(&v));
             ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!(
-                "rozd hosts: {addr} answered something that is not JSON ({e}): {}",
+                "rozd {command}: {addr} answered something that is not JSON ({e}): {}",
                 reply.body
             );
             ExitCode::FAILURE
