@@ -240,10 +240,15 @@ impl Presence {
     /// record someone forged) is replaced by ours.
     fn own_record_seen(&mut self, payload: &[u8]) {
         let own = self.fleet().own_id().to_string();
+        let (instance, created_at_ms) = {
+            let ours = &self.fleet().own;
+            (ours.instance.clone(), ours.created_at_ms)
+        };
         match parse_record(&own, payload) {
-            Ok(r)
-                if r.status == RecordStatus::Online && r.instance == self.fleet().own.instance => {}
-            Ok(r) if r.status == RecordStatus::Online => {
+            Ok(r) if r.status == RecordStatus::Online && r.instance == instance => {}
+            // Started after us: another process with this host id. (An
+            // older record is our own previous run's; ours replaces it.)
+            Ok(r) if r.status == RecordStatus::Online && r.created_at_ms > created_at_ms => {
                 if let Some(more) = self.impostor_log.allow(Instant::now()) {
                     tracing::error!(
                         host_id = %own,
@@ -254,7 +259,7 @@ impl Presence {
                 }
             }
             _ => {
-                tracing::info!(host_id = %own, "fleet: our record was replaced (e.g. by an old last will); publishing it again");
+                tracing::debug!(host_id = %own, "fleet: our topic holds another record (an old last will, our previous run's, or a forgery); publishing ours again");
                 self.publish_own();
             }
         }
