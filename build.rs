@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "proto/roz/v1/agent.proto",
     "proto/roz/v1/safety.proto",
     "proto/roz/v1/tasks.proto",
+    "proto/roz/v1/hosts.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -126,6 +126,9 @@ pub struct Config {
     pub actuators: Vec<ActuatorConfig>,
     #[serde(default)]
     pub rules: Vec<crate::ooda::rules::RuleConfig>,
+    /// The fleet registry's broker; absent: this host alone.
+    #[serde(default)]
+    pub fleet: Option<crate::fleet::FleetConfig>,
     /// The validated reflex rules.
     #[serde(skip)]
     pub reflex_rules: Vec<crate::ooda::rules::Rule>,
@@ -620,7 +623,20 @@ impl Config {
             config.mqtt.is_some(),
         )
         .map_err(|(key, message)| invalid(&key, message))?;
+        if let Some(fleet) = config.fleet.as_mut() {
+            crate::fleet::config::validate(
+                fleet,
+                &config.host,
+                &config.server,
+                config.mqtt.as_ref(),
+            )
+            .map_err(|(key, message)| invalid(&key, message))?;
+        }
         config.resolve_tokens(&file, text)?;
+        // Other hosts of the fleet present the fleet token when they relay here.
+        if let Some(token) = config.fleet.as_ref().and_then(|f| f.token.clone()) {
+            config.resolved_tokens.push(token);
+        }
         if !config.server.listen.ip().is_loopback()
             && config.resolved_tokens.is_empty()
             && !config.server.allow_unauthenticated_remote
@@ -894,6 +910,20 @@ impl Config {
         line(format!(
             "stop inputs:   {}",
             crate::safety::inputs::describe(&self.safety)
+        ));
+        line(format!(
+            "fleet:         {}",
+            match &self.fleet {
+                Some(f) => format!(
+                    "{} (prefix {}, heartbeat {}s, advertise {}, token {})",
+                    f.url,
+                    f.topic_prefix,
+                    f.heartbeat_secs,
+                    f.advertise.as_deref().unwrap_or("http://<listen address>"),
+                    if f.token.is_some() { "set" } else { "none" }
+                ),
+                None => "none (this host alone)".to_string(),
+            }
         ));
         let sensors: Vec<&str> = self.sensors.iter().map(|s| s.name.as_str()).collect();
         let actuators: Vec<&str> = self.actuators.iter().map(|a| a.name.as_str()).collect();

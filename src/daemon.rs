@@ -37,6 +37,8 @@ pub enum DaemonError {
     Ooda(#[from] crate::ooda::OodaError),
     #[error(transparent)]
     StopInput(#[from] crate::safety::inputs::InputError),
+    #[error(transparent)]
+    Fleet(#[from] crate::fleet::FleetError),
     #[error("cannot install signal handler: {0}")]
     Signal(#[source] std::io::Error),
 }
@@ -113,6 +115,10 @@ impl Daemon {
             }
         });
         let ctx = HostContext::new(Arc::new(config), local, store, hooks, ooda);
+        if let Err(e) = crate::fleet::start(&ctx) {
+            ctx.ooda.stop().await;
+            return Err(e.into());
+        }
         let (router, health) = api::router(ctx.clone()).await?;
         Ok(Daemon {
             listener,
@@ -191,6 +197,7 @@ impl Daemon {
             api::AGENT_SERVICE_NAME,
             api::SAFETY_SERVICE_NAME,
             api::TASK_SERVICE_NAME,
+            api::HOST_SERVICE_NAME,
         ] {
             health
                 .set_service_status(service, tonic_health::ServingStatus::NotServing)
@@ -214,6 +221,9 @@ impl Daemon {
         }
         // Last: every actuator to its safe value, sensor tasks stopped.
         ctx.ooda.stop().await;
+        // The fleet said `offline` when the shutdown began; let it finish
+        // disconnecting (bounded inside).
+        ctx.fleet.join().await;
         tracing::info!("shutdown complete");
     }
 }

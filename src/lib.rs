@@ -14,6 +14,7 @@
 //! - [`safety`]: the protective-stop latch
 //! - [`team`]: tasks, their workers and durable team events
 //! - [`tools`]: the host tools generated from sensors and actuators
+//! - [`fleet`]: hosts by `host_id` over an MQTT broker: presence, registry, routing, fleet stop
 //! - [`client`]: small HTTP client used by the CLI (`rozd status`)
 //! - [`task_cli`]: `rozd task ...`, tasks from the command line
 //! - [`chat`]: `rozd chat`, an interactive terminal client of a session over gRPC
@@ -24,6 +25,7 @@ pub mod chat;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod fleet;
 pub mod hw;
 pub mod model;
 pub mod ooda;
@@ -64,6 +66,8 @@ pub struct HostContext {
     pub host_tools: Arc<tools::HostTools>,
     /// The host tools' schemas, compiled for validation.
     pub host_registry: session::tools::ToolRegistry,
+    /// The fleet registry (just this host without `[fleet]`) and routing by host id.
+    pub fleet: Arc<fleet::Fleet>,
     /// Cancelled when the daemon begins its shutdown.
     pub shutdown: CancellationToken,
 }
@@ -102,7 +106,18 @@ impl HostContext {
             tracing::error!(error = %e, "host tool schemas do not compile; offering none");
             session::tools::ToolRegistry::default()
         });
+        let fleet = Arc::new(fleet::Fleet::new(
+            &config,
+            listen_addr,
+            host_tools
+                .definitions()
+                .iter()
+                .map(|d| d.name.clone())
+                .collect(),
+            ooda.protective_stop().clone(),
+        ));
         Arc::new(HostContext {
+            fleet,
             host_tools,
             host_registry,
             models: model::ModelRegistry::from_config(&config.model),

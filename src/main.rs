@@ -49,6 +49,21 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// List the hosts a running daemon knows (GET /v1/hosts): its fleet registry.
+    Hosts {
+        /// Address of the daemon.
+        #[arg(long, default_value = "127.0.0.1:8080", env = "ROZD_ADDR")]
+        addr: String,
+        /// Bearer token, when the daemon requires one.
+        #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Only the hosts of this environment.
+        #[arg(long, value_name = "ENV")]
+        environment: Option<String>,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Chat with an agent session on a running daemon (a gRPC client).
     #[command(
         long_about = "Opens a roz.v1 session on a running daemon and chats with it: each \
@@ -160,6 +175,12 @@ fn main() -> ExitCode {
         Command::Run => run(cli.config.as_deref()),
         Command::Check => check(cli.config.as_deref()),
         Command::Status { addr, token, json } => status(&addr, token.as_deref(), json),
+        Command::Hosts {
+            addr,
+            token,
+            environment,
+            json,
+        } => hosts(&addr, token.as_deref(), environment.as_deref(), json),
         Command::Chat(args) => chat(args),
         Command::Estop {
             addr,
@@ -281,25 +302,46 @@ fn run(path: Option<&Path>) -> ExitCode {
 }
 
 fn status(addr: &str, token: Option<&str>, raw: bool) -> ExitCode {
+    show_json("status", addr, "/v1/status", token, raw, format_status)
+}
+
+fn hosts(addr: &str, token: Option<&str>, environment: Option<&str>, raw: bool) -> ExitCode {
+    let mut path = format!("/v1/hosts?limit={}", rozd::api::MAX_HOSTS_LIMIT);
+    if let Some(env) = environment {
+        path.push_str("&environment_id=");
+        path.push_str(&percent_encode(env));
+    }
+    show_json("hosts", addr, &path, token, raw, format_hosts)
+}
+
+/// `GET path` on the daemon, printed raw (`--json`) or by `format`; exit
+/// status 1 when there is no answer, an error, or no JSON.
+fn show_json(
+    command: &str,
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+    raw: bool,
+    format: fn(&serde_json::Value) -> String,
+) -> ExitCode {
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")
         .and_then(|rt| {
-            rt.block_on(rozd::client::get(addr, "/v1/status", token))
+            rt.block_on(rozd::client::get(addr, path, token))
                 .map_err(anyhow::Error::from)
         });
     let reply = match result {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("rozd status: {e:#}");
+            eprintln!("rozd {command}: {e:#}");
             return ExitCode::FAILURE;
         }
     };
     if !reply.status.is_success() {
         eprintln!(
-            "rozd status: {} answered {}: {}",
-            addr,
+            "rozd {command}: {addr} answered {}: {}",
             reply.status,
             reply.body.trim()
         );
@@ -311,17 +353,104 @@ fn status(addr: &str, token: Option<&str>, raw: bool) -> ExitCode {
     }
     match serde_json::from_str::<serde_json::Value>(&reply.body) {
         Ok(v) => {
-            print!("{}", format_status(&v));
+            print!("{}", format(&v));
             ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!(
-                "rozd status: {addr} answered something that is not JSON ({e}): {}",
+                "rozd {command}: {addr} answered something that is not JSON ({e}): {}",
                 reply.body
             );
             ExitCode::FAILURE
         }
     }
+}
+
+/// `%XX` for everything but unreserved URL characters.
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// The answer of `/v1/hosts` as a table.
+fn format_hosts(v: &serde_json::Value) -> String {
+    let text = |h: &serde_json::Value, k: &str| {
+        h.get(k)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("-")
+            .to_string()
+    };
+    let fleet = &v["fleet"];
+    let mut out = if fleet["configured"].as_bool() == Some(true) {
+        format!(
+            "fleet: {} ({})\n",
+            fleet["broker"].as_str().unwrap_or("?"),
+            if fleet["connected"].as_bool() == Some(true) {
+                "connected"
+            } else {
+                "NOT connected: the list may be out of date"
+            }
+        )
+    } else {
+        "fleet: none (no [fleet] configured: this host alone)\n".to_string()
+    };
+    let mut rows = vec![[
+        "ID".to_string(),
+        "NAME".to_string(),
+        "ENVIRONMENT".to_string(),
+        "STATUS".to_string(),
+        "STOP".to_string(),
+        "ENDPOINT".to_string(),
+        "HEARD".to_string(),
+    ]];
+    for h in v["data"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        let heard = if h["this_host"].as_bool() == Some(true) {
+            "this host".to_string()
+        } else {
+            match h["heard_ms_ago"].as_u64() {
+                Some(ms) => format!("{}s ago", ms / 1000),
+                None => "-".to_string(),
+            }
+        };
+        rows.push([
+            text(h, "id"),
+            text(h, "name"),
+            text(h, "environment_id"),
+            text(h, "status"),
+            if h["estop_active"].as_bool() == Some(true) {
+                "ACTIVE".to_string()
+            } else {
+                "-".to_string()
+            },
+            text(h, "endpoint"),
+            heard,
+        ]);
+    }
+    let widths: Vec<usize> = (0..7)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    let total = v["total"].as_u64().unwrap_or(0);
+    let shown = rows.len() - 1;
+    if total > shown as u64 {
+        out.push_str(&format!("({shown} of {total} hosts shown)\n"));
+    }
+    out
 }
 
 fn estop(

@@ -1,4 +1,4 @@
-//! `config/rozd.toml` documents every key of the hardware sections: each key
+//! `config/rozd.toml` documents every key of the hardware and fleet sections: each key
 //! the configuration accepts (as serde lists them) appears with an example
 //! value in its section of the file (commented where the example needs real
 //! hardware or a broker), and the file itself is a valid configuration.
@@ -101,6 +101,11 @@ fn every_hardware_key_is_documented_with_an_example() {
         "[mqtt]",
         &accepted_keys("[mqtt]\nurl = \"mqtt://127.0.0.1\"\nZZZ\n"),
         section("MQTT", Some("serial ports")),
+    );
+    assert_documented(
+        "[fleet]",
+        &accepted_keys("[fleet]\nurl = \"mqtt://127.0.0.1\"\nZZZ\n"),
+        section("fleet", Some("GPIO")),
     );
     assert_documented(
         "[[serial]]",

@@ -8,17 +8,16 @@
 mod common;
 mod hw_support;
 
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 
+use common::broker::{Broker, publish};
 use common::{EXPECT_WITHIN, TestDaemon};
 use rozd::api::proto;
 use rozd::api::proto::safety_service_client::SafetyServiceClient;
 use rozd::ooda::act::{ActError, Origin};
 use rozd::ooda::{Observation, Ooda};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tonic::Code;
 
 const TOKEN: &str = "estop-test-token";
@@ -760,94 +759,10 @@ async fn gpio_stop_input_active_at_start_up_latches_before_anything_moves() {
 
 // ------------------------------------------------------------------ MQTT
 
-/// mosquitto on a free loopback port (as in tests/mqtt.rs).
-struct Broker {
-    child: Child,
-    port: u16,
-}
-
-impl Broker {
-    async fn start(dir: &Path) -> Broker {
-        let port = hw_support::free_port();
-        let user = std::process::Command::new("id")
-            .arg("-un")
-            .output()
-            .expect("run id -un");
-        let user = String::from_utf8_lossy(&user.stdout).trim().to_string();
-        let conf: PathBuf = dir.join("mosquitto.conf");
-        let text = format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n\
-             user {user}\nlog_dest stderr\n",
-            dir.display()
-        );
-        std::fs::write(&conf, text).expect("write mosquitto.conf");
-        let mut child = Command::new("mosquitto")
-            .arg("-c")
-            .arg(&conf)
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn mosquitto (apt-get install mosquitto)");
-        let stderr = child.stderr.take().expect("mosquitto stderr");
-        let mut lines = BufReader::new(stderr).lines();
-        let mut log = String::new();
-        let running = tokio::time::timeout(EXPECT_WITHIN, async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                log.push_str(&line);
-                log.push('\n');
-                if line.contains(" running") {
-                    return true;
-                }
-            }
-            false
-        })
-        .await;
-        assert_eq!(running, Ok(true), "mosquitto did not start:\n{log}");
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Broker { child, port }
-    }
-
-    async fn stop(mut self) {
-        hw_support::terminate(&mut self.child).await;
-    }
-}
-
-/// Publishes at QoS 1 like any other client (returns once the broker acknowledged).
-async fn publish(port: u16, topic: &str, payload: &str, retain: bool) {
-    let port = port.to_string();
-    let mut args = vec![
-        "-h",
-        "127.0.0.1",
-        "-p",
-        &port,
-        "-q",
-        "1",
-        "-t",
-        topic,
-        "-m",
-        payload,
-    ];
-    if retain {
-        args.push("-r");
-    }
-    let out = tokio::time::timeout(
-        EXPECT_WITHIN,
-        Command::new("mosquitto_pub").args(&args).output(),
-    )
-    .await
-    .expect("mosquitto_pub hung")
-    .expect("run mosquitto_pub (apt-get install mosquitto-clients)");
-    assert!(
-        out.status.success(),
-        "mosquitto_pub failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[tokio::test]
 async fn mqtt_stop_topic_latches_and_cannot_clear() {
     let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path()).await;
+    let mut broker = Broker::start(dir.path()).await;
     let daemon = robot(&format!(
         "[mqtt]\nurl = \"mqtt://127.0.0.1:{}\"\nclient_id = \"rozd-estop-test\"\nreconnect_min_ms = 50\nreconnect_max_ms = 400\n\
          [safety]\nestop_mqtt_topic = \"cell/estop\"\n",
@@ -908,7 +823,7 @@ async fn mqtt_listen_subscribes_before_and_after_the_connection() {
     use rozd::hw::config::MqttConfig;
     use rozd::hw::mqtt::Mqtt;
     let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path()).await;
+    let mut broker = Broker::start(dir.path()).await;
     let cfg = MqttConfig {
         url: format!("mqtt://127.0.0.1:{}", broker.port),
         client_id: Some("rozd-listen-test".into()),

@@ -16,6 +16,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 
 use common::TestDaemon;
+use common::broker::{Broker, publish};
 use hw_support::{EXPECT_WITHIN, free_port, terminate};
 use rozd::hw::HwError;
 use rozd::ooda::act::{ActError, Origin};
@@ -425,99 +426,6 @@ async fn shutdown_drives_the_serial_actuator_safe_before_the_port_closes() {
 
 // ------------------------------------------------------------------ MQTT
 
-struct Broker {
-    child: Child,
-    port: u16,
-    conf: PathBuf,
-}
-
-impl Broker {
-    /// Starts mosquitto on `port` with persistence in `dir` and waits until
-    /// it says it is running (its listener is open by then).
-    async fn start(dir: &Path, port: u16) -> Broker {
-        let user = std::process::Command::new("id")
-            .arg("-un")
-            .output()
-            .expect("run id -un");
-        let user = String::from_utf8_lossy(&user.stdout).trim().to_string();
-        let conf = dir.join("mosquitto.conf");
-        let text = format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n\
-             user {user}\nlog_dest stderr\n",
-            dir.display()
-        );
-        std::fs::write(&conf, text).expect("write mosquitto.conf");
-        Self::spawn(conf, port).await
-    }
-
-    async fn spawn(conf: PathBuf, port: u16) -> Broker {
-        let mut child = Command::new("mosquitto")
-            .arg("-c")
-            .arg(&conf)
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn mosquitto (apt-get install mosquitto)");
-        let stderr = child.stderr.take().expect("mosquitto stderr");
-        let mut lines = BufReader::new(stderr).lines();
-        let mut log = String::new();
-        let running = tokio::time::timeout(EXPECT_WITHIN, async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                log.push_str(&line);
-                log.push('\n');
-                if line.contains(" running") {
-                    return true;
-                }
-            }
-            false
-        })
-        .await;
-        assert_eq!(running, Ok(true), "mosquitto did not start:\n{log}");
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Broker { child, port, conf }
-    }
-
-    /// SIGTERM: mosquitto saves its persistence file and exits.
-    async fn stop(&mut self) {
-        terminate(&mut self.child).await;
-    }
-
-    /// The same broker again: same port, configuration and persistence.
-    async fn start_again(&mut self) {
-        *self = Self::spawn(self.conf.clone(), self.port).await;
-    }
-}
-
-/// Publishes like any other client would, at QoS 1 (mosquitto_pub returns
-/// once the broker acknowledged).
-async fn publish(port: u16, topic: &str, payload: &str, retain: bool) {
-    let mut cmd = Command::new("mosquitto_pub");
-    cmd.args([
-        "-h",
-        "127.0.0.1",
-        "-p",
-        &port.to_string(),
-        "-q",
-        "1",
-        "-t",
-        topic,
-        "-m",
-        payload,
-    ]);
-    if retain {
-        cmd.arg("-r");
-    }
-    let out = tokio::time::timeout(EXPECT_WITHIN, cmd.output())
-        .await
-        .expect("mosquitto_pub hung")
-        .expect("run mosquitto_pub (apt-get install mosquitto-clients)");
-    assert!(
-        out.status.success(),
-        "mosquitto_pub failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Another client of the broker that records what rozd publishes.
 struct Subscriber {
     _client: rumqttc::AsyncClient,
@@ -623,7 +531,7 @@ then = {{ publish = "robot/alert", payload = "overheat", qos = 1 }}
 #[tokio::test]
 async fn mqtt_sensors_actuator_and_reflex_publish_through_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = Broker::start(dir.path(), free_port()).await;
+    let mut broker = Broker::start_on(dir.path(), free_port(), "").await;
     let port = broker.port;
     let mut sub = Subscriber::start(port, "e2e-watcher", "robot/#").await;
     // Retained: they reach rozd as soon as its subscriptions are active.

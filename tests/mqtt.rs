@@ -1,115 +1,21 @@
 //! MQTT driver against a real `mosquitto` started by each test on a free
 //! loopback port, with persistence in a temporary directory.
 
+mod common;
 mod hw_support;
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use hw_support::{EXPECT_WITHIN, Ev, Events, free_port, recorder, terminate};
+use common::broker::{Broker, publish};
+use hw_support::{EXPECT_WITHIN, Ev, Events, free_port, recorder};
 use rozd::hw::config::{AlarmLimits, MqttConfig, SensorSource, SensorSpec};
 use rozd::hw::mqtt::{Mqtt, MqttActuator};
 use rozd::hw::{ActuatorDriver, HwError, Readings};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
-
-struct Broker {
-    child: Child,
-    port: u16,
-    conf: PathBuf,
-}
-
-impl Broker {
-    /// Starts mosquitto on `port` with persistence in `dir` and waits until
-    /// it says it is running (its listener is open by then).
-    async fn start(dir: &Path, port: u16, extra: &str) -> Broker {
-        let user = std::process::Command::new("id")
-            .arg("-un")
-            .output()
-            .expect("run id -un");
-        let user = String::from_utf8_lossy(&user.stdout).trim().to_string();
-        let conf = dir.join("mosquitto.conf");
-        let text = format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n\
-             user {user}\nlog_dest stderr\n{extra}\n",
-            dir.display()
-        );
-        std::fs::write(&conf, text).expect("write mosquitto.conf");
-        Self::spawn(conf, port).await
-    }
-
-    async fn spawn(conf: PathBuf, port: u16) -> Broker {
-        let mut child = Command::new("mosquitto")
-            .arg("-c")
-            .arg(&conf)
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn mosquitto (apt-get install mosquitto)");
-        let stderr = child.stderr.take().expect("mosquitto stderr");
-        let mut lines = BufReader::new(stderr).lines();
-        let mut log = String::new();
-        let running = tokio::time::timeout(EXPECT_WITHIN, async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                log.push_str(&line);
-                log.push('\n');
-                if line.contains(" running") {
-                    return true;
-                }
-            }
-            false
-        })
-        .await;
-        assert_eq!(running, Ok(true), "mosquitto did not start:\n{log}");
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Broker { child, port, conf }
-    }
-
-    /// SIGTERM: mosquitto saves its persistence file and exits.
-    async fn stop(&mut self) {
-        terminate(&mut self.child).await;
-    }
-
-    /// The same broker again: same port, configuration and persistence.
-    async fn restart(&mut self) {
-        self.stop().await;
-        *self = Self::spawn(self.conf.clone(), self.port).await;
-    }
-}
-
-/// Publishes like any other client would, at QoS 1 (mosquitto_pub returns
-/// once the broker acknowledged).
-async fn publish(port: u16, topic: &str, payload: &str, retain: bool) {
-    let mut cmd = Command::new("mosquitto_pub");
-    cmd.args([
-        "-h",
-        "127.0.0.1",
-        "-p",
-        &port.to_string(),
-        "-q",
-        "1",
-        "-t",
-        topic,
-        "-m",
-        payload,
-    ]);
-    if retain {
-        cmd.arg("-r");
-    }
-    let out = tokio::time::timeout(EXPECT_WITHIN, cmd.output())
-        .await
-        .expect("mosquitto_pub hung")
-        .expect("run mosquitto_pub (apt-get install mosquitto-clients)");
-    assert!(
-        out.status.success(),
-        "mosquitto_pub failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// A TCP relay in front of the broker that the test can close, so that our
 /// client provably stays away while the test publishes.
@@ -202,7 +108,7 @@ impl Rig {
 #[tokio::test]
 async fn values_by_json_pointer_and_plain_number() {
     let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path(), free_port(), "").await;
+    let broker = Broker::start_on(dir.path(), free_port(), "").await;
     // Retained values reach us as soon as our subscriptions are active:
     // they prove the subscriptions before the live messages below.
     publish(broker.port, "robot/env", r#"{"temp": 19.0}"#, true).await;
@@ -268,7 +174,7 @@ async fn values_by_json_pointer_and_plain_number() {
 #[tokio::test]
 async fn no_qos1_message_published_during_an_outage_is_lost() {
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = Broker::start(dir.path(), free_port(), "").await;
+    let mut broker = Broker::start_on(dir.path(), free_port(), "").await;
     let gate = Gate::start(broker.port).await;
     publish(broker.port, "plant/level", "0", true).await;
     let mut rig = Rig::start(
@@ -304,7 +210,7 @@ async fn no_qos1_message_published_during_an_outage_is_lost() {
 async fn resubscribes_when_the_broker_forgot_the_session() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut broker = Broker::start(&dir.path().join("a").tap_mkdir(), port, "").await;
+    let mut broker = Broker::start_on(&dir.path().join("a").tap_mkdir(), port, "").await;
     publish(port, "plant/temp", "1", true).await;
     let mut rig = Rig::start(
         &config(port, "rozd-resub"),
@@ -314,7 +220,7 @@ async fn resubscribes_when_the_broker_forgot_the_session() {
 
     broker.stop().await;
     rig.events.health("mqtt", "disconnected").await;
-    let _fresh = Broker::start(&dir.path().join("b").tap_mkdir(), port, "").await;
+    let _fresh = Broker::start_on(&dir.path().join("b").tap_mkdir(), port, "").await;
     // Only a new subscription delivers this retained message, whenever our
     // client reconnects relative to it.
     publish(port, "plant/temp", "2", true).await;
@@ -375,7 +281,7 @@ async fn received(eventloop: &mut rumqttc::EventLoop) -> rumqttc::Publish {
 #[tokio::test]
 async fn actuator_publishes_reach_a_subscriber() {
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = Broker::start(dir.path(), free_port(), "").await;
+    let mut broker = Broker::start_on(dir.path(), free_port(), "").await;
     let (_sub, mut sub_events) = subscriber(broker.port, "robot/cmd/speed").await;
     let mut rig = Rig::start(&config(broker.port, "rozd-actuator"), &[]);
     rig.events.health("mqtt", "ok").await;
@@ -527,7 +433,7 @@ async fn mqtts_with_a_private_ca() {
         "cafile {0}/ca.pem\ncertfile {0}/server.pem\nkeyfile {0}/server.key\n",
         d.display()
     );
-    let broker = Broker::start(d, port, &tls).await;
+    let broker = Broker::start_on(d, port, &tls).await;
     let publish_tls = |payload: &'static str| {
         let mut cmd = Command::new("mosquitto_pub");
         cmd.args([

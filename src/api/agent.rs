@@ -9,9 +9,10 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::convert;
 use super::proto::{self, agent_service_server::AgentService};
+use super::{convert, relay};
 use crate::HostContext;
+use crate::fleet::Route;
 use crate::session;
 
 /// Bound of the per-session queues: enough to absorb a burst of deltas while
@@ -39,36 +40,14 @@ impl AgentService for AgentApi {
         &self,
         request: Request<Streaming<proto::SessionRequest>>,
     ) -> Result<Response<Self::StreamSessionStream>, Status> {
-        let mut incoming = request.into_inner();
-        let (in_tx, in_rx) = mpsc::channel(SESSION_QUEUE);
-        let (out_tx, out_rx) = mpsc::channel(SESSION_QUEUE);
-        // Reader: decodes and converts client messages; a transport error or
-        // end of stream closes `in_tx`, which the session treats as disconnect.
-        // When the session ends it drops `in_rx`; the reader then drops
-        // `incoming`, which resets the HTTP/2 stream, so a client that never
-        // half-closes cannot hold the connection (and a graceful shutdown) open.
-        tokio::spawn(async move {
-            loop {
-                let message = tokio::select! {
-                    message = incoming.next() => message,
-                    () = in_tx.closed() => break,
-                };
-                let Some(message) = message else { break };
-                let inbound = match message {
-                    Ok(request) => convert::client_event(request),
-                    Err(status) => {
-                        tracing::debug!(%status, "session stream ended with a transport error");
-                        break;
-                    }
-                };
-                if in_tx.send(inbound).await.is_err() {
-                    break;
-                }
-            }
-        });
-        tokio::spawn(session::run(self.ctx.clone(), in_rx, out_tx));
-        let responses =
-            ReceiverStream::new(out_rx).map(|event| Ok(convert::server_response(event)));
+        let incoming = request.into_inner();
+        let (local_tx, local_rx) = mpsc::channel(SESSION_QUEUE);
+        let (relay_tx, relay_rx) = mpsc::channel(SESSION_QUEUE);
+        tokio::spawn(read_client(self.ctx.clone(), incoming, local_tx, relay_tx));
+        // The stream ends once both the local session (if any) and the
+        // router/relay are done with it.
+        let local = ReceiverStream::new(local_rx).map(|event| Ok(convert::server_response(event)));
+        let responses = local.merge(ReceiverStream::new(relay_rx));
         Ok(Response::new(Box::pin(responses)))
     }
 
@@ -79,5 +58,104 @@ impl AgentService for AgentApi {
         let task_id = request.into_inner().task_id;
         let events = super::tasks::watch_team(self.ctx.clone(), task_id).await?;
         Ok(Response::new(events))
+    }
+}
+
+/// Reads the client's stream and routes it: a `StartSession` for another
+/// host of the fleet turns the stream into a relay to that host; everything
+/// else goes to a local session, started at the first message for it.
+///
+/// The first `StartSession` that goes somewhere decides for the stream: once
+/// one ran here, the stream stays here. A routing failure (`host_not_found`,
+/// `host_unavailable`) decides nothing, so the client may retry.
+///
+/// A transport error or end of stream closes the local session's input,
+/// which it treats as disconnect. When the session ends it drops its input;
+/// the reader then drops `incoming`, which resets the HTTP/2 stream, so a
+/// client that never half-closes cannot hold the connection (and a graceful
+/// shutdown) open.
+async fn read_client(
+    ctx: Arc<HostContext>,
+    mut incoming: Streaming<proto::SessionRequest>,
+    local_out: mpsc::Sender<session::ServerEvent>,
+    relay_out: mpsc::Sender<Result<proto::SessionResponse, Status>>,
+) {
+    let mut local_out = Some(local_out);
+    let mut local: Option<mpsc::Sender<session::Inbound>> = None;
+    let mut bound_here = false;
+    loop {
+        let message = tokio::select! {
+            message = incoming.next() => message,
+            () = closed(local.as_ref()) => break,
+        };
+        let request = match message {
+            Some(Ok(request)) => request,
+            Some(Err(status)) => {
+                tracing::debug!(%status, "session stream ended with a transport error");
+                break;
+            }
+            None => break,
+        };
+        if !bound_here && let Some(proto::session_request::Request::Start(start)) = &request.request
+        {
+            let target = start.host_id.clone().unwrap_or_default();
+            match ctx.fleet.route(&target) {
+                Ok(Route::Local) => bound_here = true,
+                Ok(Route::Remote(remote)) => {
+                    let keepalive = ctx.config.server.http2_keepalive_secs;
+                    match relay::open_session(&remote, keepalive, request).await {
+                        Ok(opened) => {
+                            // A local session that only answered `no_session`
+                            // so far ends as a disconnect without a record.
+                            drop(local);
+                            drop(local_out);
+                            relay::relay_session(opened, incoming, relay_out, ctx.shutdown.clone())
+                                .await;
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(host_id = %target, "cannot relay a session: {e}");
+                            if relay_out.send(Ok(relay::session_error(&e))).await.is_err() {
+                                break;
+                            }
+                            continue;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::info!(host_id = %target, "session for an unreachable host: {e}");
+                    if relay_out.send(Ok(relay::session_error(&e))).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
+        let to_session = match (&local, local_out.take()) {
+            (Some(tx), _) => tx.clone(),
+            (None, Some(out)) => {
+                let (tx, rx) = mpsc::channel(SESSION_QUEUE);
+                tokio::spawn(session::run(ctx.clone(), rx, out));
+                local = Some(tx.clone());
+                tx
+            }
+            // `local_out` is only taken together with setting `local`.
+            (None, None) => break,
+        };
+        if to_session
+            .send(convert::client_event(request))
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+}
+
+/// Resolves when the local session has ended (never if there is none).
+async fn closed(local: Option<&mpsc::Sender<session::Inbound>>) {
+    match local {
+        Some(tx) => tx.closed().await,
+        None => std::future::pending().await,
     }
 }

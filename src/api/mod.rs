@@ -3,6 +3,9 @@
 mod agent;
 mod auth;
 pub mod convert;
+mod hosts;
+pub use hosts::MAX_HOSTS_LIMIT;
+pub mod relay;
 mod rest;
 mod safety;
 mod tasks;
@@ -28,6 +31,8 @@ pub const AGENT_SERVICE_NAME: &str = "roz.v1.AgentService";
 pub const SAFETY_SERVICE_NAME: &str = "roz.v1.SafetyService";
 /// Fully qualified name of the task service.
 pub const TASK_SERVICE_NAME: &str = "roz.v1.TaskService";
+/// Fully qualified name of the host registry service.
+pub const HOST_SERVICE_NAME: &str = "roz.v1.HostService";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -47,6 +52,9 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
     health_reporter
         .set_serving::<proto::task_service_server::TaskServiceServer<tasks::TaskApi>>()
         .await;
+    health_reporter
+        .set_serving::<proto::host_service_server::HostServiceServer<hosts::HostApi>>()
+        .await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -65,6 +73,9 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .add_service(proto::task_service_server::TaskServiceServer::new(
             tasks::TaskApi::new(ctx.clone()),
         ))
+        .add_service(proto::host_service_server::HostServiceServer::new(
+            hosts::HostApi::new(ctx.clone()),
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -75,6 +86,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .merge(rest::routes().with_state(ctx.clone()))
         .merge(safety::routes().with_state(ctx.clone()))
         .merge(tasks::routes().with_state(ctx.clone()))
+        .merge(hosts::routes().with_state(ctx.clone()))
         .fallback(rest::fallback)
         .method_not_allowed_fallback(rest::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

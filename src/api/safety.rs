@@ -47,7 +47,7 @@ impl SafetyApi {
 
 /// A reason as given, without control characters and cut to
 /// [`MAX_REASON_CHARS`]; `default` when empty.
-fn clean_reason(reason: Option<&str>, default: &str) -> String {
+pub(super) fn clean_reason(reason: Option<&str>, default: &str) -> String {
     let reason: String = reason
         .unwrap_or_default()
         .chars()
@@ -124,11 +124,13 @@ struct StopRequest {
     reason: Option<String>,
 }
 
-/// An empty body is no reason; anything else must be a JSON object whose
-/// `reason`, if present, is a string.
-fn parse_body(body: &[u8]) -> Result<StopRequest, String> {
+/// An empty body is the default request (no reason); anything else must be
+/// a JSON object whose fields, if present, have the right types.
+pub(super) fn parse_body<T: Default + serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<T, String> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(StopRequest::default());
+        return Ok(T::default());
     }
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
     if !value.is_object() {
@@ -154,7 +156,7 @@ fn bad_body(why: &str) -> Response {
 }
 
 /// `cli` for the `rozd` command line, else `rest`.
-fn rest_source(headers: &HeaderMap) -> &'static str {
+pub(super) fn rest_source(headers: &HeaderMap) -> &'static str {
     let cli = headers
         .get(http::header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
@@ -178,7 +180,7 @@ async fn get_status(State(ctx): State<Arc<HostContext>>) -> Json<SafetyStatus> {
 /// `POST /v1/estop`: latches the stop; answers once every actuator was
 /// driven to its safe value.
 async fn trigger(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: Bytes) -> Response {
-    let request = match parse_body(&body) {
+    let request: StopRequest = match parse_body(&body) {
         Ok(r) => r,
         Err(why) => return bad_body(&why),
     };
@@ -199,7 +201,7 @@ async fn trigger(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: 
 /// `POST /v1/estop/clear`: clears the latch (moves nothing); `409` while a
 /// stop input still asserts the stop.
 async fn clear(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: Bytes) -> Response {
-    let request = match parse_body(&body) {
+    let request: StopRequest = match parse_body(&body) {
         Ok(r) => r,
         Err(why) => return bad_body(&why),
     };
@@ -237,18 +239,19 @@ mod tests {
 
     #[test]
     fn bodies() {
-        assert!(parse_body(b"").unwrap().reason.is_none());
-        assert!(parse_body(b" \n").unwrap().reason.is_none());
+        let parse = parse_body::<StopRequest>;
+        assert!(parse(b"").unwrap().reason.is_none());
+        assert!(parse(b" \n").unwrap().reason.is_none());
         assert_eq!(
-            parse_body(br#"{"reason":"r","other":1}"#)
+            parse(br#"{"reason":"r","other":1}"#)
                 .unwrap()
                 .reason
                 .as_deref(),
             Some("r")
         );
-        assert!(parse_body(b"{}").unwrap().reason.is_none());
+        assert!(parse(b"{}").unwrap().reason.is_none());
         for bad in [&b"{"[..], b"[]", b"null", br#"{"reason":5}"#, b"stop"] {
-            assert!(parse_body(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+            assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
     }
 }

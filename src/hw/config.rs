@@ -1012,19 +1012,21 @@ pub fn validate(
     })
 }
 
-fn validate_mqtt(m: &MqttConfig) -> Result<(), Invalid> {
-    let rest = m
-        .url
+/// Checks a broker URL: `mqtt://host[:port]` or `mqtts://host[:port]`.
+pub fn check_broker_url(url: &str) -> Result<(), String> {
+    let rest = url
         .strip_prefix("mqtt://")
-        .or_else(|| m.url.strip_prefix("mqtts://"))
-        .ok_or_else(|| invalid("mqtt.url", "must start with mqtt:// or mqtts://"))?;
+        .or_else(|| url.strip_prefix("mqtts://"))
+        .ok_or_else(|| "must start with mqtt:// or mqtts://".to_string())?;
     let (host, port) = rest.rsplit_once(':').unwrap_or((rest, "1883"));
     if host.is_empty() || port.parse::<u16>().is_err() {
-        return Err(invalid(
-            "mqtt.url",
-            format!("{:?} is not mqtt://host:port", m.url),
-        ));
+        return Err(format!("{url:?} is not mqtt://host:port"));
     }
+    Ok(())
+}
+
+fn validate_mqtt(m: &MqttConfig) -> Result<(), Invalid> {
+    check_broker_url(&m.url).map_err(|why| invalid("mqtt.url", why))?;
     if m.keep_alive_secs < 5 {
         return Err(invalid("mqtt.keep_alive_secs", "must be at least 5"));
     }

@@ -282,7 +282,7 @@ impl Mqtt {
 }
 
 /// MQTT options from the configuration. `Err` names what cannot work.
-fn options(cfg: &MqttConfig, host_id: &str) -> Result<MqttOptions, String> {
+pub(crate) fn options(cfg: &MqttConfig, host_id: &str) -> Result<MqttOptions, String> {
     let (tls, rest) = if let Some(rest) = cfg.url.strip_prefix("mqtts://") {
         (true, rest)
     } else if let Some(rest) = cfg.url.strip_prefix("mqtt://") {
@@ -392,14 +392,14 @@ fn tls_config(ca_file: Option<&std::path::Path>) -> Result<TlsConfiguration, Str
 
 /// Exponential backoff with jitter.
 #[derive(Debug)]
-struct Backoff {
+pub(crate) struct Backoff {
     min: Duration,
     max: Duration,
     next: Duration,
 }
 
 impl Backoff {
-    fn new(min: Duration, max: Duration) -> Self {
+    pub(crate) fn new(min: Duration, max: Duration) -> Self {
         Backoff {
             min,
             max,
@@ -407,12 +407,12 @@ impl Backoff {
         }
     }
 
-    fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = self.min;
     }
 
     /// The next delay: the current step plus up to 25 % jitter.
-    fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let base = self.next;
         self.next = base.saturating_mul(2).min(self.max);
         let jitter_ms = u64::try_from(base.as_millis() / 4).unwrap_or(u64::MAX);

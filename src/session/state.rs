@@ -75,7 +75,8 @@ impl Session {
             return Err(SessionError::new(
                 ErrorCode::HostNotFound,
                 format!(
-                    "host {target:?} is not this host ({:?}) and no fleet routing is configured",
+                    "host {target:?} is not this host ({:?}); a stream whose StartSession was \
+                     handled here stays here: open a new stream for {target:?}",
                     host.id
                 ),
             ));

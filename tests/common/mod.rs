@@ -2,6 +2,8 @@
 //! clients talking to it over TCP.
 #![allow(dead_code)]
 
+pub mod broker;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

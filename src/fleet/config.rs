@@ -1,0 +1,433 @@
+//! `[fleet]`: the broker that carries the host registry, this host's
+//! presence settings, the endpoint it advertises and the fleet token.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::config::{HostConfig, Secret, ServerConfig};
+use crate::hw::config::MqttConfig;
+
+/// Default topic prefix: records on `roz/v1/hosts/<id>`, stops on `roz/v1/estop/<env>`.
+pub const DEFAULT_PREFIX: &str = "roz/v1";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    /// `mqtt://host[:port]` or `mqtts://host[:port]`.
+    pub url: String,
+    /// Default `rozd-fleet-<host id>`; stable, so that a restarted rozd
+    /// takes over its previous connection (and its last will) at once.
+    #[serde(default)]
+    pub client_id: Option<String>,
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Environment variable holding the broker password.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// MQTT keep-alive: the broker publishes our last will (`offline`) when
+    /// it has heard nothing for 1.5 times this.
+    #[serde(default = "default_keep_alive_secs")]
+    pub keep_alive_secs: u64,
+    #[serde(default = "default_reconnect_min_ms")]
+    pub reconnect_min_ms: u64,
+    #[serde(default = "default_reconnect_max_ms")]
+    pub reconnect_max_ms: u64,
+    #[serde(default = "default_prefix")]
+    pub topic_prefix: String,
+    /// Seconds between refreshes of the host record; a host silent for three
+    /// of its intervals is `stale`.
+    #[serde(default = "default_heartbeat_secs")]
+    pub heartbeat_secs: u64,
+    /// The gRPC endpoint other hosts reach this one at, `http://host:port`.
+    /// Default: `http://<the bound listen address>`.
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// Environment variable holding the fleet token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// File holding the fleet token (its first line that is not empty or a
+    /// `#` comment).
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// The fleet token, read from `token_env` or `token_file` at load.
+    #[serde(skip)]
+    pub token: Option<Secret>,
+}
+
+fn default_keep_alive_secs() -> u64 {
+    15
+}
+fn default_reconnect_min_ms() -> u64 {
+    1_000
+}
+fn default_reconnect_max_ms() -> u64 {
+    30_000
+}
+fn default_prefix() -> String {
+    DEFAULT_PREFIX.to_string()
+}
+fn default_heartbeat_secs() -> u64 {
+    10
+}
+
+impl FleetConfig {
+    /// The broker connection as the MQTT client code takes it.
+    pub fn broker(&self, host_id: &str) -> MqttConfig {
+        MqttConfig {
+            url: self.url.clone(),
+            client_id: Some(self.client_id(host_id)),
+            username: self.username.clone(),
+            password_env: self.password_env.clone(),
+            ca_file: self.ca_file.clone(),
+            keep_alive_secs: self.keep_alive_secs,
+            reconnect_min_ms: self.reconnect_min_ms,
+            reconnect_max_ms: self.reconnect_max_ms,
+        }
+    }
+
+    pub fn client_id(&self, host_id: &str) -> String {
+        self.client_id
+            .clone()
+            .unwrap_or_else(|| format!("rozd-fleet-{host_id}"))
+    }
+
+    /// The endpoint this host advertises, given the address it is bound to.
+    pub fn advertised(&self, bound: std::net::SocketAddr) -> String {
+        self.advertise
+            .clone()
+            .unwrap_or_else(|| format!("http://{bound}"))
+    }
+}
+
+/// Whether `s` can be one level of an MQTT topic (no separators, no
+/// wildcards, nothing a broker rejects).
+pub fn topic_level_ok(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 128 && !s.contains(['/', '+', '#', '\0'])
+}
+
+/// Checks `[fleet]` and reads the token. `Err((key, message))`.
+pub fn validate(
+    fleet: &mut FleetConfig,
+    host: &HostConfig,
+    server: &ServerConfig,
+    mqtt: Option<&MqttConfig>,
+) -> Result<(), (String, String)> {
+    let err = |key: &str, message: String| Err((format!("fleet.{key}"), message));
+    if let Err(why) = crate::hw::config::check_broker_url(&fleet.url) {
+        return err("url", why);
+    }
+    if !(1..=3600).contains(&fleet.keep_alive_secs) {
+        return err("keep_alive_secs", "must be between 1 and 3600".into());
+    }
+    if !(1..=3600).contains(&fleet.heartbeat_secs) {
+        return err("heartbeat_secs", "must be between 1 and 3600".into());
+    }
+    if fleet.reconnect_min_ms == 0 || fleet.reconnect_max_ms < fleet.reconnect_min_ms {
+        return err(
+            "reconnect_max_ms",
+            "needs 0 < reconnect_min_ms <= reconnect_max_ms".into(),
+        );
+    }
+    let prefix = &fleet.topic_prefix;
+    if prefix.is_empty()
+        || prefix.len() > 128
+        || prefix.starts_with('/')
+        || prefix.ends_with('/')
+        || prefix.contains(['+', '#', '\0'])
+        || prefix.split('/').any(str::is_empty)
+    {
+        return err(
+            "topic_prefix",
+            format!(
+                "{prefix:?} is not a topic prefix like \"roz/v1\" (no wildcards, no empty levels)"
+            ),
+        );
+    }
+    let client_id = fleet.client_id(&host.id);
+    if client_id.trim().is_empty() || client_id.len() > 64 {
+        return err("client_id", "must be 1-64 characters".into());
+    }
+    if let Some(m) = mqtt {
+        let hardware = m
+            .client_id
+            .clone()
+            .unwrap_or_else(|| format!("rozd-{}", host.id));
+        if hardware == client_id {
+            return err(
+                "client_id",
+                format!(
+                    "{client_id:?} is also the [mqtt] client id; the two connections would keep \
+                     disconnecting each other"
+                ),
+            );
+        }
+    }
+    if fleet.password_env.is_some() && fleet.username.is_none() {
+        return err("password_env", "needs fleet.username".into());
+    }
+    match &fleet.advertise {
+        Some(endpoint) => {
+            if let Err(why) = check_endpoint(endpoint) {
+                return err("advertise", why);
+            }
+        }
+        None if server.listen.ip().is_unspecified() => {
+            return err(
+                "advertise",
+                format!(
+                    "server.listen is {}, which other hosts cannot connect to; set \
+                     fleet.advertise = \"http://<this host's address>:{}\"",
+                    server.listen,
+                    server.listen.port()
+                ),
+            );
+        }
+        None => {}
+    }
+    if !topic_level_ok(&host.environment_id) {
+        return Err((
+            "host.environment_id".into(),
+            format!(
+                "{:?} cannot be a topic level of the fleet's stop command (1-128 characters, \
+                 no '/', '+', '#')",
+                host.environment_id
+            ),
+        ));
+    }
+    fleet.token = match (&fleet.token_env, &fleet.token_file) {
+        (Some(_), Some(_)) => {
+            return err("token_file", "set token_env or token_file, not both".into());
+        }
+        (Some(var), None) => match std::env::var(var) {
+            Ok(token) if !token.trim().is_empty() => Some(Secret::new(token.trim())),
+            Ok(_) => return err("token_env", format!("{var} is empty")),
+            Err(_) => {
+                return err(
+                    "token_env",
+                    format!("names {var}, which is not set (or not UTF-8)"),
+                );
+            }
+        },
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                (
+                    "fleet.token_file".to_string(),
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            match text
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty() && !l.starts_with('#'))
+            {
+                Some(token) => Some(Secret::new(token)),
+                None => return err("token_file", format!("{} holds no token", path.display())),
+            }
+        }
+        (None, None) => None,
+    };
+    Ok(())
+}
+
+/// An endpoint other hosts can dial: `http://host:port` (TLS between hosts
+/// is not built in; see the README).
+pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
+    let uri: http::Uri = endpoint
+        .parse()
+        .map_err(|e| format!("{endpoint:?} is not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!(
+            "{endpoint:?} must start with http:// (rozd does not dial other hosts over TLS)"
+        ));
+    }
+    let Some(authority) = uri.authority() else {
+        return Err(format!("{endpoint:?} has no host"));
+    };
+    if authority.host().is_empty() || authority.port_u16().is_none() {
+        return Err(format!("{endpoint:?} must name a host and a port"));
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(format!("{endpoint:?} must not have a path"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, ConfigError, ConfigSource};
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, ConfigSource::File("/etc/rozd/rozd.toml".into()))
+    }
+
+    /// The (line, key, message) of a configuration error.
+    fn invalid(text: &str) -> (Option<usize>, String, String) {
+        match parse(text) {
+            Err(ConfigError::Invalid {
+                line, key, message, ..
+            }) => (line, key, message),
+            other => panic!("expected an invalid-config error, got {other:?}"),
+        }
+    }
+
+    const FLEET: &str = "[fleet]\nurl = \"mqtt://broker:1883\"\n";
+
+    #[test]
+    fn defaults() {
+        let c = parse(FLEET).unwrap();
+        let f = c.fleet.as_ref().unwrap();
+        assert_eq!(
+            (f.topic_prefix.as_str(), f.heartbeat_secs, f.keep_alive_secs),
+            ("roz/v1", 10, 15)
+        );
+        assert_eq!(f.client_id("rover-1"), "rozd-fleet-rover-1");
+        assert_eq!(
+            f.advertised("127.0.0.1:8080".parse().unwrap()),
+            "http://127.0.0.1:8080"
+        );
+        assert!(f.token.is_none());
+        assert!(c.summary().contains("fleet:         mqtt://broker:1883"));
+        assert!(parse("").unwrap().fleet.is_none());
+    }
+
+    #[test]
+    fn errors_name_the_line_and_key() {
+        let cases: &[(&str, usize, &str)] = &[
+            ("[fleet]\nurl = \"http://x\"\n", 2, "fleet.url"),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\nheartbeat_secs = 0\n",
+                3,
+                "fleet.heartbeat_secs",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\nkeep_alive_secs = 0\n",
+                3,
+                "fleet.keep_alive_secs",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\ntopic_prefix = \"roz/#\"\n",
+                3,
+                "fleet.topic_prefix",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\ntopic_prefix = \"roz//v1\"\n",
+                3,
+                "fleet.topic_prefix",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\nadvertise = \"https://a:1\"\n",
+                3,
+                "fleet.advertise",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\npassword_env = \"X\"\n",
+                3,
+                "fleet.password_env",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\ntoken_env = \"ROZD_TEST_FLEET_TOKEN_SURELY_UNSET\"\n",
+                3,
+                "fleet.token_env",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\ntoken_file = \"/nonexistent/fleet-token\"\n",
+                3,
+                "fleet.token_file",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\nsurprise = 1\n",
+                3,
+                "fleet.surprise",
+            ),
+            (
+                "[host]\nenvironment_id = \"lab/1\"\n[fleet]\nurl = \"mqtt://b\"\n",
+                2,
+                "host.environment_id",
+            ),
+            (
+                "[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n\
+                 [fleet]\nurl = \"mqtt://b\"\n",
+                4,
+                "fleet.advertise",
+            ),
+            (
+                "[host]\nid = \"r\"\n[mqtt]\nurl = \"mqtt://b\"\n[fleet]\nurl = \"mqtt://b\"\n\
+                 client_id = \"rozd-r\"\n",
+                7,
+                "fleet.client_id",
+            ),
+        ];
+        for (text, line, key) in cases {
+            let (got_line, got_key, message) = invalid(text);
+            assert_eq!(
+                (got_line, got_key.as_str()),
+                (Some(*line), *key),
+                "{text}: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_token_is_accepted_for_auth_and_never_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet-token");
+        std::fs::write(&path, "# shared by the lab's hosts\n\n  s3cret-fleet  \n").unwrap();
+        let c = parse(&format!(
+            "[server]\nlisten = \"0.0.0.0:8080\"\n[fleet]\nurl = \"mqtt://b\"\n\
+             advertise = \"http://10.0.0.7:8080\"\ntoken_file = {:?}\n",
+            path.display().to_string()
+        ))
+        .unwrap();
+        let fleet = c.fleet.as_ref().unwrap();
+        assert_eq!(
+            fleet.token.as_ref().map(Secret::expose),
+            Some("s3cret-fleet")
+        );
+        // it counts as a token: a non-loopback listener is allowed
+        assert!(c.auth_required());
+        assert!(
+            c.resolved_tokens
+                .iter()
+                .any(|t| t.expose() == "s3cret-fleet")
+        );
+        let printed = format!("{c:?}{}", c.summary());
+        assert!(!printed.contains("s3cret"), "{printed}");
+        std::fs::write(&path, "# nothing\n").unwrap();
+        let (_, key, _) = invalid(&format!(
+            "[fleet]\nurl = \"mqtt://b\"\ntoken_file = {:?}\n",
+            path.display().to_string()
+        ));
+        assert_eq!(key, "fleet.token_file");
+    }
+
+    #[test]
+    fn endpoints() {
+        assert!(check_endpoint("http://10.0.0.7:8080").is_ok());
+        assert!(check_endpoint("http://rover-1.lan:8080/").is_ok());
+        assert!(check_endpoint("http://[::1]:8080").is_ok());
+        for bad in [
+            "https://a:1",
+            "a:1",
+            "http://a",
+            "http://a:1/x",
+            "http://:1",
+            "",
+            "ftp://a:1",
+        ] {
+            assert!(check_endpoint(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn topic_levels() {
+        assert!(topic_level_ok("lab"));
+        assert!(topic_level_ok("warehouse-3.aisle_2"));
+        for bad in ["", "a/b", "+", "a#", &"x".repeat(129)] {
+            assert!(!topic_level_ok(bad), "{bad:?}");
+        }
+    }
+}

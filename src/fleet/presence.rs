@@ -1,0 +1,378 @@
+//! The fleet's broker connection: one rumqttc client of its own (separate
+//! from the hardware `[mqtt]` client), a thin loop over its events, the
+//! heartbeat, this host's stop state and shutdown.
+//!
+//! - `clean_session = true`: the view is rebuilt from the retained records
+//!   after every (re)connection, so nothing needs to be queued for us while
+//!   we are away. Records that the broker does not resend within
+//!   [`RESYNC_GRACE`] of a new connection were cleared meanwhile and leave
+//!   the view.
+//! - The last will (our record with status `offline`, retained) is set
+//!   anew before every connection, so it carries the current stop state.
+//! - A message on our own topic that is not our current record (an old
+//!   last will, a forged `offline`) is answered by publishing ours again.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, LastWill, Packet, Publish, QoS};
+use tokio::time::Instant;
+
+use super::record::{RecordStatus, Rejected, parse_command, parse_record};
+use super::view::LogLimiter;
+use super::{FLEET_SOURCE, Fleet, FleetError, lock};
+use crate::HostContext;
+
+/// Requests queued for the event loop (records, commands, subscriptions).
+const REQUEST_QUEUE: usize = 256;
+/// Largest packet accepted from the broker. A bigger one would end the
+/// connection (rumqttc cannot skip it), so it is generous; records above
+/// [`super::record::MAX_RECORD_BYTES`] are ignored. Limit the broker's
+/// `max_packet_size` to this or less (see docs/fleet.md).
+pub const MAX_INCOMING_PACKET: usize = 1024 * 1024;
+const MAX_OUTGOING_PACKET: usize = 128 * 1024;
+/// After a new broker session, records not resent within this are dropped.
+const RESYNC_GRACE: Duration = Duration::from_secs(10);
+/// Rejected messages are logged at most this often.
+const REJECT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
+    let fleet = &ctx.fleet;
+    let Some(config) = fleet.config() else {
+        return Ok(());
+    };
+    let own_id = fleet.own_id().to_string();
+    let mut options = crate::hw::mqtt::options(&config.broker(&own_id), &own_id)
+        .map_err(|why| FleetError::Setup(why.replace("mqtt.", "fleet.")))?;
+    options.set_clean_session(true);
+    options.set_max_packet_size(MAX_INCOMING_PACKET, MAX_OUTGOING_PACKET);
+    let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
+    set_will(&mut eventloop, fleet);
+    *lock(&fleet.client) = Some(client.clone());
+    let backoff = crate::hw::mqtt::Backoff::new(
+        Duration::from_millis(config.reconnect_min_ms),
+        Duration::from_millis(config.reconnect_max_ms),
+    );
+    let heartbeat = Duration::from_secs(config.heartbeat_secs);
+    tracing::info!(
+        url = %config.url,
+        prefix = %config.topic_prefix,
+        endpoint = fleet.own.endpoint.as_deref().unwrap_or(""),
+        "fleet: joining"
+    );
+    let task = Presence {
+        ctx: ctx.clone(),
+        client,
+        eventloop,
+        backoff,
+        heartbeat,
+        own_topic: fleet.topics.host(&own_id),
+        estop_topic: fleet.topics.estop(fleet.environment_id()),
+        rejects: LogLimiter::new(REJECT_LOG_EVERY),
+        impostor_log: LogLimiter::new(REJECT_LOG_EVERY),
+        resync_at: None,
+        url: config.url.clone(),
+    };
+    *lock(&fleet.task) = Some(tokio::spawn(task.run()));
+    Ok(())
+}
+
+fn set_will(eventloop: &mut EventLoop, fleet: &Fleet) {
+    let record = fleet.own_record(RecordStatus::Offline);
+    match serde_json::to_vec(&record) {
+        Ok(payload) => {
+            eventloop.mqtt_options.set_last_will(LastWill::new(
+                fleet.topics.host(&record.id),
+                payload,
+                QoS::AtLeastOnce,
+                true,
+            ));
+        }
+        Err(e) => tracing::error!("fleet: cannot encode the last will: {e}"),
+    }
+}
+
+enum Step {
+    Event(Result<Event, ConnectionError>),
+    Heartbeat,
+    StopChanged,
+    Resync,
+}
+
+struct Presence {
+    ctx: Arc<HostContext>,
+    client: AsyncClient,
+    eventloop: EventLoop,
+    backoff: crate::hw::mqtt::Backoff,
+    heartbeat: Duration,
+    own_topic: String,
+    estop_topic: String,
+    rejects: LogLimiter,
+    impostor_log: LogLimiter,
+    /// When the records not resent since the last new session are dropped.
+    resync_at: Option<(Instant, Instant)>,
+    url: String,
+}
+
+impl Presence {
+    fn fleet(&self) -> &Fleet {
+        &self.ctx.fleet
+    }
+
+    async fn run(mut self) {
+        let shutdown = self.ctx.shutdown.clone();
+        let mut heartbeat = tokio::time::interval(self.heartbeat);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stops = self.ctx.ooda.protective_stop().subscribe();
+        let mut failures: u32 = 0;
+        loop {
+            let resync = self.resync_at.map(|(_, at)| at);
+            let step = tokio::select! {
+                () = shutdown.cancelled() => break,
+                event = self.eventloop.poll() => Step::Event(event),
+                _ = heartbeat.tick() => Step::Heartbeat,
+                changed = stops.changed() => match changed {
+                    Ok(()) => Step::StopChanged,
+                    // The latch outlives this task; this cannot happen while we run.
+                    Err(_) => break,
+                },
+                () = sleep_until(resync), if resync.is_some() => Step::Resync,
+            };
+            match step {
+                Step::Event(Ok(Event::Incoming(Packet::ConnAck(_)))) => {
+                    if failures > 0 {
+                        tracing::info!(url = %self.url, "fleet: reconnected after {failures} failed attempt(s)");
+                    } else {
+                        tracing::info!(url = %self.url, "fleet: connected");
+                    }
+                    failures = 0;
+                    self.backoff.reset();
+                    self.connected();
+                }
+                Step::Event(Ok(Event::Incoming(Packet::Publish(p)))) => self.received(&p),
+                Step::Event(Ok(_)) => {}
+                Step::Event(Err(e)) => {
+                    self.fleet().connected.store(false, Ordering::Release);
+                    self.fleet().bump();
+                    failures = failures.saturating_add(1);
+                    let delay = self.backoff.next_delay();
+                    if failures == 1 {
+                        tracing::warn!(url = %self.url, "fleet: broker connection failed: {}; reconnecting with backoff", describe(&e));
+                    } else {
+                        tracing::debug!(url = %self.url, "fleet: attempt {failures} failed: {e}; next in {delay:?}");
+                    }
+                    set_will(&mut self.eventloop, &self.ctx.fleet);
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+                Step::Heartbeat => self.publish_own(),
+                Step::StopChanged => {
+                    self.publish_own();
+                    self.fleet().bump();
+                }
+                Step::Resync => {
+                    if let Some((since, _)) = self.resync_at.take() {
+                        let gone = lock(&self.fleet().view).prune_older_than(since);
+                        if !gone.is_empty() {
+                            tracing::info!(hosts = ?gone, "fleet: records cleared while we were away");
+                            self.fleet().bump();
+                        }
+                    }
+                }
+            }
+        }
+        self.leave().await;
+    }
+
+    /// A new broker session: subscribe, announce ourselves.
+    fn connected(&mut self) {
+        self.fleet().connected.store(true, Ordering::Release);
+        let filters = [
+            rumqttc::SubscribeFilter::new(self.fleet().topics.all_hosts(), QoS::AtLeastOnce),
+            rumqttc::SubscribeFilter::new(self.estop_topic.clone(), QoS::AtLeastOnce),
+        ];
+        if let Err(e) = self.client.try_subscribe_many(filters) {
+            tracing::error!("fleet: cannot subscribe: {e}");
+        }
+        self.publish_own();
+        let now = Instant::now();
+        self.resync_at = Some((now, now + RESYNC_GRACE));
+        self.fleet().bump();
+    }
+
+    fn publish_own(&self) {
+        if !self.fleet().is_connected() {
+            return;
+        }
+        let record = self.fleet().own_record(RecordStatus::Online);
+        match serde_json::to_vec(&record) {
+            Ok(payload) => {
+                if let Err(e) =
+                    self.client
+                        .try_publish(&self.own_topic, QoS::AtLeastOnce, true, payload)
+                {
+                    tracing::warn!("fleet: cannot publish this host's record: {e}");
+                }
+            }
+            Err(e) => tracing::error!("fleet: cannot encode this host's record: {e}"),
+        }
+    }
+
+    fn received(&mut self, p: &Publish) {
+        if p.topic == self.own_topic {
+            self.own_record_seen(&p.payload);
+        } else if p.topic == self.estop_topic {
+            self.command(&p.payload);
+        } else if let Some(id) = self.fleet().topics.host_of(&p.topic) {
+            let id = id.to_string();
+            if let Err(why) = self.fleet().record_received(&id, &p.payload) {
+                self.reject(&p.topic, &why);
+            }
+        } else {
+            tracing::debug!(topic = %p.topic, "fleet: message on a topic we do not read");
+        }
+    }
+
+    /// Our own topic: anything but our current record (an old last will, a
+    /// record someone forged) is replaced by ours.
+    fn own_record_seen(&mut self, payload: &[u8]) {
+        let own = self.fleet().own_id().to_string();
+        let (instance, created_at_ms) = {
+            let ours = &self.fleet().own;
+            (ours.instance.clone(), ours.created_at_ms)
+        };
+        match parse_record(&own, payload) {
+            Ok(r) if r.status == RecordStatus::Online && r.instance == instance => {}
+            // Started after us: another process with this host id. (An
+            // older record is our own previous run's; ours replaces it.)
+            Ok(r) if r.status == RecordStatus::Online && r.created_at_ms > created_at_ms => {
+                if let Some(more) = self.impostor_log.allow(Instant::now()) {
+                    tracing::error!(
+                        host_id = %own,
+                        other_instance = r.instance.as_deref().unwrap_or("?"),
+                        "fleet: another rozd publishes records as this host (two hosts with one host.id?); \
+                         ours is published every heartbeat ({more} more such records not logged)"
+                    );
+                }
+            }
+            _ => {
+                tracing::debug!(host_id = %own, "fleet: our topic holds another record (an old last will, our previous run's, or a forgery); publishing ours again");
+                self.publish_own();
+            }
+        }
+    }
+
+    fn command(&mut self, payload: &[u8]) {
+        let command = match parse_command(payload) {
+            Ok(Some(c)) => c,
+            Ok(None) => return,
+            Err(why) => {
+                let topic = self.estop_topic.clone();
+                self.reject(&topic, &why);
+                return;
+            }
+        };
+        if !self.fleet().take_command(&command) {
+            return;
+        }
+        let env = self.fleet().environment_id().to_string();
+        let by = command.by.as_deref().unwrap_or("an MQTT client");
+        let reason = if command.reason.is_empty() {
+            format!("fleet stop of environment {env} from {by}")
+        } else {
+            format!(
+                "fleet stop of environment {env} from {by}: {}",
+                command.reason
+            )
+        };
+        if command.stop {
+            // Beside the loop: driving actuators safe may take their deadline,
+            // and the broker connection must keep being served meanwhile.
+            let ooda = self.ctx.ooda.clone();
+            tokio::spawn(async move { ooda.trigger_stop(FLEET_SOURCE, &reason).await });
+            return;
+        }
+        let latch = self.ctx.ooda.protective_stop();
+        match latch.active() {
+            Some(stop) if stop.source == FLEET_SOURCE => {
+                match latch.try_clear(&format!("fleet: stop withdrawn by {by}")) {
+                    Ok(_) => {}
+                    Err(refused) => tracing::warn!(
+                        "fleet: the fleet stop was withdrawn, but this host's stop stays: {refused}"
+                    ),
+                }
+            }
+            Some(stop) => tracing::warn!(
+                source = %stop.source,
+                "fleet: the fleet stop was withdrawn; this host's protective stop did not come from \
+                 the fleet and stays latched until it is cleared here"
+            ),
+            None => {}
+        }
+    }
+
+    fn reject(&mut self, topic: &str, why: &Rejected) {
+        if let Some(more) = self.rejects.allow(Instant::now()) {
+            tracing::warn!(
+                %topic,
+                "fleet: ignored a message: {why} ({more} more ignored since the last report)"
+            );
+        }
+    }
+
+    /// Clean shutdown: publish `offline` ourselves, then disconnect (so the
+    /// broker does not publish the last will).
+    async fn leave(mut self) {
+        let fleet = self.ctx.fleet.clone();
+        let was_connected = fleet.connected.swap(false, Ordering::AcqRel);
+        if !was_connected {
+            tracing::debug!("fleet: not connected at shutdown; the last will marks us offline");
+            return;
+        }
+        let offline = serde_json::to_vec(&fleet.own_record(RecordStatus::Offline));
+        let published = match offline {
+            Ok(payload) => self
+                .client
+                .try_publish(&self.own_topic, QoS::AtLeastOnce, true, payload)
+                .is_ok(),
+            Err(_) => false,
+        };
+        let _ = self.client.try_disconnect();
+        // Bounded: the broker may be gone.
+        let flushed = tokio::time::timeout(Duration::from_secs(2), async {
+            loop {
+                match self.eventloop.poll().await {
+                    Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => return true,
+                    Err(_) => return false,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .unwrap_or(false);
+        if published && flushed {
+            tracing::info!("fleet: left (published offline)");
+        } else {
+            tracing::warn!("fleet: could not say goodbye; the broker's last will marks us offline");
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn describe(e: &ConnectionError) -> String {
+    match e {
+        ConnectionError::ConnectionRefused(code) => {
+            format!("the broker refused the connection: {code:?}")
+        }
+        other => other.to_string(),
+    }
+}

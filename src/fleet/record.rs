@@ -1,0 +1,380 @@
+//! What the fleet puts on the broker: the host record (JSON, retained on
+//! `<prefix>/hosts/<host_id>`) and the fleet stop command (JSON, retained on
+//! `<prefix>/estop/<environment_id>`). Parsing is strict about sizes and
+//! shapes, lenient about unknown fields (a newer rozd may add some).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::config::{check_endpoint, topic_level_ok};
+
+/// Largest host record accepted; larger ones are ignored.
+pub const MAX_RECORD_BYTES: usize = 64 * 1024;
+/// Largest stop command accepted.
+pub const MAX_COMMAND_BYTES: usize = 4 * 1024;
+/// Bounds of a record's capabilities.
+pub const MAX_CAPABILITIES: usize = 256;
+pub const MAX_CAPABILITY_KEY: usize = 128;
+pub const MAX_CAPABILITY_VALUE: usize = 8 * 1024;
+pub const MAX_NAME: usize = 256;
+/// Version of the record format this rozd writes.
+pub const RECORD_VERSION: u32 = 1;
+
+/// What a record says about its host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordStatus {
+    /// A running rozd (refreshed every heartbeat).
+    Online,
+    /// A rozd that shut down, or whose connection the broker lost (last will).
+    Offline,
+    /// A host that is not a rozd, added with `RegisterHost`.
+    Registered,
+}
+
+/// A host's protective-stop state, as it reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct EstopState {
+    pub active: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_unix_ms: Option<i64>,
+}
+
+/// One host's retained record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostRecord {
+    #[serde(default = "version_one")]
+    pub v: u32,
+    pub id: String,
+    pub name: String,
+    pub environment_id: String,
+    pub status: RecordStatus,
+    /// rozd: `sensors`, `actuators`, `host_tools`, `models` (comma-separated
+    /// names), `architecture`, `version`. Registered hosts: what they were
+    /// registered with.
+    #[serde(default)]
+    pub capabilities: BTreeMap<String, String>,
+    /// The gRPC endpoint sessions are relayed to (rozd only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estop: Option<EstopState>,
+    /// The publisher's heartbeat interval (a record older than three of them is stale).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_secs: Option<u64>,
+    #[serde(default)]
+    pub created_at_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_ms: Option<i64>,
+    /// Random per rozd process: tells our own record from an older one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+}
+
+fn version_one() -> u32 {
+    1
+}
+
+/// Why a message was not taken into the view.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    #[error("{len} bytes, more than the {max} bytes a message there may have")]
+    Oversized { len: usize, max: usize },
+    #[error("not a valid message: {0}")]
+    Malformed(String),
+    #[error("the record is for host {record:?} but was published on the topic of {topic:?}")]
+    WrongTopic { topic: String, record: String },
+    #[error("{field}: {why}")]
+    Invalid { field: &'static str, why: String },
+    #[error("the view already holds {0} hosts; new ones are ignored")]
+    Full(usize),
+}
+
+fn invalid(field: &'static str, why: impl Into<String>) -> Rejected {
+    Rejected::Invalid {
+        field,
+        why: why.into(),
+    }
+}
+
+/// Whether `id` can be a host id (as `host.id` in the configuration).
+pub fn host_id_ok(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Checks a registered host's fields (also used for `RegisterHost`).
+pub fn check_host_fields(
+    name: &str,
+    environment_id: &str,
+    capabilities: &BTreeMap<String, String>,
+) -> Result<(), Rejected> {
+    if name.trim().is_empty() || name.chars().count() > MAX_NAME {
+        return Err(invalid(
+            "name",
+            format!("must be 1-{MAX_NAME} characters, not only spaces"),
+        ));
+    }
+    if !topic_level_ok(environment_id) {
+        return Err(invalid(
+            "environment_id",
+            format!("{environment_id:?} must be 1-128 characters without '/', '+', '#'"),
+        ));
+    }
+    if capabilities.len() > MAX_CAPABILITIES {
+        return Err(invalid(
+            "capabilities",
+            format!("at most {MAX_CAPABILITIES} entries"),
+        ));
+    }
+    for (k, v) in capabilities {
+        if k.is_empty() || k.len() > MAX_CAPABILITY_KEY {
+            return Err(invalid(
+                "capabilities",
+                format!("keys must be 1-{MAX_CAPABILITY_KEY} bytes"),
+            ));
+        }
+        if v.len() > MAX_CAPABILITY_VALUE {
+            return Err(invalid(
+                "capabilities",
+                format!("the value of {k:?} is longer than {MAX_CAPABILITY_VALUE} bytes"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Parses and checks a record published on the topic of `topic_id`.
+pub fn parse_record(topic_id: &str, payload: &[u8]) -> Result<HostRecord, Rejected> {
+    if payload.len() > MAX_RECORD_BYTES {
+        return Err(Rejected::Oversized {
+            len: payload.len(),
+            max: MAX_RECORD_BYTES,
+        });
+    }
+    let record: HostRecord =
+        serde_json::from_slice(payload).map_err(|e| Rejected::Malformed(e.to_string()))?;
+    if record.id != topic_id {
+        return Err(Rejected::WrongTopic {
+            topic: topic_id.to_string(),
+            record: record.id,
+        });
+    }
+    if !host_id_ok(&record.id) {
+        return Err(invalid("id", format!("{:?} is not a host id", record.id)));
+    }
+    check_host_fields(&record.name, &record.environment_id, &record.capabilities)?;
+    if let Some(endpoint) = &record.endpoint {
+        check_endpoint(endpoint).map_err(|why| invalid("endpoint", why))?;
+    }
+    if let Some(secs) = record.heartbeat_secs
+        && !(1..=3600).contains(&secs)
+    {
+        return Err(invalid("heartbeat_secs", "must be between 1 and 3600"));
+    }
+    Ok(record)
+}
+
+/// A fleet-wide protective-stop command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EstopCommand {
+    /// `true`: stop every host of the environment; `false`: withdraw the
+    /// stop (hosts clear a latch that came from the fleet).
+    pub stop: bool,
+    #[serde(default)]
+    pub reason: String,
+    /// The host that published it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// Unique per command: a host applies one command once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<i64>,
+}
+
+/// Parses a stop command: JSON `{"stop": bool, ...}`, or a bare `stop`,
+/// `true` or `1` (as an operator's `mosquitto_pub` would send). `None` for
+/// an empty payload (a cleared retained message).
+pub fn parse_command(payload: &[u8]) -> Result<Option<EstopCommand>, Rejected> {
+    if payload.len() > MAX_COMMAND_BYTES {
+        return Err(Rejected::Oversized {
+            len: payload.len(),
+            max: MAX_COMMAND_BYTES,
+        });
+    }
+    if payload.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    if crate::safety::inputs::is_stop_payload(payload) {
+        return Ok(Some(EstopCommand {
+            stop: true,
+            reason: String::new(),
+            by: None,
+            id: None,
+            at_ms: None,
+        }));
+    }
+    serde_json::from_slice(payload)
+        .map(Some)
+        .map_err(|e| Rejected::Malformed(e.to_string()))
+}
+
+/// The topics under the configured prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topics {
+    prefix: String,
+}
+
+impl Topics {
+    pub fn new(prefix: &str) -> Topics {
+        Topics {
+            prefix: prefix.to_string(),
+        }
+    }
+
+    pub fn host(&self, id: &str) -> String {
+        format!("{}/hosts/{id}", self.prefix)
+    }
+
+    /// The subscription that sees every host record.
+    pub fn all_hosts(&self) -> String {
+        format!("{}/hosts/+", self.prefix)
+    }
+
+    pub fn estop(&self, environment_id: &str) -> String {
+        format!("{}/estop/{environment_id}", self.prefix)
+    }
+
+    /// The host id of a record topic.
+    pub fn host_of<'a>(&self, topic: &'a str) -> Option<&'a str> {
+        topic
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix("/hosts/")
+            .filter(|id| !id.is_empty() && !id.contains('/'))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn record(id: &str) -> HostRecord {
+        HostRecord {
+            v: RECORD_VERSION,
+            id: id.to_string(),
+            name: format!("host {id}"),
+            environment_id: "lab".into(),
+            status: RecordStatus::Online,
+            capabilities: BTreeMap::from([("sensors".into(), "t,rh".into())]),
+            endpoint: Some("http://127.0.0.1:9000".into()),
+            estop: None,
+            heartbeat_secs: Some(10),
+            created_at_ms: 1,
+            last_heartbeat_ms: Some(2),
+            instance: Some("i".into()),
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_unknown_fields_are_tolerated() {
+        let r = record("b");
+        let json = serde_json::to_vec(&r).unwrap();
+        assert_eq!(parse_record("b", &json).unwrap(), r);
+        let mut value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        value["from_the_future"] = serde_json::json!({"x": 1});
+        let newer = serde_json::to_vec(&value).unwrap();
+        assert_eq!(parse_record("b", &newer).unwrap(), r);
+    }
+
+    #[test]
+    fn bad_records_are_rejected_with_the_reason() {
+        let good = serde_json::to_vec(&record("b")).unwrap();
+        assert!(matches!(
+            parse_record("c", &good),
+            Err(Rejected::WrongTopic { .. })
+        ));
+        assert!(matches!(
+            parse_record("b", b"{not json"),
+            Err(Rejected::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_record("b", b"{\"id\":\"b\"}"),
+            Err(Rejected::Malformed(_))
+        ));
+        let mut big = record("b");
+        big.capabilities
+            .insert("blob".into(), "x".repeat(MAX_RECORD_BYTES));
+        assert!(matches!(
+            parse_record("b", &serde_json::to_vec(&big).unwrap()),
+            Err(Rejected::Oversized { .. })
+        ));
+        let mut r = record("b");
+        r.environment_id = "lab/#".into();
+        assert!(matches!(
+            parse_record("b", &serde_json::to_vec(&r).unwrap()),
+            Err(Rejected::Invalid {
+                field: "environment_id",
+                ..
+            })
+        ));
+        let mut r = record("b");
+        r.endpoint = Some("ftp://x:1".into());
+        assert!(matches!(
+            parse_record("b", &serde_json::to_vec(&r).unwrap()),
+            Err(Rejected::Invalid {
+                field: "endpoint",
+                ..
+            })
+        ));
+        let mut r = record("b");
+        r.heartbeat_secs = Some(0);
+        assert!(parse_record("b", &serde_json::to_vec(&r).unwrap()).is_err());
+        let mut r = record("b");
+        r.name = " ".into();
+        assert!(parse_record("b", &serde_json::to_vec(&r).unwrap()).is_err());
+        let mut r = record("b");
+        r.capabilities = (0..=MAX_CAPABILITIES)
+            .map(|i| (i.to_string(), String::new()))
+            .collect();
+        assert!(parse_record("b", &serde_json::to_vec(&r).unwrap()).is_err());
+        let r = record("b c");
+        assert!(parse_record("b c", &serde_json::to_vec(&r).unwrap()).is_err());
+    }
+
+    #[test]
+    fn commands() {
+        assert_eq!(parse_command(b""), Ok(None));
+        assert!(parse_command(b"stop").unwrap().unwrap().stop);
+        assert!(parse_command(b" 1\n").unwrap().unwrap().stop);
+        let c = parse_command(br#"{"stop":false,"reason":"done","by":"a","id":"x"}"#)
+            .unwrap()
+            .unwrap();
+        assert!(!c.stop);
+        assert_eq!((c.reason.as_str(), c.id.as_deref()), ("done", Some("x")));
+        assert!(parse_command(b"clear").is_err());
+        assert!(parse_command(br#"{"reason":"no stop field"}"#).is_err());
+        assert!(parse_command(&vec![b' '; MAX_COMMAND_BYTES + 1]).is_err());
+    }
+
+    #[test]
+    fn topics() {
+        let t = Topics::new("roz/v1");
+        assert_eq!(t.host("a"), "roz/v1/hosts/a");
+        assert_eq!(t.all_hosts(), "roz/v1/hosts/+");
+        assert_eq!(t.estop("lab"), "roz/v1/estop/lab");
+        assert_eq!(t.host_of("roz/v1/hosts/a"), Some("a"));
+        assert_eq!(t.host_of("roz/v1/hosts/"), None);
+        assert_eq!(t.host_of("roz/v1/hosts/a/b"), None);
+        assert_eq!(t.host_of("roz/v2/hosts/a"), None);
+        assert_eq!(t.host_of("roz/v1/estop/lab"), None);
+    }
+}

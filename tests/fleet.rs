@@ -1,0 +1,853 @@
+//! The fleet end to end: several real `rozd` processes (the binary, each
+//! with its own configuration file and store) and a real `mosquitto` on
+//! loopback. The registry converges on every host; forged records do not
+//! disturb it; a fleet stop reaches every host and its withdrawal clears
+//! only what the fleet set; `kill -9` of a host shows it offline elsewhere;
+//! a session through one host runs on another (client tool, host tool with
+//! approval, deadman) and ends with `host_unavailable` when that host dies.
+//!
+//! Every wait polls a condition until a generous deadline; nothing sleeps
+//! to synchronise and nothing asserts a speed.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::broker::{Broker, free_port, publish, terminate};
+use common::{Session, expect_error};
+use rozd::api::proto;
+use rozd::api::proto::agent_service_client::AgentServiceClient;
+use rozd::api::proto::host_service_client::HostServiceClient;
+use rozd::api::proto::session_request::Request as Req;
+use rozd::api::proto::session_response::Response as Resp;
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+const ROZD: &str = env!("CARGO_BIN_EXE_rozd");
+/// The fleet token every host accepts and presents.
+const TOKEN: &str = "fleet-test-token";
+/// Bound on waiting for a condition: a hang, not a synchronisation.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// One `rozd run` process.
+struct Rozd {
+    id: String,
+    port: u16,
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Rozd {
+    /// Starts host `id` of environment `lab` in the fleet of `broker` with a
+    /// 1 s heartbeat and MQTT keep-alive, one simulated actuator `arm`, and
+    /// waits until it answers.
+    async fn spawn(id: &str, broker: &Broker) -> Rozd {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let token_file = dir.path().join("fleet-token");
+        std::fs::write(&token_file, format!("# the fleet's token\n{TOKEN}\n")).unwrap();
+        let config = format!(
+            r#"
+[host]
+id = "{id}"
+name = "host {id}"
+environment_id = "lab"
+
+[server]
+listen = "127.0.0.1:{port}"
+shutdown_grace_secs = 2
+
+[store]
+path = {store:?}
+
+[log]
+level = "info"
+
+[fleet]
+url = "{url}"
+heartbeat_secs = 1
+keep_alive_secs = 1
+reconnect_min_ms = 50
+reconnect_max_ms = 500
+token_file = {token:?}
+
+[[actuators]]
+name = "arm"
+kind = "sim"
+min = 0
+max = 1
+safe_value = 0
+
+[[sensors]]
+name = "temp"
+source = "sim"
+signal = "constant"
+offset = 20
+"#,
+            store = dir.path().join("rozd.db").display().to_string(),
+            url = broker.url(),
+            token = token_file.display().to_string(),
+        );
+        let config_path = dir.path().join("rozd.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::File::create(dir.path().join("rozd.log")).unwrap();
+        let child = Command::new(ROZD)
+            .arg("run")
+            .arg("--config")
+            .arg(&config_path)
+            .env_remove("ROZD_CONFIG")
+            .env_remove("NOTIFY_SOCKET")
+            .env("HOME", dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn rozd");
+        let mut rozd = Rozd {
+            id: id.to_string(),
+            port,
+            child,
+            dir,
+        };
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            if let Ok(reply) = rozd::client::get(&rozd.addr(), "/healthz", None).await
+                && reply.status.is_success()
+            {
+                break;
+            }
+            if let Ok(Some(status)) = rozd.child.try_wait() {
+                panic!("rozd {id} exited with {status}:\n{}", rozd.log());
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "rozd {id} does not answer:\n{}",
+                rozd.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        rozd
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("rozd.log")).unwrap_or_default()
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let reply = rozd::client::get(&self.addr(), path, Some(TOKEN))
+            .await
+            .unwrap_or_else(|e| panic!("GET {path} on {}: {e}", self.id));
+        assert!(
+            reply.status.is_success(),
+            "GET {path} on {}: {} {}",
+            self.id,
+            reply.status,
+            reply.body
+        );
+        serde_json::from_str(&reply.body).expect("JSON")
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (http::StatusCode, Value) {
+        let reply = rozd::client::post_json(&self.addr(), path, Some(TOKEN), &body)
+            .await
+            .unwrap_or_else(|e| panic!("POST {path} on {}: {e}", self.id));
+        (
+            reply.status,
+            serde_json::from_str(&reply.body).unwrap_or(Value::Null),
+        )
+    }
+
+    /// This host's view: host id -> (status, estop_active).
+    async fn view(&self) -> Vec<(String, String, bool)> {
+        self.get("/v1/hosts")
+            .await
+            .get("data")
+            .and_then(Value::as_array)
+            .map(|hosts| {
+                hosts
+                    .iter()
+                    .map(|h| {
+                        (
+                            h["id"].as_str().unwrap_or("?").to_string(),
+                            h["status"].as_str().unwrap_or("?").to_string(),
+                            h["estop_active"].as_bool().unwrap_or(false),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    async fn channel(&self) -> InterceptedService<Channel, Bearer> {
+        let channel = Channel::from_shared(format!("http://{}", self.addr()))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect");
+        InterceptedService::new(channel, Bearer)
+    }
+
+    /// Opens a session stream on this host (not started yet).
+    async fn session(&self) -> Session {
+        let mut client = AgentServiceClient::new(self.channel().await);
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let response = client
+            .stream_session(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("StreamSession accepted");
+        Session {
+            tx,
+            rx: response.into_inner(),
+            wait_bound: DEADLINE,
+        }
+    }
+
+    /// `kill -9`: no goodbye, no DISCONNECT; the broker notices the
+    /// connection is gone and publishes the last will.
+    async fn kill9(&mut self) {
+        self.child.start_kill().expect("SIGKILL");
+        let status = self.child.wait().await.expect("wait");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+    }
+}
+
+#[derive(Clone)]
+struct Bearer;
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {TOKEN}").parse().expect("ascii"),
+        );
+        Ok(r)
+    }
+}
+
+/// Polls `check` until it returns `Some`, failing after [`DEADLINE`].
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {DEADLINE:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `host` lists exactly `want` (id, status), in id order.
+async fn view_is(host: &Rozd, want: &[(&str, &str)]) {
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(i, s)| (i.to_string(), s.to_string()))
+        .collect();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let got: Vec<(String, String)> = host
+            .view()
+            .await
+            .into_iter()
+            .map(|(id, status, _)| (id, status))
+            .collect();
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} sees {got:?}, not {want:?}\n{}",
+            host.id,
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn mkdir(dir: &Path, name: &str) -> std::path::PathBuf {
+    let d = dir.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_converge_stop_together_ignore_forgeries_and_see_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&mkdir(dir.path(), "broker")).await;
+    let a = Rozd::spawn("a", &broker).await;
+    let b = Rozd::spawn("b", &broker).await;
+    let mut c = Rozd::spawn("c", &broker).await;
+    let all_online = [("a", "online"), ("b", "online"), ("c", "online")];
+    for host in [&a, &b, &c] {
+        view_is(host, &all_online).await;
+    }
+
+    // HostService on one host shows every host with its capabilities.
+    let mut hosts = HostServiceClient::new(a.channel().await);
+    let listed = hosts
+        .list_hosts(proto::ListHostsRequest {
+            environment_id: "lab".into(),
+            limit: 0,
+            offset: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .data;
+    let ids: Vec<&str> = listed.iter().map(|h| h.id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    let hc = hosts
+        .get_host(proto::GetHostRequest { id: "c".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            hc.name.as_str(),
+            hc.environment_id.as_str(),
+            hc.status.as_str()
+        ),
+        ("host c", "lab", "online")
+    );
+    assert_eq!(hc.capabilities["actuators"], "arm");
+    assert_eq!(hc.capabilities["sensors"], "temp");
+    assert_eq!(hc.capabilities["estop_active"], "false");
+    assert_eq!(
+        hc.capabilities["endpoint"],
+        format!("http://127.0.0.1:{}", c.port)
+    );
+    assert!(hc.capabilities["host_tools"].split(',').any(|t| t == "arm"));
+    assert!(hc.last_heartbeat.is_some() && hc.created_at.is_some());
+    let page = hosts
+        .list_hosts(proto::ListHostsRequest {
+            environment_id: String::new(),
+            limit: 1,
+            offset: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .data;
+    assert_eq!(page.len(), 1);
+    assert_eq!(page[0].id, "b");
+    assert_eq!(
+        hosts
+            .get_host(proto::GetHostRequest { id: "nope".into() })
+            .await
+            .unwrap_err()
+            .code(),
+        tonic::Code::NotFound
+    );
+
+    // Forged records: oversized (on b's topic, claiming to be b), malformed,
+    // published on another host's topic, with a wildcard environment.
+    let mut huge = serde_json::to_value(json!({
+        "id": "b", "name": "forged b", "environment_id": "lab", "status": "offline",
+    }))
+    .unwrap();
+    huge["capabilities"] = json!({ "blob": "x".repeat(200_000) });
+    publish(broker.port, "roz/v1/hosts/b", huge.to_string(), true).await;
+    publish(broker.port, "roz/v1/hosts/evil", "{not json", true).await;
+    publish(broker.port, "roz/v1/hosts/evil2", [0xff, 0x00, 0x13], true).await;
+    publish(
+        broker.port,
+        "roz/v1/hosts/c",
+        json!({"id": "b", "name": "b?", "environment_id": "lab", "status": "offline"}).to_string(),
+        true,
+    )
+    .await;
+    publish(
+        broker.port,
+        "roz/v1/hosts/zed",
+        json!({"id": "zed", "name": "z", "environment_id": "lab/#", "status": "online"})
+            .to_string(),
+        true,
+    )
+    .await;
+    // A host registered after the forgeries: once every view has it, the
+    // forgeries (published before) were seen too.
+    let camera = hosts
+        .register_host(proto::RegisterHostRequest {
+            name: "ceiling camera".into(),
+            environment_id: String::new(),
+            capabilities: [("stream".to_string(), "rtsp://cam/1".to_string())].into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (camera.status.as_str(), camera.environment_id.as_str()),
+        ("registered", "lab")
+    );
+    let with_camera = [
+        ("a", "online"),
+        ("b", "online"),
+        ("c", "online"),
+        (camera.id.as_str(), "registered"),
+    ];
+    let mut with_camera = with_camera.to_vec();
+    with_camera.sort();
+    for host in [&a, &b, &c] {
+        view_is(host, &with_camera).await;
+        let b_record = host.get("/v1/hosts/b").await;
+        assert_eq!(b_record["name"], "host b", "the forgery did not replace b");
+        assert_eq!(
+            b_record["endpoint"],
+            format!("http://127.0.0.1:{}", b.port).as_str()
+        );
+    }
+    assert!(
+        a.log().contains("fleet: ignored a message"),
+        "rejections are logged:\n{}",
+        a.log()
+    );
+    // Registered hosts run no sessions; a live rozd cannot be deregistered.
+    let mut session = a.session().await;
+    session
+        .send(Req::Start(proto::StartSession {
+            host_id: Some(camera.id.clone()),
+            ..Default::default()
+        }))
+        .await;
+    let e = expect_error(session.next_significant().await);
+    assert_eq!((e.code.as_str(), e.retryable), ("host_not_found", false));
+    let live = hosts
+        .deregister_host(proto::DeregisterHostRequest { id: "b".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(live.code(), tonic::Code::FailedPrecondition);
+    let mut hosts_c = HostServiceClient::new(c.channel().await);
+    hosts_c
+        .deregister_host(proto::DeregisterHostRequest {
+            id: camera.id.clone(),
+        })
+        .await
+        .unwrap();
+    for host in [&a, &b, &c] {
+        view_is(host, &all_online).await;
+    }
+
+    // A local stop on c first: the fleet's withdrawal must not clear it.
+    let (status, _) = c.post("/v1/estop", json!({"reason": "c's own"})).await;
+    assert_eq!(status, 200);
+    let (status, stopped) = a
+        .post(
+            "/v1/fleet/estop",
+            json!({"reason": "drill", "wait_ms": 30_000}),
+        )
+        .await;
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(stopped["confirmed"], true, "{stopped}");
+    assert_eq!(stopped["environment_id"], "lab");
+    for host in [&a, &b, &c] {
+        let safety = host.get("/v1/safety").await;
+        assert_eq!(safety["estop_active"], true, "{}: {safety}", host.id);
+        let want = if host.id == "c" { "cli" } else { "fleet" };
+        assert_eq!(safety["stop"]["source"], want, "{}: {safety}", host.id);
+    }
+    for host in [&a, &b, &c] {
+        eventually(&format!("{} sees every host stopped", host.id), || async {
+            host.view()
+                .await
+                .iter()
+                .all(|(_, _, stop)| *stop)
+                .then_some(())
+        })
+        .await;
+    }
+    let (status, cleared) = b
+        .post("/v1/fleet/estop/clear", json!({"wait_ms": 30_000}))
+        .await;
+    assert_eq!(status, 200, "{cleared}");
+    assert_eq!(cleared["confirmed"], true, "{cleared}");
+    for host in [&a, &b] {
+        eventually(&format!("{} cleared", host.id), || async {
+            (host.get("/v1/safety").await["estop_active"] == false).then_some(())
+        })
+        .await;
+    }
+    let safety = c.get("/v1/safety").await;
+    assert_eq!(
+        (&safety["estop_active"], &safety["stop"]["source"]),
+        (&json!(true), &json!("cli")),
+        "a stop that did not come from the fleet stays"
+    );
+
+    // kill -9: the broker publishes c's last will.
+    c.kill9().await;
+    let c_offline = [("a", "online"), ("b", "online"), ("c", "offline")];
+    view_is(&a, &c_offline).await;
+    view_is(&b, &c_offline).await;
+    let mut session = b.session().await;
+    session
+        .send(Req::Start(proto::StartSession {
+            host_id: Some("c".into()),
+            ..Default::default()
+        }))
+        .await;
+    let e = expect_error(session.next_significant().await);
+    assert_eq!((e.code.as_str(), e.retryable), ("host_unavailable", true));
+    session
+        .send(Req::Start(proto::StartSession {
+            host_id: Some("nowhere".into()),
+            ..Default::default()
+        }))
+        .await;
+    let e = expect_error(session.next_significant().await);
+    assert_eq!((e.code.as_str(), e.retryable), ("host_not_found", false));
+    // An offline rozd's record can be removed.
+    let mut hosts_b = HostServiceClient::new(b.channel().await);
+    hosts_b
+        .deregister_host(proto::DeregisterHostRequest { id: "c".into() })
+        .await
+        .unwrap();
+    view_is(&a, &[("a", "online"), ("b", "online")]).await;
+
+    // A clean shutdown says offline itself.
+    let mut b = b;
+    terminate(&mut b.child).await;
+    view_is(&a, &[("a", "online"), ("b", "offline")]).await;
+    assert!(
+        b.log().contains("fleet: left (published offline)"),
+        "{}",
+        b.log()
+    );
+}
+
+fn user(content: &str) -> Req {
+    Req::UserMessage(proto::UserMessage {
+        content: content.into(),
+        ..Default::default()
+    })
+}
+
+/// Everything up to and including the turn's `TurnComplete`.
+async fn until_complete(session: &mut Session) -> (Vec<Resp>, proto::TurnComplete) {
+    let mut seen = Vec::new();
+    loop {
+        match session.next().await {
+            Resp::TurnComplete(t) => return (seen, t),
+            Resp::Error(e) => panic!("unexpected error: {e:?}"),
+            other => seen.push(other),
+        }
+    }
+}
+
+fn text_of(seen: &[Resp]) -> String {
+    seen.iter()
+        .filter_map(|r| match r {
+            Resp::TextDelta(t) => Some(t.content.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The value of actuator `arm` in `host`'s Observation.
+async fn arm(host: &Rozd) -> f64 {
+    let observation = host.get("/v1/observation").await;
+    observation["actuators"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["name"] == "arm"))
+        .and_then(|x| x["value"].as_f64())
+        .unwrap_or(f64::NAN)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_through_a_runs_on_b_and_ends_with_host_unavailable_when_b_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&mkdir(dir.path(), "broker")).await;
+    let a = Rozd::spawn("a", &broker).await;
+    let mut b = Rozd::spawn("b", &broker).await;
+    view_is(&a, &[("a", "online"), ("b", "online")]).await;
+
+    let probe = proto::ToolSchema {
+        name: "probe".into(),
+        description: "asks the client".into(),
+        parameters_schema: None,
+        timeout_ms: 20_000,
+        category: proto::ToolCategoryHint::ToolCategoryPure as i32,
+    };
+    let mut session = a.session().await;
+    let started = session
+        .start(proto::StartSession {
+            environment_id: "lab".into(),
+            host_id: Some("b".into()),
+            tools: vec![probe],
+            ..Default::default()
+        })
+        .await;
+    // b's own SessionStarted: its host tool, its store.
+    assert!(
+        started.permissions.iter().any(|p| p.tool_pattern == "arm"),
+        "{started:?}"
+    );
+    let on_b = b.get("/v1/sessions").await;
+    assert_eq!(on_b["data"][0]["id"], started.session_id.as_str());
+    assert_eq!(on_b["data"][0]["host_id"], "b");
+    assert_eq!(a.get("/v1/sessions").await["data"], json!([]));
+
+    // A client tool round trip through the relay.
+    session.send(user(r#"call probe {"x": 1}"#)).await;
+    let request = loop {
+        match session.next().await {
+            Resp::ToolRequest(r) => break r,
+            Resp::TurnComplete(t) => panic!("no tool request: {t:?}"),
+            Resp::Error(e) => panic!("{e:?}"),
+            _ => {}
+        }
+    };
+    assert_eq!(request.tool_name, "probe");
+    session
+        .send(Req::ToolResult(proto::ToolResult {
+            tool_call_id: request.tool_call_id.clone(),
+            success: true,
+            result: "pong from the client".into(),
+            exit_code: Some(0),
+            truncated: false,
+            duration_ms: Some(3),
+        }))
+        .await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(done.stop_reason, "end_turn");
+    assert!(
+        text_of(&seen).contains("pong from the client"),
+        "{}",
+        text_of(&seen)
+    );
+
+    // A host tool on b, approved by the client through a.
+    session.send(user("set arm 0.5")).await;
+    let call_id = loop {
+        match session.next().await {
+            Resp::ActivityUpdate(u) if u.state == "waiting_approval" => break u.detail,
+            Resp::TurnComplete(t) => panic!("no approval asked: {t:?}"),
+            Resp::Error(e) => panic!("{e:?}"),
+            _ => {}
+        }
+    };
+    assert_eq!(arm(&b).await, 0.0, "nothing moves before approval");
+    session
+        .send(Req::PermissionDecision(proto::PermissionDecision {
+            tool_call_id: call_id.clone(),
+            approved: true,
+        }))
+        .await;
+    let (_, done) = until_complete(&mut session).await;
+    assert_eq!(done.stop_reason, "end_turn");
+    // The Observation shows it from the next OODA tick on.
+    eventually("b's arm at 0.5", || async {
+        (arm(&b).await == 0.5).then_some(())
+    })
+    .await;
+    let audit = b
+        .get(&format!("/v1/audit?session={}", started.session_id))
+        .await;
+    let call = audit["data"]
+        .as_array()
+        .and_then(|d| d.iter().find(|r| r["tool_call_id"] == call_id.as_str()))
+        .cloned()
+        .expect("the call is audited on b");
+    assert_eq!(call["decision"], "approved");
+
+    // The client vanishes: b's deadman drives the arm safe.
+    drop(session);
+    eventually("b's deadman drives arm safe", || async {
+        (arm(&b).await == 0.0).then_some(())
+    })
+    .await;
+
+    // b dies in the middle of a session: the client gets host_unavailable
+    // and its stream ends.
+    let mut session = a.session().await;
+    session
+        .start(proto::StartSession {
+            host_id: Some("b".into()),
+            ..Default::default()
+        })
+        .await;
+    session.send(user("wait 60000; echo never")).await;
+    loop {
+        match session.next().await {
+            Resp::ActivityUpdate(u) if u.state == "thinking" => break,
+            Resp::Error(e) => panic!("{e:?}"),
+            _ => {}
+        }
+    }
+    b.kill9().await;
+    let e = loop {
+        match session.next().await {
+            Resp::Error(e) => break e,
+            Resp::TurnComplete(t) => panic!("the turn cannot complete: {t:?}"),
+            _ => {}
+        }
+    };
+    assert_eq!(
+        (e.code.as_str(), e.retryable),
+        ("host_unavailable", true),
+        "{e:?}"
+    );
+    assert!(e.message.contains("\"b\""), "{}", e.message);
+    session.closed().await.expect("the stream ends cleanly");
+    // a itself is fine and knows b is gone.
+    view_is(&a, &[("a", "online"), ("b", "offline")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_fleet_the_registry_is_this_host_alone() {
+    let daemon =
+        common::TestDaemon::start("[host]\nid = \"solo\"\nenvironment_id = \"lab\"\n").await;
+    let mut hosts = HostServiceClient::new(daemon.channel().await);
+    let listed = hosts
+        .list_hosts(proto::ListHostsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .data;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].id.as_str(), listed[0].status.as_str()),
+        ("solo", "online")
+    );
+    assert_eq!(
+        listed[0].capabilities["endpoint"],
+        format!("http://{}", daemon.addr)
+    );
+    let code = |r: Result<tonic::Response<proto::Host>, tonic::Status>| r.unwrap_err().code();
+    assert_eq!(
+        code(
+            hosts
+                .get_host(proto::GetHostRequest { id: "other".into() })
+                .await
+        ),
+        tonic::Code::NotFound
+    );
+    assert_eq!(
+        code(
+            hosts
+                .get_host(proto::GetHostRequest { id: String::new() })
+                .await
+        ),
+        tonic::Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            hosts
+                .register_host(proto::RegisterHostRequest {
+                    name: "cam".into(),
+                    ..Default::default()
+                })
+                .await
+        ),
+        tonic::Code::FailedPrecondition
+    );
+    let own = hosts
+        .deregister_host(proto::DeregisterHostRequest { id: "solo".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(own.code(), tonic::Code::FailedPrecondition);
+    let bad = hosts
+        .list_hosts(proto::ListHostsRequest {
+            limit: -1,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+
+    let addr = daemon.addr.to_string();
+    let get = |path: &'static str| {
+        let addr = addr.clone();
+        async move {
+            let r = rozd::client::get(&addr, path, None).await.unwrap();
+            (r.status, serde_json::from_str::<Value>(&r.body).unwrap())
+        }
+    };
+    let (status, list) = get("/v1/hosts").await;
+    assert_eq!(status, 200);
+    assert_eq!(list["data"].as_array().map(Vec::len), Some(1));
+    assert_eq!(list["data"][0]["this_host"], true);
+    assert_eq!(list["fleet"]["configured"], false);
+    let (status, body) = get("/v1/hosts/other").await;
+    assert_eq!(
+        (status.as_u16(), &body["error"]["code"]),
+        (404, &json!("not_found"))
+    );
+    let (status, body) = get("/v1/hosts?limit=0").await;
+    assert_eq!(
+        (status.as_u16(), &body["error"]["code"]),
+        (400, &json!("invalid_argument"))
+    );
+
+    // A session for another host is host_not_found, and the stream stays usable.
+    let mut client = daemon.agent().await;
+    let mut session = Session::open(&mut client).await;
+    session
+        .send(Req::Start(proto::StartSession {
+            host_id: Some("other".into()),
+            ..Default::default()
+        }))
+        .await;
+    let e = expect_error(session.next_significant().await);
+    assert_eq!((e.code.as_str(), e.retryable), ("host_not_found", false));
+    assert!(e.message.contains("[fleet]"), "{}", e.message);
+    session.start(proto::StartSession::default()).await;
+
+    // The fleet stop without a fleet still stops this host, and says that
+    // no other host was told.
+    let r = rozd::client::post_json(&addr, "/v1/fleet/estop", None, &json!({"reason": "x"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status.as_u16(), 409, "{}", r.body);
+    assert!(
+        r.body.contains("this host was stopped") && r.body.contains("no other host was told"),
+        "{}",
+        r.body
+    );
+    assert!(daemon.ctx.ooda.protective_stop().active().is_some());
+
+    // `rozd hosts` prints the registry.
+    let out = Command::new(ROZD)
+        .args(["hosts", "--addr", &addr])
+        .env_remove("ROZD_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("solo") && stdout.contains("online"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("no [fleet]"), "{stdout}");
+    let out = Command::new(ROZD)
+        .args(["hosts", "--json", "--addr", &addr])
+        .env_remove("ROZD_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    let json: Value = serde_json::from_slice(&out.stdout).expect("--json prints JSON");
+    assert_eq!(json["data"][0]["id"], "solo");
+    daemon.shutdown().await;
+}
