@@ -941,7 +941,8 @@ impl Config {
     }
 }
 
-fn valid_id(s: &str) -> bool {
+/// A host id: 1-128 letters, digits, '-', '_', '.'.
+pub fn valid_id(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && s.chars()

@@ -87,7 +87,7 @@ async fn watch_team_refuses_malformed_and_unknown_task_ids() {
     assert_eq!(status.code(), Code::InvalidArgument);
     let status = client
         .watch_team(proto::WatchTeamRequest {
-            task_id: "00000000-0000-4000-8000-000000000000".into(),
+            task_id: "nohost:00000000-0000-4000-8000-000000000000".into(),
         })
         .await
         .expect_err("no such task");

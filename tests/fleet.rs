@@ -851,3 +851,172 @@ async fn without_a_fleet_the_registry_is_this_host_alone() {
     assert_eq!(json["data"][0]["id"], "solo");
     daemon.shutdown().await;
 }
+
+/// A team event as a line, worker ids without the task prefix.
+fn team_line(task_id: &str, event: &proto::TeamEvent) -> String {
+    rozd::task_cli::event_line(task_id, event)
+}
+
+async fn watch_to_end(host: &Rozd, task_id: &str) -> Vec<String> {
+    let mut stream = AgentServiceClient::new(host.channel().await)
+        .watch_team(proto::WatchTeamRequest {
+            task_id: task_id.into(),
+        })
+        .await
+        .expect("WatchTeam")
+        .into_inner();
+    let mut lines = Vec::new();
+    while let Some(event) = tokio::time::timeout(DEADLINE, stream.message())
+        .await
+        .expect("a team event or the end in time")
+        .expect("stream healthy")
+    {
+        lines.push(team_line(task_id, &event));
+    }
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_created_through_a_for_c_is_approved_and_watched_through_b() {
+    use rozd::api::proto::task_service_client::TaskServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&mkdir(dir.path(), "broker")).await;
+    let a = Rozd::spawn("a", &broker).await;
+    let b = Rozd::spawn("b", &broker).await;
+    let c = Rozd::spawn("c", &broker).await;
+    for host in [&a, &b] {
+        view_is(host, &[("a", "online"), ("b", "online"), ("c", "online")]).await;
+    }
+
+    let task = TaskServiceClient::new(a.channel().await)
+        .create_task(proto::CreateTaskRequest {
+            prompt: r#"spawn react "read temp"; await; set arm 0.5"#.into(),
+            environment_id: "lab".into(),
+            host_id: Some("c".into()),
+            timeout_secs: Some(120),
+        })
+        .await
+        .expect("CreateTask through a")
+        .into_inner();
+    assert!(task.id.starts_with("c:"), "{task:?}");
+    assert_eq!(task.host_id.as_deref(), Some("c"));
+    // The task lives on c only.
+    assert_eq!(c.get("/v1/tasks").await["data"][0]["id"], task.id.as_str());
+    assert_eq!(a.get("/v1/tasks").await["data"], json!([]));
+
+    // Watched through b from the start, approved through b.
+    let watcher = {
+        let id = task.id.clone();
+        let channel = b.channel().await;
+        tokio::spawn(async move {
+            let mut stream = AgentServiceClient::new(channel)
+                .watch_team(proto::WatchTeamRequest {
+                    task_id: id.clone(),
+                })
+                .await
+                .expect("WatchTeam through b")
+                .into_inner();
+            let mut lines = Vec::new();
+            while let Some(event) = tokio::time::timeout(DEADLINE, stream.message())
+                .await
+                .expect("in time")
+                .expect("healthy")
+            {
+                lines.push(team_line(&id, &event));
+            }
+            lines
+        })
+    };
+    let mut via_b = TaskServiceClient::new(b.channel().await);
+    let mut statuses = via_b
+        .stream_task_status(proto::StreamTaskStatusRequest {
+            task_id: task.id.clone(),
+        })
+        .await
+        .expect("StreamTaskStatus through b")
+        .into_inner();
+    loop {
+        let update = tokio::time::timeout(DEADLINE, statuses.message())
+            .await
+            .expect("in time")
+            .expect("healthy")
+            .expect("the task waits for approval before it ends");
+        if update.status == "waiting_approval" {
+            break;
+        }
+    }
+    let shown = TaskServiceClient::new(a.channel().await)
+        .get_task(proto::GetTaskRequest {
+            id: task.id.clone(),
+        })
+        .await
+        .expect("GetTask through a")
+        .into_inner();
+    assert_eq!(shown.pending_approvals.len(), 1, "{shown:?}");
+    assert_eq!(shown.pending_approvals[0].tool, "arm");
+    via_b
+        .approve_tool_use(proto::ApproveToolUseRequest {
+            task_id: task.id.clone(),
+            tool_call_id: shown.pending_approvals[0].tool_call_id.clone(),
+            approved: true,
+            modifier: None,
+        })
+        .await
+        .expect("ApproveToolUse through b");
+    let mut last = String::new();
+    while let Some(update) = tokio::time::timeout(DEADLINE, statuses.message())
+        .await
+        .expect("in time")
+        .expect("healthy")
+    {
+        last = update.status;
+    }
+    assert_eq!(last, "succeeded");
+
+    let through_b = watcher.await.unwrap();
+    for expected in [
+        "w0 started on c",
+        "w1 started on c",
+        "w1 calls read_sensor",
+        "w1 exited",
+        "w0 calls arm",
+        "w0 exited",
+    ] {
+        assert!(
+            through_b.iter().any(|l| l == expected),
+            "{expected}: {through_b:#?}"
+        );
+    }
+    // The same sequence as on c itself.
+    assert_eq!(watch_to_end(&c, &task.id).await, through_b);
+    let audit = c.get(&format!("/v1/audit?session={}:w0", task.id)).await;
+    assert!(
+        audit["data"].as_array().is_some_and(|d| d
+            .iter()
+            .any(|r| r["tool"] == "arm" && r["decision"] == "approved")),
+        "{audit}"
+    );
+    // The worker's exit returned the arm to safe.
+    eventually("c's arm safe after the task", || async {
+        (arm(&c).await == 0.0).then_some(())
+    })
+    .await;
+
+    // An id of a host nobody knows is NOT_FOUND; a malformed one INVALID_ARGUMENT.
+    let unknown = via_b
+        .get_task(proto::GetTaskRequest {
+            id: format!("zz:{}", uuid::Uuid::new_v4()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
+    let malformed = via_b
+        .get_task(proto::GetTaskRequest { id: "c".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        malformed.code(),
+        tonic::Code::InvalidArgument,
+        "{malformed:?}"
+    );
+}

@@ -700,7 +700,7 @@ async fn bad_requests_get_precise_errors_over_grpc_and_rest() {
         ),
         Code::InvalidArgument
     );
-    let unknown = uuid::Uuid::new_v4().to_string();
+    let unknown = format!("{}:{}", daemon.ctx.config.host.id, uuid::Uuid::new_v4());
     assert_eq!(
         code(
             client
@@ -1006,7 +1006,7 @@ async fn the_task_cli_creates_approves_watches_lists_and_reports_refusals() {
     );
     let (code, _, err) = rozd_cli(&["task", "show", "not-a-uuid", "--addr", &addr]).await;
     assert_eq!(code, Some(3), "{err}");
-    assert!(err.contains("not a UUID"), "{err}");
+    assert!(err.contains("is not <host id>:<uuid>"), "{err}");
 
     // A task that fails makes `watch` exit 4.
     let (code, out, _) =

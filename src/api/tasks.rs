@@ -1,6 +1,12 @@
 //! Tasks over the network: `roz.v1.TaskService` (gRPC), `WatchTeam`'s event
 //! conversion, and the REST routes `/v1/tasks...`. The task engine is
-//! [`crate::team`]; this module only validates and converts.
+//! [`crate::team`]; this module validates, converts and routes.
+//!
+//! Routing: `CreateTask{host_id}` for another host of the fleet, and every
+//! request for a task id of another host (ids are `<host id>:<uuid>`), is
+//! forwarded unchanged over gRPC to that host (see [`super::relay`]); its
+//! answer, or its stream, comes back unchanged. `ListTasks` and the REST
+//! routes serve this host's tasks only.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,9 +25,12 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response as GrpcResponse, Status};
 
+use super::proto::task_service_client::TaskServiceClient;
 use super::proto::{self, task_service_server::TaskService};
+use super::relay::{self, RemoteChannel};
 use super::rest::json_error;
 use crate::HostContext;
+use crate::fleet::Route;
 use crate::store::StoredTaskEvent;
 use crate::team::state::TeamEvent;
 use crate::team::{self, Follow, NewTask, TaskError, TaskView};
@@ -53,6 +62,46 @@ pub fn status_of(e: TaskError) -> Status {
             Status::internal("the task store failed; see the daemon log")
         }
     }
+}
+
+/// Where a request for `host_id` goes.
+enum Owner {
+    Local,
+    Remote(String, RemoteChannel),
+}
+
+async fn owner(ctx: &HostContext, host_id: &str) -> Result<Owner, Status> {
+    match ctx.fleet.route(host_id) {
+        Ok(Route::Local) => Ok(Owner::Local),
+        Ok(Route::Remote(remote)) => {
+            let channel = relay::connect(&remote, ctx.config.server.http2_keepalive_secs)
+                .await
+                .map_err(|e| relay::route_status(&e))?;
+            Ok(Owner::Remote(remote.id, channel))
+        }
+        Err(e) => Err(relay::route_status(&e)),
+    }
+}
+
+/// The owner of a task, from its id.
+async fn task_owner(ctx: &HostContext, task_id: &str) -> Result<Owner, Status> {
+    let host = team::task_owner(task_id).map_err(status_of)?;
+    owner(ctx, host).await
+}
+
+/// A remote stream as ours: a transport failure is `UNAVAILABLE`, naming the host.
+fn relayed<T: Send + 'static>(host: String, stream: tonic::Streaming<T>) -> ResponseStream<T> {
+    Box::pin(stream.map(move |item| {
+        item.map_err(|status| match status.code() {
+            tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Internal => {
+                Status::unavailable(format!(
+                    "the stream from host {host:?} broke: {}",
+                    status.message()
+                ))
+            }
+            _ => status,
+        })
+    }))
 }
 
 fn timestamp(ms: i64) -> prost_types::Timestamp {
@@ -144,6 +193,13 @@ pub async fn watch_team(
     ctx: Arc<HostContext>,
     task_id: String,
 ) -> Result<ResponseStream<proto::TeamEvent>, Status> {
+    if let Owner::Remote(host, channel) = task_owner(&ctx, &task_id).await? {
+        let stream = proto::agent_service_client::AgentServiceClient::new(channel)
+            .watch_team(proto::WatchTeamRequest { task_id })
+            .await?
+            .into_inner();
+        return Ok(relayed(host, stream));
+    }
     let entries = team::follow(ctx, task_id, Follow::TeamEvents)
         .await
         .map_err(status_of)?;
@@ -179,6 +235,11 @@ impl TaskService for TaskApi {
         request: Request<proto::CreateTaskRequest>,
     ) -> Result<GrpcResponse<proto::Task>, Status> {
         let r = request.into_inner();
+        if let Owner::Remote(_, channel) =
+            owner(&self.ctx, r.host_id.as_deref().unwrap_or_default()).await?
+        {
+            return TaskServiceClient::new(channel).create_task(r).await;
+        }
         let view = team::create(
             &self.ctx,
             NewTask {
@@ -197,6 +258,11 @@ impl TaskService for TaskApi {
         &self,
         request: Request<proto::GetTaskRequest>,
     ) -> Result<GrpcResponse<proto::Task>, Status> {
+        if let Owner::Remote(_, channel) = task_owner(&self.ctx, &request.get_ref().id).await? {
+            return TaskServiceClient::new(channel)
+                .get_task(request.into_inner())
+                .await;
+        }
         let view = team::get(&self.ctx, &request.get_ref().id)
             .await
             .map_err(status_of)?;
@@ -221,6 +287,11 @@ impl TaskService for TaskApi {
         &self,
         request: Request<proto::CancelTaskRequest>,
     ) -> Result<GrpcResponse<proto::CancelTaskResponse>, Status> {
+        if let Owner::Remote(_, channel) = task_owner(&self.ctx, &request.get_ref().id).await? {
+            return TaskServiceClient::new(channel)
+                .cancel_task(request.into_inner())
+                .await;
+        }
         team::cancel(&self.ctx, &request.get_ref().id)
             .await
             .map_err(status_of)?;
@@ -231,6 +302,12 @@ impl TaskService for TaskApi {
         &self,
         request: Request<proto::ApproveToolUseRequest>,
     ) -> Result<GrpcResponse<proto::Task>, Status> {
+        if let Owner::Remote(_, channel) = task_owner(&self.ctx, &request.get_ref().task_id).await?
+        {
+            return TaskServiceClient::new(channel)
+                .approve_tool_use(request.into_inner())
+                .await;
+        }
         let r = request.into_inner();
         if r.modifier.as_ref().is_some_and(|m| !m.fields.is_empty()) {
             return Err(Status::invalid_argument(
@@ -251,6 +328,15 @@ impl TaskService for TaskApi {
         &self,
         request: Request<proto::StreamTaskStatusRequest>,
     ) -> Result<GrpcResponse<Self::StreamTaskStatusStream>, Status> {
+        if let Owner::Remote(host, channel) =
+            task_owner(&self.ctx, &request.get_ref().task_id).await?
+        {
+            let stream = TaskServiceClient::new(channel)
+                .stream_task_status(request.into_inner())
+                .await?
+                .into_inner();
+            return Ok(GrpcResponse::new(relayed(host, stream)));
+        }
         let task_id = request.into_inner().task_id;
         let entries = team::follow(self.ctx.clone(), task_id.clone(), Follow::Status)
             .await

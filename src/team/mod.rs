@@ -383,11 +383,33 @@ impl LiveTask {
     }
 }
 
-/// Validates a task id: a UUID, as rozd makes them.
-pub fn check_task_id(id: &str) -> Result<(), TaskError> {
-    uuid::Uuid::parse_str(id)
-        .map(drop)
-        .map_err(|_| TaskError::InvalidArgument(format!("task id {id:?} is not a UUID")))
+/// The host a task id names: ids are `<host id>:<uuid>`, so that any rozd
+/// of a fleet can route a request for a task to the host that runs it
+/// without asking anyone.
+pub fn task_owner(id: &str) -> Result<&str, TaskError> {
+    let malformed = || {
+        TaskError::InvalidArgument(format!(
+            "task id {id:?} is not <host id>:<uuid> (as CreateTask returns it)"
+        ))
+    };
+    let (host, uuid) = id.split_once(':').ok_or_else(malformed)?;
+    if !crate::config::valid_id(host) || uuid::Uuid::parse_str(uuid).is_err() {
+        return Err(malformed());
+    }
+    Ok(host)
+}
+
+/// A task id of this host that is well formed.
+fn check_task_id(ctx: &HostContext, id: &str) -> Result<(), TaskError> {
+    let owner = task_owner(id)?;
+    if owner != ctx.config.host.id {
+        return Err(TaskError::NotFound(format!(
+            "task {id} belongs to host {owner:?}, not this one ({:?}); ask that host, or use \
+             roz.v1.TaskService, which routes by the id",
+            ctx.config.host.id
+        )));
+    }
+    Ok(())
 }
 
 /// Creates and starts a task.
@@ -455,7 +477,7 @@ pub async fn create(ctx: &Arc<HostContext>, new: NewTask) -> Result<TaskView, Ta
     }
     let now = now_ms();
     let row = TaskRow {
-        id: uuid::Uuid::new_v4().to_string(),
+        id: format!("{}:{}", config.host.id, uuid::Uuid::new_v4()),
         prompt,
         environment_id,
         host_id: config.host.id.clone(),
@@ -554,7 +576,7 @@ async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
 }
 
 async fn load_row(ctx: &HostContext, id: &str) -> Result<TaskRow, TaskError> {
-    check_task_id(id)?;
+    check_task_id(ctx, id)?;
     ctx.store
         .task(id.to_string())
         .await?
