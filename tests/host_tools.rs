@@ -538,3 +538,67 @@ async fn a_stuck_serial_actuator_times_out_and_ends_at_its_safe_value() {
     );
     daemon.shutdown().await;
 }
+
+/// Hooks that panic when a turn is interrupted: a fault inside the session
+/// loop itself (not inside a turn).
+#[derive(Debug)]
+struct PanickingHooks;
+
+impl rozd::session::SessionHooks for PanickingHooks {
+    fn turn_interrupted(&self, _session_id: &str, _reason: &str) {
+        panic!("injected fault in the session loop");
+    }
+    fn session_ended(&self, _session_id: &str, _reason: &str) {}
+}
+
+#[tokio::test]
+async fn a_panic_in_the_session_loop_still_drives_its_actuators_safe() {
+    let daemon = TestDaemon::start_full(
+        &format!("{HOST}\n{ALLOW_SPEED}"),
+        |_| {},
+        std::sync::Arc::new(PanickingHooks),
+    )
+    .await;
+    let (mut session, id) = open(&daemon, vec![]).await;
+    session.send(user("set speed 0.5")).await;
+    let (_, done) = until_complete(&mut session).await;
+    assert_eq!(done.stop_reason, "end_turn");
+    assert_eq!(daemon.ctx.ooda.actuators().value("speed"), Some(0.5));
+    // A slow turn is running when the session is cancelled: closing it
+    // calls the hook, which panics before the loop's own deadman runs.
+    session.send(user("wait 600000; echo never")).await;
+    loop {
+        if let Resp::ActivityUpdate(u) = session.next().await
+            && u.state == "thinking"
+        {
+            break;
+        }
+    }
+    session
+        .send(Req::CancelSession(proto::CancelSession {
+            reason: "bye".into(),
+        }))
+        .await;
+    wait_safe(&daemon, "speed").await;
+    assert_eq!(daemon.ctx.ooda.actuators().value("speed"), Some(0.0));
+    // The daemon goes on: the end is recorded and a new session works.
+    let recorded = tokio::time::timeout(common::EXPECT_WITHIN, async {
+        loop {
+            let sessions = daemon.ctx.store.sessions(10, 0).await.unwrap();
+            if let Some(s) = sessions.iter().find(|s| s.id == id)
+                && s.end_reason.is_some()
+            {
+                return s.clone();
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the end is recorded");
+    assert_eq!(recorded.end_reason.as_deref(), Some("internal_error"));
+    let (mut again, _) = open(&daemon, vec![]).await;
+    again.send(user("echo still here")).await;
+    let (seen, _) = until_complete(&mut again).await;
+    assert_eq!(text_of(&seen), "still here");
+    daemon.shutdown().await;
+}

@@ -130,16 +130,54 @@ struct Runner {
     out: mpsc::Sender<ServerEvent>,
     session: Option<Session>,
     turn: Option<ActiveTurn>,
+    /// The session's id once started, for [`run`] to clean up after a panic.
+    started: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// The client's response stream is gone.
 struct Gone;
 
-/// Runs one session until the client ends it, disconnects, or the daemon shuts down.
+/// Runs one session until the client ends it, disconnects, or the daemon
+/// shuts down. The session loop runs as its own task: should it panic, the
+/// session's actuators still go to their safe values and its end is recorded.
 pub async fn run(
+    ctx: Arc<HostContext>,
+    inbound: mpsc::Receiver<Inbound>,
+    out: mpsc::Sender<ServerEvent>,
+) {
+    let started: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let joined = tokio::spawn(run_loop(ctx.clone(), inbound, out, started.clone())).await;
+    if let Err(e) = joined {
+        let id = started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        tracing::error!(error = %e, session_id = ?id, "session task failed");
+        if let Some(id) = id {
+            let origin = crate::ooda::act::Origin::Session(id.clone());
+            let released = ctx
+                .ooda
+                .actuators()
+                .release(&origin, "session task failed")
+                .await;
+            tracing::warn!(session_id = %id, ?released, "deadman after a failed session task");
+            ctx.hooks.session_ended(&id, "internal_error");
+            if let Err(e) = ctx
+                .store
+                .session_ended(id.clone(), "internal_error".into())
+                .await
+            {
+                tracing::error!(error = %e, session_id = %id, "cannot record the end of the session");
+            }
+        }
+    }
+}
+
+async fn run_loop(
     ctx: Arc<HostContext>,
     mut inbound: mpsc::Receiver<Inbound>,
     out: mpsc::Sender<ServerEvent>,
+    started: Arc<std::sync::Mutex<Option<String>>>,
 ) {
     let registry = ctx.clone();
     let _active = registry.sessions.enter();
@@ -152,6 +190,7 @@ pub async fn run(
         out,
         session: None,
         turn: None,
+        started,
     };
     let end = loop {
         let step = tokio::select! {
@@ -332,6 +371,10 @@ impl Runner {
             model: session.model.name().to_string(),
             permissions: self.permission_views(),
         };
+        *self
+            .started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(session.id.clone());
         self.session = Some(session);
         self.send(started).await
     }
