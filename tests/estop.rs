@@ -8,16 +8,14 @@
 mod common;
 mod hw_support;
 
-use std::process::Stdio;
 use std::sync::Arc;
 
 use common::broker::{Broker, publish};
-use common::{EXPECT_WITHIN, TestDaemon};
+use common::{EXPECT_WITHIN, TestDaemon, rozd_cli};
 use rozd::api::proto;
 use rozd::api::proto::safety_service_client::SafetyServiceClient;
 use rozd::ooda::act::{ActError, Origin};
 use rozd::ooda::{Observation, Ooda};
-use tokio::process::Command;
 use tonic::Code;
 
 const TOKEN: &str = "estop-test-token";
@@ -553,30 +551,6 @@ async fn safety_service_is_in_health_and_reflection() {
 }
 
 // ------------------------------------------------------------------ CLI
-
-const ROZD: &str = env!("CARGO_BIN_EXE_rozd");
-
-/// Runs the `rozd` binary (without blocking the runtime the daemon runs on).
-async fn rozd_cli(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = tokio::time::timeout(
-        EXPECT_WITHIN * 4,
-        Command::new(ROZD)
-            .args(args)
-            .env_remove("ROZD_ADDR")
-            .env_remove("ROZD_TOKEN")
-            .env_remove("ROZD_CONFIG")
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .expect("rozd exits")
-    .expect("run rozd");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[tokio::test]
 async fn cli_estop_and_clear_against_a_running_daemon() {

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{EXPECT_WITHIN, TestDaemon};
+use common::{EXPECT_WITHIN, TestDaemon, rozd_cli};
 use rozd::api::proto;
 use rozd::api::proto::agent_service_client::AgentServiceClient;
 use rozd::api::proto::task_service_client::TaskServiceClient;
@@ -919,30 +919,6 @@ fn a_restart_after_a_crash_mid_task_replays_the_interrupted_history() {
 }
 
 // ------------------------------------------------------------------ CLI
-
-const ROZD: &str = env!("CARGO_BIN_EXE_rozd");
-
-/// Runs the `rozd` binary without blocking the runtime the daemon runs on.
-async fn rozd_cli(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = tokio::time::timeout(
-        EXPECT_WITHIN * 4,
-        tokio::process::Command::new(ROZD)
-            .args(args)
-            .env_remove("ROZD_ADDR")
-            .env_remove("ROZD_TOKEN")
-            .env_remove("ROZD_CONFIG")
-            .stdin(std::process::Stdio::null())
-            .output(),
-    )
-    .await
-    .expect("rozd exits")
-    .expect("run rozd");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[tokio::test]
 async fn the_task_cli_creates_approves_watches_lists_and_reports_refusals() {

@@ -208,3 +208,30 @@ pub fn expect_error(response: proto::session_response::Response) -> proto::Sessi
         other => panic!("expected SessionError, got {other:?}"),
     }
 }
+
+/// The `rozd` binary under test.
+pub const ROZD: &str = env!("CARGO_BIN_EXE_rozd");
+
+/// Runs the `rozd` binary without blocking the runtime a daemon runs on;
+/// its exit code, stdout and stderr. The environment's `ROZD_*` settings are
+/// removed so that only `args` count.
+pub async fn rozd_cli(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = tokio::time::timeout(
+        EXPECT_WITHIN * 4,
+        tokio::process::Command::new(ROZD)
+            .args(args)
+            .env_remove("ROZD_ADDR")
+            .env_remove("ROZD_TOKEN")
+            .env_remove("ROZD_CONFIG")
+            .stdin(std::process::Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("rozd exits")
+    .expect("run rozd");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
