@@ -11,21 +11,18 @@
 mod common;
 mod hw_support;
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::sync::Arc;
 
 use common::TestDaemon;
 use common::broker::{Broker, publish};
-use hw_support::{EXPECT_WITHIN, free_port, terminate};
+use common::pty::{Device, PtyPair};
+use hw_support::{EXPECT_WITHIN, free_port};
 use rozd::hw::HwError;
 use rozd::ooda::act::{ActError, Origin};
 use rozd::ooda::orient::AlarmLevel;
 use rozd::ooda::{Observation, Ooda};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio_serial::{SerialPortBuilderExt, SerialStream};
 
 // ------------------------------------------------------------------ helpers
 
@@ -109,103 +106,6 @@ async fn start_daemon(config: &str) -> TestDaemon {
 }
 
 // ------------------------------------------------------------------ serial device
-
-/// A pty pair made by socat: rozd opens `a` as its serial device, the test
-/// plays the device on `b`.
-struct PtyPair {
-    child: Child,
-    a: PathBuf,
-    b: PathBuf,
-}
-
-impl PtyPair {
-    /// Starts socat and waits until it reports both ptys and enters its
-    /// transfer loop (the links exist by then).
-    async fn start(dir: &Path) -> PtyPair {
-        let a = dir.join("A");
-        let b = dir.join("B");
-        let mut child = Command::new("socat")
-            .arg("-d")
-            .arg("-d")
-            .arg(format!("pty,raw,echo=0,link={}", a.display()))
-            .arg(format!("pty,raw,echo=0,link={}", b.display()))
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn socat (apt-get install socat)");
-        let stderr = child.stderr.take().expect("socat stderr");
-        let mut lines = BufReader::new(stderr).lines();
-        let mut ptys = 0;
-        let mut log = String::new();
-        let ready = tokio::time::timeout(EXPECT_WITHIN, async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                log.push_str(&line);
-                log.push('\n');
-                if line.contains(" N PTY is ") {
-                    ptys += 1;
-                }
-                if ptys == 2 && line.contains("starting data transfer loop") {
-                    return true;
-                }
-            }
-            false
-        })
-        .await;
-        assert_eq!(ready, Ok(true), "socat did not start:\n{log}");
-        assert!(a.exists() && b.exists(), "socat links missing:\n{log}");
-        // keep draining its log so socat never blocks on a full pipe
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        PtyPair { child, a, b }
-    }
-
-    /// The device end.
-    fn device(&self) -> Device {
-        let port = tokio_serial::new(self.b.to_string_lossy(), 115_200)
-            .open_native_async()
-            .expect("open the device end of the pty pair");
-        let (r, w) = tokio::io::split(port);
-        Device {
-            lines: BufReader::new(r).lines(),
-            w,
-        }
-    }
-
-    /// The device vanishes: socat exits and closes both ptys (and removes
-    /// the links).
-    async fn stop(&mut self) {
-        terminate(&mut self.child).await;
-    }
-}
-
-struct Device {
-    lines: tokio::io::Lines<BufReader<tokio::io::ReadHalf<SerialStream>>>,
-    w: tokio::io::WriteHalf<SerialStream>,
-}
-
-impl Device {
-    async fn send(&mut self, text: &str) {
-        self.w
-            .write_all(text.as_bytes())
-            .await
-            .expect("write to the device end");
-        self.w.flush().await.expect("flush the device end");
-    }
-
-    /// The next line rozd wrote to the device.
-    async fn line(&mut self) -> String {
-        tokio::time::timeout(EXPECT_WITHIN, self.lines.next_line())
-            .await
-            .expect("rozd wrote nothing to the device")
-            .expect("read the device end")
-            .expect("the device end closed")
-    }
-
-    /// Expects the command `want` and answers `reply` (a whole line).
-    async fn answer(&mut self, want: &str, reply: &str) {
-        assert_eq!(self.line().await, want);
-        self.send(&format!("{reply}\n")).await;
-    }
-}
 
 /// A motor controller on a serial port: it reports its current as `I=<A>`
 /// lines and takes `M <speed>` commands, which it acknowledges with `OK`.

@@ -447,49 +447,12 @@ async fn the_audit_survives_a_restart() {
     again.shutdown().await;
 }
 
-/// A socat pty pair: rozd opens `a`, the test plays the device on `b`.
-struct PtyPair {
-    _child: tokio::process::Child,
-    a: std::path::PathBuf,
-    b: std::path::PathBuf,
-}
-
-async fn pty_pair(dir: &std::path::Path) -> PtyPair {
-    use tokio::io::AsyncBufReadExt;
-    let (a, b) = (dir.join("A"), dir.join("B"));
-    let mut child = tokio::process::Command::new("socat")
-        .args(["-d", "-d"])
-        .arg(format!("pty,raw,echo=0,link={}", a.display()))
-        .arg(format!("pty,raw,echo=0,link={}", b.display()))
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn socat (scripts/test.sh installs it)");
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    tokio::time::timeout(common::EXPECT_WITHIN, async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if line.contains("starting data transfer loop") {
-                return;
-            }
-        }
-        panic!("socat ended before it was ready");
-    })
-    .await
-    .expect("socat ready");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    PtyPair {
-        _child: child,
-        a,
-        b,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_serial_actuator_times_out_and_ends_at_its_safe_value() {
     use tokio::io::AsyncBufReadExt;
     use tokio_serial::SerialPortBuilderExt;
     let dir = tempfile::tempdir().unwrap();
-    let pty = pty_pair(dir.path()).await;
+    let pty = common::pty::PtyPair::start(dir.path()).await;
     let config = format!(
         "[[serial]]\nname = \"mcu\"\npath = {:?}\n\n[[actuators]]\nname = \"valve\"\nkind = \"serial\"\nport = \"mcu\"\n\
          template = \"V {{value}}\\n\"\nexpect = \"^OK\"\nreply_timeout_ms = 60000\ntimeout_ms = 300\nmin = 0\nmax = 1\nsafe_value = 0\n\n\

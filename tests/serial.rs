@@ -2,14 +2,15 @@
 //! (link A) as its serial device, the test plays the device on the other
 //! end (link B).
 
+mod common;
 mod hw_support;
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hw_support::{EXPECT_WITHIN, Ev, Events, recorder, terminate};
+use common::pty::PtyPair;
+use hw_support::{EXPECT_WITHIN, Ev, Events, recorder};
 use regex::Regex;
 use rozd::hw::config::{
     AlarmLimits, Framing, LineParser, NmeaField, Parity, SensorSource, SensorSpec, SerialPortConfig,
@@ -17,99 +18,7 @@ use rozd::hw::config::{
 use rozd::hw::parse::nmea_with_checksum;
 use rozd::hw::serial::{SerialActuator, SerialPorts};
 use rozd::hw::{ActuatorDriver, HwError, Readings};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio_serial::{SerialPortBuilderExt, SerialStream};
 use tokio_util::sync::CancellationToken;
-
-/// A pty pair: `a` for rozd, `b` for the test's device.
-struct PtyPair {
-    child: Child,
-    a: PathBuf,
-    b: PathBuf,
-}
-
-impl PtyPair {
-    /// Starts socat and waits until it reports both ptys and enters its
-    /// transfer loop (the links exist by then).
-    async fn start(dir: &Path) -> PtyPair {
-        let a = dir.join("A");
-        let b = dir.join("B");
-        let mut child = Command::new("socat")
-            .arg("-d")
-            .arg("-d")
-            .arg(format!("pty,raw,echo=0,link={}", a.display()))
-            .arg(format!("pty,raw,echo=0,link={}", b.display()))
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn socat (apt-get install socat)");
-        let stderr = child.stderr.take().expect("socat stderr");
-        let mut lines = BufReader::new(stderr).lines();
-        let mut ptys = 0;
-        let mut log = String::new();
-        let ready = tokio::time::timeout(EXPECT_WITHIN, async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                log.push_str(&line);
-                log.push('\n');
-                if line.contains(" N PTY is ") {
-                    ptys += 1;
-                }
-                if ptys == 2 && line.contains("starting data transfer loop") {
-                    return true;
-                }
-            }
-            false
-        })
-        .await;
-        assert_eq!(ready, Ok(true), "socat did not start:\n{log}");
-        assert!(a.exists() && b.exists(), "socat links missing:\n{log}");
-        // keep draining its log so socat never blocks on a full pipe
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        PtyPair { child, a, b }
-    }
-
-    /// The device end.
-    fn device(&self) -> Device {
-        let port = tokio_serial::new(self.b.to_string_lossy(), 9600)
-            .open_native_async()
-            .expect("open the device end of the pty pair");
-        let (r, w) = tokio::io::split(port);
-        Device {
-            lines: BufReader::new(r).lines(),
-            w,
-        }
-    }
-
-    /// The device vanishes: socat exits and closes both ptys.
-    async fn stop(&mut self) {
-        terminate(&mut self.child).await;
-    }
-}
-
-struct Device {
-    lines: tokio::io::Lines<BufReader<tokio::io::ReadHalf<SerialStream>>>,
-    w: tokio::io::WriteHalf<SerialStream>,
-}
-
-impl Device {
-    async fn send(&mut self, bytes: impl AsRef<[u8]>) {
-        self.w
-            .write_all(bytes.as_ref())
-            .await
-            .expect("write to the device end");
-        self.w.flush().await.expect("flush the device end");
-    }
-
-    /// The next line rozd wrote to the device.
-    async fn line(&mut self) -> String {
-        tokio::time::timeout(EXPECT_WITHIN, self.lines.next_line())
-            .await
-            .expect("rozd wrote nothing to the device")
-            .expect("read the device end")
-            .expect("the device end closed")
-    }
-}
 
 fn port_config(name: &str, path: &Path) -> SerialPortConfig {
     SerialPortConfig {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod broker;
+pub mod pty;
 
 use std::net::SocketAddr;
 use std::time::Duration;
