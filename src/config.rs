@@ -890,6 +890,16 @@ impl Config {
             self.store.resolved_path().display()
         ));
         line(format!("model:         {}", self.model.default));
+        let t = &self.tasks;
+        line(format!(
+            "tasks:         up to {} at once, {} worker(s) each, timeout {} s (max {} s), {}, model {}",
+            t.max_concurrent,
+            t.max_workers,
+            t.default_timeout_secs,
+            t.max_timeout_secs,
+            t.ai_mode,
+            t.model.as_deref().unwrap_or(&self.model.default)
+        ));
         for e in &self.model.endpoints {
             let r = self.model.resolve(e);
             let key = match (&r.api_key_file, &r.api_key_env) {
@@ -1057,6 +1067,32 @@ mod tests {
             }) => (file, line, key),
             other => panic!("expected an invalid-config error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn tasks_section_errors_name_line_and_key() {
+        for (text, line, key) in [
+            ("[tasks]\nmax_concurrent = 0\n", 2, "tasks.max_concurrent"),
+            ("[tasks]\nmax_workers = 1000\n", 2, "tasks.max_workers"),
+            (
+                "[tasks]\nmax_timeout_secs = 60\ndefault_timeout_secs = 61\n",
+                3,
+                "tasks.default_timeout_secs",
+            ),
+            ("[tasks]\nai_mode = \"plan\"\n", 2, "tasks.ai_mode"),
+            ("[tasks]\nmodel = \"gpt-nope\"\n", 2, "tasks.model"),
+            ("[tasks]\nmax_workers = -1\n", 2, "tasks.max_workers"),
+        ] {
+            let (_, found_line, found_key) = invalid(text);
+            assert_eq!(
+                (found_line, found_key.as_str()),
+                (Some(line), key),
+                "{text}"
+            );
+        }
+        let c = parse("[tasks]\nai_mode = \"react\"\nmax_workers = 0\n").unwrap();
+        assert_eq!(c.tasks.ai_mode(), crate::session::state::MODE_REACT);
+        assert_eq!(c.tasks.max_workers, 0);
     }
 
     #[test]
