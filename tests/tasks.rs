@@ -840,8 +840,15 @@ async fn a_graceful_shutdown_mid_task_fails_it_as_interrupted_with_safe_actuator
     let task = create(&daemon, "set speed 0.5; set lamp 1", None).await;
     pending_call(&daemon, &task.id).await;
     assert_eq!(speed.value(), Some(0.5));
-    daemon.shutdown().await;
+    // The first step of the shutdown, alone: the tasks stop their workers
+    // and record their end; the actuators are safe before the daemon's own
+    // last safe drive (`ooda.stop`) could have done it.
+    daemon.ctx.shutdown.cancel();
+    tokio::time::timeout(EXPECT_WITHIN, daemon.ctx.tasks.wait_idle())
+        .await
+        .expect("the task ends");
     assert_eq!(speed.value(), Some(0.0));
+    daemon.shutdown().await;
 
     let daemon = TestDaemon::start_with_store(&store, HOST).await;
     let lines = Watch::open(&daemon, &task.id).await.until_end().await;
@@ -894,10 +901,6 @@ fn a_restart_after_a_crash_mid_task_replays_the_interrupted_history() {
 
     client_rt.block_on(async {
         let daemon = TestDaemon::start_with_store(&store, HOST).await;
-        assert_eq!(
-            daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
-            Some(0.0)
-        );
         let lines = Watch::open(&daemon, &task_id).await.until_end().await;
         assert_eq!(
             lines[..before.len()],
@@ -1000,4 +1003,141 @@ async fn the_task_cli_creates_approves_watches_lists_and_reports_refusals() {
     assert_eq!(code, Some(4), "{out}");
     assert!(out.contains("w0 failed: safety_violation"), "{out}");
     daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_lead_that_fails_stops_its_workers() {
+    let daemon = host("").await;
+    let task = create(
+        &daemon,
+        r#"spawn react "wait 600000; read distance"; set speed 5"#,
+        None,
+    )
+    .await;
+    let lines = Watch::open(&daemon, &task.id).await.until_end().await;
+    check_lifecycles(&lines);
+    assert!(
+        lines.contains(&"failed w0 safety_violation".to_string()),
+        "{lines:#?}"
+    );
+    // The worker was stopped (no failure of its own), not left to run.
+    assert!(lines.contains(&"exited w1".to_string()), "{lines:#?}");
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.starts_with("failed w1") || l.starts_with("completed w1")),
+        "{lines:#?}"
+    );
+    let updates = statuses(&daemon, &task.id, EXPECT_WITHIN).await;
+    let (last, detail) = updates.last().unwrap();
+    assert_eq!(last, "failed");
+    assert!(detail.starts_with("safety_violation:"), "{detail}");
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn max_concurrent_and_max_workers_bound_tasks_and_teams() {
+    let daemon = host("[tasks]\nmax_concurrent = 1\nmax_workers = 1\n").await;
+    // One task waits for an approval: the host is at its limit.
+    let first = create(&daemon, "set lamp 1", None).await;
+    pending_call(&daemon, &first.id).await;
+    let refused = tasks(&daemon)
+        .await
+        .create_task(proto::CreateTaskRequest {
+            prompt: "status".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let reply = rozd::client::post_json(
+        &daemon.addr.to_string(),
+        "/v1/tasks",
+        None,
+        &json!({"prompt": "status"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.status.as_u16(), 429, "{}", reply.body);
+    tasks(&daemon)
+        .await
+        .cancel_task(proto::CancelTaskRequest {
+            id: first.id.clone(),
+        })
+        .await
+        .unwrap();
+    statuses(&daemon, &first.id, EXPECT_WITHIN).await;
+
+    // A lead may start one worker; the second spawn is refused, and says why.
+    let task = create(
+        &daemon,
+        r#"spawn react "read distance"; spawn react "read distance"; await"#,
+        None,
+    )
+    .await;
+    let lines = Watch::open(&daemon, &task.id).await.until_end().await;
+    assert!(lines.contains(&"exited w1".to_string()), "{lines:#?}");
+    assert!(
+        !lines.iter().any(|l| l.starts_with("started w2")),
+        "{lines:#?}"
+    );
+    let done = tasks(&daemon)
+        .await
+        .get_task(proto::GetTaskRequest {
+            id: task.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.status, "succeeded");
+    let detail = done.detail.unwrap_or_default();
+    assert!(
+        detail.contains("spawn_worker failed") && detail.contains("max_workers"),
+        "{detail}"
+    );
+    daemon.shutdown().await;
+}
+
+/// A serial valve that answers `OK` only when the test says so.
+fn serial_valve(path: &std::path::Path) -> String {
+    format!(
+        "[[serial]]\nname = \"mcu\"\npath = {:?}\n\n[[actuators]]\nname = \"valve\"\nkind = \"serial\"\nport = \"mcu\"\n\
+         template = \"V {{value}}\\n\"\nexpect = \"^OK\"\nreply_timeout_ms = 20000\ntimeout_ms = 30000\nmin = 0\nmax = 1\nsafe_value = 0\n\n\
+         [[permissions]]\ntool_pattern = \"valve\"\npolicy = \"allow\"\n",
+        path.display().to_string()
+    )
+}
+
+/// Cancelling a task while its command is at the driver (the device has the
+/// bytes, its reply is pending) neither leaves the valve open nor loses track
+/// of it: the command finishes, and the worker's deadman closes the valve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_task_mid_command_still_ends_with_the_valve_safe() {
+    let dir = tempfile::tempdir().unwrap();
+    let pty = common::pty::PtyPair::start(dir.path()).await;
+    let mut device = pty.device();
+    // Start-up drives the safe value (and waits for the device to confirm it).
+    let config = serial_valve(&pty.a);
+    let starting = tokio::spawn(async move { TestDaemon::start(&config).await });
+    device.answer("V 0", "OK").await;
+    let daemon = starting.await.unwrap();
+    let task = create(&daemon, "set valve 1", None).await;
+    assert_eq!(device.line().await, "V 1", "the command reached the device");
+    tasks(&daemon)
+        .await
+        .cancel_task(proto::CancelTaskRequest {
+            id: task.id.clone(),
+        })
+        .await
+        .unwrap();
+    // The device confirms the open only now; then it must be told to close.
+    device.send("OK\n").await;
+    device.answer("V 0", "OK").await;
+    let updates = statuses(&daemon, &task.id, EXPECT_WITHIN).await;
+    assert_eq!(status_names(&updates).last(), Some(&"cancelled"));
+    assert_eq!(daemon.ctx.ooda.actuators().value("valve"), Some(0.0));
+    // Shutdown drives the safe value once more; the device answers it.
+    let shutdown = tokio::spawn(daemon.shutdown());
+    device.answer("V 0", "OK").await;
+    shutdown.await.unwrap();
 }

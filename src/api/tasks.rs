@@ -57,6 +57,7 @@ pub fn status_of(e: TaskError) -> Status {
         TaskError::NotFound(m) => Status::not_found(m),
         TaskError::FailedPrecondition(m) => Status::failed_precondition(m),
         TaskError::ResourceExhausted(m) => Status::resource_exhausted(m),
+        TaskError::Internal(m) => Status::internal(m),
         TaskError::Store(e) => {
             tracing::error!(error = %e, "task store failure");
             Status::internal("the task store failed; see the daemon log")
@@ -93,12 +94,10 @@ async fn task_owner(ctx: &HostContext, task_id: &str) -> Result<Owner, Status> {
 fn relayed<T: Send + 'static>(host: String, stream: tonic::Streaming<T>) -> ResponseStream<T> {
     Box::pin(stream.map(move |item| {
         item.map_err(|status| match status.code() {
-            tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Internal => {
-                Status::unavailable(format!(
-                    "the stream from host {host:?} broke: {}",
-                    status.message()
-                ))
-            }
+            tonic::Code::Unknown | tonic::Code::Unavailable => Status::unavailable(format!(
+                "the stream from host {host:?} broke: {}",
+                status.message()
+            )),
             _ => status,
         })
     }))
@@ -366,7 +365,9 @@ fn rest_error(e: TaskError) -> Response {
         TaskError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
         TaskError::FailedPrecondition(_) => (StatusCode::CONFLICT, "failed_precondition"),
         TaskError::ResourceExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "resource_exhausted"),
-        TaskError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        TaskError::Store(_) | TaskError::Internal(_) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+        }
     };
     let message = match e {
         TaskError::Store(e) => {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::hw::config::ActuatorSpec;
 use crate::hw::{ActuatorDriver, HwError};
@@ -53,6 +54,13 @@ pub enum ActError {
     Timeout { actuator: String, timeout_ms: u64 },
     #[error("{actuator}: {error}; the actuator was sent to its safe value")]
     Driver { actuator: String, error: HwError },
+    /// The caller went away (a cancelled turn) before the command reached
+    /// the driver; nothing was applied.
+    #[error("{actuator}: the command was abandoned before it was applied")]
+    Abandoned { actuator: String },
+    /// The daemon is shutting down; every actuator has been driven safe.
+    #[error("{actuator}: rozd is shutting down; commands are refused")]
+    Closed { actuator: String },
 }
 
 #[derive(Debug, Clone)]
@@ -114,6 +122,8 @@ pub struct Actuators {
     index: HashMap<String, usize>,
     estop: ProtectiveStop,
     audit: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<ActuatorEvent>>,
+    /// Set by [`Actuators::close`] at shutdown: no command after the last safe drive.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Actuators {
@@ -160,6 +170,7 @@ impl Actuators {
             index,
             estop,
             audit: std::sync::OnceLock::new(),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -209,6 +220,12 @@ impl Actuators {
 
     /// Commands `value` on behalf of `origin`. `hold` shortens (never
     /// extends) the actuator's configured `hold_ms` for this command.
+    ///
+    /// Cancellation-safe: the command runs as its own task. If the caller
+    /// goes away before the driver is reached, nothing is applied; once the
+    /// driver has the value, the command finishes and records its owner, so
+    /// a deadman [`Actuators::release`] (which waits for the driver) drives
+    /// it safe. A dropped caller can never leave a value applied but unowned.
     pub async fn command(
         self: &Arc<Self>,
         name: &str,
@@ -216,7 +233,44 @@ impl Actuators {
         origin: Origin,
         hold: Option<Duration>,
     ) -> Result<Applied, ActError> {
+        let caller = CancellationToken::new();
+        let _caller_present = caller.clone().drop_guard();
+        let me = self.clone();
+        let actuator = name.to_string();
+        let task = tokio::spawn(async move {
+            me.command_task(&actuator, value, origin, hold, caller)
+                .await
+        });
+        match task.await {
+            Ok(result) => result,
+            // A panic in a driver: the actuator's state is unknown; go safe.
+            Err(e) => {
+                tracing::error!(actuator = name, error = %e, "command task failed; driving the safe value");
+                if let Ok(entry) = self.entry(name) {
+                    self.drive_safe(entry, "command task failed").await;
+                }
+                Err(ActError::Driver {
+                    actuator: name.to_string(),
+                    error: HwError::Io(format!("the command failed inside rozd: {e}")),
+                })
+            }
+        }
+    }
+
+    async fn command_task(
+        self: &Arc<Self>,
+        name: &str,
+        value: f64,
+        origin: Origin,
+        hold: Option<Duration>,
+        caller: CancellationToken,
+    ) -> Result<Applied, ActError> {
         let entry = self.entry(name)?;
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ActError::Closed {
+                actuator: name.to_string(),
+            });
+        }
         let spec = &entry.spec;
         let violation = |reason: String| ActError::SafetyViolation {
             actuator: name.to_string(),
@@ -240,6 +294,18 @@ impl Actuators {
             )));
         }
         let _io = entry.io.lock().await;
+        // Under the lock, before the driver: a caller that left while this
+        // command waited, or a shutdown that closed the actuators, applies nothing.
+        if caller.is_cancelled() {
+            return Err(ActError::Abandoned {
+                actuator: name.to_string(),
+            });
+        }
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ActError::Closed {
+                actuator: name.to_string(),
+            });
+        }
         // Again under the lock: a stop that latched while this command waited
         // has already driven the actuator safe, and it must stay there.
         if !matches!(origin, Origin::Safety(_))
@@ -344,6 +410,11 @@ impl Actuators {
     /// or ownership check applies to going safe.
     async fn drive_safe(&self, entry: &Entry, reason: &str) {
         let _io = entry.io.lock().await;
+        self.drive_safe_locked(entry, reason).await;
+    }
+
+    /// [`Actuators::drive_safe`] with the driver lock already held.
+    async fn drive_safe_locked(&self, entry: &Entry, reason: &str) {
         let safe = entry.spec.safe_value;
         let result = tokio::time::timeout(entry.spec.timeout, entry.driver.apply(safe)).await;
         let mut state = lock(&entry.state);
@@ -395,16 +466,28 @@ impl Actuators {
             .await;
     }
 
+    /// Shutdown: from now on every command is refused, then every actuator
+    /// goes to its safe value (a command already at its driver finishes first).
+    pub async fn close(&self, reason: &str) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.safe_all(reason).await;
+    }
+
     /// Deadman: every actuator whose current value was commanded by `origin`
-    /// goes to its safe value.
+    /// goes to its safe value. Each actuator's driver lock is taken before
+    /// its owner is read, so a command of `origin` still at its driver is
+    /// waited for and then undone.
     pub async fn release(&self, origin: &Origin, reason: &str) -> Vec<String> {
-        let owned: Vec<&Entry> = self
-            .entries
-            .iter()
-            .filter(|e| lock(&e.state).owner.as_ref() == Some(origin))
-            .collect();
-        futures_util::future::join_all(owned.iter().map(|e| self.drive_safe(e, reason))).await;
-        owned.iter().map(|e| e.spec.name.clone()).collect()
+        let released = futures_util::future::join_all(self.entries.iter().map(|e| async move {
+            let _io = e.io.lock().await;
+            let owned = lock(&e.state).owner.as_ref() == Some(origin);
+            if owned {
+                self.drive_safe_locked(e, reason).await;
+            }
+            owned.then(|| e.spec.name.clone())
+        }))
+        .await;
+        released.into_iter().flatten().collect()
     }
 
     pub fn views(&self, now: Instant) -> Vec<ActuatorView> {

@@ -357,7 +357,7 @@ impl Ooda {
     /// Drives every actuator safe (while the drivers still run), then stops
     /// the loop, the sensor tasks, the serial ports and the MQTT client.
     pub async fn stop(&self) {
-        self.actuators.safe_all("shutdown").await;
+        self.actuators.close("shutdown").await;
         self.shutdown.cancel();
         if let Some(mqtt) = &self.mqtt {
             mqtt.join().await;

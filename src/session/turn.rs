@@ -543,8 +543,9 @@ impl Turn {
         let mut stopped = false;
         loop {
             let event = tokio::select! {
-                event = stream.next() => event,
+                biased;
                 () = self.cancel.cancelled() => return Err(Interrupt::Cancelled),
+                event = stream.next() => event,
             };
             match event {
                 None => break,
@@ -580,8 +581,9 @@ impl Turn {
         let mut stopped = false;
         loop {
             let event = tokio::select! {
-                event = stream.next() => event,
+                biased;
                 () = self.cancel.cancelled() => return Err(Interrupt::Cancelled.into()),
+                event = stream.next() => event,
             };
             match event {
                 None => break,
@@ -670,6 +672,9 @@ impl Turn {
     /// Runs one tool call of the model: look-up, validation, permission,
     /// approval, then the client round trip under the tool's deadline.
     async fn tool_call(&mut self, id: &str, name: &str, input: Value) -> Result<Block, Interrupt> {
+        if self.cancel.is_cancelled() {
+            return Err(Interrupt::Cancelled);
+        }
         self.note(TurnNote::ToolCall {
             id: id.to_string(),
             name: name.to_string(),
@@ -741,6 +746,8 @@ impl Turn {
         let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
         loop {
             let input = tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => return Err(Interrupt::Cancelled),
                 input = self.inbox.recv() => input,
                 () = tokio::time::sleep_until(deadline) => {
                     self.expired.push(id.to_string());
@@ -752,7 +759,6 @@ impl Turn {
                     .await?;
                     return Ok(error_result(id, name, &format!("`{name}` timed out after {timeout_ms} ms without a result")));
                 }
-                () = self.cancel.cancelled() => return Err(Interrupt::Cancelled),
             };
             match input {
                 Some(TurnInput::ToolResult(result)) if result.tool_call_id == id => {
@@ -845,14 +851,17 @@ impl Turn {
         };
         self.state(Activity::CallingTool, name, presence, reason)
             .await?;
+        // A command that reached its driver finishes in its own task and is
+        // then undone by the deadman (see `Actuators::command`).
         let result = tokio::select! {
-            result = self.host.tools.execute(name, &input, &self.host.session_id) => result,
+            biased;
             () = self.cancel.cancelled() => {
                 if physical {
                     self.audit(id, name, &input, decision, Err("cancelled while running"), started).await;
                 }
                 return Err(Interrupt::Cancelled);
             }
+            result = self.host.tools.execute(name, &input, &self.host.session_id) => result,
         };
         let (text, is_error) = match &result {
             Ok(text) => (text.clone(), false),
@@ -999,12 +1008,13 @@ impl Turn {
         let deadline = Instant::now() + self.limits.approval_timeout;
         loop {
             let input = tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => return Err(Interrupt::Cancelled),
                 input = self.inbox.recv() => input,
                 () = tokio::time::sleep_until(deadline) => {
                     tracing::info!(tool_call_id = id, tool = name, "approval timed out; treated as denied");
                     return Ok(false);
                 }
-                () = self.cancel.cancelled() => return Err(Interrupt::Cancelled),
             };
             match input {
                 Some(TurnInput::Decision {
@@ -1088,8 +1098,9 @@ impl Turn {
 
     async fn send(&self, event: ServerEvent) -> Result<(), Interrupt> {
         tokio::select! {
-            sent = self.out.send(event) => sent.map_err(|_| Interrupt::ClientGone),
+            biased;
             () = self.cancel.cancelled() => Err(Interrupt::Cancelled),
+            sent = self.out.send(event) => sent.map_err(|_| Interrupt::ClientGone),
         }
     }
 }

@@ -45,6 +45,9 @@ pub enum TaskError {
     ResourceExhausted(String),
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    /// Something rozd should have recorded is missing (see the daemon log).
+    #[error("{0}")]
+    Internal(String),
 }
 
 /// What `CreateTask` asks for.
@@ -129,8 +132,10 @@ pub struct LiveTask {
     running: watch::Sender<u32>,
     /// Highest sequence number written to the task's log.
     log_seq: watch::Sender<i64>,
-    /// The status last written (to write only changes).
-    status: Mutex<TaskStatus>,
+    /// The status last written. Held across the store write, so status
+    /// changes reach the store in the order they were decided, and nothing
+    /// follows a final status.
+    status: tokio::sync::Mutex<TaskStatus>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -179,31 +184,43 @@ impl LiveTask {
         }
     }
 
-    /// Writes a status change (only a change) to the store, then wakes the watchers.
+    /// Writes a status change (only a change) to the store, then wakes the
+    /// watchers. A final status is tried a few times: watchers end on it.
     async fn set_status(&self, ctx: &HostContext, status: TaskStatus, detail: Option<String>) {
-        {
-            let mut current = lock(&self.status);
-            if *current == status && !status.is_terminal() {
-                return;
-            }
-            *current = status;
+        let mut current = self.status.lock().await;
+        if current.is_terminal() || (*current == status && !status.is_terminal()) {
+            return;
         }
-        match ctx
-            .store
-            .task_status(self.id.clone(), status.as_str().to_string(), detail)
-            .await
-        {
-            Ok(seq) => self.published(seq),
-            Err(e) => {
-                tracing::error!(task_id = %self.id, error = %e, status = status.as_str(), "cannot store a task status");
+        let attempts: u64 = if status.is_terminal() { 3 } else { 1 };
+        for attempt in 1..=attempts {
+            match ctx
+                .store
+                .task_status(self.id.clone(), status.as_str().to_string(), detail.clone())
+                .await
+            {
+                Ok(seq) => {
+                    *current = status;
+                    self.published(seq);
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(task_id = %self.id, error = %e, status = status.as_str(), attempt, "cannot store a task status");
+                    if attempt < attempts {
+                        tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                    }
+                }
             }
         }
     }
 
-    /// The status a running task shows, written if it changed.
+    /// The status a running task shows (running or waiting_approval),
+    /// written if it changed; nothing once the task is stopping.
     async fn refresh_status(&self, ctx: &HostContext) {
         let (status, detail) = {
             let state = lock(&self.state);
+            if state.stopping.is_some() {
+                return;
+            }
             let detail = state.approvals.values().next().map(|p| {
                 format!(
                     "{} ({}) of {} waits for approval",
@@ -218,13 +235,21 @@ impl LiveTask {
     async fn approval_waiting(
         &self,
         ctx: &HostContext,
-        pending: PendingApproval,
+        mut pending: PendingApproval,
         inbox: mpsc::Sender<TurnInput>,
     ) {
-        lock(&self.approval_inboxes).insert(pending.tool_call_id.clone(), inbox);
-        lock(&self.state)
-            .approvals
-            .insert(pending.tool_call_id.clone(), pending);
+        {
+            let mut state = lock(&self.state);
+            // Providers make call ids unique per conversation, not per task:
+            // two workers may wait on the same one.
+            if state.approvals.contains_key(&pending.tool_call_id) {
+                pending.tool_call_id = format!("{}:{}", pending.worker_id, pending.call_id);
+            }
+            lock(&self.approval_inboxes).insert(pending.tool_call_id.clone(), inbox);
+            state
+                .approvals
+                .insert(pending.tool_call_id.clone(), pending);
+        }
         self.refresh_status(ctx).await;
     }
 
@@ -317,6 +342,7 @@ fn start_worker(
         lead,
     };
     tokio::spawn(async move {
+        let _counted = RunningGuard(task.clone());
         let worker_id = plan.worker_id.clone();
         task.publish(
             &ctx,
@@ -368,19 +394,10 @@ fn start_worker(
         .await;
         lock(&task.state).worker_exited(&worker_id);
         lock(&task.approval_inboxes).retain(|_, inbox| !inbox.is_closed());
-        task.refresh_status_if_running(&ctx).await;
+        task.refresh_status(&ctx).await;
         let _ = end_tx.send(Some(end));
-        task.running.send_modify(|n| *n = n.saturating_sub(1));
     });
     Ok(worker_id)
-}
-
-impl LiveTask {
-    async fn refresh_status_if_running(&self, ctx: &HostContext) {
-        if self.stopping().is_none() && !lock(&self.status).is_terminal() {
-            self.refresh_status(ctx).await;
-        }
-    }
 }
 
 /// The host a task id names: ids are `<host id>:<uuid>`, so that any rozd
@@ -430,7 +447,8 @@ pub async fn create(ctx: &Arc<HostContext>, new: NewTask) -> Result<TaskView, Ta
         && host != config.host.id
     {
         return Err(TaskError::NotFound(format!(
-            "host_not_found: host {host:?} is not this host ({:?}) and no fleet routing is configured",
+            "host {host:?} is not this host ({:?}); tasks for another host are created through \
+             roz.v1.TaskService, which routes by host_id",
             config.host.id
         )));
     }
@@ -497,7 +515,7 @@ pub async fn create(ctx: &Arc<HostContext>, new: NewTask) -> Result<TaskView, Ta
         ends: Mutex::default(),
         running: watch::Sender::new(0),
         log_seq: watch::Sender::new(1),
-        status: Mutex::new(TaskStatus::Pending),
+        status: tokio::sync::Mutex::new(TaskStatus::Pending),
     });
     {
         let mut live = ctx.tasks.live();
@@ -535,11 +553,28 @@ async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
     tokio::pin!(deadline);
     let mut estop = ctx.ooda.protective_stop().subscribe();
     let mut running = task.running.subscribe();
+    let mut lead_end = lead_id.as_ref().and_then(|id| {
+        lock(&task.ends)
+            .iter()
+            .find(|(w, _)| w == id)
+            .map(|(_, end)| end.clone())
+    });
+    let _live = LiveGuard {
+        ctx: ctx.clone(),
+        task_id: task.id.clone(),
+    };
     loop {
         let stopping = task.stopping().is_some();
         tokio::select! {
             // The sender lives in `task`: this only resolves at zero.
             _ = running.wait_for(|n| *n == 0) => break,
+            // A lead that failed leaves no one to collect its workers' work:
+            // they stop too.
+            ended = lead_failed(&mut lead_end), if !stopping => {
+                if let WorkerEnd::Failed { reason, detail } = ended {
+                    task.stop(StopCause::LeadFailed(format!("{}: {detail}", reason.as_str())));
+                }
+            }
             () = &mut deadline, if !stopping => task.stop(StopCause::Timeout),
             changed = estop.wait_for(Option::is_some), if !stopping => {
                 let why = match changed {
@@ -571,8 +606,54 @@ async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
     };
     task.set_status(&ctx, status, Some(detail)).await;
     tracing::info!(task_id = %task.id, status = status.as_str(), "task finished");
-    ctx.tasks.live().remove(&task.id);
-    ctx.tasks.active.send_modify(|n| *n = n.saturating_sub(1));
+}
+
+/// Resolves with the lead's end once it has one; never if there is no lead
+/// (or it has already been seen).
+async fn lead_failed(lead: &mut Option<watch::Receiver<Option<WorkerEnd>>>) -> WorkerEnd {
+    let ended = match lead {
+        Some(rx) => rx
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|e| e.clone()),
+        None => None,
+    };
+    match ended {
+        Some(end) => {
+            *lead = None;
+            end
+        }
+        None => {
+            *lead = None;
+            std::future::pending().await
+        }
+    }
+}
+
+/// Takes a task off the running list when its supervisor ends, however it ends.
+struct LiveGuard {
+    ctx: Arc<HostContext>,
+    task_id: String,
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.ctx.tasks.live().remove(&self.task_id);
+        self.ctx
+            .tasks
+            .active
+            .send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// Counts a worker out when its task ends, however it ends.
+struct RunningGuard(Arc<LiveTask>);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.0.running.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 async fn load_row(ctx: &HostContext, id: &str) -> Result<TaskRow, TaskError> {
@@ -642,7 +723,7 @@ pub async fn approve(
     };
     tracing::info!(task_id, tool_call_id, tool = %pending.tool, worker_id = %pending.worker_id, approved, "tool use decided");
     let decision = TurnInput::Decision {
-        tool_call_id: tool_call_id.to_string(),
+        tool_call_id: pending.call_id.clone(),
         approved,
     };
     if inbox.send(decision).await.is_err() {
@@ -679,7 +760,9 @@ pub async fn follow(
         let mut cursor = 0;
         loop {
             // Finished is read before the log: every entry of a finished
-            // task was written before its final status.
+            // task was written before its final status. Whether it still runs
+            // is read before that: a task stops running after its final status.
+            let running = ctx.tasks.get(&task_id).is_some();
             let finished = match ctx.store.task(task_id.clone()).await {
                 Ok(Some(row)) => TaskStatus::is_terminal_str(&row.status),
                 Ok(None) => true,
@@ -712,6 +795,16 @@ pub async fn follow(
                 }
             }
             if finished {
+                return;
+            }
+            if !running {
+                // Its final status could not be stored (see the daemon log):
+                // end rather than wait for an entry that will never come.
+                let _ = tx
+                    .send(Err(TaskError::Internal(format!(
+                        "task {task_id} is no longer running but its final status was not recorded"
+                    ))))
+                    .await;
                 return;
             }
             match &mut wake {

@@ -76,13 +76,15 @@ pub enum StopCause {
     EStop(String),
     /// The daemon is shutting down.
     Shutdown,
+    /// The lead failed (`<reason>: <detail>`); its workers are stopped.
+    LeadFailed(String),
 }
 
 impl StopCause {
     /// What each running worker reports; `None` for a cancel (not a failure).
     pub fn worker_failure(&self) -> Option<FailReason> {
         match self {
-            StopCause::Cancelled => None,
+            StopCause::Cancelled | StopCause::LeadFailed(_) => None,
             StopCause::Timeout => Some(FailReason::Timeout),
             StopCause::EStop(_) | StopCause::Shutdown => Some(FailReason::EStop),
         }
@@ -95,6 +97,7 @@ impl StopCause {
             StopCause::Timeout => (TaskStatus::TimedOut, "timeout".into()),
             StopCause::EStop(why) => (TaskStatus::Failed, format!("e_stop: {why}")),
             StopCause::Shutdown => (TaskStatus::Failed, INTERRUPTED.into()),
+            StopCause::LeadFailed(why) => (TaskStatus::Failed, why.clone()),
         }
     }
 }
@@ -243,7 +246,11 @@ impl TeamEvent {
 /// A tool call waiting for `ApproveToolUse`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingApproval {
+    /// The id `ApproveToolUse` names: the model's call id, qualified with the
+    /// worker id should another worker already wait on the same call id.
     pub tool_call_id: String,
+    /// The call id as the worker's turn knows it.
+    pub call_id: String,
     pub worker_id: String,
     pub tool: String,
 }
@@ -254,8 +261,6 @@ pub struct PendingApproval {
 pub struct TaskState {
     /// Workers started so far (worker zero included), by index.
     pub started: u32,
-    /// Workers that have not exited yet.
-    pub running: u32,
     pub approvals: BTreeMap<String, PendingApproval>,
     /// Set once the task is being stopped; no worker starts after that.
     pub stopping: Option<StopCause>,
@@ -284,12 +289,10 @@ impl TaskState {
         }
         let index = self.started;
         self.started += 1;
-        self.running += 1;
         Ok(index)
     }
 
     pub fn worker_exited(&mut self, worker_id: &str) {
-        self.running = self.running.saturating_sub(1);
         self.approvals.retain(|_, p| p.worker_id != worker_id);
     }
 
@@ -314,7 +317,7 @@ mod tests {
         assert_eq!(s.admit_worker(2), Ok(1));
         assert_eq!(s.admit_worker(2), Ok(2));
         assert!(s.admit_worker(2).unwrap_err().contains("max_workers"));
-        assert_eq!(s.running, 3);
+        assert_eq!(s.started, 3);
     }
 
     #[test]
@@ -334,15 +337,14 @@ mod tests {
             "c1".into(),
             PendingApproval {
                 tool_call_id: "c1".into(),
+                call_id: "c1".into(),
                 worker_id: "w".into(),
                 tool: "fan".into(),
             },
         );
         assert_eq!(s.live_status(), TaskStatus::WaitingApproval);
-        s.running = 1;
         s.worker_exited("w");
         assert_eq!(s.live_status(), TaskStatus::Running);
-        assert_eq!(s.running, 0);
     }
 
     #[test]

@@ -190,7 +190,9 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
     };
     let (out_tx, mut out) = mpsc::channel(256);
     let (inbox, inbox_rx) = mpsc::channel(64);
-    let cancel = CancellationToken::new();
+    // A child of the task's stop: the turn stops the moment the task does,
+    // not when this driver next gets to it.
+    let cancel = task.stop.child_token();
     let mut handle = tokio::spawn(turn::run(setup, out_tx, inbox_rx, cancel.clone()));
     let mut driver = Driver {
         ctx,
@@ -296,7 +298,8 @@ impl Driver<'_> {
                     .approval_waiting(
                         self.ctx,
                         PendingApproval {
-                            tool_call_id: detail,
+                            tool_call_id: detail.clone(),
+                            call_id: detail,
                             worker_id: self.plan.worker_id.clone(),
                             tool,
                         },
@@ -483,5 +486,6 @@ fn describe_cause(cause: &StopCause) -> String {
         StopCause::Timeout => "the task's timeout ran out".into(),
         StopCause::EStop(why) => format!("protective stop: {why}"),
         StopCause::Shutdown => "the daemon is shutting down".into(),
+        StopCause::LeadFailed(why) => format!("the task's lead failed ({why})"),
     }
 }

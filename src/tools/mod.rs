@@ -69,7 +69,9 @@ impl From<ActError> for ToolError {
             ActError::EStop { .. } => ToolError::EStop(text),
             ActError::Held { .. } => ToolError::Held(text),
             ActError::Timeout { .. } => ToolError::Timeout(text),
-            ActError::Driver { .. } => ToolError::Failed(text),
+            ActError::Driver { .. } | ActError::Abandoned { .. } | ActError::Closed { .. } => {
+                ToolError::Failed(text)
+            }
         }
     }
 }
