@@ -184,7 +184,7 @@ impl SessionStream {
         loop {
             match self.next_significant().await? {
                 Resp::ToolRequest(request) => return Ok(request),
-                Resp::TextDelta(_) | Resp::ThinkingDelta(_) => {}
+                Resp::TextDelta(_) | Resp::ThinkingDelta(_) | Resp::ContextCompacted(_) => {}
                 other => bail!("expected a ToolRequest, got {other:?}"),
             }
         }
@@ -195,7 +195,7 @@ impl SessionStream {
         loop {
             match self.next_significant().await? {
                 Resp::TurnComplete(done) if done.stop_reason == "end_turn" => return Ok(()),
-                Resp::TextDelta(_) | Resp::ThinkingDelta(_) => {}
+                Resp::TextDelta(_) | Resp::ThinkingDelta(_) | Resp::ContextCompacted(_) => {}
                 other => bail!("expected TurnComplete (end_turn), got {other:?}"),
             }
         }

@@ -12,12 +12,14 @@
 use std::sync::Arc;
 
 use anyhow::{Result, anyhow, bail};
+use rozd::api::proto::agent_service_client::AgentServiceClient;
 use rozd::api::proto::session_response::Response as Resp;
 use rozd::config::{Config, ConfigSource};
 use rozd::hw::serial::{SerialActuator, SerialPorts};
 use rozd::hw::sim::SimActuator;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 
 use super::Scale;
 use super::fixtures::{
@@ -102,16 +104,25 @@ fn device_line(value: f64) -> String {
     format!("V {}", rozd::hw::parse::format_value(value))
 }
 
+/// Trials per session: a new session every so often keeps the conversation
+/// (and so the per-call cost) from growing over the run.
+const TRIALS_PER_SESSION: usize = 25;
+
 /// rozd: marker tool result sent -> actuator changed, `trials` times.
 async fn rozd_trials(
-    session: &mut SessionStream,
+    client: &mut AgentServiceClient<Channel>,
     actuator: &str,
     values: [f64; 2],
     mut watch: Watch<'_>,
     trials: usize,
 ) -> Result<Samples> {
     let mut samples = Samples::default();
+    let mut session = SessionStream::start(client, vec![step_tool()]).await?;
     for i in 0..=trials {
+        if i > 0 && i % TRIALS_PER_SESSION == 0 {
+            session.close().await?;
+            session = SessionStream::start(client, vec![step_tool()]).await?;
+        }
         let value = values[i % 2];
         session
             .send(user(&format!(
@@ -131,6 +142,7 @@ async fn rozd_trials(
         }
         session.turn_complete().await?;
     }
+    session.close().await?;
     Ok(samples)
 }
 
@@ -211,7 +223,6 @@ pub async fn host_tool(scale: &Scale) -> Result<Group> {
     .await?;
 
     let mut rozd_client = connect(daemon.addr).await?;
-    let mut session = SessionStream::start(&mut rozd_client, vec![step_tool()]).await?;
     let mut sim_stream = SessionStream::start(&mut connect(sim_echo.addr).await?, vec![]).await?;
     let mut serial_stream =
         SessionStream::start(&mut connect(serial_echo.addr).await?, vec![]).await?;
@@ -224,7 +235,7 @@ pub async fn host_tool(scale: &Scale) -> Result<Group> {
     for _ in 0..rounds {
         sim_rozd.extend(
             rozd_trials(
-                &mut session,
+                &mut rozd_client,
                 "speed",
                 [0.5, -0.5],
                 Watch::Sim(&sim),
@@ -243,7 +254,7 @@ pub async fn host_tool(scale: &Scale) -> Result<Group> {
         );
         serial_rozd.extend(
             rozd_trials(
-                &mut session,
+                &mut rozd_client,
                 "valve",
                 [1.0, 0.5],
                 Watch::Device(&mut rozd_device),
@@ -261,7 +272,6 @@ pub async fn host_tool(scale: &Scale) -> Result<Group> {
             .await?,
         );
     }
-    session.close().await?;
     daemon.shutdown().await?;
     stop_ports.cancel();
 
