@@ -47,6 +47,7 @@ const EXPECTED: &[&str] = &[
     "footprint.rss_sessions_mib",
     "footprint.rss_turns_open_mib",
     "footprint.rss_turns_closed_mib",
+    "footprint.rss_more_turns_closed_mib",
     "footprint.binary_mib",
 ];
 

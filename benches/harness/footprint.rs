@@ -122,11 +122,83 @@ struct Footprint {
     open: f64,
     after_turns_open: f64,
     after_turns_closed: f64,
+    after_more_turns_closed: f64,
     turns: usize,
 }
 
-/// Start-ups, then memory idle / with `sessions` open / after `turns` turns
-/// (sessions still open, then closed), all in the last process started.
+/// Opens `sessions` sessions on `server`.
+async fn open_sessions(
+    server: &Server,
+    target: Target,
+    sessions: usize,
+) -> Result<Vec<SessionStream>> {
+    let mut clients = Vec::new();
+    for _ in 0..sessions.div_ceil(100) {
+        clients.push(connect(server.addr).await?);
+    }
+    let mut streams = Vec::new();
+    for i in 0..sessions {
+        let tools = match target {
+            Target::Rozd => vec![step_tool()],
+            Target::Echo => vec![],
+        };
+        streams.push(SessionStream::start(&mut clients[i / 100], tools).await?);
+    }
+    Ok(streams)
+}
+
+/// Every session runs `turns` turns, all sessions at once.
+async fn run_turns(
+    streams: Vec<SessionStream>,
+    target: Target,
+    turns: usize,
+) -> Result<Vec<SessionStream>> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut stream in streams {
+        tasks.spawn(async move {
+            for _ in 0..turns {
+                one_turn(&mut stream, target).await?;
+            }
+            anyhow::Ok(stream)
+        });
+    }
+    let mut streams = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        streams.push(joined??);
+    }
+    Ok(streams)
+}
+
+/// Closes the sessions and, for rozd, waits until each recorded its end.
+async fn close_sessions(
+    server: &Server,
+    target: Target,
+    streams: Vec<SessionStream>,
+) -> Result<()> {
+    for stream in streams {
+        stream.close().await?;
+    }
+    if target == Target::Echo {
+        return Ok(());
+    }
+    let addr = server.addr.to_string();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let reply = rozd::client::get(&addr, "/v1/status", None).await?;
+        let status: serde_json::Value = serde_json::from_str(&reply.body)?;
+        if status["sessions"]["active"] == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("sessions still active after closing them: {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Start-ups, then memory idle, with `sessions` open, after `turns` turns
+/// (sessions still open, then closed), and after as many turns again in new
+/// sessions (closed): memory that keeps growing would show there.
 async fn measure(
     scale: &Scale,
     target: Target,
@@ -148,55 +220,19 @@ async fn measure(
     tokio::time::sleep(scale.settle).await;
     let idle = server.rss_mib()?;
 
-    let mut clients = Vec::new();
-    for _ in 0..scale.footprint_sessions.div_ceil(100) {
-        clients.push(connect(server.addr).await?);
-    }
-    let mut streams = Vec::new();
-    for i in 0..scale.footprint_sessions {
-        let tools = match target {
-            Target::Rozd => vec![step_tool()],
-            Target::Echo => vec![],
-        };
-        streams.push(SessionStream::start(&mut clients[i / 100], tools).await?);
-    }
+    let sessions = scale.footprint_sessions;
+    let per_session = scale.footprint_turns.div_ceil(sessions);
+    let streams = open_sessions(&server, target, sessions).await?;
     let open = server.rss_mib()?;
-
-    let per_session = scale.footprint_turns.div_ceil(scale.footprint_sessions);
-    let mut tasks = tokio::task::JoinSet::new();
-    for mut stream in streams {
-        tasks.spawn(async move {
-            for _ in 0..per_session {
-                one_turn(&mut stream, target).await?;
-            }
-            anyhow::Ok(stream)
-        });
-    }
-    let mut streams = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        streams.push(joined??);
-    }
+    let streams = run_turns(streams, target, per_session).await?;
     let after_turns_open = server.rss_mib()?;
-    for stream in streams {
-        stream.close().await?;
-    }
-    if target == Target::Rozd {
-        // Sessions record their end after their streams close.
-        let addr = server.addr.to_string();
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let reply = rozd::client::get(&addr, "/v1/status", None).await?;
-            let status: serde_json::Value = serde_json::from_str(&reply.body)?;
-            if status["sessions"]["active"] == 0 {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("sessions still active after closing them: {status}");
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
+    close_sessions(&server, target, streams).await?;
     let after_turns_closed = server.rss_mib()?;
+
+    let streams = open_sessions(&server, target, sessions).await?;
+    let streams = run_turns(streams, target, per_session).await?;
+    close_sessions(&server, target, streams).await?;
+    let after_more_turns_closed = server.rss_mib()?;
     server.stop().await?;
     Ok(Footprint {
         startup,
@@ -204,7 +240,8 @@ async fn measure(
         open,
         after_turns_open,
         after_turns_closed,
-        turns: per_session * scale.footprint_sessions,
+        after_more_turns_closed,
+        turns: per_session * sessions,
     })
 }
 
@@ -286,6 +323,16 @@ pub async fn footprint(scale: &Scale) -> Result<Group> {
             ),
             rozd.after_turns_closed,
             floor.after_turns_closed,
+            (rozd.turns, floor.turns),
+        ),
+        (
+            "footprint.rss_more_turns_closed_mib",
+            format!(
+                "resident memory after {} more turns in new sessions, closed",
+                rozd.turns
+            ),
+            rozd.after_more_turns_closed,
+            floor.after_more_turns_closed,
             (rozd.turns, floor.turns),
         ),
     ] {
