@@ -240,12 +240,14 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         config = %ctx.config.source.as_ref().map_or_else(String::new, ToString::to_string),
         "rozd {} serving gRPC and REST", crate::VERSION
     );
+    // The handlers go in before READY=1: a SIGTERM that follows READY at
+    // once (a stop during start-up) must shut down gracefully, not kill us.
+    let shutdown = shutdown_signal()?;
     let status = format!("STATUS=serving roz.v1 on {addr}");
     notify(&[NotifyState::Ready, NotifyState::Custom(&status)]);
     if let Some(period) = sd_notify::watchdog_enabled() {
         tokio::spawn(pet_watchdog(period / 2, ctx.clone()));
     }
-    let shutdown = shutdown_signal()?;
     daemon
         .serve(async move {
             let signal = shutdown.await;

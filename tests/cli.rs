@@ -208,6 +208,48 @@ fn sd_notify_ready_watchdog_stopping_and_clean_exit() {
 }
 
 #[test]
+fn sigterm_right_after_ready_is_a_graceful_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_read_timeout(Some(WAIT)).unwrap();
+    let config = write(
+        dir.path(),
+        "rozd.toml",
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n",
+            dir.path().join("rozd.db").display().to_string()
+        ),
+    );
+    // Several times: the window between READY=1 and the signal handlers is small.
+    for _ in 0..5 {
+        let mut child = Command::new(ROZD)
+            .args(["run", "--config", &config])
+            .env("NOTIFY_SOCKET", &socket_path)
+            .env_remove("WATCHDOG_USEC")
+            .env("HOME", dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        recv_until(&socket, "READY=1");
+        let killed = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        recv_until(&socket, "STOPPING=1");
+        let exit = child.wait().unwrap();
+        assert_eq!(
+            exit.code(),
+            Some(0),
+            "SIGTERM at once after READY=1 shuts down gracefully: {exit}"
+        );
+    }
+}
+
+#[test]
 fn status_against_nothing_fails_clearly() {
     let dir = tempfile::tempdir().unwrap();
     // Bind then drop to get a port nothing listens on.

@@ -4,6 +4,7 @@
 use std::f64::consts::TAU;
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -93,11 +94,18 @@ pub async fn run_sensor(
 #[derive(Debug, Default)]
 pub struct SimActuator {
     applied: Mutex<Vec<f64>>,
+    /// How many values were applied, so a watcher (a test, the benchmark)
+    /// can wait for the next one instead of polling.
+    count: watch::Sender<u64>,
 }
 
 impl SimActuator {
     pub fn new() -> Arc<Self> {
         Arc::new(SimActuator::default())
+    }
+    /// Changes (to the number of values applied so far) on every apply.
+    pub fn applied(&self) -> watch::Receiver<u64> {
+        self.count.subscribe()
     }
     /// The last value applied, if any.
     pub fn value(&self) -> Option<f64> {
@@ -126,6 +134,8 @@ impl ActuatorDriver for SimActuator {
             applied.remove(0);
         }
         applied.push(value);
+        drop(applied);
+        self.count.send_modify(|n| *n += 1);
         Box::pin(std::future::ready(Ok(())))
     }
 }
@@ -171,6 +181,18 @@ mod tests {
         );
         let w = signal_value(&spec(SimSignal::RandomWalk), 0, &mut walk, &mut rng);
         assert!((w - 10.0).abs() <= 2.0);
+    }
+
+    #[tokio::test]
+    async fn an_actuator_reports_each_apply_to_its_watchers() {
+        let actuator = SimActuator::new();
+        let mut applied = actuator.applied();
+        assert!(!applied.has_changed().unwrap());
+        actuator.apply(0.5).await.unwrap();
+        actuator.apply(0.5).await.unwrap();
+        assert!(applied.has_changed().unwrap());
+        assert_eq!(*applied.borrow_and_update(), 2);
+        assert_eq!(actuator.history(), [0.5, 0.5]);
     }
 
     #[test]

@@ -96,18 +96,29 @@ pub struct ModelRequest {
 impl ModelRequest {
     /// Estimated input tokens of the whole request.
     pub fn estimate_tokens(&self) -> u32 {
+        self.estimate_tokens_with_tools(estimate_tools_tokens(&self.tools))
+    }
+
+    /// [`ModelRequest::estimate_tokens`] with the tools' share already
+    /// known (it does not change during a turn, and serialising every
+    /// schema again for each model call was most of the estimate's cost).
+    pub fn estimate_tokens_with_tools(&self, tools_tokens: u32) -> u32 {
         let mut total = tokens::count(&self.system);
         for m in &self.messages {
             total = total.saturating_add(estimate_message_tokens(m));
         }
-        for t in &self.tools {
-            total = total
-                .saturating_add(tokens::count(&t.name))
-                .saturating_add(tokens::count(&t.description))
-                .saturating_add(tokens::count(&t.input_schema.to_string()));
-        }
-        total
+        total.saturating_add(tools_tokens)
     }
+}
+
+/// Estimated tokens of tool definitions as a request carries them.
+pub fn estimate_tools_tokens(tools: &[ToolDef]) -> u32 {
+    tools.iter().fold(0u32, |total, t| {
+        total
+            .saturating_add(tokens::count(&t.name))
+            .saturating_add(tokens::count(&t.description))
+            .saturating_add(tokens::count(&t.input_schema.to_string()))
+    })
 }
 
 /// Estimated tokens of one message.

@@ -237,6 +237,13 @@ impl Turn {
         usage: &mut Usage,
     ) -> Result<StopReason, TurnError> {
         let mut turn_start = conversation.len().saturating_sub(1);
+        // The tools do not change during a turn; the conversation's estimate
+        // is kept up to date as messages are added, so a model call costs
+        // no pass over the whole conversation (it grows with every call).
+        let mut tools = self.host.registry.definitions();
+        tools.extend(self.tools.definitions());
+        let tools_tokens = model::estimate_tools_tokens(&tools);
+        let mut conversation_tokens = context::estimate(conversation);
         for _cycle in 0..self.limits.max_cycles {
             self.cycle += 1;
             self.note(TurnNote::Cycle(self.cycle));
@@ -257,20 +264,34 @@ impl Turn {
             )
             .await?;
             self.check_session_budget(usage)?;
-            let mut tools = self.host.registry.definitions();
-            tools.extend(self.tools.definitions());
             let mut request = ModelRequest {
                 system: match observation {
                     Some(text) => format!("{system}\n\n{text}"),
                     None => system.to_string(),
                 },
                 messages: conversation.clone(),
-                tools,
+                tools: tools.clone(),
                 max_output_tokens: self.limits.max_output_tokens,
             };
-            self.fit_budget(model, &mut request, conversation, &mut turn_start, usage)
+            let system_tokens = model::tokens::count(&request.system);
+            let known = system_tokens
+                .saturating_add(conversation_tokens)
+                .saturating_add(tools_tokens);
+            debug_assert_eq!(known, request.estimate_tokens(), "incremental estimate");
+            let estimate = self
+                .fit_budget(
+                    model,
+                    &mut request,
+                    conversation,
+                    &mut turn_start,
+                    usage,
+                    (known, tools_tokens),
+                )
                 .await?;
-            let estimate = request.estimate_tokens();
+            // Compaction may have changed the conversation; `request` holds it.
+            conversation_tokens = estimate
+                .saturating_sub(system_tokens)
+                .saturating_sub(tools_tokens);
             self.live_tokens
                 .store(self.meter.scaled(estimate), Ordering::Relaxed);
             let reply = self.call_model(model, request).await?;
@@ -299,6 +320,7 @@ impl Turn {
                 })
                 .collect();
             if !answer.content.is_empty() {
+                conversation_tokens = conversation_tokens.saturating_add(answer_estimate);
                 self.added.push(answer.clone());
                 conversation.push(answer);
             }
@@ -329,10 +351,12 @@ impl Turn {
                 }
             }
             let results = Message::user(results);
+            let results_estimate = model::estimate_message_tokens(&results);
+            conversation_tokens = conversation_tokens.saturating_add(results_estimate);
             let grown = self
                 .live_tokens
                 .load(Ordering::Relaxed)
-                .saturating_add(self.meter.scaled(model::estimate_message_tokens(&results)));
+                .saturating_add(self.meter.scaled(results_estimate));
             self.live_tokens.store(grown, Ordering::Relaxed);
             self.added.push(results.clone());
             conversation.push(results);
@@ -376,18 +400,21 @@ impl Turn {
         conversation: &mut Vec<Message>,
         turn_start: &mut usize,
         usage: &mut Usage,
-    ) -> Result<(), TurnError> {
+        (estimate, tools_tokens): (u32, u32),
+    ) -> Result<u32, TurnError> {
         let budget = self.limits.context_budget;
         let limits = self.limits.compaction;
         let at = |fraction: f64| -> u32 { (f64::from(budget) * fraction).floor() as u32 };
-        if self.meter.tokens(request) <= at(limits.tool_results_at).min(budget) {
-            return Ok(());
+        if self.meter.scaled(estimate) <= at(limits.tool_results_at).min(budget) {
+            return Ok(estimate);
         }
+        // Compaction (rare): measure the request afresh after each step.
+        let full = |request: &ModelRequest| request.estimate_tokens_with_tools(tools_tokens);
         let target = self.meter.unscaled(at(limits.target));
 
         // Level 1: old tool results.
-        let before = (conversation.len(), self.meter.tokens(request));
-        let mut estimate = request.estimate_tokens();
+        let before = (conversation.len(), self.meter.scaled(full(request)));
+        let mut estimate = full(request);
         let tail = context::working_tail(conversation);
         let elided = context::elide_tool_results(conversation, tail, &mut estimate, target);
         if elided > 0 {
@@ -395,16 +422,16 @@ impl Turn {
             self.compacted(
                 "tool_results",
                 before,
-                (conversation.len(), self.meter.tokens(request)),
+                (conversation.len(), self.meter.scaled(full(request))),
                 format!("elided {elided} old tool result(s)"),
             )
             .await?;
         }
 
         // Level 2: old thinking (never the current turn's: providers verify it).
-        if self.meter.tokens(request) > at(limits.thinking_at) {
-            let before = (conversation.len(), self.meter.tokens(request));
-            let mut estimate = request.estimate_tokens();
+        if self.meter.scaled(full(request)) > at(limits.thinking_at) {
+            let before = (conversation.len(), self.meter.scaled(full(request)));
+            let mut estimate = full(request);
             let (blocks, removed) =
                 context::strip_thinking(conversation, *turn_start, &mut estimate, target);
             *turn_start -= removed;
@@ -413,7 +440,7 @@ impl Turn {
                 self.compacted(
                     "thinking",
                     before,
-                    (conversation.len(), self.meter.tokens(request)),
+                    (conversation.len(), self.meter.scaled(full(request))),
                     format!("removed {blocks} old thinking block(s)"),
                 )
                 .await?;
@@ -421,13 +448,13 @@ impl Turn {
         }
 
         // Level 3: summarise the oldest turns with the model itself.
-        if self.meter.tokens(request) > at(limits.summary_at) && model.can_summarize() {
-            let before = (conversation.len(), self.meter.tokens(request));
+        if self.meter.scaled(full(request)) > at(limits.summary_at) && model.can_summarize() {
+            let before = (conversation.len(), self.meter.scaled(full(request)));
             let summary_budget = self.limits.max_output_tokens.min(SUMMARY_MAX_TOKENS);
             if let Some(cut) = context::cut_old_turns(
                 conversation,
                 *turn_start,
-                request.estimate_tokens(),
+                full(request),
                 target,
                 summary_budget,
             )
@@ -447,7 +474,7 @@ impl Turn {
                     self.compacted(
                         "summary",
                         before,
-                        (conversation.len(), self.meter.tokens(request)),
+                        (conversation.len(), self.meter.scaled(full(request))),
                         summary,
                     )
                     .await?;
@@ -456,28 +483,25 @@ impl Turn {
         }
 
         // Level 4: over the budget and nothing else helped: drop the oldest turns.
-        if self.meter.tokens(request) > budget {
-            let before = (conversation.len(), self.meter.tokens(request));
-            if let Some(cut) = context::cut_old_turns(
-                conversation,
-                *turn_start,
-                request.estimate_tokens(),
-                target,
-                0,
-            ) {
+        if self.meter.scaled(full(request)) > budget {
+            let before = (conversation.len(), self.meter.scaled(full(request)));
+            if let Some(cut) =
+                context::cut_old_turns(conversation, *turn_start, full(request), target, 0)
+            {
                 conversation.drain(..cut);
                 *turn_start -= cut;
                 request.messages = conversation.clone();
                 self.compacted(
                     "truncate",
                     before,
-                    (conversation.len(), self.meter.tokens(request)),
+                    (conversation.len(), self.meter.scaled(full(request))),
                     format!("dropped the {cut} oldest message(s) to fit {budget} tokens"),
                 )
                 .await?;
             }
         }
-        let tokens = self.meter.tokens(request);
+        let estimate = full(request);
+        let tokens = self.meter.scaled(estimate);
         if tokens > budget {
             return Err(TurnError::Failed(SessionError::new(
                 ErrorCode::BudgetExceeded,
@@ -486,7 +510,7 @@ impl Turn {
                 ),
             )));
         }
-        Ok(())
+        Ok(estimate)
     }
 
     async fn compacted(

@@ -218,6 +218,10 @@ pub struct AuditRecord {
 #[derive(Debug, Clone)]
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
+    /// One call on the blocking pool at a time: the others wait here, as
+    /// tasks, instead of each taking a pool thread to queue on `conn`
+    /// (with many sessions that was a thread and a futex wake per write).
+    gate: Arc<tokio::sync::Semaphore>,
     path: PathBuf,
 }
 
@@ -273,6 +277,7 @@ impl Store {
         .map_err(open_err)?;
         Ok(Store {
             conn: Arc::new(Mutex::new(conn)),
+            gate: Arc::new(tokio::sync::Semaphore::new(1)),
             path: path.to_path_buf(),
         })
     }
@@ -285,6 +290,12 @@ impl Store {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, rusqlite::Error> + Send + 'static,
     ) -> Result<T, StoreError> {
+        // Never closed; FIFO, so calls keep their order.
+        let _turn = self
+            .gate
+            .acquire()
+            .await
+            .map_err(|e| StoreError::Task(e.to_string()))?;
         let conn = self.conn.clone();
         tokio::task::spawn_blocking(move || {
             // A panic while holding the lock poisons it; the connection itself
