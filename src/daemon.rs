@@ -86,6 +86,9 @@ impl Daemon {
             crate::safety::ProtectiveStop::default(),
         )
         .await?;
+        // Every trigger and clear of the protective stop goes to the audit
+        // (set up before the stop inputs, which may latch it at once).
+        audit_protective_stop(store.clone(), ooda.protective_stop());
         // The GPIO and MQTT protective-stop inputs of `[safety]`.
         if let Err(e) = crate::safety::inputs::start(&config.safety, &ooda) {
             ooda.stop().await;
@@ -226,6 +229,44 @@ impl Daemon {
         ctx.fleet.join().await;
         tracing::info!("shutdown complete");
     }
+}
+
+/// Writes every trigger, clear and refused clear of the protective stop to
+/// the audit, as rows of kind `protective_stop`, `protective_stop_cleared`
+/// and `protective_stop_clear_refused` (`origin`: the source, or who cleared).
+fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::ProtectiveStop) {
+    let (stop_tx, mut stop_rx) = tokio::sync::mpsc::unbounded_channel();
+    stop.set_audit(stop_tx);
+    tokio::spawn(async move {
+        use crate::safety::StopEvent;
+        while let Some(event) = stop_rx.recv().await {
+            let now = crate::store::now_ms();
+            let (kind, origin, result, error) = match event {
+                StopEvent::Triggered { source, reason } => {
+                    ("protective_stop", source, Some(reason), None)
+                }
+                StopEvent::Cleared { by } => ("protective_stop_cleared", by, None, None),
+                StopEvent::ClearRefused { by, input } => (
+                    "protective_stop_clear_refused",
+                    by,
+                    None,
+                    Some(format!("stop input {input} still asserts the stop")),
+                ),
+            };
+            let record = crate::store::AuditRecord {
+                at_ms: now,
+                kind: kind.into(),
+                result,
+                error,
+                origin: Some(origin),
+                ended_at_ms: Some(now),
+                ..Default::default()
+            };
+            if let Err(e) = store.audit(record).await {
+                tracing::error!(error = %e, "cannot write the audit record of a protective stop change");
+            }
+        }
+    });
 }
 
 /// Runs the daemon as a service: binds, tells systemd it is ready, pets the

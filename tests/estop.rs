@@ -16,6 +16,7 @@ use rozd::api::proto;
 use rozd::api::proto::safety_service_client::SafetyServiceClient;
 use rozd::ooda::act::{ActError, Origin};
 use rozd::ooda::{Observation, Ooda};
+use serde_json::{Value, json};
 use tonic::Code;
 
 const TOKEN: &str = "estop-test-token";
@@ -860,4 +861,59 @@ async fn a_bad_stop_input_keeps_the_daemon_from_starting() {
         Err(e) => e.to_string(),
     };
     assert!(err.contains("safety.estop_gpio_pin"), "{err}");
+}
+
+#[tokio::test]
+async fn triggering_and_clearing_the_stop_are_audited() {
+    let daemon = robot("").await;
+    let addr = daemon.addr.to_string();
+    let reply = rozd::client::post_json(
+        &addr,
+        "/v1/estop",
+        None,
+        &json!({"reason": "person in the cell"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.status.as_u16(), 200, "{}", reply.body);
+    let reply = rozd::client::post_json(
+        &addr,
+        "/v1/estop/clear",
+        None,
+        &json!({"reason": "cell is clear"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.status.as_u16(), 200, "{}", reply.body);
+    // The audit writer runs beside the request: wait (bounded) for its rows.
+    let rows = tokio::time::timeout(EXPECT_WITHIN, async {
+        loop {
+            let reply = rozd::client::get(&addr, "/v1/audit", None).await.unwrap();
+            let audit: Value = serde_json::from_str(&reply.body).unwrap();
+            let rows: Vec<Value> = audit["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| {
+                    r["kind"]
+                        .as_str()
+                        .is_some_and(|k| k.starts_with("protective_stop"))
+                })
+                .cloned()
+                .collect();
+            if rows.len() >= 2 {
+                return rows;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("both changes are audited");
+    assert_eq!(rows[0]["kind"], "protective_stop");
+    // rozd's own HTTP client identifies itself as the CLI.
+    assert_eq!(rows[0]["origin"], "cli");
+    assert_eq!(rows[0]["result"], "person in the cell");
+    assert_eq!(rows[1]["kind"], "protective_stop_cleared");
+    assert_eq!(rows[1]["origin"], "cli: cell is clear");
+    daemon.shutdown().await;
 }

@@ -37,10 +37,20 @@ pub struct ClearRefused {
     pub why: String,
 }
 
+/// A change of the latch, for the audit.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StopEvent {
+    Triggered { source: String, reason: String },
+    Cleared { by: String },
+    ClearRefused { by: String, input: String },
+}
+
 /// The latch. Cheap to clone; all clones share one state.
 #[derive(Debug, Clone)]
 pub struct ProtectiveStop {
     state: Arc<watch::Sender<Option<StopInfo>>>,
+    /// Where each change goes (the daemon writes it to the audit).
+    audit: Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<StopEvent>>>,
     /// Inputs that still assert the stop (input -> description). The lock is
     /// also held while clearing, so a clear and an input becoming active
     /// cannot interleave.
@@ -51,12 +61,25 @@ impl Default for ProtectiveStop {
     fn default() -> Self {
         ProtectiveStop {
             state: Arc::new(watch::Sender::new(None)),
+            audit: Arc::default(),
             held: Arc::default(),
         }
     }
 }
 
 impl ProtectiveStop {
+    /// Sends every later trigger, clear and refused clear to `sink`.
+    pub fn set_audit(&self, sink: tokio::sync::mpsc::UnboundedSender<StopEvent>) {
+        let _ = self.audit.set(sink);
+    }
+
+    fn report(&self, event: StopEvent) {
+        if let Some(sink) = self.audit.get() {
+            // A closed sink means the daemon is gone; nothing left to record.
+            let _ = sink.send(event);
+        }
+    }
+
     pub fn active(&self) -> Option<StopInfo> {
         self.state.borrow().clone()
     }
@@ -77,6 +100,10 @@ impl ProtectiveStop {
         });
         if latched {
             tracing::warn!(source, reason, "PROTECTIVE STOP");
+            self.report(StopEvent::Triggered {
+                source: source.to_string(),
+                reason: reason.to_string(),
+            });
         }
         latched
     }
@@ -91,6 +118,10 @@ impl ProtectiveStop {
                 input,
                 "protective stop NOT cleared: an input still asserts it"
             );
+            self.report(StopEvent::ClearRefused {
+                by: by.to_string(),
+                input: input.clone(),
+            });
             return Err(ClearRefused {
                 input: input.clone(),
                 why: why.clone(),
@@ -100,6 +131,7 @@ impl ProtectiveStop {
         drop(held);
         if cleared {
             tracing::warn!(by, "protective stop cleared");
+            self.report(StopEvent::Cleared { by: by.to_string() });
         }
         Ok(cleared)
     }
