@@ -837,13 +837,7 @@ impl Config {
                 key: "server.auth_token_file".into(),
                 message: format!("cannot read {}: {e}", path.display()),
             })?;
-            tokens.extend(
-                content
-                    .lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                    .map(Secret::new),
-            );
+            tokens.extend(token_lines(&content).map(Secret::new));
         }
         self.resolved_tokens = tokens;
         Ok(())
@@ -949,6 +943,14 @@ impl Config {
         ));
         out
     }
+}
+
+/// The tokens of a token file: its lines, trimmed, without blank lines and
+/// `#` comments.
+pub(crate) fn token_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
 }
 
 /// A host id: 1-128 letters, digits, '-', '_', '.'.

@@ -146,20 +146,35 @@ fn recv_until(socket: &UnixDatagram, wanted: &str) -> Vec<String> {
     }
 }
 
-#[test]
-fn sd_notify_ready_watchdog_stopping_and_clean_exit() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket_path = dir.path().join("notify.sock");
+/// A notify socket (read with a timeout) in `dir`, its path, and a minimal
+/// config for `rozd run` on a free loopback port with its store in `dir`.
+fn notify_setup(dir: &Path) -> (UnixDatagram, std::path::PathBuf, String) {
+    let socket_path = dir.join("notify.sock");
     let socket = UnixDatagram::bind(&socket_path).unwrap();
     socket.set_read_timeout(Some(WAIT)).unwrap();
     let config = write(
-        dir.path(),
+        dir,
         "rozd.toml",
         &format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n",
-            dir.path().join("rozd.db").display().to_string()
+            dir.join("rozd.db").display().to_string()
         ),
     );
+    (socket, socket_path, config)
+}
+
+fn sigterm(child: &std::process::Child) {
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+}
+
+#[test]
+fn sd_notify_ready_watchdog_stopping_and_clean_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, socket_path, config) = notify_setup(dir.path());
     let mut child = Command::new(ROZD)
         .args(["run", "--config", &config])
         .env("NOTIFY_SOCKET", &socket_path)
@@ -197,11 +212,7 @@ fn sd_notify_ready_watchdog_stopping_and_clean_exit() {
     recv_until(&socket, "WATCHDOG=1");
     recv_until(&socket, "WATCHDOG=1");
 
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    sigterm(&child);
     recv_until(&socket, "STOPPING=1");
     let exit = child.wait().unwrap();
     assert_eq!(exit.code(), Some(0), "graceful shutdown exits 0");
@@ -210,17 +221,7 @@ fn sd_notify_ready_watchdog_stopping_and_clean_exit() {
 #[test]
 fn sigterm_right_after_ready_is_a_graceful_stop() {
     let dir = tempfile::tempdir().unwrap();
-    let socket_path = dir.path().join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).unwrap();
-    socket.set_read_timeout(Some(WAIT)).unwrap();
-    let config = write(
-        dir.path(),
-        "rozd.toml",
-        &format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n",
-            dir.path().join("rozd.db").display().to_string()
-        ),
-    );
+    let (socket, socket_path, config) = notify_setup(dir.path());
     // Several times: the window between READY=1 and the signal handlers is small.
     for _ in 0..5 {
         let mut child = Command::new(ROZD)
@@ -234,11 +235,7 @@ fn sigterm_right_after_ready_is_a_graceful_stop() {
             .spawn()
             .unwrap();
         recv_until(&socket, "READY=1");
-        let killed = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
+        sigterm(&child);
         recv_until(&socket, "STOPPING=1");
         let exit = child.wait().unwrap();
         assert_eq!(

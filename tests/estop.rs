@@ -11,7 +11,7 @@ mod hw_support;
 use std::sync::Arc;
 
 use common::broker::{Broker, publish};
-use common::{EXPECT_WITHIN, TestDaemon, rozd_cli};
+use common::{EXPECT_WITHIN, TestDaemon, rest_get, rest_post, rozd_cli};
 use rozd::api::proto;
 use rozd::api::proto::safety_service_client::SafetyServiceClient;
 use rozd::ooda::act::{ActError, Origin};
@@ -866,30 +866,24 @@ async fn a_bad_stop_input_keeps_the_daemon_from_starting() {
 #[tokio::test]
 async fn triggering_and_clearing_the_stop_are_audited() {
     let daemon = robot("").await;
-    let addr = daemon.addr.to_string();
-    let reply = rozd::client::post_json(
-        &addr,
+    let (status, reply) = rest_post(
+        &daemon,
         "/v1/estop",
-        None,
         &json!({"reason": "person in the cell"}),
     )
-    .await
-    .unwrap();
-    assert_eq!(reply.status.as_u16(), 200, "{}", reply.body);
-    let reply = rozd::client::post_json(
-        &addr,
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    let (status, reply) = rest_post(
+        &daemon,
         "/v1/estop/clear",
-        None,
         &json!({"reason": "cell is clear"}),
     )
-    .await
-    .unwrap();
-    assert_eq!(reply.status.as_u16(), 200, "{}", reply.body);
+    .await;
+    assert_eq!(status, 200, "{reply}");
     // The audit writer runs beside the request: wait (bounded) for its rows.
     let rows = tokio::time::timeout(EXPECT_WITHIN, async {
         loop {
-            let reply = rozd::client::get(&addr, "/v1/audit", None).await.unwrap();
-            let audit: Value = serde_json::from_str(&reply.body).unwrap();
+            let (_, audit) = rest_get(&daemon, "/v1/audit").await;
             let rows: Vec<Value> = audit["data"]
                 .as_array()
                 .unwrap()

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{EXPECT_WITHIN, TestDaemon, rozd_cli};
+use common::{EXPECT_WITHIN, TestDaemon, rest_get, rest_post, rozd_cli};
 use rozd::api::proto;
 use rozd::api::proto::agent_service_client::AgentServiceClient;
 use rozd::api::proto::task_service_client::TaskServiceClient;
@@ -308,14 +308,7 @@ async fn a_team_of_three_workers_reads_and_moves_and_every_watcher_sees_the_same
     assert_eq!(status_names(&updates), ["pending", "running", "succeeded"]);
 
     // The worker's physical call is audited under its own id.
-    let audit = rozd::client::get(
-        &daemon.addr.to_string(),
-        &format!("/v1/audit?session={id}:w3"),
-        None,
-    )
-    .await
-    .unwrap();
-    let audit: Value = serde_json::from_str(&audit.body).unwrap();
+    let (_, audit) = rest_get(&daemon, &format!("/v1/audit?session={id}:w3")).await;
     assert!(
         audit["data"]
             .as_array()
@@ -349,15 +342,13 @@ async fn a_protective_stop_mid_task_fails_every_running_worker_with_e_stop() {
             .all(|l| lines.iter().any(|seen| seen == l))
         })
         .await;
-    let reply = rozd::client::post_json(
-        &daemon.addr.to_string(),
+    let (status, reply) = rest_post(
+        &daemon,
         "/v1/estop",
-        None,
         &json!({"reason": "operator pressed stop"}),
     )
-    .await
-    .unwrap();
-    assert_eq!(reply.status.as_u16(), 200, "{}", reply.body);
+    .await;
+    assert_eq!(status, 200, "{reply}");
     let lines = watch.until_end().await;
     check_lifecycles(&lines);
     for w in ["w0", "w1", "w2"] {
@@ -620,28 +611,22 @@ async fn approvals_through_approve_tool_use_and_through_rest_both_decide_the_cal
     let before = lamp.history().len();
     let task = create(&daemon, "set lamp 1", None).await;
     let pending = pending_call(&daemon, &task.id).await;
-    let addr = daemon.addr.to_string();
     let path = format!("/v1/tasks/{}/approvals", task.id);
-    let bad = rozd::client::post_json(
-        &addr,
+    let (status, bad) = rest_post(
+        &daemon,
         &path,
-        None,
         &json!({"tool_call_id": pending.tool_call_id}),
     )
-    .await
-    .unwrap();
-    assert_eq!(bad.status.as_u16(), 400, "{}", bad.body);
-    let bad: Value = serde_json::from_str(&bad.body).unwrap();
+    .await;
+    assert_eq!(status, 400, "{bad}");
     assert_eq!(bad["error"]["code"], "invalid_argument");
-    let reply = rozd::client::post_json(
-        &addr,
+    let (status, reply) = rest_post(
+        &daemon,
         &path,
-        None,
         &json!({"tool_call_id": pending.tool_call_id, "approved": false}),
     )
-    .await
-    .unwrap();
-    assert_eq!(reply.status.as_u16(), 200, "{}", reply.body);
+    .await;
+    assert_eq!(status, 200, "{reply}");
     let updates = statuses(&daemon, &task.id, EXPECT_WITHIN).await;
     assert_eq!(status_names(&updates).last(), Some(&"succeeded"));
     assert!(updates.last().unwrap().1.contains("denied"), "{updates:?}");
@@ -733,7 +718,6 @@ async fn bad_requests_get_precise_errors_over_grpc_and_rest() {
         Code::InvalidArgument
     );
 
-    let addr = daemon.addr.to_string();
     for (body, needle) in [
         (json!([1]), "JSON object"),
         (json!({"prompt": 3}), "`prompt` must be a string"),
@@ -746,27 +730,18 @@ async fn bad_requests_get_precise_errors_over_grpc_and_rest() {
             "timeout_secs",
         ),
     ] {
-        let reply = rozd::client::post_json(&addr, "/v1/tasks", None, &body)
-            .await
-            .unwrap();
-        assert_eq!(reply.status.as_u16(), 400, "{body}: {}", reply.body);
-        let reply: Value = serde_json::from_str(&reply.body).unwrap();
+        let (status, reply) = rest_post(&daemon, "/v1/tasks", &body).await;
+        assert_eq!(status, 400, "{body}: {reply}");
         assert_eq!(reply["error"]["code"], "invalid_argument");
         let message = reply["error"]["message"].as_str().unwrap();
         assert!(message.contains(needle), "{message}");
     }
-    let reply = rozd::client::get(&addr, &format!("/v1/tasks/{unknown}"), None)
-        .await
-        .unwrap();
-    assert_eq!(reply.status.as_u16(), 404, "{}", reply.body);
+    let (status, reply) = rest_get(&daemon, &format!("/v1/tasks/{unknown}")).await;
+    assert_eq!(status, 404, "{reply}");
 
     // The REST round trip: create, list, show, events; cancel a finished task is a 409.
-    let created =
-        rozd::client::post_json(&addr, "/v1/tasks", None, &json!({"prompt": "echo hello"}))
-            .await
-            .unwrap();
-    assert_eq!(created.status.as_u16(), 201, "{}", created.body);
-    let created: Value = serde_json::from_str(&created.body).unwrap();
+    let (status, created) = rest_post(&daemon, "/v1/tasks", &json!({"prompt": "echo hello"})).await;
+    assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap().to_string();
     assert_eq!(created["timeout_secs"], 30);
     let updates = statuses(&daemon, &id, EXPECT_WITHIN).await;
@@ -774,16 +749,10 @@ async fn bad_requests_get_precise_errors_over_grpc_and_rest() {
         updates.last().unwrap(),
         &("succeeded".to_string(), "hello".to_string())
     );
-    let list = rozd::client::get(&addr, "/v1/tasks?limit=5", None)
-        .await
-        .unwrap();
-    let list: Value = serde_json::from_str(&list.body).unwrap();
+    let (_, list) = rest_get(&daemon, "/v1/tasks?limit=5").await;
     assert_eq!(list["data"][0]["id"], id.as_str());
     assert_eq!(list["data"][0]["status"], "succeeded");
-    let events = rozd::client::get(&addr, &format!("/v1/tasks/{id}/events"), None)
-        .await
-        .unwrap();
-    let events: Value = serde_json::from_str(&events.body).unwrap();
+    let (_, events) = rest_get(&daemon, &format!("/v1/tasks/{id}/events")).await;
     let kinds: Vec<&str> = events["data"]
         .as_array()
         .unwrap()
@@ -795,11 +764,8 @@ async fn bad_requests_get_precise_errors_over_grpc_and_rest() {
         kinds.contains(&"worker_completed") && kinds.contains(&"worker_exited"),
         "{kinds:?}"
     );
-    let cancel =
-        rozd::client::post_json(&addr, &format!("/v1/tasks/{id}/cancel"), None, &json!({}))
-            .await
-            .unwrap();
-    assert_eq!(cancel.status.as_u16(), 409, "{}", cancel.body);
+    let (status, cancel) = rest_post(&daemon, &format!("/v1/tasks/{id}/cancel"), &json!({})).await;
+    assert_eq!(status, 409, "{cancel}");
     daemon.shutdown().await;
 }
 
@@ -1050,15 +1016,8 @@ async fn max_concurrent_and_max_workers_bound_tasks_and_teams() {
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
-    let reply = rozd::client::post_json(
-        &daemon.addr.to_string(),
-        "/v1/tasks",
-        None,
-        &json!({"prompt": "status"}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(reply.status.as_u16(), 429, "{}", reply.body);
+    let (status, reply) = rest_post(&daemon, "/v1/tasks", &json!({"prompt": "status"})).await;
+    assert_eq!(status, 429, "{reply}");
     tasks(&daemon)
         .await
         .cancel_task(proto::CancelTaskRequest {

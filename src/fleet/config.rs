@@ -218,11 +218,7 @@ pub fn validate(
                     format!("cannot read {}: {e}", path.display()),
                 )
             })?;
-            match text
-                .lines()
-                .map(str::trim)
-                .find(|l| !l.is_empty() && !l.starts_with('#'))
-            {
+            match crate::config::token_lines(&text).next() {
                 Some(token) => Some(Secret::new(token)),
                 None => return err("token_file", format!("{} holds no token", path.display())),
             }

@@ -171,7 +171,7 @@ impl FleetView {
                     .heartbeat_secs
                     .map_or(self.default_heartbeat, Duration::from_secs);
                 if now.saturating_duration_since(entry.received_at)
-                    >= interval * STALE_AFTER_HEARTBEATS
+                    >= interval.saturating_mul(STALE_AFTER_HEARTBEATS)
                 {
                     Presence::Stale
                 } else {

@@ -236,3 +236,28 @@ pub async fn rozd_cli(args: &[&str]) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// `GET path` on `daemon` (no token): the status and the body as JSON.
+pub async fn rest_get(daemon: &TestDaemon, path: &str) -> (u16, serde_json::Value) {
+    let reply = rozd::client::get(&daemon.addr.to_string(), path, None)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    (reply.status.as_u16(), rest_body(path, &reply.body))
+}
+
+/// `POST path` with a JSON body on `daemon` (no token): the status and the body as JSON.
+pub async fn rest_post(
+    daemon: &TestDaemon,
+    path: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let reply = rozd::client::post_json(&daemon.addr.to_string(), path, None, body)
+        .await
+        .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+    (reply.status.as_u16(), rest_body(path, &reply.body))
+}
+
+fn rest_body(path: &str, body: &str) -> serde_json::Value {
+    serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("{path}: body is not JSON ({e}): {body:?}"))
+}
