@@ -831,10 +831,11 @@ impl Turn {
             .await?;
             return Ok(error_result(id, name, &message));
         }
-        if physical && let Some(stop) = self.host.tools.protective_stop() {
+        let stop = self.host.tools.protective_stop();
+        if physical && stop.is_active() {
             let message = format!(
-                "`{name}` refused: protective stop is active ({}: {})",
-                stop.source, stop.reason
+                "`{name}` refused: protective stop is active ({})",
+                stop.describe()
             );
             self.audit(id, name, &input, "refused", Err(&message), started)
                 .await;
@@ -964,10 +965,14 @@ impl Turn {
         let mut lines = vec![format!(
             "Current observation #{} (protective stop: {}):",
             obs.seq,
-            obs.protective_stop.as_ref().map_or_else(
-                || "none".to_string(),
-                |s| format!("ACTIVE, {}: {}", s.source, s.reason)
-            )
+            if obs.protective_stop_causes.is_empty() {
+                "none".to_string()
+            } else {
+                let causes = crate::safety::StopState {
+                    causes: obs.protective_stop_causes.clone(),
+                };
+                format!("ACTIVE, {}", causes.describe())
+            }
         )];
         let mut now_alarms = Vec::new();
         for s in &obs.sensors {
