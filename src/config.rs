@@ -316,6 +316,49 @@ impl Default for SessionConfig {
     }
 }
 
+/// How an agent works: `react` (a plain tool loop) or `ooda_re_act` (the
+/// latest Observation is injected before every model call and each cycle is
+/// reported as an OODA phase). One parser for every place a mode is named:
+/// `UserMessage.ai_mode`, `[tasks] ai_mode` and `spawn_worker`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AiMode {
+    React,
+    #[default]
+    OodaReAct,
+}
+
+impl AiMode {
+    /// Every accepted spelling, canonical names first.
+    pub const SPELLINGS: [&str; 4] = ["react", "ooda_re_act", "ooda", "ooda_react"];
+    /// The accepted spellings for messages.
+    pub const EXPECTED: &str = "react, ooda_re_act (or its aliases ooda, ooda_react)";
+
+    pub fn parse(text: &str) -> Option<AiMode> {
+        match text {
+            "react" => Some(AiMode::React),
+            "ooda_re_act" | "ooda" | "ooda_react" => Some(AiMode::OodaReAct),
+            _ => None,
+        }
+    }
+
+    /// The canonical name (what is stored and reported).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AiMode::React => "react",
+            AiMode::OodaReAct => "ooda_re_act",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AiMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        AiMode::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!("{text:?} is not one of {}", AiMode::EXPECTED))
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Policy {
@@ -384,8 +427,8 @@ pub struct TasksConfig {
     #[serde(default = "default_tasks_max_timeout_secs")]
     pub max_timeout_secs: u32,
     /// Agent mode of a task's lead and of workers that do not name one.
-    #[serde(default = "default_tasks_ai_mode")]
-    pub ai_mode: String,
+    #[serde(default)]
+    pub ai_mode: AiMode,
     /// Model of the task agents; absent = `model.default`.
     #[serde(default)]
     pub model: Option<String>,
@@ -398,19 +441,8 @@ impl Default for TasksConfig {
             max_workers: default_tasks_max_workers(),
             default_timeout_secs: default_tasks_timeout_secs(),
             max_timeout_secs: default_tasks_max_timeout_secs(),
-            ai_mode: default_tasks_ai_mode(),
+            ai_mode: AiMode::default(),
             model: None,
-        }
-    }
-}
-
-impl TasksConfig {
-    /// The validated `ai_mode` as the session engine names it.
-    pub fn ai_mode(&self) -> &'static str {
-        if self.ai_mode == crate::session::state::MODE_REACT {
-            crate::session::state::MODE_REACT
-        } else {
-            crate::session::state::MODE_OODA
         }
     }
 }
@@ -426,9 +458,6 @@ fn default_tasks_timeout_secs() -> u32 {
 }
 fn default_tasks_max_timeout_secs() -> u32 {
     86_400
-}
-fn default_tasks_ai_mode() -> String {
-    crate::session::state::MODE_OODA.to_string()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -742,17 +771,6 @@ impl Config {
                 ),
             ));
         }
-        if ![
-            crate::session::state::MODE_REACT,
-            crate::session::state::MODE_OODA,
-        ]
-        .contains(&t.ai_mode.as_str())
-        {
-            return Err(invalid(
-                "tasks.ai_mode",
-                format!("{:?} is not \"react\" or \"ooda_re_act\"", t.ai_mode),
-            ));
-        }
         if let Some(model) = &t.model
             && !self.model.knows(model)
         {
@@ -891,7 +909,7 @@ impl Config {
             t.max_workers,
             t.default_timeout_secs,
             t.max_timeout_secs,
-            t.ai_mode,
+            t.ai_mode.as_str(),
             t.model.as_deref().unwrap_or(&self.model.default)
         ));
         for e in &self.model.endpoints {
@@ -1093,8 +1111,32 @@ mod tests {
             );
         }
         let c = parse("[tasks]\nai_mode = \"react\"\nmax_workers = 0\n").unwrap();
-        assert_eq!(c.tasks.ai_mode(), crate::session::state::MODE_REACT);
+        assert_eq!(c.tasks.ai_mode, AiMode::React);
         assert_eq!(c.tasks.max_workers, 0);
+        let c = parse("[tasks]\nai_mode = \"ooda\"\n").unwrap();
+        assert_eq!(
+            c.tasks.ai_mode,
+            AiMode::OodaReAct,
+            "the aliases sessions accept"
+        );
+    }
+
+    #[test]
+    fn one_parser_for_every_ai_mode_spelling() {
+        for (text, mode) in [
+            ("react", AiMode::React),
+            ("ooda_re_act", AiMode::OodaReAct),
+            ("ooda", AiMode::OodaReAct),
+            ("ooda_react", AiMode::OodaReAct),
+        ] {
+            assert_eq!(AiMode::parse(text), Some(mode), "{text}");
+            assert!(AiMode::SPELLINGS.contains(&text));
+        }
+        for bad in ["", "React", "plan", "ooda-react"] {
+            assert_eq!(AiMode::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(AiMode::default(), AiMode::OodaReAct);
+        assert_eq!(AiMode::parse(AiMode::React.as_str()), Some(AiMode::React));
     }
 
     #[test]

@@ -99,7 +99,7 @@ const TURN_INBOX: usize = 64;
 
 struct ActiveTurn {
     plan_message_id: String,
-    ai_mode: &'static str,
+    ai_mode: crate::config::AiMode,
     user_content: String,
     started_at_ms: i64,
     cancel: CancellationToken,
@@ -620,7 +620,7 @@ impl Runner {
             session_id: session.id.clone(),
             seq: session.turns_done,
             message_id: turn.plan_message_id.clone(),
-            ai_mode: turn.ai_mode.to_string(),
+            ai_mode: turn.ai_mode.as_str().to_string(),
             user_content: turn.user_content.clone(),
             messages: crate::store::messages_json(&outcome.added),
             stop_reason: outcome.stop_reason.as_str().to_string(),

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::config::HostConfig;
+use crate::config::{AiMode, HostConfig};
 use crate::model::{self, Block, Message, Model, ModelRegistry};
 
 use super::context::ContextMeter;
@@ -18,10 +18,6 @@ use super::{
 /// How many timed-out tool call ids a session remembers, so that their late
 /// results are recognised and ignored rather than reported as errors.
 const EXPIRED_CALLS_KEPT: usize = 256;
-
-/// The agent modes a `UserMessage.ai_mode` may name.
-pub const MODE_REACT: &str = "react";
-pub const MODE_OODA: &str = "ooda_re_act";
 
 fn invalid(message: impl Into<String>) -> SessionError {
     SessionError::new(ErrorCode::InvalidArgument, message)
@@ -53,7 +49,7 @@ pub struct Session {
 #[derive(Debug)]
 pub struct TurnPlan {
     pub message_id: String,
-    pub ai_mode: &'static str,
+    pub ai_mode: AiMode,
     pub user_content: String,
     pub system: String,
     /// The tools of this turn: `UserMessage.tools` when given, else the session's.
@@ -146,15 +142,15 @@ impl Session {
 
     /// Validates a `UserMessage` and prepares its turn.
     pub fn plan_turn(&self, turn: UserTurn, host: &HostConfig) -> Result<TurnPlan, SessionError> {
+        // Sessions that target this host default to ooda_re_act.
         let ai_mode = match turn.ai_mode.as_deref() {
-            None | Some("") => MODE_OODA,
-            Some("react") => MODE_REACT,
-            Some("ooda_re_act" | "ooda" | "ooda_react") => MODE_OODA,
-            Some(other) => {
-                return Err(invalid(format!(
-                    "user_message.ai_mode {other:?} is not one of react, ooda_re_act (ooda, ooda_react)"
-                )));
-            }
+            None | Some("") => AiMode::OodaReAct,
+            Some(text) => AiMode::parse(text).ok_or_else(|| {
+                invalid(format!(
+                    "user_message.ai_mode {text:?} is not one of {}",
+                    AiMode::EXPECTED
+                ))
+            })?,
         };
         if let Some(id) = &turn.message_id
             && id.is_empty()
@@ -481,7 +477,7 @@ mod tests {
         let first = plan.system.find("first block").unwrap();
         let second = plan.system.find("second block").unwrap();
         assert!(first < second && plan.system.contains("turn only"));
-        assert_eq!(plan.ai_mode, MODE_OODA);
+        assert_eq!(plan.ai_mode, AiMode::OodaReAct);
         assert!(uuid::Uuid::parse_str(&plan.message_id).is_ok());
     }
 }

@@ -325,7 +325,7 @@ fn start_worker(
     ctx: &Arc<HostContext>,
     task: &Arc<LiveTask>,
     prompt: String,
-    mode: &'static str,
+    mode: crate::config::AiMode,
     lead: bool,
 ) -> Result<String, String> {
     let index = lock(&task.state).admit_worker(ctx.config.tasks.max_workers)?;
@@ -543,7 +543,7 @@ pub async fn create(ctx: &Arc<HostContext>, new: NewTask) -> Result<TaskView, Ta
 /// Runs a task: its lead, the stop conditions, then its final status.
 async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
     task.set_status(&ctx, TaskStatus::Running, None).await;
-    let lead_id = match start_worker(&ctx, &task, prompt, ctx.config.tasks.ai_mode(), true) {
+    let lead_id = match start_worker(&ctx, &task, prompt, ctx.config.tasks.ai_mode, true) {
         Ok(id) => Some(id),
         Err(e) => {
             tracing::error!(task_id = %task.id, error = %e, "cannot start the task's lead");

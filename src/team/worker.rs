@@ -18,11 +18,10 @@ use tokio_util::sync::CancellationToken;
 use super::LiveTask;
 use super::state::{FailReason, PendingApproval, StopCause, TeamEvent, WorkerEnd};
 use crate::HostContext;
-use crate::config::ToolCategory;
+use crate::config::{AiMode, ToolCategory};
 use crate::model::{Block, Message};
 use crate::ooda::act::Origin;
 use crate::session::context::ContextMeter;
-use crate::session::state::MODE_OODA;
 use crate::session::tools::ToolRegistry;
 use crate::session::turn::{self, HostAccess, TurnInput, TurnLimits, TurnNote, TurnSetup};
 use crate::session::{Activity, ErrorCode, ServerEvent, StopReason, ToolOutcome, ToolSpec};
@@ -39,7 +38,7 @@ const MAX_RESULT_CHARS: usize = 4000;
 pub struct WorkerPlan {
     pub worker_id: String,
     pub prompt: String,
-    pub mode: &'static str,
+    pub mode: AiMode,
     /// The task's own agent (worker zero): it has the team tools.
     pub lead: bool,
 }
@@ -57,7 +56,7 @@ pub fn team_tools(await_timeout_ms: u32) -> Result<ToolRegistry, String> {
                     "type": "object",
                     "properties": {
                         "prompt": {"type": "string", "minLength": 1},
-                        "ai_mode": {"type": "string", "enum": ["react", "ooda_re_act"]}
+                        "ai_mode": {"type": "string", "enum": AiMode::SPELLINGS}
                     },
                     "required": ["prompt"],
                     "additionalProperties": false
@@ -248,7 +247,7 @@ impl Driver<'_> {
                         TeamEvent::Phase {
                             worker_id: self.plan.worker_id.clone(),
                             phase: n,
-                            mode: self.plan.mode.to_string(),
+                            mode: self.plan.mode.as_str().to_string(),
                         },
                     )
                     .await;
@@ -339,11 +338,14 @@ impl Driver<'_> {
                     .unwrap_or_default()
                     .to_string();
                 let mode = match parameters.get("ai_mode").and_then(Value::as_str) {
-                    Some("react") => crate::session::state::MODE_REACT,
-                    Some(_) => MODE_OODA,
-                    None => self.ctx.config.tasks.ai_mode(),
+                    None => Ok(self.ctx.config.tasks.ai_mode),
+                    Some(text) => AiMode::parse(text).ok_or_else(|| {
+                        format!("ai_mode {text:?} is not one of {}", AiMode::EXPECTED)
+                    }),
                 };
-                match super::start_worker(self.ctx, self.task, prompt, mode, false) {
+                match mode
+                    .and_then(|mode| super::start_worker(self.ctx, self.task, prompt, mode, false))
+                {
                     Ok(worker_id) => reply(true, json!({ "worker_id": worker_id })),
                     Err(why) => reply(false, json!({ "error": why })),
                 }

@@ -27,12 +27,11 @@ mod compaction;
 mod host_call;
 mod observation;
 
-use crate::config::{Config, Policy, ToolCategory};
+use crate::config::{AiMode, Config, Policy, ToolCategory};
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
 
 use super::context::{self, CompactionLimits, ContextMeter};
 use super::permissions::PermissionPolicy;
-use super::state::MODE_OODA;
 use super::tools::ToolRegistry;
 use super::{Activity, ErrorCode, Presence, ServerEvent, SessionError, StopReason, ToolOutcome};
 use crate::HostContext;
@@ -67,7 +66,7 @@ impl HostAccess {
         ctx: &HostContext,
         owner: &str,
         label: String,
-        ai_mode: &str,
+        ai_mode: AiMode,
         notes: Option<mpsc::UnboundedSender<TurnNote>>,
     ) -> HostAccess {
         HostAccess {
@@ -77,7 +76,7 @@ impl HostAccess {
             tools: ctx.host_tools.clone(),
             registry: ctx.host_registry.clone(),
             store: ctx.store.clone(),
-            observe: (ai_mode == MODE_OODA).then(|| ctx.ooda.clone()),
+            observe: (ai_mode == AiMode::OodaReAct).then(|| ctx.ooda.clone()),
         }
     }
 }
