@@ -7,6 +7,7 @@
 
 pub mod context;
 pub mod permissions;
+mod record;
 pub mod state;
 pub mod tools;
 pub mod turn;
@@ -622,7 +623,7 @@ impl Runner {
             message_id: turn.plan_message_id.clone(),
             ai_mode: turn.ai_mode.as_str().to_string(),
             user_content: turn.user_content.clone(),
-            messages: crate::store::messages_json(&outcome.added),
+            messages: record::messages_json(&outcome.added),
             stop_reason: outcome.stop_reason.as_str().to_string(),
             input_tokens: outcome.usage.input_tokens,
             output_tokens: outcome.usage.output_tokens,

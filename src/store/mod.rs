@@ -124,39 +124,6 @@ const MIGRATIONS: &[&str] = &[
     );",
 ];
 
-/// Conversation messages as stored JSON. Image bytes are not stored, only their size.
-pub fn messages_json(messages: &[crate::model::Message]) -> serde_json::Value {
-    use crate::model::{Block, Role};
-    use serde_json::json;
-    let blocks = |m: &crate::model::Message| -> Vec<serde_json::Value> {
-        m.content
-            .iter()
-            .map(|b| match b {
-                Block::Text(t) => json!({"type": "text", "text": t}),
-                Block::Thinking { text, .. } => json!({"type": "thinking", "thinking": text}),
-                Block::RedactedThinking { .. } => json!({"type": "redacted_thinking"}),
-                Block::ToolUse { id, name, input } => json!({"type": "tool_use", "id": id, "name": name, "input": input}),
-                Block::ToolResult { tool_use_id, name, content, is_error } => json!({
-                    "type": "tool_result", "tool_use_id": tool_use_id, "name": name, "content": content, "is_error": is_error
-                }),
-                Block::Image { media_type, data } => json!({"type": "image", "media_type": media_type, "bytes": data.len()}),
-            })
-            .collect()
-    };
-    serde_json::Value::Array(
-        messages
-            .iter()
-            .map(|m| {
-                let role = match m.role {
-                    Role::User => "user",
-                    Role::Assistant => "assistant",
-                };
-                json!({"role": role, "content": blocks(m)})
-            })
-            .collect(),
-    )
-}
-
 pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
