@@ -1037,7 +1037,13 @@ async fn a_huge_retained_record_does_not_take_the_fleet_link_down() {
         })
         .to_string()
     };
-    publish(broker.port, "roz/v1/hosts/x", record("x", 2 * 1024 * 1024), true).await;
+    publish(
+        broker.port,
+        "roz/v1/hosts/x",
+        record("x", 2 * 1024 * 1024),
+        true,
+    )
+    .await;
     let a = Rozd::spawn("a", &broker).await;
     let b = Rozd::spawn("b", &broker).await;
     let both = [("a", "online"), ("b", "online")];
@@ -1047,9 +1053,10 @@ async fn a_huge_retained_record_does_not_take_the_fleet_link_down() {
     // Above the record limit, below the packet limit: counted, not fatal.
     publish(broker.port, "roz/v1/hosts/y", record("y", 100_000), true).await;
     for host in [&a, &b] {
-        eventually(&format!("{} counts the oversized record", host.id), || async {
-            (host.get("/v1/status").await["fleet"]["oversized"] == 1).then_some(())
-        })
+        eventually(
+            &format!("{} counts the oversized record", host.id),
+            || async { (host.get("/v1/status").await["fleet"]["oversized"] == 1).then_some(()) },
+        )
         .await;
     }
 

@@ -62,6 +62,7 @@ fn config(port: u16, client_id: &str) -> MqttConfig {
         keep_alive_secs: 5,
         reconnect_min_ms: 50,
         reconnect_max_ms: 400,
+        max_packet_size: rozd::hw::mqtt_link::DEFAULT_MAX_PACKET,
     }
 }
 
@@ -596,9 +597,12 @@ async fn an_oversized_message_disables_neither_the_stop_input_nor_sensors_nor_ac
 
     // Sensors on other topics keep updating ...
     publish(port, "plant/level", "2", false).await;
-    until_rest(&daemon, "/v1/observation", "level 2 after the huge message", |o| {
-        sensor_value(o, "level") == Some(2.0)
-    })
+    until_rest(
+        &daemon,
+        "/v1/observation",
+        "level 2 after the huge message",
+        |o| sensor_value(o, "level") == Some(2.0),
+    )
     .await;
     // ... the MQTT actuator still publishes ...
     ooda.actuators()
@@ -619,9 +623,12 @@ async fn an_oversized_message_disables_neither_the_stop_input_nor_sensors_nor_ac
     .await;
     assert_eq!(safety["stop"]["source"], "mqtt", "{safety}");
     assert_eq!(&received(&mut valve).await.payload[..], b"0");
-    let obs = until_rest(&daemon, "/v1/observation", "the valve at its safe value", |o| {
-        o["actuators"][0]["at_safe_value"] == true
-    })
+    let obs = until_rest(
+        &daemon,
+        "/v1/observation",
+        "the valve at its safe value",
+        |o| o["actuators"][0]["at_safe_value"] == true,
+    )
     .await;
     assert_eq!(obs["actuators"][0]["name"], "valve");
     let input = stop_input(&safety);
@@ -707,7 +714,16 @@ async fn a_stop_is_not_lost_behind_sensor_traffic_queued_while_away() {
     })
     .await;
     assert_eq!(safety["stop"]["source"], "mqtt", "{safety}");
-    // the hardware connection is back too, and live values flow
+    // The hardware connection is back too: it gets what its queue held
+    // (the first 10 values; the broker dropped the rest, and the garbage),
+    // then live values.
+    until_rest(
+        &daemon,
+        "/v1/observation",
+        "level 10, the last value the queue held",
+        |o| sensor_value(o, "level") == Some(10.0),
+    )
+    .await;
     publish(broker.port, "plant/level", "42", false).await;
     until_rest(&daemon, "/v1/observation", "level 42", |o| {
         sensor_value(o, "level") == Some(42.0)

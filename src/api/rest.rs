@@ -111,6 +111,14 @@ async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> 
         "actuators": c.actuators.len(),
         "protective_stop": ctx.ooda.protective_stop().active(),
         "ooda": ctx.ooda.stats(),
+        "mqtt": ctx.ooda.mqtt().map(|m| {
+            let mut hardware = json!(m.stats());
+            if let (Some(object), Some(stop)) = (hardware.as_object_mut(), m.stop_input_stats()) {
+                object.insert("stop_input".into(), json!(stop));
+            }
+            hardware
+        }),
+        "fleet": ctx.fleet.link_stats(),
     }))
 }
 
