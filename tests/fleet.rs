@@ -43,7 +43,7 @@ struct Rozd {
 
 impl Rozd {
     /// Starts host `id` of environment `lab` in the fleet of `broker` with a
-    /// 1 s heartbeat and MQTT keep-alive, one simulated actuator `arm`, and
+    /// 1 s heartbeat, a 5 s MQTT keep-alive (MQTT 5's shortest), one simulated actuator `arm`, and
     /// waits until it answers.
     async fn spawn(id: &str, broker: &Broker) -> Rozd {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -70,7 +70,7 @@ level = "info"
 [fleet]
 url = "{url}"
 heartbeat_secs = 1
-keep_alive_secs = 1
+keep_alive_secs = 5
 reconnect_min_ms = 50
 reconnect_max_ms = 500
 token_file = {token:?}

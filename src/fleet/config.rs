@@ -135,8 +135,9 @@ pub fn validate(
     if let Err(why) = crate::hw::config::check_broker_url(&fleet.url) {
         return err("url", why);
     }
-    if !(1..=3600).contains(&fleet.keep_alive_secs) {
-        return err("keep_alive_secs", "must be between 1 and 3600".into());
+    // 5: the shortest keep-alive the MQTT 5 client takes.
+    if !(5..=3600).contains(&fleet.keep_alive_secs) {
+        return err("keep_alive_secs", "must be between 5 and 3600".into());
     }
     if !(1..=3600).contains(&fleet.heartbeat_secs) {
         return err("heartbeat_secs", "must be between 1 and 3600".into());
@@ -321,7 +322,7 @@ mod tests {
                 "fleet.heartbeat_secs",
             ),
             (
-                "[fleet]\nurl = \"mqtt://b\"\nkeep_alive_secs = 0\n",
+                "[fleet]\nurl = \"mqtt://b\"\nkeep_alive_secs = 4\n",
                 3,
                 "fleet.keep_alive_secs",
             ),

@@ -84,7 +84,9 @@ pub fn options(
         return Err("the MQTT client id is empty".to_string());
     }
     let mut o = MqttOptions::new(client_id, host, port);
-    o.set_keep_alive(Duration::from_secs(cfg.keep_alive_secs.max(1)));
+    // The MQTT 5 client panics below 5 s; validation refuses such values,
+    // this keeps a config that bypassed it from taking the daemon down.
+    o.set_keep_alive(Duration::from_secs(cfg.keep_alive_secs.max(5)));
     o.set_max_packet_size(Some(max_packet_size));
     o.set_outgoing_inflight_upper_limit(MAX_INFLIGHT);
     let password = match &cfg.password_env {
