@@ -731,3 +731,44 @@ async fn a_stop_is_not_lost_behind_sensor_traffic_queued_while_away() {
     .await;
     daemon.shutdown().await;
 }
+
+/// A broker that speaks only MQTT 3.1.1 answers a CONNECT of protocol level
+/// 5 with a 3.1.1 CONNACK "unacceptable protocol version" and closes (MQTT
+/// 3.1.1, 3.1.4). No broker at hand refuses MQTT 5, so a listener plays that
+/// part on the wire: rozd reports an error that says what to fix, and keeps
+/// retrying (it never falls back to MQTT 3.1.1, which cannot bound packets).
+#[tokio::test]
+async fn a_broker_without_mqtt_5_is_an_error_that_says_so() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (attempts_tx, mut attempts) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let attempts_tx = attempts_tx.clone();
+            tokio::spawn(async move {
+                let mut connect = [0u8; 512];
+                let n = socket.read(&mut connect).await.unwrap_or(0);
+                // CONNECT: fixed header, "MQTT", then the protocol level
+                let level = connect[..n]
+                    .windows(5)
+                    .position(|w| &w[..4] == b"MQTT")
+                    .map(|at| connect[at + 4]);
+                let _ = attempts_tx.send(level);
+                let _ = socket.write_all(&[0x20, 0x02, 0x00, 0x01]).await;
+            });
+        }
+    });
+    let mut rig = Rig::start(&config(port, "rozd-v5-only"), &[]);
+    let health = rig.events.health("mqtt", "error").await;
+    assert!(format!("{health:?}").contains("MQTT 5"), "{health:?}");
+    for _ in 0..2 {
+        let level = tokio::time::timeout(EXPECT_WITHIN, attempts.recv())
+            .await
+            .expect("rozd keeps trying")
+            .unwrap();
+        assert_eq!(level, Some(5), "CONNECT asks for MQTT 5");
+    }
+    assert!(!rig.mqtt.is_connected());
+    rig.stop().await;
+}

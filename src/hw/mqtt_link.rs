@@ -225,11 +225,13 @@ pub fn describe(e: &ConnectionError, connected: bool) -> Failure {
             Failure::Refused(format!("the broker refused the connection: {code:?}"))
         }
         ConnectionError::Tls(e) => Failure::Refused(format!("TLS: {e}")),
-        ConnectionError::MqttState(StateError::Deserialization(e)) if !connected => {
-            Failure::Refused(format!(
-                "the broker's answer is not MQTT 5 ({e}); rozd needs an MQTT 5 broker (e.g. mosquitto 1.6 or later)"
-            ))
-        }
+        // The TCP (and TLS) connection was made, the MQTT 5 CONNECT was
+        // not accepted: what a broker without MQTT 5 does (an MQTT 3.1.1
+        // broker answers with a 3.1.1 CONNACK and closes).
+        ConnectionError::MqttState(e) if !connected => Failure::Refused(format!(
+            "the broker ended the connection without accepting it ({e}); is it an MQTT 5 broker? \
+             rozd needs MQTT 5 (e.g. mosquitto 1.6 or later)"
+        )),
         ConnectionError::NotConnAck(packet) if !connected => Failure::Refused(format!(
             "the broker answered CONNECT with {packet:?}, not CONNACK"
         )),
@@ -515,6 +517,9 @@ mod tests {
         ));
         assert!(matches!(describe(&garbled, false), Failure::Refused(w) if w.contains("MQTT 5")));
         assert!(matches!(describe(&garbled, true), Failure::Lost(_)));
+        let closed = ConnectionError::MqttState(StateError::ConnectionAborted);
+        assert!(matches!(describe(&closed, false), Failure::Refused(w) if w.contains("MQTT 5")));
+        assert!(matches!(describe(&closed, true), Failure::Lost(_)));
         let io = ConnectionError::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert!(matches!(describe(&io, false), Failure::Lost(_)));
     }
