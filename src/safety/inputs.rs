@@ -12,7 +12,9 @@
 //!   `stop` (case-insensitive, surrounding whitespace ignored) latches the
 //!   stop (source `mqtt`); anything else is ignored (logged). MQTT cannot
 //!   clear the stop. Retained messages count like any other: a retained
-//!   `stop` latches the stop whenever rozd subscribes anew.
+//!   `stop` latches the stop whenever rozd subscribes anew. The topic is
+//!   read over a broker connection of its own ([`crate::hw::mqtt::Mqtt::listen`]),
+//!   so sensor traffic cannot delay or crowd out a stop.
 //!
 //! These are software inputs of a software protective stop; they do not
 //! replace a hardwired emergency stop.
