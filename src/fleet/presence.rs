@@ -99,6 +99,9 @@ fn set_will(eventloop: &mut EventLoop, fleet: &Fleet) {
     }
 }
 
+// One Step exists at a time, on the loop's stack: boxing the MQTT 5 event
+// (the large variant) would cost an allocation per message for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Event(Result<Event, ConnectionError>),
     Heartbeat,
