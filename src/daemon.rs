@@ -77,13 +77,21 @@ impl Daemon {
             .local_addr()
             .map_err(|source| DaemonError::Bind { addr, source })?;
         // Hardware comes up only after the config is valid and the port is
-        // ours; every actuator is driven to its safe value first.
+        // ours; every actuator is driven to its safe value first. The
+        // protective stop comes back latched if it was latched when rozd
+        // last ran (a crash or a kill does not clear it).
+        let stop_file =
+            crate::safety::persist::StopFile::beside_store(&config.store.resolved_path());
+        let protective_stop =
+            tokio::task::spawn_blocking(move || crate::safety::ProtectiveStop::restore(stop_file))
+                .await
+                .map_err(|e| crate::store::StoreError::Task(e.to_string()))?;
         let ooda = crate::ooda::Ooda::start(
             &config.hardware,
             config.reflex_rules.clone(),
             config.ooda.tick_hz,
             &config.host.id,
-            crate::safety::ProtectiveStop::default(),
+            protective_stop,
         )
         .await?;
         // Every trigger and clear of the protective stop goes to the audit
@@ -232,8 +240,10 @@ impl Daemon {
 }
 
 /// Writes every trigger, clear and refused clear of the protective stop to
-/// the audit, as rows of kind `protective_stop`, `protective_stop_cleared`
-/// and `protective_stop_clear_refused` (`origin`: the source, or who cleared).
+/// the audit, as rows of kind `protective_stop` (one per added cause),
+/// `protective_stop_cleared` (one per removed cause),
+/// `protective_stop_clear_refused` and `protective_stop_restored` (latched
+/// again at start-up); `origin`: the source, or who cleared.
 fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::ProtectiveStop) {
     let (stop_tx, mut stop_rx) = tokio::sync::mpsc::unbounded_channel();
     stop.set_audit(stop_tx);
@@ -242,10 +252,28 @@ fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::Prote
         while let Some(event) = stop_rx.recv().await {
             let now = crate::store::now_ms();
             let (kind, origin, result, error) = match event {
-                StopEvent::Triggered { source, reason } => {
-                    ("protective_stop", source, Some(reason), None)
+                StopEvent::Triggered { source, reason, by } => {
+                    let origin = match by {
+                        Some(by) => format!("{source} ({by})"),
+                        None => source,
+                    };
+                    ("protective_stop", origin, Some(reason), None)
                 }
-                StopEvent::Cleared { by } => ("protective_stop_cleared", by, None, None),
+                StopEvent::Cleared { by, source } => (
+                    "protective_stop_cleared",
+                    by,
+                    Some(format!("cleared cause {source}")),
+                    None,
+                ),
+                StopEvent::Restored { causes } => (
+                    "protective_stop_restored",
+                    "start-up".to_string(),
+                    Some(format!(
+                        "latched at start-up as before the restart: {}",
+                        crate::safety::StopState { causes }.describe()
+                    )),
+                    None,
+                ),
                 StopEvent::ClearRefused { by, input } => (
                     "protective_stop_clear_refused",
                     by,

@@ -597,13 +597,20 @@ fn format_status(v: &serde_json::Value) -> String {
     let active = v
         .pointer("/sessions/active")
         .map_or_else(|| "?".into(), ToString::to_string);
-    let stop = match v.get("protective_stop") {
-        Some(serde_json::Value::Object(stop)) => format!(
-            "ACTIVE ({}: {})",
+    let cause = |stop: &serde_json::Value| {
+        format!(
+            "{}: {}",
             stop.get("source").and_then(|x| x.as_str()).unwrap_or("?"),
             stop.get("reason").and_then(|x| x.as_str()).unwrap_or("?")
+        )
+    };
+    let stop = match (v.get("protective_stop"), v.get("protective_stop_causes")) {
+        (_, Some(serde_json::Value::Array(causes))) if !causes.is_empty() => format!(
+            "ACTIVE ({})",
+            causes.iter().map(cause).collect::<Vec<_>>().join("; ")
         ),
-        Some(serde_json::Value::Null) => "not active".to_string(),
+        (Some(stop @ serde_json::Value::Object(_)), _) => format!("ACTIVE ({})", cause(stop)),
+        (Some(serde_json::Value::Null), _) => "not active".to_string(),
         _ => "?".to_string(),
     };
     format!(

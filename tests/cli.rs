@@ -51,6 +51,15 @@ fn bad_configs_fail_check_and_run_naming_file_line_and_key() {
             "[server]\nlisten = \"0.0.0.0:0\"\n",
             ":2: key `server.listen`",
         ),
+        // Raw serial_query on a port that drives an actuator would bypass
+        // the actuator's limits.
+        (
+            "raw.toml",
+            "[[serial]]\nname = \"motor\"\npath = \"/dev/null\"\nallow_raw = true\n\n\
+             [[actuators]]\nname = \"speed\"\nkind = \"serial\"\nport = \"motor\"\n\
+             template = \"M {value}\\n\"\nmin = -1.0\nmax = 1.0\nsafe_value = 0.0\n",
+            ":4: key `serial[0].allow_raw`",
+        ),
     ];
     for (name, text, expected) in cases {
         let path = write(dir.path(), name, text);

@@ -912,3 +912,350 @@ async fn triggering_and_clearing_the_stop_are_audited() {
     assert_eq!(rows[1]["origin"], "cli: cell is clear");
     daemon.shutdown().await;
 }
+
+// ------------------------------------------- every cause, across restarts
+
+/// The protective stop's causes as `/v1/safety` lists them: `source` each.
+async fn cause_sources(daemon: &TestDaemon) -> Vec<String> {
+    cause_sources_with(daemon, None).await
+}
+
+async fn cause_sources_with(daemon: &TestDaemon, token: Option<&str>) -> Vec<String> {
+    let reply = rozd::client::get(&daemon.addr.to_string(), "/v1/safety", token)
+        .await
+        .expect("GET /v1/safety");
+    let body: Value = serde_json::from_str(&reply.body).expect("JSON");
+    assert_eq!(reply.status.as_u16(), 200, "{body}");
+    body["causes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("causes listed: {body}"))
+        .iter()
+        .map(|c| c["source"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Audit rows whose kind starts with `protective_stop`, oldest first,
+/// waiting (bounded) until there are at least `n`: the audit writer runs
+/// beside the request.
+async fn stop_audit_rows(addr: &str, n: usize) -> Vec<Value> {
+    tokio::time::timeout(EXPECT_WITHIN, async {
+        loop {
+            let reply = rozd::client::get(addr, "/v1/audit?limit=1000", None)
+                .await
+                .expect("GET /v1/audit");
+            let audit: Value = serde_json::from_str(&reply.body).expect("audit JSON");
+            let rows: Vec<Value> = audit["data"]
+                .as_array()
+                .expect("audit rows")
+                .iter()
+                .filter(|r| {
+                    r["kind"]
+                        .as_str()
+                        .is_some_and(|k| k.starts_with("protective_stop"))
+                })
+                .cloned()
+                .collect();
+            if rows.len() >= n {
+                return rows;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{n} protective-stop audit rows"))
+}
+
+#[tokio::test]
+async fn a_stop_from_a_second_source_adds_a_cause_and_an_operator_clear_removes_all() {
+    let daemon = robot(
+        "[[sensors]]\nname = \"door\"\nsource = \"gpio\"\npin = 17\npull = \"up\"\nactive = \"high\"\n\n\
+         [[rules]]\nname = \"door_open\"\nwhen = \"door == 0\"\nthen = { estop = true, reason = \"door opened\" }\n",
+    )
+    .await;
+    let ooda = daemon.ctx.ooda.clone();
+    let chip = ooda.gpio().as_sim().expect("sim GPIO");
+    let (status, body) = rest_post(&daemon, "/v1/estop", &json!({"reason": "drill"})).await;
+    assert_eq!((status, &body["triggered"]), (200, &json!(true)), "{body}");
+
+    // A second source while latched is a cause of its own, with its answer
+    // and its audit row.
+    let reply = rozd::client::post_json(
+        &daemon.addr.to_string(),
+        "/v1/estop",
+        None,
+        &json!({"reason": "person in cell"}),
+    )
+    .await
+    .unwrap();
+    // The same source again keeps its first reason and adds nothing.
+    let same: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(same["triggered"], false, "{same}");
+    let mut grpc = safety_client(&daemon, None).await;
+    grpc.trigger_estop(proto::TriggerEstopRequest {
+        reason: "person in cell".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("TriggerEstop");
+    // A reflex rule firing while latched adds its cause too.
+    chip.set_level(17, false);
+    until(&ooda, "the rule's cause", |o| {
+        o.protective_stop_causes
+            .iter()
+            .any(|c| c.source == "rule:door_open")
+    })
+    .await;
+    assert_eq!(
+        cause_sources(&daemon).await,
+        ["cli", "grpc", "rule:door_open"]
+    );
+    let status = grpc_status(&mut grpc).await;
+    for guard in [
+        "protective_stop:cli",
+        "protective_stop:grpc",
+        "protective_stop:rule:door_open",
+    ] {
+        assert!(
+            status.active_guards.contains(&guard.to_string()),
+            "{status:?}"
+        );
+    }
+    let (_, observation) = rest_get(&daemon, "/v1/observation").await;
+    assert_eq!(
+        observation["protective_stop_causes"]
+            .as_array()
+            .map(Vec::len),
+        Some(3),
+        "{observation}"
+    );
+    let (code, stdout, stderr) = rozd_cli(&["status", "--addr", &daemon.addr.to_string()]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("cli: drill")
+            && stdout.contains("grpc: person in cell")
+            && stdout.contains("rule:door_open: door opened"),
+        "{stdout}"
+    );
+
+    // The operator's clear removes every cause, each audited.
+    let (status, body) = rest_post(&daemon, "/v1/estop/clear", &json!({})).await;
+    assert_eq!((status, &body["cleared"]), (200, &json!(true)), "{body}");
+    assert!(cause_sources(&daemon).await.is_empty());
+    let rows = stop_audit_rows(&daemon.addr.to_string(), 6).await;
+    let kinds: Vec<&str> = rows.iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "protective_stop",
+            "protective_stop",
+            "protective_stop",
+            "protective_stop_cleared",
+            "protective_stop_cleared",
+            "protective_stop_cleared"
+        ],
+        "{rows:?}"
+    );
+    assert_eq!(rows[1]["origin"], "grpc");
+    assert_eq!(rows[1]["result"], "person in cell");
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_fleet_clear_never_clears_a_later_local_stop() {
+    const FLEET_TOKEN: &str = "fleet-secret-for-estop-tests";
+    let broker_dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(broker_dir.path()).await;
+    let token = broker_dir.path().join("fleet.token");
+    std::fs::write(&token, format!("{FLEET_TOKEN}\n")).unwrap();
+    let daemon = robot(&format!(
+        "[fleet]\nurl = \"mqtt://127.0.0.1:{}\"\ntoken_file = {:?}\n",
+        broker.port,
+        token.display().to_string()
+    ))
+    .await;
+    let mut changes = daemon.ctx.fleet.changes();
+    tokio::time::timeout(EXPECT_WITHIN, async {
+        while !daemon.ctx.fleet.is_connected() {
+            changes.changed().await.expect("fleet alive");
+        }
+    })
+    .await
+    .expect("the fleet link connects");
+    // The fleet token is one of the host's accepted tokens.
+    let post = |path: &'static str, body: Value| {
+        let addr = daemon.addr.to_string();
+        async move {
+            let reply = rozd::client::post_json(&addr, path, Some(FLEET_TOKEN), &body)
+                .await
+                .unwrap();
+            let body: Value = serde_json::from_str(&reply.body).unwrap();
+            (reply.status.as_u16(), body)
+        }
+    };
+    let (status, body) = post("/v1/fleet/estop", json!({"reason": "drill"})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post("/v1/estop", json!({"reason": "person in cell"})).await;
+    assert_eq!((status, &body["triggered"]), (200, &json!(true)), "{body}");
+    let (status, body) = post("/v1/fleet/estop/clear", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    // The fleet's cause is gone; the operator's stays, and with it the stop.
+    assert_eq!(
+        cause_sources_with(&daemon, Some(FLEET_TOKEN)).await,
+        ["cli"]
+    );
+    let reply = rozd::client::get(&daemon.addr.to_string(), "/v1/safety", Some(FLEET_TOKEN))
+        .await
+        .unwrap();
+    let safety: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(safety["level"], "protective_stop", "{safety}");
+    assert_eq!(safety["stop"]["reason"], "person in cell");
+    let refused = daemon
+        .ctx
+        .ooda
+        .actuators()
+        .command("speed", 0.3, operator(), None)
+        .await
+        .expect_err("still stopped");
+    assert!(matches!(refused, ActError::EStop { .. }), "{refused}");
+    daemon.shutdown().await;
+}
+
+/// `rozd run` as a child process (killed on drop), returned once it told
+/// the notify socket READY=1.
+async fn spawn_rozd(dir: &std::path::Path, config: &std::path::Path) -> tokio::process::Child {
+    let socket_path = dir.join(format!("notify-{}.sock", uuid::Uuid::new_v4().simple()));
+    let socket = tokio::net::UnixDatagram::bind(&socket_path).expect("notify socket");
+    let child = tokio::process::Command::new(common::ROZD)
+        .args(["run", "--config"])
+        .arg(config)
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("ROZD_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn rozd");
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(EXPECT_WITHIN, async {
+        loop {
+            let n = socket.recv(&mut buf).await.expect("notify socket");
+            if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("rozd says READY=1");
+    let _ = std::fs::remove_file(&socket_path);
+    child
+}
+
+#[tokio::test]
+async fn the_stop_survives_kill_9_and_only_an_explicit_clear_ends_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::broker::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let config = dir.path().join("rozd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}\n[server]\nlisten = \"{addr}\"\nhttp2_keepalive_secs = 0\n[store]\npath = {:?}\n\
+             [[permissions]]\ntool_pattern = \"speed\"\npolicy = \"allow\"\n",
+            robot_toml(""),
+            dir.path().join("rozd.db").display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut rozd = spawn_rozd(dir.path(), &config).await;
+    let reply = rozd::client::post_json(
+        &addr,
+        "/v1/estop",
+        None,
+        &json!({"reason": "person in cell"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.status.as_u16(), 200, "{}", reply.body);
+    rozd.kill().await.expect("kill -9");
+
+    // Back up latched, as before, with an audit row saying so.
+    let mut rozd = spawn_rozd(dir.path(), &config).await;
+    let reply = rozd::client::get(&addr, "/v1/safety", None).await.unwrap();
+    let safety: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(safety["level"], "protective_stop", "{safety}");
+    assert_eq!(safety["causes"][0]["source"], "cli", "{safety}");
+    assert_eq!(safety["causes"][0]["reason"], "person in cell", "{safety}");
+    let rows = stop_audit_rows(&addr, 2).await;
+    assert_eq!(rows[1]["kind"], "protective_stop_restored", "{rows:?}");
+    assert!(
+        rows[1]["result"]
+            .as_str()
+            .unwrap()
+            .contains("person in cell"),
+        "{rows:?}"
+    );
+
+    // A PHYSICAL command is refused until someone clears the stop.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = proto::agent_service_client::AgentServiceClient::new(channel);
+    let mut session = common::Session::open(&mut client).await;
+    session.start(proto::StartSession::default()).await;
+    session
+        .send(proto::session_request::Request::UserMessage(
+            proto::UserMessage {
+                content: "set speed 0.3".into(),
+                ..Default::default()
+            },
+        ))
+        .await;
+    let error = loop {
+        match session.next_significant().await {
+            proto::session_response::Response::Error(e) => break e,
+            proto::session_response::Response::TurnComplete(t) => {
+                panic!("the command was not refused: {t:?}")
+            }
+            _ => {}
+        }
+    };
+    assert_eq!(error.code, "e_stop", "{error:?}");
+    drop(session);
+
+    let reply = rozd::client::post_json(
+        &addr,
+        "/v1/estop/clear",
+        None,
+        &json!({"reason": "cell checked"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.status.as_u16(), 200, "{}", reply.body);
+    rozd.kill().await.expect("kill -9");
+    // Cleared stays cleared.
+    let mut rozd = spawn_rozd(dir.path(), &config).await;
+    let reply = rozd::client::get(&addr, "/v1/safety", None).await.unwrap();
+    let safety: Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(safety["level"], "normal", "{safety}");
+    rozd.kill().await.expect("kill -9");
+}
+
+#[tokio::test]
+async fn an_unreadable_stop_file_starts_latched() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("rozd.db");
+    std::fs::write(dir.path().join("rozd.db-stop.json"), b"\0\0garbage").unwrap();
+    let daemon = TestDaemon::start_with_store(&store, &robot_toml("")).await;
+    assert_eq!(cause_sources(&daemon).await, ["restore"]);
+    let (status, body) = rest_post(&daemon, "/v1/estop/clear", &json!({})).await;
+    assert_eq!((status, &body["cleared"]), (200, &json!(true)), "{body}");
+    daemon.shutdown().await;
+    // The clear repaired the file: the next start is not latched.
+    let daemon = TestDaemon::start_with_store(&store, &robot_toml("")).await;
+    assert!(cause_sources(&daemon).await.is_empty());
+    daemon.shutdown().await;
+}

@@ -155,7 +155,14 @@ async fn host_tools_appear_in_permissions_and_client_tools_may_not_shadow_them()
         ),
         ("require_confirmation", Some("physical"))
     );
-    assert_eq!(rule("stop_all").category.as_deref(), Some("physical"));
+    assert_eq!(
+        (
+            rule("stop_all").policy.as_str(),
+            rule("stop_all").category.as_deref()
+        ),
+        ("allow", Some("physical")),
+        "going safe is never gated by an approval"
+    );
     assert!(
         started
             .permissions
@@ -563,5 +570,75 @@ async fn a_panic_in_the_session_loop_still_drives_its_actuators_safe() {
     again.send(user("echo still here")).await;
     let (seen, _) = until_complete(&mut again).await;
     assert_eq!(text_of(&seen), "still here");
+    daemon.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_whole_number_hold_ms_written_as_a_float_is_held_to_not_dropped() {
+    let daemon = TestDaemon::start_adjusted(&format!("{HOST}\n{ALLOW_SPEED}"), |c| {
+        c.server.http2_keepalive_secs = 0
+    })
+    .await;
+    let (mut session, _) = open(&daemon, vec![]).await;
+    session.wait_bound = std::time::Duration::from_secs(3600);
+    let speed = daemon.ctx.ooda.sim_actuator("speed").unwrap();
+    let mut applied = speed.applied();
+    session
+        .send(user("call speed {\"value\": 0.6, \"hold_ms\": 500.0}"))
+        .await;
+    let (seen, _) = until_complete(&mut session).await;
+    let text = text_of(&seen);
+    assert!(text.contains("\"hold_ms\":500"), "{text}");
+    assert_eq!(speed.value(), Some(0.6));
+    let commanded_at = tokio::time::Instant::now();
+    // The hold expires: the actuator goes back to its safe value by itself.
+    applied.borrow_and_update();
+    while speed.value() != Some(0.0) {
+        applied.changed().await.expect("actuator alive");
+    }
+    assert!(commanded_at.elapsed() <= std::time::Duration::from_millis(600));
+
+    // Not a whole number: refused like any value the host would not apply,
+    // never applied without its hold.
+    session
+        .send(user("call speed {\"value\": 0.6, \"hold_ms\": 500.5}"))
+        .await;
+    let (seen, _) = until_complete(&mut session).await;
+    assert_eq!(errors(&seen), ["safety_violation"], "{}", text_of(&seen));
+    assert!(text_of(&seen).contains("hold_ms"), "{}", text_of(&seen));
+    assert_eq!(speed.value(), Some(0.0));
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn stop_all_needs_no_approval_even_under_a_rule_that_asks_for_everything() {
+    let daemon =
+        host("[[permissions]]\ntool_pattern = \"*\"\npolicy = \"require_confirmation\"\n").await;
+    daemon
+        .ctx
+        .ooda
+        .actuators()
+        .command(
+            "speed",
+            0.5,
+            rozd::ooda::act::Origin::Operator("test".into()),
+            None,
+        )
+        .await
+        .expect("speed accepted");
+    let (mut session, _) = open(&daemon, vec![]).await;
+    session.send(user("call stop_all {}")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert!(
+        !seen
+            .iter()
+            .any(|r| matches!(r, Resp::ActivityUpdate(a) if a.state == "waiting_approval")),
+        "going safe asked for approval: {seen:?}"
+    );
+    assert_eq!(done.stop_reason, "end_turn");
+    assert_eq!(
+        daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
+        Some(0.0)
+    );
     daemon.shutdown().await;
 }

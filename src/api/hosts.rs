@@ -424,12 +424,18 @@ async fn fleet_command(
         }
     };
     if !stop && here {
+        // Only the fleet's cause: a stop from any other source stays.
         let latch = ctx.ooda.protective_stop();
-        if latch.active().is_some_and(|s| s.source == FLEET_SOURCE)
-            && let Err(refused) =
-                latch.try_clear(&format!("{source}: fleet stop withdrawn: {reason}"))
-        {
-            tracing::warn!("fleet stop withdrawn, but this host's stop stays: {refused}");
+        match latch.clear_source(
+            FLEET_SOURCE,
+            &format!("{source}: fleet stop withdrawn: {reason}"),
+        ) {
+            Ok(_) => {
+                latch.persisted().await;
+            }
+            Err(refused) => {
+                tracing::warn!("fleet stop withdrawn, but this host's stop stays: {refused}");
+            }
         }
     }
     let confirmed = fleet

@@ -95,6 +95,7 @@ async fn healthz(State(ctx): State<Arc<HostContext>>) -> Response {
 
 async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> {
     let c = &ctx.config;
+    let stop = ctx.ooda.protective_stop().state();
     Json(json!({
         "host_id": c.host.id,
         "name": c.host.display_name(),
@@ -109,7 +110,8 @@ async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> 
         },
         "sensors": c.sensors.len(),
         "actuators": c.actuators.len(),
-        "protective_stop": ctx.ooda.protective_stop().active(),
+        "protective_stop": stop.first(),
+        "protective_stop_causes": stop.causes,
         "ooda": ctx.ooda.stats(),
         "mqtt": ctx.ooda.mqtt().map(|m| {
             let mut hardware = json!(m.stats());

@@ -19,6 +19,17 @@ use super::rest::json_error;
 use crate::HostContext;
 use crate::safety::status::{SafetyStatus, status};
 
+/// `StopInfo.source` of a stop triggered through `SafetyService`.
+const GRPC_SOURCE: &str = "grpc";
+
+/// Waits (bounded) for a clear to reach the stop file; a clear that could
+/// not be written still holds in memory, and a restart would latch again.
+async fn persist_or_log(latch: &crate::safety::ProtectiveStop) {
+    if !latch.persisted().await {
+        tracing::error!("the protective stop's clear could not be written to disk in time");
+    }
+}
+
 /// Longest reason kept (longer ones are cut, never refused: a stop must not
 /// fail over its wording).
 const MAX_REASON_CHARS: usize = 500;
@@ -85,7 +96,7 @@ impl SafetyService for SafetyApi {
         let request = request.into_inner();
         self.check_environment(&request.environment_id)?;
         let reason = clean_reason(Some(&request.reason), "TriggerEstop (gRPC)");
-        self.ctx.ooda.trigger_stop("grpc", &reason).await;
+        self.ctx.ooda.trigger_stop(GRPC_SOURCE, &reason).await;
         Ok(tonic::Response::new(proto::TriggerEstopResponse {}))
     }
 
@@ -96,12 +107,10 @@ impl SafetyService for SafetyApi {
         let request = request.into_inner();
         self.check_environment(&request.environment_id)?;
         let reason = clean_reason(Some(&request.reason), "ClearEstop (gRPC)");
-        match self
-            .ctx
-            .ooda
-            .protective_stop()
-            .try_clear(&format!("grpc: {reason}"))
-        {
+        let latch = self.ctx.ooda.protective_stop();
+        let cleared = latch.try_clear(&format!("{GRPC_SOURCE}: {reason}"));
+        persist_or_log(latch).await;
+        match cleared {
             Ok(_) => Ok(tonic::Response::new(proto::ClearEstopResponse {})),
             Err(refused) => Err(Status::failed_precondition(refused.to_string())),
         }
@@ -177,8 +186,9 @@ async fn get_status(State(ctx): State<Arc<HostContext>>) -> Json<SafetyStatus> {
     Json(status(&ctx))
 }
 
-/// `POST /v1/estop`: latches the stop; answers once every actuator was
-/// driven to its safe value.
+/// `POST /v1/estop`: latches the stop (adding this source's cause); answers
+/// once every actuator was driven to its safe value and the latch is on disk.
+/// `triggered` says whether this added a cause.
 async fn trigger(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: Bytes) -> Response {
     let request: StopRequest = match parse_body(&body) {
         Ok(r) => r,
@@ -193,13 +203,12 @@ async fn trigger(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: 
             "POST /v1/estop"
         },
     );
-    let was_active = ctx.ooda.protective_stop().active().is_some();
-    ctx.ooda.trigger_stop(source, &reason).await;
-    status_json(status(&ctx), ("triggered", !was_active))
+    let added = ctx.ooda.trigger_stop(source, &reason).await;
+    status_json(status(&ctx), ("triggered", added))
 }
 
-/// `POST /v1/estop/clear`: clears the latch (moves nothing); `409` while a
-/// stop input still asserts the stop.
+/// `POST /v1/estop/clear`: the operator's clear: removes every cause but
+/// those a stop input still asserts (moves nothing); `409` while one does.
 async fn clear(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: Bytes) -> Response {
     let request: StopRequest = match parse_body(&body) {
         Ok(r) => r,
@@ -207,11 +216,10 @@ async fn clear(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: By
     };
     let source = rest_source(&headers);
     let reason = clean_reason(request.reason.as_deref(), "operator");
-    match ctx
-        .ooda
-        .protective_stop()
-        .try_clear(&format!("{source}: {reason}"))
-    {
+    let latch = ctx.ooda.protective_stop();
+    let cleared = latch.try_clear(&format!("{source}: {reason}"));
+    persist_or_log(latch).await;
+    match cleared {
         Ok(cleared) => status_json(status(&ctx), ("cleared", cleared)),
         Err(refused) => json_error(
             StatusCode::CONFLICT,

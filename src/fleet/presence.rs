@@ -319,22 +319,20 @@ impl Presence {
             tokio::spawn(async move { ooda.trigger_stop(FLEET_SOURCE, &reason).await });
             return;
         }
+        // Only the fleet's cause: a stop from any other source stays.
         let latch = self.ctx.ooda.protective_stop();
-        match latch.active() {
-            Some(stop) if stop.source == FLEET_SOURCE => {
-                match latch.try_clear(&format!("fleet: stop withdrawn by {by}")) {
-                    Ok(_) => {}
-                    Err(refused) => tracing::warn!(
-                        "fleet: the fleet stop was withdrawn, but this host's stop stays: {refused}"
-                    ),
-                }
-            }
-            Some(stop) => tracing::warn!(
-                source = %stop.source,
-                "fleet: the fleet stop was withdrawn; this host's protective stop did not come from \
-                 the fleet and stays latched until it is cleared here"
+        match latch.clear_source(FLEET_SOURCE, &format!("fleet: stop withdrawn by {by}")) {
+            Ok(_) => {}
+            Err(refused) => tracing::warn!(
+                "fleet: the fleet stop was withdrawn, but this host's stop stays: {refused}"
             ),
-            None => {}
+        }
+        let still = latch.state();
+        if still.is_active() {
+            tracing::warn!(
+                causes = %still.describe(),
+                "fleet: the fleet stop was withdrawn; this host's other stop causes stay latched until cleared here"
+            );
         }
     }
 

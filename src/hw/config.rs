@@ -950,6 +950,19 @@ pub fn validate(
                         format!("no [[serial]] port named {port:?}"),
                     ));
                 }
+                // Raw text on a port that drives an actuator would move it
+                // around its limits, its rate limit, its ownership and the
+                // deadman: the two are exclusive.
+                if let Some(raw) = serial.iter().position(|p| p.name == port && p.allow_raw) {
+                    return Err(invalid(
+                        format!("serial[{raw}].allow_raw"),
+                        format!(
+                            "port {port:?} drives actuator {:?}: `serial_query` there could move it \
+                             around its limits; remove allow_raw or give the raw device a port of its own",
+                            a.name
+                        ),
+                    ));
+                }
                 let template = a.template.clone().unwrap_or_default();
                 if !template.contains("{value}") {
                     return Err(invalid(key("template"), "must contain {value}"));

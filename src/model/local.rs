@@ -279,13 +279,15 @@ fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
         .iter()
         .map(|l| parse_command(l, &tools))
         .collect();
+    // Saturating: `wait` takes any u64, and several may add up past
+    // Duration::MAX (`sum` would panic).
     let delay = commands
         .iter()
         .filter_map(|c| match c {
             Command::Wait(ms) => Some(Duration::from_millis(*ms)),
             _ => None,
         })
-        .sum();
+        .fold(Duration::ZERO, Duration::saturating_add);
     // Results of the tool calls made since the prompt, in call order.
     let mut results: Vec<(String, String, bool)> = Vec::new();
     for m in &request.messages[prompt_index + 1..] {
@@ -650,5 +652,16 @@ mod tests {
             &[],
         ));
         assert_eq!(delay, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn waits_that_add_up_past_the_largest_duration_saturate() {
+        // u64::MAX ms is a thousandth of Duration::MAX: 1001 of them overflow.
+        let prompt = format!("{}echo x", format!("wait {}; ", u64::MAX).repeat(1001));
+        let (delay, _) = respond(&request(
+            vec![Message::user(vec![Block::Text(prompt)])],
+            &[],
+        ));
+        assert_eq!(delay, Duration::MAX);
     }
 }

@@ -52,7 +52,11 @@ pub enum OodaError {
 pub struct Observation {
     pub seq: u64,
     pub at_unix_ms: i64,
+    /// The protective stop's oldest cause, if latched.
     pub protective_stop: Option<StopInfo>,
+    /// Every active cause of the protective stop, oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub protective_stop_causes: Vec<StopInfo>,
     pub sensors: Vec<SensorObservation>,
     pub actuators: Vec<ActuatorView>,
     pub sources: Vec<SourceView>,
@@ -259,6 +263,7 @@ impl Ooda {
                 seq: 0,
                 at_unix_ms: crate::store::now_ms(),
                 protective_stop: estop.active(),
+                protective_stop_causes: estop.state().causes,
                 sensors: Vec::new(),
                 actuators: actuators.views(Instant::now()),
                 sources: Vec::new(),
@@ -330,10 +335,12 @@ impl Ooda {
                 SensorObservation { sensor, alarm }
             })
             .collect();
+        let stop = self.estop.state();
         Observation {
             seq: latest.seq,
             at_unix_ms: crate::store::now_ms(),
-            protective_stop: self.estop.active(),
+            protective_stop: stop.first().cloned(),
+            protective_stop_causes: stop.causes,
             sensors,
             actuators: self.actuators.views(now),
             sources: self.world.sources(),
@@ -346,12 +353,27 @@ impl Ooda {
     }
 
     /// Latches the protective stop and drives every actuator safe now (not
-    /// at the next tick).
-    pub async fn trigger_stop(&self, source: &str, reason: &str) {
-        self.estop.trigger(source, reason);
-        self.actuators
-            .safe_all(&format!("protective stop ({source}: {reason})"))
-            .await;
+    /// at the next tick); returns once they are safe and the latch is on
+    /// disk (bounded). `true` if this added a cause (see
+    /// [`ProtectiveStop::trigger`]).
+    pub async fn trigger_stop(&self, source: &str, reason: &str) -> bool {
+        self.trigger_stop_by(source, reason, None).await
+    }
+
+    /// [`Ooda::trigger_stop`] naming who asked.
+    pub async fn trigger_stop_by(&self, source: &str, reason: &str, by: Option<&str>) -> bool {
+        let added = self.estop.trigger_by(source, reason, by);
+        // Every actuator is driven even when the stop was latched already:
+        // going safe again costs nothing and may catch a driver that failed.
+        let why = format!("protective stop ({source}: {reason})");
+        let ((), persisted) = tokio::join!(self.actuators.safe_all(&why), self.estop.persisted());
+        if !persisted {
+            tracing::error!(
+                source,
+                "the protective stop could not be written to disk in time"
+            );
+        }
+        added
     }
 
     /// Drives every actuator safe (while the drivers still run), then stops
@@ -452,10 +474,12 @@ impl Ooda {
                 }
             })
             .collect();
+        let stop = self.estop.state();
         Observation {
             seq,
             at_unix_ms: crate::store::now_ms(),
-            protective_stop: self.estop.active(),
+            protective_stop: stop.first().cloned(),
+            protective_stop_causes: stop.causes,
             sensors,
             actuators: self.actuators.views(now),
             sources: self.world.sources(),
@@ -492,7 +516,7 @@ impl Ooda {
             }
             Action::Estop { reason } => {
                 self.trigger_stop(&format!("rule:{}", rule.name), reason)
-                    .await
+                    .await;
             }
             Action::Publish {
                 topic,

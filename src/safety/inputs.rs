@@ -255,7 +255,7 @@ async fn watch_gpio(
         let active = input.is_active(pin.read());
         let why = format!("GPIO {} is {}", input.pin, input.level_name());
         if active {
-            stop.hold(&name, &why);
+            stop.hold(&name, GPIO_SOURCE, &why);
             if was_active != Some(true) {
                 let reason = if was_active.is_none() {
                     format!("stop input active at start-up ({why})")
@@ -281,7 +281,7 @@ async fn watch_gpio(
                     if changed.is_err() {
                         let why = format!("GPIO {} stopped reporting edges", input.pin);
                         tracing::error!(input = %name, "{why}; latching the protective stop");
-                        stop.hold(&name, &why);
+                        stop.hold(&name, GPIO_SOURCE, &why);
                         ooda.trigger_stop(GPIO_SOURCE, &format!("stop input lost ({why})")).await;
                         return;
                     }

@@ -6,71 +6,215 @@
 //! category-0 stopping.
 //!
 //! Stop sources: `POST /v1/estop`, the `roz.v1.SafetyService` RPCs, the CLI
-//! (through REST), reflex rules, and the inputs of [`inputs`] (a GPIO pin and
-//! an MQTT topic). A source that still *asserts* the stop (a pressed, latching
-//! stop button on the GPIO input) [`ProtectiveStop::hold`]s it: the latch
-//! cannot be cleared until the input is released.
+//! (through REST), reflex rules, the fleet, and the inputs of [`inputs`] (a
+//! GPIO pin and an MQTT topic).
+//!
+//! The latch holds every active *cause* (one per source): a stop from a
+//! second source while latched adds its cause, and a clear removes only what
+//! it names. A fleet clear removes the fleet's cause
+//! ([`ProtectiveStop::clear_source`]); an operator clear removes every cause
+//! but those an input still asserts ([`ProtectiveStop::try_clear`]). A source
+//! that still *asserts* the stop (a pressed, latching stop button on the
+//! GPIO input) [`ProtectiveStop::hold`]s its cause: it cannot be cleared
+//! until the input is released.
+//!
+//! Every change is written to the stop file ([`persist`]) so that a restart,
+//! a crash or a watchdog kill brings rozd back up latched.
 
 pub mod inputs;
+pub mod persist;
 pub mod status;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use serde::Serialize;
-use tokio::sync::watch;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// `StopInfo.source` of a stop latched because the stop file could not be
+/// read or written at start-up.
+pub const RESTORE_SOURCE: &str = "restore";
+
+/// One cause of the protective stop.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StopInfo {
-    /// Where the stop came from: `rest`, `grpc`, `cli`, `gpio`, `mqtt`, `rule:<name>`.
+    /// Where the stop came from: `rest`, `grpc`, `cli`, `gpio`, `mqtt`,
+    /// `fleet`, `rule:<name>`, `control-socket`, or `restore` (the stop file
+    /// could not be read at start-up).
     pub source: String,
     pub reason: String,
     pub since_unix_ms: i64,
+    /// Who asked, where it is known and authenticated (a fleet host id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
-/// Why a clear was refused.
+/// The latch's state: every active cause, oldest first. Empty = not latched.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StopState {
+    pub causes: Vec<StopInfo>,
+}
+
+impl StopState {
+    pub fn is_active(&self) -> bool {
+        !self.causes.is_empty()
+    }
+
+    /// The oldest active cause.
+    pub fn first(&self) -> Option<&StopInfo> {
+        self.causes.first()
+    }
+
+    /// `source: reason` of every cause, joined for a message.
+    pub fn describe(&self) -> String {
+        self.causes
+            .iter()
+            .map(|c| format!("{}: {}", c.source, c.reason))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+/// Why a clear was refused (in whole or in part).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("stop input {input} still asserts the stop ({why}); release it before clearing")]
+#[error("stop input {input} still asserts the stop ({why}); release it before clearing{}", cleared_note(.cleared))]
 pub struct ClearRefused {
     /// The input, e.g. `gpio:17`.
     pub input: String,
     pub why: String,
+    /// Other causes this clear did remove.
+    pub cleared: Vec<String>,
+}
+
+fn cleared_note(cleared: &[String]) -> String {
+    if cleared.is_empty() {
+        String::new()
+    } else {
+        format!(" (cleared: {})", cleared.join(", "))
+    }
 }
 
 /// A change of the latch, for the audit.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StopEvent {
-    Triggered { source: String, reason: String },
-    Cleared { by: String },
-    ClearRefused { by: String, input: String },
+    /// A cause was added.
+    Triggered {
+        source: String,
+        reason: String,
+        by: Option<String>,
+    },
+    /// `by` removed the cause of `source`.
+    Cleared {
+        by: String,
+        source: String,
+    },
+    ClearRefused {
+        by: String,
+        input: String,
+    },
+    /// The latch came back from the stop file at start-up with these causes.
+    Restored {
+        causes: Vec<StopInfo>,
+    },
+}
+
+/// An input that asserts the stop now.
+#[derive(Debug, Clone)]
+struct Held {
+    /// The source whose cause it holds (e.g. `gpio`).
+    source: String,
+    why: String,
+}
+
+#[derive(Debug, Default)]
+struct Latch {
+    causes: Vec<StopInfo>,
+    /// Inputs that still assert the stop (input -> what it holds).
+    held: BTreeMap<String, Held>,
+    /// Bumped by every change of `causes`; the stop file records up to which.
+    generation: u64,
+    /// Causes restored at start-up, reported to the audit once it is set.
+    restored: Option<Vec<StopInfo>>,
 }
 
 /// The latch. Cheap to clone; all clones share one state.
 #[derive(Debug, Clone)]
 pub struct ProtectiveStop {
-    state: Arc<watch::Sender<Option<StopInfo>>>,
+    /// Causes and held inputs, changed under this lock so that a clear and
+    /// an input becoming active (or two triggers) cannot interleave.
+    latch: Arc<Mutex<Latch>>,
+    state: Arc<watch::Sender<StopState>>,
     /// Where each change goes (the daemon writes it to the audit).
-    audit: Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<StopEvent>>>,
-    /// Inputs that still assert the stop (input -> description). The lock is
-    /// also held while clearing, so a clear and an input becoming active
-    /// cannot interleave.
-    held: Arc<Mutex<BTreeMap<String, String>>>,
+    audit: Arc<OnceLock<mpsc::UnboundedSender<StopEvent>>>,
+    /// Where each change is made durable (none in unit tests).
+    file: Arc<OnceLock<persist::StopFile>>,
 }
 
 impl Default for ProtectiveStop {
     fn default() -> Self {
         ProtectiveStop {
-            state: Arc::new(watch::Sender::new(None)),
+            latch: Arc::default(),
+            state: Arc::new(watch::Sender::new(StopState::default())),
             audit: Arc::default(),
-            held: Arc::default(),
+            file: Arc::default(),
         }
     }
 }
 
 impl ProtectiveStop {
-    /// Sends every later trigger, clear and refused clear to `sink`.
-    pub fn set_audit(&self, sink: tokio::sync::mpsc::UnboundedSender<StopEvent>) {
-        let _ = self.audit.set(sink);
+    /// A latch backed by the stop file at `file`: latched with the causes
+    /// the file holds (a file that cannot be read latches with source
+    /// `restore`, failing safe). Reported to the audit once one is set.
+    pub fn restore(file: persist::StopFile) -> ProtectiveStop {
+        let stop = ProtectiveStop::default();
+        let restore_cause = |reason: String| StopInfo {
+            source: RESTORE_SOURCE.into(),
+            reason,
+            since_unix_ms: crate::store::now_ms(),
+            by: None,
+        };
+        let mut causes = match file.load() {
+            Ok(causes) => causes,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the protective-stop file; starting LATCHED");
+                vec![restore_cause(format!(
+                    "the stop file could not be read at start-up: {e}"
+                ))]
+            }
+        };
+        // Proves the file can be written (and repairs an unreadable one);
+        // a stop that could not survive a restart is itself a reason to stop.
+        if let Err(e) = file.write_now(&causes) {
+            tracing::error!(error = %e, "cannot write the protective-stop file; starting LATCHED");
+            if !causes.iter().any(|c| c.source == RESTORE_SOURCE) {
+                causes.push(restore_cause(format!(
+                    "the stop file cannot be written: {e}"
+                )));
+            }
+        }
+        if !causes.is_empty() {
+            tracing::warn!(
+                causes = %StopState { causes: causes.clone() }.describe(),
+                "PROTECTIVE STOP restored from before the restart; it stays latched until cleared"
+            );
+            let mut latch = stop.lock();
+            latch.causes = causes.clone();
+            latch.restored = Some(causes.clone());
+            stop.state.send_replace(StopState { causes });
+        }
+        let _ = stop.file.set(file);
+        stop
+    }
+
+    /// Sends every later trigger, clear and refused clear to `sink`; a stop
+    /// restored at start-up is reported first.
+    pub fn set_audit(&self, sink: mpsc::UnboundedSender<StopEvent>) {
+        let mut latch = self.lock();
+        if self.audit.set(sink).is_ok()
+            && let Some(causes) = latch.restored.take()
+        {
+            self.report(StopEvent::Restored { causes });
+        }
     }
 
     fn report(&self, event: StopEvent) {
@@ -80,39 +224,92 @@ impl ProtectiveStop {
         }
     }
 
+    fn lock(&self) -> MutexGuard<'_, Latch> {
+        self.latch.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Publishes the causes and has them written to the stop file. Called
+    /// with the lock held, so publications keep the order of the changes.
+    fn changed(&self, latch: &mut Latch) {
+        latch.generation += 1;
+        self.state.send_replace(StopState {
+            causes: latch.causes.clone(),
+        });
+        if let Some(file) = self.file.get() {
+            file.save(latch.generation, latch.causes.clone());
+        }
+    }
+
+    /// The oldest active cause, if latched.
     pub fn active(&self) -> Option<StopInfo> {
+        self.state.borrow().first().cloned()
+    }
+
+    /// Every active cause, oldest first.
+    pub fn state(&self) -> StopState {
         self.state.borrow().clone()
     }
 
-    /// Latches the stop; `false` if it was already active (the first cause is kept).
+    /// Latches the stop with this cause. `true` if the cause is new: the
+    /// stop was not latched, or latched by other sources only. A source that
+    /// already holds a cause keeps its first reason.
     pub fn trigger(&self, source: &str, reason: &str) -> bool {
-        let info = StopInfo {
+        self.trigger_by(source, reason, None)
+    }
+
+    /// [`ProtectiveStop::trigger`] naming who asked.
+    pub fn trigger_by(&self, source: &str, reason: &str, by: Option<&str>) -> bool {
+        let mut latch = self.lock();
+        if latch.causes.iter().any(|c| c.source == source) {
+            tracing::debug!(
+                source,
+                reason,
+                "protective stop already latched by this source"
+            );
+            return false;
+        }
+        let was_active = !latch.causes.is_empty();
+        latch.causes.push(StopInfo {
             source: source.to_string(),
             reason: reason.to_string(),
             since_unix_ms: crate::store::now_ms(),
-        };
-        let latched = self.state.send_if_modified(|s| {
-            if s.is_some() {
-                return false;
-            }
-            *s = Some(info);
-            true
+            by: by.map(str::to_string),
         });
-        if latched {
+        self.changed(&mut latch);
+        if was_active {
+            tracing::warn!(source, reason, "PROTECTIVE STOP: another cause");
+        } else {
             tracing::warn!(source, reason, "PROTECTIVE STOP");
-            self.report(StopEvent::Triggered {
-                source: source.to_string(),
-                reason: reason.to_string(),
-            });
         }
-        latched
+        self.report(StopEvent::Triggered {
+            source: source.to_string(),
+            reason: reason.to_string(),
+            by: by.map(str::to_string),
+        });
+        true
     }
 
-    /// Clears the latch: `Ok(false)` if it was not active, refused while an
-    /// input still asserts the stop. Clearing moves nothing.
+    /// The operator's clear: removes every cause but those an input still
+    /// asserts. `Ok(false)` if nothing was latched; refused (with whatever
+    /// else it did clear) while an input asserts the stop. Moves nothing.
     pub fn try_clear(&self, by: &str) -> Result<bool, ClearRefused> {
-        let held = self.held();
-        if let Some((input, why)) = held.iter().next() {
+        let mut latch = self.lock();
+        let held_sources: Vec<String> = latch.held.values().map(|h| h.source.clone()).collect();
+        let (kept, removed): (Vec<StopInfo>, Vec<StopInfo>) = std::mem::take(&mut latch.causes)
+            .into_iter()
+            .partition(|c| held_sources.contains(&c.source));
+        latch.causes = kept;
+        if !removed.is_empty() {
+            self.changed(&mut latch);
+            for cause in &removed {
+                tracing::warn!(by, source = %cause.source, "protective stop cause cleared");
+                self.report(StopEvent::Cleared {
+                    by: by.to_string(),
+                    source: cause.source.clone(),
+                });
+            }
+        }
+        if let Some((input, held)) = latch.held.iter().next() {
             tracing::warn!(
                 by,
                 input,
@@ -124,16 +321,51 @@ impl ProtectiveStop {
             });
             return Err(ClearRefused {
                 input: input.clone(),
-                why: why.clone(),
+                why: held.why.clone(),
+                cleared: removed.into_iter().map(|c| c.source).collect(),
             });
         }
-        let cleared = self.state.send_if_modified(|s| s.take().is_some());
-        drop(held);
-        if cleared {
+        if !removed.is_empty() {
             tracing::warn!(by, "protective stop cleared");
-            self.report(StopEvent::Cleared { by: by.to_string() });
         }
-        Ok(cleared)
+        Ok(!removed.is_empty())
+    }
+
+    /// Removes only `source`'s cause (the fleet's clear removes the fleet's
+    /// stop and nothing else). `Ok(false)` if that source held no cause;
+    /// refused while an input asserts that source's stop. Other causes keep
+    /// the stop latched.
+    pub fn clear_source(&self, source: &str, by: &str) -> Result<bool, ClearRefused> {
+        let mut latch = self.lock();
+        if let Some((input, held)) = latch.held.iter().find(|(_, h)| h.source == source) {
+            let refused = ClearRefused {
+                input: input.clone(),
+                why: held.why.clone(),
+                cleared: Vec::new(),
+            };
+            self.report(StopEvent::ClearRefused {
+                by: by.to_string(),
+                input: input.clone(),
+            });
+            return Err(refused);
+        }
+        let before = latch.causes.len();
+        latch.causes.retain(|c| c.source != source);
+        if latch.causes.len() == before {
+            return Ok(false);
+        }
+        self.changed(&mut latch);
+        tracing::warn!(
+            by,
+            source,
+            still_latched = !latch.causes.is_empty(),
+            "protective stop cause cleared"
+        );
+        self.report(StopEvent::Cleared {
+            by: by.to_string(),
+            source: source.to_string(),
+        });
+        Ok(true)
     }
 
     /// [`ProtectiveStop::try_clear`]; `false` if it was not active or was refused.
@@ -141,28 +373,46 @@ impl ProtectiveStop {
         self.try_clear(by).unwrap_or(false)
     }
 
-    /// Marks `input` as asserting the stop (it does not latch by itself:
-    /// latch with [`ProtectiveStop::trigger`] or `Ooda::trigger_stop` too).
-    pub fn hold(&self, input: &str, why: &str) {
-        self.held().insert(input.to_string(), why.to_string());
+    /// Marks `input` as asserting `source`'s stop (it does not latch by
+    /// itself: latch with [`ProtectiveStop::trigger`] or `Ooda::trigger_stop`
+    /// too). While held, that cause cannot be cleared.
+    pub fn hold(&self, input: &str, source: &str, why: &str) {
+        self.lock().held.insert(
+            input.to_string(),
+            Held {
+                source: source.to_string(),
+                why: why.to_string(),
+            },
+        );
     }
 
     /// `input` no longer asserts the stop. The latch stays until cleared.
     pub fn release(&self, input: &str) {
-        self.held().remove(input);
+        self.lock().held.remove(input);
     }
 
     /// Inputs that assert the stop now, by name.
     pub fn held_inputs(&self) -> Vec<String> {
-        self.held().keys().cloned().collect()
+        self.lock().held.keys().cloned().collect()
     }
 
-    fn held(&self) -> MutexGuard<'_, BTreeMap<String, String>> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub fn subscribe(&self) -> watch::Receiver<Option<StopInfo>> {
+    pub fn subscribe(&self) -> watch::Receiver<StopState> {
         self.state.subscribe()
+    }
+
+    /// Waits (bounded by [`persist::DURABLE_WITHIN`]) until the latch as it is
+    /// now is on disk. `true` once it is, or when there is no stop file.
+    pub async fn persisted(&self) -> bool {
+        let Some(file) = self.file.get() else {
+            return true;
+        };
+        let generation = self.lock().generation;
+        file.durable(generation).await
+    }
+
+    /// Whether the stop file could not be written (the last attempt failed).
+    pub fn persist_failed(&self) -> bool {
+        self.file.get().is_some_and(persist::StopFile::failed)
     }
 }
 
@@ -171,26 +421,75 @@ mod tests {
     use super::*;
 
     #[test]
-    fn latches_first_cause_until_cleared() {
+    fn a_source_keeps_its_first_cause_until_cleared() {
         let stop = ProtectiveStop::default();
         assert!(stop.active().is_none());
         assert!(stop.trigger("rest", "operator"));
-        assert!(!stop.trigger("rule:x", "later"));
-        assert_eq!(stop.active().unwrap().source, "rest");
+        assert!(!stop.trigger("rest", "later"), "same source: no new cause");
+        assert_eq!(stop.active().unwrap().reason, "operator");
         assert!(stop.clone().clear("operator"));
         assert!(!stop.clear("operator"));
         assert!(stop.active().is_none());
     }
 
     #[test]
-    fn a_held_input_blocks_clearing_until_released() {
+    fn every_source_adds_a_cause_and_a_source_clear_removes_only_its_own() {
         let stop = ProtectiveStop::default();
-        stop.hold("gpio:17", "GPIO 17 is low");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        stop.set_audit(tx);
+        assert!(stop.trigger_by("fleet", "drill", Some("host-a")));
+        assert!(stop.trigger("rest", "person in cell"));
+        assert!(stop.trigger("rule:too_close", "front_distance < 0.2"));
+        let sources: Vec<_> = stop
+            .state()
+            .causes
+            .iter()
+            .map(|c| c.source.clone())
+            .collect();
+        assert_eq!(sources, ["fleet", "rest", "rule:too_close"]);
+        assert_eq!(stop.state().causes[0].by.as_deref(), Some("host-a"));
+
+        assert_eq!(stop.clear_source("fleet", "fleet: withdrawn"), Ok(true));
+        assert_eq!(stop.clear_source("fleet", "fleet: again"), Ok(false));
+        assert_eq!(stop.active().unwrap().source, "rest", "still latched");
+
+        assert_eq!(stop.try_clear("operator"), Ok(true));
+        assert!(!stop.state().is_active());
+
+        let mut events = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            events.push(e);
+        }
+        assert_eq!(events.len(), 6, "{events:?}");
+        assert_eq!(
+            events[1],
+            StopEvent::Triggered {
+                source: "rest".into(),
+                reason: "person in cell".into(),
+                by: None
+            }
+        );
+        assert_eq!(
+            events[3],
+            StopEvent::Cleared {
+                by: "fleet: withdrawn".into(),
+                source: "fleet".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_held_input_keeps_its_cause_and_blocks_only_that() {
+        let stop = ProtectiveStop::default();
+        stop.hold("gpio:17", "gpio", "GPIO 17 is low");
         assert!(stop.trigger("gpio", "button"));
+        assert!(stop.trigger("rest", "operator"));
         let refused = stop.try_clear("operator").unwrap_err();
         assert_eq!(refused.input, "gpio:17");
+        assert_eq!(refused.cleared, ["rest"]);
         assert!(!stop.clear("operator"));
-        assert!(stop.active().is_some(), "still latched");
+        assert_eq!(stop.active().unwrap().source, "gpio", "still latched");
+        assert!(stop.clear_source("gpio", "fleet").is_err());
         assert_eq!(stop.held_inputs(), ["gpio:17"]);
         stop.release("gpio:17");
         assert!(
@@ -199,5 +498,17 @@ mod tests {
         );
         assert_eq!(stop.try_clear("operator"), Ok(true));
         assert_eq!(stop.try_clear("operator"), Ok(false));
+    }
+
+    #[test]
+    fn subscribers_see_every_added_cause() {
+        let stop = ProtectiveStop::default();
+        let mut rx = stop.subscribe();
+        stop.trigger("fleet", "drill");
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(rx.borrow_and_update().causes.len(), 1);
+        stop.trigger("rest", "person");
+        assert!(rx.has_changed().unwrap(), "a second cause is a change");
+        assert_eq!(rx.borrow_and_update().causes.len(), 2);
     }
 }

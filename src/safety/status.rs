@@ -18,12 +18,17 @@ pub struct SafetyStatus {
     pub estop_active: bool,
     /// `normal` or `protective_stop`.
     pub level: &'static str,
-    /// What restricts motion now: `protective_stop:<source>`,
+    /// What restricts motion now: `protective_stop:<source>` (one per cause),
     /// `stop_input:<input>` (an input still asserting the stop: clearing is
     /// refused), `critical_alarm:<sensor>`.
     pub active_guards: Vec<String>,
-    /// The latched stop's first cause.
+    /// The latched stop's oldest cause.
     pub stop: Option<StopInfo>,
+    /// Every active cause, oldest first (a clear names which it removes).
+    pub causes: Vec<StopInfo>,
+    /// Whether the latch as it is now is written to the stop file (it
+    /// survives a restart); `false` after a failed write.
+    pub persisted: bool,
     /// The configured stop inputs.
     pub inputs: Vec<InputStatus>,
 }
@@ -49,12 +54,14 @@ pub struct InputStatus {
 /// The safety state now.
 pub fn status(ctx: &HostContext) -> SafetyStatus {
     let latch = ctx.ooda.protective_stop();
-    let stop = latch.active();
+    let state = latch.state();
+    let stop = state.first().cloned();
     let held = latch.held_inputs();
-    let mut active_guards = Vec::new();
-    if let Some(s) = &stop {
-        active_guards.push(format!("protective_stop:{}", s.source));
-    }
+    let mut active_guards: Vec<String> = state
+        .causes
+        .iter()
+        .map(|c| format!("protective_stop:{}", c.source))
+        .collect();
     active_guards.extend(held.iter().map(|input| format!("stop_input:{input}")));
     active_guards.extend(
         ctx.ooda
@@ -96,6 +103,8 @@ pub fn status(ctx: &HostContext) -> SafetyStatus {
         },
         active_guards,
         stop,
+        causes: state.causes,
+        persisted: !latch.persist_failed(),
         inputs,
     }
 }

@@ -415,36 +415,22 @@ impl Runner {
             tools: plan.tools,
             conversation,
             permissions: self.ctx.permissions.clone(),
-            limits: TurnLimits {
-                max_cycles: config.session.max_cycles,
-                max_output_tokens: session
-                    .model
-                    .max_output_tokens()
-                    .unwrap_or(config.model.max_output_tokens),
-                default_tool_timeout_ms: config.session.default_tool_timeout_ms,
-                approval_timeout: Duration::from_secs(config.session.approval_timeout_secs),
-                context_budget: session.context_budget,
-                compaction: context::CompactionLimits {
-                    target: config.session.compact_target,
-                    tool_results_at: config.session.compact_tool_results_at,
-                    thinking_at: config.session.compact_thinking_at,
-                    summary_at: config.session.compact_summary_at,
-                },
-                max_session_tokens: config.session.max_session_tokens,
-                session_tokens_spent: session.tokens_spent,
-                halt_on_safety_error: false,
-            },
+            limits: TurnLimits::new(
+                config,
+                session.model.as_ref(),
+                session.context_budget,
+                session.tokens_spent,
+                false,
+            ),
             meter: session.meter,
             live_tokens: session.live_tokens.clone(),
-            host: turn::HostAccess {
-                session_id: session.id.clone(),
-                label: format!("session {}", session.id),
-                notes: None,
-                tools: self.ctx.host_tools.clone(),
-                registry: self.ctx.host_registry.clone(),
-                store: self.ctx.store.clone(),
-                observe: (plan.ai_mode == state::MODE_OODA).then(|| self.ctx.ooda.clone()),
-            },
+            host: turn::HostAccess::new(
+                &self.ctx,
+                &session.id,
+                format!("session {}", session.id),
+                plan.ai_mode,
+                None,
+            ),
         };
         let cancel = CancellationToken::new();
         let (inbox_tx, inbox_rx) = mpsc::channel(TURN_INBOX);

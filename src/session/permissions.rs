@@ -1,4 +1,5 @@
-//! Which tools may run without asking: configured `[[permissions]]` rules,
+//! Which tools may run without asking: `stop_all` always (going safe is
+//! never gated by an approval), then configured `[[permissions]]` rules,
 //! first match wins, then the defaults (PHYSICAL asks, PURE runs).
 
 use crate::config::{PermissionRuleConfig, Policy, ToolCategory};
@@ -18,6 +19,7 @@ pub struct PermissionPolicy {
 
 const PHYSICAL_DEFAULT: &str = "default: PHYSICAL tools move hardware and need confirmation";
 const PURE_DEFAULT: &str = "default: PURE tools only read";
+const GOING_SAFE: &str = "going safe is never gated by an approval";
 
 impl PermissionPolicy {
     pub fn new(rules: Vec<PermissionRuleConfig>) -> Self {
@@ -25,6 +27,14 @@ impl PermissionPolicy {
     }
 
     pub fn decide(&self, tool: &str, category: ToolCategory) -> Verdict {
+        // Host tool names are reserved, so this is always the host's own
+        // stop_all; no rule may make going safe wait for a person or refuse it.
+        if tool == crate::tools::STOP_ALL {
+            return Verdict {
+                policy: Policy::Allow,
+                reason: GOING_SAFE.into(),
+            };
+        }
         for rule in &self.rules {
             if rule.category.is_none_or(|c| c == category) && glob_match(&rule.tool_pattern, tool) {
                 return Verdict {
@@ -154,6 +164,11 @@ mod tests {
             Policy::RequireConfirmation
         );
         assert_eq!(empty.decide("x", ToolCategory::Pure).policy, Policy::Allow);
+        let strict = PermissionPolicy::new(vec![rule("*", Policy::Block, None)]);
+        for p in [&strict, &empty] {
+            let going_safe = p.decide("stop_all", ToolCategory::Physical);
+            assert_eq!(going_safe.policy, Policy::Allow, "{going_safe:?}");
+        }
         assert_eq!(p.views().len(), 5);
     }
 }

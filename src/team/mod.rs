@@ -482,10 +482,11 @@ pub async fn create(ctx: &Arc<HostContext>, new: NewTask) -> Result<TaskView, Ta
             "the task model is not available: {e}"
         )));
     }
-    if let Some(stop) = ctx.ooda.protective_stop().active() {
+    let stop = ctx.ooda.protective_stop().state();
+    if stop.is_active() {
         return Err(TaskError::FailedPrecondition(format!(
-            "a protective stop is active ({}: {}); clear it before starting a task",
-            stop.source, stop.reason
+            "a protective stop is active ({}); clear it before starting a task",
+            stop.describe()
         )));
     }
     if ctx.shutdown.is_cancelled() {
@@ -576,9 +577,9 @@ async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
                 }
             }
             () = &mut deadline, if !stopping => task.stop(StopCause::Timeout),
-            changed = estop.wait_for(Option::is_some), if !stopping => {
+            changed = estop.wait_for(crate::safety::StopState::is_active), if !stopping => {
                 let why = match changed {
-                    Ok(info) => info.as_ref().map(|s| format!("{}: {}", s.source, s.reason)).unwrap_or_default(),
+                    Ok(state) => state.describe(),
                     Err(_) => "protective stop".into(),
                 };
                 task.stop(StopCause::EStop(why));

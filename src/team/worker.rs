@@ -21,7 +21,7 @@ use crate::HostContext;
 use crate::config::ToolCategory;
 use crate::model::{Block, Message};
 use crate::ooda::act::Origin;
-use crate::session::context::{CompactionLimits, ContextMeter};
+use crate::session::context::ContextMeter;
 use crate::session::state::MODE_OODA;
 use crate::session::tools::ToolRegistry;
 use crate::session::turn::{self, HostAccess, TurnInput, TurnLimits, TurnNote, TurnSetup};
@@ -153,40 +153,27 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
         tools,
         conversation: vec![Message::user(vec![Block::Text(plan.prompt.clone())])],
         permissions: ctx.permissions.clone(),
-        limits: TurnLimits {
-            max_cycles: config.session.max_cycles,
-            max_output_tokens: model
-                .max_output_tokens()
-                .unwrap_or(config.model.max_output_tokens),
-            default_tool_timeout_ms: config.session.default_tool_timeout_ms,
-            approval_timeout: Duration::from_secs(config.session.approval_timeout_secs),
-            context_budget: model
+        limits: TurnLimits::new(
+            config,
+            model.as_ref(),
+            model
                 .max_context_tokens()
                 .map_or(config.session.default_max_context_tokens, |window| {
                     window.min(config.session.default_max_context_tokens)
                 }),
-            compaction: CompactionLimits {
-                target: config.session.compact_target,
-                tool_results_at: config.session.compact_tool_results_at,
-                thinking_at: config.session.compact_thinking_at,
-                summary_at: config.session.compact_summary_at,
-            },
-            max_session_tokens: config.session.max_session_tokens,
-            session_tokens_spent: 0,
-            halt_on_safety_error: true,
-        },
+            0,
+            true,
+        ),
         model,
         meter: ContextMeter::default(),
         live_tokens: Arc::default(),
-        host: HostAccess {
-            session_id: plan.worker_id.clone(),
-            label: format!("task {} worker {}", task.id, plan.worker_id),
-            notes: Some(notes_tx),
-            tools: ctx.host_tools.clone(),
-            registry: ctx.host_registry.clone(),
-            store: ctx.store.clone(),
-            observe: (plan.mode == MODE_OODA).then(|| ctx.ooda.clone()),
-        },
+        host: HostAccess::new(
+            ctx,
+            &plan.worker_id,
+            format!("task {} worker {}", task.id, plan.worker_id),
+            plan.mode,
+            Some(notes_tx),
+        ),
     };
     let (out_tx, mut out) = mpsc::channel(256);
     let (inbox, inbox_rx) = mpsc::channel(64);

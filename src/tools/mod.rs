@@ -214,9 +214,9 @@ impl HostTools {
         &self.defs
     }
 
-    /// The protective stop, if it is latched.
-    pub fn protective_stop(&self) -> Option<crate::safety::StopInfo> {
-        self.ooda.protective_stop().active()
+    /// The protective stop's causes (none: not latched).
+    pub fn protective_stop(&self) -> crate::safety::StopState {
+        self.ooda.protective_stop().state()
     }
 
     pub fn get(&self, name: &str) -> Option<&HostToolDef> {
@@ -240,15 +240,16 @@ impl HostTools {
         }
         // In-flight PHYSICAL calls fail as soon as a protective stop latches.
         let mut stop = self.ooda.protective_stop().subscribe();
-        if let Some(active) = stop.borrow_and_update().clone() {
+        let latched = stop.borrow_and_update().clone();
+        if latched.is_active() {
             return Err(ToolError::EStop(format!(
-                "protective stop is active ({}: {})",
-                active.source, active.reason
+                "protective stop is active ({})",
+                latched.describe()
             )));
         }
         tokio::select! {
             result = run => result,
-            () = async { let _ = stop.wait_for(Option::is_some).await; } => {
+            () = async { let _ = stop.wait_for(crate::safety::StopState::is_active).await; } => {
                 Err(ToolError::EStop("a protective stop latched while the call was running".into()))
             }
             // Actuator commands bound their driver with the actuator's deadline
@@ -334,9 +335,7 @@ impl HostTools {
                     .transpose()
                     .map_err(|e| ToolError::Invalid(format!("expect is not a valid regex: {e}")))?;
                 let timeout = Duration::from_millis(
-                    input
-                        .get("timeout_ms")
-                        .and_then(Value::as_u64)
+                    whole_number(input, "timeout_ms")?
                         .unwrap_or(1_000)
                         .min(SERIAL_QUERY_MAX_MS),
                 );
@@ -356,10 +355,7 @@ impl HostTools {
                     .get("value")
                     .and_then(Value::as_f64)
                     .ok_or_else(|| ToolError::Invalid("`value` must be a number".into()))?;
-                let hold = input
-                    .get("hold_ms")
-                    .and_then(Value::as_u64)
-                    .map(Duration::from_millis);
+                let hold = whole_number(input, "hold_ms")?.map(Duration::from_millis);
                 let applied = self
                     .ooda
                     .actuators()
@@ -376,5 +372,48 @@ impl HostTools {
                 )
             }
         }
+    }
+}
+
+/// An optional whole-number parameter. JSON Schema's `integer` admits
+/// `500.0` as well as `500`, so both are taken as 500; anything that is not
+/// a non-negative whole number is refused, never silently dropped.
+fn whole_number(input: &Value, key: &str) -> Result<Option<u64>, ToolError> {
+    let Some(value) = input.get(key) else {
+        return Ok(None);
+    };
+    if let Some(n) = value.as_u64() {
+        return Ok(Some(n));
+    }
+    match value.as_f64() {
+        // The cast saturates at u64::MAX; callers bound the value anyway.
+        Some(f) if f.is_finite() && f >= 0.0 && f.fract() == 0.0 => Ok(Some(f as u64)),
+        _ => Err(ToolError::Invalid(format!(
+            "`{key}` must be a non-negative whole number, got {value}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_numbers_are_taken_in_either_json_spelling_and_others_refused() {
+        let get = |v: Value| whole_number(&json!({ "n": v }), "n");
+        assert_eq!(get(json!(500)).unwrap(), Some(500));
+        assert_eq!(get(json!(500.0)).unwrap(), Some(500));
+        assert_eq!(get(json!(0)).unwrap(), Some(0));
+        assert_eq!(get(json!(1e300)).unwrap(), Some(u64::MAX), "saturates");
+        for bad in [
+            json!(500.5),
+            json!(-1),
+            json!(-1.0),
+            json!("500"),
+            json!(null),
+        ] {
+            assert!(get(bad.clone()).is_err(), "{bad}");
+        }
+        assert_eq!(whole_number(&json!({}), "n").unwrap(), None);
     }
 }

@@ -5,6 +5,12 @@
 //! requests and activity straight to the client; it never sends
 //! `TurnComplete` itself — it returns a [`TurnOutcome`] and the session loop
 //! clears the active turn before it sends `TurnComplete`.
+//!
+//! Here: the cycle of model call and tool calls, the client tools' round
+//! trip and the gate every call passes (permission, approval). Beside it:
+//! [`compaction`] keeps the context inside its budget, [`host_call`] runs
+//! host tools inside rozd and audits them, [`observation`] writes the
+//! Observation for `ooda_re_act` mode.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -17,17 +23,23 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Policy, ToolCategory};
+mod compaction;
+mod host_call;
+mod observation;
+
+use crate::config::{Config, Policy, ToolCategory};
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
 
 use super::context::{self, CompactionLimits, ContextMeter};
 use super::permissions::PermissionPolicy;
-use super::tools::{Tool, ToolRegistry};
+use super::state::MODE_OODA;
+use super::tools::ToolRegistry;
 use super::{Activity, ErrorCode, Presence, ServerEvent, SessionError, StopReason, ToolOutcome};
+use crate::HostContext;
 use crate::ooda::Ooda;
 use crate::ooda::orient::AlarmLevel;
-use crate::store::{AuditRecord, Store, now_ms};
-use crate::tools::{HostTools, ToolError};
+use crate::store::Store;
+use crate::tools::HostTools;
 
 /// The host side of a turn: host tools, where audit goes, and the
 /// Observation to inject in `ooda_re_act` mode.
@@ -46,6 +58,28 @@ pub struct HostAccess {
     /// Set in `ooda_re_act` mode: the latest Observation goes into the
     /// model's context before every model call.
     pub observe: Option<Arc<Ooda>>,
+}
+
+impl HostAccess {
+    /// The host as `owner` (a session id or a task worker's id) sees it in
+    /// `ai_mode`; `label` is how the audit names the caller.
+    pub fn new(
+        ctx: &HostContext,
+        owner: &str,
+        label: String,
+        ai_mode: &str,
+        notes: Option<mpsc::UnboundedSender<TurnNote>>,
+    ) -> HostAccess {
+        HostAccess {
+            session_id: owner.to_string(),
+            label,
+            notes,
+            tools: ctx.host_tools.clone(),
+            registry: ctx.host_registry.clone(),
+            store: ctx.store.clone(),
+            observe: (ai_mode == MODE_OODA).then(|| ctx.ooda.clone()),
+        }
+    }
 }
 
 /// Progress of a turn for a headless driver: not part of the session protocol.
@@ -86,6 +120,38 @@ pub struct TurnLimits {
     pub halt_on_safety_error: bool,
 }
 
+impl TurnLimits {
+    /// The configured limits for a turn of `model` with this context
+    /// budget, after `tokens_spent` tokens; `headless` for a task's worker.
+    pub fn new(
+        config: &Config,
+        model: &dyn Model,
+        context_budget: u32,
+        tokens_spent: u64,
+        headless: bool,
+    ) -> TurnLimits {
+        let session = &config.session;
+        TurnLimits {
+            max_cycles: session.max_cycles,
+            max_output_tokens: model
+                .max_output_tokens()
+                .unwrap_or(config.model.max_output_tokens),
+            default_tool_timeout_ms: session.default_tool_timeout_ms,
+            approval_timeout: Duration::from_secs(session.approval_timeout_secs),
+            context_budget,
+            compaction: CompactionLimits {
+                target: session.compact_target,
+                tool_results_at: session.compact_tool_results_at,
+                thinking_at: session.compact_thinking_at,
+                summary_at: session.compact_summary_at,
+            },
+            max_session_tokens: session.max_session_tokens,
+            session_tokens_spent: tokens_spent,
+            halt_on_safety_error: headless,
+        }
+    }
+}
+
 pub struct TurnSetup {
     pub message_id: String,
     pub model: Arc<dyn Model>,
@@ -118,9 +184,6 @@ pub struct TurnOutcome {
     pub meter: ContextMeter,
 }
 
-/// Longest summary a compaction asks the model for.
-const SUMMARY_MAX_TOKENS: u32 = 1024;
-
 /// Why the turn stopped early.
 enum Interrupt {
     /// `CancelTurn`, `CancelSession`, disconnect or shutdown.
@@ -152,6 +215,37 @@ struct Turn {
     /// Alarm levels seen at the previous cycle, to point out new ones.
     seen_alarms: Vec<(String, AlarmLevel)>,
     cycle: u32,
+    /// Tokens this turn has spent (model calls and summaries).
+    usage: Usage,
+}
+
+/// The conversation a turn works on: its messages, where this turn's own
+/// messages begin (compaction never summarises or drops those), and their
+/// estimated size, kept up to date as messages are added so that a model
+/// call costs no pass over the whole conversation (it grows with every call).
+struct Conversation {
+    messages: Vec<Message>,
+    turn_start: usize,
+    tokens: u32,
+}
+
+impl Conversation {
+    /// `messages` ends with this turn's user message.
+    fn new(messages: Vec<Message>) -> Conversation {
+        Conversation {
+            turn_start: messages.len().saturating_sub(1),
+            tokens: context::estimate(&messages),
+            messages,
+        }
+    }
+
+    /// Adds a message; its estimated size.
+    fn push(&mut self, message: Message) -> u32 {
+        let tokens = model::estimate_message_tokens(&message);
+        self.tokens = self.tokens.saturating_add(tokens);
+        self.messages.push(message);
+        tokens
+    }
 }
 
 pub async fn run(
@@ -165,7 +259,7 @@ pub async fn run(
         model,
         system,
         tools,
-        mut conversation,
+        conversation,
         permissions,
         limits,
         meter,
@@ -191,10 +285,11 @@ pub async fn run(
         host,
         seen_alarms: Vec::new(),
         cycle: 0,
+        usage: Usage::default(),
     };
-    let mut usage = Usage::default();
+    let mut conversation = Conversation::new(conversation);
     let result = turn
-        .cycles(model.as_ref(), &system, &mut conversation, &mut usage)
+        .cycles(model.as_ref(), &system, &mut conversation)
         .await;
     let (stop_reason, error) = match result {
         Ok(stop) => (stop, None),
@@ -207,9 +302,9 @@ pub async fn run(
         Err(TurnError::Failed(e)) => (StopReason::Error, Some(e)),
     };
     TurnOutcome {
-        conversation,
+        conversation: conversation.messages,
         added: turn.added,
-        usage,
+        usage: turn.usage,
         stop_reason,
         error,
         expired_calls: turn.expired,
@@ -233,17 +328,13 @@ impl Turn {
         &mut self,
         model: &dyn Model,
         system: &str,
-        conversation: &mut Vec<Message>,
-        usage: &mut Usage,
+        conversation: &mut Conversation,
     ) -> Result<StopReason, TurnError> {
-        let mut turn_start = conversation.len().saturating_sub(1);
-        // The tools do not change during a turn; the conversation's estimate
-        // is kept up to date as messages are added, so a model call costs
-        // no pass over the whole conversation (it grows with every call).
+        // The tools do not change during a turn: their share of the
+        // estimate is counted once.
         let mut tools = self.host.registry.definitions();
         tools.extend(self.tools.definitions());
         let tools_tokens = model::estimate_tools_tokens(&tools);
-        let mut conversation_tokens = context::estimate(conversation);
         for _cycle in 0..self.limits.max_cycles {
             self.cycle += 1;
             self.note(TurnNote::Cycle(self.cycle));
@@ -263,39 +354,24 @@ impl Turn {
                 "the model is thinking",
             )
             .await?;
-            self.check_session_budget(usage)?;
-            let mut request = ModelRequest {
-                system: match observation {
-                    Some(text) => format!("{system}\n\n{text}"),
-                    None => system.to_string(),
-                },
-                messages: conversation.clone(),
+            self.check_session_budget()?;
+            let system = match observation {
+                Some(text) => format!("{system}\n\n{text}"),
+                None => system.to_string(),
+            };
+            let fixed_tokens = model::tokens::count(&system).saturating_add(tools_tokens);
+            let estimate = self.fit_budget(model, conversation, fixed_tokens).await?;
+            let request = ModelRequest {
+                system,
+                messages: conversation.messages.clone(),
                 tools: tools.clone(),
                 max_output_tokens: self.limits.max_output_tokens,
             };
-            let system_tokens = model::tokens::count(&request.system);
-            let known = system_tokens
-                .saturating_add(conversation_tokens)
-                .saturating_add(tools_tokens);
-            debug_assert_eq!(known, request.estimate_tokens(), "incremental estimate");
-            let estimate = self
-                .fit_budget(
-                    model,
-                    &mut request,
-                    conversation,
-                    &mut turn_start,
-                    usage,
-                    (known, tools_tokens),
-                )
-                .await?;
-            // Compaction may have changed the conversation; `request` holds it.
-            conversation_tokens = estimate
-                .saturating_sub(system_tokens)
-                .saturating_sub(tools_tokens);
+            debug_assert_eq!(estimate, request.estimate_tokens(), "incremental estimate");
             self.live_tokens
                 .store(self.meter.scaled(estimate), Ordering::Relaxed);
             let reply = self.call_model(model, request).await?;
-            usage.add(reply.usage);
+            self.usage.add(reply.usage);
             let answer = Message::assistant(reply.blocks);
             let answer_estimate = model::estimate_message_tokens(&answer);
             let actual = reply.usage.context_tokens();
@@ -320,7 +396,6 @@ impl Turn {
                 })
                 .collect();
             if !answer.content.is_empty() {
-                conversation_tokens = conversation_tokens.saturating_add(answer_estimate);
                 self.added.push(answer.clone());
                 conversation.push(answer);
             }
@@ -351,15 +426,13 @@ impl Turn {
                 }
             }
             let results = Message::user(results);
-            let results_estimate = model::estimate_message_tokens(&results);
-            conversation_tokens = conversation_tokens.saturating_add(results_estimate);
+            self.added.push(results.clone());
+            let results_estimate = conversation.push(results);
             let grown = self
                 .live_tokens
                 .load(Ordering::Relaxed)
                 .saturating_add(self.meter.scaled(results_estimate));
             self.live_tokens.store(grown, Ordering::Relaxed);
-            self.added.push(results.clone());
-            conversation.push(results);
             if let Some(i) = interrupted {
                 return Err(i.into());
             }
@@ -368,12 +441,12 @@ impl Turn {
     }
 
     /// `budget_exceeded` once the session has spent its token budget.
-    fn check_session_budget(&self, usage: &Usage) -> Result<(), TurnError> {
+    fn check_session_budget(&self) -> Result<(), TurnError> {
         let limit = self.limits.max_session_tokens;
         let spent = self
             .limits
             .session_tokens_spent
-            .saturating_add(usage.total());
+            .saturating_add(self.usage.total());
         if limit > 0 && spent >= limit {
             return Err(TurnError::Failed(SessionError::new(
                 ErrorCode::BudgetExceeded,
@@ -384,211 +457,6 @@ impl Turn {
             )));
         }
         Ok(())
-    }
-
-    /// Keeps the request inside the context budget, compacting between model
-    /// calls once it passes the configured fractions of the budget: first
-    /// old tool results are elided, then old thinking is removed, then the
-    /// oldest turns are summarised by the model, and as a last resort (over
-    /// the budget, no summary possible) the oldest turns are dropped. Each
-    /// step that changed something is reported with `ContextCompacted`; the
-    /// current turn's messages are never summarised or dropped.
-    async fn fit_budget(
-        &mut self,
-        model: &dyn Model,
-        request: &mut ModelRequest,
-        conversation: &mut Vec<Message>,
-        turn_start: &mut usize,
-        usage: &mut Usage,
-        (estimate, tools_tokens): (u32, u32),
-    ) -> Result<u32, TurnError> {
-        let budget = self.limits.context_budget;
-        let limits = self.limits.compaction;
-        let at = |fraction: f64| -> u32 { (f64::from(budget) * fraction).floor() as u32 };
-        if self.meter.scaled(estimate) <= at(limits.tool_results_at).min(budget) {
-            return Ok(estimate);
-        }
-        // Compaction (rare): measure the request afresh after each step.
-        let full = |request: &ModelRequest| request.estimate_tokens_with_tools(tools_tokens);
-        let target = self.meter.unscaled(at(limits.target));
-
-        // Level 1: old tool results.
-        let before = (conversation.len(), self.meter.scaled(full(request)));
-        let mut estimate = full(request);
-        let tail = context::working_tail(conversation);
-        let elided = context::elide_tool_results(conversation, tail, &mut estimate, target);
-        if elided > 0 {
-            request.messages = conversation.clone();
-            self.compacted(
-                "tool_results",
-                before,
-                (conversation.len(), self.meter.scaled(full(request))),
-                format!("elided {elided} old tool result(s)"),
-            )
-            .await?;
-        }
-
-        // Level 2: old thinking (never the current turn's: providers verify it).
-        if self.meter.scaled(full(request)) > at(limits.thinking_at) {
-            let before = (conversation.len(), self.meter.scaled(full(request)));
-            let mut estimate = full(request);
-            let (blocks, removed) =
-                context::strip_thinking(conversation, *turn_start, &mut estimate, target);
-            *turn_start -= removed;
-            if blocks > 0 {
-                request.messages = conversation.clone();
-                self.compacted(
-                    "thinking",
-                    before,
-                    (conversation.len(), self.meter.scaled(full(request))),
-                    format!("removed {blocks} old thinking block(s)"),
-                )
-                .await?;
-            }
-        }
-
-        // Level 3: summarise the oldest turns with the model itself.
-        if self.meter.scaled(full(request)) > at(limits.summary_at) && model.can_summarize() {
-            let before = (conversation.len(), self.meter.scaled(full(request)));
-            let summary_budget = self.limits.max_output_tokens.min(SUMMARY_MAX_TOKENS);
-            if let Some(cut) = context::cut_old_turns(
-                conversation,
-                *turn_start,
-                full(request),
-                target,
-                summary_budget,
-            )
-            // Only worth a model call when the summary is much smaller than
-            // what it replaces (never re-summarise a lone summary).
-            .filter(|&cut| {
-                context::estimate(&conversation[..cut]) > summary_budget.saturating_mul(2)
-            }) {
-                self.check_session_budget(usage)?;
-                if let Some(summary) = self
-                    .summarize(model, &conversation[..cut], summary_budget, usage)
-                    .await?
-                {
-                    conversation.splice(..cut, [context::summary_message(&summary)]);
-                    *turn_start = *turn_start + 1 - cut;
-                    request.messages = conversation.clone();
-                    self.compacted(
-                        "summary",
-                        before,
-                        (conversation.len(), self.meter.scaled(full(request))),
-                        summary,
-                    )
-                    .await?;
-                }
-            }
-        }
-
-        // Level 4: over the budget and nothing else helped: drop the oldest turns.
-        if self.meter.scaled(full(request)) > budget {
-            let before = (conversation.len(), self.meter.scaled(full(request)));
-            if let Some(cut) =
-                context::cut_old_turns(conversation, *turn_start, full(request), target, 0)
-            {
-                conversation.drain(..cut);
-                *turn_start -= cut;
-                request.messages = conversation.clone();
-                self.compacted(
-                    "truncate",
-                    before,
-                    (conversation.len(), self.meter.scaled(full(request))),
-                    format!("dropped the {cut} oldest message(s) to fit {budget} tokens"),
-                )
-                .await?;
-            }
-        }
-        let estimate = full(request);
-        let tokens = self.meter.scaled(estimate);
-        if tokens > budget {
-            return Err(TurnError::Failed(SessionError::new(
-                ErrorCode::BudgetExceeded,
-                format!(
-                    "this turn needs about {tokens} tokens of context, more than the budget of {budget}"
-                ),
-            )));
-        }
-        Ok(estimate)
-    }
-
-    async fn compacted(
-        &mut self,
-        level: &str,
-        (messages_before, tokens_before): (usize, u32),
-        (messages_after, tokens_after): (usize, u32),
-        summary: String,
-    ) -> Result<(), Interrupt> {
-        tracing::info!(
-            level,
-            messages_before,
-            messages_after,
-            tokens_before,
-            tokens_after,
-            "context compacted"
-        );
-        self.live_tokens.store(tokens_after, Ordering::Relaxed);
-        self.send(ServerEvent::ContextCompacted {
-            level: level.to_string(),
-            messages_before: u32::try_from(messages_before).unwrap_or(u32::MAX),
-            messages_after: u32::try_from(messages_after).unwrap_or(u32::MAX),
-            tokens_before,
-            tokens_after,
-            summary: Some(summary),
-        })
-        .await
-    }
-
-    /// Asks the model for a summary of old turns; `None` when it fails (the
-    /// caller then falls back to dropping them).
-    async fn summarize(
-        &mut self,
-        model: &dyn Model,
-        old: &[Message],
-        max_output_tokens: u32,
-        usage: &mut Usage,
-    ) -> Result<Option<String>, Interrupt> {
-        self.state(
-            Activity::Thinking,
-            "compacting the context",
-            Presence::Mini,
-            "the model is summarising old turns",
-        )
-        .await?;
-        let request = ModelRequest {
-            system: context::SUMMARY_SYSTEM.to_string(),
-            messages: vec![Message::user(vec![Block::Text(context::transcript(old))])],
-            tools: Vec::new(),
-            max_output_tokens,
-        };
-        let mut stream = model.stream(request);
-        let mut text = String::new();
-        let mut stopped = false;
-        loop {
-            let event = tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => return Err(Interrupt::Cancelled),
-                event = stream.next() => event,
-            };
-            match event {
-                None => break,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "the model could not summarise old turns");
-                    return Ok(None);
-                }
-                Some(Ok(ModelEvent::TextDelta(delta))) => text.push_str(&delta),
-                Some(Ok(ModelEvent::Usage(u))) => usage.add(u),
-                Some(Ok(ModelEvent::Stop(_))) => stopped = true,
-                Some(Ok(_)) => {}
-            }
-        }
-        let text = text.trim();
-        if !stopped || text.is_empty() {
-            tracing::warn!("the model gave no summary of old turns");
-            return Ok(None);
-        }
-        Ok(Some(text.to_string()))
     }
 
     async fn call_model(
@@ -727,26 +595,9 @@ impl Turn {
             ));
         }
         let physical = tool.spec.category == ToolCategory::Physical;
-        let presence = if physical {
-            Presence::Full
-        } else {
-            Presence::Mini
-        };
-        let verdict = self.permissions.decide(name, tool.spec.category);
-        match verdict.policy {
-            Policy::Block => {
-                return Ok(error_result(
-                    id,
-                    name,
-                    &format!("`{name}` is blocked by policy: {}", verdict.reason),
-                ));
-            }
-            Policy::RequireConfirmation => {
-                if !self.approval(id, name, presence).await? {
-                    return Ok(error_result(id, name, &format!("the user denied `{name}`")));
-                }
-            }
-            Policy::Allow => {}
+        let presence = presence_for(tool.spec.category);
+        if let Gate::Refused { message, .. } = self.gate(id, name, tool.spec.category).await? {
+            return Ok(error_result(id, name, &message));
         }
         let timeout_ms = if tool.spec.timeout_ms == 0 {
             self.limits.default_tool_timeout_ms
@@ -795,228 +646,36 @@ impl Turn {
         }
     }
 
-    /// A host tool: runs inside rozd under the daemon's own deadline, never
-    /// as a `ToolRequest`. PHYSICAL calls are audited before the model sees
-    /// the result.
-    async fn host_tool_call(
+    /// The gate every tool call passes, host or client: the permission
+    /// policy, and the client's approval where it asks for one.
+    async fn gate(
         &mut self,
         id: &str,
-        tool: &Tool,
-        input: Value,
-    ) -> Result<Block, Interrupt> {
-        let name = tool.spec.name.as_str();
-        let physical = tool.spec.category == ToolCategory::Physical;
-        let presence = if physical {
-            Presence::Full
-        } else {
-            Presence::Mini
-        };
-        let started = now_ms();
-        if let Err(why) = tool.validate(&input) {
-            if !physical {
-                return Ok(error_result(
-                    id,
-                    name,
-                    &format!("invalid parameters for `{name}`: {why}"),
-                ));
-            }
-            // The host never applies a value outside its limits: say so plainly.
-            let message = format!("`{name}` refused: {why}");
-            self.audit(id, name, &input, "refused", Err(&message), started)
-                .await;
-            self.safety_error(SessionError::new(
-                ErrorCode::SafetyViolation,
-                format!("tool call {id}: {message}"),
-            ))
-            .await?;
-            return Ok(error_result(id, name, &message));
-        }
-        if physical && let Some(stop) = self.host.tools.protective_stop() {
-            let message = format!(
-                "`{name}` refused: protective stop is active ({}: {})",
-                stop.source, stop.reason
-            );
-            self.audit(id, name, &input, "refused", Err(&message), started)
-                .await;
-            self.safety_error(SessionError::new(
-                ErrorCode::EStop,
-                format!("tool call {id}: {message}"),
-            ))
-            .await?;
-            return Ok(error_result(id, name, &message));
-        }
-        let verdict = self.permissions.decide(name, tool.spec.category);
-        let decision = match verdict.policy {
-            Policy::Block => {
-                let message = format!("`{name}` is blocked by policy: {}", verdict.reason);
-                if physical {
-                    self.audit(id, name, &input, "blocked", Err(&message), started)
-                        .await;
-                }
-                return Ok(error_result(id, name, &message));
-            }
+        name: &str,
+        category: ToolCategory,
+    ) -> Result<Gate, Interrupt> {
+        let verdict = self.permissions.decide(name, category);
+        Ok(match verdict.policy {
+            Policy::Block => Gate::Refused {
+                decision: "blocked",
+                message: format!("`{name}` is blocked by policy: {}", verdict.reason),
+            },
             Policy::RequireConfirmation => {
-                if !self.approval(id, name, presence).await? {
-                    let message = format!("the user denied `{name}`");
-                    if physical {
-                        self.audit(id, name, &input, "denied", Err(&message), started)
-                            .await;
+                if self.approval(id, name, presence_for(category)).await? {
+                    Gate::Pass {
+                        decision: "approved",
                     }
-                    return Ok(error_result(id, name, &message));
+                } else {
+                    Gate::Refused {
+                        decision: "denied",
+                        message: format!("the user denied `{name}`"),
+                    }
                 }
-                "approved"
             }
-            Policy::Allow => "allowed",
-        };
-        let reason = if physical {
-            "a PHYSICAL host tool is running"
-        } else {
-            "reading the host"
-        };
-        self.state(Activity::CallingTool, name, presence, reason)
-            .await?;
-        // A command that reached its driver finishes in its own task and is
-        // then undone by the deadman (see `Actuators::command`).
-        let result = tokio::select! {
-            biased;
-            () = self.cancel.cancelled() => {
-                if physical {
-                    self.audit(id, name, &input, decision, Err("cancelled while running"), started).await;
-                }
-                return Err(Interrupt::Cancelled);
-            }
-            result = self.host.tools.execute(name, &input, &self.host.session_id) => result,
-        };
-        let (text, is_error) = match &result {
-            Ok(text) => (text.clone(), false),
-            Err(e) => (format!("`{name}` failed: {e}"), true),
-        };
-        if physical {
-            let audited = if is_error {
-                Err(text.as_str())
-            } else {
-                Ok(text.as_str())
-            };
-            self.audit(id, name, &input, decision, audited, started)
-                .await;
-        }
-        let code = match &result {
-            Ok(_) => None,
-            Err(ToolError::Timeout(_)) => Some(ErrorCode::ToolTimeout),
-            Err(ToolError::EStop(_)) => Some(ErrorCode::EStop),
-            Err(ToolError::SafetyViolation(_)) => Some(ErrorCode::SafetyViolation),
-            Err(ToolError::Held(_)) => Some(ErrorCode::PermissionDenied),
-            Err(ToolError::Invalid(_) | ToolError::Failed(_)) => None,
-        };
-        if let Some(code) = code {
-            let error = SessionError::new(code, format!("tool call {id}: {text}"));
-            if matches!(code, ErrorCode::EStop | ErrorCode::SafetyViolation) {
-                self.safety_error(error).await?;
-            } else {
-                self.send(ServerEvent::Error(error)).await?;
-            }
-        }
-        Ok(Block::ToolResult {
-            tool_use_id: id.to_string(),
-            name: name.to_string(),
-            content: text,
-            is_error,
+            Policy::Allow => Gate::Pass {
+                decision: "allowed",
+            },
         })
-    }
-
-    /// Writes one PHYSICAL call to the audit (awaited: the record exists
-    /// before the model or the client hears the result).
-    async fn audit(
-        &self,
-        id: &str,
-        tool: &str,
-        input: &Value,
-        decision: &str,
-        result: Result<&str, &str>,
-        started: i64,
-    ) {
-        let ended = now_ms();
-        let record = AuditRecord {
-            at_ms: ended,
-            kind: "tool_call".into(),
-            session_id: Some(self.host.session_id.clone()),
-            tool_call_id: Some(id.to_string()),
-            tool: Some(tool.to_string()),
-            parameters: Some(input.clone()),
-            decision: Some(decision.to_string()),
-            result: result.ok().map(str::to_string),
-            error: result.err().map(str::to_string),
-            origin: Some(self.host.label.clone()),
-            started_at_ms: Some(started),
-            ended_at_ms: Some(ended),
-            duration_ms: Some(ended - started),
-            ..Default::default()
-        };
-        if let Err(e) = self.host.store.audit(record).await {
-            tracing::error!(error = %e, tool_call_id = id, "cannot write the audit record");
-        }
-    }
-
-    /// The Observation as compact text for the model, with alarms that
-    /// appeared since the previous cycle called out.
-    fn describe_observation(&mut self, ooda: &Ooda) -> String {
-        let obs = ooda.observation();
-        let mut lines = vec![format!(
-            "Current observation #{} (protective stop: {}):",
-            obs.seq,
-            obs.protective_stop.as_ref().map_or_else(
-                || "none".to_string(),
-                |s| format!("ACTIVE, {}: {}", s.source, s.reason)
-            )
-        )];
-        let mut now_alarms = Vec::new();
-        for s in &obs.sensors {
-            let v = &s.sensor;
-            let value = v
-                .value
-                .map_or_else(|| "no value".to_string(), |x| format!("{x:.4}"));
-            let unit = v.unit.as_deref().unwrap_or("");
-            let age = v
-                .age_ms
-                .map_or_else(String::new, |a| format!(", age {a} ms"));
-            let alarm = match s.alarm {
-                AlarmLevel::Ok => String::new(),
-                other => format!(", ALARM {other:?}").to_uppercase(),
-            };
-            lines.push(format!(
-                "- sensor {} = {value} {unit} ({}{age}{alarm})",
-                v.name, v.health
-            ));
-            if s.alarm != AlarmLevel::Ok {
-                now_alarms.push((v.name.clone(), s.alarm));
-            }
-        }
-        for a in &obs.actuators {
-            let holder = a
-                .owner
-                .as_deref()
-                .map_or_else(String::new, |o| format!(", held by {o}"));
-            lines.push(format!(
-                "- actuator {} = {}{}{}",
-                a.name,
-                a.value,
-                if a.at_safe_value { " (safe)" } else { "" },
-                holder
-            ));
-        }
-        let new: Vec<String> = now_alarms
-            .iter()
-            .filter(|(n, l)| !self.seen_alarms.iter().any(|(sn, sl)| sn == n && sl >= l))
-            .map(|(n, l)| format!("{n} {l:?}").to_lowercase())
-            .collect();
-        if self.cycle > 1 && !new.is_empty() {
-            lines.push(format!(
-                "NEW ALARMS since the last cycle: {}",
-                new.join(", ")
-            ));
-        }
-        self.seen_alarms = now_alarms;
-        lines.join("\n")
     }
 
     /// Asks the client for a decision; `false` on denial or timeout.
@@ -1126,6 +785,25 @@ impl Turn {
             () = self.cancel.cancelled() => Err(Interrupt::Cancelled),
             sent = self.out.send(event) => sent.map_err(|_| Interrupt::ClientGone),
         }
+    }
+}
+
+/// What the gate decided; `decision` is the audit's word for it.
+enum Gate {
+    Pass {
+        decision: &'static str,
+    },
+    Refused {
+        decision: &'static str,
+        message: String,
+    },
+}
+
+/// How present the user should be while a tool of `category` runs.
+fn presence_for(category: ToolCategory) -> Presence {
+    match category {
+        ToolCategory::Physical => Presence::Full,
+        ToolCategory::Pure => Presence::Mini,
     }
 }
 
