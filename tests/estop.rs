@@ -808,6 +808,7 @@ async fn mqtt_listen_subscribes_before_and_after_the_connection() {
         keep_alive_secs: 5,
         reconnect_min_ms: 50,
         reconnect_max_ms: 400,
+        max_packet_size: rozd::hw::mqtt_link::DEFAULT_MAX_PACKET,
     };
     let (readings, mut events) = recorder();
     let shutdown = tokio_util::sync::CancellationToken::new();

@@ -43,7 +43,7 @@ struct Rozd {
 
 impl Rozd {
     /// Starts host `id` of environment `lab` in the fleet of `broker` with a
-    /// 1 s heartbeat and MQTT keep-alive, one simulated actuator `arm`, and
+    /// 1 s heartbeat, a 5 s MQTT keep-alive (MQTT 5's shortest), one simulated actuator `arm`, and
     /// waits until it answers.
     async fn spawn(id: &str, broker: &Broker) -> Rozd {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -70,7 +70,7 @@ level = "info"
 [fleet]
 url = "{url}"
 heartbeat_secs = 1
-keep_alive_secs = 1
+keep_alive_secs = 5
 reconnect_min_ms = 50
 reconnect_max_ms = 500
 token_file = {token:?}
@@ -1019,4 +1019,68 @@ async fn a_task_created_through_a_for_c_is_approved_and_watched_through_b() {
         tonic::Code::InvalidArgument,
         "{malformed:?}"
     );
+}
+
+/// Issue 14, defect 5, for the fleet link: a 2 MiB retained record on
+/// `roz/v1/hosts/x` made every host's fleet client fail on the packet,
+/// reconnect, get it again, forever. Now the broker does not send more
+/// than the fleet's maximum packet size (128 KiB by default), a record
+/// above 64 KiB that does arrive is dropped and counted, and the link stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_retained_record_does_not_take_the_fleet_link_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&mkdir(dir.path(), "broker")).await;
+    let record = |id: &str, blob: usize| {
+        json!({
+            "id": id, "name": "huge", "environment_id": "lab", "status": "online",
+            "capabilities": { "blob": "x".repeat(blob) },
+        })
+        .to_string()
+    };
+    publish(
+        broker.port,
+        "roz/v1/hosts/x",
+        record("x", 2 * 1024 * 1024),
+        true,
+    )
+    .await;
+    let a = Rozd::spawn("a", &broker).await;
+    let b = Rozd::spawn("b", &broker).await;
+    let both = [("a", "online"), ("b", "online")];
+    view_is(&a, &both).await;
+    view_is(&b, &both).await;
+
+    // Above the record limit, below the packet limit: counted, not fatal.
+    publish(broker.port, "roz/v1/hosts/y", record("y", 100_000), true).await;
+    for host in [&a, &b] {
+        eventually(
+            &format!("{} counts the oversized record", host.id),
+            || async { (host.get("/v1/status").await["fleet"]["oversized"] == 1).then_some(()) },
+        )
+        .await;
+    }
+
+    // The fleet stop still reaches every host.
+    let (status, stopped) = a
+        .post(
+            "/v1/fleet/estop",
+            json!({"reason": "drill", "wait_ms": 30_000}),
+        )
+        .await;
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(stopped["confirmed"], true, "{stopped}");
+    for host in [&a, &b] {
+        let safety = host.get("/v1/safety").await;
+        assert_eq!(safety["estop_active"], true, "{}: {safety}", host.id);
+        assert_eq!(safety["stop"]["source"], "fleet", "{}: {safety}", host.id);
+        let fleet = &host.get("/v1/status").await["fleet"];
+        assert_eq!(fleet["connected"], true, "{}: {fleet}", host.id);
+        assert_eq!(fleet["max_packet_size"], 128 * 1024, "{}: {fleet}", host.id);
+        assert_eq!(
+            fleet["connections"], 1,
+            "{}'s fleet link was never lost: {fleet}",
+            host.id
+        );
+    }
+    view_is(&a, &both).await;
 }

@@ -62,6 +62,7 @@ fn config(port: u16, client_id: &str) -> MqttConfig {
         keep_alive_secs: 5,
         reconnect_min_ms: 50,
         reconnect_max_ms: 400,
+        max_packet_size: rozd::hw::mqtt_link::DEFAULT_MAX_PACKET,
     }
 }
 
@@ -481,4 +482,293 @@ async fn mqtts_with_a_private_ca() {
     assert!(!rig.mqtt.is_connected());
     rig.stop().await;
     drop(broker);
+}
+
+// ------------------------------------------------- through the daemon (issue 14, defect 5)
+
+/// A plant over MQTT: a tank level and a camera's brightness (JSON) as
+/// sensors, a valve as an MQTT actuator, and the MQTT stop input.
+fn plant(port: u16, client_id: &str) -> String {
+    format!(
+        r#"
+[ooda]
+tick_hz = 100
+
+[mqtt]
+url = "mqtt://127.0.0.1:{port}"
+client_id = "{client_id}"
+keep_alive_secs = 5
+reconnect_min_ms = 50
+reconnect_max_ms = 400
+
+[[sensors]]
+name = "level"
+source = "mqtt"
+topic = "plant/level"
+
+[[sensors]]
+name = "camera"
+source = "mqtt"
+topic = "plant/camera"
+pointer = "/brightness"
+
+[[actuators]]
+name = "valve"
+kind = "mqtt"
+topic = "plant/cmd/valve"
+qos = 1
+min = 0.0
+max = 1.0
+safe_value = 0.0
+
+[safety]
+estop_mqtt_topic = "plant/estop"
+"#
+    )
+}
+
+/// Re-reads `path` on every tick of the daemon's loop until `pred` holds
+/// (bounded by [`EXPECT_WITHIN`]); returns the body that satisfied it.
+async fn until_rest(
+    daemon: &common::TestDaemon,
+    path: &str,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let mut ticks = daemon.ctx.ooda.subscribe();
+    let mut last = serde_json::Value::Null;
+    let found = tokio::time::timeout(EXPECT_WITHIN, async {
+        loop {
+            let (status, body) = common::rest_get(daemon, path).await;
+            assert_eq!(status, 200, "GET {path}: {body}");
+            if pred(&body) {
+                return body;
+            }
+            last = body;
+            ticks.changed().await.expect("the loop ticks");
+        }
+    })
+    .await;
+    match found {
+        Ok(body) => body,
+        Err(_) => panic!("{what} within {EXPECT_WITHIN:?}; last GET {path}: {last}"),
+    }
+}
+
+/// The named sensor's value in an Observation body.
+fn sensor_value(obs: &serde_json::Value, name: &str) -> Option<f64> {
+    obs["sensors"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == name)?["value"]
+        .as_f64()
+}
+
+/// The MQTT stop input's entry of `/v1/safety`.
+fn stop_input(safety: &serde_json::Value) -> &serde_json::Value {
+    &safety["inputs"][0]
+}
+
+/// Defect 5: a 300 KB retained message on a subscribed sensor topic made
+/// the client fail ("payload size limit exceeded"), reconnect, get it
+/// again, forever: MQTT sensors, the MQTT actuator and the MQTT stop input
+/// were all dead. Now the broker does not send rozd more than its maximum
+/// packet size, what arrives above rozd's own limits is dropped and
+/// counted, and nothing loses its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_message_disables_neither_the_stop_input_nor_sensors_nor_actuators() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start_on(dir.path(), free_port(), "").await;
+    let port = broker.port;
+    let (_watcher, mut valve) = subscriber(port, "plant/cmd/valve").await;
+    publish(port, "plant/level", "1", true).await;
+    let daemon = common::TestDaemon::start(&plant(port, "rozd-plant")).await;
+    let ooda = daemon.ctx.ooda.clone();
+    // start-up: the valve is driven to its safe value over MQTT
+    assert_eq!(&received(&mut valve).await.payload[..], b"0");
+    until_rest(&daemon, "/v1/observation", "level 1", |o| {
+        sensor_value(o, "level") == Some(1.0)
+    })
+    .await;
+
+    // 300 KB retained on a sensor topic rozd subscribes to.
+    let huge = serde_json::json!({ "brightness": 9, "frame": "x".repeat(300_000) });
+    publish(port, "plant/camera", huge.to_string(), true).await;
+
+    // Sensors on other topics keep updating ...
+    publish(port, "plant/level", "2", false).await;
+    until_rest(
+        &daemon,
+        "/v1/observation",
+        "level 2 after the huge message",
+        |o| sensor_value(o, "level") == Some(2.0),
+    )
+    .await;
+    // ... the MQTT actuator still publishes ...
+    ooda.actuators()
+        .command(
+            "valve",
+            1.0,
+            rozd::ooda::act::Origin::Operator("test".into()),
+            None,
+        )
+        .await
+        .expect("the valve command is published");
+    assert_eq!(&received(&mut valve).await.payload[..], b"1");
+    // ... and a stop on the stop topic latches and drives the valve safe.
+    publish(port, "plant/estop", "stop", true).await;
+    let safety = until_rest(&daemon, "/v1/safety", "the MQTT stop latched", |s| {
+        s["estop_active"] == true
+    })
+    .await;
+    assert_eq!(safety["stop"]["source"], "mqtt", "{safety}");
+    assert_eq!(&received(&mut valve).await.payload[..], b"0");
+    let obs = until_rest(
+        &daemon,
+        "/v1/observation",
+        "the valve at its safe value",
+        |o| o["actuators"][0]["at_safe_value"] == true,
+    )
+    .await;
+    assert_eq!(obs["actuators"][0]["name"], "valve");
+    let input = stop_input(&safety);
+    assert_eq!(input["name"], "mqtt:plant/estop");
+    assert_eq!(input["connected"], true, "{safety}");
+    assert!(input["received"].as_u64() >= Some(1), "{safety}");
+
+    // Above rozd's own limit for a sensor message (64 KiB) but within what
+    // the broker may send (256 KiB by default): dropped and counted. A
+    // payload rozd cannot parse: counted as rejected. The connection stays.
+    let big = serde_json::json!({ "brightness": 3, "frame": "y".repeat(100_000) });
+    publish(port, "plant/camera", big.to_string(), false).await;
+    publish(port, "plant/camera", "{not json", false).await;
+    publish(port, "plant/camera", r#"{"brightness": 7}"#, false).await;
+    until_rest(&daemon, "/v1/observation", "camera 7", |o| {
+        sensor_value(o, "camera") == Some(7.0)
+    })
+    .await;
+    let (_, status) = common::rest_get(&daemon, "/v1/status").await;
+    let mqtt = &status["mqtt"];
+    assert_eq!(mqtt["connected"], true, "{status}");
+    assert_eq!(mqtt["max_packet_size"], 256 * 1024, "{status}");
+    assert_eq!(mqtt["oversized"], 1, "{status}");
+    assert!(mqtt["rejected"].as_u64() >= Some(1), "{status}");
+    assert!(mqtt["received"].as_u64() >= Some(4), "{status}");
+    assert_eq!(
+        mqtt["connections"], 1,
+        "the hardware connection was never lost: {status}"
+    );
+    assert_eq!(mqtt["stop_input"]["connections"], 1, "{status}");
+    let (_, obs) = common::rest_get(&daemon, "/v1/observation").await;
+    let source = obs["sources"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == "mqtt"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(source["health"], "ok", "{obs}");
+    assert!(source["rejected"].as_u64() >= Some(2), "{obs}");
+    daemon.shutdown().await;
+}
+
+/// The stop input has a connection (and a broker session) of its own:
+/// sensor traffic queued for rozd while it was away cannot push a stop out
+/// of the broker's queue, and garbage on a sensor topic does not touch it.
+/// (On one shared connection the broker's per-client queue, full of sensor
+/// messages, dropped the stop.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_is_not_lost_behind_sensor_traffic_queued_while_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = Broker::start_on(dir.path(), free_port(), "max_queued_messages 10").await;
+    let gate = Gate::start(broker.port).await;
+    publish(broker.port, "plant/level", "0", true).await;
+    // not a stop: proves the stop input's subscription when it arrives
+    publish(broker.port, "plant/estop", "0", true).await;
+    let daemon = common::TestDaemon::start(&plant(gate.port, "rozd-queue")).await;
+    until_rest(&daemon, "/v1/observation", "level 0", |o| {
+        sensor_value(o, "level") == Some(0.0)
+    })
+    .await;
+    until_rest(&daemon, "/v1/safety", "the stop input subscribed", |s| {
+        stop_input(s)["received"].as_u64() >= Some(1)
+    })
+    .await;
+
+    // rozd goes away (the broker restarts with its persistence; the gate
+    // keeps rozd out until the test says so) ...
+    gate.set_open(false);
+    broker.restart().await;
+    until_rest(&daemon, "/v1/safety", "the stop input disconnected", |s| {
+        stop_input(s)["connected"] == false
+    })
+    .await;
+    // ... meanwhile a sensor floods its topic, with garbage too, and then
+    // someone presses stop (QoS 1, not retained).
+    for i in 1..=30 {
+        publish(broker.port, "plant/level", i.to_string(), false).await;
+    }
+    publish(broker.port, "plant/camera", "garbage", false).await;
+    publish(broker.port, "plant/estop", "stop", false).await;
+    gate.set_open(true);
+    let safety = until_rest(&daemon, "/v1/safety", "the queued stop latched", |s| {
+        s["estop_active"] == true
+    })
+    .await;
+    assert_eq!(safety["stop"]["source"], "mqtt", "{safety}");
+    // The hardware connection is back too: it gets what its queue held
+    // (the first 10 values; the broker dropped the rest, and the garbage),
+    // then live values.
+    until_rest(
+        &daemon,
+        "/v1/observation",
+        "level 10, the last value the queue held",
+        |o| sensor_value(o, "level") == Some(10.0),
+    )
+    .await;
+    publish(broker.port, "plant/level", "42", false).await;
+    until_rest(&daemon, "/v1/observation", "level 42", |o| {
+        sensor_value(o, "level") == Some(42.0)
+    })
+    .await;
+    daemon.shutdown().await;
+}
+
+/// A broker that speaks only MQTT 3.1.1 answers a CONNECT of protocol level
+/// 5 with a 3.1.1 CONNACK "unacceptable protocol version" and closes (MQTT
+/// 3.1.1, 3.1.4). No broker at hand refuses MQTT 5, so a listener plays that
+/// part on the wire: rozd reports an error that says what to fix, and keeps
+/// retrying (it never falls back to MQTT 3.1.1, which cannot bound packets).
+#[tokio::test]
+async fn a_broker_without_mqtt_5_is_an_error_that_says_so() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (attempts_tx, mut attempts) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let attempts_tx = attempts_tx.clone();
+            tokio::spawn(async move {
+                let mut connect = [0u8; 512];
+                let n = socket.read(&mut connect).await.unwrap_or(0);
+                // CONNECT: fixed header, "MQTT", then the protocol level
+                let level = connect[..n]
+                    .windows(5)
+                    .position(|w| &w[..4] == b"MQTT")
+                    .map(|at| connect[at + 4]);
+                let _ = attempts_tx.send(level);
+                let _ = socket.write_all(&[0x20, 0x02, 0x00, 0x01]).await;
+            });
+        }
+    });
+    let mut rig = Rig::start(&config(port, "rozd-v5-only"), &[]);
+    let health = rig.events.health("mqtt", "error").await;
+    assert!(format!("{health:?}").contains("MQTT 5"), "{health:?}");
+    for _ in 0..2 {
+        let level = tokio::time::timeout(EXPECT_WITHIN, attempts.recv())
+            .await
+            .expect("rozd keeps trying")
+            .unwrap();
+        assert_eq!(level, Some(5), "CONNECT asks for MQTT 5");
+    }
+    assert!(!rig.mqtt.is_connected());
+    rig.stop().await;
 }

@@ -35,6 +35,10 @@ pub struct FleetConfig {
     pub reconnect_min_ms: u64,
     #[serde(default = "default_reconnect_max_ms")]
     pub reconnect_max_ms: u64,
+    /// The largest packet the broker may send this connection (MQTT 5
+    /// maximum packet size); it drops bigger messages for us.
+    #[serde(default = "default_max_packet_size")]
+    pub max_packet_size: u32,
     #[serde(default = "default_prefix")]
     pub topic_prefix: String,
     /// Seconds between refreshes of the host record; a host silent for three
@@ -66,6 +70,17 @@ fn default_reconnect_min_ms() -> u64 {
 fn default_reconnect_max_ms() -> u64 {
     30_000
 }
+/// Default `max_packet_size`: twice the largest record rozd takes
+/// ([`super::record::MAX_RECORD_BYTES`]), so that a record a little too big
+/// is seen and counted rather than silently dropped by the broker.
+pub const DEFAULT_MAX_PACKET: u32 = 128 * 1024;
+/// The smallest `max_packet_size`: a record of the largest size rozd takes,
+/// with its topic and headers.
+pub const MIN_MAX_PACKET: u32 = super::record::MAX_RECORD_BYTES as u32 + 1024;
+
+fn default_max_packet_size() -> u32 {
+    DEFAULT_MAX_PACKET
+}
 fn default_prefix() -> String {
     DEFAULT_PREFIX.to_string()
 }
@@ -85,6 +100,7 @@ impl FleetConfig {
             keep_alive_secs: self.keep_alive_secs,
             reconnect_min_ms: self.reconnect_min_ms,
             reconnect_max_ms: self.reconnect_max_ms,
+            max_packet_size: self.max_packet_size,
         }
     }
 
@@ -119,8 +135,9 @@ pub fn validate(
     if let Err(why) = crate::hw::config::check_broker_url(&fleet.url) {
         return err("url", why);
     }
-    if !(1..=3600).contains(&fleet.keep_alive_secs) {
-        return err("keep_alive_secs", "must be between 1 and 3600".into());
+    // 5: the shortest keep-alive the MQTT 5 client takes.
+    if !(5..=3600).contains(&fleet.keep_alive_secs) {
+        return err("keep_alive_secs", "must be between 5 and 3600".into());
     }
     if !(1..=3600).contains(&fleet.heartbeat_secs) {
         return err("heartbeat_secs", "must be between 1 and 3600".into());
@@ -130,6 +147,11 @@ pub fn validate(
             "reconnect_max_ms",
             "needs 0 < reconnect_min_ms <= reconnect_max_ms".into(),
         );
+    }
+    if let Err(why) =
+        crate::hw::config::check_max_packet_size(fleet.max_packet_size, MIN_MAX_PACKET)
+    {
+        return err("max_packet_size", why);
     }
     let prefix = &fleet.topic_prefix;
     if prefix.is_empty()
@@ -151,16 +173,14 @@ pub fn validate(
         return err("client_id", "must be 1-64 characters".into());
     }
     if let Some(m) = mqtt {
-        let hardware = m
-            .client_id
-            .clone()
-            .unwrap_or_else(|| format!("rozd-{}", host.id));
-        if hardware == client_id {
+        let hardware = crate::hw::mqtt::client_id(m, &host.id);
+        let stop_input = format!("{hardware}{}", crate::hw::mqtt::STOP_CLIENT_SUFFIX);
+        if client_id == hardware || client_id == stop_input {
             return err(
                 "client_id",
                 format!(
-                    "{client_id:?} is also the [mqtt] client id; the two connections would keep \
-                     disconnecting each other"
+                    "{client_id:?} is also the client id of an [mqtt] connection; the two \
+                     connections would keep disconnecting each other"
                 ),
             );
         }
@@ -281,6 +301,8 @@ mod tests {
             ("roz/v1", 10, 15)
         );
         assert_eq!(f.client_id("rover-1"), "rozd-fleet-rover-1");
+        assert_eq!(f.max_packet_size, 128 * 1024);
+        assert_eq!(f.broker("rover-1").max_packet_size, 128 * 1024);
         assert_eq!(
             f.advertised("127.0.0.1:8080".parse().unwrap()),
             "http://127.0.0.1:8080"
@@ -300,7 +322,7 @@ mod tests {
                 "fleet.heartbeat_secs",
             ),
             (
-                "[fleet]\nurl = \"mqtt://b\"\nkeep_alive_secs = 0\n",
+                "[fleet]\nurl = \"mqtt://b\"\nkeep_alive_secs = 4\n",
                 3,
                 "fleet.keep_alive_secs",
             ),
@@ -355,6 +377,22 @@ mod tests {
                  client_id = \"rozd-r\"\n",
                 7,
                 "fleet.client_id",
+            ),
+            (
+                "[host]\nid = \"r\"\n[mqtt]\nurl = \"mqtt://b\"\n[fleet]\nurl = \"mqtt://b\"\n\
+                 client_id = \"rozd-r-estop\"\n",
+                7,
+                "fleet.client_id",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\nmax_packet_size = 65536\n",
+                3,
+                "fleet.max_packet_size",
+            ),
+            (
+                "[fleet]\nurl = \"mqtt://b\"\nmax_packet_size = 33554432\n",
+                3,
+                "fleet.max_packet_size",
             ),
         ];
         for (text, line, key) in cases {

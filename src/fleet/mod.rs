@@ -27,7 +27,6 @@ pub mod view;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -40,6 +39,7 @@ use view::{Applied, FleetView, Presence};
 
 use crate::HostContext;
 use crate::config::{Config, Secret};
+use crate::hw::mqtt_link::{LinkCounters, LinkStats};
 use crate::safety::ProtectiveStop;
 
 /// Shortest interval between two re-checks of [`Fleet::wait_for`].
@@ -127,8 +127,9 @@ pub struct Fleet {
     /// Bumped on every change of the view (and of this host's stop), so
     /// waiters re-check without polling.
     changed: tokio::sync::watch::Sender<u64>,
-    client: Mutex<Option<rumqttc::AsyncClient>>,
-    connected: AtomicBool,
+    client: Mutex<Option<rumqttc::v5::AsyncClient>>,
+    /// The broker connection's state and counters.
+    link: LinkCounters,
     task: Mutex<Option<JoinHandle<()>>>,
     /// The id of the last stop command applied (each is applied once).
     last_command: Mutex<Option<String>>,
@@ -175,6 +176,9 @@ impl Fleet {
             None => format!("http://{bound}"),
         };
         let heartbeat = fleet.as_ref().map_or(10, |f| f.heartbeat_secs);
+        let max_packet_size = fleet
+            .as_ref()
+            .map_or(config::DEFAULT_MAX_PACKET, |f| f.max_packet_size);
         let own = HostRecord {
             v: record::RECORD_VERSION,
             id: host.id.clone(),
@@ -201,7 +205,7 @@ impl Fleet {
             estop,
             changed: tokio::sync::watch::Sender::new(0),
             client: Mutex::new(None),
-            connected: AtomicBool::new(false),
+            link: LinkCounters::new(max_packet_size),
             task: Mutex::new(None),
             last_command: Mutex::new(None),
         }
@@ -225,7 +229,12 @@ impl Fleet {
 
     /// Whether the broker connection is up (always `false` without `[fleet]`).
     pub fn is_connected(&self) -> bool {
-        self.connected.load(Ordering::Acquire)
+        self.link.is_connected()
+    }
+
+    /// The broker connection's counters (`None` without `[fleet]`).
+    pub fn link_stats(&self) -> Option<LinkStats> {
+        self.config.as_ref().map(|_| self.link.stats())
     }
 
     /// This host's record now.
@@ -500,8 +509,16 @@ impl Fleet {
         if !self.is_connected() {
             return Err(FleetError::Disconnected);
         }
+        self.link
+            .check_publish(topic, payload.len())
+            .map_err(FleetError::Invalid)?;
         client
-            .try_publish(topic, rumqttc::QoS::AtLeastOnce, retain, payload)
+            .try_publish(
+                topic,
+                rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+                retain,
+                payload,
+            )
             .map_err(|_| FleetError::Busy)
     }
 

@@ -1,8 +1,14 @@
-//! The fleet's broker connection: one rumqttc client of its own (separate
-//! from the hardware `[mqtt]` client), a thin loop over its events, the
-//! heartbeat, this host's stop state and shutdown.
+//! The fleet's broker connection: one rumqttc client of its own (MQTT 5,
+//! separate from the hardware `[mqtt]` connections), a thin loop over its
+//! events, the heartbeat, this host's stop state and shutdown.
 //!
-//! - `clean_session = true`: the view is rebuilt from the retained records
+//! - **Bounded packets.** The connection announces `max_packet_size`
+//!   (default 128 KiB) to the broker, which then drops bigger messages for
+//!   us: no record, however big, can break the connection (see
+//!   [`crate::hw::mqtt_link`]). Records above
+//!   [`super::record::MAX_RECORD_BYTES`] that do arrive are ignored and
+//!   counted (`oversized` in `/v1/status`).
+//! - `clean_start = true`: the view is rebuilt from the retained records
 //!   after every (re)connection, so nothing needs to be queued for us while
 //!   we are away. Records that the broker does not resend within
 //!   [`RESYNC_GRACE`] of a new connection were cleared meanwhile and leave
@@ -13,10 +19,12 @@
 //!   last will, a forged `offline`) is answered by publishing ours again.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, LastWill, Packet, Publish, QoS};
+use rumqttc::Outgoing;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Filter, LastWill, Packet, Publish};
+use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop};
 use tokio::time::Instant;
 
 use super::record::{RecordStatus, Rejected, parse_command, parse_record};
@@ -26,12 +34,6 @@ use crate::HostContext;
 
 /// Requests queued for the event loop (records, commands, subscriptions).
 const REQUEST_QUEUE: usize = 256;
-/// Largest packet accepted from the broker. A bigger one would end the
-/// connection (rumqttc cannot skip it), so it is generous; records above
-/// [`super::record::MAX_RECORD_BYTES`] are ignored. Limit the broker's
-/// `max_packet_size` to this or less (see docs/fleet.md).
-pub const MAX_INCOMING_PACKET: usize = 1024 * 1024;
-const MAX_OUTGOING_PACKET: usize = 128 * 1024;
 /// After a new broker session, records not resent within this are dropped.
 const RESYNC_GRACE: Duration = Duration::from_secs(10);
 /// Rejected messages are logged at most this often.
@@ -43,14 +45,17 @@ pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
         return Ok(());
     };
     let own_id = fleet.own_id().to_string();
-    let mut options = crate::hw::mqtt::options(&config.broker(&own_id), &own_id)
-        .map_err(|why| FleetError::Setup(why.replace("mqtt.", "fleet.")))?;
-    options.set_clean_session(true);
-    options.set_max_packet_size(MAX_INCOMING_PACKET, MAX_OUTGOING_PACKET);
+    // A clean session (the default): nothing is queued for us while away.
+    let options = crate::hw::mqtt_link::options(
+        &config.broker(&own_id),
+        &config.client_id(&own_id),
+        config.max_packet_size,
+    )
+    .map_err(|why| FleetError::Setup(why.replace("mqtt.", "fleet.")))?;
     let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
     set_will(&mut eventloop, fleet);
     *lock(&fleet.client) = Some(client.clone());
-    let backoff = crate::hw::mqtt::Backoff::new(
+    let backoff = crate::hw::mqtt_link::Backoff::new(
         Duration::from_millis(config.reconnect_min_ms),
         Duration::from_millis(config.reconnect_max_ms),
     );
@@ -82,17 +87,21 @@ fn set_will(eventloop: &mut EventLoop, fleet: &Fleet) {
     let record = fleet.own_record(RecordStatus::Offline);
     match serde_json::to_vec(&record) {
         Ok(payload) => {
-            eventloop.mqtt_options.set_last_will(LastWill::new(
+            eventloop.options.set_last_will(LastWill::new(
                 fleet.topics.host(&record.id),
                 payload,
                 QoS::AtLeastOnce,
                 true,
+                None,
             ));
         }
         Err(e) => tracing::error!("fleet: cannot encode the last will: {e}"),
     }
 }
 
+// One Step exists at a time, on the loop's stack: boxing the MQTT 5 event
+// (the large variant) would cost an allocation per message for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Event(Result<Event, ConnectionError>),
     Heartbeat,
@@ -104,7 +113,7 @@ struct Presence {
     ctx: Arc<HostContext>,
     client: AsyncClient,
     eventloop: EventLoop,
-    backoff: crate::hw::mqtt::Backoff,
+    backoff: crate::hw::mqtt_link::Backoff,
     heartbeat: Duration,
     own_topic: String,
     estop_topic: String,
@@ -140,7 +149,8 @@ impl Presence {
                 () = sleep_until(resync), if resync.is_some() => Step::Resync,
             };
             match step {
-                Step::Event(Ok(Event::Incoming(Packet::ConnAck(_)))) => {
+                Step::Event(Ok(Event::Incoming(Packet::ConnAck(ack)))) => {
+                    self.fleet().link.connected(&ack);
                     if failures > 0 {
                         tracing::info!(url = %self.url, "fleet: reconnected after {failures} failed attempt(s)");
                     } else {
@@ -153,12 +163,12 @@ impl Presence {
                 Step::Event(Ok(Event::Incoming(Packet::Publish(p)))) => self.received(&p),
                 Step::Event(Ok(_)) => {}
                 Step::Event(Err(e)) => {
-                    self.fleet().connected.store(false, Ordering::Release);
+                    let was_connected = self.fleet().link.take_connected();
                     self.fleet().bump();
                     failures = failures.saturating_add(1);
                     let delay = self.backoff.next_delay();
                     if failures == 1 {
-                        tracing::warn!(url = %self.url, "fleet: broker connection failed: {}; reconnecting with backoff", describe(&e));
+                        tracing::warn!(url = %self.url, "fleet: broker connection failed: {}; reconnecting with backoff", describe(&e, was_connected));
                     } else {
                         tracing::debug!(url = %self.url, "fleet: attempt {failures} failed: {e}; next in {delay:?}");
                     }
@@ -189,10 +199,9 @@ impl Presence {
 
     /// A new broker session: subscribe, announce ourselves.
     fn connected(&mut self) {
-        self.fleet().connected.store(true, Ordering::Release);
         let filters = [
-            rumqttc::SubscribeFilter::new(self.fleet().topics.all_hosts(), QoS::AtLeastOnce),
-            rumqttc::SubscribeFilter::new(self.estop_topic.clone(), QoS::AtLeastOnce),
+            Filter::new(self.fleet().topics.all_hosts(), QoS::AtLeastOnce),
+            Filter::new(self.estop_topic.clone(), QoS::AtLeastOnce),
         ];
         if let Err(e) = self.client.try_subscribe_many(filters) {
             tracing::error!("fleet: cannot subscribe: {e}");
@@ -210,6 +219,16 @@ impl Presence {
         let record = self.fleet().own_record(RecordStatus::Online);
         match serde_json::to_vec(&record) {
             Ok(payload) => {
+                // A publish the broker cannot take would fail the connection
+                // on every reconnection (QoS 1 is retried): refuse it here.
+                if let Err(why) = self
+                    .fleet()
+                    .link
+                    .check_publish(&self.own_topic, payload.len())
+                {
+                    tracing::error!("fleet: cannot publish this host's record: {why}");
+                    return;
+                }
                 if let Err(e) =
                     self.client
                         .try_publish(&self.own_topic, QoS::AtLeastOnce, true, payload)
@@ -222,17 +241,22 @@ impl Presence {
     }
 
     fn received(&mut self, p: &Publish) {
-        if p.topic == self.own_topic {
+        self.fleet().link.received();
+        let Ok(topic) = std::str::from_utf8(&p.topic) else {
+            tracing::debug!("fleet: message on a topic that is not UTF-8");
+            return;
+        };
+        if topic == self.own_topic {
             self.own_record_seen(&p.payload);
-        } else if p.topic == self.estop_topic {
+        } else if topic == self.estop_topic {
             self.command(&p.payload);
-        } else if let Some(id) = self.fleet().topics.host_of(&p.topic) {
+        } else if let Some(id) = self.fleet().topics.host_of(topic) {
             let id = id.to_string();
             if let Err(why) = self.fleet().record_received(&id, &p.payload) {
-                self.reject(&p.topic, &why);
+                self.reject(topic, &why);
             }
         } else {
-            tracing::debug!(topic = %p.topic, "fleet: message on a topic we do not read");
+            tracing::debug!(%topic, "fleet: message on a topic we do not read");
         }
     }
 
@@ -313,6 +337,10 @@ impl Presence {
     }
 
     fn reject(&mut self, topic: &str, why: &Rejected) {
+        match why {
+            Rejected::Oversized { .. } => self.fleet().link.oversized(),
+            _ => self.fleet().link.rejected(),
+        }
         if let Some(more) = self.rejects.allow(Instant::now()) {
             tracing::warn!(
                 %topic,
@@ -325,7 +353,7 @@ impl Presence {
     /// broker does not publish the last will).
     async fn leave(mut self) {
         let fleet = self.ctx.fleet.clone();
-        let was_connected = fleet.connected.swap(false, Ordering::AcqRel);
+        let was_connected = fleet.link.take_connected();
         if !was_connected {
             tracing::debug!("fleet: not connected at shutdown; the last will marks us offline");
             return;
@@ -343,7 +371,7 @@ impl Presence {
         let flushed = tokio::time::timeout(Duration::from_secs(2), async {
             loop {
                 match self.eventloop.poll().await {
-                    Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => return true,
+                    Ok(Event::Outgoing(Outgoing::Disconnect)) => return true,
                     Err(_) => return false,
                     Ok(_) => {}
                 }
@@ -366,11 +394,10 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-fn describe(e: &ConnectionError) -> String {
-    match e {
-        ConnectionError::ConnectionRefused(code) => {
-            format!("the broker refused the connection: {code:?}")
+fn describe(e: &ConnectionError, connected: bool) -> String {
+    match crate::hw::mqtt_link::describe(e, connected) {
+        crate::hw::mqtt_link::Failure::Refused(why) | crate::hw::mqtt_link::Failure::Lost(why) => {
+            why
         }
-        other => other.to_string(),
     }
 }

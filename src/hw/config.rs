@@ -53,6 +53,10 @@ pub struct MqttConfig {
     pub reconnect_min_ms: u64,
     #[serde(default = "default_reconnect_max")]
     pub reconnect_max_ms: u64,
+    /// The largest packet the broker may send (MQTT 5 maximum packet size):
+    /// it drops bigger messages for us instead of delivering them.
+    #[serde(default = "default_max_packet_size")]
+    pub max_packet_size: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -324,6 +328,9 @@ pub struct ActuatorConfig {
 
 fn default_mqtt_keep_alive() -> u64 {
     30
+}
+fn default_max_packet_size() -> u32 {
+    crate::hw::mqtt_link::DEFAULT_MAX_PACKET
 }
 fn default_reconnect_min() -> u64 {
     1_000
@@ -1038,6 +1045,15 @@ pub fn check_broker_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a broker connection's `max_packet_size`: from `min` to 16 MiB.
+pub fn check_max_packet_size(size: u32, min: u32) -> Result<(), String> {
+    let max = crate::hw::mqtt_link::MAX_MAX_PACKET;
+    if !(min..=max).contains(&size) {
+        return Err(format!("must be from {min} to {max} bytes"));
+    }
+    Ok(())
+}
+
 fn validate_mqtt(m: &MqttConfig) -> Result<(), Invalid> {
     check_broker_url(&m.url).map_err(|why| invalid("mqtt.url", why))?;
     if m.keep_alive_secs < 5 {
@@ -1054,6 +1070,8 @@ fn validate_mqtt(m: &MqttConfig) -> Result<(), Invalid> {
     {
         return Err(invalid("mqtt.client_id", "must be 1-64 characters"));
     }
+    check_max_packet_size(m.max_packet_size, crate::hw::mqtt_link::MIN_MAX_PACKET)
+        .map_err(|why| invalid("mqtt.max_packet_size", why))?;
     Ok(())
 }
 

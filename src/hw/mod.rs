@@ -6,6 +6,7 @@
 pub mod config;
 pub mod gpio;
 pub mod mqtt;
+pub mod mqtt_link;
 pub mod parse;
 pub mod serial;
 pub mod sim;

@@ -12,7 +12,9 @@
 //!   `stop` (case-insensitive, surrounding whitespace ignored) latches the
 //!   stop (source `mqtt`); anything else is ignored (logged). MQTT cannot
 //!   clear the stop. Retained messages count like any other: a retained
-//!   `stop` latches the stop whenever rozd subscribes anew.
+//!   `stop` latches the stop whenever rozd subscribes anew. The topic is
+//!   read over a broker connection of its own ([`crate::hw::mqtt::Mqtt::listen`]),
+//!   so sensor traffic cannot delay or crowd out a stop.
 //!
 //! These are software inputs of a software protective stop; they do not
 //! replace a hardwired emergency stop.
@@ -35,6 +37,8 @@ pub const GPIO_SOURCE: &str = "gpio";
 pub const MQTT_SOURCE: &str = "mqtt";
 /// Poll period where a GPIO backend reports no edges.
 const POLL: Duration = Duration::from_millis(10);
+/// Ignored messages on the MQTT stop topic are logged at most this often.
+const IGNORED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The configured GPIO stop input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,6 +306,7 @@ async fn watch_mqtt(
     ooda: Arc<Ooda>,
     shutdown: CancellationToken,
 ) {
+    let mut ignored_log = crate::fleet::view::LogLimiter::new(IGNORED_LOG_EVERY);
     loop {
         let payload = tokio::select! {
             message = messages.recv() => match message {
@@ -313,11 +318,13 @@ async fn watch_mqtt(
         if is_stop_payload(&payload) {
             ooda.trigger_stop(MQTT_SOURCE, &format!("stop message on MQTT topic {topic}"))
                 .await;
-        } else {
+        } else if let Some(more) = ignored_log.allow(tokio::time::Instant::now()) {
+            // Rate-limited: garbage on the topic must not flood the journal.
             tracing::info!(
                 %topic,
                 payload = %String::from_utf8_lossy(&payload[..payload.len().min(64)]),
-                "ignored a message on the MQTT stop topic (only 1, true or stop trigger; MQTT cannot clear)"
+                "ignored a message on the MQTT stop topic (only 1, true or stop trigger; MQTT \
+                 cannot clear; {more} more ignored since the last report)"
             );
         }
     }

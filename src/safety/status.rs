@@ -40,9 +40,15 @@ pub struct InputStatus {
     /// A GPIO input at its active level (clearing is refused meanwhile).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub asserted: Option<bool>,
-    /// Whether the MQTT client is connected (the topic works only then).
+    /// Whether the MQTT stop input's connection is up (the topic works only then).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connected: Option<bool>,
+    /// MQTT: connections made since start (1 for one never lost).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u64>,
+    /// MQTT: messages received on the stop topic.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub received: Option<u64>,
 }
 
 /// The safety state now.
@@ -71,14 +77,20 @@ pub fn status(ctx: &HostContext) -> SafetyStatus {
         inputs.push(InputStatus {
             asserted: Some(held.contains(&name)),
             connected: None,
+            connections: None,
+            received: None,
             name,
         });
     }
     if let Some(topic) = &ctx.config.safety.estop_mqtt_topic {
+        // The input has a broker connection of its own.
+        let link = ctx.ooda.mqtt().and_then(|m| m.stop_input_stats());
         inputs.push(InputStatus {
             name: mqtt_input_name(topic),
             asserted: None,
-            connected: Some(ctx.ooda.mqtt().is_some_and(|m| m.is_connected())),
+            connected: Some(link.is_some_and(|l| l.connected)),
+            connections: Some(link.map_or(0, |l| l.connections)),
+            received: Some(link.map_or(0, |l| l.received)),
         });
     }
     SafetyStatus {
