@@ -1113,26 +1113,38 @@ async fn counted_or_changed(host: &Rozd, kind: &str, before: u64, stop_expected:
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn broker_messages_without_the_fleet_key_stop_but_never_clear_or_redirect() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(&mkdir(dir.path(), "broker")).await;
+/// A broker and hosts `a` and `b` (environment `lab`) that see each other.
+async fn two_hosts(dir: &Path) -> (Broker, Rozd, Rozd) {
+    let broker = Broker::start(&mkdir(dir, "broker")).await;
     let a = Rozd::spawn("a", &broker).await;
     let b = Rozd::spawn("b", &broker).await;
     for host in [&a, &b] {
         view_is(host, &[("a", "online"), ("b", "online")]).await;
     }
+    (broker, a, b)
+}
 
-    // 1. A forged clear does not clear a fleet stop (defect 3): every host
-    //    stays stopped, the message is counted, and no clear is audited.
-    let (status, stopped_all) = a
-        .post(
-            "/v1/fleet/estop",
-            json!({"reason": "drill", "wait_ms": 30_000}),
-        )
+/// `POST path` on `host` (a fleet stop or clear) until every host confirms.
+async fn fleet_command(host: &Rozd, path: &str) -> Value {
+    let (status, answer) = host
+        .post(path, json!({"reason": "drill", "wait_ms": 30_000}))
         .await;
-    assert_eq!(status, 200, "{stopped_all}");
-    assert_eq!(stopped_all["confirmed"], true, "{stopped_all}");
+    assert_eq!(
+        (status.as_u16(), &answer["confirmed"]),
+        (200, &json!(true)),
+        "{path} on {}: {answer}",
+        host.id
+    );
+    answer
+}
+
+/// Defect 3: `mosquitto_pub -r -t roz/v1/estop/lab -m '{"stop":false,...}'`
+/// returned every host to `normal` and the audit named whoever `by` claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_clear_does_not_clear_a_fleet_stop_and_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, a, b) = two_hosts(dir.path()).await;
+    fleet_command(&a, "/v1/fleet/estop").await;
     let mut before = Vec::new();
     for host in [&a, &b] {
         before.push(ignored(host, "unauthenticated_commands").await);
@@ -1159,19 +1171,16 @@ async fn broker_messages_without_the_fleet_key_stop_but_never_clear_or_redirect(
             "{}",
             host.id
         );
+        assert!(
+            host.log().contains("without a valid MAC"),
+            "the forgery is logged:\n{}",
+            host.log()
+        );
     }
-    assert!(
-        a.log().contains("without a valid MAC"),
-        "the forgery is logged:\n{}",
-        a.log()
-    );
 
-    // The fleet's own clear (through REST) still clears every host.
-    let (status, cleared) = b
-        .post("/v1/fleet/estop/clear", json!({"wait_ms": 30_000}))
-        .await;
-    assert_eq!(status, 200, "{cleared}");
-    assert_eq!(cleared["confirmed"], true, "{cleared}");
+    // The fleet's own clear (through REST) still clears every host, and
+    // the audit names the host it came from.
+    fleet_command(&b, "/v1/fleet/estop/clear").await;
     for host in [&a, &b] {
         eventually(&format!("{} cleared by the fleet", host.id), || async {
             (!stopped(host).await).then_some(())
@@ -1186,10 +1195,15 @@ async fn broker_messages_without_the_fleet_key_stop_but_never_clear_or_redirect(
             .is_some_and(|o| o.contains("host b")),
         "{cleared_rows:?}"
     );
+}
 
-    // 2. Anyone may stop: an unauthenticated stop latches every host, and
-    //    the audit does not believe who it claims to be.
-    let before_a = ignored(&a, "unauthenticated_commands").await;
+/// Anyone may stop: an unauthenticated stop (JSON or bare) latches every
+/// host, and the audit does not believe who it claims to be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unauthenticated_stop_still_latches_and_is_not_believed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, a, b) = two_hosts(dir.path()).await;
+    let before = ignored(&a, "unauthenticated_commands").await;
     publish(
         broker.port,
         "roz/v1/estop/lab",
@@ -1198,7 +1212,7 @@ async fn broker_messages_without_the_fleet_key_stop_but_never_clear_or_redirect(
     )
     .await;
     for host in [&a, &b] {
-        eventually(&format!("{} latched by the bare stop", host.id), || async {
+        eventually(&format!("{} latched by the stop", host.id), || async {
             stopped(host).await.then_some(())
         })
         .await;
@@ -1209,15 +1223,15 @@ async fn broker_messages_without_the_fleet_key_stop_but_never_clear_or_redirect(
             reason.contains("unauthenticated MQTT publisher") && !reason.contains("mallory"),
             "{safety}"
         );
+        let audited = audit_rows(host, "protective_stop").await;
+        assert!(
+            audited.iter().all(|r| !r.to_string().contains("mallory")),
+            "{audited:?}"
+        );
     }
-    assert!(ignored(&a, "unauthenticated_commands").await > before_a);
-    let (status, cleared) = a
-        .post("/v1/fleet/estop/clear", json!({"wait_ms": 30_000}))
-        .await;
-    assert_eq!(
-        (status.as_u16(), &cleared["confirmed"]),
-        (200, &json!(true))
-    );
+    assert!(ignored(&a, "unauthenticated_commands").await > before);
+    // Only the fleet clears it; then a bare `stop` latches again.
+    fleet_command(&a, "/v1/fleet/estop/clear").await;
     publish(broker.port, "roz/v1/estop/lab", "stop", false).await;
     for host in [&a, &b] {
         eventually(&format!("{} latched by a bare `stop`", host.id), || async {
@@ -1225,34 +1239,29 @@ async fn broker_messages_without_the_fleet_key_stop_but_never_clear_or_redirect(
         })
         .await;
     }
+}
 
-    // 3. A recorded authentic clear, replayed after a newer stop, does not
-    //    undo it.
-    let (status, cleared) = b
-        .post("/v1/fleet/estop/clear", json!({"wait_ms": 30_000}))
-        .await;
-    assert_eq!(
-        (status.as_u16(), &cleared["confirmed"]),
-        (200, &json!(true))
-    );
+/// A recorded authentic clear, republished after a newer fleet stop, does
+/// not undo that stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_authentic_clear_does_not_undo_a_newer_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, a, b) = two_hosts(dir.path()).await;
+    fleet_command(&a, "/v1/fleet/estop").await;
+    let cleared = fleet_command(&b, "/v1/fleet/estop/clear").await;
     let recorded = retained(broker.port, "roz/v1/estop/lab").await;
-    let envelope: Value = serde_json::from_slice(&recorded).expect("a sealed command");
-    let body: Value = serde_json::from_str(envelope["body"].as_str().unwrap()).unwrap();
+    // The command as published (sealed: the body of its envelope).
+    let published: Value = serde_json::from_slice(&recorded).expect("a JSON command");
+    let body: Value = match published["body"].as_str() {
+        Some(body) => serde_json::from_str(body).expect("the body is JSON"),
+        None => published.clone(),
+    };
     assert_eq!(
         (&body["stop"], &body["id"]),
         (&json!(false), &cleared["command_id"]),
-        "{envelope}"
+        "{published}"
     );
-    let (status, stopped_again) = a
-        .post(
-            "/v1/fleet/estop",
-            json!({"reason": "second drill", "wait_ms": 30_000}),
-        )
-        .await;
-    assert_eq!(
-        (status.as_u16(), &stopped_again["confirmed"]),
-        (200, &json!(true))
-    );
+    fleet_command(&a, "/v1/fleet/estop").await;
     let mut before = Vec::new();
     for host in [&a, &b] {
         before.push(ignored(host, "stale_commands").await);
@@ -1267,18 +1276,17 @@ async fn broker_messages_without_the_fleet_key_stop_but_never_clear_or_redirect(
             host.log()
         );
     }
-    let (status, cleared) = b
-        .post("/v1/fleet/estop/clear", json!({"wait_ms": 30_000}))
-        .await;
-    assert_eq!(
-        (status.as_u16(), &cleared["confirmed"]),
-        (200, &json!(true))
-    );
+    fleet_command(&b, "/v1/fleet/estop/clear").await;
+}
 
-    // 4. Forged host records are not used for routing: no relay to the
-    //    endpoint they name (nothing connects there, so no fleet token goes
-    //    there), and one that points back at the host itself does not make
-    //    it relay to itself.
+/// Forged host records are not used for routing: nothing relays to the
+/// endpoint they name (nothing even connects there, so the fleet token does
+/// not go there), and one that points back at the host itself makes it
+/// relay nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_host_records_route_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, a, _b) = two_hosts(dir.path()).await;
     let trap = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     trap.set_nonblocking(true).unwrap();
     let trap_endpoint = format!("http://{}", trap.local_addr().unwrap());
@@ -1297,8 +1305,10 @@ async fn broker_messages_without_the_fleet_key_stop_but_never_clear_or_redirect(
         true,
     )
     .await;
+    // Either both are counted, or (the defect) one made it into the view.
     eventually("a counts both forged records", || async {
-        (ignored(&a, "unauthenticated_records").await >= before + 2).then_some(())
+        let listed = a.view().await.len() > 2;
+        (listed || ignored(&a, "unauthenticated_records").await >= before + 2).then_some(())
     })
     .await;
     let mut session = a.session().await;
@@ -1322,20 +1332,16 @@ async fn broker_messages_without_the_fleet_key_stop_but_never_clear_or_redirect(
     }
     let listed: Vec<String> = a.view().await.into_iter().map(|(id, _, _)| id).collect();
     assert_eq!(listed, ["a", "b"]);
-    assert!(a.get("/v1/sessions").await["data"] == json!([]));
+    assert_eq!(a.get("/v1/sessions").await["data"], json!([]));
 }
 
+/// One hop at most: a request another rozd relayed here is served here or
+/// refused, never relayed again (sessions and task calls alike).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relayed_request_is_served_or_refused_never_relayed_again() {
     use rozd::api::proto::task_service_client::TaskServiceClient;
     let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(&mkdir(dir.path(), "broker")).await;
-    let a = Rozd::spawn("a", &broker).await;
-    let b = Rozd::spawn("b", &broker).await;
-    for host in [&a, &b] {
-        view_is(host, &[("a", "online"), ("b", "online")]).await;
-    }
-
+    let (_broker, a, b) = two_hosts(dir.path()).await;
     // A request another rozd relayed here, for a host that is not this
     // one: refused, not relayed a second time.
     let relayed = a.channel_relayed_by("z").await;
@@ -1392,10 +1398,16 @@ async fn a_relayed_request_is_served_or_refused_never_relayed_again() {
         .err()
         .expect("WatchTeam refused");
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+}
 
-    // An authentic record (sealed with the fleet key) whose endpoint is
-    // host a itself: a does not relay to itself, and b's relay to a for it
-    // ends at a (one hop), both answering host_unavailable at once.
+/// An authentic record (sealed with the fleet key) whose endpoint is host
+/// `a` itself: `a` does not relay to itself, and `b`'s relay to `a` for it
+/// ends at `a` (one hop); both answer host_unavailable at once, with no
+/// relay loop (today's main made 503 nested self-relays in 3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_pointing_back_at_its_host_makes_no_relay_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, a, b) = two_hosts(dir.path()).await;
     publish(
         broker.port,
         "roz/v1/hosts/ghost",
