@@ -5,8 +5,8 @@
 //! 2. how long an offline transition takes to reach its view, when a
 //!    presence's connection drops without a goodbye (the broker publishes
 //!    its last will);
-//! 3. what the view costs: time to take in one record (pure, no broker),
-//!    and the daemon's resident memory with the full view.
+//! 3. what the view costs: time to take in one record (check its MAC, parse,
+//!    store; no broker), and the daemon's resident memory with the full view.
 //!
 //! ```text
 //! cargo run --release --example fleet_scale -- [--presences 1000] [--heartbeat-secs 10] [--drops 20]
@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use rozd::config::{Config, ConfigSource};
 use rozd::fleet::record::{HostRecord, RECORD_VERSION, RecordStatus};
+use rozd::fleet::seal::{self, MessageKey};
 use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinHandle;
@@ -57,6 +58,10 @@ fn args() -> Result<Args, String> {
     Ok(a)
 }
 
+/// The fleet token of the simulated fleet (its records are sealed with it).
+const TOKEN: &str = "fleet-scale-token";
+
+/// A simulated host's record, sealed for its topic as a rozd publishes it.
 fn record(id: &str, status: RecordStatus, heartbeat_secs: u64) -> Vec<u8> {
     let r = HostRecord {
         v: RECORD_VERSION,
@@ -77,7 +82,12 @@ fn record(id: &str, status: RecordStatus, heartbeat_secs: u64) -> Vec<u8> {
         last_heartbeat_ms: Some(0),
         instance: None,
     };
-    serde_json::to_vec(&r).unwrap_or_default()
+    let body = serde_json::to_string(&r).unwrap_or_default();
+    seal::seal(
+        &MessageKey::from_token(TOKEN),
+        &format!("roz/v1/hosts/{id}"),
+        &body,
+    )
 }
 
 /// One simulated host: its own connection, retained record, last will,
@@ -218,11 +228,15 @@ async fn main() -> Result<(), String> {
 
     // 2. a rozd joins: time to the full view
     let rss_before = rss_kib();
+    let token_file = dir.path().join("fleet-token");
+    std::fs::write(&token_file, TOKEN).map_err(|e| e.to_string())?;
     let text = format!(
         "[host]\nid = \"observer\"\nenvironment_id = \"scale\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
-         [store]\npath = {:?}\n[log]\nlevel = \"warn\"\n[fleet]\nurl = \"{url}\"\nheartbeat_secs = {}\n",
+         [store]\npath = {:?}\n[log]\nlevel = \"warn\"\n[fleet]\nurl = \"{url}\"\nheartbeat_secs = {}\n\
+         token_file = {:?}\n",
         dir.path().join("rozd.db").display().to_string(),
-        args.heartbeat_secs
+        args.heartbeat_secs,
+        token_file.display().to_string()
     );
     let config = Config::parse(&text, ConfigSource::BuiltIn).map_err(|e| e.to_string())?;
     let joined = Instant::now();
@@ -317,11 +331,19 @@ async fn main() -> Result<(), String> {
         })
         .collect();
     let now = tokio::time::Instant::now();
+    let key = MessageKey::from_token(TOKEN);
     let t0 = Instant::now();
     for round in 0..10 {
         for (id, p) in &payloads {
-            view.apply(id, p, now + Duration::from_millis(round))
-                .map_err(|e| e.to_string())?;
+            let body =
+                seal::open(&key, &format!("roz/v1/hosts/{id}"), p).map_err(|e| e.to_string())?;
+            view.apply(
+                id,
+                body.as_bytes(),
+                now + Duration::from_millis(round),
+                rozd::store::now_ms(),
+            )
+            .map_err(|e| e.to_string())?;
         }
     }
     let per = t0.elapsed() / (10 * args.presences.max(1) as u32);

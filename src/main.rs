@@ -450,6 +450,17 @@ fn format_hosts(v: &serde_json::Value) -> String {
     if total > shown as u64 {
         out.push_str(&format!("({shown} of {total} hosts shown)\n"));
     }
+    // Messages that anyone with access to the broker can publish, and
+    // that this host did not take: worth a look when they are not zero.
+    if let Some(ignored) = fleet["ignored"].as_object() {
+        let counts: Vec<String> = ignored
+            .iter()
+            .filter_map(|(k, n)| n.as_u64().filter(|n| *n > 0).map(|n| format!("{k} {n}")))
+            .collect();
+        if !counts.is_empty() {
+            out.push_str(&format!("ignored from the broker: {}\n", counts.join(", ")));
+        }
+    }
     out
 }
 

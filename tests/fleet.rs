@@ -5,6 +5,11 @@
 //! only what the fleet set; `kill -9` of a host shows it offline elsewhere;
 //! a session through one host runs on another (client tool, host tool with
 //! approval, deadman) and ends with `host_unavailable` when that host dies.
+//! Messages that are not sealed with the fleet key (published with
+//! `mosquitto_pub`, as anyone with access to the broker could) latch a stop
+//! but never clear one and never route a session; a recorded authentic
+//! clear replayed later does not undo a newer stop; a relayed request is
+//! never relayed again.
 //!
 //! Every wait polls a condition until a generous deadline; nothing sleeps
 //! to synchronise and nothing asserts a speed.
@@ -15,7 +20,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::broker::{Broker, free_port, publish, terminate};
+use common::broker::{Broker, free_port, publish, retained, terminate};
 use common::{Session, expect_error};
 use rozd::api::proto;
 use rozd::api::proto::agent_service_client::AgentServiceClient;
@@ -188,17 +193,33 @@ offset = 20
     }
 
     async fn channel(&self) -> InterceptedService<Channel, Bearer> {
+        self.channel_as(Bearer { relayed_by: None }).await
+    }
+
+    /// A connection whose requests say another rozd, `by`, relayed them.
+    async fn channel_relayed_by(&self, by: &'static str) -> InterceptedService<Channel, Bearer> {
+        self.channel_as(Bearer {
+            relayed_by: Some(by),
+        })
+        .await
+    }
+
+    async fn channel_as(&self, bearer: Bearer) -> InterceptedService<Channel, Bearer> {
         let channel = Channel::from_shared(format!("http://{}", self.addr()))
             .unwrap()
             .connect()
             .await
             .expect("connect");
-        InterceptedService::new(channel, Bearer)
+        InterceptedService::new(channel, bearer)
     }
 
     /// Opens a session stream on this host (not started yet).
     async fn session(&self) -> Session {
-        let mut client = AgentServiceClient::new(self.channel().await);
+        self.session_on(self.channel().await).await
+    }
+
+    async fn session_on(&self, channel: InterceptedService<Channel, Bearer>) -> Session {
+        let mut client = AgentServiceClient::new(channel);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let response = client
             .stream_session(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -223,8 +244,12 @@ offset = 20
     }
 }
 
+/// Presents the fleet token; optionally marks requests as relayed by
+/// another rozd (as one rozd's relay to another does).
 #[derive(Clone)]
-struct Bearer;
+struct Bearer {
+    relayed_by: Option<&'static str>,
+}
 
 impl tonic::service::Interceptor for Bearer {
     fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
@@ -232,6 +257,10 @@ impl tonic::service::Interceptor for Bearer {
             "authorization",
             format!("Bearer {TOKEN}").parse().expect("ascii"),
         );
+        if let Some(by) = self.relayed_by {
+            r.metadata_mut()
+                .insert("x-roz-relayed-by", by.parse().expect("ascii"));
+        }
         Ok(r)
     }
 }
@@ -1083,4 +1112,410 @@ async fn a_huge_retained_record_does_not_take_the_fleet_link_down() {
         );
     }
     view_is(&a, &both).await;
+}
+
+// ------------------------------------------------------------------ authenticated fleet messages
+
+/// `body` sealed for `topic` as README "Fleet" documents it, computed here
+/// independently of rozd's code: `K = HMAC-SHA256(token, "roz fleet message
+/// key v1")`, `mac = base64(HMAC-SHA256(K, topic || 0x00 || body))`,
+/// envelope `{"v": 1, "body", "mac"}`.
+fn sealed(topic: &str, body: &Value) -> String {
+    use base64::Engine as _;
+    use ring::hmac;
+    let body = body.to_string();
+    let token_key = hmac::Key::new(hmac::HMAC_SHA256, TOKEN.as_bytes());
+    let key = hmac::sign(&token_key, b"roz fleet message key v1");
+    let key = hmac::Key::new(hmac::HMAC_SHA256, key.as_ref());
+    let mut input = topic.as_bytes().to_vec();
+    input.push(0);
+    input.extend(body.as_bytes());
+    let mac = base64::engine::general_purpose::STANDARD.encode(hmac::sign(&key, &input).as_ref());
+    json!({ "v": 1, "body": body, "mac": mac }).to_string()
+}
+
+fn now_ms() -> i64 {
+    rozd::store::now_ms()
+}
+
+/// A host record as a rozd publishes it (the body, unsealed).
+fn host_record(id: &str, endpoint: &str) -> Value {
+    json!({
+        "v": 1, "id": id, "name": format!("host {id}"), "environment_id": "lab",
+        "status": "online", "capabilities": {}, "endpoint": endpoint,
+        "heartbeat_secs": 1, "created_at_ms": now_ms(), "last_heartbeat_ms": now_ms(),
+    })
+}
+
+/// How many broker messages of `kind` `host` ignored (`GET /v1/hosts`,
+/// `fleet.ignored`).
+async fn ignored(host: &Rozd, kind: &str) -> u64 {
+    host.get("/v1/hosts").await["fleet"]["ignored"][kind]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+async fn stopped(host: &Rozd) -> bool {
+    host.get("/v1/safety").await["estop_active"] == true
+}
+
+/// The audit rows of `kind` on `host`.
+async fn audit_rows(host: &Rozd, kind: &str) -> Vec<Value> {
+    host.get("/v1/audit?limit=1000").await["data"]
+        .as_array()
+        .map(|rows| rows.iter().filter(|r| r["kind"] == kind).cloned().collect())
+        .unwrap_or_default()
+}
+
+/// Waits until `host` counted more than `before` messages of `kind`, or
+/// (which is what the broker message tried to do, and a failure) its
+/// stop changed to `!stop_expected`.
+async fn counted_or_changed(host: &Rozd, kind: &str, before: u64, stop_expected: bool) {
+    eventually(&format!("{} counts a {kind} message", host.id), || async {
+        (ignored(host, kind).await > before || stopped(host).await != stop_expected).then_some(())
+    })
+    .await;
+}
+
+/// A broker and hosts `a` and `b` (environment `lab`) that see each other.
+async fn two_hosts(dir: &Path) -> (Broker, Rozd, Rozd) {
+    let broker = Broker::start(&mkdir(dir, "broker")).await;
+    let a = Rozd::spawn("a", &broker).await;
+    let b = Rozd::spawn("b", &broker).await;
+    for host in [&a, &b] {
+        view_is(host, &[("a", "online"), ("b", "online")]).await;
+    }
+    (broker, a, b)
+}
+
+/// `POST path` on `host` (a fleet stop or clear) until every host confirms.
+async fn fleet_command(host: &Rozd, path: &str) -> Value {
+    let (status, answer) = host
+        .post(path, json!({"reason": "drill", "wait_ms": 30_000}))
+        .await;
+    assert_eq!(
+        (status.as_u16(), &answer["confirmed"]),
+        (200, &json!(true)),
+        "{path} on {}: {answer}",
+        host.id
+    );
+    answer
+}
+
+/// Defect 3: `mosquitto_pub -r -t roz/v1/estop/lab -m '{"stop":false,...}'`
+/// returned every host to `normal` and the audit named whoever `by` claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_clear_does_not_clear_a_fleet_stop_and_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, a, b) = two_hosts(dir.path()).await;
+    fleet_command(&a, "/v1/fleet/estop").await;
+    let mut before = Vec::new();
+    for host in [&a, &b] {
+        before.push(ignored(host, "unauthenticated_commands").await);
+    }
+    publish(
+        broker.port,
+        "roz/v1/estop/lab",
+        json!({"stop": false, "id": "x", "by": "admin", "reason": "all clear"}).to_string(),
+        true,
+    )
+    .await;
+    for (host, before) in [&a, &b].into_iter().zip(&before) {
+        counted_or_changed(host, "unauthenticated_commands", *before, true).await;
+        let safety = host.get("/v1/safety").await;
+        assert_eq!(
+            (&safety["estop_active"], &safety["level"]),
+            (&json!(true), &json!("protective_stop")),
+            "the forged clear cleared host {}: {safety}\n{}",
+            host.id,
+            host.log()
+        );
+        assert!(
+            audit_rows(host, "protective_stop_cleared").await.is_empty(),
+            "{}",
+            host.id
+        );
+        assert!(
+            host.log().contains("without a valid MAC"),
+            "the forgery is logged:\n{}",
+            host.log()
+        );
+    }
+
+    // The fleet's own clear (through REST) still clears every host, and
+    // the audit names the host it came from.
+    fleet_command(&b, "/v1/fleet/estop/clear").await;
+    for host in [&a, &b] {
+        eventually(&format!("{} cleared by the fleet", host.id), || async {
+            (!stopped(host).await).then_some(())
+        })
+        .await;
+    }
+    let cleared_rows = audit_rows(&a, "protective_stop_cleared").await;
+    assert_eq!(cleared_rows.len(), 1, "{cleared_rows:?}");
+    assert!(
+        cleared_rows[0]["origin"]
+            .as_str()
+            .is_some_and(|o| o.contains("host b")),
+        "{cleared_rows:?}"
+    );
+}
+
+/// Anyone may stop: an unauthenticated stop (JSON or bare) latches every
+/// host, and the audit does not believe who it claims to be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unauthenticated_stop_still_latches_and_is_not_believed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, a, b) = two_hosts(dir.path()).await;
+    let before = ignored(&a, "unauthenticated_commands").await;
+    publish(
+        broker.port,
+        "roz/v1/estop/lab",
+        json!({"stop": true, "by": "mallory", "reason": "believe me"}).to_string(),
+        false,
+    )
+    .await;
+    for host in [&a, &b] {
+        eventually(&format!("{} latched by the stop", host.id), || async {
+            stopped(host).await.then_some(())
+        })
+        .await;
+        let safety = host.get("/v1/safety").await;
+        let reason = safety["stop"]["reason"].as_str().unwrap_or_default();
+        assert_eq!(safety["stop"]["source"], "fleet", "{safety}");
+        assert!(
+            reason.contains("unauthenticated MQTT publisher") && !reason.contains("mallory"),
+            "{safety}"
+        );
+        let audited = audit_rows(host, "protective_stop").await;
+        assert!(
+            audited.iter().all(|r| !r.to_string().contains("mallory")),
+            "{audited:?}"
+        );
+    }
+    assert!(ignored(&a, "unauthenticated_commands").await > before);
+    // Only the fleet clears it; then a bare `stop` latches again.
+    fleet_command(&a, "/v1/fleet/estop/clear").await;
+    publish(broker.port, "roz/v1/estop/lab", "stop", false).await;
+    for host in [&a, &b] {
+        eventually(&format!("{} latched by a bare `stop`", host.id), || async {
+            stopped(host).await.then_some(())
+        })
+        .await;
+    }
+}
+
+/// A recorded authentic clear, republished after a newer fleet stop, does
+/// not undo that stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_authentic_clear_does_not_undo_a_newer_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, a, b) = two_hosts(dir.path()).await;
+    fleet_command(&a, "/v1/fleet/estop").await;
+    let cleared = fleet_command(&b, "/v1/fleet/estop/clear").await;
+    let recorded = retained(broker.port, "roz/v1/estop/lab").await;
+    // The command as published (sealed: the body of its envelope).
+    let published: Value = serde_json::from_slice(&recorded).expect("a JSON command");
+    let body: Value = match published["body"].as_str() {
+        Some(body) => serde_json::from_str(body).expect("the body is JSON"),
+        None => published.clone(),
+    };
+    assert_eq!(
+        (&body["stop"], &body["id"]),
+        (&json!(false), &cleared["command_id"]),
+        "{published}"
+    );
+    fleet_command(&a, "/v1/fleet/estop").await;
+    let mut before = Vec::new();
+    for host in [&a, &b] {
+        before.push(ignored(host, "stale_commands").await);
+    }
+    publish(broker.port, "roz/v1/estop/lab", &recorded, true).await;
+    for (host, before) in [&a, &b].into_iter().zip(&before) {
+        counted_or_changed(host, "stale_commands", *before, true).await;
+        assert!(
+            stopped(host).await,
+            "the replayed clear cleared host {}:\n{}",
+            host.id,
+            host.log()
+        );
+    }
+    fleet_command(&b, "/v1/fleet/estop/clear").await;
+}
+
+/// Forged host records are not used for routing: nothing relays to the
+/// endpoint they name (nothing even connects there, so the fleet token does
+/// not go there), and one that points back at the host itself makes it
+/// relay nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_host_records_route_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, a, _b) = two_hosts(dir.path()).await;
+    let trap = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    trap.set_nonblocking(true).unwrap();
+    let trap_endpoint = format!("http://{}", trap.local_addr().unwrap());
+    let before = ignored(&a, "unauthenticated_records").await;
+    publish(
+        broker.port,
+        "roz/v1/hosts/x",
+        host_record("x", &trap_endpoint).to_string(),
+        true,
+    )
+    .await;
+    publish(
+        broker.port,
+        "roz/v1/hosts/loop",
+        host_record("loop", &format!("http://{}", a.addr())).to_string(),
+        true,
+    )
+    .await;
+    // Either both are counted, or (the defect) one made it into the view.
+    eventually("a counts both forged records", || async {
+        let listed = a.view().await.len() > 2;
+        (listed || ignored(&a, "unauthenticated_records").await >= before + 2).then_some(())
+    })
+    .await;
+    let mut session = a.session().await;
+    for id in ["x", "loop"] {
+        session
+            .send(Req::Start(proto::StartSession {
+                host_id: Some(id.into()),
+                ..Default::default()
+            }))
+            .await;
+        let e = expect_error(session.next_significant().await);
+        assert_eq!(
+            (e.code.as_str(), e.retryable),
+            ("host_not_found", false),
+            "{id}: {e:?}"
+        );
+    }
+    match trap.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("a relay connected to the forged record's endpoint: {other:?}"),
+    }
+    let listed: Vec<String> = a.view().await.into_iter().map(|(id, _, _)| id).collect();
+    assert_eq!(listed, ["a", "b"]);
+    assert_eq!(a.get("/v1/sessions").await["data"], json!([]));
+}
+
+/// One hop at most: a request another rozd relayed here is served here or
+/// refused, never relayed again (sessions and task calls alike).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_request_is_served_or_refused_never_relayed_again() {
+    use rozd::api::proto::task_service_client::TaskServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let (_broker, a, b) = two_hosts(dir.path()).await;
+    // A request another rozd relayed here, for a host that is not this
+    // one: refused, not relayed a second time.
+    let relayed = a.channel_relayed_by("z").await;
+    let mut session = a.session_on(relayed.clone()).await;
+    session
+        .send(Req::Start(proto::StartSession {
+            host_id: Some("b".into()),
+            ..Default::default()
+        }))
+        .await;
+    let e = expect_error(session.next_significant().await);
+    assert_eq!(
+        (e.code.as_str(), e.retryable),
+        ("host_unavailable", true),
+        "{e:?}"
+    );
+    assert!(e.message.contains("one hop"), "{}", e.message);
+    // ... and for this host itself: served here.
+    let started = session
+        .start(proto::StartSession {
+            host_id: Some("a".into()),
+            ..Default::default()
+        })
+        .await;
+    assert!(!started.session_id.is_empty());
+    assert_eq!(b.get("/v1/sessions").await["data"], json!([]));
+    // Task calls are forwarded by the task id's host: the same rule.
+    let mut tasks = TaskServiceClient::new(relayed);
+    let refused = tasks
+        .get_task(proto::GetTaskRequest {
+            id: format!("b:{}", uuid::Uuid::new_v4()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("one hop"), "{refused:?}");
+    let refused = tasks
+        .create_task(proto::CreateTaskRequest {
+            prompt: "echo hi".into(),
+            environment_id: "lab".into(),
+            host_id: Some("b".into()),
+            timeout_secs: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert_eq!(b.get("/v1/tasks").await["data"], json!([]));
+    let mut watch = AgentServiceClient::new(a.channel_relayed_by("z").await);
+    let watched = watch
+        .watch_team(proto::WatchTeamRequest {
+            task_id: format!("b:{}", uuid::Uuid::new_v4()),
+        })
+        .await;
+    match watched {
+        Err(refused) => assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}"),
+        Ok(_) => panic!("WatchTeam of a relayed request for b was relayed again"),
+    }
+}
+
+/// An authentic record (sealed with the fleet key) whose endpoint is host
+/// `a` itself: `a` does not relay to itself, and `b`'s relay to `a` for it
+/// ends at `a` (one hop); both answer host_unavailable at once, with no
+/// relay loop (today's main made 503 nested self-relays in 3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_pointing_back_at_its_host_makes_no_relay_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, a, b) = two_hosts(dir.path()).await;
+    publish(
+        broker.port,
+        "roz/v1/hosts/ghost",
+        sealed(
+            "roz/v1/hosts/ghost",
+            &host_record("ghost", &format!("http://{}", a.addr())),
+        ),
+        true,
+    )
+    .await;
+    for host in [&a, &b] {
+        eventually(&format!("{} takes the sealed record", host.id), || async {
+            host.view()
+                .await
+                .iter()
+                .any(|(id, _, _)| id == "ghost")
+                .then_some(())
+        })
+        .await;
+    }
+    for (host, says) in [(&a, "itself"), (&b, "one hop")] {
+        let mut session = host.session().await;
+        session
+            .send(Req::Start(proto::StartSession {
+                host_id: Some("ghost".into()),
+                ..Default::default()
+            }))
+            .await;
+        let e = expect_error(session.next_significant().await);
+        assert_eq!(
+            (e.code.as_str(), e.retryable),
+            ("host_unavailable", true),
+            "{}: {e:?}",
+            host.id
+        );
+        assert!(e.message.contains(says), "{}: {}", host.id, e.message);
+    }
+    assert_eq!(
+        a.log()
+            .matches("relaying a session to another host")
+            .count(),
+        0,
+        "a relayed:\n{}",
+        a.log()
+    );
 }

@@ -40,10 +40,17 @@ impl AgentService for AgentApi {
         &self,
         request: Request<Streaming<proto::SessionRequest>>,
     ) -> Result<Response<Self::StreamSessionStream>, Status> {
+        let relayed_by = relay::relayed_by(request.metadata());
         let incoming = request.into_inner();
         let (local_tx, local_rx) = mpsc::channel(SESSION_QUEUE);
         let (relay_tx, relay_rx) = mpsc::channel(SESSION_QUEUE);
-        tokio::spawn(read_client(self.ctx.clone(), incoming, local_tx, relay_tx));
+        tokio::spawn(read_client(
+            self.ctx.clone(),
+            relayed_by,
+            incoming,
+            local_tx,
+            relay_tx,
+        ));
         // The stream ends once both the local session (if any) and the
         // router/relay are done with it.
         let local = ReceiverStream::new(local_rx).map(|event| Ok(convert::server_response(event)));
@@ -55,8 +62,9 @@ impl AgentService for AgentApi {
         &self,
         request: Request<proto::WatchTeamRequest>,
     ) -> Result<Response<Self::WatchTeamStream>, Status> {
+        let relayed_by = relay::relayed_by(request.metadata());
         let task_id = request.into_inner().task_id;
-        let events = super::tasks::watch_team(self.ctx.clone(), task_id).await?;
+        let events = super::tasks::watch_team(self.ctx.clone(), relayed_by, task_id).await?;
         Ok(Response::new(events))
     }
 }
@@ -69,6 +77,9 @@ impl AgentService for AgentApi {
 /// one ran here, the stream stays here. A routing failure (`host_not_found`,
 /// `host_unavailable`) decides nothing, so the client may retry.
 ///
+/// `relayed_by`: the host that relayed this stream here, if one did; then a
+/// `StartSession` for another host is refused, not relayed again.
+///
 /// A transport error or end of stream closes the local session's input,
 /// which it treats as disconnect. When the session ends it drops its input;
 /// the reader then drops `incoming`, which resets the HTTP/2 stream, so a
@@ -76,6 +87,7 @@ impl AgentService for AgentApi {
 /// shutdown) open.
 async fn read_client(
     ctx: Arc<HostContext>,
+    relayed_by: Option<String>,
     mut incoming: Streaming<proto::SessionRequest>,
     local_out: mpsc::Sender<session::ServerEvent>,
     relay_out: mpsc::Sender<Result<proto::SessionResponse, Status>>,
@@ -99,7 +111,7 @@ async fn read_client(
         if !bound_here && let Some(proto::session_request::Request::Start(start)) = &request.request
         {
             let target = start.host_id.clone().unwrap_or_default();
-            match ctx.fleet.route(&target) {
+            match ctx.fleet.route(&target, relayed_by.as_deref()) {
                 Ok(Route::Local) => bound_here = true,
                 Ok(Route::Remote(remote)) => {
                     let keepalive = ctx.config.server.http2_keepalive_secs;

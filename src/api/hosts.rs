@@ -207,6 +207,7 @@ fn fleet_json(ctx: &HostContext) -> Value {
             "connected": ctx.fleet.is_connected(),
             "broker": c.url,
             "topic_prefix": c.topic_prefix,
+            "ignored": ctx.fleet.ignored(),
         }),
         None => json!({ "configured": false, "connected": false }),
     }

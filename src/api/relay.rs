@@ -8,6 +8,11 @@
 //! gets `host_unavailable` and its stream ends; when the client goes away,
 //! the stream to the other host is reset, so that host's deadman drives the
 //! session's actuators safe.
+//!
+//! One hop at most: every relayed request carries [`RELAYED_BY`] (this
+//! host's id), and a host that receives a request with it serves the
+//! request itself or refuses it (`host_unavailable` / `UNAVAILABLE`; see
+//! [`crate::fleet::Fleet::route`]) — it never relays it again.
 
 use std::time::Duration;
 
@@ -30,24 +35,42 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound of the queue toward the other host.
 const UPSTREAM_QUEUE: usize = 256;
 
-/// Adds `authorization: Bearer <fleet token>` to every request.
-#[derive(Debug, Clone)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
+/// The metadata (header) that marks a request relayed by another rozd; its
+/// value is that host's id.
+pub const RELAYED_BY: &str = "x-roz-relayed-by";
 
-impl tonic::service::Interceptor for Bearer {
+/// Adds `authorization: Bearer <fleet token>` and [`RELAYED_BY`] to every
+/// request.
+#[derive(Debug, Clone)]
+pub struct RelayHeaders {
+    authorization: Option<MetadataValue<Ascii>>,
+    relayed_by: MetadataValue<Ascii>,
+}
+
+impl tonic::service::Interceptor for RelayHeaders {
     fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
+        let metadata = request.metadata_mut();
+        if let Some(value) = &self.authorization {
+            metadata.insert("authorization", value.clone());
         }
+        metadata.insert(RELAYED_BY, self.relayed_by.clone());
         Ok(request)
     }
 }
 
 /// A connection to another host; wrap it in any generated client
 /// (`AgentServiceClient::new(channel)`, and so on).
-pub type RemoteChannel = InterceptedService<Channel, Bearer>;
+pub type RemoteChannel = InterceptedService<Channel, RelayHeaders>;
+
+/// The host that relayed a request here, if one did. A value that is not
+/// readable still marks the request as relayed.
+pub fn relayed_by(metadata: &tonic::metadata::MetadataMap) -> Option<String> {
+    metadata.get(RELAYED_BY).map(|value| {
+        value
+            .to_str()
+            .map_or_else(|_| "(unreadable)".to_string(), str::to_string)
+    })
+}
 
 /// The error text of `e` with its causes (tonic's own text is terse).
 fn chain(e: &dyn std::error::Error) -> String {
@@ -83,6 +106,10 @@ pub async fn connect(
         ),
         None => None,
     };
+    let relayed_by = remote
+        .relayed_by
+        .parse::<MetadataValue<Ascii>>()
+        .map_err(|_| unavailable("this host's id is not a valid header value".into()))?;
     let mut endpoint = Endpoint::from_shared(remote.endpoint.clone())
         .map_err(|e| unavailable(chain(&e)))?
         .connect_timeout(CONNECT_TIMEOUT)
@@ -98,7 +125,13 @@ pub async fn connect(
         .await
         .map_err(|_| unavailable("no connection within 5 s".into()))?
         .map_err(|e| unavailable(chain(&e)))?;
-    Ok(InterceptedService::new(channel, Bearer(bearer)))
+    Ok(InterceptedService::new(
+        channel,
+        RelayHeaders {
+            authorization: bearer,
+            relayed_by,
+        },
+    ))
 }
 
 /// The gRPC status for a routing failure: `NOT_FOUND` or `UNAVAILABLE`.

@@ -71,8 +71,14 @@ enum Owner {
     Remote(String, RemoteChannel),
 }
 
-async fn owner(ctx: &HostContext, host_id: &str) -> Result<Owner, Status> {
-    match ctx.fleet.route(host_id) {
+/// `relayed_by`: the host that relayed the request here, if one did (then
+/// it is served here or refused, never relayed again).
+async fn owner(
+    ctx: &HostContext,
+    host_id: &str,
+    relayed_by: Option<&str>,
+) -> Result<Owner, Status> {
+    match ctx.fleet.route(host_id, relayed_by) {
         Ok(Route::Local) => Ok(Owner::Local),
         Ok(Route::Remote(remote)) => {
             let channel = relay::connect(&remote, ctx.config.server.http2_keepalive_secs)
@@ -85,9 +91,18 @@ async fn owner(ctx: &HostContext, host_id: &str) -> Result<Owner, Status> {
 }
 
 /// The owner of a task, from its id.
-async fn task_owner(ctx: &HostContext, task_id: &str) -> Result<Owner, Status> {
+async fn task_owner(
+    ctx: &HostContext,
+    task_id: &str,
+    relayed_by: Option<&str>,
+) -> Result<Owner, Status> {
     let host = team::task_owner(task_id).map_err(status_of)?;
-    owner(ctx, host).await
+    owner(ctx, host, relayed_by).await
+}
+
+/// The host that relayed `request` here, if one did.
+fn relayed_by<T>(request: &Request<T>) -> Option<String> {
+    relay::relayed_by(request.metadata())
 }
 
 /// A remote stream as ours: a transport failure is `UNAVAILABLE`, naming the host.
@@ -190,9 +205,10 @@ fn status_update(task_id: &str, entry: &StoredTaskEvent) -> proto::TaskStatusUpd
 /// `WatchTeam`: every stored team event of the task, then live ones.
 pub async fn watch_team(
     ctx: Arc<HostContext>,
+    relayed_by: Option<String>,
     task_id: String,
 ) -> Result<ResponseStream<proto::TeamEvent>, Status> {
-    if let Owner::Remote(host, channel) = task_owner(&ctx, &task_id).await? {
+    if let Owner::Remote(host, channel) = task_owner(&ctx, &task_id, relayed_by.as_deref()).await? {
         let stream = proto::agent_service_client::AgentServiceClient::new(channel)
             .watch_team(proto::WatchTeamRequest { task_id })
             .await?
@@ -233,9 +249,14 @@ impl TaskService for TaskApi {
         &self,
         request: Request<proto::CreateTaskRequest>,
     ) -> Result<GrpcResponse<proto::Task>, Status> {
+        let by = relayed_by(&request);
         let r = request.into_inner();
-        if let Owner::Remote(_, channel) =
-            owner(&self.ctx, r.host_id.as_deref().unwrap_or_default()).await?
+        if let Owner::Remote(_, channel) = owner(
+            &self.ctx,
+            r.host_id.as_deref().unwrap_or_default(),
+            by.as_deref(),
+        )
+        .await?
         {
             return TaskServiceClient::new(channel).create_task(r).await;
         }
@@ -257,7 +278,13 @@ impl TaskService for TaskApi {
         &self,
         request: Request<proto::GetTaskRequest>,
     ) -> Result<GrpcResponse<proto::Task>, Status> {
-        if let Owner::Remote(_, channel) = task_owner(&self.ctx, &request.get_ref().id).await? {
+        if let Owner::Remote(_, channel) = task_owner(
+            &self.ctx,
+            &request.get_ref().id,
+            relayed_by(&request).as_deref(),
+        )
+        .await?
+        {
             return TaskServiceClient::new(channel)
                 .get_task(request.into_inner())
                 .await;
@@ -286,7 +313,13 @@ impl TaskService for TaskApi {
         &self,
         request: Request<proto::CancelTaskRequest>,
     ) -> Result<GrpcResponse<proto::CancelTaskResponse>, Status> {
-        if let Owner::Remote(_, channel) = task_owner(&self.ctx, &request.get_ref().id).await? {
+        if let Owner::Remote(_, channel) = task_owner(
+            &self.ctx,
+            &request.get_ref().id,
+            relayed_by(&request).as_deref(),
+        )
+        .await?
+        {
             return TaskServiceClient::new(channel)
                 .cancel_task(request.into_inner())
                 .await;
@@ -301,7 +334,12 @@ impl TaskService for TaskApi {
         &self,
         request: Request<proto::ApproveToolUseRequest>,
     ) -> Result<GrpcResponse<proto::Task>, Status> {
-        if let Owner::Remote(_, channel) = task_owner(&self.ctx, &request.get_ref().task_id).await?
+        if let Owner::Remote(_, channel) = task_owner(
+            &self.ctx,
+            &request.get_ref().task_id,
+            relayed_by(&request).as_deref(),
+        )
+        .await?
         {
             return TaskServiceClient::new(channel)
                 .approve_tool_use(request.into_inner())
@@ -327,8 +365,12 @@ impl TaskService for TaskApi {
         &self,
         request: Request<proto::StreamTaskStatusRequest>,
     ) -> Result<GrpcResponse<Self::StreamTaskStatusStream>, Status> {
-        if let Owner::Remote(host, channel) =
-            task_owner(&self.ctx, &request.get_ref().task_id).await?
+        if let Owner::Remote(host, channel) = task_owner(
+            &self.ctx,
+            &request.get_ref().task_id,
+            relayed_by(&request).as_deref(),
+        )
+        .await?
         {
             let stream = TaskServiceClient::new(channel)
                 .stream_task_status(request.into_inner())

@@ -53,10 +53,11 @@ pub struct FleetConfig {
     #[serde(default)]
     pub token_env: Option<String>,
     /// File holding the fleet token (its first line that is not empty or a
-    /// `#` comment).
+    /// `#` comment). `token_env` or `token_file` is required.
     #[serde(default)]
     pub token_file: Option<PathBuf>,
-    /// The fleet token, read from `token_env` or `token_file` at load.
+    /// The fleet token, read from `token_env` or `token_file` at load
+    /// (always `Some` once validated).
     #[serde(skip)]
     pub token: Option<Secret>,
 }
@@ -124,7 +125,8 @@ pub fn topic_level_ok(s: &str) -> bool {
     !s.is_empty() && s.len() <= 128 && !s.contains(['/', '+', '#', '\0'])
 }
 
-/// Checks `[fleet]` and reads the token. `Err((key, message))`.
+/// Checks `[fleet]` and reads the token, which a fleet requires (it keys
+/// the MAC of every fleet message). `Err((key, message))`.
 pub fn validate(
     fleet: &mut FleetConfig,
     host: &HostConfig,
@@ -243,7 +245,16 @@ pub fn validate(
                 None => return err("token_file", format!("{} holds no token", path.display())),
             }
         }
-        (None, None) => None,
+        (None, None) => {
+            return err(
+                "token_file",
+                "a fleet needs the fleet token: set fleet.token_file (or fleet.token_env) on \
+                 every host of the fleet, to the same token. It authenticates host records, \
+                 fleet stop/clear commands and relayed requests; without it anyone who can \
+                 publish to the broker could redirect sessions or clear a fleet stop"
+                    .into(),
+            );
+        }
     };
     Ok(())
 }
@@ -294,7 +305,14 @@ mod tests {
 
     #[test]
     fn defaults() {
-        let c = parse(FLEET).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet-token");
+        std::fs::write(&path, "t0ken\n").unwrap();
+        let c = parse(&format!(
+            "{FLEET}token_file = {:?}\n",
+            path.display().to_string()
+        ))
+        .unwrap();
         let f = c.fleet.as_ref().unwrap();
         assert_eq!(
             (f.topic_prefix.as_str(), f.heartbeat_secs, f.keep_alive_secs),
@@ -307,7 +325,7 @@ mod tests {
             f.advertised("127.0.0.1:8080".parse().unwrap()),
             "http://127.0.0.1:8080"
         );
-        assert!(f.token.is_none());
+        assert_eq!(f.token.as_ref().map(Secret::expose), Some("t0ken"));
         assert!(c.summary().contains("fleet:         mqtt://broker:1883"));
         assert!(parse("").unwrap().fleet.is_none());
     }
@@ -315,6 +333,8 @@ mod tests {
     #[test]
     fn errors_name_the_line_and_key() {
         let cases: &[(&str, usize, &str)] = &[
+            // a fleet needs its token (the line is the section's)
+            (FLEET, 1, "fleet.token_file"),
             ("[fleet]\nurl = \"http://x\"\n", 2, "fleet.url"),
             (
                 "[fleet]\nurl = \"mqtt://b\"\nheartbeat_secs = 0\n",

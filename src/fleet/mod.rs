@@ -1,21 +1,30 @@
 //! Fleet: hosts by `host_id`, with the registry carried by an MQTT broker.
 //!
+//! - **Authenticity.** Everything a rozd publishes on the broker (records,
+//!   stop commands) is sealed with an HMAC under a key derived from the
+//!   fleet token ([`seal`]); what is not sealed with it is ignored and
+//!   counted ([`Ignored`]), except that a stop command latches whoever sent
+//!   it ([`stop`]: anyone may stop, only the fleet clears).
 //! - **Presence.** Each rozd publishes its [`record::HostRecord`] as a
 //!   retained message on `<prefix>/hosts/<host_id>`, refreshes it every
 //!   `heartbeat_secs` and whenever its protective stop changes, and leaves a
 //!   last will that marks it `offline` if the broker loses its connection;
 //!   on a clean shutdown it publishes `offline` itself.
 //! - **View.** Every rozd subscribes to `<prefix>/hosts/+` and keeps the
-//!   [`view::FleetView`] (online / stale / offline / registered). Records that
-//!   are malformed, oversized or published on another host's topic are
-//!   ignored with a rate-limited log line.
+//!   [`view::FleetView`] (online / stale / offline / registered) from the
+//!   authentic records only. Records that are unauthenticated, replayed,
+//!   malformed, oversized or published on another host's topic are ignored
+//!   and counted, with a rate-limited log line.
 //! - **Routing.** [`Fleet::route`] says where a `host_id` lives: here, at
 //!   another rozd's advertised endpoint (with the fleet token to present), or
-//!   nowhere reachable ([`RouteError`]). Sessions use it (`api::relay`); it is
-//!   the one lookup anything else routed by host should use too.
+//!   nowhere reachable ([`RouteError`]). Sessions and task calls use it
+//!   (`api::relay`); it is the one lookup anything else routed by host
+//!   should use too. It never routes a request that another host already
+//!   relayed (one hop at most), and never to this host's own endpoint.
 //! - **Fleet stop.** A retained command on `<prefix>/estop/<environment_id>`
 //!   latches the protective stop of every host of that environment (source
-//!   `fleet`); withdrawing it clears the latches that came from the fleet.
+//!   `fleet`); an authentic, fresh withdrawal clears the latches that came
+//!   from the fleet.
 //!
 //! Without `[fleet]` the registry holds only this host, routing to any other
 //! id is `NotFound`, and registering or fleet stops are refused.
@@ -23,10 +32,13 @@
 pub mod config;
 mod presence;
 pub mod record;
+pub mod seal;
+pub mod stop;
 pub mod view;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -35,6 +47,8 @@ use tokio::time::Instant;
 
 pub use config::FleetConfig;
 use record::{EstopCommand, EstopState, HostRecord, RecordStatus, Rejected, Topics};
+use seal::MessageKey;
+use stop::{StopGate, StopKind, Verdict};
 use view::{Applied, FleetView, Presence};
 
 use crate::HostContext;
@@ -56,6 +70,9 @@ pub struct RemoteHost {
     pub endpoint: String,
     /// The fleet token to present as `authorization: Bearer`.
     pub token: Option<Secret>,
+    /// This host's id, which the relayed request carries (so the other
+    /// host relays it no further).
+    pub relayed_by: String,
 }
 
 /// Where a `host_id` is served.
@@ -115,6 +132,81 @@ impl HostView {
     }
 }
 
+/// How many messages from the broker this host did not take, by why.
+/// Shown as `fleet.ignored` by `GET /v1/hosts`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Ignored {
+    /// Host records without a valid MAC.
+    pub unauthenticated_records: u64,
+    /// Stop-topic messages without a valid MAC. Those that ask to stop
+    /// still latched (anyone may stop); nothing else of them was applied.
+    pub unauthenticated_commands: u64,
+    /// Authentic host records older than one already taken from that
+    /// host, or written ahead of this host's clock.
+    pub replayed_records: u64,
+    /// Authentic stop-topic commands not applied as they asked: a clear
+    /// that is not fresh or not after the stop it would clear, or a stop
+    /// that is not fresh (it still latched).
+    pub stale_commands: u64,
+    /// Authentic or not, messages that are oversized, malformed, on the
+    /// wrong topic or otherwise invalid.
+    pub invalid: u64,
+}
+
+#[derive(Debug, Default)]
+struct IgnoredCounters {
+    unauthenticated_records: AtomicU64,
+    unauthenticated_commands: AtomicU64,
+    replayed_records: AtomicU64,
+    stale_commands: AtomicU64,
+    invalid: AtomicU64,
+}
+
+impl IgnoredCounters {
+    fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn record(&self, why: &Rejected) {
+        Self::count(match why {
+            Rejected::Unauthenticated(_) => &self.unauthenticated_records,
+            Rejected::Replayed { .. } | Rejected::Future { .. } => &self.replayed_records,
+            _ => &self.invalid,
+        });
+    }
+
+    fn snapshot(&self) -> Ignored {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Ignored {
+            unauthenticated_records: get(&self.unauthenticated_records),
+            unauthenticated_commands: get(&self.unauthenticated_commands),
+            replayed_records: get(&self.replayed_records),
+            stale_commands: get(&self.stale_commands),
+            invalid: get(&self.invalid),
+        }
+    }
+}
+
+/// What a message on this host's own record topic is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OwnTopic {
+    /// Our current record: nothing to do.
+    Current,
+    /// An authentic record of another running process with this host id,
+    /// started after us (two hosts with one `host.id`?).
+    Impostor { instance: Option<String> },
+    /// Anything else (an old last will, our previous run's record, a
+    /// forgery, a cleared message): publish ours again.
+    Replace,
+}
+
+/// A command on this host's stop topic and what to do with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct JudgedCommand {
+    pub command: EstopCommand,
+    pub verdict: Verdict,
+}
+
 /// The fleet registry and presence of one rozd. Cheap to share (`Arc`).
 #[derive(Debug)]
 pub struct Fleet {
@@ -131,8 +223,17 @@ pub struct Fleet {
     /// The broker connection's state and counters.
     link: LinkCounters,
     task: Mutex<Option<JoinHandle<()>>>,
-    /// The id of the last stop command applied (each is applied once).
-    last_command: Mutex<Option<String>>,
+    /// The address the listener is bound to (to tell our own endpoint).
+    bound: SocketAddr,
+    /// The key fleet messages are sealed with (from the fleet token;
+    /// `None` only without `[fleet]`).
+    key: Option<MessageKey>,
+    /// The fleet stop's state on this host.
+    gate: Mutex<StopGate>,
+    ignored: IgnoredCounters,
+    /// The stamp of the latest record published under this host's id:
+    /// each new one is later (see [`Fleet::sealed_own_record`]).
+    stamp_floor: Mutex<i64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -179,6 +280,10 @@ impl Fleet {
         let max_packet_size = fleet
             .as_ref()
             .map_or(config::DEFAULT_MAX_PACKET, |f| f.max_packet_size);
+        let key = fleet
+            .as_ref()
+            .and_then(|f| f.token.as_ref())
+            .map(|token| MessageKey::from_token(token.expose()));
         let own = HostRecord {
             v: record::RECORD_VERSION,
             id: host.id.clone(),
@@ -207,7 +312,11 @@ impl Fleet {
             client: Mutex::new(None),
             link: LinkCounters::new(max_packet_size),
             task: Mutex::new(None),
-            last_command: Mutex::new(None),
+            bound,
+            key,
+            gate: Mutex::new(StopGate::new()),
+            ignored: IgnoredCounters::default(),
+            stamp_floor: Mutex::new(0),
         }
     }
 
@@ -254,6 +363,45 @@ impl Fleet {
         record
     }
 
+    /// This host's record as published: its stamp later than any record
+    /// published under this host's id before (by this process, or — as
+    /// far as the broker's retained record shows — by an earlier one), and
+    /// sealed for its topic.
+    pub(crate) fn sealed_own_record(&self, status: RecordStatus) -> Result<Vec<u8>, FleetError> {
+        let mut record = self.own_record(status);
+        record.last_heartbeat_ms = Some(self.next_stamp());
+        self.seal(&self.topics.host(&record.id), &record)
+    }
+
+    fn next_stamp(&self) -> i64 {
+        let mut floor = lock(&self.stamp_floor);
+        let stamp = crate::store::now_ms().max(floor.saturating_add(1));
+        *floor = stamp;
+        stamp
+    }
+
+    /// `body` as JSON, sealed for `topic`.
+    fn seal(&self, topic: &str, body: &impl serde::Serialize) -> Result<Vec<u8>, FleetError> {
+        let Some(key) = &self.key else {
+            return Err(FleetError::NotConfigured);
+        };
+        let json = serde_json::to_string(body).map_err(|e| FleetError::Invalid(e.to_string()))?;
+        Ok(seal::seal(key, topic, &json))
+    }
+
+    /// The body of an authentic message on `topic`.
+    fn open(&self, topic: &str, payload: &[u8]) -> Result<String, seal::Unauthentic> {
+        match &self.key {
+            Some(key) => seal::open(key, topic, payload),
+            None => Err(seal::Unauthentic::NotSealed),
+        }
+    }
+
+    /// What this host ignored from the broker so far.
+    pub fn ignored(&self) -> Ignored {
+        self.ignored.snapshot()
+    }
+
     fn own_view(&self) -> HostView {
         HostView {
             record: self.own_record(RecordStatus::Online),
@@ -298,9 +446,22 @@ impl Fleet {
 
     /// Where `host_id` is served: here (empty or this host's id), at another
     /// live rozd's advertised endpoint, or nowhere reachable.
-    pub fn route(&self, host_id: &str) -> Result<Route, RouteError> {
+    ///
+    /// `relayed_by`: the host that relayed this request here, if another
+    /// did. Such a request is served here or nowhere: rozd relays one hop
+    /// at most, so a disagreement between two hosts' views (or a record
+    /// pointing back at a host) cannot send a request around in circles.
+    pub fn route(&self, host_id: &str, relayed_by: Option<&str>) -> Result<Route, RouteError> {
         if host_id.is_empty() || host_id == self.own.id {
             return Ok(Route::Local);
+        }
+        if let Some(by) = relayed_by {
+            return Err(RouteError::Unavailable(format!(
+                "host {by:?} relayed this request here for host {host_id:?}, but this is host \
+                 {:?}; rozd relays a request one hop at most, so it is not relayed again \
+                 (the two hosts disagree about where {host_id:?} is)",
+                self.own.id
+            )));
         }
         let Some(config) = &self.config else {
             return Err(RouteError::NotFound(format!(
@@ -323,17 +484,74 @@ impl Fleet {
             Presence::Offline => Err(RouteError::Unavailable(format!(
                 "host {host_id:?} is offline"
             ))),
-            Presence::Online | Presence::Stale => match &entry.record.endpoint {
-                Some(endpoint) => Ok(Route::Remote(RemoteHost {
+            Presence::Online | Presence::Stale => {
+                let Some(endpoint) = &entry.record.endpoint else {
+                    return Err(RouteError::Unavailable(format!(
+                        "host {host_id:?} advertises no endpoint"
+                    )));
+                };
+                if self.is_own_endpoint(endpoint) {
+                    return Err(RouteError::Unavailable(format!(
+                        "host {host_id:?} advertises {endpoint}, which is this host ({:?}); \
+                         not relaying to itself (two hosts with one address?)",
+                        self.own.id
+                    )));
+                }
+                // A record that old is not a heartbeat of a running host:
+                // its endpoint is not trusted with the fleet token.
+                let heartbeat = entry.record.heartbeat_secs.unwrap_or(config.heartbeat_secs);
+                let max_age_ms = i64::try_from(heartbeat)
+                    .unwrap_or(i64::MAX)
+                    .saturating_mul(1000)
+                    .saturating_mul(i64::from(view::STALE_AFTER_HEARTBEATS))
+                    .saturating_add(stop::MAX_CLOCK_SKEW_MS);
+                let age_ms = crate::store::now_ms().saturating_sub(entry.record.stamp_ms());
+                if age_ms > max_age_ms {
+                    return Err(RouteError::Unavailable(format!(
+                        "host {host_id:?} has not published a record for {} s; its endpoint is \
+                         used again once it does",
+                        age_ms / 1000
+                    )));
+                }
+                Ok(Route::Remote(RemoteHost {
                     id: host_id.to_string(),
                     endpoint: endpoint.clone(),
                     token: config.token.clone(),
-                })),
-                None => Err(RouteError::Unavailable(format!(
-                    "host {host_id:?} advertises no endpoint"
-                ))),
-            },
+                    relayed_by: self.own.id.clone(),
+                }))
+            }
         }
+    }
+
+    /// Whether `endpoint` is this rozd: its advertised endpoint, or a
+    /// loopback address with the port it listens on.
+    fn is_own_endpoint(&self, endpoint: &str) -> bool {
+        let trimmed = |e: &str| e.trim_end_matches('/').to_ascii_lowercase();
+        if self
+            .own
+            .endpoint
+            .as_deref()
+            .is_some_and(|own| trimmed(own) == trimmed(endpoint))
+        {
+            return true;
+        }
+        let Ok(uri) = endpoint.parse::<http::Uri>() else {
+            return false;
+        };
+        let Some(authority) = uri.authority() else {
+            return false;
+        };
+        if authority.port_u16() != Some(self.bound.port()) {
+            return false;
+        }
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified() || ip == self.bound.ip())
     }
 
     /// Adds a host that is not a rozd: it gets an id and a retained record
@@ -368,8 +586,7 @@ impl Fleet {
             last_heartbeat_ms: None,
             instance: None,
         };
-        let payload =
-            serde_json::to_vec(&record).map_err(|e| FleetError::Invalid(e.to_string()))?;
+        let payload = self.seal(&self.topics.host(&record.id), &record)?;
         if payload.len() > record::MAX_RECORD_BYTES {
             return Err(FleetError::Invalid(format!(
                 "the record would be {} bytes; at most {} are allowed",
@@ -437,9 +654,21 @@ impl Fleet {
             id: Some(uuid::Uuid::new_v4().to_string()),
             at_ms: Some(crate::store::now_ms()),
         };
-        let payload =
-            serde_json::to_vec(&command).map_err(|e| FleetError::Invalid(e.to_string()))?;
-        self.publish(&self.topics.estop(environment_id), payload, true)?;
+        let topic = self.topics.estop(environment_id);
+        let payload = self.seal(&topic, &command)?;
+        if payload.len() > record::MAX_COMMAND_BYTES {
+            return Err(FleetError::Invalid(format!(
+                "the command would be {} bytes; at most {} are allowed (shorten the reason)",
+                payload.len(),
+                record::MAX_COMMAND_BYTES
+            )));
+        }
+        self.publish(&topic, payload, true)?;
+        if environment_id == self.own.environment_id {
+            // The caller applies it here; its echo from the broker is not
+            // applied again.
+            lock(&self.gate).published(&command, crate::store::now_ms());
+        }
         tracing::warn!(
             environment_id,
             stop,
@@ -522,9 +751,32 @@ impl Fleet {
             .map_err(|_| FleetError::Busy)
     }
 
-    /// Takes in a host record from the broker; logs what changed.
-    fn record_received(&self, id: &str, payload: &[u8]) -> Result<(), Rejected> {
-        let applied = lock(&self.view).apply(id, payload, Instant::now())?;
+    /// Takes in a message from the broker on the record topic of `id`
+    /// (`topic`); logs what changed, counts what it ignores.
+    fn record_received(&self, id: &str, topic: &str, payload: &[u8]) -> Result<(), Rejected> {
+        let taken = self.take_record(id, topic, payload);
+        if let Err(why) = &taken {
+            self.ignored.record(why);
+        }
+        taken
+    }
+
+    fn take_record(&self, id: &str, topic: &str, payload: &[u8]) -> Result<(), Rejected> {
+        // An empty payload is the broker saying the retained record was
+        // cleared (deregistered): nothing to authenticate.
+        let body = if payload.is_empty() {
+            String::new()
+        } else {
+            if payload.len() > record::MAX_RECORD_BYTES {
+                return Err(Rejected::Oversized {
+                    len: payload.len(),
+                    max: record::MAX_RECORD_BYTES,
+                });
+            }
+            self.open(topic, payload)?
+        };
+        let applied =
+            lock(&self.view).apply(id, body.as_bytes(), Instant::now(), crate::store::now_ms())?;
         match applied {
             Applied::Stored { id, before, now } if before != Some(now) => {
                 tracing::info!(
@@ -543,17 +795,132 @@ impl Fleet {
         Ok(())
     }
 
-    /// Whether `command` is new (not applied before); remembers it.
-    fn take_command(&self, command: &EstopCommand) -> bool {
-        let Some(id) = &command.id else {
-            return true;
-        };
-        let mut last = lock(&self.last_command);
-        if last.as_deref() == Some(id.as_str()) {
-            return false;
+    /// A message on this host's own record topic.
+    pub(crate) fn own_topic_message(&self, payload: &[u8]) -> OwnTopic {
+        if payload.is_empty() {
+            return OwnTopic::Replace;
         }
-        *last = Some(id.clone());
-        true
+        let topic = self.topics.host(&self.own.id);
+        let body = match self.open(&topic, payload) {
+            Ok(body) => body,
+            Err(why) => {
+                self.ignored.record(&Rejected::Unauthenticated(why));
+                return OwnTopic::Replace;
+            }
+        };
+        let Ok(r) = record::parse_record(&self.own.id, body.as_bytes()) else {
+            return OwnTopic::Replace;
+        };
+        // Our next record must be newer than any published under our id
+        // (our previous run's, if this host's clock went back since); one
+        // far in the future would be refused by the other hosts anyway.
+        let stamp = r.stamp_ms();
+        if stamp <= crate::store::now_ms().saturating_add(stop::MAX_CLOCK_SKEW_MS) {
+            let mut floor = lock(&self.stamp_floor);
+            *floor = (*floor).max(stamp);
+        }
+        if r.status != RecordStatus::Online {
+            return OwnTopic::Replace;
+        }
+        if r.instance == self.own.instance {
+            return OwnTopic::Current;
+        }
+        // Started after us: another process with this host id. (An older
+        // record is our own previous run's; ours replaces it.)
+        if r.created_at_ms > self.own.created_at_ms {
+            return OwnTopic::Impostor {
+                instance: r.instance,
+            };
+        }
+        OwnTopic::Replace
+    }
+
+    /// Judges a message on this host's stop topic: `Ok(None)` for an empty
+    /// one (a cleared retained command). `fleet_latched_since`: when this
+    /// host's stop from the fleet latched, if it holds one.
+    pub(crate) fn command_received(
+        &self,
+        payload: &[u8],
+        fleet_latched_since: Option<i64>,
+    ) -> Result<Option<JudgedCommand>, Rejected> {
+        let judged = self.judge_command(payload, fleet_latched_since);
+        match &judged {
+            Err(Rejected::Unauthenticated(_)) => {
+                IgnoredCounters::count(&self.ignored.unauthenticated_commands);
+            }
+            Err(_) => IgnoredCounters::count(&self.ignored.invalid),
+            Ok(Some(j)) => {
+                if matches!(
+                    j.verdict,
+                    Verdict::Refused(stop::Refusal::Unauthenticated)
+                        | Verdict::Stop(StopKind::Unauthenticated)
+                ) {
+                    IgnoredCounters::count(&self.ignored.unauthenticated_commands);
+                } else if matches!(
+                    j.verdict,
+                    Verdict::Refused(_) | Verdict::Stop(StopKind::Replayed)
+                ) {
+                    IgnoredCounters::count(&self.ignored.stale_commands);
+                }
+            }
+            Ok(None) => {}
+        }
+        judged
+    }
+
+    fn judge_command(
+        &self,
+        payload: &[u8],
+        fleet_latched_since: Option<i64>,
+    ) -> Result<Option<JudgedCommand>, Rejected> {
+        if payload.len() > record::MAX_COMMAND_BYTES {
+            return Err(Rejected::Oversized {
+                len: payload.len(),
+                max: record::MAX_COMMAND_BYTES,
+            });
+        }
+        if payload.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        let topic = self.topics.estop(&self.own.environment_id);
+        let (command, authentic) = match self.open(&topic, payload) {
+            Ok(body) => match record::parse_command(body.as_bytes())? {
+                Some(command) => (command, true),
+                None => return Ok(None),
+            },
+            Err(why) => match record::parse_command(&seal::content(payload)) {
+                // Read only to see whether it asks to stop.
+                Ok(Some(command)) => (command, false),
+                Ok(None) | Err(_) => return Err(Rejected::Unauthenticated(why)),
+            },
+        };
+        let verdict = lock(&self.gate).decide(
+            &command,
+            authentic,
+            crate::store::now_ms(),
+            fleet_latched_since,
+        );
+        Ok(Some(JudgedCommand { command, verdict }))
+    }
+}
+
+/// The reason a fleet stop latches with on this host (its audit row):
+/// who sent it only when the command is authentic.
+pub(crate) fn stop_reason(environment_id: &str, command: &EstopCommand, kind: StopKind) -> String {
+    let by = command.by.as_deref().unwrap_or("an unnamed fleet member");
+    let (from, reason) = match kind {
+        StopKind::Authentic => (format!("host {by}"), command.reason.as_str()),
+        StopKind::Replayed => (
+            format!("a replayed or late command first issued by host {by}"),
+            command.reason.as_str(),
+        ),
+        // Nothing in it is trusted: not who it claims to be, not its reason.
+        StopKind::Unauthenticated => ("an unauthenticated MQTT publisher".to_string(), ""),
+    };
+    if reason.is_empty() {
+        format!("fleet stop of environment {environment_id} from {from}")
+    } else {
+        format!("fleet stop of environment {environment_id} from {from}: {reason}")
     }
 }
 
@@ -568,12 +935,28 @@ mod tests {
     use super::*;
     use crate::config::ConfigSource;
 
+    const TOKEN: &str = "unit-fleet-token";
+
+    /// A token file for the tests (kept for the whole test run).
+    fn token_file() -> &'static std::path::Path {
+        static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+        let dir = DIR.get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("fleet-token"), format!("{TOKEN}\n")).unwrap();
+            dir
+        });
+        Box::leak(dir.path().join("fleet-token").into_boxed_path())
+    }
+
     fn fleet(extra: &str) -> Fleet {
-        let config = Config::parse(
-            &format!("[host]\nid = \"a\"\nenvironment_id = \"lab\"\n{extra}"),
-            ConfigSource::BuiltIn,
-        )
-        .unwrap();
+        let mut text = format!("[host]\nid = \"a\"\nenvironment_id = \"lab\"\n{extra}");
+        if extra.contains("[fleet]") {
+            text.push_str(&format!(
+                "token_file = {:?}\n",
+                token_file().display().to_string()
+            ));
+        }
+        let config = Config::parse(&text, ConfigSource::BuiltIn).unwrap();
         Fleet::new(
             &config,
             "127.0.0.1:7000".parse().unwrap(),
@@ -584,13 +967,29 @@ mod tests {
 
     const FLEET: &str = "[fleet]\nurl = \"mqtt://127.0.0.1:1\"\nheartbeat_secs = 2\n";
 
-    fn put(f: &Fleet, id: &str, status: RecordStatus, endpoint: Option<&str>) {
+    fn key() -> MessageKey {
+        MessageKey::from_token(TOKEN)
+    }
+
+    fn record_of(f: &Fleet, id: &str, status: RecordStatus, endpoint: Option<&str>) -> HostRecord {
         let mut r = f.own_record(status);
         r.id = id.into();
         r.endpoint = endpoint.map(str::to_string);
         r.instance = None;
-        f.record_received(id, &serde_json::to_vec(&r).unwrap())
-            .unwrap();
+        r
+    }
+
+    fn sealed_record(r: &HostRecord) -> Vec<u8> {
+        let topic = format!("roz/v1/hosts/{}", r.id);
+        seal::seal(&key(), &topic, &serde_json::to_string(r).unwrap())
+    }
+
+    fn receive(f: &Fleet, r: &HostRecord) -> Result<(), Rejected> {
+        f.record_received(&r.id, &format!("roz/v1/hosts/{}", r.id), &sealed_record(r))
+    }
+
+    fn put(f: &Fleet, id: &str, status: RecordStatus, endpoint: Option<&str>) {
+        receive(f, &record_of(f, id, status, endpoint)).unwrap();
     }
 
     #[test]
@@ -604,9 +1003,12 @@ mod tests {
             hosts[0].record.endpoint.as_deref(),
             Some("http://127.0.0.1:7000")
         );
-        assert_eq!(f.route(""), Ok(Route::Local));
-        assert_eq!(f.route("a"), Ok(Route::Local));
-        assert!(matches!(f.route("b"), Err(RouteError::NotFound(m)) if m.contains("[fleet]")));
+        assert_eq!(f.route("", None), Ok(Route::Local));
+        assert_eq!(f.route("a", None), Ok(Route::Local));
+        assert_eq!(f.route("a", Some("b")), Ok(Route::Local));
+        assert!(
+            matches!(f.route("b", None), Err(RouteError::NotFound(m)) if m.contains("[fleet]"))
+        );
         assert!(matches!(
             f.register("x", "", BTreeMap::new()),
             Err(FleetError::NotConfigured)
@@ -615,6 +1017,10 @@ mod tests {
         assert!(matches!(f.deregister("b"), Err(FleetError::NotFound(_))));
         assert!(matches!(
             f.publish_estop("lab", true, "x"),
+            Err(FleetError::NotConfigured)
+        ));
+        assert!(matches!(
+            f.sealed_own_record(RecordStatus::Online),
             Err(FleetError::NotConfigured)
         ));
     }
@@ -632,23 +1038,157 @@ mod tests {
         put(&f, "r", RecordStatus::Registered, None);
         put(&f, "n", RecordStatus::Online, None);
         assert_eq!(
-            f.route("b"),
+            f.route("b", None),
             Ok(Route::Remote(RemoteHost {
                 id: "b".into(),
                 endpoint: "http://127.0.0.1:7001".into(),
-                token: None
+                token: Some(Secret::new(TOKEN)),
+                relayed_by: "a".into(),
             }))
         );
-        assert!(matches!(f.route("c"), Err(RouteError::Unavailable(_))));
-        assert!(matches!(f.route("r"), Err(RouteError::NotFound(_))));
-        assert!(matches!(f.route("n"), Err(RouteError::Unavailable(_))));
-        assert!(matches!(f.route("zz"), Err(RouteError::NotFound(_))));
+        assert!(matches!(
+            f.route("c", None),
+            Err(RouteError::Unavailable(_))
+        ));
+        assert!(matches!(f.route("r", None), Err(RouteError::NotFound(_))));
+        assert!(matches!(
+            f.route("n", None),
+            Err(RouteError::Unavailable(_))
+        ));
+        assert!(matches!(f.route("zz", None), Err(RouteError::NotFound(_))));
         let ids: Vec<String> = f.list(None).into_iter().map(|h| h.record.id).collect();
         assert_eq!(ids, ["a", "b", "c", "n", "r"]);
         assert_eq!(f.list(Some("elsewhere")).len(), 0);
         // a live rozd cannot be deregistered; unconnected, nothing is published
         assert!(matches!(f.deregister("b"), Err(FleetError::Live(_))));
         assert!(matches!(f.deregister("c"), Err(FleetError::Disconnected)));
+    }
+
+    #[test]
+    fn one_hop_and_never_to_itself() {
+        let f = fleet(FLEET);
+        put(&f, "b", RecordStatus::Online, Some("http://127.0.0.1:7001"));
+        // relayed here by another host: served here or refused, never relayed on
+        assert_eq!(f.route("a", Some("b")), Ok(Route::Local));
+        assert!(matches!(
+            f.route("b", Some("c")),
+            Err(RouteError::Unavailable(m)) if m.contains("one hop")
+        ));
+        assert!(matches!(
+            f.route("nowhere", Some("c")),
+            Err(RouteError::Unavailable(_))
+        ));
+        // records that point back at this host
+        for (id, endpoint) in [
+            ("s1", "http://127.0.0.1:7000"),
+            ("s2", "http://127.0.0.1:7000/"),
+            ("s3", "http://localhost:7000"),
+            ("s4", "http://[::1]:7000"),
+            ("s5", "http://0.0.0.0:7000"),
+        ] {
+            put(&f, id, RecordStatus::Online, Some(endpoint));
+            assert!(
+                matches!(f.route(id, None), Err(RouteError::Unavailable(m)) if m.contains("itself")),
+                "{endpoint}"
+            );
+        }
+        // another port on loopback is another host
+        put(&f, "o", RecordStatus::Online, Some("http://localhost:7003"));
+        assert!(matches!(f.route("o", None), Ok(Route::Remote(_))));
+    }
+
+    #[test]
+    fn an_old_record_is_not_routed_to() {
+        let f = fleet(FLEET);
+        let mut r = record_of(&f, "b", RecordStatus::Online, Some("http://127.0.0.1:7001"));
+        // three heartbeats (2 s) and the clock skew allowance ago, and more
+        r.last_heartbeat_ms =
+            Some(crate::store::now_ms() - 6_000 - stop::MAX_CLOCK_SKEW_MS - 1_000);
+        receive(&f, &r).unwrap();
+        assert!(matches!(
+            f.route("b", None),
+            Err(RouteError::Unavailable(m)) if m.contains("has not published")
+        ));
+        r.last_heartbeat_ms = Some(crate::store::now_ms());
+        receive(&f, &r).unwrap();
+        assert!(matches!(f.route("b", None), Ok(Route::Remote(_))));
+    }
+
+    #[test]
+    fn unauthenticated_records_are_ignored_and_counted() {
+        let f = fleet(FLEET);
+        let r = record_of(&f, "x", RecordStatus::Online, Some("http://127.0.0.1:9"));
+        let plain = serde_json::to_vec(&r).unwrap();
+        assert!(matches!(
+            f.record_received("x", "roz/v1/hosts/x", &plain),
+            Err(Rejected::Unauthenticated(seal::Unauthentic::NotSealed))
+        ));
+        // sealed with another key, or for another topic
+        let other = seal::seal(
+            &MessageKey::from_token("not the fleet's"),
+            "roz/v1/hosts/x",
+            &serde_json::to_string(&r).unwrap(),
+        );
+        assert!(f.record_received("x", "roz/v1/hosts/x", &other).is_err());
+        let moved = sealed_record(&r);
+        assert!(f.record_received("y", "roz/v1/hosts/y", &moved).is_err());
+        assert!(f.get("x").is_none() && f.get("y").is_none());
+        assert!(matches!(f.route("x", None), Err(RouteError::NotFound(_))));
+        assert_eq!(f.ignored().unauthenticated_records, 3);
+        // garbage is invalid or unauthenticated, never taken
+        assert!(
+            f.record_received(
+                "x",
+                "roz/v1/hosts/x",
+                &vec![b'x'; record::MAX_RECORD_BYTES + 1]
+            )
+            .is_err()
+        );
+        assert_eq!(f.ignored().invalid, 1);
+        // an authentic record for this host itself is not kept
+        let mut own = record_of(&f, "a", RecordStatus::Online, None);
+        own.instance = Some("other".into());
+        assert!(receive(&f, &own).is_err());
+        assert_eq!(f.ignored().invalid, 2);
+    }
+
+    #[test]
+    fn records_only_move_forward() {
+        let f = fleet(FLEET);
+        let mut old = record_of(&f, "b", RecordStatus::Online, Some("http://10.0.0.1:1"));
+        old.instance = Some("i1".into());
+        old.last_heartbeat_ms = Some(crate::store::now_ms() - 1_000);
+        let mut new = old.clone();
+        new.endpoint = Some("http://10.0.0.2:1".into());
+        new.last_heartbeat_ms = Some(crate::store::now_ms());
+        receive(&f, &old).unwrap();
+        receive(&f, &new).unwrap();
+        // the old record replayed
+        assert!(matches!(receive(&f, &old), Err(Rejected::Replayed { .. })));
+        assert_eq!(
+            f.get("b").unwrap().record.endpoint.as_deref(),
+            Some("http://10.0.0.2:1")
+        );
+        // also after the record was cleared from the broker
+        f.record_received("b", "roz/v1/hosts/b", b"").unwrap();
+        assert!(f.get("b").is_none());
+        assert!(receive(&f, &old).is_err());
+        assert!(f.get("b").is_none());
+        receive(&f, &new).unwrap();
+        // its last will, written when its connection opened, is taken
+        let mut will = old.clone();
+        will.status = RecordStatus::Offline;
+        receive(&f, &will).unwrap();
+        assert_eq!(f.get("b").unwrap().presence, Presence::Offline);
+        // another process's old will is not
+        let mut stranger = will.clone();
+        stranger.instance = Some("i0".into());
+        assert!(receive(&f, &stranger).is_err());
+        // a record from the future
+        let mut ahead = new.clone();
+        ahead.last_heartbeat_ms = Some(crate::store::now_ms() + 2 * stop::MAX_CLOCK_SKEW_MS);
+        assert!(matches!(receive(&f, &ahead), Err(Rejected::Future { .. })));
+        assert_eq!(f.ignored().replayed_records, 4);
     }
 
     #[test]
@@ -669,20 +1209,176 @@ mod tests {
         assert_eq!(caps["version"], crate::VERSION);
     }
 
+    fn own_published(payload: &[u8]) -> HostRecord {
+        let body = seal::open(&key(), "roz/v1/hosts/a", payload).unwrap();
+        serde_json::from_str(&body).unwrap()
+    }
+
     #[test]
-    fn each_stop_command_is_applied_once() {
+    fn own_records_are_sealed_and_their_stamps_only_grow() {
         let f = fleet(FLEET);
-        let cmd = |id: Option<&str>| EstopCommand {
+        let first = own_published(&f.sealed_own_record(RecordStatus::Online).unwrap());
+        let second = own_published(&f.sealed_own_record(RecordStatus::Online).unwrap());
+        assert!(second.stamp_ms() > first.stamp_ms());
+        assert_eq!(
+            f.own_topic_message(&f.sealed_own_record(RecordStatus::Online).unwrap()),
+            OwnTopic::Current
+        );
+        // our previous run's record, published with a clock that was ahead:
+        // ours continue after it
+        let mut previous = first.clone();
+        previous.instance = Some("earlier".into());
+        previous.created_at_ms -= 1;
+        previous.last_heartbeat_ms = Some(crate::store::now_ms() + 60_000);
+        assert_eq!(
+            f.own_topic_message(&sealed_record(&previous)),
+            OwnTopic::Replace
+        );
+        let next = own_published(&f.sealed_own_record(RecordStatus::Online).unwrap());
+        assert!(next.stamp_ms() > previous.stamp_ms());
+        // a forgery on our topic is replaced (and counted)
+        let mut forged = first.clone();
+        forged.status = RecordStatus::Offline;
+        assert_eq!(
+            f.own_topic_message(&serde_json::to_vec(&forged).unwrap()),
+            OwnTopic::Replace
+        );
+        assert_eq!(f.ignored().unauthenticated_records, 1);
+        // another process with our id, started after us
+        let mut twin = first;
+        twin.instance = Some("twin".into());
+        twin.created_at_ms += 1;
+        assert_eq!(
+            f.own_topic_message(&sealed_record(&twin)),
+            OwnTopic::Impostor {
+                instance: Some("twin".into())
+            }
+        );
+    }
+
+    fn sealed_command(stop: bool, id: &str, at_ms: i64) -> Vec<u8> {
+        let c = EstopCommand {
+            stop,
+            reason: "drill".into(),
+            by: Some("b".into()),
+            id: Some(id.into()),
+            at_ms: Some(at_ms),
+        };
+        seal::seal(
+            &key(),
+            "roz/v1/estop/lab",
+            &serde_json::to_string(&c).unwrap(),
+        )
+    }
+
+    fn verdict(f: &Fleet, payload: &[u8]) -> Verdict {
+        f.command_received(payload, None).unwrap().unwrap().verdict
+    }
+
+    #[test]
+    fn stop_commands_anyone_may_stop_only_the_fleet_clears() {
+        let f = fleet(FLEET);
+        let now = crate::store::now_ms();
+        assert_eq!(f.command_received(b"", None), Ok(None));
+        assert_eq!(
+            verdict(&f, &sealed_command(true, "s1", now)),
+            Verdict::Stop(StopKind::Authentic)
+        );
+        assert_eq!(
+            verdict(&f, &sealed_command(true, "s1", now)),
+            Verdict::AlreadyApplied
+        );
+        // forged clears: plain JSON, a sealed one altered, another key
+        let forged = br#"{"stop":false,"id":"x","by":"b","at_ms":99999999999999}"#;
+        assert_eq!(
+            verdict(&f, forged),
+            Verdict::Refused(stop::Refusal::Unauthenticated)
+        );
+        let mut altered: serde_json::Value =
+            serde_json::from_slice(&sealed_command(false, "c0", now + 1)).unwrap();
+        altered["body"] = altered["body"]
+            .as_str()
+            .unwrap()
+            .replace("drill", "dril!")
+            .into();
+        assert_eq!(
+            verdict(&f, &serde_json::to_vec(&altered).unwrap()),
+            Verdict::Refused(stop::Refusal::Unauthenticated)
+        );
+        assert_eq!(f.ignored().unauthenticated_commands, 2);
+        // a bare stop, or a stop sealed with the wrong key, latches
+        assert_eq!(
+            verdict(&f, b"stop"),
+            Verdict::Stop(StopKind::Unauthenticated)
+        );
+        let wrong_key = seal::seal(
+            &MessageKey::from_token("old token"),
+            "roz/v1/estop/lab",
+            r#"{"stop":true,"by":"c"}"#,
+        );
+        assert_eq!(
+            verdict(&f, &wrong_key),
+            Verdict::Stop(StopKind::Unauthenticated)
+        );
+        // garbage is counted and changes nothing
+        assert!(f.command_received(b"\xff\x00", None).is_err());
+        assert_eq!(f.ignored().unauthenticated_commands, 5);
+        // a sealed stop moved from another environment's topic is not authentic
+        let elsewhere = seal::seal(
+            &key(),
+            "roz/v1/estop/other",
+            &serde_json::to_string(&EstopCommand {
+                stop: false,
+                reason: String::new(),
+                by: None,
+                id: Some("m".into()),
+                at_ms: Some(now + 10),
+            })
+            .unwrap(),
+        );
+        assert_eq!(
+            verdict(&f, &elsewhere),
+            Verdict::Refused(stop::Refusal::Unauthenticated)
+        );
+        // the fleet's own clear, issued after the stops
+        let clear_at = crate::store::now_ms() + 1;
+        assert_eq!(
+            verdict(&f, &sealed_command(false, "c1", clear_at)),
+            Verdict::Clear
+        );
+        // replayed after a newer stop: refused
+        assert_eq!(
+            verdict(&f, &sealed_command(true, "s2", clear_at + 1)),
+            Verdict::Stop(StopKind::Authentic)
+        );
+        assert!(matches!(
+            verdict(&f, &sealed_command(false, "c1", clear_at)),
+            Verdict::Refused(stop::Refusal::OlderThanApplied { .. })
+        ));
+        assert_eq!(f.ignored().stale_commands, 1);
+        let oversized = vec![b' '; record::MAX_COMMAND_BYTES + 1];
+        assert!(f.command_received(&oversized, None).is_err());
+        assert_eq!(f.ignored().invalid, 1);
+    }
+
+    #[test]
+    fn the_audit_names_only_authentic_senders() {
+        let mut c = EstopCommand {
             stop: true,
-            reason: String::new(),
-            by: None,
-            id: id.map(str::to_string),
+            reason: "smoke".into(),
+            by: Some("mallory".into()),
+            id: None,
             at_ms: None,
         };
-        assert!(f.take_command(&cmd(Some("1"))));
-        assert!(!f.take_command(&cmd(Some("1"))));
-        assert!(f.take_command(&cmd(Some("2"))));
-        assert!(f.take_command(&cmd(None)));
-        assert!(f.take_command(&cmd(None)));
+        assert_eq!(
+            stop_reason("lab", &c, StopKind::Unauthenticated),
+            "fleet stop of environment lab from an unauthenticated MQTT publisher"
+        );
+        c.by = Some("b".into());
+        assert_eq!(
+            stop_reason("lab", &c, StopKind::Authentic),
+            "fleet stop of environment lab from host b: smoke"
+        );
+        assert!(stop_reason("lab", &c, StopKind::Replayed).contains("replayed"));
     }
 }

@@ -17,6 +17,8 @@
 //!   anew before every connection, so it carries the current stop state.
 //! - A message on our own topic that is not our current record (an old
 //!   last will, a forged `offline`) is answered by publishing ours again.
+//! - Everything published is sealed ([`super::seal`]); what arrives is
+//!   judged by [`Fleet`] (authenticity, freshness) before it is used.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,9 +29,10 @@ use rumqttc::v5::mqttbytes::v5::{Filter, LastWill, Packet, Publish};
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop};
 use tokio::time::Instant;
 
-use super::record::{RecordStatus, Rejected, parse_command, parse_record};
+use super::record::{RecordStatus, Rejected};
+use super::stop::{StopKind, Verdict};
 use super::view::LogLimiter;
-use super::{FLEET_SOURCE, Fleet, FleetError, lock};
+use super::{FLEET_SOURCE, Fleet, FleetError, JudgedCommand, OwnTopic, lock, stop_reason};
 use crate::HostContext;
 
 /// Requests queued for the event loop (records, commands, subscriptions).
@@ -84,11 +87,10 @@ pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
 }
 
 fn set_will(eventloop: &mut EventLoop, fleet: &Fleet) {
-    let record = fleet.own_record(RecordStatus::Offline);
-    match serde_json::to_vec(&record) {
+    match fleet.sealed_own_record(RecordStatus::Offline) {
         Ok(payload) => {
             eventloop.options.set_last_will(LastWill::new(
-                fleet.topics.host(&record.id),
+                fleet.topics.host(fleet.own_id()),
                 payload,
                 QoS::AtLeastOnce,
                 true,
@@ -216,8 +218,7 @@ impl Presence {
         if !self.fleet().is_connected() {
             return;
         }
-        let record = self.fleet().own_record(RecordStatus::Online);
-        match serde_json::to_vec(&record) {
+        match self.fleet().sealed_own_record(RecordStatus::Online) {
             Ok(payload) => {
                 // A publish the broker cannot take would fail the connection
                 // on every reconnection (QoS 1 is retried): refuse it here.
@@ -252,7 +253,8 @@ impl Presence {
             self.command(&p.payload);
         } else if let Some(id) = self.fleet().topics.host_of(topic) {
             let id = id.to_string();
-            if let Err(why) = self.fleet().record_received(&id, &p.payload) {
+            if let Err(why) = self.fleet().record_received(&id, topic, &p.payload) {
+                self.count_link(&why);
                 self.reject(topic, &why);
             }
         } else {
@@ -263,84 +265,113 @@ impl Presence {
     /// Our own topic: anything but our current record (an old last will, a
     /// record someone forged) is replaced by ours.
     fn own_record_seen(&mut self, payload: &[u8]) {
-        let own = self.fleet().own_id().to_string();
-        let (instance, created_at_ms) = {
-            let ours = &self.fleet().own;
-            (ours.instance.clone(), ours.created_at_ms)
-        };
-        match parse_record(&own, payload) {
-            Ok(r) if r.status == RecordStatus::Online && r.instance == instance => {}
-            // Started after us: another process with this host id. (An
-            // older record is our own previous run's; ours replaces it.)
-            Ok(r) if r.status == RecordStatus::Online && r.created_at_ms > created_at_ms => {
+        match self.fleet().own_topic_message(payload) {
+            OwnTopic::Current => {}
+            OwnTopic::Impostor { instance } => {
                 if let Some(more) = self.impostor_log.allow(Instant::now()) {
                     tracing::error!(
-                        host_id = %own,
-                        other_instance = r.instance.as_deref().unwrap_or("?"),
+                        host_id = %self.fleet().own_id(),
+                        other_instance = instance.as_deref().unwrap_or("?"),
                         "fleet: another rozd publishes records as this host (two hosts with one host.id?); \
                          ours is published every heartbeat ({more} more such records not logged)"
                     );
                 }
             }
-            _ => {
-                tracing::debug!(host_id = %own, "fleet: our topic holds another record (an old last will, our previous run's, or a forgery); publishing ours again");
+            OwnTopic::Replace => {
+                tracing::debug!(host_id = %self.fleet().own_id(), "fleet: our topic holds another record (an old last will, our previous run's, or a forgery); publishing ours again");
                 self.publish_own();
             }
         }
     }
 
     fn command(&mut self, payload: &[u8]) {
-        let command = match parse_command(payload) {
-            Ok(Some(c)) => c,
-            Ok(None) => return,
-            Err(why) => {
+        let latch = self.ctx.ooda.protective_stop();
+        let fleet_latched_since = latch
+            .state()
+            .causes
+            .iter()
+            .find(|cause| cause.source == FLEET_SOURCE)
+            .map(|cause| cause.since_unix_ms);
+        let JudgedCommand { command, verdict } =
+            match self.fleet().command_received(payload, fleet_latched_since) {
+                Ok(Some(judged)) => judged,
+                Ok(None) => return,
+                Err(why) => {
+                    self.count_link(&why);
+                    let topic = self.estop_topic.clone();
+                    self.reject(&topic, &why);
+                    return;
+                }
+            };
+        let env = self.fleet().environment_id().to_string();
+        let kind = match verdict {
+            Verdict::AlreadyApplied => return,
+            Verdict::Refused(why) => {
                 let topic = self.estop_topic.clone();
-                self.reject(&topic, &why);
+                self.reject(&topic, &format!("not applied: {why}"));
+                return;
+            }
+            Verdict::Stop(kind) => kind,
+            Verdict::Clear => {
+                // Authentic and fresh: its `by` is a fleet member's host id.
+                // Only the fleet's cause goes: a stop from any other source stays.
+                let by = command.by.as_deref().unwrap_or("an unnamed fleet member");
+                if let Err(refused) =
+                    latch.clear_source(FLEET_SOURCE, &format!("fleet: stop withdrawn by host {by}"))
+                {
+                    tracing::warn!(
+                        "fleet: the fleet stop was withdrawn, but this host's stop stays: {refused}"
+                    );
+                }
+                let still = latch.state();
+                if still.is_active() {
+                    tracing::warn!(
+                        causes = %still.describe(),
+                        "fleet: the fleet stop was withdrawn; this host's other stop causes stay \
+                         latched until they are cleared here"
+                    );
+                }
                 return;
             }
         };
-        if !self.fleet().take_command(&command) {
-            return;
-        }
-        let env = self.fleet().environment_id().to_string();
-        let by = command.by.as_deref().unwrap_or("an MQTT client");
-        let reason = if command.reason.is_empty() {
-            format!("fleet stop of environment {env} from {by}")
-        } else {
-            format!(
-                "fleet stop of environment {env} from {by}: {}",
-                command.reason
-            )
-        };
-        if command.stop {
-            // Beside the loop: driving actuators safe may take their deadline,
-            // and the broker connection must keep being served meanwhile.
-            let ooda = self.ctx.ooda.clone();
-            tokio::spawn(async move { ooda.trigger_stop(FLEET_SOURCE, &reason).await });
-            return;
-        }
-        // Only the fleet's cause: a stop from any other source stays.
-        let latch = self.ctx.ooda.protective_stop();
-        match latch.clear_source(FLEET_SOURCE, &format!("fleet: stop withdrawn by {by}")) {
-            Ok(_) => {}
-            Err(refused) => tracing::warn!(
-                "fleet: the fleet stop was withdrawn, but this host's stop stays: {refused}"
-            ),
-        }
-        let still = latch.state();
-        if still.is_active() {
+        if kind != StopKind::Authentic
+            && let Some(more) = self.rejects.allow(Instant::now())
+        {
+            let what = if kind == StopKind::Replayed {
+                "not fresh (a replay or a late delivery)"
+            } else {
+                "not authenticated"
+            };
             tracing::warn!(
-                causes = %still.describe(),
-                "fleet: the fleet stop was withdrawn; this host's other stop causes stay latched until cleared here"
+                topic = %self.estop_topic,
+                "fleet: a stop command that is {what} latches this host's stop anyway (anyone may \
+                 stop; nothing else of it is trusted) ({more} more ignored since the last report)"
             );
         }
+        let reason = stop_reason(&env, &command, kind);
+        // Only an authentic command's `by` names who asked (a fleet host).
+        let by = (kind == StopKind::Authentic)
+            .then(|| command.by.clone())
+            .flatten()
+            .map(|host| format!("host {host}"));
+        // Beside the loop: driving actuators safe may take their deadline,
+        // and the broker connection must keep being served meanwhile.
+        let ooda = self.ctx.ooda.clone();
+        tokio::spawn(async move {
+            ooda.trigger_stop_by(FLEET_SOURCE, &reason, by.as_deref())
+                .await
+        });
     }
 
-    fn reject(&mut self, topic: &str, why: &Rejected) {
+    /// The link's counters: oversized messages apart from the others.
+    fn count_link(&self, why: &Rejected) {
         match why {
             Rejected::Oversized { .. } => self.fleet().link.oversized(),
             _ => self.fleet().link.rejected(),
         }
+    }
+
+    fn reject(&mut self, topic: &str, why: &dyn std::fmt::Display) {
         if let Some(more) = self.rejects.allow(Instant::now()) {
             tracing::warn!(
                 %topic,
@@ -358,7 +389,7 @@ impl Presence {
             tracing::debug!("fleet: not connected at shutdown; the last will marks us offline");
             return;
         }
-        let offline = serde_json::to_vec(&fleet.own_record(RecordStatus::Offline));
+        let offline = fleet.sealed_own_record(RecordStatus::Offline);
         let published = match offline {
             Ok(payload) => self
                 .client

@@ -1,7 +1,9 @@
 //! What the fleet puts on the broker: the host record (JSON, retained on
 //! `<prefix>/hosts/<host_id>`) and the fleet stop command (JSON, retained on
-//! `<prefix>/estop/<environment_id>`). Parsing is strict about sizes and
-//! shapes, lenient about unknown fields (a newer rozd may add some).
+//! `<prefix>/estop/<environment_id>`), each sealed with the fleet key (see
+//! [`super::seal`]; this module reads and writes the bodies). Parsing is
+//! strict about sizes and shapes, lenient about unknown fields (a newer
+//! rozd may add some).
 
 use std::collections::BTreeMap;
 
@@ -9,10 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{check_endpoint, topic_level_ok};
 
-/// Largest host record accepted; larger ones are ignored.
+/// Largest host record accepted (as published: sealed); larger ones are ignored.
 pub const MAX_RECORD_BYTES: usize = 64 * 1024;
-/// Largest stop command accepted.
-pub const MAX_COMMAND_BYTES: usize = 4 * 1024;
+/// Largest stop command accepted (as published: sealed).
+pub const MAX_COMMAND_BYTES: usize = 8 * 1024;
 /// Bounds of a record's capabilities.
 pub const MAX_CAPABILITIES: usize = 256;
 pub const MAX_CAPABILITY_KEY: usize = 128;
@@ -80,6 +82,15 @@ fn version_one() -> u32 {
     1
 }
 
+impl HostRecord {
+    /// When its publisher wrote it: its heartbeat time, or its creation
+    /// time for a record without heartbeats (a registered host). A host's
+    /// records only move forward in this (see `view`).
+    pub fn stamp_ms(&self) -> i64 {
+        self.last_heartbeat_ms.unwrap_or(self.created_at_ms)
+    }
+}
+
 /// Why a message was not taken into the view.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejected {
@@ -93,6 +104,18 @@ pub enum Rejected {
     Invalid { field: &'static str, why: String },
     #[error("the view already holds {0} hosts; new ones are ignored")]
     Full(usize),
+    #[error("not authenticated: {0}")]
+    Unauthenticated(#[from] super::seal::Unauthentic),
+    #[error(
+        "written at {stamp_ms}, before the newest record already taken from that host \
+         ({newest_ms}): a replay (or that host's clock went back)"
+    )]
+    Replayed { stamp_ms: i64, newest_ms: i64 },
+    #[error(
+        "written at {stamp_ms}, more than {} s ahead of this host's clock ({now_ms})",
+        super::stop::MAX_CLOCK_SKEW_MS / 1000
+    )]
+    Future { stamp_ms: i64, now_ms: i64 },
 }
 
 fn invalid(field: &'static str, why: impl Into<String>) -> Rejected {

@@ -10,13 +10,25 @@
 //! - `stale`: a rozd whose record says `online` but which has not refreshed
 //!   it for three of its heartbeat intervals;
 //! - `online`: otherwise.
+//!
+//! Records only move forward: the view remembers, per host id, the newest
+//! record it took (by [`HostRecord::stamp_ms`], also after the host left
+//! the view) and refuses an older one — a replay of an authentic old record
+//! cannot bring back an old endpoint or status. The one exception is a
+//! host's last will: it is written when its connection opens, before the
+//! heartbeats of that connection, so an `offline` record of the process
+//! (`instance`) the view holds is taken although it is older. Records
+//! written more than [`MAX_CLOCK_SKEW_MS`] ahead of this host's clock are
+//! refused too, so that one host's wrong clock cannot hold its own later
+//! records back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::record::{HostRecord, RecordStatus, Rejected, parse_record};
+use super::stop::MAX_CLOCK_SKEW_MS;
 
 /// How many missed heartbeats make a host stale.
 pub const STALE_AFTER_HEARTBEATS: u32 = 3;
@@ -72,12 +84,22 @@ pub enum Applied {
     Nothing,
 }
 
+/// The newest record taken from a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Newest {
+    stamp_ms: i64,
+    instance: Option<String>,
+}
+
 #[derive(Debug, Clone)]
 pub struct FleetView {
     own_id: String,
     /// Used for records that do not state their interval.
     default_heartbeat: Duration,
     entries: BTreeMap<String, Entry>,
+    /// Per host id, kept when the host leaves the view (bounded: see
+    /// [`FleetView::remember`]).
+    newest: HashMap<String, Newest>,
 }
 
 impl FleetView {
@@ -86,17 +108,20 @@ impl FleetView {
             own_id: own_id.to_string(),
             default_heartbeat,
             entries: BTreeMap::new(),
+            newest: HashMap::new(),
         }
     }
 
-    /// Takes in a message from the topic of `topic_id`. Records of this host
-    /// itself are not kept (it knows itself better); invalid ones change
-    /// nothing.
+    /// Takes in an authentic message (the opened body) from the topic of
+    /// `topic_id`, at `now` (`now_ms` on the wall clock). Records of this
+    /// host itself are not kept (it knows itself better); invalid or
+    /// replayed ones change nothing.
     pub fn apply(
         &mut self,
         topic_id: &str,
         payload: &[u8],
         now: Instant,
+        now_ms: i64,
     ) -> Result<Applied, Rejected> {
         if payload.is_empty() {
             return Ok(match self.entries.remove(topic_id) {
@@ -113,7 +138,57 @@ impl FleetView {
                 why: "a record for this host itself".into(),
             });
         }
+        self.check_fresh(&record, now_ms)?;
         self.insert(record, now)
+    }
+
+    /// Whether `record` may replace what the view knows of its host.
+    fn check_fresh(&self, record: &HostRecord, now_ms: i64) -> Result<(), Rejected> {
+        let stamp_ms = record.stamp_ms();
+        if stamp_ms > now_ms.saturating_add(MAX_CLOCK_SKEW_MS) {
+            return Err(Rejected::Future { stamp_ms, now_ms });
+        }
+        match self.newest.get(&record.id) {
+            Some(newest) if stamp_ms < newest.stamp_ms => {
+                let own_last_will = record.status == RecordStatus::Offline
+                    && record.instance.is_some()
+                    && record.instance == newest.instance;
+                if own_last_will {
+                    Ok(())
+                } else {
+                    Err(Rejected::Replayed {
+                        stamp_ms,
+                        newest_ms: newest.stamp_ms,
+                    })
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Remembers `record` as its host's newest if it is. The memory holds
+    /// at most twice [`MAX_HOSTS`] ids: beyond, ids that left the view are
+    /// forgotten first.
+    fn remember(&mut self, record: &HostRecord) {
+        let stamp_ms = record.stamp_ms();
+        if let Some(newest) = self.newest.get_mut(&record.id) {
+            if stamp_ms >= newest.stamp_ms {
+                newest.stamp_ms = stamp_ms;
+                newest.instance.clone_from(&record.instance);
+            }
+            return;
+        }
+        if self.newest.len() >= MAX_HOSTS.saturating_mul(2) {
+            let entries = &self.entries;
+            self.newest.retain(|id, _| entries.contains_key(id));
+        }
+        self.newest.insert(
+            record.id.clone(),
+            Newest {
+                stamp_ms,
+                instance: record.instance.clone(),
+            },
+        );
     }
 
     /// Stores a record that is already checked (e.g. one this host published).
@@ -122,6 +197,7 @@ impl FleetView {
         if before.is_none() && self.entries.len() >= MAX_HOSTS {
             return Err(Rejected::Full(self.entries.len()));
         }
+        self.remember(&record);
         let id = record.id.clone();
         let entry = Entry {
             record,
@@ -240,6 +316,17 @@ mod tests {
     use crate::fleet::record::RECORD_VERSION;
 
     const SEC: Duration = Duration::from_secs(1);
+    /// The wall clock of the tests that are not about it.
+    const NOW_MS: i64 = 1_800_000_000_000;
+
+    fn apply(
+        v: &mut FleetView,
+        id: &str,
+        payload: &[u8],
+        now: Instant,
+    ) -> Result<Applied, Rejected> {
+        v.apply(id, payload, now, NOW_MS)
+    }
 
     fn record(id: &str, status: RecordStatus, heartbeat_secs: Option<u64>) -> Vec<u8> {
         serde_json::to_vec(&HostRecord {
@@ -263,9 +350,7 @@ mod tests {
     fn online_goes_stale_after_three_missed_heartbeats_and_a_refresh_revives_it() {
         let t0 = Instant::now();
         let mut v = FleetView::new("a", 10 * SEC);
-        let applied = v
-            .apply("b", &record("b", RecordStatus::Online, Some(2)), t0)
-            .unwrap();
+        let applied = apply(&mut v, "b", &record("b", RecordStatus::Online, Some(2)), t0).unwrap();
         assert_eq!(
             applied,
             Applied::Stored {
@@ -282,13 +367,13 @@ mod tests {
         );
         assert_eq!(v.presence("b", t0 + 6 * SEC), Some(Presence::Stale));
         assert_eq!(v.presence("b", t0 + 3600 * SEC), Some(Presence::Stale));
-        let applied = v
-            .apply(
-                "b",
-                &record("b", RecordStatus::Online, Some(2)),
-                t0 + 7 * SEC,
-            )
-            .unwrap();
+        let applied = apply(
+            &mut v,
+            "b",
+            &record("b", RecordStatus::Online, Some(2)),
+            t0 + 7 * SEC,
+        )
+        .unwrap();
         assert_eq!(
             applied,
             Applied::Stored {
@@ -298,8 +383,7 @@ mod tests {
             }
         );
         // without an interval in the record, ours
-        v.apply("c", &record("c", RecordStatus::Online, None), t0)
-            .unwrap();
+        apply(&mut v, "c", &record("c", RecordStatus::Online, None), t0).unwrap();
         assert_eq!(v.presence("c", t0 + 29 * SEC), Some(Presence::Online));
         assert_eq!(v.presence("c", t0 + 30 * SEC), Some(Presence::Stale));
     }
@@ -308,11 +392,14 @@ mod tests {
     fn offline_and_registered_do_not_age() {
         let t0 = Instant::now();
         let mut v = FleetView::new("a", SEC);
-        v.apply("b", &record("b", RecordStatus::Online, Some(1)), t0)
-            .unwrap();
-        let applied = v
-            .apply("b", &record("b", RecordStatus::Offline, Some(1)), t0 + SEC)
-            .unwrap();
+        apply(&mut v, "b", &record("b", RecordStatus::Online, Some(1)), t0).unwrap();
+        let applied = apply(
+            &mut v,
+            "b",
+            &record("b", RecordStatus::Offline, Some(1)),
+            t0 + SEC,
+        )
+        .unwrap();
         assert!(matches!(
             applied,
             Applied::Stored {
@@ -321,8 +408,13 @@ mod tests {
                 ..
             }
         ));
-        v.apply("r", &record("r", RecordStatus::Registered, None), t0)
-            .unwrap();
+        apply(
+            &mut v,
+            "r",
+            &record("r", RecordStatus::Registered, None),
+            t0,
+        )
+        .unwrap();
         let later = t0 + 86_400 * SEC;
         assert_eq!(v.presence("b", later), Some(Presence::Offline));
         assert_eq!(v.presence("r", later), Some(Presence::Registered));
@@ -334,13 +426,18 @@ mod tests {
     fn an_empty_payload_removes_the_host() {
         let t0 = Instant::now();
         let mut v = FleetView::new("a", SEC);
-        v.apply("r", &record("r", RecordStatus::Registered, None), t0)
-            .unwrap();
+        apply(
+            &mut v,
+            "r",
+            &record("r", RecordStatus::Registered, None),
+            t0,
+        )
+        .unwrap();
         assert_eq!(
-            v.apply("r", b"", t0),
+            apply(&mut v, "r", b"", t0),
             Ok(Applied::Removed { id: "r".into() })
         );
-        assert_eq!(v.apply("r", b"", t0), Ok(Applied::Nothing));
+        assert_eq!(apply(&mut v, "r", b"", t0), Ok(Applied::Nothing));
         assert!(v.is_empty());
     }
 
@@ -348,27 +445,28 @@ mod tests {
     fn bad_records_change_nothing() {
         let t0 = Instant::now();
         let mut v = FleetView::new("a", SEC);
-        v.apply("b", &record("b", RecordStatus::Online, Some(5)), t0)
-            .unwrap();
+        apply(&mut v, "b", &record("b", RecordStatus::Online, Some(5)), t0).unwrap();
         let before = v.get("b").cloned();
         // malformed, oversized, forged for another topic, our own id
-        assert!(v.apply("b", b"{\"id\":", t0 + SEC).is_err());
+        assert!(apply(&mut v, "b", b"{\"id\":", t0 + SEC).is_err());
         let mut huge = b"{\"id\":\"b\",\"name\":\"".to_vec();
         huge.extend(std::iter::repeat_n(b'x', 100_000));
         huge.extend(b"\"}");
         assert!(matches!(
-            v.apply("b", &huge, t0 + SEC),
+            apply(&mut v, "b", &huge, t0 + SEC),
             Err(Rejected::Oversized { .. })
         ));
         assert!(matches!(
-            v.apply("b", &record("c", RecordStatus::Offline, None), t0 + SEC),
+            apply(
+                &mut v,
+                "b",
+                &record("c", RecordStatus::Offline, None),
+                t0 + SEC
+            ),
             Err(Rejected::WrongTopic { .. })
         ));
-        assert!(
-            v.apply("a", &record("a", RecordStatus::Online, None), t0)
-                .is_err()
-        );
-        assert!(v.apply("evil", b"\x00\xff", t0).is_err());
+        assert!(apply(&mut v, "a", &record("a", RecordStatus::Online, None), t0).is_err());
+        assert!(apply(&mut v, "evil", b"\x00\xff", t0).is_err());
         assert_eq!(v.get("b").cloned(), before);
         assert_eq!(v.len(), 1);
         assert_eq!(v.presence("b", t0 + 2 * SEC), Some(Presence::Online));
@@ -379,13 +477,13 @@ mod tests {
         let t0 = Instant::now();
         let mut v = FleetView::new("a", SEC);
         for id in ["b", "c", "r"] {
-            v.apply(id, &record(id, RecordStatus::Registered, None), t0)
-                .unwrap();
+            apply(&mut v, id, &record(id, RecordStatus::Registered, None), t0).unwrap();
         }
         let reconnected = t0 + 10 * SEC;
         // the broker resends b and c after the new subscription, not r
         for id in ["b", "c"] {
-            v.apply(
+            apply(
+                &mut v,
                 id,
                 &record(id, RecordStatus::Registered, None),
                 reconnected + SEC,

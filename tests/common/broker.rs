@@ -156,3 +156,37 @@ pub async fn publish(port: u16, topic: &str, payload: impl AsRef<[u8]>, retain: 
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The retained message on `topic`, as any other client would read it
+/// (`mosquitto_sub --retained-only`), byte for byte.
+pub async fn retained(port: u16, topic: &str) -> Vec<u8> {
+    let out = tokio::time::timeout(
+        WITHIN,
+        Command::new("mosquitto_sub")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-t",
+                topic,
+                "-C",
+                "1",
+                "-N",
+                "--retained-only",
+                "-W",
+                "10",
+            ])
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("mosquitto_sub hung")
+    .expect("run mosquitto_sub (apt-get install mosquitto-clients)");
+    assert!(
+        out.status.success() && !out.stdout.is_empty(),
+        "no retained message on {topic}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
