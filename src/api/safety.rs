@@ -9,15 +9,19 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use tonic::{Request, Status};
 
+use super::ControlSocket;
 use super::proto::{self, safety_service_server::SafetyService};
 use super::rest::json_error;
 use crate::HostContext;
 use crate::safety::status::{SafetyStatus, status};
+
+/// The stop's source, and the clearer, for requests on the local control socket.
+pub const CONTROL_SOCKET_SOURCE: &str = "control-socket";
 
 /// Longest reason kept (longer ones are cut, never refused: a stop must not
 /// fail over its wording).
@@ -155,8 +159,12 @@ fn bad_body(why: &str) -> Response {
     .into_response()
 }
 
-/// `cli` for the `rozd` command line, else `rest`.
-pub(super) fn rest_source(headers: &HeaderMap) -> &'static str {
+/// Who asked: `control-socket` for the local control socket, `cli` for the
+/// `rozd` command line over TCP, else `rest`.
+pub(super) fn rest_source(headers: &HeaderMap, control: Option<&ControlSocket>) -> &'static str {
+    if control.is_some() {
+        return CONTROL_SOCKET_SOURCE;
+    }
     let cli = headers
         .get(http::header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
@@ -179,18 +187,23 @@ async fn get_status(State(ctx): State<Arc<HostContext>>) -> Json<SafetyStatus> {
 
 /// `POST /v1/estop`: latches the stop; answers once every actuator was
 /// driven to its safe value.
-async fn trigger(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn trigger(
+    State(ctx): State<Arc<HostContext>>,
+    control: Option<Extension<ControlSocket>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let request: StopRequest = match parse_body(&body) {
         Ok(r) => r,
         Err(why) => return bad_body(&why),
     };
-    let source = rest_source(&headers);
+    let source = rest_source(&headers, control.as_deref());
     let reason = clean_reason(
         request.reason.as_deref(),
-        if source == "cli" {
-            "rozd estop"
-        } else {
+        if source == "rest" {
             "POST /v1/estop"
+        } else {
+            "rozd estop"
         },
     );
     let was_active = ctx.ooda.protective_stop().active().is_some();
@@ -200,12 +213,17 @@ async fn trigger(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: 
 
 /// `POST /v1/estop/clear`: clears the latch (moves nothing); `409` while a
 /// stop input still asserts the stop.
-async fn clear(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn clear(
+    State(ctx): State<Arc<HostContext>>,
+    control: Option<Extension<ControlSocket>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let request: StopRequest = match parse_body(&body) {
         Ok(r) => r,
         Err(why) => return bad_body(&why),
     };
-    let source = rest_source(&headers);
+    let source = rest_source(&headers, control.as_deref());
     let reason = clean_reason(request.reason.as_deref(), "operator");
     match ctx
         .ooda
