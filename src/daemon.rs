@@ -449,21 +449,21 @@ async fn accept_loop<A: Acceptor>(
                     unreported += 1;
                     let now = tokio::time::Instant::now();
                     if last_warning.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10)) {
-                        let limit = tracked::lock(&shared.pressure).len();
+                        let tcp_connections = tracked::lock(&shared.pressure).len();
                         tracing::warn!(
                             listener = A::WHAT,
                             error = %e,
                             times = unreported,
-                            tcp_connections = limit,
+                            tcp_connections,
                             "accept failed: out of file descriptors; shedding TCP connections \
-                             (the TCP table now holds at most what it holds now; raise LimitNOFILE)"
+                             (from now on the TCP table holds fewer than it held; raise LimitNOFILE)"
                         );
                         last_warning = Some(now);
                         unreported = 0;
                     }
-                    let victim = tracked::lock(&shared.pressure).shed();
-                    if let Some(victim) = victim {
-                        victim.cancel();
+                    let shed = tracked::lock(&shared.pressure).shed();
+                    for connection in shed {
+                        connection.cancel();
                     }
                     if !shared.reserve.release() {
                         // Nothing in reserve: wait for a descriptor to come

@@ -19,6 +19,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// Descriptors given back to the rest of the process when accept runs out
+/// of them (see [`ConnectionTable::shed`]).
+pub const SHED_HEADROOM: usize = 8;
+
 /// Identifies a connection in its table; ids increase in opening order.
 pub type ConnectionId = u64;
 
@@ -115,12 +119,23 @@ impl<T> ConnectionTable<T> {
     }
 
     /// The process ran out of file descriptors: lowers the limit to what is
-    /// open now less one, and removes and returns that one victim. `None`
-    /// when the table is empty (the descriptors are used elsewhere).
-    pub fn shed(&mut self) -> Option<T> {
-        let victim = self.evict()?;
-        self.limit = self.entries.len().max(1);
-        Some(victim)
+    /// open now less [`SHED_HEADROOM`] (so that the rest of the process —
+    /// the store, the watchdog notification, the control socket — finds
+    /// descriptors again), and removes and returns the connections above it.
+    /// Empty when the table is (the descriptors are used elsewhere).
+    pub fn shed(&mut self) -> Vec<T> {
+        self.limit = self.entries.len().saturating_sub(SHED_HEADROOM).max(1);
+        let mut shed = Vec::new();
+        while self.entries.len() > self.limit {
+            match self.evict() {
+                Some(closer) => shed.push(closer),
+                None => break,
+            }
+        }
+        if shed.is_empty() {
+            shed.extend(self.evict());
+        }
+        shed
     }
 
     /// Removes and returns every connection idle for at least `timeout`.
@@ -246,19 +261,25 @@ mod tests {
     }
 
     #[test]
-    fn running_out_of_descriptors_lowers_the_limit() {
+    fn running_out_of_descriptors_lowers_the_limit_with_headroom() {
         let t0 = Instant::now();
         let mut table = ConnectionTable::new(100);
-        for i in 0..10 {
+        for i in 0..20 {
             table.open(i, t0);
         }
-        assert_eq!(table.shed(), Some(0));
-        assert_eq!(table.limit(), 9);
+        assert_eq!(table.shed(), (0..SHED_HEADROOM).collect::<Vec<_>>());
+        assert_eq!(table.limit(), 20 - SHED_HEADROOM);
+        assert_eq!(table.len(), 20 - SHED_HEADROOM);
         // Now a newcomer evicts instead of growing the table.
-        assert_eq!(table.open(10, t0).1, [1]);
-        assert_eq!(table.len(), 9);
+        assert_eq!(table.open(20, t0).1, [SHED_HEADROOM]);
+        assert_eq!(table.len(), 20 - SHED_HEADROOM);
+        // Small tables shed down to one, then that one.
+        let mut small = ConnectionTable::new(5);
+        small.open(0u8, t0);
+        small.open(1, t0);
+        assert_eq!(small.shed(), [0]);
+        assert_eq!(small.shed(), [1]);
         let mut empty: ConnectionTable<u8> = ConnectionTable::new(5);
-        assert_eq!(empty.shed(), None);
-        assert_eq!(empty.limit(), 5);
+        assert!(empty.shed().is_empty());
     }
 }
