@@ -98,9 +98,7 @@ impl Daemon {
         // Before anything can start a task: no task resumes by itself.
         crate::team::recover(&store).await?;
         let addr = config.server.listen;
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| DaemonError::Bind { addr, source })?;
+        let listener = bind_tcp(addr).map_err(|source| DaemonError::Bind { addr, source })?;
         let local = listener
             .local_addr()
             .map_err(|source| DaemonError::Bind { addr, source })?;
@@ -266,6 +264,22 @@ impl Daemon {
         ctx.fleet.join().await;
         tracing::info!("shutdown complete");
     }
+}
+
+/// Connections the kernel queues for accept (it caps this at
+/// `net.core.somaxconn`); more than std's 128, so that a burst does not make
+/// newcomers wait for SYN retries while the loop sheds.
+const LISTEN_BACKLOG: u32 = 1024;
+
+fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// How connections are served: HTTP/1 and HTTP/2 with their timeouts.

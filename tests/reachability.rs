@@ -16,7 +16,6 @@ mod common;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::control::{closed_by_server, raw_http, unix_request};
 use common::{EXPECT_WITHIN, ROZD, Session, TestDaemon, rozd_cli};
@@ -392,24 +391,6 @@ impl LimitedRozd {
     fn control_socket(&self) -> std::path::PathBuf {
         self.dir.path().join("control.sock")
     }
-
-    /// Waits (bounded) until the daemon's log contains `text`.
-    async fn logged(&self, text: &str) {
-        let found = tokio::time::timeout(EXPECT_WITHIN, async {
-            loop {
-                if read(&self.log).contains(text) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
-        assert!(
-            found.is_ok(),
-            "the log never said {text:?}: {}",
-            read(&self.log)
-        );
-    }
 }
 
 fn read(path: &Path) -> String {
@@ -421,19 +402,25 @@ async fn out_of_file_descriptors_the_stop_still_latches_through_the_control_sock
     let rozd = LimitedRozd::start(128).await;
     let addr: std::net::SocketAddr = rozd.addr.parse().unwrap();
 
-    // More connections than the process has descriptors for.
+    // Connections until accept fails for want of descriptors, then more.
     let mut flood = Vec::new();
-    for i in 0..300 {
+    let connect = async |flood: &mut Vec<TcpStream>| {
         let mut stream = TcpStream::connect(addr).await.unwrap();
-        if i % 3 == 0 {
+        if flood.len() % 3 == 0 {
             stream
                 .write_all(b"GET /healthz HTTP/1.1\r\nhost: 1")
                 .await
                 .unwrap();
         }
         flood.push(stream);
+    };
+    while !read(&rozd.log).contains("Too many open files") {
+        assert!(flood.len() < 1000, "no EMFILE: {}", read(&rozd.log));
+        connect(&mut flood).await;
     }
-    rozd.logged("Too many open files").await;
+    for _ in 0..60 {
+        connect(&mut flood).await;
+    }
 
     // `rozd estop` goes through the control socket.
     let config = rozd.config.display().to_string();
