@@ -1318,6 +1318,72 @@ mod tests {
     }
 
     #[test]
+    fn server_limits_hosts_and_socket_errors_name_line_and_key() {
+        for (text, line, key) in [
+            (
+                "[server]\nmax_connections = 0\n",
+                2,
+                "server.max_connections",
+            ),
+            (
+                "[server]\nmax_connections = -5\n",
+                2,
+                "server.max_connections",
+            ),
+            (
+                "[server]\n\nheader_read_timeout_secs = 0\n",
+                3,
+                "server.header_read_timeout_secs",
+            ),
+            (
+                "[server]\nidle_timeout_secs = 86401\n",
+                2,
+                "server.idle_timeout_secs",
+            ),
+            (
+                "[server]\nallowed_hosts = [\"robot.lab\", \"http://x\"]\n",
+                2,
+                "server.allowed_hosts",
+            ),
+            (
+                "[server]\ncontrol_socket = \"rel.sock\"\n",
+                2,
+                "server.control_socket",
+            ),
+            (
+                &format!("[server]\ncontrol_socket = \"/{}\"\n", "x".repeat(200)),
+                2,
+                "server.control_socket",
+            ),
+        ] {
+            let (_, found_line, found_key) = invalid(text);
+            assert_eq!(
+                (found_line, found_key.as_str()),
+                (Some(line), key),
+                "{text}"
+            );
+        }
+        let c = parse(
+            "[server]\nmax_connections = 32\nallowed_hosts = [\"*\"]\ncontrol_socket = \"\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.server.max_connections, 32);
+        assert_eq!(c.server.control_socket_path(&c.store), None);
+        let c = parse("[server]\ncontrol_socket = \"/run/x/c.sock\"\n").unwrap();
+        assert_eq!(
+            c.server.control_socket_path(&c.store),
+            Some(PathBuf::from("/run/x/c.sock"))
+        );
+        let c = parse("[store]\npath = \"/var/tmp/r/rozd.db\"\n").unwrap();
+        if std::env::var_os("RUNTIME_DIRECTORY").is_none() {
+            assert_eq!(
+                c.server.control_socket_path(&c.store),
+                Some(PathBuf::from("/var/tmp/r/control.sock"))
+            );
+        }
+    }
+
+    #[test]
     fn token_file_is_read_and_secrets_are_not_printed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens");
