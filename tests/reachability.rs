@@ -117,7 +117,7 @@ async fn a_flood_beyond_the_connection_cap_is_shed_and_the_stop_gets_through() {
     let mut flood = Vec::new();
     for i in 0..FLOOD {
         let mut stream = TcpStream::connect(daemon.addr).await.unwrap();
-        if i % 6 == 0 {
+        if i.is_multiple_of(6) {
             stream
                 .write_all(b"GET /v1/status HTTP/1.1\r\nhost: 127.0")
                 .await
@@ -407,7 +407,7 @@ async fn out_of_file_descriptors_the_stop_still_latches_through_the_control_sock
     let mut flood = Vec::new();
     let connect = async |flood: &mut Vec<TcpStream>| {
         let mut stream = TcpStream::connect(addr).await.unwrap();
-        if flood.len() % 3 == 0 {
+        if flood.len().is_multiple_of(3) {
             stream
                 .write_all(b"GET /healthz HTTP/1.1\r\nhost: 1")
                 .await

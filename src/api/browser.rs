@@ -81,7 +81,7 @@ impl AllowedHosts {
             return true;
         }
         let host = normalize(host);
-        self.names.iter().any(|n| *n == host)
+        self.names.contains(&host)
     }
 }
 
