@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use sd_notify::NotifyState;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -32,12 +31,15 @@ use tokio_util::sync::CancellationToken;
 use crate::HostContext;
 use crate::api;
 use crate::api::connections::ConnectionTable;
-use crate::api::tracked::{self, SharedTable};
+use crate::api::tracked::{self, Closer, SharedTable};
 use crate::config::Config;
 
 /// Connections the control socket holds at once (its own table: the TCP cap
 /// does not apply to it).
 pub const CONTROL_SOCKET_MAX_CONNECTIONS: usize = 64;
+/// Bound on a graceful close of an idle connection (a client that does not
+/// close after HTTP/2's GOAWAY is then dropped).
+const IDLE_CLOSE_BOUND: Duration = Duration::from_secs(5);
 /// Descriptors kept free for everything but TCP connections (the store,
 /// drivers, the control socket, outbound calls) when warning that
 /// `server.max_connections` does not fit the open-file limit.
@@ -189,12 +191,18 @@ impl Daemon {
         let max_connections = usize::try_from(server.max_connections).unwrap_or(usize::MAX);
         warn_if_fd_limit_is_low(server.max_connections);
         let tcp_table: SharedTable = Arc::new(Mutex::new(ConnectionTable::new(max_connections)));
+        // Every connection task holds a sender; when all are gone, `alive`
+        // yields `None`: every connection has ended.
+        let (alive_tx, mut alive) = tokio::sync::mpsc::channel::<()>(1);
+        let drain = CancellationToken::new();
         let shared = Shared {
             builder,
             pressure: tcp_table.clone(),
             reserve: Arc::new(FdReserve::new()),
             closed: Arc::new(Notify::new()),
             idle_timeout: Duration::from_secs(server.idle_timeout_secs),
+            drain: drain.clone(),
+            alive: alive_tx,
         };
         let stop_accepting = CancellationToken::new();
         let control_path = control.as_ref().map(|c| c.path.clone());
@@ -211,17 +219,17 @@ impl Daemon {
         });
         let tcp_loop = accept_loop(listener, router, tcp_table, shared, stop_accepting.clone());
         tokio::pin!(shutdown, tcp_loop);
-        let tcp_graceful = tokio::select! {
-            graceful = &mut tcp_loop => graceful,
+        tokio::select! {
+            () = &mut tcp_loop => {}
             () = &mut shutdown => {
                 stop_accepting.cancel();
-                tcp_loop.await
+                tcp_loop.await;
             }
-        };
-        let control_graceful = match control_loop {
-            Some(task) => task.await.ok(),
-            None => None,
-        };
+        }
+        if let Some(task) = control_loop {
+            // The loop only returns; a panic inside it is not ours to re-raise here.
+            let _ = task.await;
+        }
         if let Some(path) = control_path {
             remove_socket_file(&path);
         }
@@ -240,11 +248,9 @@ impl Daemon {
         ctx.shutdown.cancel();
         let grace = Duration::from_secs(ctx.config.server.shutdown_grace_secs);
         let drained = async {
-            tokio::join!(tcp_graceful.shutdown(), async {
-                if let Some(graceful) = control_graceful {
-                    graceful.shutdown().await;
-                }
-            });
+            // Every connection finishes what it is serving, then closes.
+            drain.cancel();
+            let _ = alive.recv().await;
             // Sessions record their end (and release their actuators) after
             // their streams close; wait for that too.
             ctx.sessions.wait_idle().await;
@@ -393,6 +399,10 @@ struct Shared {
     /// Told whenever a connection ends (a descriptor came free).
     closed: Arc<Notify>,
     idle_timeout: Duration,
+    /// Cancelled at shutdown: every connection closes gracefully.
+    drain: CancellationToken,
+    /// Held by every connection task (see `serve`).
+    alive: tokio::sync::mpsc::Sender<()>,
 }
 
 /// One file descriptor held back for the moment the process runs out:
@@ -437,16 +447,14 @@ fn out_of_descriptors(e: &std::io::Error) -> bool {
     )
 }
 
-/// Accepts connections until `stop` is cancelled, then hands back the
-/// graceful-shutdown handle of what it accepted.
+/// Accepts connections until `stop` is cancelled.
 async fn accept_loop<A: Acceptor>(
     acceptor: A,
     router: axum::Router,
     table: SharedTable,
     shared: Shared,
     stop: CancellationToken,
-) -> GracefulShutdown {
-    let graceful = GracefulShutdown::new();
+) {
     let mut reap = tokio::time::interval((shared.idle_timeout / 4).max(Duration::from_millis(250)));
     reap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_warning: Option<tokio::time::Instant> = None;
@@ -456,7 +464,7 @@ async fn accept_loop<A: Acceptor>(
             accepted = acceptor.accept() => match accepted {
                 Ok(io) => {
                     shared.reserve.restore();
-                    serve_connection(io, &router, &table, &shared, &graceful);
+                    serve_connection(io, &router, &table, &shared);
                 }
                 Err(e) if out_of_descriptors(&e) => {
                     // Logged at most every 10 s: a flood must not fill the journal.
@@ -477,7 +485,7 @@ async fn accept_loop<A: Acceptor>(
                     }
                     let shed = tracked::lock(&shared.pressure).shed();
                     for connection in shed {
-                        connection.cancel();
+                        connection.shed();
                     }
                     if !shared.reserve.release() {
                         // Nothing in reserve: wait for a descriptor to come
@@ -509,48 +517,75 @@ async fn accept_loop<A: Acceptor>(
                 let expired = tracked::lock(&table)
                     .expire_idle(tokio::time::Instant::now(), shared.idle_timeout);
                 for connection in expired {
-                    connection.cancel();
+                    connection.expire();
                 }
                 shared.reserve.restore();
             }
             () = stop.cancelled() => break,
         }
     }
-    graceful
 }
 
-/// Registers `io` in `table` (closing whatever it sheds for it) and serves
-/// it on its own task until it ends, is shed, or idles out.
+/// Registers `io` in `table` (dropping whatever it sheds for it) and serves
+/// it on its own task until it ends, is shed (dropped at once), idles out
+/// (closed gracefully, within [`IDLE_CLOSE_BOUND`]) or the daemon drains.
 fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     io: I,
     router: &axum::Router,
     table: &SharedTable,
     shared: &Shared,
-    graceful: &GracefulShutdown,
 ) {
-    let close = CancellationToken::new();
-    let (id, shed) = tracked::lock(table).open(close.clone(), tokio::time::Instant::now());
+    let closer = Closer::default();
+    let (id, shed) = tracked::lock(table).open(closer.clone(), tokio::time::Instant::now());
     for victim in shed {
-        victim.cancel();
+        victim.shed();
     }
     let service = TowerToHyperService::new(tracked::service(
         router.clone(),
         tracked::Connection::new(id, table.clone()),
     ));
     let builder = shared.builder.clone();
-    let watcher = graceful.watcher();
     let table = table.clone();
     let closed = shared.closed.clone();
+    let drain = shared.drain.clone();
+    let alive = shared.alive.clone();
     tokio::spawn(async move {
-        let connection = watcher.watch(builder.serve_connection(TokioIo::new(io), service));
-        tokio::select! {
-            result = connection => {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "connection ended with an error");
+        let _alive = alive;
+        let connection = builder.serve_connection(TokioIo::new(io), service);
+        tokio::pin!(connection);
+        let mut closing = false;
+        let bound = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(bound);
+        let mut bounded = false;
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    break;
+                }
+                // Dropping the connection closes it.
+                () = closer.shed_requested() => {
+                    tracing::debug!("connection shed");
+                    break;
+                }
+                () = closer.expire_requested(), if !closing => {
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                    bound.as_mut().reset(tokio::time::Instant::now() + IDLE_CLOSE_BOUND);
+                    bounded = true;
+                }
+                () = drain.cancelled(), if !closing => {
+                    // Bounded by `server.shutdown_grace_secs` in `serve`.
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                () = &mut bound, if bounded => {
+                    tracing::debug!("idle connection did not close in time; dropped");
+                    break;
                 }
             }
-            // Dropping the connection closes it.
-            () = close.cancelled() => tracing::debug!("connection closed: idle or shed"),
         }
         tracked::lock(&table).close(id);
         closed.notify_waiters();

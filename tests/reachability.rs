@@ -174,6 +174,13 @@ async fn half_sent_heads_and_idle_connections_are_closed_busy_ones_are_not() {
     let mut session = Session::open(&mut agent).await;
     session.start(proto::StartSession::default()).await;
 
+    // A gRPC client between calls: its connection idles out.
+    let mut safety = SafetyServiceClient::new(daemon.channel().await);
+    safety
+        .get_safety_status(proto::GetSafetyStatusRequest::default())
+        .await
+        .expect("GetSafetyStatus");
+
     let mut half = TcpStream::connect(daemon.addr).await.unwrap();
     half.write_all(b"POST /v1/estop/clear HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-le")
         .await
@@ -195,6 +202,13 @@ async fn half_sent_heads_and_idle_connections_are_closed_busy_ones_are_not() {
         .await
         .expect("the idle control-socket connection is closed in time");
     assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+
+    // The gRPC client's idle connection was closed (opened before `silent`)
+    // with a GOAWAY: the client reconnects for its next call.
+    safety
+        .get_safety_status(proto::GetSafetyStatusRequest::default())
+        .await
+        .expect("GetSafetyStatus after the idle close");
 
     // Past the idle timeout the session still answers: it was busy.
     session

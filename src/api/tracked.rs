@@ -13,13 +13,41 @@ use tower::ServiceExt as _;
 
 use super::connections::{ConnectionId, ConnectionTable};
 
-/// A listener's table; a connection's entry holds the token that closes it.
-pub type SharedTable = Arc<Mutex<ConnectionTable<CancellationToken>>>;
+/// A listener's table; a connection's entry holds what closes it.
+pub type SharedTable = Arc<Mutex<ConnectionTable<Closer>>>;
 
 /// The table, also after a panic elsewhere (its data stay consistent: every
 /// method finishes its change before returning).
-pub fn lock(table: &SharedTable) -> MutexGuard<'_, ConnectionTable<CancellationToken>> {
+pub fn lock(table: &SharedTable) -> MutexGuard<'_, ConnectionTable<Closer>> {
     table.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How the accept loop asks a connection's task to close it.
+#[derive(Debug, Clone, Default)]
+pub struct Closer {
+    shed: CancellationToken,
+    expire: CancellationToken,
+}
+
+impl Closer {
+    /// At once: the connection is dropped (shed for a newcomer, or for
+    /// descriptors).
+    pub fn shed(&self) {
+        self.shed.cancel();
+    }
+
+    /// Gracefully: it idled out (HTTP/2 gets a GOAWAY).
+    pub fn expire(&self) {
+        self.expire.cancel();
+    }
+
+    pub async fn shed_requested(&self) {
+        self.shed.cancelled().await;
+    }
+
+    pub async fn expire_requested(&self) {
+        self.expire.cancelled().await;
+    }
 }
 
 /// The connection a request arrived on (a request extension).
