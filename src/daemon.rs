@@ -367,12 +367,17 @@ trait Acceptor: Send + 'static {
     type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
     /// For logs.
     const WHAT: &'static str;
+    /// Out of descriptors, it sheds TCP connections at once, even while
+    /// shed ones are still closing (the control socket: the stop must not
+    /// wait for them).
+    const URGENT: bool;
     fn accept(&self) -> impl Future<Output = std::io::Result<Self::Io>> + Send;
 }
 
 impl Acceptor for TcpListener {
     type Io = tokio::net::TcpStream;
     const WHAT: &'static str = "tcp";
+    const URGENT: bool = false;
     async fn accept(&self) -> std::io::Result<Self::Io> {
         let (stream, _) = TcpListener::accept(self).await?;
         // Tool calls are small messages on a latency-critical path.
@@ -384,6 +389,7 @@ impl Acceptor for TcpListener {
 impl Acceptor for UnixListener {
     type Io = tokio::net::UnixStream;
     const WHAT: &'static str = "control socket";
+    const URGENT: bool = true;
     async fn accept(&self) -> std::io::Result<Self::Io> {
         UnixListener::accept(self).await.map(|(stream, _)| stream)
     }
@@ -429,12 +435,13 @@ impl FdReserve {
     }
 
     /// Takes a descriptor back into reserve if it is not held (fails
-    /// quietly while the process is still out of them).
-    fn restore(&self) {
+    /// quietly while the process is still out of them); whether it is held.
+    fn restore(&self) -> bool {
         let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if held.is_none() {
             *held = Self::open();
         }
+        held.is_some()
     }
 }
 
@@ -463,7 +470,7 @@ async fn accept_loop<A: Acceptor>(
         tokio::select! {
             accepted = acceptor.accept() => match accepted {
                 Ok(io) => {
-                    shared.reserve.restore();
+                    let _ = shared.reserve.restore();
                     serve_connection(io, &router, &table, &shared);
                 }
                 Err(e) if out_of_descriptors(&e) => {
@@ -483,16 +490,27 @@ async fn accept_loop<A: Acceptor>(
                         last_warning = Some(now);
                         unreported = 0;
                     }
-                    let shed = tracked::lock(&shared.pressure).shed();
-                    for connection in shed {
-                        connection.shed();
-                    }
-                    if !shared.reserve.release() {
-                        // Nothing in reserve: wait for a descriptor to come
-                        // free (bounded) instead of failing again at once.
+                    // Connections already shed give their descriptors back
+                    // as their tasks end; shed more (and hold fewer) only
+                    // when none are on their way.
+                    let returning = !A::URGENT && tracked::lock(&shared.pressure).closing() > 0;
+                    if shared.reserve.release() {
+                        // The reserve's descriptor takes the waiting
+                        // connection now.
+                        if !returning {
+                            shed_tcp(&shared.pressure);
+                        }
+                    } else {
+                        // Wait for a descriptor to come free (bounded)
+                        // instead of failing again at once.
                         tokio::select! {
                             _ = tokio::time::timeout(Duration::from_millis(100), shared.closed.notified()) => {}
                             () = stop.cancelled() => break,
+                        }
+                        if !shared.reserve.restore()
+                            && (A::URGENT || tracked::lock(&shared.pressure).closing() == 0)
+                        {
+                            shed_tcp(&shared.pressure);
                         }
                     }
                 }
@@ -519,10 +537,18 @@ async fn accept_loop<A: Acceptor>(
                 for connection in expired {
                     connection.expire();
                 }
-                shared.reserve.restore();
+                let _ = shared.reserve.restore();
             }
             () = stop.cancelled() => break,
         }
+    }
+}
+
+/// Sheds TCP connections for descriptors (see [`ConnectionTable::shed`]).
+fn shed_tcp(table: &SharedTable) {
+    let shed = tracked::lock(table).shed();
+    for connection in shed {
+        connection.shed();
     }
 }
 
@@ -551,8 +577,7 @@ fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     let alive = shared.alive.clone();
     tokio::spawn(async move {
         let _alive = alive;
-        let connection = builder.serve_connection(TokioIo::new(io), service);
-        tokio::pin!(connection);
+        let mut connection = Box::pin(builder.serve_connection(TokioIo::new(io), service));
         let mut closing = false;
         let bound = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(bound);
@@ -587,6 +612,9 @@ fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 }
             }
         }
+        // The socket closes here, before its end is reported: whoever
+        // waits for a descriptor to come free finds it free.
+        drop(connection);
         tracked::lock(&table).close(id);
         closed.notify_waiters();
     });

@@ -14,7 +14,7 @@
 //! A connection is idle while no request is in flight on it; it has been
 //! idle since its last request ended (or since it opened).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -43,6 +43,9 @@ pub struct ConnectionTable<T> {
     next_id: ConnectionId,
     /// By id: the oldest first.
     entries: BTreeMap<ConnectionId, Entry<T>>,
+    /// Removed (shed or expired) but not yet reported closed: their
+    /// descriptors are on their way back.
+    closing: BTreeSet<ConnectionId>,
 }
 
 impl<T> ConnectionTable<T> {
@@ -51,6 +54,7 @@ impl<T> ConnectionTable<T> {
             limit: limit.max(1),
             next_id: 0,
             entries: BTreeMap::new(),
+            closing: BTreeSet::new(),
         }
     }
 
@@ -64,6 +68,11 @@ impl<T> ConnectionTable<T> {
 
     pub fn limit(&self) -> usize {
         self.limit
+    }
+
+    /// Connections removed from the table whose end has not been reported.
+    pub fn closing(&self) -> usize {
+        self.closing.len()
     }
 
     /// Registers a new connection. When the table is full, the victims
@@ -91,10 +100,10 @@ impl<T> ConnectionTable<T> {
         (id, evicted)
     }
 
-    /// The connection ended (or was closed). Unknown ids (already evicted)
-    /// are ignored.
+    /// The connection ended (or was closed). Unknown ids are ignored.
     pub fn close(&mut self, id: ConnectionId) {
         self.entries.remove(&id);
+        self.closing.remove(&id);
     }
 
     pub fn request_started(&mut self, id: ConnectionId, now: Instant) {
@@ -121,8 +130,9 @@ impl<T> ConnectionTable<T> {
     /// The process ran out of file descriptors: lowers the limit to what is
     /// open now less [`SHED_HEADROOM`] (so that the rest of the process —
     /// the store, the watchdog notification, the control socket — finds
-    /// descriptors again), and removes and returns the connections above it.
-    /// Empty when the table is (the descriptors are used elsewhere).
+    /// descriptors again), and removes and returns the connections above it
+    /// (at least one, unless the table is empty: then the descriptors are
+    /// used elsewhere).
     pub fn shed(&mut self) -> Vec<T> {
         self.limit = self.entries.len().saturating_sub(SHED_HEADROOM).max(1);
         let mut shed = Vec::new();
@@ -150,8 +160,7 @@ impl<T> ConnectionTable<T> {
             .collect();
         expired
             .into_iter()
-            .filter_map(|id| self.entries.remove(&id))
-            .map(|e| e.closer)
+            .filter_map(|id| self.remove(id))
             .collect()
     }
 
@@ -178,7 +187,14 @@ impl<T> ConnectionTable<T> {
         let victim = unauthenticated
             .or_else(longest_idle)
             .or_else(least_active)?;
-        self.entries.remove(&victim).map(|e| e.closer)
+        self.remove(victim)
+    }
+
+    /// Takes a connection out of the table, to be closed.
+    fn remove(&mut self, id: ConnectionId) -> Option<T> {
+        let entry = self.entries.remove(&id)?;
+        self.closing.insert(id);
+        Some(entry.closer)
     }
 }
 
@@ -240,7 +256,18 @@ mod tests {
         table.request_started(a, t0);
         table.authenticated(a);
         assert!(table.is_empty());
-        assert!(table.open("b", t0).1.is_empty());
+        let (b, shed) = table.open("b", t0);
+        assert!(shed.is_empty());
+        // Shed connections count as closing until their end is reported.
+        let (c, shed) = table.open("c", t0);
+        assert_eq!((shed, table.closing()), (vec!["b"], 1));
+        table.close(b);
+        table.close(b);
+        assert_eq!(table.closing(), 0);
+        assert_eq!(table.expire_idle(t0 + secs(1), secs(1)), ["c"]);
+        assert_eq!(table.closing(), 1);
+        table.close(c);
+        assert_eq!((table.len(), table.closing()), (0, 0));
     }
 
     #[test]
