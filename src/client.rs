@@ -1,9 +1,14 @@
-//! A small HTTP/1.1 client for the CLI's REST calls (`rozd status`, `rozd estop`).
+//! A small HTTP/1.1 client for the CLI's REST calls (`rozd status`, `rozd
+//! estop`), over TCP or the daemon's local control socket, and how the CLI
+//! finds that socket ([`control_socket`]).
+
+use std::path::{Path, PathBuf};
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpStream, UnixStream};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -23,6 +28,13 @@ pub enum ClientError {
     },
     #[error("invalid request: {0}")]
     Request(#[from] http::Error),
+    #[error("{tcp} (and the control socket {}: {socket})", path.display())]
+    Neither {
+        path: PathBuf,
+        socket: std::io::Error,
+        #[source]
+        tcp: Box<ClientError>,
+    },
 }
 
 /// `user-agent` of the CLI's requests: `rozd-cli/<version>`.
@@ -88,8 +100,22 @@ async fn send(
             addr: authority.clone(),
             source,
         })?;
+    exchange(stream, &authority, &authority, method, path, token, json).await
+}
+
+/// One request and its whole reply on an open connection; `host` is the
+/// `Host` header, `name` names the peer in errors.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    stream: S,
+    host: &str,
+    name: &str,
+    method: http::Method,
+    path: &str,
+    token: Option<&str>,
+    json: Option<Vec<u8>>,
+) -> Result<Reply, ClientError> {
     let http_err = |source| ClientError::Http {
-        addr: authority.clone(),
+        addr: name.to_string(),
         source,
     };
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -101,7 +127,7 @@ async fn send(
     let mut builder = http::Request::builder()
         .method(method)
         .uri(path)
-        .header(http::header::HOST, &authority)
+        .header(http::header::HOST, host)
         .header(http::header::ACCEPT, "application/json")
         .header(
             http::header::USER_AGENT,
@@ -130,7 +156,191 @@ async fn send(
     })
 }
 
+/// How a request reached the daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Via {
+    ControlSocket(PathBuf),
+    Tcp(String),
+}
+
+impl std::fmt::Display for Via {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Via::ControlSocket(path) => write!(f, "the control socket {}", path.display()),
+            Via::Tcp(addr) => f.write_str(addr),
+        }
+    }
+}
+
+/// One request to a local daemon: over its control socket `socket` first
+/// (no token: the socket's file permissions stand for it), else over TCP at
+/// `addr` (with `token`). A socket that exists but cannot be used is noted
+/// in `notes`; one that does not exist is passed over silently.
+pub async fn send_local(
+    socket: Option<&Path>,
+    addr: &str,
+    method: http::Method,
+    path: &str,
+    token: Option<&str>,
+    json: Option<&serde_json::Value>,
+    notes: &mut Vec<String>,
+) -> Result<(Reply, Via), ClientError> {
+    let body = json.map(|v| v.to_string().into_bytes());
+    let mut socket_error = None;
+    if let Some(socket) = socket {
+        match UnixStream::connect(socket).await {
+            Ok(stream) => {
+                let name = socket.display().to_string();
+                let reply = exchange(stream, "localhost", &name, method, path, None, body).await?;
+                return Ok((reply, Via::ControlSocket(socket.to_path_buf())));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                notes.push(format!(
+                    "cannot use the control socket {} ({e}); trying {addr}",
+                    socket.display()
+                ));
+                socket_error = Some((socket.to_path_buf(), e));
+            }
+        }
+    }
+    match send(addr, method, path, token, body).await {
+        Ok(reply) => Ok((reply, Via::Tcp(addr.to_string()))),
+        Err(tcp) => Err(match socket_error {
+            Some((path, socket)) => ClientError::Neither {
+                path,
+                socket,
+                tcp: Box::new(tcp),
+            },
+            None => tcp,
+        }),
+    }
+}
+
+/// Where the control socket of the daemon a CLI command talks to is, when
+/// the command is not told (`--socket`):
+///
+/// - `config` given (`--config` or `$ROZD_CONFIG`): that file's
+///   `server.control_socket`, else its default (`$RUNTIME_DIRECTORY/control.sock`,
+///   else `control.sock` beside its store; for `/etc/rozd/rozd.toml` also
+///   `/run/rozd/control.sock`, where the systemd unit puts it);
+/// - no config and no `--addr`: the same for the configuration the daemon
+///   would find (`/etc/rozd/rozd.toml`, else the built-in one);
+/// - only `--addr`: none (that address may be another machine).
+///
+/// Only `server.control_socket` and `store.path` are read from the file,
+/// leniently: a file the CLI cannot read or parse does not stop it from
+/// trying the default places (a stop must not fail over the configuration).
+/// Of several candidates the first that exists is taken.
+pub fn control_socket(config: Option<&Path>, addr_given: bool) -> Option<PathBuf> {
+    let file = match config {
+        Some(path) => Some(path.to_path_buf()),
+        None if addr_given => return None,
+        None => {
+            let system = Path::new(crate::config::SYSTEM_CONFIG_PATH);
+            system.exists().then(|| system.to_path_buf())
+        }
+    };
+    let is_system = file
+        .as_deref()
+        .is_some_and(|f| f == Path::new(crate::config::SYSTEM_CONFIG_PATH));
+    let text = file
+        .as_deref()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .unwrap_or_default();
+    let (server, store) = lenient_socket_settings(&text);
+    match &server.control_socket {
+        Some(path) if path.as_os_str().is_empty() => None,
+        Some(path) => Some(path.clone()),
+        None => {
+            let mut candidates = Vec::new();
+            if std::env::var_os("RUNTIME_DIRECTORY").is_some() {
+                candidates.extend(server.control_socket_path(&store));
+            }
+            if is_system {
+                candidates.push(PathBuf::from(SYSTEMD_CONTROL_SOCKET));
+            }
+            candidates.extend(server.control_socket_path(&store));
+            candidates.iter().find(|p| p.exists()).cloned()
+        }
+    }
+}
+
+/// Where the shipped systemd unit's daemon listens (`RuntimeDirectory=rozd`).
+pub const SYSTEMD_CONTROL_SOCKET: &str = "/run/rozd/control.sock";
+
+/// `server.control_socket` and `store.path` of a configuration text, each
+/// default when absent or unreadable.
+fn lenient_socket_settings(
+    text: &str,
+) -> (crate::config::ServerConfig, crate::config::StoreConfig) {
+    let mut server = crate::config::ServerConfig::default();
+    let mut store = crate::config::StoreConfig::default();
+    if let Ok(value) = text.parse::<toml::Table>() {
+        let string = |table: &str, key: &str| {
+            value
+                .get(table)
+                .and_then(|t| t.get(key))
+                .and_then(toml::Value::as_str)
+                .map(PathBuf::from)
+        };
+        server.control_socket = string("server", "control_socket");
+        store.path = string("store", "path");
+    }
+    (server, store)
+}
+
 /// `GET path`.
 pub async fn get(addr: &str, path: &str, token: Option<&str>) -> Result<Reply, ClientError> {
     request(addr, http::Method::GET, path, token).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_settings_are_read_leniently() {
+        let (server, store) = lenient_socket_settings(
+            "[server]\ncontrol_socket = \"/tmp/x.sock\"\nunknown = 1\n[store]\npath = \"/var/tmp/r.db\"\n",
+        );
+        assert_eq!(server.control_socket, Some(PathBuf::from("/tmp/x.sock")));
+        assert_eq!(store.path, Some(PathBuf::from("/var/tmp/r.db")));
+        let (server, store) = lenient_socket_settings("not toml [");
+        assert_eq!(server.control_socket, None);
+        assert_eq!(store.path, None);
+    }
+
+    #[test]
+    fn a_config_names_its_socket_and_addr_alone_names_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("rozd.toml");
+        let socket = dir.path().join("c.sock");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\ncontrol_socket = {:?}\n",
+                socket.display().to_string()
+            ),
+        )
+        .unwrap();
+        // Named even before the daemon created it: the CLI then falls back to TCP.
+        assert_eq!(control_socket(Some(&config), true), Some(socket));
+        std::fs::write(&config, "[server]\ncontrol_socket = \"\"\n").unwrap();
+        assert_eq!(control_socket(Some(&config), false), None);
+        assert_eq!(control_socket(None, true), None);
+        // The default beside the store, once it exists.
+        let store = dir.path().join("rozd.db");
+        std::fs::write(
+            &config,
+            format!("[store]\npath = {:?}\n", store.display().to_string()),
+        )
+        .unwrap();
+        if std::env::var_os("RUNTIME_DIRECTORY").is_none() {
+            assert_eq!(control_socket(Some(&config), true), None);
+            let beside = dir.path().join("control.sock");
+            let _listener = std::os::unix::net::UnixListener::bind(&beside).unwrap();
+            assert_eq!(control_socket(Some(&config), true), Some(beside));
+        }
+    }
 }

@@ -188,6 +188,27 @@ pub struct ServerConfig {
     /// pings every half of it, each answered within the other half); 0 disables.
     #[serde(default = "default_http2_keepalive_secs")]
     pub http2_keepalive_secs: u64,
+    /// Most TCP connections open at once; a new one beyond it evicts the
+    /// oldest connection that has not completed an authenticated request,
+    /// else the longest-idle one.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Bound on receiving an HTTP/1 request head (also on the wait for the
+    /// next request on a keep-alive connection).
+    #[serde(default = "default_header_read_timeout_secs")]
+    pub header_read_timeout_secs: u64,
+    /// A connection (HTTP/1 or HTTP/2, TCP or the control socket) with no
+    /// request in flight for this long is closed.
+    #[serde(default = "default_idle_timeout_secs")]
+    pub idle_timeout_secs: u64,
+    /// Host names (besides the daemon's own) that requests may name in
+    /// `Host` / `:authority`; `"*"` accepts any.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// The local control socket; `""` disables it. Default: see
+    /// [`ServerConfig::control_socket_path`].
+    #[serde(default)]
+    pub control_socket: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -199,8 +220,50 @@ impl Default for ServerConfig {
             allow_unauthenticated_remote: false,
             shutdown_grace_secs: default_shutdown_grace_secs(),
             http2_keepalive_secs: default_http2_keepalive_secs(),
+            max_connections: default_max_connections(),
+            header_read_timeout_secs: default_header_read_timeout_secs(),
+            idle_timeout_secs: default_idle_timeout_secs(),
+            allowed_hosts: Vec::new(),
+            control_socket: None,
         }
     }
+}
+
+/// The file name of the control socket in its default directory.
+pub const CONTROL_SOCKET_NAME: &str = "control.sock";
+/// Longest path a Unix socket can have (`sun_path` is 108 bytes with its NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+impl ServerConfig {
+    /// Where the daemon listens for local control: `control_socket` when set
+    /// (`None` when it is `""`: disabled); else `$RUNTIME_DIRECTORY/control.sock`
+    /// under systemd (`/run/rozd/control.sock`); else `control.sock` in the
+    /// store's directory (`~/.local/state/rozd/control.sock` for a developer).
+    pub fn control_socket_path(&self, store: &StoreConfig) -> Option<PathBuf> {
+        match &self.control_socket {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) => Some(p.clone()),
+            None => Some(
+                first_env_dir("RUNTIME_DIRECTORY")
+                    .map(|dir| dir.join(CONTROL_SOCKET_NAME))
+                    .unwrap_or_else(|| {
+                        store
+                            .resolved_path()
+                            .parent()
+                            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+                            .join(CONTROL_SOCKET_NAME)
+                    }),
+            ),
+        }
+    }
+}
+
+/// The first of the colon-separated directories systemd passes in `var`
+/// (`STATE_DIRECTORY`, `RUNTIME_DIRECTORY`), if any.
+fn first_env_dir(var: &str) -> Option<PathBuf> {
+    let value = std::env::var_os(var)?;
+    let first = value.to_string_lossy().split(':').next()?.to_string();
+    (!first.is_empty()).then(|| PathBuf::from(first))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -243,17 +306,9 @@ impl StoreConfig {
         if let Some(p) = &self.path {
             return p.clone();
         }
-        if let Some(dir) = std::env::var_os("STATE_DIRECTORY") {
-            // systemd may pass several colon-separated directories; the first is ours.
-            let first = dir
-                .to_string_lossy()
-                .split(':')
-                .next()
-                .unwrap_or("")
-                .to_string();
-            if !first.is_empty() {
-                return PathBuf::from(first).join("rozd.db");
-            }
+        // systemd may pass several colon-separated directories; the first is ours.
+        if let Some(dir) = first_env_dir("STATE_DIRECTORY") {
+            return dir.join("rozd.db");
         }
         let base = std::env::var_os("XDG_STATE_HOME")
             .map(PathBuf::from)
@@ -525,6 +580,15 @@ fn default_shutdown_grace_secs() -> u64 {
 fn default_http2_keepalive_secs() -> u64 {
     5
 }
+fn default_max_connections() -> u32 {
+    1024
+}
+fn default_header_read_timeout_secs() -> u64 {
+    10
+}
+fn default_idle_timeout_secs() -> u64 {
+    120
+}
 fn default_log_level() -> String {
     "info".to_string()
 }
@@ -718,6 +782,7 @@ impl Config {
                 "tokens must not be empty".into(),
             ));
         }
+        self.validate_server(invalid)?;
         // Upper bounds keep `now + period` far from overflowing an Instant.
         if !(1..=86_400).contains(&self.session.keepalive_secs) {
             return Err(invalid(
@@ -846,6 +911,60 @@ impl Config {
         Ok(())
     }
 
+    /// The connection limits, timeouts, allowed hosts and control socket of `[server]`.
+    fn validate_server(
+        &self,
+        invalid: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
+        let s = &self.server;
+        if !(4..=1_048_576).contains(&s.max_connections) {
+            return Err(invalid(
+                "server.max_connections",
+                "must be between 4 and 1048576".into(),
+            ));
+        }
+        if !(1..=3_600).contains(&s.header_read_timeout_secs) {
+            return Err(invalid(
+                "server.header_read_timeout_secs",
+                "must be between 1 and 3600".into(),
+            ));
+        }
+        if !(1..=86_400).contains(&s.idle_timeout_secs) {
+            return Err(invalid(
+                "server.idle_timeout_secs",
+                "must be between 1 and 86400".into(),
+            ));
+        }
+        for (i, host) in s.allowed_hosts.iter().enumerate() {
+            if let Err(why) = crate::api::browser::check_allowed_host_entry(host) {
+                return Err(invalid(
+                    "server.allowed_hosts",
+                    format!("entry {i} ({host:?}): {why}"),
+                ));
+            }
+        }
+        if let Some(path) = &s.control_socket
+            && !path.as_os_str().is_empty()
+        {
+            if !path.is_absolute() {
+                return Err(invalid(
+                    "server.control_socket",
+                    format!(
+                        "{:?} is not an absolute path (or \"\" to disable the control socket)",
+                        path.display()
+                    ),
+                ));
+            }
+            if path.as_os_str().len() > MAX_SOCKET_PATH {
+                return Err(invalid(
+                    "server.control_socket",
+                    format!("a Unix socket path has at most {MAX_SOCKET_PATH} bytes"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn resolve_tokens(&mut self, file: &str, text: &str) -> Result<(), ConfigError> {
         let mut tokens = self.server.auth_tokens.clone();
         if let Some(path) = &self.server.auth_token_file {
@@ -892,6 +1011,26 @@ impl Config {
             } else {
                 "none (loopback only)".to_string()
             }
+        ));
+        let server = &self.server;
+        line(format!(
+            "connections:   at most {} over TCP, HTTP/1 head within {} s, idle closed after {} s",
+            server.max_connections, server.header_read_timeout_secs, server.idle_timeout_secs
+        ));
+        line(format!(
+            "allowed hosts: {}",
+            if server.allowed_hosts.is_empty() {
+                "this host's own names and IP addresses".to_string()
+            } else {
+                format!("this host's own and {}", server.allowed_hosts.join(", "))
+            }
+        ));
+        line(format!(
+            "control:       {}",
+            server.control_socket_path(&self.store).map_or_else(
+                || "no control socket".to_string(),
+                |p| p.display().to_string()
+            )
         ));
         line(format!(
             "log:           {} ({:?})",
@@ -1218,6 +1357,72 @@ mod tests {
             parse("[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n")
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn server_limits_hosts_and_socket_errors_name_line_and_key() {
+        for (text, line, key) in [
+            (
+                "[server]\nmax_connections = 0\n",
+                2,
+                "server.max_connections",
+            ),
+            (
+                "[server]\nmax_connections = -5\n",
+                2,
+                "server.max_connections",
+            ),
+            (
+                "[server]\n\nheader_read_timeout_secs = 0\n",
+                3,
+                "server.header_read_timeout_secs",
+            ),
+            (
+                "[server]\nidle_timeout_secs = 86401\n",
+                2,
+                "server.idle_timeout_secs",
+            ),
+            (
+                "[server]\nallowed_hosts = [\"robot.lab\", \"http://x\"]\n",
+                2,
+                "server.allowed_hosts",
+            ),
+            (
+                "[server]\ncontrol_socket = \"rel.sock\"\n",
+                2,
+                "server.control_socket",
+            ),
+            (
+                &format!("[server]\ncontrol_socket = \"/{}\"\n", "x".repeat(200)),
+                2,
+                "server.control_socket",
+            ),
+        ] {
+            let (_, found_line, found_key) = invalid(text);
+            assert_eq!(
+                (found_line, found_key.as_str()),
+                (Some(line), key),
+                "{text}"
+            );
+        }
+        let c = parse(
+            "[server]\nmax_connections = 32\nallowed_hosts = [\"*\"]\ncontrol_socket = \"\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.server.max_connections, 32);
+        assert_eq!(c.server.control_socket_path(&c.store), None);
+        let c = parse("[server]\ncontrol_socket = \"/run/x/c.sock\"\n").unwrap();
+        assert_eq!(
+            c.server.control_socket_path(&c.store),
+            Some(PathBuf::from("/run/x/c.sock"))
+        );
+        let c = parse("[store]\npath = \"/var/tmp/r/rozd.db\"\n").unwrap();
+        if std::env::var_os("RUNTIME_DIRECTORY").is_none() {
+            assert_eq!(
+                c.server.control_socket_path(&c.store),
+                Some(PathBuf::from("/var/tmp/r/control.sock"))
+            );
+        }
     }
 
     #[test]

@@ -1,25 +1,49 @@
 //! Start order, serving, shutdown order, and systemd notification.
 //!
-//! Start: validated config -> bind the listener -> build the router ->
-//! `READY=1`. Stop (SIGTERM/SIGINT): `STOPPING=1` -> health NOT_SERVING ->
-//! stop accepting -> sessions end their streams -> connections drain within
-//! `server.shutdown_grace_secs` -> exit 0.
+//! Start: validated config -> bind the listener and the control socket ->
+//! build the router -> `READY=1`. Stop (SIGTERM/SIGINT): `STOPPING=1` ->
+//! health NOT_SERVING -> stop accepting -> sessions end their streams ->
+//! connections drain within `server.shutdown_grace_secs` -> exit 0.
+//!
+//! Two accept loops, each its own task: TCP (gRPC and REST, capped at
+//! `server.max_connections`) and the local control socket (the stop and its
+//! status, not subject to the TCP cap). Each keeps a [`ConnectionTable`]:
+//! a full table sheds a connection for each newcomer, idle connections are
+//! closed, and when the process runs out of file descriptors the TCP table
+//! sheds one (and stays smaller) while a reserved descriptor lets the
+//! waiting connection in, so accept never spins and the stop stays reachable.
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use sd_notify::NotifyState;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use crate::HostContext;
 use crate::api;
+use crate::api::connections::ConnectionTable;
+use crate::api::tracked::{self, Closer, SharedTable};
 use crate::config::Config;
+
+/// Connections the control socket holds at once (its own table: the TCP cap
+/// does not apply to it).
+pub const CONTROL_SOCKET_MAX_CONNECTIONS: usize = 64;
+/// Bound on a graceful close of an idle connection (a client that does not
+/// close after HTTP/2's GOAWAY is then dropped).
+const IDLE_CLOSE_BOUND: Duration = Duration::from_secs(5);
+/// Descriptors kept free for everything but TCP connections (the store,
+/// drivers, the control socket, outbound calls) when warning that
+/// `server.max_connections` does not fit the open-file limit.
+const FD_HEADROOM: u64 = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -41,11 +65,17 @@ pub enum DaemonError {
     Fleet(#[from] crate::fleet::FleetError),
     #[error("cannot install signal handler: {0}")]
     Signal(#[source] std::io::Error),
+    #[error(
+        "control socket {}: {message} (set server.control_socket to another path, or to \"\" to disable it)",
+        path.display()
+    )]
+    ControlSocket { path: PathBuf, message: String },
 }
 
 /// A daemon whose listener is bound but which does not serve yet.
 pub struct Daemon {
     listener: TcpListener,
+    control: Option<ControlSocket>,
     ctx: Arc<HostContext>,
     router: axum::Router,
     health: tonic_health::server::HealthReporter,
@@ -70,12 +100,14 @@ impl Daemon {
         // Before anything can start a task: no task resumes by itself.
         crate::team::recover(&store).await?;
         let addr = config.server.listen;
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| DaemonError::Bind { addr, source })?;
+        let listener = bind_tcp(addr).map_err(|source| DaemonError::Bind { addr, source })?;
         let local = listener
             .local_addr()
             .map_err(|source| DaemonError::Bind { addr, source })?;
+        let control = match config.server.control_socket_path(&config.store) {
+            Some(path) => Some(ControlSocket::bind(path)?),
+            None => None,
+        };
         // Hardware comes up only after the config is valid and the port is
         // ours; every actuator is driven to its safe value first. The
         // protective stop comes back latched if it was latched when rozd
@@ -133,6 +165,7 @@ impl Daemon {
         let (router, health) = api::router(ctx.clone()).await?;
         Ok(Daemon {
             listener,
+            control,
             ctx,
             router,
             health,
@@ -143,6 +176,11 @@ impl Daemon {
         self.ctx.listen_addr
     }
 
+    /// The local control socket's path (`None`: disabled).
+    pub fn control_socket(&self) -> Option<&Path> {
+        self.control.as_ref().map(|c| c.path.as_path())
+    }
+
     pub fn context(&self) -> Arc<HostContext> {
         self.ctx.clone()
     }
@@ -151,57 +189,58 @@ impl Daemon {
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let Daemon {
             listener,
+            control,
             ctx,
             router,
             health,
         } = self;
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        // HTTP/2 pings detect a peer that vanished without closing its
-        // connection (a client on a dropped Wi-Fi link), so its session ends
-        // and its actuators go safe promptly.
-        let keepalive = ctx.config.server.http2_keepalive_secs;
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            // Half the bound pinging, half waiting for the answer: a silent
-            // peer is dropped within `http2_keepalive_secs`.
-            .keep_alive_interval(
-                (keepalive > 0).then(|| Duration::from_millis(keepalive.saturating_mul(500))),
-            )
-            .keep_alive_timeout(Duration::from_millis(
-                keepalive.saturating_mul(500).max(500),
-            ));
-        let builder = Arc::new(builder);
-        let graceful = GracefulShutdown::new();
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => {
-                    let (stream, peer) = match accepted {
-                        Ok(pair) => pair,
-                        Err(e) => {
-                            // EMFILE and friends: back off briefly rather than spin.
-                            tracing::warn!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            continue;
-                        }
-                    };
-                    // Tool calls are small messages on a latency-critical path.
-                    let _ = stream.set_nodelay(true);
-                    let service = TowerToHyperService::new(router.clone());
-                    let builder = builder.clone();
-                    let watcher = graceful.watcher();
-                    tokio::spawn(async move {
-                        let connection = builder.serve_connection(TokioIo::new(stream), service);
-                        if let Err(e) = watcher.watch(connection).await {
-                            tracing::debug!(%peer, error = %e, "connection ended with an error");
-                        }
-                    });
-                }
-                () = &mut shutdown => break,
+        let server = &ctx.config.server;
+        let builder = Arc::new(connection_builder(&ctx.config));
+        let max_connections = usize::try_from(server.max_connections).unwrap_or(usize::MAX);
+        warn_if_fd_limit_is_low(server.max_connections);
+        let tcp_table: SharedTable = Arc::new(Mutex::new(ConnectionTable::new(max_connections)));
+        // Every connection task holds a sender; when all are gone, `alive`
+        // yields `None`: every connection has ended.
+        let (alive_tx, mut alive) = tokio::sync::mpsc::channel::<()>(1);
+        let drain = CancellationToken::new();
+        let shared = Shared {
+            builder,
+            pressure: tcp_table.clone(),
+            reserve: Arc::new(FdReserve::new()),
+            closed: Arc::new(Notify::new()),
+            idle_timeout: Duration::from_secs(server.idle_timeout_secs),
+            drain: drain.clone(),
+            alive: alive_tx,
+        };
+        let stop_accepting = CancellationToken::new();
+        let control_path = control.as_ref().map(|c| c.path.clone());
+        let control_loop = control.map(|control| {
+            tokio::spawn(accept_loop(
+                control.listener,
+                api::control_router(ctx.clone()),
+                Arc::new(Mutex::new(ConnectionTable::new(
+                    CONTROL_SOCKET_MAX_CONNECTIONS,
+                ))),
+                shared.clone(),
+                stop_accepting.clone(),
+            ))
+        });
+        let tcp_loop = accept_loop(listener, router, tcp_table, shared, stop_accepting.clone());
+        tokio::pin!(shutdown, tcp_loop);
+        tokio::select! {
+            () = &mut tcp_loop => {}
+            () = &mut shutdown => {
+                stop_accepting.cancel();
+                tcp_loop.await;
             }
         }
-        drop(listener);
+        if let Some(task) = control_loop {
+            // The loop only returns; a panic inside it is not ours to re-raise here.
+            let _ = task.await;
+        }
+        if let Some(path) = control_path {
+            remove_socket_file(&path);
+        }
         tracing::info!("shutting down: no longer accepting connections");
         for service in [
             "",
@@ -217,7 +256,9 @@ impl Daemon {
         ctx.shutdown.cancel();
         let grace = Duration::from_secs(ctx.config.server.shutdown_grace_secs);
         let drained = async {
-            graceful.shutdown().await;
+            // Every connection finishes what it is serving, then closes.
+            drain.cancel();
+            let _ = alive.recv().await;
             // Sessions record their end (and release their actuators) after
             // their streams close; wait for that too.
             ctx.sessions.wait_idle().await;
@@ -237,6 +278,383 @@ impl Daemon {
         ctx.fleet.join().await;
         tracing::info!("shutdown complete");
     }
+}
+
+/// Connections the kernel queues for accept (it caps this at
+/// `net.core.somaxconn`); more than std's 128, so that a burst does not make
+/// newcomers wait for SYN retries while the loop sheds.
+const LISTEN_BACKLOG: u32 = 1024;
+
+fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// How connections are served: HTTP/1 and HTTP/2 with their timeouts.
+fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+    let server = &config.server;
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A client has this long to send a request head; hyper applies it to
+    // the wait for the next request on a keep-alive connection too.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(server.header_read_timeout_secs));
+    // HTTP/2 pings detect a peer that vanished without closing its
+    // connection (a client on a dropped Wi-Fi link), so its session ends
+    // and its actuators go safe promptly.
+    let keepalive = server.http2_keepalive_secs;
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        // Half the bound pinging, half waiting for the answer: a silent
+        // peer is dropped within `http2_keepalive_secs`.
+        .keep_alive_interval(
+            (keepalive > 0).then(|| Duration::from_millis(keepalive.saturating_mul(500))),
+        )
+        .keep_alive_timeout(Duration::from_millis(
+            keepalive.saturating_mul(500).max(500),
+        ));
+    builder
+}
+
+/// The local control socket, bound.
+struct ControlSocket {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl ControlSocket {
+    /// Binds `path` with mode 0660 (root and the daemon's group may connect).
+    /// A socket file left by a daemon that died is replaced; one that another
+    /// process still listens on, or a path that is not a socket, is an error.
+    fn bind(path: PathBuf) -> Result<ControlSocket, DaemonError> {
+        use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+        let fail = |message: String| DaemonError::ControlSocket {
+            path: path.clone(),
+            message,
+        };
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_socket() => {
+                match std::os::unix::net::UnixStream::connect(&path) {
+                    Ok(_) => return Err(fail("another process is listening on it".into())),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                        std::fs::remove_file(&path)
+                            .map_err(|e| fail(format!("cannot remove the stale socket: {e}")))?;
+                    }
+                    Err(e) => return Err(fail(format!("cannot check the existing socket: {e}"))),
+                }
+            }
+            Ok(_) => return Err(fail("exists and is not a socket".into())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(fail(e.to_string())),
+        }
+        let listener = UnixListener::bind(&path).map_err(|e| fail(format!("cannot bind: {e}")))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660))
+            .map_err(|e| fail(format!("cannot set its mode to 0660: {e}")))?;
+        Ok(ControlSocket { listener, path })
+    }
+}
+
+fn remove_socket_file(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %e, "cannot remove the control socket");
+    }
+}
+
+/// A listener of either kind, as the accept loop sees it.
+trait Acceptor: Send + 'static {
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// For logs.
+    const WHAT: &'static str;
+    /// Out of descriptors, it sheds TCP connections at once, even while
+    /// shed ones are still closing (the control socket: the stop must not
+    /// wait for them).
+    const URGENT: bool;
+    fn accept(&self) -> impl Future<Output = std::io::Result<Self::Io>> + Send;
+}
+
+impl Acceptor for TcpListener {
+    type Io = tokio::net::TcpStream;
+    const WHAT: &'static str = "tcp";
+    const URGENT: bool = false;
+    async fn accept(&self) -> std::io::Result<Self::Io> {
+        let (stream, _) = TcpListener::accept(self).await?;
+        // Tool calls are small messages on a latency-critical path.
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+}
+
+impl Acceptor for UnixListener {
+    type Io = tokio::net::UnixStream;
+    const WHAT: &'static str = "control socket";
+    const URGENT: bool = true;
+    async fn accept(&self) -> std::io::Result<Self::Io> {
+        UnixListener::accept(self).await.map(|(stream, _)| stream)
+    }
+}
+
+/// What both accept loops share.
+#[derive(Clone)]
+struct Shared {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    /// The TCP table: the one that sheds when descriptors run out.
+    pressure: SharedTable,
+    reserve: Arc<FdReserve>,
+    /// Told whenever a connection ends (a descriptor came free).
+    closed: Arc<Notify>,
+    idle_timeout: Duration,
+    /// Cancelled at shutdown: every connection closes gracefully.
+    drain: CancellationToken,
+    /// Held by every connection task (see `serve`).
+    alive: tokio::sync::mpsc::Sender<()>,
+}
+
+/// One file descriptor held back for the moment the process runs out:
+/// released, it lets accept take the waiting connection instead of failing
+/// again at once, while the TCP table sheds a connection to pay it back.
+struct FdReserve(Mutex<Option<std::fs::File>>);
+
+impl FdReserve {
+    fn new() -> Self {
+        FdReserve(Mutex::new(Self::open()))
+    }
+
+    fn open() -> Option<std::fs::File> {
+        std::fs::File::open("/dev/null").ok()
+    }
+
+    /// Closes the reserved descriptor; false if it was not held.
+    fn release(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .is_some()
+    }
+
+    /// Takes a descriptor back into reserve if it is not held (fails
+    /// quietly while the process is still out of them); whether it is held.
+    fn restore(&self) -> bool {
+        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.is_none() {
+            *held = Self::open();
+        }
+        held.is_some()
+    }
+}
+
+/// Whether an accept error means the process (or system) is out of file
+/// descriptors or socket memory: then shedding a connection helps.
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// Accepts connections until `stop` is cancelled.
+async fn accept_loop<A: Acceptor>(
+    acceptor: A,
+    router: axum::Router,
+    table: SharedTable,
+    shared: Shared,
+    stop: CancellationToken,
+) {
+    let mut reap = tokio::time::interval((shared.idle_timeout / 4).max(Duration::from_millis(250)));
+    reap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_warning: Option<tokio::time::Instant> = None;
+    let mut unreported = 0u64;
+    loop {
+        tokio::select! {
+            accepted = acceptor.accept() => match accepted {
+                Ok(io) => {
+                    let _ = shared.reserve.restore();
+                    serve_connection(io, &router, &table, &shared);
+                }
+                Err(e) if out_of_descriptors(&e) => {
+                    // Logged at most every 10 s: a flood must not fill the journal.
+                    unreported += 1;
+                    let now = tokio::time::Instant::now();
+                    if last_warning.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10)) {
+                        let tcp_connections = tracked::lock(&shared.pressure).len();
+                        tracing::warn!(
+                            listener = A::WHAT,
+                            error = %e,
+                            times = unreported,
+                            tcp_connections,
+                            "accept failed: out of file descriptors; shedding TCP connections \
+                             (from now on the TCP table holds fewer than it held; raise LimitNOFILE)"
+                        );
+                        last_warning = Some(now);
+                        unreported = 0;
+                    }
+                    // Connections already shed give their descriptors back
+                    // as their tasks end; shed more (and hold fewer) only
+                    // when none are on their way.
+                    let returning = !A::URGENT && tracked::lock(&shared.pressure).closing() > 0;
+                    if shared.reserve.release() {
+                        // The reserve's descriptor takes the waiting
+                        // connection now.
+                        if !returning {
+                            shed_tcp(&shared.pressure);
+                        }
+                    } else {
+                        // Wait for a descriptor to come free (bounded)
+                        // instead of failing again at once.
+                        tokio::select! {
+                            _ = tokio::time::timeout(Duration::from_millis(100), shared.closed.notified()) => {}
+                            () = stop.cancelled() => break,
+                        }
+                        if !shared.reserve.restore()
+                            && (A::URGENT || tracked::lock(&shared.pressure).closing() == 0)
+                        {
+                            shed_tcp(&shared.pressure);
+                        }
+                    }
+                }
+                Err(e) if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::Interrupted
+                ) => {
+                    // That one connection is gone; the listener is fine.
+                    tracing::debug!(listener = A::WHAT, error = %e, "accept failed");
+                }
+                Err(e) => {
+                    tracing::warn!(listener = A::WHAT, error = %e, "accept failed");
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        () = stop.cancelled() => break,
+                    }
+                }
+            },
+            _ = reap.tick() => {
+                let expired = tracked::lock(&table)
+                    .expire_idle(tokio::time::Instant::now(), shared.idle_timeout);
+                for connection in expired {
+                    connection.expire();
+                }
+                let _ = shared.reserve.restore();
+            }
+            () = stop.cancelled() => break,
+        }
+    }
+}
+
+/// Sheds TCP connections for descriptors (see [`ConnectionTable::shed`]).
+fn shed_tcp(table: &SharedTable) {
+    let shed = tracked::lock(table).shed();
+    for connection in shed {
+        connection.shed();
+    }
+}
+
+/// Registers `io` in `table` (dropping whatever it sheds for it) and serves
+/// it on its own task until it ends, is shed (dropped at once), idles out
+/// (closed gracefully, within [`IDLE_CLOSE_BOUND`]) or the daemon drains.
+fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    io: I,
+    router: &axum::Router,
+    table: &SharedTable,
+    shared: &Shared,
+) {
+    let closer = Closer::default();
+    let (id, shed) = tracked::lock(table).open(closer.clone(), tokio::time::Instant::now());
+    for victim in shed {
+        victim.shed();
+    }
+    let service = TowerToHyperService::new(tracked::service(
+        router.clone(),
+        tracked::Connection::new(id, table.clone()),
+    ));
+    let builder = shared.builder.clone();
+    let table = table.clone();
+    let closed = shared.closed.clone();
+    let drain = shared.drain.clone();
+    let alive = shared.alive.clone();
+    tokio::spawn(async move {
+        let _alive = alive;
+        let mut connection = Box::pin(builder.serve_connection(TokioIo::new(io), service));
+        let mut closing = false;
+        let bound = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(bound);
+        let mut bounded = false;
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    break;
+                }
+                // Dropping the connection closes it.
+                () = closer.shed_requested() => {
+                    tracing::debug!("connection shed");
+                    break;
+                }
+                () = closer.expire_requested(), if !closing => {
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                    bound.as_mut().reset(tokio::time::Instant::now() + IDLE_CLOSE_BOUND);
+                    bounded = true;
+                }
+                () = drain.cancelled(), if !closing => {
+                    // Bounded by `server.shutdown_grace_secs` in `serve`.
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                () = &mut bound, if bounded => {
+                    tracing::debug!("idle connection did not close in time; dropped");
+                    break;
+                }
+            }
+        }
+        // The socket closes here, before its end is reported: whoever
+        // waits for a descriptor to come free finds it free.
+        drop(connection);
+        tracked::lock(&table).close(id);
+        closed.notify_waiters();
+    });
+}
+
+/// Warns when `server.max_connections` (plus what else rozd keeps open)
+/// does not fit the soft open-file limit: connections beyond it are shed
+/// only once accept has failed for want of descriptors.
+fn warn_if_fd_limit_is_low(max_connections: u32) {
+    let Some(limit) = open_file_limit() else {
+        return;
+    };
+    let wanted = u64::from(max_connections) + FD_HEADROOM;
+    if wanted > limit {
+        tracing::warn!(
+            max_connections,
+            open_file_limit = limit,
+            "server.max_connections plus {FD_HEADROOM} other descriptors exceeds the open-file \
+             limit; raise LimitNOFILE (or lower server.max_connections)"
+        );
+    }
+}
+
+/// The soft `RLIMIT_NOFILE` of this process, from `/proc/self/limits`.
+fn open_file_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line.trim_start_matches("Max open files")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Writes every trigger, clear and refused clear of the protective stop to

@@ -38,11 +38,12 @@ enum Command {
     /// Validate the configuration and print the effective settings.
     Check,
     /// Ask a running daemon for its status (GET /v1/status).
+    #[command(after_help = REACH_HELP)]
     Status {
-        /// Address of the daemon.
-        #[arg(long, default_value = "127.0.0.1:8080", env = "ROZD_ADDR")]
-        addr: String,
-        /// Bearer token, when the daemon requires one.
+        #[command(flatten)]
+        reach: Reach,
+        /// Bearer token, when the daemon requires one (not sent over the
+        /// control socket).
         #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
         token: Option<String>,
         /// Print the raw JSON.
@@ -79,19 +80,20 @@ enum Command {
     /// Trigger the protective stop of a running daemon, or clear it (--clear).
     #[command(
         long_about = "Triggers the software protective stop of a running daemon \
-                      (POST /v1/estop): every actuator goes to its safe value and \
+                      (POST /v1/estop), through its local control socket when it \
+                      can, else over TCP: every actuator goes to its safe value and \
                       commands are refused until the stop is cleared. With --clear, \
                       clears it (POST /v1/estop/clear); clearing never moves anything. \
                       Prints the resulting state.\n\n\
                       This is a software protective stop, not an emergency stop: a \
                       hardwired emergency stop is still required.",
-        after_help = ESTOP_EXIT_HELP
+        after_help = ESTOP_HELP
     )]
     Estop {
-        /// Address of the daemon.
-        #[arg(long, default_value = "127.0.0.1:8080", env = "ROZD_ADDR")]
-        addr: String,
-        /// Bearer token, when the daemon requires one.
+        #[command(flatten)]
+        reach: Reach,
+        /// Bearer token, when the daemon requires one (not sent over the
+        /// control socket).
         #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
         token: Option<String>,
         /// Why: recorded as the stop's reason, or logged with the clear.
@@ -131,12 +133,66 @@ enum Command {
     },
 }
 
-const ESTOP_EXIT_HELP: &str = "Exit status:
+/// Where `rozd status` and `rozd estop` send their request.
+#[derive(Args)]
+struct Reach {
+    /// Address of the daemon over TCP [default: 127.0.0.1:8080].
+    #[arg(long, env = "ROZD_ADDR")]
+    addr: Option<String>,
+    /// The daemon's local control socket, tried before TCP ("" for none).
+    /// Default: from the configuration (see below).
+    #[arg(long, env = "ROZD_SOCKET", value_name = "PATH")]
+    socket: Option<PathBuf>,
+}
+
+const DEFAULT_ADDR: &str = "127.0.0.1:8080";
+
+impl Reach {
+    fn addr(&self) -> &str {
+        self.addr.as_deref().unwrap_or(DEFAULT_ADDR)
+    }
+
+    /// The control socket to try first (see [`REACH_HELP`]).
+    fn socket(&self, config: Option<&Path>) -> Option<PathBuf> {
+        match &self.socket {
+            Some(path) if path.as_os_str().is_empty() => None,
+            Some(path) => Some(path.clone()),
+            None => {
+                let from_env = std::env::var_os(rozd::config::CONFIG_ENV)
+                    .filter(|p| !p.is_empty())
+                    .map(PathBuf::from);
+                let config = config.map(Path::to_path_buf).or(from_env);
+                rozd::client::control_socket(config.as_deref(), self.addr.is_some())
+            }
+        }
+    }
+}
+
+/// How `rozd status` and `rozd estop` pick their way to the daemon.
+macro_rules! reach_help {
+    () => {
+        "Order: the daemon's local control socket first (no token needed: its file \
+permissions admit root and the daemon's group), then TCP at --addr.
+The socket: --socket; else server.control_socket of --config (or $ROZD_CONFIG), or its \
+default ($RUNTIME_DIRECTORY/control.sock, /run/rozd/control.sock for /etc/rozd/rozd.toml, \
+else control.sock beside the store); without --config and --addr the same for the \
+configuration the daemon would find; with only --addr, no socket."
+    };
+}
+
+const REACH_HELP: &str = reach_help!();
+
+const ESTOP_HELP: &str = concat!(
+    reach_help!(),
+    "
+
+Exit status:
   0  triggered: the stop is latched; --clear: the stop is not latched (cleared, or was not active)
   1  no answer: cannot connect, no reply within 30 s, or a reply that is not understood
   2  bad arguments
   3  the daemon refused the request (e.g. 401: a missing or wrong token)
-  4  --clear refused: a stop input (e.g. the GPIO stop button) still asserts the stop";
+  4  --clear refused: a stop input (e.g. the GPIO stop button) still asserts the stop"
+);
 
 /// Bound on `rozd estop`'s whole request (triggering waits until every
 /// actuator was driven to its safe value).
@@ -174,7 +230,12 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => run(cli.config.as_deref()),
         Command::Check => check(cli.config.as_deref()),
-        Command::Status { addr, token, json } => status(&addr, token.as_deref(), json),
+        Command::Status { reach, token, json } => status(
+            reach.addr(),
+            reach.socket(cli.config.as_deref()).as_deref(),
+            token.as_deref(),
+            json,
+        ),
         Command::Hosts {
             addr,
             token,
@@ -183,12 +244,19 @@ fn main() -> ExitCode {
         } => hosts(&addr, token.as_deref(), environment.as_deref(), json),
         Command::Chat(args) => chat(args),
         Command::Estop {
-            addr,
+            reach,
             token,
             reason,
             clear,
             json,
-        } => estop(&addr, token.as_deref(), reason.as_deref(), clear, json),
+        } => estop(
+            reach.addr(),
+            reach.socket(cli.config.as_deref()).as_deref(),
+            token.as_deref(),
+            reason.as_deref(),
+            clear,
+            json,
+        ),
         Command::Task {
             addr,
             token,
@@ -301,8 +369,16 @@ fn run(path: Option<&Path>) -> ExitCode {
     }
 }
 
-fn status(addr: &str, token: Option<&str>, raw: bool) -> ExitCode {
-    show_json("status", addr, "/v1/status", token, raw, format_status)
+fn status(addr: &str, socket: Option<&Path>, token: Option<&str>, raw: bool) -> ExitCode {
+    show_json(
+        "status",
+        addr,
+        socket,
+        "/v1/status",
+        token,
+        raw,
+        format_status,
+    )
 }
 
 fn hosts(addr: &str, token: Option<&str>, environment: Option<&str>, raw: bool) -> ExitCode {
@@ -311,28 +387,42 @@ fn hosts(addr: &str, token: Option<&str>, environment: Option<&str>, raw: bool) 
         path.push_str("&environment_id=");
         path.push_str(&percent_encode(env));
     }
-    show_json("hosts", addr, &path, token, raw, format_hosts)
+    show_json("hosts", addr, None, &path, token, raw, format_hosts)
 }
 
-/// `GET path` on the daemon, printed raw (`--json`) or by `format`; exit
-/// status 1 when there is no answer, an error, or no JSON.
+/// `GET path` on the daemon (over `socket` first, if any), printed raw
+/// (`--json`) or by `format`; exit status 1 when there is no answer, an
+/// error, or no JSON.
 fn show_json(
     command: &str,
     addr: &str,
+    socket: Option<&Path>,
     path: &str,
     token: Option<&str>,
     raw: bool,
     format: fn(&serde_json::Value) -> String,
 ) -> ExitCode {
+    let mut notes = Vec::new();
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")
         .and_then(|rt| {
-            rt.block_on(rozd::client::get(addr, path, token))
-                .map_err(anyhow::Error::from)
+            rt.block_on(rozd::client::send_local(
+                socket,
+                addr,
+                http::Method::GET,
+                path,
+                token,
+                None,
+                &mut notes,
+            ))
+            .map_err(anyhow::Error::from)
         });
-    let reply = match result {
+    for note in notes {
+        eprintln!("rozd {command}: {note}");
+    }
+    let (reply, via) = match result {
         Ok(r) => r,
         Err(e) => {
             eprintln!("rozd {command}: {e:#}");
@@ -341,7 +431,7 @@ fn show_json(
     };
     if !reply.status.is_success() {
         eprintln!(
-            "rozd {command}: {addr} answered {}: {}",
+            "rozd {command}: {via} answered {}: {}",
             reply.status,
             reply.body.trim()
         );
@@ -358,7 +448,7 @@ fn show_json(
         }
         Err(e) => {
             eprintln!(
-                "rozd {command}: {addr} answered something that is not JSON ({e}): {}",
+                "rozd {command}: {via} answered something that is not JSON ({e}): {}",
                 reply.body
             );
             ExitCode::FAILURE
@@ -466,6 +556,7 @@ fn format_hosts(v: &serde_json::Value) -> String {
 
 fn estop(
     addr: &str,
+    socket: Option<&Path>,
     token: Option<&str>,
     reason: Option<&str>,
     clear: bool,
@@ -480,6 +571,11 @@ fn estop(
         Some(r) => serde_json::json!({ "reason": r }),
         None => serde_json::json!({}),
     };
+    let target = match socket {
+        Some(socket) => format!("{} or {addr}", socket.display()),
+        None => addr.to_string(),
+    };
+    let mut notes = Vec::new();
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -488,19 +584,30 @@ fn estop(
             rt.block_on(async {
                 tokio::time::timeout(
                     ESTOP_TIMEOUT,
-                    rozd::client::post_json(addr, path, token, &body),
+                    rozd::client::send_local(
+                        socket,
+                        addr,
+                        http::Method::POST,
+                        path,
+                        token,
+                        Some(&body),
+                        &mut notes,
+                    ),
                 )
                 .await
             })
             .map_err(|_| {
                 anyhow::anyhow!(
-                    "no answer from {addr} within {}s; check the state with `rozd status`",
+                    "no answer from {target} within {}s; check the state with `rozd status`",
                     ESTOP_TIMEOUT.as_secs()
                 )
             })?
             .map_err(anyhow::Error::from)
         });
-    let reply = match result {
+    for note in notes {
+        eprintln!("rozd estop: {note}");
+    }
+    let (reply, via) = match result {
         Ok(r) => r,
         Err(e) => {
             eprintln!("rozd estop: {e:#}\nrozd estop: {what}");
@@ -517,7 +624,7 @@ fn estop(
             })
             .unwrap_or_else(|| reply.body.trim().to_string());
         eprintln!(
-            "rozd estop: {addr} answered {}: {message}\nrozd estop: {what}",
+            "rozd estop: {via} answered {}: {message}\nrozd estop: {what}",
             reply.status
         );
         return ExitCode::from(if reply.status == http::StatusCode::CONFLICT {
@@ -530,7 +637,7 @@ fn estop(
         Ok(v) => v,
         Err(e) => {
             eprintln!(
-                "rozd estop: {addr} answered something that is not JSON ({e}): {}",
+                "rozd estop: {via} answered something that is not JSON ({e}): {}",
                 reply.body
             );
             return ExitCode::from(1);

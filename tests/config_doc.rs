@@ -113,3 +113,17 @@ fn every_hardware_key_is_documented_with_an_example() {
         section("serial ports", Some("sensors")),
     );
 }
+
+#[test]
+fn every_server_key_is_documented_with_an_example() {
+    let start = DOC.find("\n[server]\n").expect("a [server] section");
+    let end = DOC[start..]
+        .find("\n[log]\n")
+        .map(|i| start + i)
+        .expect("[log] after [server]");
+    assert_documented(
+        "[server]",
+        &accepted_keys("[server]\nZZZ\n"),
+        &DOC[start..end],
+    );
+}

@@ -99,6 +99,23 @@ fn systemd_analyze_security_rates_the_unit_ok_or_better() {
 }
 
 #[test]
+fn unit_has_a_private_runtime_directory_and_room_for_every_connection() {
+    // The control socket lives in /run/rozd.
+    assert!(has("RuntimeDirectory", "rozd"));
+    assert!(has("RuntimeDirectoryMode", "0750"));
+    let limit: u64 = directives()
+        .iter()
+        .find(|(k, _)| *k == "LimitNOFILE")
+        .map(|(_, v)| v.parse().expect("LimitNOFILE is one number (soft = hard)"))
+        .expect("systemd/rozd.service sets LimitNOFILE");
+    let default_connections = u64::from(rozd::config::ServerConfig::default().max_connections);
+    assert!(
+        limit >= 4 * default_connections,
+        "LimitNOFILE={limit} leaves too little room beside server.max_connections = {default_connections}"
+    );
+}
+
+#[test]
 fn unit_reads_the_optional_env_file_and_has_no_sighup_reload() {
     assert!(has("EnvironmentFile", "-/etc/rozd/env"));
     // rozd does not handle SIGHUP: a reload would kill it.

@@ -1,4 +1,6 @@
-//! Bearer-token authentication for every gRPC call and REST route but `/healthz`.
+//! Bearer-token authentication for every gRPC call and REST route but
+//! `/healthz` on the TCP listener (the control socket's file permissions
+//! authenticate its connections; it does not pass through here).
 
 use std::sync::Arc;
 
@@ -8,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use super::rest::json_error;
+use super::tracked::Connection;
 use crate::HostContext;
 use crate::config::Secret;
 
@@ -19,8 +22,21 @@ pub async fn require_token(
     request: Request,
     next: Next,
 ) -> Response {
-    if !ctx.config.auth_required() || PUBLIC_PATHS.contains(&request.uri().path()) {
+    let public = PUBLIC_PATHS.contains(&request.uri().path());
+    if public {
         return next.run(request).await;
+    }
+    // A connection that completed a request past this check is shed only
+    // after those that never did (see `connections`).
+    let connection = request.extensions().get::<Connection>().cloned();
+    let authenticated = |response: Response| {
+        if let Some(connection) = &connection {
+            connection.mark_authenticated();
+        }
+        response
+    };
+    if !ctx.config.auth_required() {
+        return authenticated(next.run(request).await);
     }
     let presented = request
         .headers()
@@ -32,7 +48,9 @@ pub async fn require_token(
         })
         .map(str::trim);
     match presented {
-        Some(token) if token_matches(token, &ctx.config.resolved_tokens) => next.run(request).await,
+        Some(token) if token_matches(token, &ctx.config.resolved_tokens) => {
+            authenticated(next.run(request).await)
+        }
         presented => {
             let why = if presented.is_some() {
                 "invalid bearer token"

@@ -378,7 +378,7 @@ async fn fleet_command(
         Some(ms) => Duration::from_millis(ms),
         None => DEFAULT_CONFIRM_WAIT,
     };
-    let source = rest_source(&headers);
+    let source = rest_source(&headers, None);
     let reason = clean_reason(
         request.reason.as_deref(),
         if stop {

@@ -2,6 +2,8 @@
 
 mod agent;
 mod auth;
+pub mod browser;
+pub mod connections;
 pub mod convert;
 mod hosts;
 pub use hosts::MAX_HOSTS_LIMIT;
@@ -9,6 +11,7 @@ pub mod relay;
 mod rest;
 mod safety;
 mod tasks;
+pub mod tracked;
 
 use std::sync::Arc;
 
@@ -90,8 +93,32 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .fallback(rest::fallback)
         .method_not_allowed_fallback(rest::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
-            ctx,
+            ctx.clone(),
             auth::require_token,
+        ))
+        // Outermost: a request for another host or from another origin
+        // learns nothing, not even whether it would need a token.
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(browser::AllowedHosts::from_config(&ctx.config)),
+            browser::guard,
         ));
     Ok((router, health_reporter))
+}
+
+/// Marks requests that arrived on the local control socket (a request
+/// extension): their file permissions authenticated them.
+#[derive(Debug, Clone, Copy)]
+pub struct ControlSocket;
+
+/// What the local control socket serves: `GET /healthz`, `GET /v1/status`,
+/// `GET /v1/safety`, `POST /v1/estop` and `POST /v1/estop/clear`, without
+/// bearer tokens (only root and the daemon's group may open the socket) and
+/// without the browser checks (no browser can open a Unix socket).
+pub fn control_router(ctx: Arc<HostContext>) -> axum::Router {
+    rest::control_routes()
+        .merge(safety::routes())
+        .with_state(ctx)
+        .fallback(rest::fallback)
+        .method_not_allowed_fallback(rest::method_not_allowed)
+        .layer(axum::Extension(ControlSocket))
 }

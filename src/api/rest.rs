@@ -31,6 +31,13 @@ pub fn routes() -> Router<Arc<HostContext>> {
         .route("/v1/sensors/{name}", get(sensor))
 }
 
+/// The routes the local control socket serves besides the safety ones.
+pub fn control_routes() -> Router<Arc<HostContext>> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/v1/status", get(status))
+}
+
 /// The latest Observation of the OODA loop.
 async fn observation(State(ctx): State<Arc<HostContext>>) -> Json<crate::ooda::Observation> {
     Json(crate::ooda::Observation::clone(&ctx.ooda.observation()))

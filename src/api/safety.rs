@@ -9,11 +9,12 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use tonic::{Request, Status};
 
+use super::ControlSocket;
 use super::proto::{self, safety_service_server::SafetyService};
 use super::rest::json_error;
 use crate::HostContext;
@@ -29,6 +30,9 @@ async fn persist_or_log(latch: &crate::safety::ProtectiveStop) {
         tracing::error!("the protective stop's clear could not be written to disk in time");
     }
 }
+
+/// The stop's source, and the clearer, for requests on the local control socket.
+pub const CONTROL_SOCKET_SOURCE: &str = "control-socket";
 
 /// Longest reason kept (longer ones are cut, never refused: a stop must not
 /// fail over its wording).
@@ -164,8 +168,12 @@ fn bad_body(why: &str) -> Response {
     .into_response()
 }
 
-/// `cli` for the `rozd` command line, else `rest`.
-pub(super) fn rest_source(headers: &HeaderMap) -> &'static str {
+/// Who asked: `control-socket` for the local control socket, `cli` for the
+/// `rozd` command line over TCP, else `rest`.
+pub(super) fn rest_source(headers: &HeaderMap, control: Option<&ControlSocket>) -> &'static str {
+    if control.is_some() {
+        return CONTROL_SOCKET_SOURCE;
+    }
     let cli = headers
         .get(http::header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
@@ -189,18 +197,23 @@ async fn get_status(State(ctx): State<Arc<HostContext>>) -> Json<SafetyStatus> {
 /// `POST /v1/estop`: latches the stop (adding this source's cause); answers
 /// once every actuator was driven to its safe value and the latch is on disk.
 /// `triggered` says whether this added a cause.
-async fn trigger(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn trigger(
+    State(ctx): State<Arc<HostContext>>,
+    control: Option<Extension<ControlSocket>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let request: StopRequest = match parse_body(&body) {
         Ok(r) => r,
         Err(why) => return bad_body(&why),
     };
-    let source = rest_source(&headers);
+    let source = rest_source(&headers, control.as_deref());
     let reason = clean_reason(
         request.reason.as_deref(),
-        if source == "cli" {
-            "rozd estop"
-        } else {
+        if source == "rest" {
             "POST /v1/estop"
+        } else {
+            "rozd estop"
         },
     );
     let added = ctx.ooda.trigger_stop(source, &reason).await;
@@ -209,12 +222,17 @@ async fn trigger(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: 
 
 /// `POST /v1/estop/clear`: the operator's clear: removes every cause but
 /// those a stop input still asserts (moves nothing); `409` while one does.
-async fn clear(State(ctx): State<Arc<HostContext>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn clear(
+    State(ctx): State<Arc<HostContext>>,
+    control: Option<Extension<ControlSocket>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let request: StopRequest = match parse_body(&body) {
         Ok(r) => r,
         Err(why) => return bad_body(&why),
     };
-    let source = rest_source(&headers);
+    let source = rest_source(&headers, control.as_deref());
     let reason = clean_reason(request.reason.as_deref(), "operator");
     let latch = ctx.ooda.protective_stop();
     let cleared = latch.try_clear(&format!("{source}: {reason}"));

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod broker;
+pub mod control;
 pub mod pty;
 
 use std::net::SocketAddr;
@@ -21,6 +22,8 @@ pub const EXPECT_WITHIN: Duration = Duration::from_secs(10);
 
 pub struct TestDaemon {
     pub addr: SocketAddr,
+    /// The local control socket (`control.sock` beside the store).
+    pub control_socket: std::path::PathBuf,
     pub ctx: std::sync::Arc<rozd::HostContext>,
     stop: Option<oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<()>>,
@@ -50,9 +53,19 @@ impl TestDaemon {
         adjust: impl FnOnce(&mut Config),
         hooks: std::sync::Arc<dyn rozd::session::SessionHooks>,
     ) -> TestDaemon {
+        Self::start_server("", extra_toml, adjust, hooks).await
+    }
+
+    /// [`TestDaemon::start_full`] with `server_toml` added to its `[server]` table.
+    pub async fn start_server(
+        server_toml: &str,
+        extra_toml: &str,
+        adjust: impl FnOnce(&mut Config),
+        hooks: std::sync::Arc<dyn rozd::session::SessionHooks>,
+    ) -> TestDaemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let text = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n{extra_toml}",
+            "[server]\nlisten = \"127.0.0.1:0\"\n{server_toml}\n[store]\npath = {:?}\n{extra_toml}",
             dir.path().join("rozd.db").display().to_string()
         );
         let mut config = Config::parse(&text, ConfigSource::BuiltIn).expect("test config is valid");
@@ -71,12 +84,20 @@ impl TestDaemon {
     fn serve(daemon: rozd::daemon::Daemon, dir: tempfile::TempDir) -> TestDaemon {
         let addr = daemon.local_addr();
         let ctx = daemon.context();
+        // The default place (the tests do not run under systemd, so there is
+        // no $RUNTIME_DIRECTORY): beside the store.
+        let control_socket = ctx
+            .config
+            .store
+            .resolved_path()
+            .with_file_name("control.sock");
         let (stop, stopped) = oneshot::channel::<()>();
         let served = tokio::spawn(daemon.serve(async move {
             let _ = stopped.await;
         }));
         TestDaemon {
             addr,
+            control_socket,
             ctx,
             stop: Some(stop),
             served: Some(served),

@@ -1,0 +1,114 @@
+//! Ties the requests of one connection to its place in a
+//! [`ConnectionTable`]: each request counts as in flight until its response
+//! body has been sent (a gRPC stream: until it ends), and carries a
+//! [`Connection`] so that authentication can mark the connection.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use axum::body::Body;
+use http_body_util::BodyExt as _;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+use super::connections::{ConnectionId, ConnectionTable};
+
+/// A listener's table; a connection's entry holds what closes it.
+pub type SharedTable = Arc<Mutex<ConnectionTable<Closer>>>;
+
+/// The table, also after a panic elsewhere (its data stay consistent: every
+/// method finishes its change before returning).
+pub fn lock(table: &SharedTable) -> MutexGuard<'_, ConnectionTable<Closer>> {
+    table.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How the accept loop asks a connection's task to close it.
+#[derive(Debug, Clone, Default)]
+pub struct Closer {
+    shed: CancellationToken,
+    expire: CancellationToken,
+}
+
+impl Closer {
+    /// At once: the connection is dropped (shed for a newcomer, or for
+    /// descriptors).
+    pub fn shed(&self) {
+        self.shed.cancel();
+    }
+
+    /// Gracefully: it idled out (HTTP/2 gets a GOAWAY).
+    pub fn expire(&self) {
+        self.expire.cancel();
+    }
+
+    pub async fn shed_requested(&self) {
+        self.shed.cancelled().await;
+    }
+
+    pub async fn expire_requested(&self) {
+        self.expire.cancelled().await;
+    }
+}
+
+/// The connection a request arrived on (a request extension).
+#[derive(Debug, Clone)]
+pub struct Connection {
+    id: ConnectionId,
+    table: SharedTable,
+}
+
+impl Connection {
+    pub fn new(id: ConnectionId, table: SharedTable) -> Self {
+        Connection { id, table }
+    }
+
+    /// A request on it passed authentication: it is not shed before
+    /// connections that never did.
+    pub fn mark_authenticated(&self) {
+        lock(&self.table).authenticated(self.id);
+    }
+}
+
+/// Counts a request as in flight while it lives.
+struct InFlight(Connection);
+
+impl InFlight {
+    fn start(connection: Connection) -> Self {
+        lock(&connection.table).request_started(connection.id, tokio::time::Instant::now());
+        InFlight(connection)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        lock(&self.0.table).request_ended(self.0.id, tokio::time::Instant::now());
+    }
+}
+
+/// `router` as the service of one connection.
+pub fn service(
+    router: axum::Router,
+    connection: Connection,
+) -> impl tower::Service<
+    http::Request<hyper::body::Incoming>,
+    Response = http::Response<Body>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    tower::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
+        let in_flight = InFlight::start(connection.clone());
+        request.extensions_mut().insert(connection.clone());
+        let router = router.clone();
+        async move {
+            let response = router.oneshot(request).await?;
+            // The request stays in flight until the body is dropped: sent
+            // completely, or the stream reset.
+            Ok(response.map(|body| {
+                Body::new(body.map_frame(move |frame| {
+                    let _in_flight = &in_flight;
+                    frame
+                }))
+            }))
+        }
+    })
+}
