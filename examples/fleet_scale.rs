@@ -341,7 +341,7 @@ async fn main() -> Result<(), String> {
                 id,
                 body.as_bytes(),
                 now + Duration::from_millis(round),
-                rozd::store::now_ms(),
+                rozd::clock::now_ms(),
             )
             .map_err(|e| e.to_string())?;
         }

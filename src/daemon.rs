@@ -140,7 +140,7 @@ impl Daemon {
         let audit_store = store.clone();
         tokio::spawn(async move {
             while let Some(event) = audit_rx.recv().await {
-                let now = crate::store::now_ms();
+                let now = crate::clock::now_ms();
                 let record = crate::store::AuditRecord {
                     at_ms: now,
                     kind: "actuator".into(),
@@ -668,7 +668,7 @@ fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::Prote
     tokio::spawn(async move {
         use crate::safety::StopEvent;
         while let Some(event) = stop_rx.recv().await {
-            let now = crate::store::now_ms();
+            let now = crate::clock::now_ms();
             let (kind, origin, result, error) = match event {
                 StopEvent::Triggered { source, reason, by } => {
                     let origin = match by {

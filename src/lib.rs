@@ -23,6 +23,7 @@
 pub mod api;
 pub mod chat;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod fleet;

@@ -1135,7 +1135,7 @@ fn sealed(topic: &str, body: &Value) -> String {
 }
 
 fn now_ms() -> i64 {
-    rozd::store::now_ms()
+    rozd::clock::now_ms()
 }
 
 /// A host record as a rozd publishes it (the body, unsealed).

@@ -209,7 +209,7 @@ pub fn run(options: &Options) -> Result<Report> {
         .build()?;
     let mut machine = Machine::read();
     let started = std::time::Instant::now();
-    let started_unix_ms = rozd::store::now_ms();
+    let started_unix_ms = rozd::clock::now_ms();
     let metrics = runtime.block_on(async {
         let mut metrics = Vec::new();
         let section = |number: &str| {

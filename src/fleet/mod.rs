@@ -294,7 +294,7 @@ impl Fleet {
             endpoint: Some(endpoint),
             estop: None,
             heartbeat_secs: Some(heartbeat),
-            created_at_ms: crate::store::now_ms(),
+            created_at_ms: crate::clock::now_ms(),
             last_heartbeat_ms: None,
             instance: Some(uuid::Uuid::new_v4().to_string()),
         };
@@ -359,7 +359,7 @@ impl Fleet {
             },
             None => EstopState::default(),
         });
-        record.last_heartbeat_ms = Some(crate::store::now_ms());
+        record.last_heartbeat_ms = Some(crate::clock::now_ms());
         record
     }
 
@@ -375,7 +375,7 @@ impl Fleet {
 
     fn next_stamp(&self) -> i64 {
         let mut floor = lock(&self.stamp_floor);
-        let stamp = crate::store::now_ms().max(floor.saturating_add(1));
+        let stamp = crate::clock::now_ms().max(floor.saturating_add(1));
         *floor = stamp;
         stamp
     }
@@ -505,7 +505,7 @@ impl Fleet {
                     .saturating_mul(1000)
                     .saturating_mul(i64::from(view::STALE_AFTER_HEARTBEATS))
                     .saturating_add(stop::MAX_CLOCK_SKEW_MS);
-                let age_ms = crate::store::now_ms().saturating_sub(entry.record.stamp_ms());
+                let age_ms = crate::clock::now_ms().saturating_sub(entry.record.stamp_ms());
                 if age_ms > max_age_ms {
                     return Err(RouteError::Unavailable(format!(
                         "host {host_id:?} has not published a record for {} s; its endpoint is \
@@ -582,7 +582,7 @@ impl Fleet {
             endpoint: None,
             estop: None,
             heartbeat_secs: None,
-            created_at_ms: crate::store::now_ms(),
+            created_at_ms: crate::clock::now_ms(),
             last_heartbeat_ms: None,
             instance: None,
         };
@@ -652,7 +652,7 @@ impl Fleet {
             reason: reason.to_string(),
             by: Some(self.own.id.clone()),
             id: Some(uuid::Uuid::new_v4().to_string()),
-            at_ms: Some(crate::store::now_ms()),
+            at_ms: Some(crate::clock::now_ms()),
         };
         let topic = self.topics.estop(environment_id);
         let payload = self.seal(&topic, &command)?;
@@ -667,7 +667,7 @@ impl Fleet {
         if environment_id == self.own.environment_id {
             // The caller applies it here; its echo from the broker is not
             // applied again.
-            lock(&self.gate).published(&command, crate::store::now_ms());
+            lock(&self.gate).published(&command, crate::clock::now_ms());
         }
         tracing::warn!(
             environment_id,
@@ -776,7 +776,7 @@ impl Fleet {
             self.open(topic, payload)?
         };
         let applied =
-            lock(&self.view).apply(id, body.as_bytes(), Instant::now(), crate::store::now_ms())?;
+            lock(&self.view).apply(id, body.as_bytes(), Instant::now(), crate::clock::now_ms())?;
         match applied {
             Applied::Stored { id, before, now } if before != Some(now) => {
                 tracing::info!(
@@ -815,7 +815,7 @@ impl Fleet {
         // (our previous run's, if this host's clock went back since); one
         // far in the future would be refused by the other hosts anyway.
         let stamp = r.stamp_ms();
-        if stamp <= crate::store::now_ms().saturating_add(stop::MAX_CLOCK_SKEW_MS) {
+        if stamp <= crate::clock::now_ms().saturating_add(stop::MAX_CLOCK_SKEW_MS) {
             let mut floor = lock(&self.stamp_floor);
             *floor = (*floor).max(stamp);
         }
@@ -897,7 +897,7 @@ impl Fleet {
         let verdict = lock(&self.gate).decide(
             &command,
             authentic,
-            crate::store::now_ms(),
+            crate::clock::now_ms(),
             fleet_latched_since,
         );
         Ok(Some(JudgedCommand { command, verdict }))
@@ -1103,13 +1103,13 @@ mod tests {
         let mut r = record_of(&f, "b", RecordStatus::Online, Some("http://127.0.0.1:7001"));
         // three heartbeats (2 s) and the clock skew allowance ago, and more
         r.last_heartbeat_ms =
-            Some(crate::store::now_ms() - 6_000 - stop::MAX_CLOCK_SKEW_MS - 1_000);
+            Some(crate::clock::now_ms() - 6_000 - stop::MAX_CLOCK_SKEW_MS - 1_000);
         receive(&f, &r).unwrap();
         assert!(matches!(
             f.route("b", None),
             Err(RouteError::Unavailable(m)) if m.contains("has not published")
         ));
-        r.last_heartbeat_ms = Some(crate::store::now_ms());
+        r.last_heartbeat_ms = Some(crate::clock::now_ms());
         receive(&f, &r).unwrap();
         assert!(matches!(f.route("b", None), Ok(Route::Remote(_))));
     }
@@ -1157,10 +1157,10 @@ mod tests {
         let f = fleet(FLEET);
         let mut old = record_of(&f, "b", RecordStatus::Online, Some("http://10.0.0.1:1"));
         old.instance = Some("i1".into());
-        old.last_heartbeat_ms = Some(crate::store::now_ms() - 1_000);
+        old.last_heartbeat_ms = Some(crate::clock::now_ms() - 1_000);
         let mut new = old.clone();
         new.endpoint = Some("http://10.0.0.2:1".into());
-        new.last_heartbeat_ms = Some(crate::store::now_ms());
+        new.last_heartbeat_ms = Some(crate::clock::now_ms());
         receive(&f, &old).unwrap();
         receive(&f, &new).unwrap();
         // the old record replayed
@@ -1186,7 +1186,7 @@ mod tests {
         assert!(receive(&f, &stranger).is_err());
         // a record from the future
         let mut ahead = new.clone();
-        ahead.last_heartbeat_ms = Some(crate::store::now_ms() + 2 * stop::MAX_CLOCK_SKEW_MS);
+        ahead.last_heartbeat_ms = Some(crate::clock::now_ms() + 2 * stop::MAX_CLOCK_SKEW_MS);
         assert!(matches!(receive(&f, &ahead), Err(Rejected::Future { .. })));
         assert_eq!(f.ignored().replayed_records, 4);
     }
@@ -1229,7 +1229,7 @@ mod tests {
         let mut previous = first.clone();
         previous.instance = Some("earlier".into());
         previous.created_at_ms -= 1;
-        previous.last_heartbeat_ms = Some(crate::store::now_ms() + 60_000);
+        previous.last_heartbeat_ms = Some(crate::clock::now_ms() + 60_000);
         assert_eq!(
             f.own_topic_message(&sealed_record(&previous)),
             OwnTopic::Replace
@@ -1278,7 +1278,7 @@ mod tests {
     #[test]
     fn stop_commands_anyone_may_stop_only_the_fleet_clears() {
         let f = fleet(FLEET);
-        let now = crate::store::now_ms();
+        let now = crate::clock::now_ms();
         assert_eq!(f.command_received(b"", None), Ok(None));
         assert_eq!(
             verdict(&f, &sealed_command(true, "s1", now)),
@@ -1341,7 +1341,7 @@ mod tests {
             Verdict::Refused(stop::Refusal::Unauthenticated)
         );
         // the fleet's own clear, issued after the stops
-        let clear_at = crate::store::now_ms() + 1;
+        let clear_at = crate::clock::now_ms() + 1;
         assert_eq!(
             verdict(&f, &sealed_command(false, "c1", clear_at)),
             Verdict::Clear

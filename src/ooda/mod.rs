@@ -261,7 +261,7 @@ impl Ooda {
         let ooda = Arc::new(Ooda {
             latest: watch::Sender::new(Arc::new(Observation {
                 seq: 0,
-                at_unix_ms: crate::store::now_ms(),
+                at_unix_ms: crate::clock::now_ms(),
                 protective_stop: estop.active(),
                 protective_stop_causes: estop.state().causes,
                 sensors: Vec::new(),
@@ -338,7 +338,7 @@ impl Ooda {
         let stop = self.estop.state();
         Observation {
             seq: latest.seq,
-            at_unix_ms: crate::store::now_ms(),
+            at_unix_ms: crate::clock::now_ms(),
             protective_stop: stop.first().cloned(),
             protective_stop_causes: stop.causes,
             sensors,
@@ -477,7 +477,7 @@ impl Ooda {
         let stop = self.estop.state();
         Observation {
             seq,
-            at_unix_ms: crate::store::now_ms(),
+            at_unix_ms: crate::clock::now_ms(),
             protective_stop: stop.first().cloned(),
             protective_stop_causes: stop.causes,
             sensors,

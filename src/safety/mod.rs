@@ -170,7 +170,7 @@ impl ProtectiveStop {
         let restore_cause = |reason: String| StopInfo {
             source: RESTORE_SOURCE.into(),
             reason,
-            since_unix_ms: crate::store::now_ms(),
+            since_unix_ms: crate::clock::now_ms(),
             by: None,
         };
         let mut causes = match file.load() {
@@ -272,7 +272,7 @@ impl ProtectiveStop {
         latch.causes.push(StopInfo {
             source: source.to_string(),
             reason: reason.to_string(),
-            since_unix_ms: crate::store::now_ms(),
+            since_unix_ms: crate::clock::now_ms(),
             by: by.map(str::to_string),
         });
         self.changed(&mut latch);

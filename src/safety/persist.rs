@@ -191,7 +191,7 @@ fn write_atomically(path: &Path, causes: &[StopInfo]) -> Result<(), PersistError
     let body = serde_json::to_vec_pretty(&OnDisk {
         version: VERSION,
         causes: causes.to_vec(),
-        written_at_unix_ms: crate::store::now_ms(),
+        written_at_unix_ms: crate::clock::now_ms(),
     })
     .map_err(|e| io(std::io::Error::other(e)))?;
     let dir = path

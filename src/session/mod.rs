@@ -24,7 +24,8 @@ use tokio_util::sync::CancellationToken;
 pub use types::*;
 
 use crate::HostContext;
-use crate::store::{SessionRecord, TurnRecord, now_ms};
+use crate::clock::now_ms;
+use crate::store::{SessionRecord, TurnRecord};
 use state::{Session, TurnPlan};
 use turn::{TurnInput, TurnLimits, TurnOutcome, TurnSetup};
 

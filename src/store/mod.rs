@@ -5,9 +5,9 @@
 //! told survives a crash. SQLite calls are blocking; each runs on tokio's
 //! blocking pool behind one connection mutex (writes are a few per turn).
 
+use crate::clock::now_ms;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 mod tasks;
 
@@ -123,12 +123,6 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (task_id, seq)
     );",
 ];
-
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SessionRecord {

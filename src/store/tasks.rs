@@ -10,7 +10,8 @@
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 use serde::Serialize;
 
-use super::{Store, StoreError, now_ms};
+use super::{Store, StoreError};
+use crate::clock::now_ms;
 
 /// A task as stored.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -21,8 +21,9 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::HostContext;
+use crate::clock::now_ms;
 use crate::session::turn::TurnInput;
-use crate::store::{StoreError, StoredTaskEvent, TaskRow, now_ms};
+use crate::store::{StoreError, StoredTaskEvent, TaskRow};
 use state::{PendingApproval, StopCause, TaskState, TaskStatus, TeamEvent, WorkerEnd};
 
 /// Longest prompt a task accepts.
