@@ -8,6 +8,7 @@
 pub mod context;
 pub mod permissions;
 mod record;
+pub mod schema;
 pub mod state;
 pub mod tools;
 pub mod turn;

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::ToolSpec;
+use super::schema::Schema;
 use crate::model::ToolDef;
 
 /// A tool with its compiled parameter schema.
 #[derive(Debug, Clone)]
 pub struct Tool {
     pub spec: ToolSpec,
-    validator: Arc<jsonschema::Validator>,
+    schema: Arc<Schema>,
 }
 
 impl Tool {
@@ -24,9 +25,9 @@ impl Tool {
                 spec.name
             ));
         }
-        // No remote `$ref` resolution is compiled in: a schema can never make
-        // the daemon fetch anything.
-        let validator = jsonschema::validator_for(&spec.parameters_schema).map_err(|e| {
+        // Only local `$ref`s are understood: a schema can never make the
+        // daemon fetch anything.
+        let schema = Schema::compile(&spec.parameters_schema).map_err(|e| {
             format!(
                 "tool `{}`: parameters_schema is not a valid JSON Schema: {e}",
                 spec.name
@@ -34,25 +35,13 @@ impl Tool {
         })?;
         Ok(Tool {
             spec,
-            validator: Arc::new(validator),
+            schema: Arc::new(schema),
         })
     }
 
     /// Checks parameters against the schema; the message lists what is wrong.
     pub fn validate(&self, parameters: &Value) -> Result<(), String> {
-        let errors: Vec<String> = self
-            .validator
-            .iter_errors(parameters)
-            .take(5)
-            .map(|e| {
-                let path = e.instance_path().to_string();
-                if path.is_empty() {
-                    e.to_string()
-                } else {
-                    format!("{path}: {e}")
-                }
-            })
-            .collect();
+        let errors = self.schema.errors(parameters);
         if errors.is_empty() {
             Ok(())
         } else {
