@@ -521,12 +521,48 @@ pub struct OodaConfig {
     /// Rate of the orient/decide tick.
     #[serde(default = "default_tick_hz")]
     pub tick_hz: f64,
+    /// Rate the Observation is published at; absent: min(tick_hz, 50).
+    #[serde(default)]
+    pub publish_hz: Option<f64>,
+    /// `thread` (its own OS thread, absolute deadlines) or `runtime`.
+    #[serde(default)]
+    pub timer: crate::ooda::timer::Timer,
+    /// SCHED_FIFO priority (1-99) of the loop's thread.
+    #[serde(default)]
+    pub realtime_priority: Option<u8>,
+    /// CPUs the loop's thread is pinned to.
+    #[serde(default)]
+    pub cpu_affinity: Option<Vec<usize>>,
+    /// mlockall(MCL_CURRENT | MCL_FUTURE) at start-up.
+    #[serde(default)]
+    pub lock_memory: bool,
 }
 
 impl Default for OodaConfig {
     fn default() -> Self {
         OodaConfig {
             tick_hz: default_tick_hz(),
+            publish_hz: None,
+            timer: crate::ooda::timer::Timer::default(),
+            realtime_priority: None,
+            cpu_affinity: None,
+            lock_memory: false,
+        }
+    }
+}
+
+impl OodaConfig {
+    /// The validated settings as the loop takes them.
+    pub fn loop_config(&self) -> crate::ooda::LoopConfig {
+        crate::ooda::LoopConfig {
+            tick_hz: self.tick_hz,
+            publish_hz: self.publish_hz.unwrap_or(self.tick_hz.min(50.0)),
+            timer: self.timer,
+            realtime: crate::ooda::timer::Realtime {
+                priority: self.realtime_priority,
+                cpus: self.cpu_affinity.clone(),
+                lock_memory: self.lock_memory,
+            },
         }
     }
 }
@@ -902,6 +938,42 @@ impl Config {
                 format!("{} is outside 0 < tick_hz <= 10000", self.ooda.tick_hz),
             ));
         }
+        if let Some(hz) = self.ooda.publish_hz
+            && !(hz.is_finite() && hz > 0.0 && hz <= self.ooda.tick_hz)
+        {
+            return Err(invalid(
+                "ooda.publish_hz",
+                format!(
+                    "{hz} is outside 0 < publish_hz <= ooda.tick_hz ({})",
+                    self.ooda.tick_hz
+                ),
+            ));
+        }
+        if let Some(p) = self.ooda.realtime_priority
+            && !(1..=99).contains(&p)
+        {
+            return Err(invalid(
+                "ooda.realtime_priority",
+                format!("{p} is outside 1-99 (SCHED_FIFO priorities)"),
+            ));
+        }
+        if let Some(cpus) = &self.ooda.cpu_affinity
+            && (cpus.is_empty() || cpus.iter().any(|&c| c >= 1024))
+        {
+            return Err(invalid(
+                "ooda.cpu_affinity",
+                "must list at least one CPU number, each below 1024".into(),
+            ));
+        }
+        if self.ooda.timer == crate::ooda::timer::Timer::Runtime
+            && (self.ooda.realtime_priority.is_some() || self.ooda.cpu_affinity.is_some())
+        {
+            return Err(invalid(
+                "ooda.timer",
+                "realtime_priority and cpu_affinity apply to the loop's own thread: use timer = \"thread\""
+                    .into(),
+            ));
+        }
         if self.safety.default_timeout_ms == 0 {
             return Err(invalid(
                 "safety.default_timeout_ms",
@@ -1066,7 +1138,29 @@ impl Config {
                 r.base_url
             ));
         }
-        line(format!("ooda tick:     {} Hz", self.ooda.tick_hz));
+        let l = self.ooda.loop_config();
+        line(format!(
+            "ooda tick:     {} Hz on {} (Observation at {} Hz){}{}{}",
+            l.tick_hz,
+            if l.timer == crate::ooda::timer::Timer::Thread {
+                "its own thread"
+            } else {
+                "the runtime's clock"
+            },
+            l.publish_hz,
+            l.realtime
+                .priority
+                .map_or(String::new(), |p| format!(", SCHED_FIFO {p}")),
+            l.realtime
+                .cpus
+                .as_ref()
+                .map_or(String::new(), |c| format!(", CPUs {c:?}")),
+            if l.realtime.lock_memory {
+                ", memory locked"
+            } else {
+                ""
+            },
+        ));
         line(format!("permissions:   {} rule(s)", self.permissions.len()));
         line(format!(
             "stop inputs:   {}",
@@ -1258,6 +1352,41 @@ mod tests {
             AiMode::OodaReAct,
             "the aliases sessions accept"
         );
+    }
+
+    #[test]
+    fn ooda_loop_settings_are_validated_naming_line_and_key() {
+        for (text, line, key) in [
+            (
+                "[ooda]\ntick_hz = 100\npublish_hz = 200\n",
+                3,
+                "ooda.publish_hz",
+            ),
+            (
+                "[ooda]\nrealtime_priority = 0\n",
+                2,
+                "ooda.realtime_priority",
+            ),
+            ("[ooda]\ncpu_affinity = []\n", 2, "ooda.cpu_affinity"),
+            (
+                "[ooda]\ntimer = \"runtime\"\nrealtime_priority = 10\n",
+                2,
+                "ooda.timer",
+            ),
+            ("[ooda]\ntimer = \"fast\"\n", 2, "ooda.timer"),
+        ] {
+            let (_, found_line, found_key) = invalid(text);
+            assert_eq!(
+                (found_line, found_key.as_str()),
+                (Some(line), key),
+                "{text}"
+            );
+        }
+        let c =
+            parse("[ooda]\ntick_hz = 1000\nrealtime_priority = 50\ncpu_affinity = [1]\n").unwrap();
+        let l = c.ooda.loop_config();
+        assert_eq!(l.publish_hz, 50.0, "at most 50 Hz by default");
+        assert_eq!(l.realtime.priority, Some(50));
     }
 
     #[test]

@@ -121,7 +121,7 @@ impl Daemon {
         let ooda = crate::ooda::Ooda::start(
             &config.hardware,
             config.reflex_rules.clone(),
-            config.ooda.tick_hz,
+            &config.ooda.loop_config(),
             &config.host.id,
             protective_stop,
         )

@@ -88,6 +88,19 @@ async fn robot(extra: &str) -> TestDaemon {
     .await
 }
 
+/// [`robot`] for tests on tokio's paused clock: the loop ticks on the
+/// runtime's clock (its own thread would tick in real time).
+async fn robot_on_paused_clock(extra: &str) -> TestDaemon {
+    TestDaemon::start_adjusted(
+        &format!("{ROBOT}\n[gpio]\nbackend = \"sim\"\n{extra}"),
+        |c| {
+            c.server.http2_keepalive_secs = 0;
+            c.ooda.timer = rozd::ooda::timer::Timer::Runtime;
+        },
+    )
+    .await
+}
+
 #[tokio::test]
 async fn observation_over_rest_shows_values_alarms_and_safe_actuators() {
     let daemon = robot("").await;
@@ -150,6 +163,11 @@ async fn observation_over_rest_shows_values_alarms_and_safe_actuators() {
     assert_eq!(status["ooda"]["tick_hz"], 50.0);
     assert!(status["ooda"]["ticks"].as_u64().unwrap() > 0);
     assert!(status["ooda"]["lateness_p99_us"].is_u64());
+    // The tick runs on its own thread by default, and says so.
+    assert_eq!(status["ooda"]["timer"], "thread");
+    for key in ["lateness_p999_us", "tick_exec_p99_us", "window_ticks"] {
+        assert!(status["ooda"][key].is_u64(), "{key}: {status}");
+    }
     daemon.shutdown().await;
 }
 
@@ -215,7 +233,7 @@ async fn out_of_range_non_finite_and_disallowed_values_are_refused_not_clamped()
 
 #[tokio::test(start_paused = true)]
 async fn rate_limit_refuses_commands_that_come_too_fast() {
-    let daemon = robot("").await;
+    let daemon = robot_on_paused_clock("").await;
     let act = daemon.ctx.ooda.actuators().clone();
     let origin = || Origin::Operator("test".into());
     act.command("speed", 0.1, origin(), None).await.unwrap();
@@ -231,7 +249,7 @@ async fn rate_limit_refuses_commands_that_come_too_fast() {
 
 #[tokio::test(start_paused = true)]
 async fn hold_expiry_returns_the_actuator_to_safe() {
-    let daemon = robot("").await;
+    let daemon = robot_on_paused_clock("").await;
     let ooda = daemon.ctx.ooda.clone();
     let applied = ooda
         .actuators()
@@ -336,7 +354,7 @@ async fn reflex_rule_commands_an_actuator_without_any_model() {
 
 #[tokio::test(start_paused = true)]
 async fn a_sensor_that_stops_sending_goes_stale_and_a_rule_reacts() {
-    let daemon = robot("[[rules]]\nname = \"door_silent\"\nwhen = \"stale(door)\"\nfor_ms = 100\nthen = { estop = true, reason = \"door sensor silent\" }\n").await;
+    let daemon = robot_on_paused_clock("[[rules]]\nname = \"door_silent\"\nwhen = \"stale(door)\"\nfor_ms = 100\nthen = { estop = true, reason = \"door sensor silent\" }\n").await;
     let ooda = daemon.ctx.ooda.clone();
     let obs = until(&ooda, LONG, |o| {
         o.sensor("door").is_some_and(|s| s.sensor.health == "ok")
@@ -361,7 +379,7 @@ async fn a_sensor_that_stops_sending_goes_stale_and_a_rule_reacts() {
 
 #[tokio::test(start_paused = true)]
 async fn gpio_input_is_debounced_and_honours_the_active_level() {
-    let daemon = robot("").await;
+    let daemon = robot_on_paused_clock("").await;
     let ooda = daemon.ctx.ooda.clone();
     let chip = ooda.gpio().as_sim().expect("sim backend");
     until(&ooda, LONG, |o| {
@@ -436,4 +454,22 @@ async fn an_absurd_hold_from_a_caller_does_not_overflow() {
         .unwrap();
     assert_eq!(applied.hold_ms, Some(2000));
     daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_real_time_setting_that_cannot_apply_keeps_the_daemon_from_starting() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n{ROBOT}\n[gpio]\nbackend = \"sim\"\n",
+        dir.path().join("rozd.db").display().to_string()
+    )
+    // No machine this runs on has a CPU 1000: pinning must fail, loudly.
+    .replace("tick_hz = 50", "tick_hz = 50\ncpu_affinity = [1000]");
+    let config = rozd::config::Config::parse(&text, rozd::config::ConfigSource::BuiltIn)
+        .expect("valid config");
+    let err = match rozd::daemon::Daemon::bind(config).await {
+        Ok(_) => panic!("started although the loop could not be pinned"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("ooda.cpu_affinity"), "{err}");
 }

@@ -152,7 +152,7 @@ pub async fn control_loop(scale: &Scale) -> Result<Group> {
         let ooda = rozd::ooda::Ooda::start(
             &config.hardware,
             config.reflex_rules.clone(),
-            config.ooda.tick_hz,
+            &config.ooda.loop_config(),
             "bench",
             ProtectiveStop::default(),
         )

@@ -40,7 +40,8 @@ pub fn control_routes() -> Router<Arc<HostContext>> {
 
 /// The latest Observation of the OODA loop.
 async fn observation(State(ctx): State<Arc<HostContext>>) -> Json<crate::ooda::Observation> {
-    Json(crate::ooda::Observation::clone(&ctx.ooda.observation()))
+    // As of now: an actuator shows a command as soon as it is applied.
+    Json(ctx.ooda.observe_now())
 }
 
 /// Every sensor's latest value, age, health and alarm.

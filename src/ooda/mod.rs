@@ -6,10 +6,13 @@
 pub mod act;
 pub mod orient;
 pub mod rules;
+pub mod stats;
+mod tick;
+pub mod timer;
 pub mod world;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -24,13 +27,12 @@ use crate::hw::serial::{SerialActuator, SerialPortHandle, SerialPorts};
 use crate::hw::sim::SimActuator;
 use crate::hw::{ActuatorDriver, HwError, Readings};
 use crate::safety::{ProtectiveStop, StopInfo};
-use act::{ActuatorView, Actuators, Origin};
+use act::{ActuatorView, Actuators};
 use orient::AlarmLevel;
-use rules::{Action, Rule, RuleState};
+use rules::Rule;
+pub use stats::LoopStats;
+use timer::{Realtime, Timer, TimerError};
 use world::{SensorView, SourceView, World};
-
-/// Lateness samples kept for the loop's statistics.
-const LATENESS_WINDOW: usize = 4096;
 /// Longest start-up waits for the serial ports' first open and the MQTT
 /// client's first connection before driving every actuator safe.
 const START_SETTLE: Duration = Duration::from_secs(3);
@@ -45,6 +47,30 @@ pub enum OodaError {
     Sensor { name: String, error: HwError },
     #[error("{0}")]
     Unsupported(String),
+    #[error(transparent)]
+    Timer(#[from] TimerError),
+}
+
+/// How the loop runs (`[ooda]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoopConfig {
+    pub tick_hz: f64,
+    /// How often the Observation is published (at most `tick_hz`).
+    pub publish_hz: f64,
+    pub timer: Timer,
+    pub realtime: Realtime,
+}
+
+impl LoopConfig {
+    /// `tick_hz` on its own thread, publishing at most 50 times a second.
+    pub fn at(tick_hz: f64) -> LoopConfig {
+        LoopConfig {
+            tick_hz,
+            publish_hz: tick_hz.min(50.0),
+            timer: Timer::Thread,
+            realtime: Realtime::default(),
+        }
+    }
 }
 
 /// What the host knows at one tick.
@@ -75,33 +101,20 @@ impl Observation {
     }
 }
 
-/// Tick lateness statistics, for `/v1/status` and the benchmark.
-#[derive(Debug, Clone, Serialize, Default, PartialEq)]
-pub struct LoopStats {
-    pub tick_hz: f64,
-    pub ticks: u64,
-    pub missed_ticks: u64,
-    pub lateness_p50_us: u64,
-    pub lateness_p99_us: u64,
-    pub lateness_max_us: u64,
-}
-
-#[derive(Debug, Default)]
-struct StatsInner {
-    ticks: u64,
-    missed: u64,
-    max_us: u64,
-    recent: std::collections::VecDeque<u64>,
-}
-
 pub struct Ooda {
     world: Arc<World>,
     actuators: Arc<Actuators>,
     estop: ProtectiveStop,
     rules: Vec<Rule>,
     period: Duration,
+    /// Ticks per published Observation.
+    publish_every: u64,
+    timer: Timer,
+    realtime: Realtime,
+    /// Where the tick hands actions off to (it may run on its own thread).
+    runtime: tokio::runtime::Handle,
     latest: watch::Sender<Arc<Observation>>,
-    stats: Mutex<StatsInner>,
+    recorder: Mutex<stats::Recorder>,
     gpio: Arc<dyn GpioBackend>,
     sim_actuators: HashMap<String, Arc<SimActuator>>,
     serial: SerialPorts,
@@ -125,7 +138,7 @@ impl Ooda {
     pub async fn start(
         hardware: &HardwareSpec,
         rules: Vec<Rule>,
-        tick_hz: f64,
+        loop_config: &LoopConfig,
         host_id: &str,
         estop: ProtectiveStop,
     ) -> Result<Arc<Ooda>, OodaError> {
@@ -257,7 +270,9 @@ impl Ooda {
                 SensorSource::Serial { .. } | SensorSource::Mqtt { .. } => {}
             }
         }
-        let period = Duration::from_secs_f64(1.0 / tick_hz);
+        let period = Duration::from_secs_f64(1.0 / loop_config.tick_hz);
+        let publish_hz = loop_config.publish_hz.min(loop_config.tick_hz);
+        let publish_every = (loop_config.tick_hz / publish_hz).round().max(1.0) as u64;
         let ooda = Arc::new(Ooda {
             latest: watch::Sender::new(Arc::new(Observation {
                 seq: 0,
@@ -273,14 +288,21 @@ impl Ooda {
             estop,
             rules,
             period,
-            stats: Mutex::new(StatsInner::default()),
+            publish_every,
+            timer: loop_config.timer,
+            realtime: loop_config.realtime.clone(),
+            runtime: tokio::runtime::Handle::current(),
+            recorder: Mutex::new(stats::Recorder::default()),
             gpio,
             sim_actuators,
             serial,
             mqtt,
             shutdown,
         });
-        tokio::spawn(ooda.clone().run());
+        if let Err(e) = ooda.start_loop() {
+            ooda.stop().await;
+            return Err(e.into());
+        }
         Ok(ooda)
     }
 
@@ -392,174 +414,39 @@ impl Ooda {
     }
 
     pub fn stats(&self) -> LoopStats {
-        let s = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut sorted: Vec<u64> = s.recent.iter().copied().collect();
-        sorted.sort_unstable();
-        let pct = |p: f64| {
-            if sorted.is_empty() {
-                return 0;
-            }
-            let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-            sorted[i.min(sorted.len() - 1)]
-        };
-        LoopStats {
-            tick_hz: 1.0 / self.period.as_secs_f64(),
-            ticks: s.ticks,
-            missed_ticks: s.missed,
-            lateness_p50_us: pct(0.50),
-            lateness_p99_us: pct(0.99),
-            lateness_max_us: s.max_us,
-        }
+        self.recorder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .stats(
+                1.0 / self.period.as_secs_f64(),
+                self.timer.as_str(),
+                self.realtime.view(),
+            )
     }
 
-    async fn run(self: Arc<Self>) {
-        let mut ticker = tokio::time::interval(self.period);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let mut alarms = vec![AlarmLevel::Ok; self.world.specs().len()];
-        let mut rule_states = vec![RuleState::default(); self.rules.len()];
-        let mut seq = 0u64;
-        let mut expected_next: Option<Instant> = None;
-        loop {
-            let scheduled = tokio::select! {
-                t = ticker.tick() => t,
-                () = self.shutdown.cancelled() => return,
+    /// Starts the tick: on its own thread, or as a task on the runtime's
+    /// clock. The loop holds the Ooda weakly and ends at shutdown.
+    fn start_loop(self: &Arc<Self>) -> Result<(), TimerError> {
+        let weak: Weak<Ooda> = Arc::downgrade(self);
+        let mut state = tick::TickState::new(self);
+        let tick = move |wake| {
+            let Some(ooda) = weak.upgrade() else {
+                return false;
             };
-            let now = Instant::now();
-            self.record_lateness(now, scheduled, &mut expected_next);
-            seq += 1;
-            let observation = Arc::new(self.orient(seq, now, &mut alarms));
-            self.decide(&observation, &mut rule_states, now);
-            self.latest.send_replace(observation);
-        }
-    }
-
-    fn record_lateness(
-        &self,
-        now: Instant,
-        scheduled: Instant,
-        expected_next: &mut Option<Instant>,
-    ) {
-        let late =
-            u64::try_from(now.saturating_duration_since(scheduled).as_micros()).unwrap_or(u64::MAX);
-        let mut s = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
-        s.ticks += 1;
-        // With `Skip`, a tick that comes after the expected one means ticks were dropped.
-        if let Some(expected) = *expected_next
-            && scheduled > expected
-        {
-            let gap = scheduled.duration_since(expected).as_secs_f64() / self.period.as_secs_f64();
-            s.missed += gap.round() as u64;
-        }
-        *expected_next = Some(scheduled + self.period);
-        s.max_us = s.max_us.max(late);
-        if s.recent.len() == LATENESS_WINDOW {
-            s.recent.pop_front();
-        }
-        s.recent.push_back(late);
-    }
-
-    fn orient(&self, seq: u64, now: Instant, alarms: &mut [AlarmLevel]) -> Observation {
-        let views = self.world.sensors(now);
-        let sensors = views
-            .into_iter()
-            .zip(self.world.specs())
-            .zip(alarms.iter_mut())
-            .map(|((view, spec), level)| {
-                if let Some(v) = view.value.filter(|_| view.health == "ok") {
-                    *level = orient::next_level(&spec.alarms, *level, v);
-                }
-                SensorObservation {
-                    sensor: view,
-                    alarm: *level,
-                }
-            })
-            .collect();
-        let stop = self.estop.state();
-        Observation {
-            seq,
-            at_unix_ms: crate::clock::now_ms(),
-            protective_stop: stop.first().cloned(),
-            protective_stop_causes: stop.causes,
-            sensors,
-            actuators: self.actuators.views(now),
-            sources: self.world.sources(),
-        }
-    }
-
-    fn decide(self: &Arc<Self>, observation: &Observation, states: &mut [RuleState], now: Instant) {
-        let facts = ObservationFacts {
-            observation,
-            actuators: &self.actuators,
+            if ooda.shutdown.is_cancelled() {
+                return false;
+            }
+            ooda.tick(&mut state, wake);
+            true
         };
-        for (rule, state) in self.rules.iter().zip(states.iter_mut()) {
-            if !rule.step(state, &facts, now) {
-                continue;
+        match self.timer {
+            Timer::Thread => {
+                timer::spawn_thread(self.period, &self.realtime, tick)?;
             }
-            tracing::info!(rule = %rule.name, action = ?rule.action, "reflex rule fired");
-            // Actions run off the tick task so a slow driver cannot delay the loop.
-            let me = self.clone();
-            let rule = rule.clone();
-            tokio::spawn(async move { me.act(&rule).await });
-        }
-    }
-
-    async fn act(&self, rule: &Rule) {
-        match &rule.action {
-            Action::Command { actuator, value } => {
-                if let Err(e) = self
-                    .actuators
-                    .command(actuator, *value, Origin::Rule(rule.name.clone()), None)
-                    .await
-                {
-                    tracing::warn!(rule = %rule.name, error = %e, "reflex command refused");
-                }
+            Timer::Runtime => {
+                tokio::spawn(timer::run_runtime(self.period, tick));
             }
-            Action::Estop { reason } => {
-                self.trigger_stop(&format!("rule:{}", rule.name), reason)
-                    .await;
-            }
-            Action::Publish {
-                topic,
-                payload,
-                qos,
-            } => match &self.mqtt {
-                Some(mqtt) => {
-                    if let Err(e) = mqtt.publish(topic, payload.clone(), *qos, false) {
-                        tracing::warn!(rule = %rule.name, error = %e, "reflex publish failed");
-                    }
-                }
-                None => tracing::warn!(rule = %rule.name, "no MQTT client to publish with"),
-            },
         }
-    }
-}
-
-struct ObservationFacts<'a> {
-    observation: &'a Observation,
-    actuators: &'a Actuators,
-}
-
-impl rules::Facts for ObservationFacts<'_> {
-    fn value(&self, name: &str) -> Option<f64> {
-        match self.observation.sensor(name) {
-            Some(s) => s.sensor.value,
-            None => self.actuators.value(name),
-        }
-    }
-    fn stale(&self, name: &str) -> bool {
-        self.observation
-            .sensor(name)
-            .is_some_and(|s| s.sensor.health != "ok")
-    }
-    fn alarm(&self, name: &str) -> f64 {
-        self.observation
-            .sensor(name)
-            .map_or(0.0, |s| s.alarm.as_number())
-    }
-    fn age_ms(&self, name: &str) -> Option<f64> {
-        self.observation
-            .sensor(name)
-            .and_then(|s| s.sensor.age_ms)
-            .map(|a| a as f64)
+        Ok(())
     }
 }

@@ -185,13 +185,19 @@ impl World {
     }
 }
 
-fn view(spec: &SensorSpec, state: &SensorState, inner: &Inner, now: Instant) -> SensorView {
+/// A sensor's health as of `now`: its source's, or stale by age; the
+/// source's error, if any.
+fn health<'a>(
+    spec: &SensorSpec,
+    state: &SensorState,
+    inner: &'a Inner,
+    now: Instant,
+) -> (&'static str, Option<&'a String>) {
     let age = state
         .latest
         .map(|(_, at)| now.saturating_duration_since(at));
-    let source = inner.sources.get(&state.source).map(|s| &s.health);
-    let (health, error) = match source {
-        Some(Health::Error(e)) => ("error", Some(e.clone())),
+    match inner.sources.get(&state.source).map(|s| &s.health) {
+        Some(Health::Error(e)) => ("error", Some(e)),
         Some(Health::Disconnected) => ("disconnected", None),
         _ if state.latest.is_none() => ("stale", None),
         _ if spec
@@ -202,14 +208,47 @@ fn view(spec: &SensorSpec, state: &SensorState, inner: &Inner, now: Instant) -> 
             ("stale", None)
         }
         _ => ("ok", None),
-    };
+    }
+}
+
+fn view(spec: &SensorSpec, state: &SensorState, inner: &Inner, now: Instant) -> SensorView {
+    let (health, error) = health(spec, state, inner, now);
     SensorView {
         name: spec.name.clone(),
         unit: spec.unit.clone(),
         value: state.latest.map(|(v, _)| v),
-        age_ms: age.map(ms),
+        age_ms: state
+            .latest
+            .map(|(_, at)| ms(now.saturating_duration_since(at))),
         health,
-        error,
+        error: error.cloned(),
+    }
+}
+
+/// One sensor as the tick reads it: no name, no allocation.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Reading {
+    pub value: Option<f64>,
+    pub age_ms: Option<u64>,
+    /// Health `ok`: a value that is fresh and whose source works.
+    pub healthy: bool,
+}
+
+impl World {
+    /// Every sensor as of `now`, in spec order, into `out` (reused across
+    /// ticks so that a fast loop does not allocate).
+    pub fn readings_into(&self, now: Instant, out: &mut Vec<Reading>) {
+        out.clear();
+        let inner = self.lock();
+        for (spec, state) in self.specs.iter().zip(&inner.sensors) {
+            out.push(Reading {
+                value: state.latest.map(|(v, _)| v),
+                age_ms: state
+                    .latest
+                    .map(|(_, at)| ms(now.saturating_duration_since(at))),
+                healthy: health(spec, state, &inner, now).0 == "ok",
+            });
+        }
     }
 }
 

@@ -10,7 +10,9 @@ impl Turn {
     /// The Observation as compact text for the model, with alarms that
     /// appeared since the previous cycle called out.
     pub(super) fn describe_observation(&mut self, ooda: &Ooda) -> String {
-        let obs = ooda.observation();
+        // Sensors and actuators as they are now (alarm levels as of the last
+        // tick), not as last published: the model sees its own last command.
+        let obs = ooda.observe_now();
         let mut lines = vec![format!(
             "Current observation #{} (protective stop: {}):",
             obs.seq,

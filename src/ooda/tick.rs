@@ -1,0 +1,183 @@
+//! One tick of the loop: orient (alarm levels with hysteresis, staleness),
+//! decide (the reflex rules), hand the decided actions off, and every
+//! `publish_every` ticks publish the Observation. A tick never awaits:
+//! sensor values are read from the world under a short lock, and actions
+//! leave as tasks on the runtime, so a slow driver cannot delay the loop.
+
+use std::sync::{Arc, PoisonError};
+
+use tokio::time::Instant;
+
+use super::orient::{self, AlarmLevel};
+use super::rules::{self, Action, RuleState};
+use super::timer::Wake;
+use super::world::Reading;
+use super::{Observation, Ooda, SensorObservation};
+use crate::ooda::act::Origin;
+
+/// What the loop carries from one tick to the next.
+#[derive(Debug)]
+pub(super) struct TickState {
+    seq: u64,
+    alarms: Vec<AlarmLevel>,
+    rules: Vec<RuleState>,
+    readings: Vec<Reading>,
+    until_publish: u64,
+}
+
+impl TickState {
+    pub(super) fn new(ooda: &Ooda) -> TickState {
+        TickState {
+            seq: 0,
+            alarms: vec![AlarmLevel::Ok; ooda.world.specs().len()],
+            rules: vec![RuleState::default(); ooda.rules.len()],
+            readings: Vec::with_capacity(ooda.world.specs().len()),
+            until_publish: 0,
+        }
+    }
+}
+
+impl Ooda {
+    pub(super) fn tick(self: &Arc<Self>, state: &mut TickState, wake: Wake) {
+        let started = std::time::Instant::now();
+        let now = Instant::now();
+        state.seq += 1;
+        self.world.readings_into(now, &mut state.readings);
+        for ((reading, spec), level) in state
+            .readings
+            .iter()
+            .zip(self.world.specs())
+            .zip(state.alarms.iter_mut())
+        {
+            if let Some(v) = reading.value.filter(|_| reading.healthy) {
+                *level = orient::next_level(&spec.alarms, *level, v);
+            }
+        }
+        let facts = TickFacts {
+            ooda: self,
+            readings: &state.readings,
+            alarms: &state.alarms,
+        };
+        for (rule, rule_state) in self.rules.iter().zip(state.rules.iter_mut()) {
+            if rule.step(rule_state, &facts, now) {
+                tracing::info!(rule = %rule.name, action = ?rule.action, "reflex rule fired");
+                self.hand_off(rule);
+            }
+        }
+        if state.until_publish == 0 {
+            self.publish(state, now);
+            state.until_publish = self.publish_every.saturating_sub(1);
+        } else {
+            state.until_publish -= 1;
+        }
+        let exec = started.elapsed();
+        self.recorder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tick(micros(wake.late), micros(exec), wake.skipped);
+    }
+
+    /// A fired rule's action leaves the tick: a stop latches here and now
+    /// (so nothing can be commanded in between), everything that touches a
+    /// driver or the network runs as a task.
+    fn hand_off(self: &Arc<Self>, rule: &rules::Rule) {
+        let source = format!("rule:{}", rule.name);
+        if let Action::Estop { reason } = &rule.action {
+            self.estop.trigger(&source, reason);
+        }
+        let me = self.clone();
+        let rule = rule.clone();
+        self.runtime.spawn(async move {
+            match &rule.action {
+                Action::Command { actuator, value } => {
+                    if let Err(e) = me
+                        .actuators
+                        .command(actuator, *value, Origin::Rule(rule.name.clone()), None)
+                        .await
+                    {
+                        tracing::warn!(rule = %rule.name, error = %e, "reflex command refused");
+                    }
+                }
+                Action::Estop { reason } => {
+                    me.trigger_stop(&source, reason).await;
+                }
+                Action::Publish {
+                    topic,
+                    payload,
+                    qos,
+                } => match &me.mqtt {
+                    Some(mqtt) => {
+                        if let Err(e) = mqtt.publish(topic, payload.clone(), *qos, false) {
+                            tracing::warn!(rule = %rule.name, error = %e, "reflex publish failed");
+                        }
+                    }
+                    None => tracing::warn!(rule = %rule.name, "no MQTT client to publish with"),
+                },
+            }
+        });
+    }
+
+    fn publish(&self, state: &TickState, now: Instant) {
+        let sensors = self
+            .world
+            .sensors(now)
+            .into_iter()
+            .zip(&state.alarms)
+            .map(|(sensor, alarm)| SensorObservation {
+                sensor,
+                alarm: *alarm,
+            })
+            .collect();
+        let stop = self.estop.state();
+        self.latest.send_replace(Arc::new(Observation {
+            seq: state.seq,
+            at_unix_ms: crate::clock::now_ms(),
+            protective_stop: stop.first().cloned(),
+            protective_stop_causes: stop.causes,
+            sensors,
+            actuators: self.actuators.views(now),
+            sources: self.world.sources(),
+        }));
+    }
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// What the rules read during a tick: this tick's readings and alarm
+/// levels, and the actuators' current values.
+struct TickFacts<'a> {
+    ooda: &'a Ooda,
+    readings: &'a [Reading],
+    alarms: &'a [AlarmLevel],
+}
+
+impl TickFacts<'_> {
+    fn reading(&self, name: &str) -> Option<(usize, &Reading)> {
+        let i = self.ooda.world.index_of(name)?;
+        self.readings.get(i).map(|r| (i, r))
+    }
+}
+
+impl rules::Facts for TickFacts<'_> {
+    fn value(&self, name: &str) -> Option<f64> {
+        match self.reading(name) {
+            Some((_, r)) => r.value,
+            None => self.ooda.actuators.value(name),
+        }
+    }
+    fn stale(&self, name: &str) -> bool {
+        self.reading(name).is_some_and(|(_, r)| !r.healthy)
+    }
+    fn alarm(&self, name: &str) -> f64 {
+        self.reading(name)
+            .and_then(|(i, _)| self.alarms.get(i))
+            .map_or(0.0, |a| a.as_number())
+    }
+    fn age_ms(&self, name: &str) -> Option<f64> {
+        self.reading(name)
+            .and_then(|(_, r)| r.age_ms)
+            .map(|a| a as f64)
+    }
+}
