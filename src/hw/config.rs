@@ -944,13 +944,13 @@ pub fn validate(
         }
         let target = match a.kind {
             ActuatorKind::Sim => {
-                if let Some(input) = a.input {
-                    if let Some(other) = world_inputs.insert(input, a.name.clone()) {
-                        return Err(invalid(
-                            key("input"),
-                            format!("{} is already driven by {other:?}", input.as_str()),
-                        ));
-                    }
+                if let Some(input) = a.input
+                    && let Some(other) = world_inputs.insert(input, a.name.clone())
+                {
+                    return Err(invalid(
+                        key("input"),
+                        format!("{} is already driven by {other:?}", input.as_str()),
+                    ));
                 }
                 ActuatorTarget::Sim { input: a.input }
             }
