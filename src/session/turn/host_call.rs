@@ -4,7 +4,8 @@
 
 use serde_json::Value;
 
-use super::{Gate, Interrupt, Turn, error_result, presence_for};
+use super::tool_call::{Gate, error_result, presence_for};
+use super::{Interrupt, Turn};
 use crate::clock::now_ms;
 use crate::config::ToolCategory;
 use crate::model::Block;
