@@ -9,7 +9,7 @@
 //! - [`estop`]: `rozd estop`, triggering or clearing the protective stop
 //! - [`task`]: `rozd task ...`, over REST and gRPC
 //! - [`chat`]: `rozd chat`, an interactive gRPC session
-//! - [`format`]: the human-readable forms of the daemon's JSON answers
+//! - [`format`](mod@format): the human-readable forms of the daemon's JSON answers
 //!
 //! Nothing here is part of the daemon: of rozd it uses the protocol
 //! ([`crate::proto`]), the configuration (to find the control socket) and
