@@ -55,7 +55,7 @@ enum Command {
     /// List the hosts a running daemon knows (GET /v1/hosts): its fleet registry.
     Hosts {
         /// Address of the daemon.
-        #[arg(long, default_value = "127.0.0.1:8080", env = "ROZD_ADDR")]
+        #[arg(long, default_value = cli::connect::DEFAULT_ADDR, env = "ROZD_ADDR")]
         addr: String,
         /// Bearer token, when the daemon requires one.
         #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
@@ -120,7 +120,7 @@ enum Command {
         #[arg(
             long,
             global = true,
-            default_value = "127.0.0.1:8080",
+            default_value = cli::connect::DEFAULT_ADDR,
             env = "ROZD_ADDR"
         )]
         addr: String,
@@ -187,7 +187,7 @@ Exit status:
 #[derive(Args)]
 struct ChatArgs {
     /// Address of the daemon (host:port or http://host:port).
-    #[arg(long, default_value = "127.0.0.1:8080", env = "ROZD_ADDR")]
+    #[arg(long, default_value = cli::connect::DEFAULT_ADDR, env = "ROZD_ADDR")]
     addr: String,
     /// Bearer token, when the daemon requires one.
     #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
@@ -212,9 +212,9 @@ struct ChatArgs {
 }
 
 fn main() -> ExitCode {
-    let args = Cli::parse();
-    let config = args.config.as_deref();
-    match args.command.unwrap_or(Command::Run) {
+    let parsed = Cli::parse();
+    let config = parsed.config.as_deref();
+    match parsed.command.unwrap_or(Command::Run) {
         Command::Run => run(config),
         Command::Check => check(config),
         Command::Status { reach, token, json } => ExitCode::from(cli::status::status(
