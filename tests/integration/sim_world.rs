@@ -2,7 +2,7 @@
 //! told moves it, its sensors read the result, the shipped reflex rule stops
 //! it before the wall. On tokio's paused clock, so the figures are exact.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

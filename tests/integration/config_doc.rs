@@ -5,7 +5,7 @@
 
 use rozd::config::{Config, ConfigSource};
 
-const DOC: &str = include_str!("../config/rozd.toml");
+const DOC: &str = include_str!("../../config/rozd.toml");
 
 /// The keys a table accepts, from the error that an unknown key produces.
 fn accepted_keys(table: &str) -> Vec<String> {
