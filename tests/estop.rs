@@ -800,7 +800,7 @@ async fn mqtt_listen_subscribes_before_and_after_the_connection() {
     let dir = tempfile::tempdir().unwrap();
     let mut broker = Broker::start(dir.path()).await;
     let cfg = MqttConfig {
-        url: format!("mqtt://127.0.0.1:{}", broker.port),
+        url: format!("mqtt://127.0.0.1:{}", broker.port).parse().unwrap(),
         client_id: Some("rozd-listen-test".into()),
         username: None,
         password_env: None,

@@ -4,7 +4,7 @@ use prost_types::value::Kind;
 use serde_json::{Map, Number, Value};
 
 use super::proto;
-use crate::config::ToolCategory;
+use crate::config::types::ToolCategory;
 use crate::session::{
     ClientEvent, ContextBlock, HistoryMessage, HistoryPart, ServerEvent, StartRequest, ToolOutcome,
     ToolSpec, UserTurn,

@@ -363,7 +363,7 @@ impl Link {
         let cfg = spec.cfg;
         let task = EventTask {
             source: spec.source,
-            url: cfg.url.clone(),
+            url: cfg.url.to_string(),
             eventloop,
             client,
             link: link.clone(),
@@ -725,7 +725,7 @@ mod tests {
     #[test]
     fn client_ids_default_to_the_host_id() {
         let mut cfg = MqttConfig {
-            url: "mqtt://localhost".into(),
+            url: "mqtt://localhost".parse().unwrap(),
             client_id: None,
             username: None,
             password_env: None,

@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::SafetyConfig;
+use crate::config::types::{Invalid, SafetyConfig};
 use crate::hw::HwError;
 use crate::hw::config::{ActuatorTarget, HardwareSpec, Level, Pull, SensorSource};
 use crate::hw::gpio::GpioInput;
@@ -94,9 +94,9 @@ pub fn is_stop_payload(payload: &[u8]) -> bool {
 
 /// Checks `[safety]`'s stop inputs against the validated hardware: the pin
 /// is not used by a sensor or actuator; the topic needs `[mqtt]`, is
-/// concrete, and is not a sensor's or an actuator's topic. `Err((key, message))`.
-pub fn validate(cfg: &SafetyConfig, hw: &HardwareSpec) -> Result<(), (String, String)> {
-    let err = |key: &str, message: String| Err((format!("safety.{key}"), message));
+/// concrete, and is not a sensor's or an actuator's topic.
+pub fn validate(cfg: &SafetyConfig, hw: &HardwareSpec) -> Result<(), Invalid> {
+    let err = |key: &str, message: String| Err(Invalid::new(format!("safety.{key}"), message));
     if cfg.estop_gpio_pin.is_none() {
         if cfg.estop_gpio_active.is_some() {
             return err("estop_gpio_active", "needs safety.estop_gpio_pin".into());

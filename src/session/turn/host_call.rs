@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::{Gate, Interrupt, Turn, error_result, presence_for};
 use crate::clock::now_ms;
-use crate::config::ToolCategory;
+use crate::config::types::ToolCategory;
 use crate::model::Block;
 use crate::session::tools::Tool;
 use crate::session::{Activity, ErrorCode, ServerEvent, SessionError};
