@@ -277,3 +277,249 @@ fn missing_file_is_a_read_error_naming_the_file() {
     let err = Config::load_file(Path::new("/nonexistent/rozd.toml")).unwrap_err();
     assert!(err.to_string().contains("/nonexistent/rozd.toml"), "{err}");
 }
+
+// ------------------------------------------------------------------ broker sections
+
+use super::broker::{BrokerAddress, BrokerUrl};
+
+fn address(tls: bool, host: &str, port: u16) -> BrokerAddress {
+    BrokerAddress {
+        tls,
+        host: host.to_string(),
+        port,
+    }
+}
+
+#[test]
+fn broker_urls_parse_into_one_typed_address() {
+    for (url, expected) in [
+        ("mqtt://broker.lan", address(false, "broker.lan", 1883)),
+        ("mqtt://broker.lan:1884", address(false, "broker.lan", 1884)),
+        ("mqtt://broker.lan/", address(false, "broker.lan", 1883)),
+        ("mqtts://broker.lan", address(true, "broker.lan", 8883)),
+        ("mqtts://broker.lan:9000", address(true, "broker.lan", 9000)),
+        ("mqtt://10.0.0.2", address(false, "10.0.0.2", 1883)),
+        ("mqtt://[::1]:1883", address(false, "::1", 1883)),
+        ("mqtt://[::1]", address(false, "::1", 1883)),
+        ("mqtts://[fe80::1]", address(true, "fe80::1", 8883)),
+        ("mqtts://[fe80::1]:8884/", address(true, "fe80::1", 8884)),
+    ] {
+        assert_eq!(BrokerAddress::parse(url), Ok(expected), "{url}");
+    }
+    for bad in [
+        "http://x",
+        "mqtt://",
+        "mqtt://:1883",
+        "mqtt://x:port",
+        "mqtt://x:",
+        "mqtt://x:70000",
+        // unbracketed IPv6: the last colon is not a port separator
+        "mqtt://::1",
+        "mqtt://fe80::1:1883",
+        "mqtt://[::1",
+        "mqtt://[::1]1883",
+        "mqtt://[not-v6]:1883",
+        "mqtt://x:1883/path",
+        "mqtt://user@x",
+        "mqtt://a b",
+    ] {
+        assert!(BrokerAddress::parse(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn mqtt_and_fleet_take_bracketed_ipv6_brokers_and_the_mqtts_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("fleet-token");
+    std::fs::write(&token, "t0ken\n").unwrap();
+    let c = parse(&format!(
+        "[mqtt]\nurl = \"mqtt://[::1]\"\n[fleet]\nurl = \"mqtts://[fe80::1]\"\n\
+         token_file = {:?}\n",
+        token.display().to_string()
+    ))
+    .unwrap();
+    let mqtt = c.hardware.mqtt.as_ref().unwrap();
+    assert_eq!(mqtt.url.address(), &address(false, "::1", 1883));
+    assert_eq!(mqtt.url.to_string(), "mqtt://[::1]");
+    let fleet = c.fleet.as_ref().unwrap();
+    assert_eq!(fleet.url.address(), &address(true, "fe80::1", 8883));
+    // the fleet's connection is the same address, not a second parse
+    assert_eq!(fleet.broker("h").url.address(), fleet.url.address());
+    // what neither section can connect to is refused naming the key
+    for (text, line, key) in [
+        ("[mqtt]\nurl = \"mqtt://::1\"\n", 2, "mqtt.url"),
+        ("[fleet]\n\nurl = \"mqtt://[::1\"\n", 3, "fleet.url"),
+    ] {
+        let (_, found_line, found_key) = invalid(text);
+        assert_eq!(
+            (found_line, found_key.as_str()),
+            (Some(line), key),
+            "{text}"
+        );
+    }
+    assert!("mqtt://[::1]:1884".parse::<BrokerUrl>().is_ok());
+}
+
+#[test]
+fn broker_keep_alive_is_bounded_and_the_ca_file_read_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("fleet-token");
+    std::fs::write(&token, "t0ken\n").unwrap();
+    let token = format!("token_file = {:?}\n", token.display().to_string());
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\n").unwrap();
+    let ca = format!("ca_file = {:?}\n", ca.display().to_string());
+    for (text, line, key) in [
+        // MQTT sends the keep-alive as 16 bits
+        (
+            "[mqtt]\nurl = \"mqtt://b\"\nkeep_alive_secs = 65536\n".to_string(),
+            3,
+            "mqtt.keep_alive_secs",
+        ),
+        (
+            "[mqtt]\nurl = \"mqtt://b\"\nkeep_alive_secs = 4\n".to_string(),
+            3,
+            "mqtt.keep_alive_secs",
+        ),
+        (
+            "[mqtt]\nurl = \"mqtts://b\"\nca_file = \"/nonexistent/rozd-ca.pem\"\n".to_string(),
+            3,
+            "mqtt.ca_file",
+        ),
+        (
+            format!(
+                "[fleet]\nurl = \"mqtts://b\"\n{token}ca_file = \"/nonexistent/rozd-ca.pem\"\n"
+            ),
+            4,
+            "fleet.ca_file",
+        ),
+    ] {
+        let (_, found_line, found_key) = invalid(&text);
+        assert_eq!(
+            (found_line, found_key.as_str()),
+            (Some(line), key),
+            "{text}"
+        );
+    }
+    let c = parse(&format!(
+        "[mqtt]\nurl = \"mqtts://b\"\nkeep_alive_secs = 65535\n{ca}\
+         [fleet]\nurl = \"mqtts://b\"\n{token}{ca}"
+    ))
+    .unwrap();
+    assert_eq!(c.hardware.mqtt.unwrap().keep_alive_secs, 65535);
+    assert!(c.fleet.unwrap().ca_file.is_some());
+}
+
+// ------------------------------------------------------------------ locating keys
+
+#[test]
+fn errors_inside_inline_tables_name_their_line_and_key() {
+    // a value refused by validation, in an array of inline tables
+    let text = "permissions = [\n  { tool_pattern = \"a*\", policy = \"allow\" },\n  \
+                { tool_pattern = \" \", policy = \"block\" },\n]\n";
+    let (_, line, key) = invalid(text);
+    assert_eq!(
+        (line, key.as_str()),
+        (Some(3), "permissions[1].tool_pattern")
+    );
+    // an unknown key inside an inline table
+    let text = "[host]\nid = \"a\"\n[model]\nendpoints = [\n  { name = \"x\", provider = \
+                \"openai\", model = \"m\", base_url = \"http://127.0.0.1:1\", bogus = 1 },\n]\n";
+    let (_, line, key) = invalid(text);
+    assert_eq!((line, key.as_str()), (Some(5), "model.endpoints[0].bogus"));
+    // a whole section as an inline table, and dotted keys
+    let (_, line, key) = invalid("\nhost = { id = \"a\", environment_id = \" \" }\n");
+    assert_eq!((line, key.as_str()), (Some(2), "host.environment_id"));
+    let (_, line, key) = invalid("log.level = \"info\"\nserver.listen = \"0.0.0.0:8080\"\n");
+    assert_eq!((line, key.as_str()), (Some(2), "server.listen"));
+}
+
+#[test]
+fn errors_after_a_multi_line_string_name_their_line_and_key() {
+    // the string's lines look like a table header and a key
+    let text = "[host]\nname = \"\"\"\nrover\n[fake]\nid = 1\n\"\"\"\nid = \"no spaces allowed\"\n";
+    let (_, line, key) = invalid(text);
+    assert_eq!((line, key.as_str()), (Some(7), "host.id"));
+    let text = "[host]\nname = '''\n[fake]\n'''\nsurprise = 1\n";
+    let (_, line, key) = invalid(text);
+    assert_eq!((line, key.as_str()), (Some(5), "host.surprise"));
+}
+
+#[test]
+fn sub_modules_do_not_import_the_aggregate() {
+    // Sub-modules take the leaf types (`config::types`, `config::broker`);
+    // the aggregate calls their validators, so naming it would close a circle.
+    // Unit tests (`#[cfg(test)]` items) may use the whole crate.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut offenders = Vec::new();
+    for dir in [
+        "fleet", "safety", "hw", "model", "ooda", "tools", "session", "team",
+    ] {
+        let mut stack = vec![src.join(dir)];
+        while let Some(path) = stack.pop() {
+            if path.is_dir() {
+                stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let code = without_test_items(&std::fs::read_to_string(&path).unwrap());
+            for (n, line) in code.lines().enumerate() {
+                let line = line.split("//").next().unwrap_or("");
+                for (at, _) in line.match_indices("crate::config") {
+                    let rest = &line[at + "crate::config".len()..];
+                    if !(rest.starts_with("::types::") || rest.starts_with("::broker::")) {
+                        offenders.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "import config::types or config::broker instead:\n{}",
+        offenders.join("\n")
+    );
+    // the check sees what it looks for
+    let sample =
+        "use crate::config::Config;\n#[cfg(test)]\nmod tests {\n use crate::config::X;\n}\n";
+    assert_eq!(
+        without_test_items(sample).matches("crate::config").count(),
+        1
+    );
+}
+
+/// The code without its `#[cfg(test)]` items (a braced item or a statement).
+fn without_test_items(code: &str) -> String {
+    let mut out = String::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let item = &rest[at..];
+        let mut depth = 0usize;
+        let mut end = item.len();
+        for (i, c) in item.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        end = i + 1;
+                        break;
+                    }
+                }
+                ';' if depth == 0 => {
+                    end = i + 1;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        // keep the line count
+        out.extend(std::iter::repeat_n('\n', item[..end].matches('\n').count()));
+        rest = &item[end..];
+    }
+    out.push_str(rest);
+    out
+}

@@ -396,6 +396,23 @@ mod tests {
     }
 
     #[test]
+    fn the_connection_goes_where_the_configuration_says() {
+        // one parse of the URL for validation and connection (they disagreed
+        // on bracketed IPv6 hosts without a port)
+        for (url, host, port) in [
+            ("mqtt://[::1]", "::1", 1883),
+            ("mqtt://[::1]:1884/", "::1", 1884),
+            ("mqtt://broker/", "broker", 1883),
+        ] {
+            let c = cfg(url);
+            let o = options(&c, "h", 4096).unwrap();
+            assert_eq!(o.broker_address(), (host.to_string(), port), "{url}");
+            let a = c.url.address();
+            assert_eq!((a.host.as_str(), a.port), (host, port), "{url}");
+        }
+    }
+
+    #[test]
     fn credentials_come_from_the_environment() {
         let mut c = cfg("mqtt://localhost");
         c.username = Some("rozd".into());
