@@ -104,6 +104,10 @@ pub struct Config {
     pub actuators: Vec<ActuatorConfig>,
     #[serde(default)]
     pub rules: Vec<crate::ooda::rules::RuleConfig>,
+    /// The simulated world that sim sensors with a `quantity` read and sim
+    /// actuators with an `input` drive.
+    #[serde(default)]
+    pub sim: Option<crate::hw::config::SimWorldConfig>,
     /// The fleet registry's broker; absent: this host alone.
     #[serde(default)]
     pub fleet: Option<crate::fleet::FleetConfig>,
@@ -239,6 +243,7 @@ impl Config {
             &self.serial,
             &self.sensors,
             &self.actuators,
+            self.sim.as_ref(),
             self.safety.default_timeout_ms,
         )?;
         crate::safety::inputs::validate(&self.safety, &self.hardware)?;

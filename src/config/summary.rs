@@ -138,6 +138,17 @@ impl Config {
             actuators.len(),
             actuators.join(", ")
         ));
+        if let Some(w) = &self.hardware.sim_world {
+            line(format!(
+                "sim world:     {} m x {} m, {} obstacle(s), rover at ({}, {}), seed {}",
+                w.width,
+                w.depth,
+                w.obstacles.len(),
+                w.start.x,
+                w.start.y,
+                w.seed
+            ));
+        }
         out
     }
 }

@@ -4,19 +4,22 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use super::super::sim_world::Input;
 use super::{
     ActuatorConfig, ActuatorKind, ActuatorSpec, ActuatorTarget, Invalid, Level, Tables, ValueSet,
     check_name, claim_pin, concrete_topic, misplaced, require,
 };
 
-/// Every actuator, in order.
+/// Every actuator, in order, and whether one drives the simulated world.
 pub(super) fn validate_actuators(
     actuators: &[ActuatorConfig],
     tables: &Tables<'_>,
     gpio_pins: &mut HashMap<u8, String>,
     default_timeout_ms: u32,
-) -> Result<Vec<ActuatorSpec>, Invalid> {
+) -> Result<(Vec<ActuatorSpec>, bool), Invalid> {
     let mut names = HashSet::new();
+    // An input of the world is driven by one actuator.
+    let mut world_inputs: HashMap<Input, String> = HashMap::new();
     let mut specs = Vec::with_capacity(actuators.len());
     for (i, a) in actuators.iter().enumerate() {
         let key = |k: &str| format!("actuators[{i}].{k}");
@@ -24,7 +27,7 @@ pub(super) fn validate_actuators(
         check_keys(a, &key)?;
         let values = values(a, &key)?;
         let target = match a.kind {
-            ActuatorKind::Sim => ActuatorTarget::Sim,
+            ActuatorKind::Sim => sim_target(a, &key, &mut world_inputs)?,
             ActuatorKind::Gpio | ActuatorKind::Pwm => pin_target(a, &key, gpio_pins)?,
             ActuatorKind::Serial => serial_target(a, &key, tables)?,
             ActuatorKind::Mqtt => mqtt_target(a, &key, tables)?,
@@ -42,7 +45,7 @@ pub(super) fn validate_actuators(
             target,
         });
     }
-    Ok(specs)
+    Ok((specs, !world_inputs.is_empty()))
 }
 
 /// No key set that does not belong to the actuator's kind.
@@ -59,9 +62,10 @@ fn check_keys(a: &ActuatorConfig, key: &dyn Fn(&str) -> String) -> Result<(), In
         ("payload", a.payload.is_some()),
         ("qos", a.qos.is_some()),
         ("retain", a.retain.is_some()),
+        ("input", a.input.is_some()),
     ];
     let allowed: &[&str] = match a.kind {
-        ActuatorKind::Sim => &[],
+        ActuatorKind::Sim => &["input"],
         ActuatorKind::Gpio => &["pin", "active"],
         ActuatorKind::Pwm => &["pin", "frequency_hz"],
         ActuatorKind::Serial => &["port", "template", "expect", "reply_timeout_ms"],
@@ -143,6 +147,23 @@ fn values(a: &ActuatorConfig, key: &dyn Fn(&str) -> String) -> Result<ValueSet, 
         ));
     }
     Ok(values)
+}
+
+/// `sim`: records what it is told, and drives the world's `input` if set.
+fn sim_target(
+    a: &ActuatorConfig,
+    key: &dyn Fn(&str) -> String,
+    world_inputs: &mut HashMap<Input, String>,
+) -> Result<ActuatorTarget, Invalid> {
+    if let Some(input) = a.input
+        && let Some(other) = world_inputs.insert(input, a.name.clone())
+    {
+        return Err(Invalid::new(
+            key("input"),
+            format!("{} is already driven by {other:?}", input.as_str()),
+        ));
+    }
+    Ok(ActuatorTarget::Sim { input: a.input })
 }
 
 /// `gpio` (on/off) and `pwm` (duty cycle) outputs on a pin of their own.

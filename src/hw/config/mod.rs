@@ -15,6 +15,7 @@ pub mod spec;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+pub use super::sim_config::SimWorldConfig;
 pub use crate::config::broker::check_max_packet_size;
 pub use crate::config::types::Invalid;
 pub use schema::*;
@@ -27,8 +28,10 @@ pub fn validate(
     serial: &[SerialPortConfig],
     sensors: &[SensorConfig],
     actuators: &[ActuatorConfig],
+    sim: Option<&SimWorldConfig>,
     default_timeout_ms: u32,
 ) -> Result<HardwareSpec, Invalid> {
+    let world = sim.map(super::sim_config::world_spec).transpose()?;
     if let Some(m) = mqtt {
         validate_mqtt(m)?;
     }
@@ -41,14 +44,21 @@ pub fn validate(
         have_mqtt: mqtt.is_some(),
     };
     let sensors = sensors::validate_sensors(sensors, &tables, &mut gpio_pins)?;
-    let actuators =
+    let (actuators, world_inputs) =
         actuators::validate_actuators(actuators, &tables, &mut gpio_pins, default_timeout_ms)?;
+    // A world sensor or actuator without `[sim]` acts on the built-in room.
+    let uses_world = sensors
+        .iter()
+        .any(|s| matches!(s.source, SensorSource::World(_)))
+        || world_inputs;
+    let sim_world = world.or_else(|| uses_world.then(super::sim_world::WorldSpec::default));
     Ok(HardwareSpec {
         gpio_backend: gpio.backend,
         mqtt: mqtt.cloned(),
         serial: serial.to_vec(),
         sensors,
         actuators,
+        sim_world,
     })
 }
 

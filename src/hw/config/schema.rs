@@ -4,6 +4,7 @@
 
 use serde::Deserialize;
 
+use super::super::sim_world::{Input, Quantity};
 use crate::config::broker::broker_section;
 pub use crate::config::types::{Level, Pull};
 
@@ -215,6 +216,9 @@ pub struct SensorConfig {
     pub file: Option<std::path::PathBuf>,
     #[serde(default)]
     pub seed: Option<u64>,
+    /// A quantity of the simulated world (`[sim]`) instead of a signal.
+    #[serde(default)]
+    pub quantity: Option<Quantity>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -286,6 +290,11 @@ pub struct ActuatorConfig {
     pub qos: Option<u8>,
     #[serde(default)]
     pub retain: Option<bool>,
+    // sim
+    /// What the actuator drives in the simulated world (`[sim]`); absent:
+    /// it only records what it is told.
+    #[serde(default)]
+    pub input: Option<Input>,
 }
 
 fn default_mqtt_keep_alive() -> u64 {

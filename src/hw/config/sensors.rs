@@ -31,7 +31,10 @@ pub(super) fn validate_sensors(
             SensorSourceKind::Gpio => gpio_source(s, &key, gpio_pins)?,
             SensorSourceKind::Mqtt => mqtt_source(s, &key, tables)?,
             SensorSourceKind::System => system_source(s, &key)?,
-            SensorSourceKind::Sim => SensorSource::Sim(sim_spec(s, &key)?),
+            SensorSourceKind::Sim => match s.quantity {
+                Some(quantity) => SensorSource::World(quantity),
+                None => SensorSource::Sim(sim_spec(s, &key)?),
+            },
         };
         specs.push(SensorSpec {
             name: s.name.clone(),
@@ -68,6 +71,7 @@ fn check_keys(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<(), Inva
         ("file", s.file.is_some()),
         ("seed", s.seed.is_some()),
         ("rate_hz", s.rate_hz.is_some()),
+        ("quantity", s.quantity.is_some()),
     ];
     let allowed: &[&str] = match s.source {
         SensorSourceKind::Serial => &[
@@ -82,6 +86,7 @@ fn check_keys(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<(), Inva
         SensorSourceKind::Gpio => &["pin", "pull", "active", "debounce_ms", "rate_hz"],
         SensorSourceKind::Mqtt => &["topic", "pointer"],
         SensorSourceKind::System => &["metric", "rate_hz"],
+        SensorSourceKind::Sim if s.quantity.is_some() => &["quantity"],
         SensorSourceKind::Sim => &[
             "signal",
             "amplitude",
@@ -94,10 +99,12 @@ fn check_keys(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<(), Inva
         ],
     };
     if let Some(k) = misplaced(&set, allowed) {
-        return Err(Invalid::new(
-            key(&k),
-            format!("does not apply to a sensor with source = {:?}", s.source),
-        ));
+        let why = if s.quantity.is_some() && s.source == SensorSourceKind::Sim {
+            "does not apply to a world sensor (with `quantity`, read at every tick)".to_string()
+        } else {
+            format!("does not apply to a sensor with source = {:?}", s.source)
+        };
+        return Err(Invalid::new(key(&k), why));
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::super::sim_world::{Input, Quantity, WorldSpec};
 use super::schema::{
     GpioBackendChoice, Level, MqttConfig, NmeaField, Pull, SerialPortConfig, SimSignal,
     SystemMetric,
@@ -58,6 +59,8 @@ pub enum SensorSource {
         every: Duration,
     },
     Sim(SimSpec),
+    /// Read from the simulated world at every tick of the loop.
+    World(Quantity),
 }
 
 #[derive(Debug, Clone)]
@@ -84,7 +87,9 @@ pub struct SensorSpec {
 
 #[derive(Debug, Clone)]
 pub enum ActuatorTarget {
-    Sim,
+    Sim {
+        input: Option<Input>,
+    },
     Gpio {
         pin: u8,
         active: Level,
@@ -157,4 +162,7 @@ pub struct HardwareSpec {
     pub serial: Vec<SerialPortConfig>,
     pub sensors: Vec<SensorSpec>,
     pub actuators: Vec<ActuatorSpec>,
+    /// The simulated world, when `[sim]` is written or a sensor or
+    /// actuator uses it.
+    pub sim_world: Option<WorldSpec>,
 }
