@@ -110,7 +110,7 @@ pub struct Config {
     pub sim: Option<crate::hw::config::SimWorldConfig>,
     /// The fleet registry's broker; absent: this host alone.
     #[serde(default)]
-    pub fleet: Option<crate::fleet::FleetConfig>,
+    pub fleet: Option<crate::fleet::config::FleetConfig>,
     /// The validated reflex rules.
     #[serde(skip)]
     pub reflex_rules: Vec<crate::ooda::rules::Rule>,
