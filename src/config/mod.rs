@@ -37,4 +37,6 @@ pub use crate::hw::config::{
 pub use crate::model::config::{EndpointConfig, ModelConfig};
 
 #[cfg(test)]
+mod section_tests;
+#[cfg(test)]
 mod tests;

@@ -937,7 +937,7 @@ pub fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, ConfigSource};
+    use crate::config::types::ServerConfig;
 
     const TOKEN: &str = "unit-fleet-token";
 
@@ -952,25 +952,26 @@ mod tests {
         Box::leak(dir.path().join("fleet-token").into_boxed_path())
     }
 
-    fn fleet(extra: &str) -> Fleet {
-        let mut text = format!("[host]\nid = \"a\"\nenvironment_id = \"lab\"\n{extra}");
-        if extra.contains("[fleet]") {
-            text.push_str(&format!(
-                "token_file = {:?}\n",
+    /// This host `a` in environment `lab`, offering the `observe` tool, on
+    /// the broker of `section` (a `[fleet]` table) if it is not empty.
+    fn fleet(section: &str) -> Fleet {
+        let host: HostConfig = toml::from_str("id = \"a\"\nenvironment_id = \"lab\"\n").unwrap();
+        let fleet = section.strip_prefix("[fleet]\n").map(|table| {
+            let mut f: FleetConfig = toml::from_str(&format!(
+                "{table}token_file = {:?}\n",
                 token_file().display().to_string()
-            ));
-        }
-        let config = Config::parse(&text, ConfigSource::BuiltIn).unwrap();
-        let names = |v: Vec<&String>| v.into_iter().cloned().collect();
+            ))
+            .unwrap();
+            config::validate(&mut f, &host, &ServerConfig::default(), None).unwrap();
+            f
+        });
         let offer = Offer {
-            sensors: names(config.sensors.iter().map(|s| &s.name).collect()),
-            actuators: names(config.actuators.iter().map(|a| &a.name).collect()),
-            models: names(config.model.endpoints.iter().map(|e| &e.name).collect()),
             host_tools: vec!["observe".into()],
+            ..Offer::default()
         };
         Fleet::new(
-            &config.host,
-            config.fleet.as_ref(),
+            &host,
+            fleet.as_ref(),
             offer,
             "127.0.0.1:7000".parse().unwrap(),
             ProtectiveStop::default(),

@@ -739,28 +739,4 @@ mod tests {
         cfg.client_id = Some("robot".into());
         assert_eq!(client_id(&cfg, "rover-1"), "robot");
     }
-
-    #[test]
-    fn max_packet_size_is_configured_and_validated_naming_the_key() {
-        let parse =
-            |text: &str| crate::config::Config::parse(text, crate::config::ConfigSource::BuiltIn);
-        let ok = parse("[mqtt]\nurl = \"mqtt://b\"\n").unwrap();
-        assert_eq!(ok.hardware.mqtt.unwrap().max_packet_size, 256 * 1024);
-        let ok = parse("[mqtt]\nurl = \"mqtt://b\"\nmax_packet_size = 1024\n").unwrap();
-        assert_eq!(ok.hardware.mqtt.unwrap().max_packet_size, 1024);
-        for bad in ["1023", "16777217", "-1", "\"big\""] {
-            match parse(&format!(
-                "[mqtt]\nurl = \"mqtt://b\"\nmax_packet_size = {bad}\n"
-            )) {
-                Err(crate::config::ConfigError::Invalid { line, key, .. }) => {
-                    assert_eq!(
-                        (line, key.as_str()),
-                        (Some(3), "mqtt.max_packet_size"),
-                        "{bad}"
-                    );
-                }
-                other => panic!("{bad}: expected an invalid-config error, got {other:?}"),
-            }
-        }
-    }
 }
