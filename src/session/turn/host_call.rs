@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::tool_call::{Gate, error_result, presence_for};
 use super::{Interrupt, Turn};
 use crate::clock::now_ms;
-use crate::config::ToolCategory;
+use crate::config::types::ToolCategory;
 use crate::model::Block;
 use crate::session::tools::Tool;
 use crate::session::{Activity, ErrorCode, ServerEvent, SessionError};

@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::{Interrupt, Turn, TurnInput, TurnNote};
-use crate::config::{Policy, ToolCategory};
+use crate::config::types::{Policy, ToolCategory};
 use crate::model::Block;
 use crate::session::{Activity, ErrorCode, Presence, ServerEvent, SessionError, ToolOutcome};
 
