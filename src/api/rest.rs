@@ -103,6 +103,8 @@ async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> 
         "auth_required": c.auth_required(),
         "sessions": {
             "active": ctx.sessions.active(),
+            "started": ctx.sessions.started(),
+            "max": c.session.max_sessions,
             "total": ctx.sessions.total(),
         },
         "sensors": c.sensors.len(),

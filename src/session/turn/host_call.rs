@@ -151,6 +151,7 @@ impl Turn {
             result: result.ok().map(str::to_string),
             error: result.err().map(str::to_string),
             origin: Some(self.host.label.clone()),
+            credential: self.host.credential.clone(),
             started_at_ms: Some(started),
             ended_at_ms: Some(ended),
             duration_ms: Some(ended - started),
