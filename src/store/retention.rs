@@ -177,19 +177,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("rozd.db")).unwrap();
         let old = now_ms() - 100 * DAY_MS;
-        let session = |id: &str, ended: Option<i64>| SessionRecord {
+        let session = |id: &str, ended_at_ms: Option<i64>| SessionRecord {
             id: id.into(),
             host_id: "h".into(),
             environment_id: "e".into(),
             model: "local".into(),
             started_at_ms: old,
-            ended_at_ms: ended,
+            ended_at_ms,
             end_reason: None,
             turns: 0,
         };
         store.session_started(session("open", None)).await.unwrap();
+        // Recorded as a session is: started, then ended (now).
+        store.session_started(session("ended", None)).await.unwrap();
         store
-            .session_started(session("ended", Some(old)))
+            .session_ended("ended".into(), "disconnect".into())
             .await
             .unwrap();
         store
