@@ -7,9 +7,11 @@
 //! clears the active turn before it sends `TurnComplete`.
 //!
 //! Here: the cycle of model call and tool calls, the client tools' round
-//! trip and the gate every call passes (permission, approval). Beside it:
-//! [`compaction`] keeps the context inside its budget, [`host_call`] runs
-//! host tools inside rozd and audits them, [`observation`] writes the
+//! trip and asking the client for approvals. The gate every call passes
+//! (permission, approval) is shared with every other caller of host tools
+//! in [`crate::session::host_call`]. Beside it: [`compaction`] keeps the
+//! context inside its budget, [`host_call`] runs host tools on the shared
+//! path with the turn as its call site, [`observation`] writes the
 //! Observation for `ooda_re_act` mode.
 
 use std::collections::HashSet;
@@ -27,10 +29,11 @@ mod compaction;
 mod host_call;
 mod observation;
 
-use crate::config::{AiMode, Config, Policy, ToolCategory};
+use crate::config::{AiMode, Config, ToolCategory};
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
 
 use super::context::{self, CompactionLimits, ContextMeter};
+use super::host_call::{Gate, gate};
 use super::permissions::PermissionPolicy;
 use super::tools::ToolRegistry;
 use super::{Activity, ErrorCode, Presence, ServerEvent, SessionError, StopReason, ToolOutcome};
@@ -595,7 +598,10 @@ impl Turn {
         }
         let physical = tool.spec.category == ToolCategory::Physical;
         let presence = presence_for(tool.spec.category);
-        if let Gate::Refused { message, .. } = self.gate(id, name, tool.spec.category).await? {
+        let permissions = self.permissions.clone();
+        if let Gate::Refused { message, .. } =
+            gate(self, &permissions, id, name, &input, tool.spec.category).await?
+        {
             return Ok(error_result(id, name, &message));
         }
         let timeout_ms = if tool.spec.timeout_ms == 0 {
@@ -643,38 +649,6 @@ impl Turn {
                 None => return Err(Interrupt::Cancelled),
             }
         }
-    }
-
-    /// The gate every tool call passes, host or client: the permission
-    /// policy, and the client's approval where it asks for one.
-    async fn gate(
-        &mut self,
-        id: &str,
-        name: &str,
-        category: ToolCategory,
-    ) -> Result<Gate, Interrupt> {
-        let verdict = self.permissions.decide(name, category);
-        Ok(match verdict.policy {
-            Policy::Block => Gate::Refused {
-                decision: "blocked",
-                message: format!("`{name}` is blocked by policy: {}", verdict.reason),
-            },
-            Policy::RequireConfirmation => {
-                if self.approval(id, name, presence_for(category)).await? {
-                    Gate::Pass {
-                        decision: "approved",
-                    }
-                } else {
-                    Gate::Refused {
-                        decision: "denied",
-                        message: format!("the user denied `{name}`"),
-                    }
-                }
-            }
-            Policy::Allow => Gate::Pass {
-                decision: "allowed",
-            },
-        })
     }
 
     /// Asks the client for a decision; `false` on denial or timeout.
@@ -785,17 +759,6 @@ impl Turn {
             sent = self.out.send(event) => sent.map_err(|_| Interrupt::ClientGone),
         }
     }
-}
-
-/// What the gate decided; `decision` is the audit's word for it.
-enum Gate {
-    Pass {
-        decision: &'static str,
-    },
-    Refused {
-        decision: &'static str,
-        message: String,
-    },
 }
 
 /// How present the user should be while a tool of `category` runs.
