@@ -129,6 +129,9 @@ pub struct Config {
     /// The fleet registry's broker; absent: this host alone.
     #[serde(default)]
     pub fleet: Option<crate::fleet::FleetConfig>,
+    /// The MCP server at `/mcp`.
+    #[serde(default)]
+    pub mcp: crate::mcp::McpConfig,
     /// The validated reflex rules.
     #[serde(skip)]
     pub reflex_rules: Vec<crate::ooda::rules::Rule>,
@@ -761,6 +764,8 @@ impl Config {
             )
             .map_err(|(key, message)| invalid(&key, message))?;
         }
+        crate::mcp::config::validate(&config.mcp)
+            .map_err(|(key, message)| invalid(&key, message))?;
         config.resolve_tokens(&file, text)?;
         // Other hosts of the fleet present the fleet token when they relay here.
         if let Some(token) = config.fleet.as_ref().and_then(|f| f.token.clone()) {

@@ -14,6 +14,7 @@
 //! - [`safety`]: the protective-stop latch
 //! - [`team`]: tasks, their workers and durable team events
 //! - [`tools`]: the host tools generated from sensors and actuators
+//! - [`mcp`]: the host tools over MCP (`/mcp`, `rozd mcp`) and operator approvals
 //! - [`fleet`]: hosts by `host_id` over an MQTT broker: presence, registry, routing, fleet stop
 //! - [`client`]: small HTTP client used by the CLI (`rozd status`)
 //! - [`task_cli`]: `rozd task ...`, tasks from the command line
@@ -28,6 +29,7 @@ pub mod config;
 pub mod daemon;
 pub mod fleet;
 pub mod hw;
+pub mod mcp;
 pub mod model;
 pub mod ooda;
 pub mod safety;
@@ -69,6 +71,8 @@ pub struct HostContext {
     pub host_registry: session::tools::ToolRegistry,
     /// The fleet registry (just this host without `[fleet]`) and routing by host id.
     pub fleet: Arc<fleet::Fleet>,
+    /// MCP sessions and the calls waiting for an operator's approval.
+    pub mcp: Arc<mcp::Mcp>,
     /// Cancelled when the daemon begins its shutdown.
     pub shutdown: CancellationToken,
 }
@@ -119,6 +123,7 @@ impl HostContext {
         ));
         Arc::new(HostContext {
             fleet,
+            mcp: Arc::new(mcp::Mcp::new(ooda.clone())),
             host_tools,
             host_registry,
             models: model::ModelRegistry::from_config(&config.model),

@@ -1,0 +1,1 @@
+//! `rozd mcp`: placeholder.
