@@ -77,6 +77,16 @@ enum Command {
         after_help = rozd::chat::EXIT_STATUS_HELP
     )]
     Chat(ChatArgs),
+    /// An MCP server on stdin/stdout relaying to a running daemon's /mcp
+    /// (for Claude Desktop and other stdio MCP clients).
+    Mcp {
+        /// Address of the daemon (host:port or http://host:port).
+        #[arg(long, default_value = "127.0.0.1:8080", env = "ROZD_ADDR")]
+        addr: String,
+        /// Bearer token, when the daemon requires one.
+        #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Trigger the protective stop of a running daemon, or clear it (--clear).
     #[command(
         long_about = "Triggers the software protective stop of a running daemon \
@@ -243,6 +253,7 @@ fn main() -> ExitCode {
             json,
         } => hosts(&addr, token.as_deref(), environment.as_deref(), json),
         Command::Chat(args) => chat(args),
+        Command::Mcp { addr, token } => mcp(rozd::mcp::proxy::Options { addr, token }),
         Command::Estop {
             reach,
             token,
@@ -321,6 +332,29 @@ fn chat(args: ChatArgs) -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("rozd chat: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn mcp(options: rozd::mcp::proxy::Options) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rozd mcp: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(rozd::mcp::proxy::run(options));
+    // stdin is read with a blocking read that cannot be cancelled.
+    rt.shutdown_background();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rozd mcp: {e}");
             ExitCode::from(e.exit_code())
         }
     }
