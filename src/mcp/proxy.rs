@@ -206,7 +206,10 @@ impl Proxy {
     /// of its own, so that a call waiting for approval holds nothing up.
     async fn relay(self: Arc<Self>, message: Value) {
         let id = message.get("id").cloned();
-        let method = message.get("method").and_then(Value::as_str).map(str::to_string);
+        let method = message
+            .get("method")
+            .and_then(Value::as_str)
+            .map(str::to_string);
         let is_request = id.is_some() && method.is_some();
         if method.as_deref() == Some("initialize") && is_request {
             self.initialize(message).await;
@@ -233,7 +236,9 @@ impl Proxy {
                         .await;
                 });
             }
-            Posted::SessionGone => self.fail(id.as_ref().filter(|_| is_request), "the MCP session ended"),
+            Posted::SessionGone => {
+                self.fail(id.as_ref().filter(|_| is_request), "the MCP session ended")
+            }
             Posted::Failed(why) => self.fail(id.as_ref().filter(|_| is_request), &why),
         }
         if method.as_deref() == Some("notifications/initialized") {
@@ -351,8 +356,7 @@ impl Proxy {
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
         let mut answer = None;
         let mut note = |message: Value| {
-            if id.is_some() && message.get("id") == id.as_ref() && message.get("method").is_none()
-            {
+            if id.is_some() && message.get("id") == id.as_ref() && message.get("method").is_none() {
                 answer = Some(message.clone());
             }
             self.emit(&message);
@@ -363,10 +367,16 @@ impl Proxy {
             while let Some(chunk) = body.next().await {
                 let Ok(chunk) = chunk else { break };
                 // Priming events (an id and a retry time) carry no message.
-                for event in decoder.push(&chunk).into_iter().filter(|e| !e.data.trim().is_empty()) {
+                for event in decoder
+                    .push(&chunk)
+                    .into_iter()
+                    .filter(|e| !e.data.trim().is_empty())
+                {
                     match serde_json::from_str::<Value>(&event.data) {
                         Ok(message) => note(message),
-                        Err(e) => eprintln!("rozd mcp: the daemon sent an event that is not JSON: {e}"),
+                        Err(e) => {
+                            eprintln!("rozd mcp: the daemon sent an event that is not JSON: {e}")
+                        }
                     }
                 }
             }
@@ -375,11 +385,16 @@ impl Proxy {
         {
             match serde_json::from_str::<Value>(&text) {
                 Ok(message) => note(message),
-                Err(e) => eprintln!("rozd mcp: the daemon answered something that is not JSON: {e}"),
+                Err(e) => {
+                    eprintln!("rozd mcp: the daemon answered something that is not JSON: {e}")
+                }
             }
         }
         if answer.is_none() && id.is_some() {
-            self.fail(id.as_ref(), "the connection to rozd ended before the answer");
+            self.fail(
+                id.as_ref(),
+                "the connection to rozd ended before the answer",
+            );
         }
         answer
     }
@@ -456,7 +471,10 @@ impl Proxy {
         };
         let _stop_events = events.map(|events| events.abort_handle()).map(AbortOnDrop);
         let Some(session) = session else { return };
-        let mut request = self.http.delete(&self.url).header("mcp-session-id", &session);
+        let mut request = self
+            .http
+            .delete(&self.url)
+            .header("mcp-session-id", &session);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
@@ -509,9 +527,18 @@ mod tests {
 
     #[test]
     fn the_endpoint_comes_from_an_address_or_a_url() {
-        assert_eq!(endpoint("127.0.0.1:8080").unwrap(), "http://127.0.0.1:8080/mcp");
-        assert_eq!(endpoint("http://rover:8080/").unwrap(), "http://rover:8080/mcp");
-        assert_eq!(endpoint("https://rover:8443/mcp").unwrap(), "https://rover:8443/mcp");
+        assert_eq!(
+            endpoint("127.0.0.1:8080").unwrap(),
+            "http://127.0.0.1:8080/mcp"
+        );
+        assert_eq!(
+            endpoint("http://rover:8080/").unwrap(),
+            "http://rover:8080/mcp"
+        );
+        assert_eq!(
+            endpoint("https://rover:8443/mcp").unwrap(),
+            "https://rover:8443/mcp"
+        );
         assert_eq!(endpoint("[::1]:8080").unwrap(), "http://[::1]:8080/mcp");
         for bad in ["", "rover", "rover/x:1", "http://"] {
             assert!(endpoint(bad).is_err(), "{bad:?}");
