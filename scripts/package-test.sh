@@ -19,7 +19,7 @@
 #     Python client tests/python/session_client.py).
 #
 # What this cannot show: systemd starting the unit (PID 1 here is not
-# systemd; `systemd-analyze verify`/`security` in tests/systemd_unit.rs check
+# systemd; `systemd-analyze verify`/`security` in tests/integration/systemd_unit.rs check
 # the unit), and real GPIO/serial devices.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -126,6 +126,10 @@ pub struct Config {
     pub actuators: Vec<ActuatorConfig>,
     #[serde(default)]
     pub rules: Vec<crate::ooda::rules::RuleConfig>,
+    /// The simulated world that sim sensors with a `quantity` read and sim
+    /// actuators with an `input` drive.
+    #[serde(default)]
+    pub sim: Option<crate::hw::config::SimWorldConfig>,
     /// The fleet registry's broker; absent: this host alone.
     #[serde(default)]
     pub fleet: Option<crate::fleet::FleetConfig>,
@@ -730,6 +734,7 @@ impl Config {
             &config.serial,
             &config.sensors,
             &config.actuators,
+            config.sim.as_ref(),
             config.safety.default_timeout_ms,
         )
         .map_err(|e| invalid(&e.key, e.message))?;
@@ -1197,6 +1202,17 @@ impl Config {
             actuators.len(),
             actuators.join(", ")
         ));
+        if let Some(w) = &self.hardware.sim_world {
+            line(format!(
+                "sim world:     {} m x {} m, {} obstacle(s), rover at ({}, {}), seed {}",
+                w.width,
+                w.depth,
+                w.obstacles.len(),
+                w.start.x,
+                w.start.y,
+                w.seed
+            ));
+        }
         out
     }
 }

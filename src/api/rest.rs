@@ -121,6 +121,7 @@ async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> 
         "protective_stop": stop.first(),
         "protective_stop_causes": stop.causes,
         "ooda": ctx.ooda.stats(),
+        "sim": ctx.ooda.sim_world(),
         "mqtt": ctx.ooda.mqtt().map(|m| {
             let mut hardware = json!(m.stats());
             if let (Some(object), Some(stop)) = (hardware.as_object_mut(), m.stop_input_stats()) {

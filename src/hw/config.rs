@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use super::sim_config::SimWorldConfig;
+use super::sim_world::{Input, Quantity, WorldSpec};
+
 // ------------------------------------------------------------------ TOML schema
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -253,6 +256,9 @@ pub struct SensorConfig {
     pub file: Option<std::path::PathBuf>,
     #[serde(default)]
     pub seed: Option<u64>,
+    /// A quantity of the simulated world (`[sim]`) instead of a signal.
+    #[serde(default)]
+    pub quantity: Option<Quantity>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -324,6 +330,11 @@ pub struct ActuatorConfig {
     pub qos: Option<u8>,
     #[serde(default)]
     pub retain: Option<bool>,
+    // sim
+    /// What the actuator drives in the simulated world (`[sim]`); absent:
+    /// it only records what it is told.
+    #[serde(default)]
+    pub input: Option<Input>,
 }
 
 fn default_mqtt_keep_alive() -> u64 {
@@ -404,6 +415,8 @@ pub enum SensorSource {
         every: Duration,
     },
     Sim(SimSpec),
+    /// Read from the simulated world at every tick of the loop.
+    World(Quantity),
 }
 
 #[derive(Debug, Clone)]
@@ -430,7 +443,9 @@ pub struct SensorSpec {
 
 #[derive(Debug, Clone)]
 pub enum ActuatorTarget {
-    Sim,
+    Sim {
+        input: Option<Input>,
+    },
     Gpio {
         pin: u8,
         active: Level,
@@ -503,6 +518,9 @@ pub struct HardwareSpec {
     pub serial: Vec<SerialPortConfig>,
     pub sensors: Vec<SensorSpec>,
     pub actuators: Vec<ActuatorSpec>,
+    /// The simulated world, when `[sim]` is written or a sensor or
+    /// actuator uses it.
+    pub sim_world: Option<WorldSpec>,
 }
 
 /// A validation failure: the dotted key and what is wrong.
@@ -551,8 +569,10 @@ pub fn validate(
     serial: &[SerialPortConfig],
     sensors: &[SensorConfig],
     actuators: &[ActuatorConfig],
+    sim: Option<&SimWorldConfig>,
     default_timeout_ms: u32,
 ) -> Result<HardwareSpec, Invalid> {
+    let world = sim.map(super::sim_config::world_spec).transpose()?;
     if let Some(m) = mqtt {
         validate_mqtt(m)?;
     }
@@ -651,6 +671,7 @@ pub fn validate(
             ("file", s.file.is_some()),
             ("seed", s.seed.is_some()),
             ("rate_hz", s.rate_hz.is_some()),
+            ("quantity", s.quantity.is_some()),
         ];
         let allowed: &[&str] = match s.source {
             SensorSourceKind::Serial => &[
@@ -665,6 +686,7 @@ pub fn validate(
             SensorSourceKind::Gpio => &["pin", "pull", "active", "debounce_ms", "rate_hz"],
             SensorSourceKind::Mqtt => &["topic", "pointer"],
             SensorSourceKind::System => &["metric", "rate_hz"],
+            SensorSourceKind::Sim if s.quantity.is_some() => &["quantity"],
             SensorSourceKind::Sim => &[
                 "signal",
                 "amplitude",
@@ -677,10 +699,12 @@ pub fn validate(
             ],
         };
         if let Some(k) = misplaced(&set, allowed) {
-            return Err(invalid(
-                key(&k),
-                format!("does not apply to a sensor with source = {:?}", s.source),
-            ));
+            let why = if s.quantity.is_some() && s.source == SensorSourceKind::Sim {
+                "does not apply to a world sensor (with `quantity`, read at every tick)".to_string()
+            } else {
+                format!("does not apply to a sensor with source = {:?}", s.source)
+            };
+            return Err(invalid(key(&k), why));
         }
         let require = |v: bool, k: &str| {
             if v {
@@ -792,7 +816,10 @@ pub fn validate(
                     every: rate(&key("rate_hz"), s.rate_hz, 1.0)?,
                 }
             }
-            SensorSourceKind::Sim => SensorSource::Sim(sim_spec(s, &key)?),
+            SensorSourceKind::Sim => match s.quantity {
+                Some(quantity) => SensorSource::World(quantity),
+                None => SensorSource::Sim(sim_spec(s, &key)?),
+            },
         };
         specs.push(SensorSpec {
             name: s.name.clone(),
@@ -805,6 +832,7 @@ pub fn validate(
 
     let mut names = HashSet::new();
     let mut actuator_specs = Vec::with_capacity(actuators.len());
+    let mut world_inputs: HashMap<Input, String> = HashMap::new();
     for (i, a) in actuators.iter().enumerate() {
         let key = |k: &str| format!("actuators[{i}].{k}");
         if !valid_name(&a.name) {
@@ -834,9 +862,10 @@ pub fn validate(
             ("payload", a.payload.is_some()),
             ("qos", a.qos.is_some()),
             ("retain", a.retain.is_some()),
+            ("input", a.input.is_some()),
         ];
         let allowed: &[&str] = match a.kind {
-            ActuatorKind::Sim => &[],
+            ActuatorKind::Sim => &["input"],
             ActuatorKind::Gpio => &["pin", "active"],
             ActuatorKind::Pwm => &["pin", "frequency_hz"],
             ActuatorKind::Serial => &["port", "template", "expect", "reply_timeout_ms"],
@@ -914,7 +943,17 @@ pub fn validate(
             return Err(invalid(key("timeout_ms"), "must be at least 1"));
         }
         let target = match a.kind {
-            ActuatorKind::Sim => ActuatorTarget::Sim,
+            ActuatorKind::Sim => {
+                if let Some(input) = a.input
+                    && let Some(other) = world_inputs.insert(input, a.name.clone())
+                {
+                    return Err(invalid(
+                        key("input"),
+                        format!("{} is already driven by {other:?}", input.as_str()),
+                    ));
+                }
+                ActuatorTarget::Sim { input: a.input }
+            }
             ActuatorKind::Gpio | ActuatorKind::Pwm => {
                 require(a.pin.is_some(), "pin")?;
                 let pin = a.pin.unwrap_or(0);
@@ -1023,12 +1062,19 @@ pub fn validate(
             target,
         });
     }
+    // A world sensor or actuator without `[sim]` acts on the built-in room.
+    let uses_world = specs
+        .iter()
+        .any(|s| matches!(s.source, SensorSource::World(_)))
+        || !world_inputs.is_empty();
+    let sim_world = world.or_else(|| uses_world.then(WorldSpec::default));
     Ok(HardwareSpec {
         gpio_backend: gpio.backend,
         mqtt: mqtt.cloned(),
         serial: serial.to_vec(),
         sensors: specs,
         actuators: actuator_specs,
+        sim_world,
     })
 }
 

@@ -10,6 +10,7 @@ pub mod mqtt_link;
 pub mod parse;
 pub mod serial;
 pub mod sim;
+pub mod sim_config;
 pub mod sim_world;
 pub mod system;
 

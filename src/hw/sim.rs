@@ -1,5 +1,6 @@
 //! Simulated sensors (signals with noise, or a replayed CSV) and simulated
-//! actuators (which record what they were told).
+//! actuators (which record what they were told and, with an `input`, drive
+//! the simulated world).
 
 use std::f64::consts::TAU;
 use std::sync::{Arc, Mutex};
@@ -9,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::config::{SimSignal, SimSpec};
+use super::sim_world::{Input, SharedWorld};
 use super::{ActuatorDriver, DriverFuture, Readings};
 
 /// A small deterministic PRNG (xorshift64*): reproducible noise from a seed.
@@ -93,6 +95,8 @@ pub async fn run_sensor(
 /// A simulated actuator: records every value it is told.
 #[derive(Debug, Default)]
 pub struct SimActuator {
+    /// The world input it drives, if any.
+    drives: Option<(SharedWorld, Input)>,
     applied: Mutex<Vec<f64>>,
     /// How many values were applied, so a watcher (a test, the benchmark)
     /// can wait for the next one instead of polling.
@@ -102,6 +106,13 @@ pub struct SimActuator {
 impl SimActuator {
     pub fn new() -> Arc<Self> {
         Arc::new(SimActuator::default())
+    }
+    /// An actuator that sets `input` of the simulated world on every apply.
+    pub fn driving(world: SharedWorld, input: Input) -> Arc<Self> {
+        Arc::new(SimActuator {
+            drives: Some((world, input)),
+            ..SimActuator::default()
+        })
     }
     /// Changes (to the number of values applied so far) on every apply.
     pub fn applied(&self) -> watch::Receiver<u64> {
@@ -135,6 +146,12 @@ impl ActuatorDriver for SimActuator {
         }
         applied.push(value);
         drop(applied);
+        if let Some((world, input)) = &self.drives {
+            world
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .set_input(*input, value);
+        }
         self.count.send_modify(|n| *n += 1);
         Box::pin(std::future::ready(Ok(())))
     }

@@ -11,12 +11,13 @@
 //! heading is radians counter-clockwise from the +x axis.
 
 use std::f64::consts::TAU;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::sim::Rng;
 
 /// What a world sensor reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Quantity {
     /// Range to the nearest wall or obstacle straight ahead, from the
@@ -69,7 +70,7 @@ impl Quantity {
 }
 
 /// What a sim actuator drives in the world.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Input {
     /// Forward speed, m/s (negative: backwards).
@@ -188,6 +189,24 @@ impl Default for WorldSpec {
     }
 }
 
+/// The world as the loop, the sim actuators and the API share it: every
+/// hold of the lock is a few arithmetic operations.
+pub type SharedWorld = Arc<Mutex<SimWorld>>;
+
+/// What an Observation and `/v1/status` show of the world.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WorldView {
+    pub x: f64,
+    pub y: f64,
+    pub heading_deg: f64,
+    pub speed: f64,
+    pub bumper: bool,
+    pub collisions: u64,
+    pub holding: bool,
+    /// Where the object lies (at the rover while held).
+    pub object: Option<[f64; 2]>,
+}
+
 /// The world's state.
 #[derive(Debug, Clone)]
 pub struct SimWorld {
@@ -241,6 +260,19 @@ impl SimWorld {
 
     pub fn collisions(&self) -> u64 {
         self.collisions
+    }
+
+    pub fn view(&self) -> WorldView {
+        WorldView {
+            x: self.pose.x,
+            y: self.pose.y,
+            heading_deg: self.pose.heading.to_degrees().rem_euclid(360.0),
+            speed: self.speed,
+            bumper: self.touching,
+            collisions: self.collisions,
+            holding: self.holding,
+            object: self.object().map(|(x, y)| [x, y]),
+        }
     }
 
     /// Where the object is (held: at the rover), if there is one.

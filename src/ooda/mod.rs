@@ -25,6 +25,7 @@ use crate::hw::gpio::{self, GpioActuator, GpioBackend};
 use crate::hw::mqtt::{Mqtt, MqttActuator};
 use crate::hw::serial::{SerialActuator, SerialPortHandle, SerialPorts};
 use crate::hw::sim::SimActuator;
+use crate::hw::sim_world::{Quantity, SharedWorld, SimWorld, WorldView};
 use crate::hw::{ActuatorDriver, HwError, Readings};
 use crate::safety::{ProtectiveStop, StopInfo};
 use act::{ActuatorView, Actuators};
@@ -86,6 +87,9 @@ pub struct Observation {
     pub sensors: Vec<SensorObservation>,
     pub actuators: Vec<ActuatorView>,
     pub sources: Vec<SourceView>,
+    /// The simulated world's rover, when the host runs one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sim: Option<WorldView>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -117,9 +121,37 @@ pub struct Ooda {
     recorder: Mutex<stats::Recorder>,
     gpio: Arc<dyn GpioBackend>,
     sim_actuators: HashMap<String, Arc<SimActuator>>,
+    sim: Option<SimLoop>,
     serial: SerialPorts,
     mqtt: Option<Mqtt>,
     shutdown: CancellationToken,
+}
+
+/// The simulated world as the loop steps it: the world and the sensors
+/// that read it at every tick.
+#[derive(Debug)]
+struct SimLoop {
+    world: SharedWorld,
+    sensors: Vec<(String, Quantity)>,
+}
+
+impl SimLoop {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SimWorld> {
+        self.world.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn view(&self) -> WorldView {
+        self.lock().view()
+    }
+
+    /// Advances the world by `dt` and records what its sensors read now.
+    fn step(&self, dt: Duration, readings: &dyn Readings) {
+        let mut world = self.lock();
+        world.step(dt);
+        for (name, quantity) in &self.sensors {
+            readings.record(name, world.read(*quantity));
+        }
+    }
 }
 
 impl std::fmt::Debug for Ooda {
@@ -163,6 +195,17 @@ impl Ooda {
         });
         let mut drivers: Vec<(crate::hw::config::ActuatorSpec, Arc<dyn ActuatorDriver>)> =
             Vec::new();
+        let sim = hardware.sim_world.clone().map(|spec| SimLoop {
+            world: Arc::new(Mutex::new(SimWorld::new(spec))),
+            sensors: hardware
+                .sensors
+                .iter()
+                .filter_map(|s| match s.source {
+                    SensorSource::World(q) => Some((s.name.clone(), q)),
+                    _ => None,
+                })
+                .collect(),
+        });
         let mut sim_actuators = HashMap::new();
         for spec in &hardware.actuators {
             let err = |error| OodaError::Actuator {
@@ -170,10 +213,13 @@ impl Ooda {
                 error,
             };
             let driver: Arc<dyn ActuatorDriver> = match &spec.target {
-                ActuatorTarget::Sim => {
-                    let sim = SimActuator::new();
-                    sim_actuators.insert(spec.name.clone(), sim.clone());
-                    sim
+                ActuatorTarget::Sim { input } => {
+                    let driver = match (input, &sim) {
+                        (Some(input), Some(sim)) => SimActuator::driving(sim.world.clone(), *input),
+                        _ => SimActuator::new(),
+                    };
+                    sim_actuators.insert(spec.name.clone(), driver.clone());
+                    driver
                 }
                 ActuatorTarget::Gpio { pin, active } => Arc::new(GpioActuator::digital(
                     gpio.output(*pin).map_err(err)?,
@@ -266,6 +312,8 @@ impl Ooda {
                         shutdown.clone(),
                     ));
                 }
+                // The tick reads the simulated world.
+                SensorSource::World(_) => readings.source_health("sim", crate::hw::Health::Ok),
                 // Serial and MQTT sensors are fed by their port / client tasks.
                 SensorSource::Serial { .. } | SensorSource::Mqtt { .. } => {}
             }
@@ -282,6 +330,7 @@ impl Ooda {
                 sensors: Vec::new(),
                 actuators: actuators.views(Instant::now()),
                 sources: Vec::new(),
+                sim: sim.as_ref().map(|s| s.view()),
             })),
             world,
             actuators,
@@ -295,6 +344,7 @@ impl Ooda {
             recorder: Mutex::new(stats::Recorder::default()),
             gpio,
             sim_actuators,
+            sim,
             serial,
             mqtt,
             shutdown,
@@ -328,6 +378,10 @@ impl Ooda {
     /// A simulated actuator's driver (what it was actually told).
     pub fn sim_actuator(&self, name: &str) -> Option<Arc<SimActuator>> {
         self.sim_actuators.get(name).cloned()
+    }
+    /// The simulated world's rover now, when the host runs a world.
+    pub fn sim_world(&self) -> Option<WorldView> {
+        self.sim.as_ref().map(SimLoop::view)
     }
     /// Cancelled at shutdown; driver tasks started by the daemon watch it too.
     pub fn shutdown_token(&self) -> CancellationToken {
@@ -365,6 +419,7 @@ impl Ooda {
             protective_stop_causes: stop.causes,
             sensors,
             actuators: self.actuators.views(now),
+            sim: self.sim_world(),
             sources: self.world.sources(),
         }
     }

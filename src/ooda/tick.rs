@@ -42,6 +42,13 @@ impl Ooda {
         let started = std::time::Instant::now();
         let now = Instant::now();
         state.seq += 1;
+        if let Some(sim) = &self.sim {
+            // Simulated time advances by whole periods (the skipped ones
+            // too), so the same commands give the same world on any clock.
+            let periods = if state.seq == 1 { 0 } else { 1 + wake.skipped };
+            let periods = u32::try_from(periods).unwrap_or(u32::MAX);
+            sim.step(self.period.saturating_mul(periods), self.world.as_ref());
+        }
         self.world.readings_into(now, &mut state.readings);
         for ((reading, spec), level) in state
             .readings
@@ -137,6 +144,7 @@ impl Ooda {
             sensors,
             actuators: self.actuators.views(now),
             sources: self.world.sources(),
+            sim: self.sim_world(),
         }));
     }
 }

@@ -65,7 +65,7 @@ pub fn source_key(source: &SensorSource) -> String {
         SensorSource::Gpio { .. } => "gpio".into(),
         SensorSource::Mqtt { .. } => "mqtt".into(),
         SensorSource::System { .. } => "system".into(),
-        SensorSource::Sim(_) => "sim".into(),
+        SensorSource::Sim(_) | SensorSource::World(_) => "sim".into(),
     }
 }
 

@@ -1,6 +1,5 @@
 //! Shared test harness: a real daemon on a free loopback port and real
 //! clients talking to it over TCP.
-#![allow(dead_code)]
 
 pub mod broker;
 pub mod control;

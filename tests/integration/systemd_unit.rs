@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-const UNIT: &str = include_str!("../systemd/rozd.service");
+const UNIT: &str = include_str!("../../systemd/rozd.service");
 
 fn directives() -> Vec<(&'static str, &'static str)> {
     UNIT.lines()

@@ -2,7 +2,7 @@
 //! (alarms, staleness), decide (reflex rules), act (limits, rate, hold,
 //! protective stop, safe state at start and shutdown).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! provider's documented streaming format, driven through real gRPC
 //! sessions: what the session emits, and what request the provider got.
 
-mod common;
+use crate::common;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

@@ -12,7 +12,7 @@
 //! - cross-site requests (foreign `Origin`, foreign `Host` / `:authority`,
 //!   non-JSON bodies) are refused with precise statuses; the stop trigger is not.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

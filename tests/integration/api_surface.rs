@@ -1,6 +1,6 @@
 //! The API surface over loopback: AgentService, health, reflection, REST, auth.
 
-mod common;
+use crate::common;
 
 use common::{Session, TestDaemon, expect_error};
 use rozd::api::proto;

@@ -1,7 +1,7 @@
 //! The StreamSession protocol, rule by rule, over loopback with a real tonic
 //! client against the real server and the offline `local` model.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

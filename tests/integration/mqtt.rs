@@ -1,8 +1,8 @@
 //! MQTT driver against a real `mosquitto` started by each test on a free
 //! loopback port, with persistence in a temporary directory.
 
-mod common;
-mod hw_support;
+use crate::common;
+use crate::hw_support;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,7 +1,6 @@
 //! Shared by the hardware driver tests: a [`Readings`] sink that forwards
 //! everything to a channel, so tests wait on explicit events (every wait is
 //! bounded, so a failure never hangs).
-#![allow(dead_code)]
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -133,13 +132,6 @@ impl Events {
         }
     }
 
-    /// Takes the events that already arrived, without waiting.
-    pub fn drain(&mut self) {
-        while let Ok(ev) = self.rx.try_recv() {
-            self.seen.push(ev);
-        }
-    }
-
     pub fn rejections(&self) -> Vec<&Ev> {
         self.seen
             .iter()
@@ -160,21 +152,4 @@ impl Events {
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     l.local_addr().expect("local addr").port()
-}
-
-/// Sends SIGTERM (the process cleans up: socat removes its links, mosquitto
-/// saves its persistence file) and waits for the exit.
-pub async fn terminate(child: &mut tokio::process::Child) {
-    if let Some(pid) = child.id() {
-        let status = tokio::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .await
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM {pid} failed");
-    }
-    tokio::time::timeout(EXPECT_WITHIN, child.wait())
-        .await
-        .expect("the process did not exit after SIGTERM")
-        .expect("wait for the process");
 }

@@ -14,7 +14,7 @@
 //! Every wait polls a condition until a generous deadline; nothing sleeps
 //! to synchronise and nothing asserts a speed.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Stdio;

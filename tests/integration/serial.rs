@@ -2,8 +2,8 @@
 //! (link A) as its serial device, the test plays the device on the other
 //! end (link B).
 
-mod common;
-mod hw_support;
+use crate::common;
+use crate::hw_support;
 
 use std::path::Path;
 use std::sync::Arc;

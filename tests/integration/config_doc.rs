@@ -5,7 +5,7 @@
 
 use rozd::config::{Config, ConfigSource};
 
-const DOC: &str = include_str!("../config/rozd.toml");
+const DOC: &str = include_str!("../../config/rozd.toml");
 
 /// The keys a table accepts, from the error that an unknown key produces.
 fn accepted_keys(table: &str) -> Vec<String> {
@@ -106,6 +106,33 @@ fn every_hardware_key_is_documented_with_an_example() {
         "[fleet]",
         &accepted_keys("[fleet]\nurl = \"mqtt://127.0.0.1\"\nZZZ\n"),
         section("fleet", Some("GPIO")),
+    );
+    let world = section("simulated world", Some("sensors"));
+    // Its sub-tables are checked key by key below.
+    let sim: Vec<String> = accepted_keys("[sim]\nZZZ\n")
+        .into_iter()
+        .filter(|k| k != "battery" && k != "motor")
+        .collect();
+    assert!(world.contains("[sim.battery]") && world.contains("[sim.motor]"));
+    assert_documented("[sim]", &sim, world);
+    for table in ["battery", "motor"] {
+        assert_documented(
+            &format!("[sim.{table}]"),
+            &accepted_keys(&format!("[sim.{table}]\nZZZ\n")),
+            world,
+        );
+    }
+    assert_documented(
+        "[sim] start",
+        &accepted_keys("[sim]\nstart = { x = 1, y = 1, ZZZ }\n"),
+        world,
+    );
+    assert_documented(
+        "[sim] obstacles",
+        &accepted_keys(
+            "[sim]\nobstacles = [{ min_x = 1, min_y = 1, max_x = 2, max_y = 2, ZZZ }]\n",
+        ),
+        world,
     );
     assert_documented(
         "[[serial]]",

@@ -1,7 +1,7 @@
 //! Sessions and turns survive a daemon restart and are readable over REST
 //! (`GET /v1/sessions`, `GET /v1/sessions/{id}`).
 
-mod common;
+use crate::common;
 
 use common::{EXPECT_WITHIN, Session, TestDaemon};
 use rozd::api::proto;

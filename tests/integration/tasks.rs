@@ -2,7 +2,7 @@
 //! real tonic client, the REST routes over HTTP, the offline `local` model
 //! driving headless workers against simulated hardware.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

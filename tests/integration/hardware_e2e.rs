@@ -8,8 +8,8 @@
 //! Every wait is on an event (a line from rozd, an MQTT message, an
 //! Observation tick) and bounded; nothing sleeps to synchronise.
 
-mod common;
-mod hw_support;
+use crate::common;
+use crate::hw_support;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! actuators; approvals, limits, protective stop, deadman, ownership, OODA
 //! context and the audit.
 
-mod common;
+use crate::common;
 
 use common::{Session, TestDaemon, expect_error};
 use rozd::api::proto;

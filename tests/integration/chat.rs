@@ -2,7 +2,7 @@
 //! in-process daemon running the offline `local` model. Every wait is bounded;
 //! the tests synchronise on what the client prints, never on sleeps.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::process::Stdio;

@@ -5,8 +5,8 @@
 //! and refuses new commands; clearing needs an authenticated request, moves
 //! nothing, and lets commands work again.
 
-mod common;
-mod hw_support;
+use crate::common;
+use crate::hw_support;
 
 use std::sync::Arc;
 

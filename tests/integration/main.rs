@@ -1,0 +1,31 @@
+//! rozd's black-box test suites, one module per area, in one test binary
+//! (one link of tonic, axum, rusqlite and reqwest instead of one per suite).
+//! Each suite runs real parts: the daemon on a loopback port, real clients,
+//! socat pty pairs, a real mosquitto. `cargo test --test integration <area>::`
+//! runs one area.
+
+mod common;
+mod hw_support;
+
+mod api_surface;
+mod chat;
+mod cli;
+mod config_doc;
+mod estop;
+mod external_clients;
+mod fleet;
+mod hardware_e2e;
+mod host_tools;
+mod hosts_wire;
+mod mqtt;
+mod ooda;
+mod persistence;
+mod providers;
+mod reachability;
+mod safety_wire;
+mod serial;
+mod session;
+mod sim_world;
+mod systemd_unit;
+mod tasks;
+mod wire;
