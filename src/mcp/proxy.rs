@@ -62,9 +62,12 @@ impl ProxyError {
 /// The URL of the daemon's MCP endpoint from `--addr`.
 pub fn endpoint(addr: &str) -> Result<String, ProxyError> {
     let trimmed = addr.trim().trim_end_matches('/');
-    let url = if trimmed.starts_with("http://") || trimmed.starts_with("https://") {
+    let url = if trimmed.starts_with("http:") || trimmed.starts_with("https:") {
         trimmed.to_string()
-    } else if !trimmed.is_empty() && !trimmed.contains('/') && trimmed.contains(':') {
+    } else if trimmed
+        .parse::<http::uri::Authority>()
+        .is_ok_and(|a| a.port_u16().is_some())
+    {
         format!("http://{trimmed}")
     } else {
         return Err(ProxyError::Address(addr.to_string()));
@@ -72,7 +75,7 @@ pub fn endpoint(addr: &str) -> Result<String, ProxyError> {
     let parsed: http::Uri = url
         .parse()
         .map_err(|_| ProxyError::Address(addr.to_string()))?;
-    if parsed.host().is_none() {
+    if parsed.scheme().is_none() || parsed.host().is_none_or(str::is_empty) {
         return Err(ProxyError::Address(addr.to_string()));
     }
     Ok(if parsed.path().ends_with("/mcp") {
@@ -144,6 +147,9 @@ struct Proxy {
 /// What a POST got.
 enum Posted {
     Answer(reqwest::Response),
+    /// An HTTP error whose body is a JSON-RPC answer (e.g. an unsupported
+    /// protocol version, with the versions that are): relayed as it is.
+    Rejected(Value),
     /// The daemon does not know the session (HTTP 404 with a session id).
     SessionGone,
     /// No answer or an HTTP error; the text says which.
@@ -236,6 +242,7 @@ impl Proxy {
                         .await;
                 });
             }
+            Posted::Rejected(answer) => self.emit(&answer),
             Posted::SessionGone => {
                 self.fail(id.as_ref().filter(|_| is_request), "the MCP session ended")
             }
@@ -263,8 +270,8 @@ impl Proxy {
         if let Some(session) = &session {
             request = request.header("mcp-session-id", session);
         }
-        if let Some(version) = &version {
-            request = request.header("mcp-protocol-version", version);
+        for (name, value) in message_headers(message, version.as_deref()) {
+            request = request.header(name, value);
         }
         let response = match request.send().await {
             Ok(response) => response,
@@ -278,6 +285,11 @@ impl Proxy {
             return Posted::Answer(response);
         }
         let body = response.text().await.unwrap_or_default();
+        if let Ok(answer) = serde_json::from_str::<Value>(&body)
+            && answer.get("jsonrpc").is_some()
+        {
+            return Posted::Rejected(answer);
+        }
         Posted::Failed(match status {
             http::StatusCode::UNAUTHORIZED => format!(
                 "rozd refused the token (HTTP 401: {}); give it with --token or $ROZD_TOKEN",
@@ -308,6 +320,7 @@ impl Proxy {
                     self.state().protocol_version = version;
                 }
             }
+            Posted::Rejected(answer) => self.emit(&answer),
             Posted::SessionGone => self.fail(id.as_ref(), "the MCP session ended"),
             Posted::Failed(why) => self.fail(id.as_ref(), &why),
         }
@@ -499,6 +512,36 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The per-message headers of the streamable HTTP transport: the protocol
+/// version (the message's own, from `_meta`, else the negotiated one) and,
+/// from 2026-07-28 on, the method and name that intermediaries route on.
+fn message_headers(message: &Value, negotiated: Option<&str>) -> Vec<(&'static str, String)> {
+    let own = message
+        .pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion")
+        .and_then(Value::as_str);
+    let Some(version) = own.or(negotiated) else {
+        return Vec::new();
+    };
+    let mut headers = vec![("mcp-protocol-version", version.to_string())];
+    if version >= "2026-07-28"
+        && let Some(method) = message.get("method").and_then(Value::as_str)
+    {
+        headers.push(("mcp-method", method.to_string()));
+        let key = match method {
+            "tools/call" | "prompts/get" => Some("name"),
+            "resources/read" | "resources/subscribe" | "resources/unsubscribe" => Some("uri"),
+            _ => None,
+        };
+        if let Some(name) = key
+            .and_then(|k| message.get("params")?.get(k)?.as_str())
+            .filter(|n| n.chars().all(|c| c.is_ascii_graphic()))
+        {
+            headers.push(("mcp-name", name.to_string()));
+        }
+    }
+    headers
+}
+
 fn session_header(response: &reqwest::Response) -> Option<String> {
     response
         .headers()
@@ -524,6 +567,26 @@ async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_carries_its_own_protocol_version_and_from_2026_its_method() {
+        let discover = json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover",
+            "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+        assert_eq!(
+            message_headers(&discover, Some("2025-11-25")),
+            [
+                ("mcp-protocol-version", "2026-07-28".to_string()),
+                ("mcp-method", "server/discover".to_string())
+            ]
+        );
+        let call =
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "arm"}});
+        assert_eq!(
+            message_headers(&call, Some("2025-11-25")),
+            [("mcp-protocol-version", "2025-11-25".to_string())]
+        );
+        assert!(message_headers(&call, None).is_empty());
+    }
 
     #[test]
     fn the_endpoint_comes_from_an_address_or_a_url() {

@@ -11,7 +11,8 @@ test must act (trigger the protective stop, answer an approval) it says so
 and, for steps marked `await_*`, waits for a line on stdin before it goes on.
 Modes:
 
-  scenario  tools, a sensor, an out-of-range command, approved/denied
+  scenario  tools, a sensor, the Observation resource and an update of it
+            after subscribing, an out-of-range command, approved/denied
             commands (answered by the test over REST), a command under the
             protective stop; then holds the session open until killed.
   elicit    declares elicitation: the first command is approved by the
@@ -31,9 +32,11 @@ import sys
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import ElicitResult, Implementation
+from mcp.types import ElicitResult, Implementation, ResourceUpdatedNotification
 
 CLIENT_NAME = "rozd-test"
+# The URIs of the resource updates the server sent.
+UPDATES = asyncio.Queue()
 
 
 def emit(step, **fields):
@@ -75,6 +78,9 @@ async def scenario(c):
     emit("approved_call", **result(await c.call_tool("arm", {"value": 0.5})))
     observation = await c.read_resource("roz://observation")
     emit("resource", observation=json.loads(observation.contents[0].text))
+    await c.subscribe_resource("roz://observation")
+    emit("resource_updated", uri=await asyncio.wait_for(UPDATES.get(), 20))
+    await c.unsubscribe_resource("roz://observation")
     emit("await_estop")
     await wait_for_go()
     emit("under_stop", **result(await c.call_tool("arm", {"value": 0.3})))
@@ -132,7 +138,14 @@ async def main():
             return ElicitResult(action="accept", content={"approve": True})
         return ElicitResult(action="decline")
 
-    options = {"client_info": Implementation(name=CLIENT_NAME, version="1")}
+    async def notifications(message):
+        if isinstance(message, ResourceUpdatedNotification):
+            UPDATES.put_nowait(message.params.uri)
+
+    options = {
+        "client_info": Implementation(name=CLIENT_NAME, version="1"),
+        "message_handler": notifications,
+    }
     if args.mode == "elicit":
         options["elicitation_callback"] = elicitation
     try:

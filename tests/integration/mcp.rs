@@ -7,12 +7,10 @@
 //! session ends, the audit, and tokens. `scripts/test.sh` installs the SDK
 //! into `target/pyenv` (or `$ROZD_TEST_PYENV`).
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Stdio;
 
-use common::{EXPECT_WITHIN, ROZD, TestDaemon};
+use crate::common::{EXPECT_WITHIN, ROZD, TestDaemon};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -327,6 +325,8 @@ async fn scenario(transport: Transport) {
         .expect("arm in the resource")
         .clone();
     assert_eq!(listed["value"], 0.5, "{listed}");
+    let updated = script.expect("resource_updated").await;
+    assert_eq!(updated["uri"], "roz://observation", "{updated}");
 
     // Under the protective stop: refused at once, without asking anyone.
     script.expect("await_estop").await;
