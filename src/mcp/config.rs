@@ -34,6 +34,25 @@ impl Default for McpConfig {
     }
 }
 
+impl McpConfig {
+    /// One line for `rozd check`.
+    pub fn describe(&self) -> String {
+        if !self.enabled {
+            return "off".into();
+        }
+        format!(
+            "/mcp (sessions end after {} s idle, keep-alive every {} s, approvals by {})",
+            self.session_idle_secs,
+            self.keepalive_secs,
+            if self.elicitation {
+                "elicitation or an operator"
+            } else {
+                "an operator"
+            }
+        )
+    }
+}
+
 fn default_enabled() -> bool {
     true
 }

@@ -376,6 +376,12 @@ async fn scenario(transport: Transport) {
     assert_eq!(second["is_error"], false, "{second}");
     script.expect("holding").await;
     assert_eq!(arm(&daemon), Some(-0.4));
+    let (_, status) = rest(&daemon, reqwest::Method::GET, "/v1/status", None).await;
+    assert_eq!(
+        status["mcp"],
+        json!({"sessions": 1, "pending_approvals": 0}),
+        "{status}"
+    );
 
     // The client vanishes: the deadman drives its actuator safe.
     script.kill().await;
