@@ -12,8 +12,9 @@ pub struct McpConfig {
     /// ends (its actuators go to their safe values).
     #[serde(default = "default_session_idle_secs")]
     pub session_idle_secs: u64,
-    /// Seconds between SSE keep-alive comments on MCP streams: a client that
-    /// vanished without closing its connection is noticed at the next one.
+    /// Seconds between SSE keep-alive comments on MCP streams and between
+    /// pings to a client holding its event stream; a ping unanswered for as
+    /// long means the client is gone.
     #[serde(default = "default_keepalive_secs")]
     pub keepalive_secs: u64,
     /// Ask a client that supports elicitation to approve a

@@ -29,12 +29,12 @@ use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData as McpError,
     Implementation, InitializeResult, JsonObject, ListResourcesResult, ListToolsResult, MetaObject,
-    PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
-    ReadResourceResult, Resource, ResourceContents, ResourceUpdatedNotificationParam,
-    ServerCapabilities, ServerConfig, SubscribeRequestParams, Tool as McpTool, ToolAnnotations,
-    UnsubscribeRequestParams,
+    PaginatedRequestParams, PingRequest, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, Resource, ResourceContents,
+    ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig, ServerRequest,
+    SubscribeRequestParams, Tool as McpTool, ToolAnnotations, UnsubscribeRequestParams,
 };
-use rmcp::service::{Peer, RequestContext, RoleServer};
+use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
@@ -105,6 +105,8 @@ pub struct HostServer {
     ctx: Arc<HostContext>,
     /// The Observation subscription's task, stopped with the session.
     subscription: Mutex<Option<DropGuard>>,
+    /// The task that pings the client, stopped with the session.
+    watchdog: Mutex<Option<DropGuard>>,
 }
 
 impl HostServer {
@@ -112,6 +114,7 @@ impl HostServer {
         HostServer {
             ctx,
             subscription: Mutex::new(None),
+            watchdog: Mutex::new(None),
         }
     }
 
@@ -149,10 +152,9 @@ impl HostServer {
     }
 }
 
-/// The MCP session a request belongs to (the `Mcp-Session-Id` header).
-fn session_id(context: &RequestContext<RoleServer>) -> Option<String> {
-    context
-        .extensions
+/// The MCP session a message belongs to (the `Mcp-Session-Id` header).
+fn session_id(extensions: &rmcp::model::Extensions) -> Option<String> {
+    extensions
         .get::<http::request::Parts>()?
         .headers
         .get("mcp-session-id")?
@@ -252,7 +254,7 @@ impl ServerHandler for HostServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let ctx = &self.ctx;
-        let Some(session) = session_id(&context) else {
+        let Some(session) = session_id(&context.extensions) else {
             return Err(McpError::invalid_request(
                 "rozd runs tools only inside an MCP session (initialize first)",
                 None,
@@ -305,6 +307,22 @@ impl ServerHandler for HostServer {
                 None,
             )),
         }
+    }
+
+    /// Starts pinging the client once the handshake is done.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let Some(session) = session_id(&context.extensions) else {
+            return;
+        };
+        let stop = CancellationToken::new();
+        *self.watchdog.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(stop.clone().drop_guard());
+        tokio::spawn(watch_client(
+            self.ctx.clone(),
+            context.peer.clone(),
+            session,
+            stop,
+        ));
     }
 
     async fn list_resources(
@@ -407,6 +425,48 @@ async fn notify_observations(
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(UPDATE_PERIOD) => {}
+        }
+    }
+}
+
+/// Pings a client that holds its event stream every `mcp.keepalive_secs`:
+/// a client whose connection is open but silent (a cut network, a hung
+/// process) is gone when it does not answer within as long, and the
+/// deadman runs. A stream that closes is noticed without this.
+async fn watch_client(
+    ctx: Arc<HostContext>,
+    peer: Peer<RoleServer>,
+    session: String,
+    stop: CancellationToken,
+) {
+    let period = Duration::from_secs(ctx.config.mcp.keepalive_secs);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(period) => {}
+        }
+        if !ctx.mcp.sessions.listening(&session) {
+            continue;
+        }
+        let ping = peer.send_request(ServerRequest::PingRequest(PingRequest::default()));
+        let answered = tokio::select! {
+            () = stop.cancelled() => return,
+            answered = tokio::time::timeout(period, ping) => answered,
+        };
+        match answered {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::info!(session_id = %sessions::owner(&session), error = %e, "MCP client did not answer a ping");
+                if !ctx.mcp.sessions.unresponsive(&session).await {
+                    return;
+                }
+            }
+            Err(_) => {
+                tracing::warn!(session_id = %sessions::owner(&session), timeout_s = period.as_secs(), "MCP client did not answer a ping in time");
+                if !ctx.mcp.sessions.unresponsive(&session).await {
+                    return;
+                }
+            }
         }
     }
 }

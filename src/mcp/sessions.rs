@@ -5,9 +5,10 @@
 //! "the client is there" means: it holds its standalone SSE stream (the GET
 //! that every client opens after `initialize` to hear the server). When the
 //! last such stream closes (the client exited, was killed, lost the
-//! network), the session's actuators go to their safe values and its calls
-//! in flight are abandoned; a client that comes back with a new stream may
-//! go on, with its actuators safe. When the session ends (`DELETE /mcp`, or
+//! network), or while it is open the client stops answering the pings sent
+//! on it (a silent peer), the session's actuators go to their safe values
+//! and its calls in flight are abandoned; a client that comes back may go
+//! on, with its actuators safe. When the session ends (`DELETE /mcp`, or
 //! `mcp.session_idle_secs` without any event) the same happens. A client
 //! that never opens the stream is covered by the end of its session only.
 //!
@@ -64,10 +65,38 @@ impl Sessions {
         self.lock().len()
     }
 
-    /// Cancelled once session `id`'s client goes away or the session ends;
-    /// `None` for an unknown session.
+    /// For a call of session `id` that arrives now: cancelled once the
+    /// client goes away or the session ends; `None` for an unknown session.
+    /// A request proves the client is there now, even after it was found
+    /// gone (what it commanded before is safe by then).
     pub fn presence(&self, id: &str) -> Option<CancellationToken> {
-        self.lock().get(id).map(|e| e.present.clone())
+        let mut entries = self.lock();
+        let entry = entries.get_mut(id)?;
+        if entry.present.is_cancelled() {
+            entry.present = CancellationToken::new();
+        }
+        Some(entry.present.clone())
+    }
+
+    /// Whether session `id`'s client holds its event stream and has not
+    /// been found gone since: the one a ping can reach.
+    pub fn listening(&self, id: &str) -> bool {
+        self.lock()
+            .get(id)
+            .is_some_and(|e| e.streams > 0 && !e.present.is_cancelled())
+    }
+
+    /// Session `id`'s client holds its stream but did not answer: it is gone
+    /// (a silent peer, e.g. a cut network). Whether the session still exists.
+    pub async fn unresponsive(&self, id: &str) -> bool {
+        let present = match self.lock().get(id) {
+            None => return false,
+            Some(e) if e.present.is_cancelled() => return true,
+            Some(e) => e.present.clone(),
+        };
+        present.cancel();
+        deadman(&self.ooda, id, "MCP client stopped answering").await;
+        true
     }
 
     fn created(&self, id: &str) {

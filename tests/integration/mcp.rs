@@ -225,7 +225,8 @@ fn arm(daemon: &TestDaemon) -> Option<f64> {
 }
 
 async fn scenario(transport: Transport) {
-    let daemon = daemon("[session]\napproval_timeout_secs = 120").await;
+    // Pings every 3 s: the client answers them, so they release nothing.
+    let daemon = daemon("[session]\napproval_timeout_secs = 120\n[mcp]\nkeepalive_secs = 3").await;
     let mut script = Script::start(&daemon, transport, "scenario", Some(TOKEN));
     let connected = script.expect("connected").await;
     assert_eq!(connected["protocol"], "2025-11-25", "{connected}");
@@ -600,5 +601,71 @@ async fn mcp_is_behind_the_browser_checks_and_approvals_refuse_what_they_cannot_
         .await
         .unwrap();
     assert_eq!(unauthenticated.status(), 401);
+    daemon.shutdown().await;
+}
+
+/// A raw MCP client over HTTP/1.1 that holds its event stream open but never
+/// answers: a silent peer (a cut network, a hung process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_holds_its_stream_but_stops_answering_pings_leaves_the_arm_safe() {
+    let daemon = daemon(
+        "[mcp]\nkeepalive_secs = 1\n[[permissions]]\ntool_pattern = \"arm\"\npolicy = \"allow\"",
+    )
+    .await;
+    let url = format!("{}/mcp", daemon.url());
+    let post = |session: Option<&str>, body: Value| {
+        let mut request = http()
+            .post(&url)
+            .bearer_auth(TOKEN)
+            .header("accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        request.send()
+    };
+    let initialized = post(
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "silent", "version": "1"}}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(initialized.status(), 200);
+    let session = initialized.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    initialized.bytes().await.unwrap();
+    let accepted = post(
+        Some(&session),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(accepted.status(), 202);
+    let events = http()
+        .get(&url)
+        .bearer_auth(TOKEN)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 200);
+    let called = post(
+        Some(&session),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "arm", "arguments": {"value": 0.5}}}),
+    )
+    .await
+    .unwrap();
+    let answer = String::from_utf8_lossy(&called.bytes().await.unwrap()).to_string();
+    assert!(answer.contains("\\\"value\\\":0.5"), "{answer}");
+    assert_eq!(arm(&daemon), Some(0.5));
+    // The stream stays open, the pings on it go unanswered.
+    wait_arm_safe(&daemon).await;
+    drop(events);
     daemon.shutdown().await;
 }
