@@ -439,10 +439,9 @@ async fn through_rozd_mcp_over_stdio_calls_take_the_same_path() {
     scenario(Transport::Stdio).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_with_elicitation_asks_its_user_and_the_end_of_its_session_leaves_the_arm_safe() {
+async fn elicitation(transport: Transport) {
     let daemon = daemon("").await;
-    let mut script = Script::start(&daemon, Transport::Http, "elicit", Some(TOKEN));
+    let mut script = Script::start(&daemon, transport, "elicit", Some(TOKEN));
     script.expect("connected").await;
     let asked = script.expect("elicitation").await;
     assert!(
@@ -467,6 +466,16 @@ async fn a_client_with_elicitation_asks_its_user_and_the_end_of_its_session_leav
     wait_arm_safe(&daemon).await;
     assert_eq!(daemon.ctx.mcp.sessions.count(), 0);
     daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_with_elicitation_asks_its_user_and_the_end_of_its_session_leaves_the_arm_safe() {
+    elicitation(Transport::Http).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_rozd_mcp_the_approval_question_reaches_the_user_and_the_answer_the_daemon() {
+    elicitation(Transport::Stdio).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
