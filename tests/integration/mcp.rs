@@ -613,6 +613,39 @@ async fn mcp_is_behind_the_browser_checks_and_approvals_refuse_what_they_cannot_
     daemon.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rozd_mcp_starts_a_new_session_when_the_daemon_restarted() {
+    let first = daemon("").await;
+    let addr = first.addr;
+    let mut script = Script::start(&first, Transport::Stdio, "reconnect", Some(TOKEN));
+    script.expect("connected").await;
+    assert_eq!(script.expect("first").await["is_error"], false);
+    script.expect("await_restart").await;
+    first.shutdown().await;
+    let second = TestDaemon::start_server(
+        &format!("auth_tokens = [\"{TOKEN}\"]"),
+        r#"
+[[sensors]]
+name = "temp"
+source = "sim"
+unit = "C"
+signal = "constant"
+offset = 21.0
+"#,
+        move |config| config.server.listen = addr,
+        std::sync::Arc::new(rozd::session::LogHooks),
+    )
+    .await;
+    assert_eq!(second.addr, addr);
+    script.go().await;
+    let again = script.expect("second").await;
+    assert_eq!(again["is_error"], false, "{again}");
+    assert_eq!(again["structured"]["sensor"]["value"], 21.0, "{again}");
+    script.expect("closed").await;
+    assert_eq!(script.exit_code().await, Some(0));
+    second.shutdown().await;
+}
+
 /// A raw MCP client over HTTP/1.1 that holds its event stream open but never
 /// answers: a silent peer (a cut network, a hung process).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,8 @@ Modes:
   elicit    declares elicitation: the first command is approved by the
             "user", the second declined; then ends the session.
   timeout   a command nobody answers; then ends the session.
+  reconnect reads a sensor, waits for `go` (the test restarts the daemon
+            meanwhile), reads it again; then ends the session.
   connect   only connects (for the refused-token check).
 
 Failures to connect are printed as {"step": "refused", "error": ...} and
@@ -103,9 +105,16 @@ async def timeout_mode(c):
     emit("timed_out", **result(await c.call_tool("arm", {"value": 0.5})))
 
 
+async def reconnect_mode(c):
+    emit("first", **result(await c.call_tool("read_sensor", {"name": "temp"})))
+    emit("await_restart")
+    await wait_for_go()
+    emit("second", **result(await c.call_tool("read_sensor", {"name": "temp"})))
+
+
 async def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["scenario", "elicit", "timeout", "connect"])
+    parser.add_argument("mode", choices=["scenario", "elicit", "timeout", "reconnect", "connect"])
     parser.add_argument("--http")
     parser.add_argument("--stdio", nargs=2, metavar=("ROZD", "ADDR"))
     parser.add_argument("--token")
@@ -162,6 +171,8 @@ async def main():
             await elicit_mode(client)
         elif args.mode == "timeout":
             await timeout_mode(client)
+        elif args.mode == "reconnect":
+            await reconnect_mode(client)
     finally:
         await client.__aexit__(None, None, None)
     emit("closed")
