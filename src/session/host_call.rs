@@ -306,3 +306,53 @@ async fn audit(
         tracing::error!(error = %e, tool_call_id = id, "cannot write the audit record");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_hears_the_codes_it_always_heard_and_mcp_gets_one_per_failure() {
+        let outcome = |failure| Outcome::failed(failure, "`arm` refused: /value: 5".into());
+        let safety = outcome(Failure::SafetyViolation)
+            .session_error("t1")
+            .unwrap();
+        assert_eq!(safety.code, ErrorCode::SafetyViolation);
+        assert_eq!(safety.message, "tool call t1: `arm` refused: /value: 5");
+        for (failure, code) in [
+            (Failure::EStop, Some(ErrorCode::EStop)),
+            (Failure::Held, Some(ErrorCode::PermissionDenied)),
+            (Failure::Timeout, Some(ErrorCode::ToolTimeout)),
+            (Failure::Invalid, None),
+            (Failure::Blocked, None),
+            (Failure::Denied, None),
+            (Failure::Failed, None),
+        ] {
+            assert_eq!(
+                outcome(failure).session_error("t").map(|e| e.code),
+                code,
+                "{failure:?}"
+            );
+        }
+        let ok = Outcome {
+            content: "{}".into(),
+            failure: None,
+        };
+        assert!(!ok.is_error() && ok.session_error("t").is_none());
+        let codes: std::collections::HashSet<&str> = [
+            Failure::Invalid,
+            Failure::SafetyViolation,
+            Failure::EStop,
+            Failure::Blocked,
+            Failure::Denied,
+            Failure::Held,
+            Failure::Timeout,
+            Failure::Failed,
+        ]
+        .into_iter()
+        .map(Failure::as_str)
+        .collect();
+        assert_eq!(codes.len(), 8, "distinct codes");
+        assert!(Failure::EStop.is_safety() && !Failure::Held.is_safety());
+    }
+}

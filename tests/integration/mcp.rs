@@ -646,68 +646,132 @@ offset = 21.0
     second.shutdown().await;
 }
 
-/// A raw MCP client over HTTP/1.1 that holds its event stream open but never
-/// answers: a silent peer (a cut network, a hung process).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_holds_its_stream_but_stops_answering_pings_leaves_the_arm_safe() {
-    let daemon = daemon(
-        "[mcp]\nkeepalive_secs = 1\n[[permissions]]\ntool_pattern = \"arm\"\npolicy = \"allow\"",
-    )
-    .await;
-    let url = format!("{}/mcp", daemon.url());
-    let post = |session: Option<&str>, body: Value| {
+/// An MCP session driven by hand over HTTP/1.1 (no SDK): what a client
+/// that misbehaves, or a second client, does.
+struct RawSession {
+    url: String,
+    id: String,
+}
+
+impl RawSession {
+    async fn open(daemon: &TestDaemon, name: &str) -> RawSession {
+        let url = format!("{}/mcp", daemon.url());
+        let initialized = Self::post(
+            &url,
+            None,
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": name, "version": "1"}}}),
+        )
+        .await;
+        assert_eq!(initialized.status(), 200);
+        let id = initialized.headers()["mcp-session-id"]
+            .to_str()
+            .expect("session id")
+            .to_string();
+        initialized.bytes().await.expect("initialize answer");
+        let accepted = Self::post(
+            &url,
+            Some(&id),
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        )
+        .await;
+        assert_eq!(accepted.status(), 202);
+        RawSession { url, id }
+    }
+
+    async fn post(url: &str, session: Option<&str>, body: Value) -> reqwest::Response {
         let mut request = http()
-            .post(&url)
+            .post(url)
             .bearer_auth(TOKEN)
             .header("accept", "application/json, text/event-stream")
             .json(&body);
         if let Some(session) = session {
             request = request.header("mcp-session-id", session);
         }
-        request.send()
-    };
-    let initialized = post(
-        None,
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "silent", "version": "1"}}}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(initialized.status(), 200);
-    let session = initialized.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_string();
-    initialized.bytes().await.unwrap();
-    let accepted = post(
-        Some(&session),
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(accepted.status(), 202);
-    let events = http()
-        .get(&url)
-        .bearer_auth(TOKEN)
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", &session)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(events.status(), 200);
-    let called = post(
-        Some(&session),
-        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "arm", "arguments": {"value": 0.5}}}),
-    )
-    .await
-    .unwrap();
-    let answer = String::from_utf8_lossy(&called.bytes().await.unwrap()).to_string();
-    assert!(answer.contains("\\\"value\\\":0.5"), "{answer}");
+        request.send().await.expect("POST /mcp")
+    }
+
+    /// Opens the session's event stream; it stays open while held.
+    async fn events(&self) -> reqwest::Response {
+        let events = http()
+            .get(&self.url)
+            .bearer_auth(TOKEN)
+            .header("accept", "text/event-stream")
+            .header("mcp-session-id", &self.id)
+            .send()
+            .await
+            .expect("GET /mcp");
+        assert_eq!(events.status(), 200);
+        events
+    }
+
+    /// Calls a tool; its result (from the answer's event stream).
+    async fn call(&self, tool: &str, arguments: Value) -> Value {
+        let answer = Self::post(
+            &self.url,
+            Some(&self.id),
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": tool, "arguments": arguments}}),
+        )
+        .await;
+        let text = String::from_utf8_lossy(&answer.bytes().await.expect("answer")).to_string();
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find_map(|m| m.get("result").cloned())
+            .unwrap_or_else(|| panic!("no result in {text}"))
+    }
+
+    async fn delete(self) {
+        let deleted = http()
+            .delete(&self.url)
+            .bearer_auth(TOKEN)
+            .header("mcp-session-id", &self.id)
+            .send()
+            .await
+            .expect("DELETE /mcp");
+        assert!(deleted.status().is_success(), "{}", deleted.status());
+    }
+}
+
+const ARM_ALLOWED: &str = "[[permissions]]\ntool_pattern = \"arm\"\npolicy = \"allow\"";
+
+/// A client that holds its event stream open but never answers: a silent
+/// peer (a cut network, a hung process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_holds_its_stream_but_stops_answering_pings_leaves_the_arm_safe() {
+    let daemon = daemon(&format!("[mcp]\nkeepalive_secs = 1\n{ARM_ALLOWED}")).await;
+    let session = RawSession::open(&daemon, "silent").await;
+    let events = session.events().await;
+    let result = session.call("arm", json!({"value": 0.5})).await;
+    assert_eq!(result["structuredContent"]["value"], 0.5, "{result}");
     assert_eq!(arm(&daemon), Some(0.5));
     // The stream stays open, the pings on it go unanswered.
     wait_arm_safe(&daemon).await;
     drop(events);
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_mcp_session_commands_is_its_own_until_the_session_ends() {
+    let daemon = daemon(ARM_ALLOWED).await;
+    let owner = RawSession::open(&daemon, "first").await;
+    let other = RawSession::open(&daemon, "second").await;
+    let result = owner.call("arm", json!({"value": 0.5})).await;
+    assert_eq!(result["isError"], false, "{result}");
+    let held = other.call("arm", json!({"value": 0.2})).await;
+    assert_eq!(held["isError"], true, "{held}");
+    assert_eq!(held["structuredContent"]["error"]["code"], "held", "{held}");
+    assert_eq!(arm(&daemon), Some(0.5));
+    // Going safe is anyone's: stop_all is never held, never asks.
+    let stopped = other.call("stop_all", json!({})).await;
+    assert_eq!(stopped["isError"], false, "{stopped}");
+    assert_eq!(arm(&daemon), Some(0.0));
+    owner.call("arm", json!({"value": -0.5})).await;
+    assert_eq!(arm(&daemon), Some(-0.5));
+    owner.delete().await;
+    wait_arm_safe(&daemon).await;
+    other.delete().await;
     daemon.shutdown().await;
 }

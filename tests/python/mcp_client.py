@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import sys
+import warnings
 
 import httpx2
 from mcp import Client, StdioServerParameters
@@ -37,6 +38,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import ElicitResult, Implementation, ResourceUpdatedNotification
 
 CLIENT_NAME = "rozd-test"
+# resources/subscribe is deprecated from 2026-07-28 on; rozd speaks 2025-11-25.
+warnings.filterwarnings("ignore", category=DeprecationWarning)
 # The URIs of the resource updates the server sent.
 UPDATES = asyncio.Queue()
 
