@@ -1,10 +1,11 @@
 //! rozd: the edge-host daemon of the roz agent runtime.
 //!
 //! Module map (dependency direction `api -> session -> model`; protocol types
-//! stop at `api`):
+//! stop at `api` and `cli`; `cli` uses nothing of the server):
 //!
 //! - [`config`]: TOML -> validated [`config::Config`]
 //! - [`daemon`]: start order, shutdown order, sd_notify, signals
+//! - [`logging`]: the daemon's logs, to journald or stderr
 //! - [`api`]: tonic services and axum REST on one listener, auth, reflection, health
 //! - [`session`]: one agent session: state machine and turn loop
 //! - [`model`]: language models behind one streaming trait (offline `local` model)
@@ -16,26 +17,26 @@
 //! - [`tools`]: the host tools generated from sensors and actuators
 //! - [`mcp`]: the host tools over MCP (`/mcp`, `rozd mcp`) and operator approvals
 //! - [`fleet`]: hosts by `host_id` over an MQTT broker: presence, registry, routing, fleet stop
-//! - [`client`]: small HTTP client used by the CLI (`rozd status`)
-//! - [`task_cli`]: `rozd task ...`, tasks from the command line
-//! - [`chat`]: `rozd chat`, an interactive terminal client of a session over gRPC
+//! - [`proto`]: the generated roz.v1 types, servers and clients (shared by `api` and `cli`)
+//! - [`cli`]: the command-line clients of a running daemon (`rozd status`, `estop`,
+//!   `hosts`, `task`, `chat`): connection, HTTP client, formatters
 #![forbid(unsafe_code)]
 
 pub mod api;
-pub mod chat;
-pub mod client;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod fleet;
 pub mod hw;
+pub mod logging;
 pub mod mcp;
 pub mod model;
 pub mod ooda;
+pub mod proto;
 pub mod safety;
 pub mod session;
 pub mod store;
-pub mod task_cli;
 pub mod team;
 pub mod tools;
 

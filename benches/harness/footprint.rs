@@ -184,7 +184,7 @@ async fn close_sessions(
     let addr = server.addr.to_string();
     let deadline = Instant::now() + WAIT;
     loop {
-        let reply = rozd::client::get(&addr, "/v1/status", None).await?;
+        let reply = rozd::cli::client::get(&addr, "/v1/status", None).await?;
         let status: serde_json::Value = serde_json::from_str(&reply.body)?;
         if status["sessions"]["active"] == 0 {
             return Ok(());

@@ -9,10 +9,10 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::proto::{self, agent_service_server::AgentService};
 use super::{convert, relay};
 use crate::HostContext;
 use crate::fleet::Route;
+use crate::proto::{self, agent_service_server::AgentService};
 use crate::session;
 
 /// Bound of the per-session queues: enough to absorb a burst of deltas while

@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::rest::json_error;
+use super::reply::json_error;
 use crate::HostContext;
 
 pub fn routes() -> Router<Arc<HostContext>> {

@@ -9,7 +9,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
-use super::rest::json_error;
+use super::reply::{is_grpc, json_error};
 use super::tracked::Connection;
 use crate::HostContext;
 use crate::config::Secret;
@@ -72,14 +72,6 @@ pub async fn require_token(
             }
         }
     }
-}
-
-pub fn is_grpc(request: &Request) -> bool {
-    request
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("application/grpc"))
 }
 
 /// Compares against every configured token without short-circuiting, so the

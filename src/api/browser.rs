@@ -30,7 +30,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, Method, StatusCode, Uri};
 
-use super::rest::json_error;
+use super::reply::json_error;
 use crate::config::Config;
 
 /// Paths anyone may call from anywhere: triggering the stop.
@@ -321,7 +321,7 @@ pub async fn guard(
                 reason = refusal.message(),
                 "refused a request a browser may have sent"
             );
-            if super::auth::is_grpc(&request) {
+            if super::reply::is_grpc(&request) {
                 tonic::Status::permission_denied(refusal.message()).into_http::<axum::body::Body>()
             } else {
                 json_error(refusal.status(), refusal.code(), refusal.message()).into_response()

@@ -17,12 +17,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tonic::{Request, Status};
 
-use super::proto::{self, host_service_server::HostService};
-use super::rest::json_error;
+use super::reply::json_error;
 use super::safety::{clean_reason, parse_body, rest_source};
 use crate::HostContext;
 use crate::fleet::record::RecordStatus;
 use crate::fleet::{FLEET_SOURCE, FleetError, HostView};
+use crate::proto::{self, host_service_server::HostService};
 
 /// Page size of a listing without a limit.
 pub const DEFAULT_HOSTS_LIMIT: u64 = 100;

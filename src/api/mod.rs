@@ -9,25 +9,20 @@ pub mod convert;
 mod hosts;
 pub use hosts::MAX_HOSTS_LIMIT;
 pub mod relay;
+mod reply;
 mod rest;
 mod safety;
 mod tasks;
 pub mod tracked;
+
+/// The generated roz.v1 types, where the API's users have found them.
+pub use crate::proto;
 
 use std::sync::Arc;
 
 use tonic_health::server::HealthReporter;
 
 use crate::HostContext;
-
-/// Generated roz.v1 types, server and client.
-pub mod proto {
-    tonic::include_proto!("roz.v1");
-
-    /// Encoded `FileDescriptorSet` of `proto/`, served by reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
-        include_bytes!(concat!(env!("OUT_DIR"), "/roz_descriptor.bin"));
-}
 
 /// Fully qualified name of the agent service, as reflection and health report it.
 pub const AGENT_SERVICE_NAME: &str = "roz.v1.AgentService";

@@ -26,8 +26,8 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Status, Streaming};
 
 use super::convert;
-use super::proto::{self, agent_service_client::AgentServiceClient};
 use crate::fleet::{RemoteHost, RouteError};
+use crate::proto::{self, agent_service_client::AgentServiceClient};
 use crate::session::{ErrorCode, ServerEvent, SessionError};
 
 /// Bound on opening a connection to another host.

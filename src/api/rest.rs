@@ -11,6 +11,7 @@ use http::StatusCode;
 use serde::Deserialize;
 use serde_json::json;
 
+use super::reply::{is_grpc, json_error};
 use crate::HostContext;
 use crate::store::{StoreError, TurnRecord};
 
@@ -76,18 +77,6 @@ async fn sensor(State(ctx): State<Arc<HostContext>>, Path(name): Path<String>) -
         )
         .into_response(),
     }
-}
-
-/// The error body every REST error uses: `{"error": {"code", "message"}}`.
-pub fn json_error(
-    status: StatusCode,
-    code: &str,
-    message: &str,
-) -> (StatusCode, Json<serde_json::Value>) {
-    (
-        status,
-        Json(json!({ "error": { "code": code, "message": message } })),
-    )
 }
 
 async fn healthz(State(ctx): State<Arc<HostContext>>) -> Response {
@@ -290,7 +279,7 @@ fn turn_json(t: &TurnRecord) -> serde_json::Value {
 
 /// Unknown paths: gRPC clients get `UNIMPLEMENTED`, everyone else a JSON 404.
 pub async fn fallback(request: Request) -> Response {
-    if super::auth::is_grpc(&request) {
+    if is_grpc(&request) {
         return tonic::Status::unimplemented(format!("no gRPC method {}", request.uri().path()))
             .into_http::<axum::body::Body>();
     }

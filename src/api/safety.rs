@@ -15,9 +15,9 @@ use serde::Deserialize;
 use tonic::{Request, Status};
 
 use super::ControlSocket;
-use super::proto::{self, safety_service_server::SafetyService};
-use super::rest::json_error;
+use super::reply::json_error;
 use crate::HostContext;
+use crate::proto::{self, safety_service_server::SafetyService};
 use crate::safety::status::{SafetyStatus, status};
 
 /// `StopInfo.source` of a stop triggered through `SafetyService`.
@@ -177,7 +177,7 @@ pub(super) fn rest_source(headers: &HeaderMap, control: Option<&ControlSocket>) 
     let cli = headers
         .get(http::header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|ua| ua.starts_with(crate::client::USER_AGENT_PREFIX));
+        .is_some_and(|ua| ua.starts_with(crate::proto::CLI_USER_AGENT_PREFIX));
     if cli { "cli" } else { "rest" }
 }
 

@@ -25,12 +25,12 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response as GrpcResponse, Status};
 
-use super::proto::task_service_client::TaskServiceClient;
-use super::proto::{self, task_service_server::TaskService};
 use super::relay::{self, RemoteChannel};
-use super::rest::json_error;
+use super::reply::json_error;
 use crate::HostContext;
 use crate::fleet::Route;
+use crate::proto::task_service_client::TaskServiceClient;
+use crate::proto::{self, task_service_server::TaskService};
 use crate::store::StoredTaskEvent;
 use crate::team::state::TeamEvent;
 use crate::team::{self, Follow, NewTask, TaskError, TaskView};

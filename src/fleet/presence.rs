@@ -29,10 +29,11 @@ use rumqttc::v5::mqttbytes::v5::{Filter, LastWill, Packet, Publish};
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop};
 use tokio::time::Instant;
 
+use super::inbox::{JudgedCommand, OwnTopic, stop_reason};
 use super::record::{RecordStatus, Rejected};
 use super::stop::{StopKind, Verdict};
 use super::view::LogLimiter;
-use super::{FLEET_SOURCE, Fleet, FleetError, JudgedCommand, OwnTopic, lock, stop_reason};
+use super::{FLEET_SOURCE, Fleet, FleetError, lock};
 use crate::HostContext;
 
 /// Requests queued for the event loop (records, commands, subscriptions).

@@ -9,13 +9,13 @@
 //! - [`sessions`]: which MCP session owns what, and the deadman when it
 //!   ends or its client disconnects.
 //! - [`approvals`]: calls waiting for an operator (`/v1/approvals`).
-//! - [`proxy`]: `rozd mcp`, a stdio MCP server that relays to a running
-//!   daemon's `/mcp` (the daemon keeps owning the hardware).
 //! - [`config`]: the `[mcp]` section.
+//!
+//! `rozd mcp`, the stdio server that relays to `/mcp`, is a command-line
+//! client: [`crate::cli::mcp`].
 
 pub mod approvals;
 pub mod config;
-pub mod proxy;
 pub mod server;
 pub mod sessions;
 

@@ -188,14 +188,18 @@ async fn rest_healthz_status_and_json_404() {
     )
     .await;
     let addr = daemon.addr.to_string();
-    let health = rozd::client::get(&addr, "/healthz", None).await.unwrap();
+    let health = rozd::cli::client::get(&addr, "/healthz", None)
+        .await
+        .unwrap();
     assert_eq!(health.status, 200);
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&health.body).unwrap()["status"],
         "ok"
     );
 
-    let status = rozd::client::get(&addr, "/v1/status", None).await.unwrap();
+    let status = rozd::cli::client::get(&addr, "/v1/status", None)
+        .await
+        .unwrap();
     assert_eq!(status.status, 200);
     let v: serde_json::Value = serde_json::from_str(&status.body).unwrap();
     assert_eq!(v["host_id"], "rover-7");
@@ -207,7 +211,7 @@ async fn rest_healthz_status_and_json_404() {
     assert!(v["uptime_secs"].is_u64());
     assert!(v["sensors"].is_u64() && v["actuators"].is_u64());
 
-    let missing = rozd::client::get(&addr, "/v1/nothing-here", None)
+    let missing = rozd::cli::client::get(&addr, "/v1/nothing-here", None)
         .await
         .unwrap();
     assert_eq!(missing.status, 404);
@@ -222,7 +226,7 @@ async fn status_counts_open_sessions() {
     let mut client = daemon.agent().await;
     let mut session = Session::open(&mut client).await;
     session.start(proto::StartSession::default()).await;
-    let status = rozd::client::get(&daemon.addr.to_string(), "/v1/status", None)
+    let status = rozd::cli::client::get(&daemon.addr.to_string(), "/v1/status", None)
         .await
         .unwrap();
     let v: serde_json::Value = serde_json::from_str(&status.body).unwrap();
@@ -315,7 +319,9 @@ async fn rest_requires_a_valid_bearer_token_except_healthz() {
     let daemon = start_with_tokens().await;
     let addr = daemon.addr.to_string();
     for token in [None, Some("s3cret-alph"), Some("nope")] {
-        let reply = rozd::client::get(&addr, "/v1/status", token).await.unwrap();
+        let reply = rozd::cli::client::get(&addr, "/v1/status", token)
+            .await
+            .unwrap();
         assert_eq!(reply.status, 401, "token {token:?}");
         let v: serde_json::Value = serde_json::from_str(&reply.body).expect("401 body is JSON");
         assert_eq!(v["error"]["code"], "unauthenticated");
@@ -325,14 +331,14 @@ async fn rest_requires_a_valid_bearer_token_except_healthz() {
         );
     }
     assert_eq!(
-        rozd::client::get(&addr, "/v1/status", Some("s3cret-alpha"))
+        rozd::cli::client::get(&addr, "/v1/status", Some("s3cret-alpha"))
             .await
             .unwrap()
             .status,
         200
     );
     assert_eq!(
-        rozd::client::get(&addr, "/healthz", None)
+        rozd::cli::client::get(&addr, "/healthz", None)
             .await
             .unwrap()
             .status,

@@ -921,7 +921,7 @@ async fn cause_sources(daemon: &TestDaemon) -> Vec<String> {
 }
 
 async fn cause_sources_with(daemon: &TestDaemon, token: Option<&str>) -> Vec<String> {
-    let reply = rozd::client::get(&daemon.addr.to_string(), "/v1/safety", token)
+    let reply = rozd::cli::client::get(&daemon.addr.to_string(), "/v1/safety", token)
         .await
         .expect("GET /v1/safety");
     let body: Value = serde_json::from_str(&reply.body).expect("JSON");
@@ -940,7 +940,7 @@ async fn cause_sources_with(daemon: &TestDaemon, token: Option<&str>) -> Vec<Str
 async fn stop_audit_rows(addr: &str, n: usize) -> Vec<Value> {
     tokio::time::timeout(EXPECT_WITHIN, async {
         loop {
-            let reply = rozd::client::get(addr, "/v1/audit?limit=1000", None)
+            let reply = rozd::cli::client::get(addr, "/v1/audit?limit=1000", None)
                 .await
                 .expect("GET /v1/audit");
             let audit: Value = serde_json::from_str(&reply.body).expect("audit JSON");
@@ -979,7 +979,7 @@ async fn a_stop_from_a_second_source_adds_a_cause_and_an_operator_clear_removes_
 
     // A second source while latched is a cause of its own, with its answer
     // and its audit row.
-    let reply = rozd::client::post_json(
+    let reply = rozd::cli::client::post_json(
         &daemon.addr.to_string(),
         "/v1/estop",
         None,
@@ -1085,7 +1085,7 @@ async fn a_fleet_clear_never_clears_a_later_local_stop() {
     let post = |path: &'static str, body: Value| {
         let addr = daemon.addr.to_string();
         async move {
-            let reply = rozd::client::post_json(&addr, path, Some(FLEET_TOKEN), &body)
+            let reply = rozd::cli::client::post_json(&addr, path, Some(FLEET_TOKEN), &body)
                 .await
                 .unwrap();
             let body: Value = serde_json::from_str(&reply.body).unwrap();
@@ -1103,7 +1103,7 @@ async fn a_fleet_clear_never_clears_a_later_local_stop() {
         cause_sources_with(&daemon, Some(FLEET_TOKEN)).await,
         ["cli"]
     );
-    let reply = rozd::client::get(&daemon.addr.to_string(), "/v1/safety", Some(FLEET_TOKEN))
+    let reply = rozd::cli::client::get(&daemon.addr.to_string(), "/v1/safety", Some(FLEET_TOKEN))
         .await
         .unwrap();
     let safety: Value = serde_json::from_str(&reply.body).unwrap();
@@ -1169,7 +1169,7 @@ async fn the_stop_survives_kill_9_and_only_an_explicit_clear_ends_it() {
     )
     .unwrap();
     let mut rozd = spawn_rozd(dir.path(), &config).await;
-    let reply = rozd::client::post_json(
+    let reply = rozd::cli::client::post_json(
         &addr,
         "/v1/estop",
         None,
@@ -1182,7 +1182,9 @@ async fn the_stop_survives_kill_9_and_only_an_explicit_clear_ends_it() {
 
     // Back up latched, as before, with an audit row saying so.
     let mut rozd = spawn_rozd(dir.path(), &config).await;
-    let reply = rozd::client::get(&addr, "/v1/safety", None).await.unwrap();
+    let reply = rozd::cli::client::get(&addr, "/v1/safety", None)
+        .await
+        .unwrap();
     let safety: Value = serde_json::from_str(&reply.body).unwrap();
     assert_eq!(safety["level"], "protective_stop", "{safety}");
     assert_eq!(safety["causes"][0]["source"], "cli", "{safety}");
@@ -1226,7 +1228,7 @@ async fn the_stop_survives_kill_9_and_only_an_explicit_clear_ends_it() {
     assert_eq!(error.code, "e_stop", "{error:?}");
     drop(session);
 
-    let reply = rozd::client::post_json(
+    let reply = rozd::cli::client::post_json(
         &addr,
         "/v1/estop/clear",
         None,
@@ -1238,7 +1240,9 @@ async fn the_stop_survives_kill_9_and_only_an_explicit_clear_ends_it() {
     rozd.kill().await.expect("kill -9");
     // Cleared stays cleared.
     let mut rozd = spawn_rozd(dir.path(), &config).await;
-    let reply = rozd::client::get(&addr, "/v1/safety", None).await.unwrap();
+    let reply = rozd::cli::client::get(&addr, "/v1/safety", None)
+        .await
+        .unwrap();
     let safety: Value = serde_json::from_str(&reply.body).unwrap();
     assert_eq!(safety["level"], "normal", "{safety}");
     rozd.kill().await.expect("kill -9");

@@ -121,7 +121,7 @@ offset = 20
         };
         let deadline = tokio::time::Instant::now() + DEADLINE;
         loop {
-            if let Ok(reply) = rozd::client::get(&rozd.addr(), "/healthz", None).await
+            if let Ok(reply) = rozd::cli::client::get(&rozd.addr(), "/healthz", None).await
                 && reply.status.is_success()
             {
                 break;
@@ -148,7 +148,7 @@ offset = 20
     }
 
     async fn get(&self, path: &str) -> Value {
-        let reply = rozd::client::get(&self.addr(), path, Some(TOKEN))
+        let reply = rozd::cli::client::get(&self.addr(), path, Some(TOKEN))
             .await
             .unwrap_or_else(|e| panic!("GET {path} on {}: {e}", self.id));
         assert!(
@@ -162,7 +162,7 @@ offset = 20
     }
 
     async fn post(&self, path: &str, body: Value) -> (http::StatusCode, Value) {
-        let reply = rozd::client::post_json(&self.addr(), path, Some(TOKEN), &body)
+        let reply = rozd::cli::client::post_json(&self.addr(), path, Some(TOKEN), &body)
             .await
             .unwrap_or_else(|e| panic!("POST {path} on {}: {e}", self.id));
         (
@@ -805,7 +805,7 @@ async fn without_a_fleet_the_registry_is_this_host_alone() {
     let get = |path: &'static str| {
         let addr = addr.clone();
         async move {
-            let r = rozd::client::get(&addr, path, None).await.unwrap();
+            let r = rozd::cli::client::get(&addr, path, None).await.unwrap();
             (r.status, serde_json::from_str::<Value>(&r.body).unwrap())
         }
     };
@@ -841,7 +841,7 @@ async fn without_a_fleet_the_registry_is_this_host_alone() {
 
     // The fleet stop without a fleet still stops this host, and says that
     // no other host was told.
-    let r = rozd::client::post_json(&addr, "/v1/fleet/estop", None, &json!({"reason": "x"}))
+    let r = rozd::cli::client::post_json(&addr, "/v1/fleet/estop", None, &json!({"reason": "x"}))
         .await
         .unwrap();
     assert_eq!(r.status.as_u16(), 409, "{}", r.body);
@@ -883,7 +883,7 @@ async fn without_a_fleet_the_registry_is_this_host_alone() {
 
 /// A team event as a line, worker ids without the task prefix.
 fn team_line(task_id: &str, event: &proto::TeamEvent) -> String {
-    rozd::task_cli::event_line(task_id, event)
+    rozd::cli::format::event_line(task_id, event)
 }
 
 async fn watch_to_end(host: &Rozd, task_id: &str) -> Vec<String> {

@@ -80,7 +80,7 @@ fn actuator<'a>(obs: &'a Observation, name: &str) -> &'a rozd::ooda::act::Actuat
 
 /// `GET path` on the daemon, as JSON.
 async fn rest(daemon: &TestDaemon, path: &str) -> (u16, Value) {
-    let reply = rozd::client::get(&daemon.addr.to_string(), path, None)
+    let reply = rozd::cli::client::get(&daemon.addr.to_string(), path, None)
         .await
         .unwrap_or_else(|e| panic!("GET {path}: {e}"));
     let body = serde_json::from_str(&reply.body)

@@ -115,7 +115,7 @@ async fn wait_safe(daemon: &TestDaemon, actuator: &str) {
 }
 
 async fn audit(daemon: &TestDaemon, session_id: &str) -> Vec<serde_json::Value> {
-    let reply = rozd::client::get(
+    let reply = rozd::cli::client::get(
         &daemon.addr.to_string(),
         &format!("/v1/audit?session={session_id}"),
         None,

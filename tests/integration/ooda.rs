@@ -111,7 +111,7 @@ async fn observation_over_rest_shows_values_alarms_and_safe_actuators() {
     })
     .await;
     let addr = daemon.addr.to_string();
-    let reply = rozd::client::get(&addr, "/v1/observation", None)
+    let reply = rozd::cli::client::get(&addr, "/v1/observation", None)
         .await
         .unwrap();
     assert_eq!(reply.status, 200);
@@ -138,13 +138,13 @@ async fn observation_over_rest_shows_values_alarms_and_safe_actuators() {
     );
     assert!(v["protective_stop"].is_null());
 
-    let one = rozd::client::get(&addr, "/v1/sensors/distance", None)
+    let one = rozd::cli::client::get(&addr, "/v1/sensors/distance", None)
         .await
         .unwrap();
     let v: serde_json::Value = serde_json::from_str(&one.body).unwrap();
     assert!(!v["history"].as_array().unwrap().is_empty());
     assert_eq!(v["stale_after_ms"], 1000);
-    let missing = rozd::client::get(&addr, "/v1/sensors/nope", None)
+    let missing = rozd::cli::client::get(&addr, "/v1/sensors/nope", None)
         .await
         .unwrap();
     assert_eq!(missing.status, 404);
@@ -154,7 +154,7 @@ async fn observation_over_rest_shows_values_alarms_and_safe_actuators() {
     );
 
     let status: serde_json::Value = serde_json::from_str(
-        &rozd::client::get(&addr, "/v1/status", None)
+        &rozd::cli::client::get(&addr, "/v1/status", None)
             .await
             .unwrap()
             .body,

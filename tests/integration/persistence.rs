@@ -16,7 +16,7 @@ async fn get_json(daemon: &TestDaemon, path: &str) -> (u16, Value) {
 }
 
 async fn get_json_with(daemon: &TestDaemon, path: &str, token: Option<&str>) -> (u16, Value) {
-    let reply = rozd::client::get(&daemon.addr.to_string(), path, token)
+    let reply = rozd::cli::client::get(&daemon.addr.to_string(), path, token)
         .await
         .expect("REST request");
     let body = serde_json::from_str(&reply.body)

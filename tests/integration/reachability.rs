@@ -135,7 +135,7 @@ async fn a_flood_beyond_the_connection_cap_is_shed_and_the_stop_gets_through() {
     // The stop over TCP, while the flood holds the rest of the table.
     let addr = daemon.addr.to_string();
     let reply =
-        rozd::client::post_json(&addr, "/v1/estop", Some(TOKEN), &json!({"reason": "flood"}))
+        rozd::cli::client::post_json(&addr, "/v1/estop", Some(TOKEN), &json!({"reason": "flood"}))
             .await
             .expect("POST /v1/estop answers");
     assert_eq!(reply.status, 200, "{}", reply.body);
@@ -144,7 +144,9 @@ async fn a_flood_beyond_the_connection_cap_is_shed_and_the_stop_gets_through() {
         daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
         Some(0.0)
     );
-    let health = rozd::client::get(&addr, "/healthz", None).await.unwrap();
+    let health = rozd::cli::client::get(&addr, "/healthz", None)
+        .await
+        .unwrap();
     assert_eq!(health.status, 200, "{}", health.body);
 
     // The control socket, beside TCP and not subject to its cap.
@@ -474,7 +476,7 @@ async fn out_of_file_descriptors_the_stop_still_latches_through_the_control_sock
     // TCP recovers: the flood is shed for newcomers.
     let health = tokio::time::timeout(
         EXPECT_WITHIN,
-        rozd::client::get(&rozd.addr, "/healthz", None),
+        rozd::cli::client::get(&rozd.addr, "/healthz", None),
     )
     .await
     .expect("/healthz over TCP answers in time")
@@ -482,7 +484,7 @@ async fn out_of_file_descriptors_the_stop_still_latches_through_the_control_sock
     assert_eq!(health.status, 200, "{}", health.body);
     let again = tokio::time::timeout(
         EXPECT_WITHIN,
-        rozd::client::post_json(
+        rozd::cli::client::post_json(
             &rozd.addr,
             "/v1/estop",
             None,

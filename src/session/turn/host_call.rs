@@ -5,7 +5,8 @@
 
 use serde_json::Value;
 
-use super::{Interrupt, Turn, presence_for};
+use super::tool_call::presence_for;
+use super::{Interrupt, Turn};
 use crate::config::ToolCategory;
 use crate::model::Block;
 use crate::session::host_call::{self, CallSite};

@@ -6,13 +6,13 @@
 //! `TurnComplete` itself — it returns a [`TurnOutcome`] and the session loop
 //! clears the active turn before it sends `TurnComplete`.
 //!
-//! Here: the cycle of model call and tool calls, the client tools' round
-//! trip and asking the client for approvals. The gate every call passes
-//! (permission, approval) is shared with every other caller of host tools
-//! in [`crate::session::host_call`]. Beside it: [`compaction`] keeps the
-//! context inside its budget, [`host_call`] runs host tools on the shared
-//! path with the turn as its call site, [`observation`] writes the
-//! Observation for `ooda_re_act` mode.
+//! Here: the cycle of model calls and tool calls, and the turn's limits.
+//! Beside it: [`tool_call`] takes a model's tool call through the one gate
+//! every call passes (permission, approval; shared with every caller of
+//! host tools in [`crate::session::host_call`]) and a client tool's round
+//! trip, [`host_call`] runs host tools on that shared path with the turn as
+//! its call site, [`compaction`] keeps the context inside its budget,
+//! [`observation`] writes the Observation for `ooda_re_act` mode.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -22,18 +22,19 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 mod compaction;
 mod host_call;
 mod observation;
+mod tool_call;
 
-use crate::config::{AiMode, Config, ToolCategory};
+use tool_call::error_result;
+
+use crate::config::{AiMode, Config};
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
 
 use super::context::{self, CompactionLimits, ContextMeter};
-use super::host_call::{Gate, gate};
 use super::permissions::PermissionPolicy;
 use super::tools::ToolRegistry;
 use super::{Activity, ErrorCode, Presence, ServerEvent, SessionError, StopReason, ToolOutcome};
@@ -563,151 +564,6 @@ impl Turn {
         Ok(reply)
     }
 
-    /// Runs one tool call of the model: look-up, validation, permission,
-    /// approval, then the client round trip under the tool's deadline.
-    async fn tool_call(&mut self, id: &str, name: &str, input: Value) -> Result<Block, Interrupt> {
-        if self.cancel.is_cancelled() {
-            return Err(Interrupt::Cancelled);
-        }
-        self.note(TurnNote::ToolCall {
-            id: id.to_string(),
-            name: name.to_string(),
-        });
-        if self.tools.get(name).is_none()
-            && let Some(tool) = self.host.registry.get(name).cloned()
-        {
-            return self.host_tool_call(id, &tool, input).await;
-        }
-        let Some(tool) = self.tools.get(name).cloned() else {
-            tracing::info!(tool = name, "model called a tool this turn does not have");
-            return Ok(error_result(
-                id,
-                name,
-                &format!(
-                    "unknown tool `{name}`; available: {}",
-                    self.tools.names().join(", ")
-                ),
-            ));
-        };
-        if let Err(why) = tool.validate(&input) {
-            return Ok(error_result(
-                id,
-                name,
-                &format!("invalid parameters for `{name}`: {why}"),
-            ));
-        }
-        let physical = tool.spec.category == ToolCategory::Physical;
-        let presence = presence_for(tool.spec.category);
-        let permissions = self.permissions.clone();
-        if let Gate::Refused { message, .. } =
-            gate(self, &permissions, id, name, &input, tool.spec.category).await?
-        {
-            return Ok(error_result(id, name, &message));
-        }
-        let timeout_ms = if tool.spec.timeout_ms == 0 {
-            self.limits.default_tool_timeout_ms
-        } else {
-            tool.spec.timeout_ms
-        };
-        let reason = if physical {
-            "a PHYSICAL tool is running"
-        } else {
-            "a tool is running"
-        };
-        self.state(Activity::CallingTool, name, presence, reason)
-            .await?;
-        self.send(ServerEvent::ToolRequest {
-            tool_call_id: id.to_string(),
-            tool_name: name.to_string(),
-            parameters: input,
-            timeout_ms,
-        })
-        .await?;
-        let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
-        loop {
-            let input = tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => return Err(Interrupt::Cancelled),
-                input = self.inbox.recv() => input,
-                () = tokio::time::sleep_until(deadline) => {
-                    self.expired.push(id.to_string());
-                    tracing::warn!(tool_call_id = id, tool = name, timeout_ms, "client tool timed out");
-                    self.send(ServerEvent::Error(SessionError::new(
-                        ErrorCode::ToolTimeout,
-                        format!("tool call {id} ({name}) got no result within {timeout_ms} ms"),
-                    )))
-                    .await?;
-                    return Ok(error_result(id, name, &format!("`{name}` timed out after {timeout_ms} ms without a result")));
-                }
-            };
-            match input {
-                Some(TurnInput::ToolResult(result)) if result.tool_call_id == id => {
-                    self.completed.insert(id.to_string());
-                    return Ok(describe_outcome(name, result));
-                }
-                Some(other) => self.ignore(other, id),
-                None => return Err(Interrupt::Cancelled),
-            }
-        }
-    }
-
-    /// Asks the client for a decision; `false` on denial or timeout.
-    async fn approval(
-        &mut self,
-        id: &str,
-        name: &str,
-        presence: Presence,
-    ) -> Result<bool, Interrupt> {
-        let reason = format!("`{name}` needs your approval");
-        self.state(Activity::WaitingApproval, id, presence, &reason)
-            .await?;
-        let deadline = Instant::now() + self.limits.approval_timeout;
-        loop {
-            let input = tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => return Err(Interrupt::Cancelled),
-                input = self.inbox.recv() => input,
-                () = tokio::time::sleep_until(deadline) => {
-                    tracing::info!(tool_call_id = id, tool = name, "approval timed out; treated as denied");
-                    return Ok(false);
-                }
-            };
-            match input {
-                Some(TurnInput::Decision {
-                    tool_call_id,
-                    approved,
-                }) if tool_call_id == id => {
-                    tracing::info!(
-                        tool_call_id = id,
-                        tool = name,
-                        approved,
-                        "permission decision"
-                    );
-                    return Ok(approved);
-                }
-                Some(other) => self.ignore(other, id),
-                None => return Err(Interrupt::Cancelled),
-            }
-        }
-    }
-
-    fn ignore(&self, input: TurnInput, awaited: &str) {
-        match input {
-            TurnInput::ToolResult(r) if self.completed.contains(&r.tool_call_id) => {
-                tracing::warn!(tool_call_id = %r.tool_call_id, "duplicate ToolResult ignored");
-            }
-            TurnInput::ToolResult(r) if self.expired.contains(&r.tool_call_id) => {
-                tracing::warn!(tool_call_id = %r.tool_call_id, "late ToolResult for a timed-out call ignored");
-            }
-            TurnInput::ToolResult(r) => {
-                tracing::warn!(tool_call_id = %r.tool_call_id, awaited, "ToolResult for an unknown tool_call_id ignored");
-            }
-            TurnInput::Decision { tool_call_id, .. } => {
-                tracing::warn!(%tool_call_id, awaited, "PermissionDecision for a call not awaiting approval ignored");
-            }
-        }
-    }
-
     /// Reports activity and presence, each only when it changes.
     async fn state(
         &mut self,
@@ -761,50 +617,8 @@ impl Turn {
     }
 }
 
-/// How present the user should be while a tool of `category` runs.
-fn presence_for(category: ToolCategory) -> Presence {
-    match category {
-        ToolCategory::Physical => Presence::Full,
-        ToolCategory::Pure => Presence::Mini,
-    }
-}
-
 struct ModelReply {
     blocks: Vec<Block>,
     usage: Usage,
     stop: ModelStop,
-}
-
-fn error_result(id: &str, name: &str, message: &str) -> Block {
-    Block::ToolResult {
-        tool_use_id: id.to_string(),
-        name: name.to_string(),
-        content: message.to_string(),
-        is_error: true,
-    }
-}
-
-/// Everything the client reported reaches the model: output, success, exit
-/// code, truncation and duration.
-fn describe_outcome(name: &str, outcome: ToolOutcome) -> Block {
-    let mut notes = Vec::new();
-    if let Some(code) = outcome.exit_code {
-        notes.push(format!("exit code {code}"));
-    }
-    if outcome.truncated {
-        notes.push("output truncated".to_string());
-    }
-    if let Some(ms) = outcome.duration_ms {
-        notes.push(format!("took {ms} ms"));
-    }
-    let mut content = outcome.result;
-    if !notes.is_empty() {
-        content.push_str(&format!("\n[{}]", notes.join("; ")));
-    }
-    Block::ToolResult {
-        tool_use_id: outcome.tool_call_id,
-        name: name.to_string(),
-        content,
-        is_error: !outcome.success,
-    }
 }

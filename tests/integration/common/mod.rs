@@ -259,7 +259,7 @@ pub async fn rozd_cli(args: &[&str]) -> (Option<i32>, String, String) {
 
 /// `GET path` on `daemon` (no token): the status and the body as JSON.
 pub async fn rest_get(daemon: &TestDaemon, path: &str) -> (u16, serde_json::Value) {
-    let reply = rozd::client::get(&daemon.addr.to_string(), path, None)
+    let reply = rozd::cli::client::get(&daemon.addr.to_string(), path, None)
         .await
         .unwrap_or_else(|e| panic!("GET {path}: {e}"));
     (reply.status.as_u16(), rest_body(path, &reply.body))
@@ -271,7 +271,7 @@ pub async fn rest_post(
     path: &str,
     body: &serde_json::Value,
 ) -> (u16, serde_json::Value) {
-    let reply = rozd::client::post_json(&daemon.addr.to_string(), path, None, body)
+    let reply = rozd::cli::client::post_json(&daemon.addr.to_string(), path, None, body)
         .await
         .unwrap_or_else(|e| panic!("POST {path}: {e}"));
     (reply.status.as_u16(), rest_body(path, &reply.body))

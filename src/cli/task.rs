@@ -4,13 +4,12 @@
 
 use clap::Subcommand;
 use serde_json::{Value, json};
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::transport::Endpoint;
 
-use crate::api::proto;
-use crate::api::proto::agent_service_client::AgentServiceClient;
-use crate::api::proto::task_service_client::TaskServiceClient;
-use crate::client;
+use super::connect::{self, Bearer, ConnectError, WATCH_CONNECT_TIMEOUT};
+use super::{client, format};
+use crate::proto;
+use crate::proto::agent_service_client::AgentServiceClient;
+use crate::proto::task_service_client::TaskServiceClient;
 
 #[derive(Debug, Subcommand)]
 pub enum TaskCommand {
@@ -76,6 +75,25 @@ fn no_answer(message: impl Into<String>) -> TaskCliError {
     TaskCliError {
         message: message.into(),
         exit: exit::NO_ANSWER,
+    }
+}
+
+/// Runs one subcommand on its own runtime; errors go to stderr. Returns
+/// the exit status.
+pub fn exec(addr: &str, token: Option<&str>, command: TaskCommand, raw: bool) -> u8 {
+    let rt = match super::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rozd task: {}", super::error_chain(&e));
+            return exit::NO_ANSWER;
+        }
+    };
+    match rt.block_on(run(addr, token, command, raw)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rozd task: {e}");
+            e.exit
+        }
     }
 }
 
@@ -165,84 +183,12 @@ pub async fn run(
                 println!("no tasks");
             }
             for t in &tasks {
-                println!(
-                    "{}  {:<16}  {}",
-                    text(t, "id"),
-                    text(t, "status"),
-                    one_line(&text(t, "prompt"), 60)
-                );
+                println!("{}", format::task_line(t));
             }
         }
-        _ => print!("{}", describe(&value)),
+        _ => print!("{}", format::task(&value)),
     }
     Ok(exit::OK)
-}
-
-fn text(v: &Value, key: &str) -> String {
-    v.get(key)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn one_line(s: &str, max: usize) -> String {
-    let flat: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() > max {
-        format!("{}…", flat.chars().take(max).collect::<String>())
-    } else {
-        flat
-    }
-}
-
-/// A task as `key: value` lines.
-fn describe(task: &Value) -> String {
-    let mut out = String::new();
-    for key in [
-        "id",
-        "status",
-        "detail",
-        "host_id",
-        "environment_id",
-        "prompt",
-    ] {
-        if let Some(v) = task.get(key).and_then(Value::as_str) {
-            out.push_str(&format!("{key}: {v}\n"));
-        }
-    }
-    if let Some(t) = task.get("timeout_secs").and_then(Value::as_u64) {
-        out.push_str(&format!("timeout_secs: {t}\n"));
-    }
-    for p in task
-        .get("pending_approvals")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        out.push_str(&format!(
-            "waiting for approval: {} ({} by {})\n",
-            text(p, "tool_call_id"),
-            text(p, "tool"),
-            text(p, "worker_id")
-        ));
-    }
-    out
-}
-
-#[derive(Clone)]
-struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        Ok(request)
-    }
 }
 
 fn refused(status: tonic::Status) -> TaskCliError {
@@ -252,52 +198,20 @@ fn refused(status: tonic::Status) -> TaskCliError {
     }
 }
 
-/// One team event as a line of text.
-pub fn event_line(task_id: &str, event: &proto::TeamEvent) -> String {
-    use proto::team_event::Event;
-    let short = |w: &str| {
-        w.strip_prefix(task_id)
-            .and_then(|r| r.strip_prefix(':'))
-            .unwrap_or(w)
-            .to_string()
-    };
-    match &event.event {
-        Some(Event::WorkerStarted(e)) => {
-            format!("{} started on {}", short(&e.worker_id), e.host_id)
-        }
-        Some(Event::WorkerPhase(e)) => {
-            format!("{} cycle {} ({})", short(&e.worker_id), e.phase, e.mode)
-        }
-        Some(Event::WorkerToolCall(e)) => format!("{} calls {}", short(&e.worker_id), e.tool),
-        Some(Event::WorkerCompleted(e)) => format!(
-            "{} completed: {}",
-            short(&e.worker_id),
-            one_line(&e.result, 200)
-        ),
-        Some(Event::WorkerFailed(e)) => format!("{} failed: {}", short(&e.worker_id), e.reason),
-        Some(Event::WorkerExited(e)) => format!("{} exited", short(&e.worker_id)),
-        None => "(empty event)".into(),
-    }
-}
-
 async fn watch(addr: &str, token: Option<&str>, id: &str) -> Result<u8, TaskCliError> {
-    let authority = client::authority(addr).map_err(|e| no_answer(e.to_string()))?;
-    let bearer = match token {
-        Some(t) => Some(
-            format!("Bearer {t}")
-                .parse::<MetadataValue<Ascii>>()
-                .map_err(|_| no_answer("the token is not valid in an HTTP header"))?,
-        ),
-        None => None,
-    };
-    let channel = Endpoint::from_shared(format!("http://{authority}"))
-        .map_err(|_| no_answer(format!("invalid address {addr:?}")))?
-        .connect_timeout(std::time::Duration::from_secs(10))
-        .connect()
+    let authority = connect::authority(addr).map_err(|e| no_answer(e.to_string()))?;
+    let bearer =
+        Bearer::new(token).map_err(|_| no_answer("the token is not valid in an HTTP header"))?;
+    let channel = connect::channel(&authority, WATCH_CONNECT_TIMEOUT)
         .await
-        .map_err(|e| no_answer(format!("cannot connect to {authority}: {e}")))?;
-    let mut tasks = TaskServiceClient::with_interceptor(channel.clone(), Bearer(bearer.clone()));
-    let mut agent = AgentServiceClient::with_interceptor(channel, Bearer(bearer));
+        .map_err(|e| match e {
+            ConnectError::Connect { .. } => no_answer(e.to_string()),
+            ConnectError::Address(_) | ConnectError::Token => {
+                no_answer(format!("invalid address {addr:?}"))
+            }
+        })?;
+    let mut tasks = TaskServiceClient::with_interceptor(channel.clone(), bearer.clone());
+    let mut agent = AgentServiceClient::with_interceptor(channel, bearer);
     let mut statuses = tasks
         .stream_task_status(proto::StreamTaskStatusRequest {
             task_id: id.to_string(),
@@ -319,7 +233,7 @@ async fn watch(addr: &str, token: Option<&str>, id: &str) -> Result<u8, TaskCliE
             update = statuses.message(), if statuses_open => match update.map_err(refused)? {
                 Some(u) => {
                     match u.detail.as_deref().filter(|d| !d.is_empty()) {
-                        Some(d) => println!("status {}: {}", u.status, one_line(d, 200)),
+                        Some(d) => println!("status {}: {}", u.status, format::one_line(d, 200)),
                         None => println!("status {}", u.status),
                     }
                     last = u.status;
@@ -327,7 +241,7 @@ async fn watch(addr: &str, token: Option<&str>, id: &str) -> Result<u8, TaskCliE
                 None => statuses_open = false,
             },
             event = events.message(), if events_open => match event.map_err(refused)? {
-                Some(e) => println!("{}", event_line(id, &e)),
+                Some(e) => println!("{}", format::event_line(id, &e)),
                 None => events_open = false,
             },
         }

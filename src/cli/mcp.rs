@@ -85,6 +85,27 @@ pub fn endpoint(addr: &str) -> Result<String, ProxyError> {
     })
 }
 
+/// `rozd mcp`: runs the proxy; the exit status.
+pub fn exec(options: Options) -> u8 {
+    let rt = match super::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rozd mcp: {}", super::error_chain(&e));
+            return 1;
+        }
+    };
+    let result = rt.block_on(run(options));
+    // stdin is read with a blocking read that cannot be cancelled.
+    rt.shutdown_background();
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("rozd mcp: {e}");
+            e.exit_code()
+        }
+    }
+}
+
 /// Runs the proxy until stdin ends or a termination signal arrives.
 pub async fn run(options: Options) -> Result<(), ProxyError> {
     let url = endpoint(&options.addr)?;

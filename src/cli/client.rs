@@ -1,6 +1,6 @@
 //! A small HTTP/1.1 client for the CLI's REST calls (`rozd status`, `rozd
-//! estop`), over TCP or the daemon's local control socket, and how the CLI
-//! finds that socket ([`control_socket`]).
+//! estop`, `rozd task`, ...), over TCP or the daemon's local control socket,
+//! and how the CLI finds that socket ([`socket_for`], [`control_socket`]).
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +9,8 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
+
+use crate::proto::CLI_USER_AGENT_PREFIX;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -37,26 +39,11 @@ pub enum ClientError {
     },
 }
 
-/// `user-agent` of the CLI's requests: `rozd-cli/<version>`.
-pub const USER_AGENT_PREFIX: &str = "rozd-cli/";
-
 /// A reply: status code and body text.
 #[derive(Debug)]
 pub struct Reply {
     pub status: http::StatusCode,
     pub body: String,
-}
-
-/// `host:port` from `host:port`, `http://host:port` or `http://host:port/`.
-pub fn authority(addr: &str) -> Result<String, ClientError> {
-    let rest = addr
-        .strip_prefix("http://")
-        .unwrap_or(addr)
-        .trim_end_matches('/');
-    if rest.is_empty() || rest.contains('/') || !rest.contains(':') {
-        return Err(ClientError::Address(addr.to_string()));
-    }
-    Ok(rest.to_string())
 }
 
 /// Sends one request and reads the whole reply.
@@ -93,7 +80,8 @@ async fn send(
     token: Option<&str>,
     json: Option<Vec<u8>>,
 ) -> Result<Reply, ClientError> {
-    let authority = authority(addr)?;
+    let authority =
+        super::connect::authority(addr).map_err(|_| ClientError::Address(addr.to_string()))?;
     let stream = TcpStream::connect(&authority)
         .await
         .map_err(|source| ClientError::Connect {
@@ -131,13 +119,16 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         .header(http::header::ACCEPT, "application/json")
         .header(
             http::header::USER_AGENT,
-            format!("{USER_AGENT_PREFIX}{}", crate::VERSION),
+            format!("{CLI_USER_AGENT_PREFIX}{}", crate::VERSION),
         );
     if json.is_some() {
         builder = builder.header(http::header::CONTENT_TYPE, "application/json");
     }
     if let Some(token) = token {
-        builder = builder.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        builder = builder.header(
+            http::header::AUTHORIZATION,
+            super::connect::authorization(token),
+        );
     }
     let response = sender
         .send_request(builder.body(Full::new(Bytes::from(json.unwrap_or_default())))?)
@@ -214,6 +205,23 @@ pub async fn send_local(
             },
             None => tcp,
         }),
+    }
+}
+
+/// The control socket a command tries first: `flag` (`--socket`,
+/// `$ROZD_SOCKET`; empty for none), else [`control_socket`] of `config`
+/// (`--config`, else `$ROZD_CONFIG`).
+pub fn socket_for(flag: Option<&Path>, config: Option<&Path>, addr_given: bool) -> Option<PathBuf> {
+    match flag {
+        Some(path) if path.as_os_str().is_empty() => None,
+        Some(path) => Some(path.to_path_buf()),
+        None => {
+            let from_env = std::env::var_os(crate::config::CONFIG_ENV)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from);
+            let config = config.map(Path::to_path_buf).or(from_env);
+            control_socket(config.as_deref(), addr_given)
+        }
     }
 }
 

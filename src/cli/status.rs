@@ -1,0 +1,107 @@
+//! `rozd status` and `rozd hosts`: one `GET` each, printed as JSON
+//! (`--json`) or readably ([`super::format`]).
+
+use std::path::Path;
+
+use super::{client, error_chain, format};
+
+/// `rozd status`: `GET /v1/status`, over the control socket `socket` first.
+pub fn status(addr: &str, socket: Option<&Path>, token: Option<&str>, raw: bool) -> u8 {
+    show_json(
+        "status",
+        addr,
+        socket,
+        "/v1/status",
+        token,
+        raw,
+        format::status,
+    )
+}
+
+/// `rozd hosts`: `GET /v1/hosts`, all of them (or those of `environment`).
+pub fn hosts(addr: &str, token: Option<&str>, environment: Option<&str>, raw: bool) -> u8 {
+    let mut path = format!("/v1/hosts?limit={}", crate::api::MAX_HOSTS_LIMIT);
+    if let Some(env) = environment {
+        path.push_str("&environment_id=");
+        path.push_str(&percent_encode(env));
+    }
+    show_json("hosts", addr, None, &path, token, raw, format::hosts)
+}
+
+/// `GET path` on the daemon (over `socket` first, if any), printed raw
+/// (`--json`) or by `format`; exit status 1 when there is no answer, an
+/// error, or no JSON.
+fn show_json(
+    command: &str,
+    addr: &str,
+    socket: Option<&Path>,
+    path: &str,
+    token: Option<&str>,
+    raw: bool,
+    format: fn(&serde_json::Value) -> String,
+) -> u8 {
+    const FAILURE: u8 = 1;
+    let mut notes = Vec::new();
+    let result = match super::runtime() {
+        Ok(rt) => rt
+            .block_on(client::send_local(
+                socket,
+                addr,
+                http::Method::GET,
+                path,
+                token,
+                None,
+                &mut notes,
+            ))
+            .map_err(|e| error_chain(&e)),
+        Err(e) => Err(error_chain(&e)),
+    };
+    for note in notes {
+        eprintln!("rozd {command}: {note}");
+    }
+    let (reply, via) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("rozd {command}: {e}");
+            return FAILURE;
+        }
+    };
+    if !reply.status.is_success() {
+        eprintln!(
+            "rozd {command}: {via} answered {}: {}",
+            reply.status,
+            reply.body.trim()
+        );
+        return FAILURE;
+    }
+    if raw {
+        println!("{}", reply.body.trim());
+        return 0;
+    }
+    match serde_json::from_str::<serde_json::Value>(&reply.body) {
+        Ok(v) => {
+            print!("{}", format(&v));
+            0
+        }
+        Err(e) => {
+            eprintln!(
+                "rozd {command}: {via} answered something that is not JSON ({e}): {}",
+                reply.body
+            );
+            FAILURE
+        }
+    }
+}
+
+/// `%XX` for everything but unreserved URL characters.
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,279 @@
+//! What arrives from the broker: records of other hosts taken into the
+//! view, messages on this host's own record topic, and commands on its stop
+//! topic judged; whatever is not taken is counted by why ([`Ignored`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::time::Instant;
+
+use super::record::{self, EstopCommand, RecordStatus, Rejected};
+use super::stop::{self, StopKind, Verdict};
+use super::view::{Applied, Presence};
+use super::{Fleet, lock, seal};
+
+/// How many messages from the broker this host did not take, by why.
+/// Shown as `fleet.ignored` by `GET /v1/hosts`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Ignored {
+    /// Host records without a valid MAC.
+    pub unauthenticated_records: u64,
+    /// Stop-topic messages without a valid MAC. Those that ask to stop
+    /// still latched (anyone may stop); nothing else of them was applied.
+    pub unauthenticated_commands: u64,
+    /// Authentic host records older than one already taken from that
+    /// host, or written ahead of this host's clock.
+    pub replayed_records: u64,
+    /// Authentic stop-topic commands not applied as they asked: a clear
+    /// that is not fresh or not after the stop it would clear, or a stop
+    /// that is not fresh (it still latched).
+    pub stale_commands: u64,
+    /// Authentic or not, messages that are oversized, malformed, on the
+    /// wrong topic or otherwise invalid.
+    pub invalid: u64,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct IgnoredCounters {
+    unauthenticated_records: AtomicU64,
+    unauthenticated_commands: AtomicU64,
+    replayed_records: AtomicU64,
+    stale_commands: AtomicU64,
+    invalid: AtomicU64,
+}
+
+impl IgnoredCounters {
+    fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn record(&self, why: &Rejected) {
+        Self::count(match why {
+            Rejected::Unauthenticated(_) => &self.unauthenticated_records,
+            Rejected::Replayed { .. } | Rejected::Future { .. } => &self.replayed_records,
+            _ => &self.invalid,
+        });
+    }
+
+    fn snapshot(&self) -> Ignored {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Ignored {
+            unauthenticated_records: get(&self.unauthenticated_records),
+            unauthenticated_commands: get(&self.unauthenticated_commands),
+            replayed_records: get(&self.replayed_records),
+            stale_commands: get(&self.stale_commands),
+            invalid: get(&self.invalid),
+        }
+    }
+}
+
+/// What a message on this host's own record topic is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OwnTopic {
+    /// Our current record: nothing to do.
+    Current,
+    /// An authentic record of another running process with this host id,
+    /// started after us (two hosts with one `host.id`?).
+    Impostor { instance: Option<String> },
+    /// Anything else (an old last will, our previous run's record, a
+    /// forgery, a cleared message): publish ours again.
+    Replace,
+}
+
+/// A command on this host's stop topic and what to do with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct JudgedCommand {
+    pub command: EstopCommand,
+    pub verdict: Verdict,
+}
+
+impl Fleet {
+    /// The body of an authentic message on `topic`.
+    fn open(&self, topic: &str, payload: &[u8]) -> Result<String, seal::Unauthentic> {
+        match &self.key {
+            Some(key) => seal::open(key, topic, payload),
+            None => Err(seal::Unauthentic::NotSealed),
+        }
+    }
+
+    /// What this host ignored from the broker so far.
+    pub fn ignored(&self) -> Ignored {
+        self.ignored.snapshot()
+    }
+
+    /// Takes in a message from the broker on the record topic of `id`
+    /// (`topic`); logs what changed, counts what it ignores.
+    pub(super) fn record_received(
+        &self,
+        id: &str,
+        topic: &str,
+        payload: &[u8],
+    ) -> Result<(), Rejected> {
+        let taken = self.take_record(id, topic, payload);
+        if let Err(why) = &taken {
+            self.ignored.record(why);
+        }
+        taken
+    }
+
+    fn take_record(&self, id: &str, topic: &str, payload: &[u8]) -> Result<(), Rejected> {
+        // An empty payload is the broker saying the retained record was
+        // cleared (deregistered): nothing to authenticate.
+        let body = if payload.is_empty() {
+            String::new()
+        } else {
+            if payload.len() > record::MAX_RECORD_BYTES {
+                return Err(Rejected::Oversized {
+                    len: payload.len(),
+                    max: record::MAX_RECORD_BYTES,
+                });
+            }
+            self.open(topic, payload)?
+        };
+        let applied =
+            lock(&self.view).apply(id, body.as_bytes(), Instant::now(), crate::clock::now_ms())?;
+        match applied {
+            Applied::Stored { id, before, now } if before != Some(now) => {
+                tracing::info!(
+                    host_id = %id,
+                    from = before.map_or("unknown", Presence::as_str),
+                    to = now.as_str(),
+                    "fleet: host presence changed"
+                );
+            }
+            Applied::Removed { id } => {
+                tracing::info!(host_id = %id, "fleet: host record removed");
+            }
+            _ => {}
+        }
+        self.bump();
+        Ok(())
+    }
+
+    /// A message on this host's own record topic.
+    pub(crate) fn own_topic_message(&self, payload: &[u8]) -> OwnTopic {
+        if payload.is_empty() {
+            return OwnTopic::Replace;
+        }
+        let topic = self.topics.host(&self.own.id);
+        let body = match self.open(&topic, payload) {
+            Ok(body) => body,
+            Err(why) => {
+                self.ignored.record(&Rejected::Unauthenticated(why));
+                return OwnTopic::Replace;
+            }
+        };
+        let Ok(r) = record::parse_record(&self.own.id, body.as_bytes()) else {
+            return OwnTopic::Replace;
+        };
+        // Our next record must be newer than any published under our id
+        // (our previous run's, if this host's clock went back since); one
+        // far in the future would be refused by the other hosts anyway.
+        let stamp = r.stamp_ms();
+        if stamp <= crate::clock::now_ms().saturating_add(stop::MAX_CLOCK_SKEW_MS) {
+            let mut floor = lock(&self.stamp_floor);
+            *floor = (*floor).max(stamp);
+        }
+        if r.status != RecordStatus::Online {
+            return OwnTopic::Replace;
+        }
+        if r.instance == self.own.instance {
+            return OwnTopic::Current;
+        }
+        // Started after us: another process with this host id. (An older
+        // record is our own previous run's; ours replaces it.)
+        if r.created_at_ms > self.own.created_at_ms {
+            return OwnTopic::Impostor {
+                instance: r.instance,
+            };
+        }
+        OwnTopic::Replace
+    }
+
+    /// Judges a message on this host's stop topic: `Ok(None)` for an empty
+    /// one (a cleared retained command). `fleet_latched_since`: when this
+    /// host's stop from the fleet latched, if it holds one.
+    pub(crate) fn command_received(
+        &self,
+        payload: &[u8],
+        fleet_latched_since: Option<i64>,
+    ) -> Result<Option<JudgedCommand>, Rejected> {
+        let judged = self.judge_command(payload, fleet_latched_since);
+        match &judged {
+            Err(Rejected::Unauthenticated(_)) => {
+                IgnoredCounters::count(&self.ignored.unauthenticated_commands);
+            }
+            Err(_) => IgnoredCounters::count(&self.ignored.invalid),
+            Ok(Some(j)) => {
+                if matches!(
+                    j.verdict,
+                    Verdict::Refused(stop::Refusal::Unauthenticated)
+                        | Verdict::Stop(StopKind::Unauthenticated)
+                ) {
+                    IgnoredCounters::count(&self.ignored.unauthenticated_commands);
+                } else if matches!(
+                    j.verdict,
+                    Verdict::Refused(_) | Verdict::Stop(StopKind::Replayed)
+                ) {
+                    IgnoredCounters::count(&self.ignored.stale_commands);
+                }
+            }
+            Ok(None) => {}
+        }
+        judged
+    }
+
+    fn judge_command(
+        &self,
+        payload: &[u8],
+        fleet_latched_since: Option<i64>,
+    ) -> Result<Option<JudgedCommand>, Rejected> {
+        if payload.len() > record::MAX_COMMAND_BYTES {
+            return Err(Rejected::Oversized {
+                len: payload.len(),
+                max: record::MAX_COMMAND_BYTES,
+            });
+        }
+        if payload.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        let topic = self.topics.estop(&self.own.environment_id);
+        let (command, authentic) = match self.open(&topic, payload) {
+            Ok(body) => match record::parse_command(body.as_bytes())? {
+                Some(command) => (command, true),
+                None => return Ok(None),
+            },
+            Err(why) => match record::parse_command(&seal::content(payload)) {
+                // Read only to see whether it asks to stop.
+                Ok(Some(command)) => (command, false),
+                Ok(None) | Err(_) => return Err(Rejected::Unauthenticated(why)),
+            },
+        };
+        let verdict = lock(&self.gate).decide(
+            &command,
+            authentic,
+            crate::clock::now_ms(),
+            fleet_latched_since,
+        );
+        Ok(Some(JudgedCommand { command, verdict }))
+    }
+}
+
+/// The reason a fleet stop latches with on this host (its audit row):
+/// who sent it only when the command is authentic.
+pub(crate) fn stop_reason(environment_id: &str, command: &EstopCommand, kind: StopKind) -> String {
+    let by = command.by.as_deref().unwrap_or("an unnamed fleet member");
+    let (from, reason) = match kind {
+        StopKind::Authentic => (format!("host {by}"), command.reason.as_str()),
+        StopKind::Replayed => (
+            format!("a replayed or late command first issued by host {by}"),
+            command.reason.as_str(),
+        ),
+        // Nothing in it is trusted: not who it claims to be, not its reason.
+        StopKind::Unauthenticated => ("an unauthenticated MQTT publisher".to_string(), ""),
+    };
+    if reason.is_empty() {
+        format!("fleet stop of environment {environment_id} from {from}")
+    } else {
+        format!("fleet stop of environment {environment_id} from {from}: {reason}")
+    }
+}

@@ -1,0 +1,154 @@
+//! Routing by `host_id`: here, at another live rozd's advertised endpoint
+//! (with the fleet token to present), or nowhere reachable. One hop at
+//! most, and never to this host's own endpoint.
+
+use tokio::time::Instant;
+
+use super::view::{self, Presence};
+use super::{Fleet, lock, stop};
+use crate::config::Secret;
+
+/// Another rozd that a request for its `host_id` goes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteHost {
+    pub id: String,
+    /// Its advertised gRPC endpoint, `http://host:port`.
+    pub endpoint: String,
+    /// The fleet token to present as `authorization: Bearer`.
+    pub token: Option<Secret>,
+    /// This host's id, which the relayed request carries (so the other
+    /// host relays it no further).
+    pub relayed_by: String,
+}
+
+/// Where a `host_id` is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// This host (also for an empty id).
+    Local,
+    Remote(RemoteHost),
+}
+
+/// Why a `host_id` cannot be reached.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// No such host, or one that runs no rozd: retrying will not help
+    /// (`host_not_found`, `NOT_FOUND`).
+    #[error("{0}")]
+    NotFound(String),
+    /// Known, but offline or unreachable now (`host_unavailable`, `UNAVAILABLE`).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl Fleet {
+    /// Where `host_id` is served: here (empty or this host's id), at another
+    /// live rozd's advertised endpoint, or nowhere reachable.
+    ///
+    /// `relayed_by`: the host that relayed this request here, if another
+    /// did. Such a request is served here or nowhere: rozd relays one hop
+    /// at most, so a disagreement between two hosts' views (or a record
+    /// pointing back at a host) cannot send a request around in circles.
+    pub fn route(&self, host_id: &str, relayed_by: Option<&str>) -> Result<Route, RouteError> {
+        if host_id.is_empty() || host_id == self.own.id {
+            return Ok(Route::Local);
+        }
+        if let Some(by) = relayed_by {
+            return Err(RouteError::Unavailable(format!(
+                "host {by:?} relayed this request here for host {host_id:?}, but this is host \
+                 {:?}; rozd relays a request one hop at most, so it is not relayed again \
+                 (the two hosts disagree about where {host_id:?} is)",
+                self.own.id
+            )));
+        }
+        let Some(config) = &self.config else {
+            return Err(RouteError::NotFound(format!(
+                "host {host_id:?} is not this host ({:?}), and no [fleet] is configured, so this \
+                 rozd knows no other host",
+                self.own.id
+            )));
+        };
+        let now = Instant::now();
+        let view = lock(&self.view);
+        let Some(entry) = view.get(host_id) else {
+            return Err(RouteError::NotFound(format!(
+                "no host {host_id:?} in the fleet registry"
+            )));
+        };
+        match view.presence_of(entry, now) {
+            Presence::Registered => Err(RouteError::NotFound(format!(
+                "host {host_id:?} is registered, but it is not a rozd: it runs no sessions"
+            ))),
+            Presence::Offline => Err(RouteError::Unavailable(format!(
+                "host {host_id:?} is offline"
+            ))),
+            Presence::Online | Presence::Stale => {
+                let Some(endpoint) = &entry.record.endpoint else {
+                    return Err(RouteError::Unavailable(format!(
+                        "host {host_id:?} advertises no endpoint"
+                    )));
+                };
+                if self.is_own_endpoint(endpoint) {
+                    return Err(RouteError::Unavailable(format!(
+                        "host {host_id:?} advertises {endpoint}, which is this host ({:?}); \
+                         not relaying to itself (two hosts with one address?)",
+                        self.own.id
+                    )));
+                }
+                // A record that old is not a heartbeat of a running host:
+                // its endpoint is not trusted with the fleet token.
+                let heartbeat = entry.record.heartbeat_secs.unwrap_or(config.heartbeat_secs);
+                let max_age_ms = i64::try_from(heartbeat)
+                    .unwrap_or(i64::MAX)
+                    .saturating_mul(1000)
+                    .saturating_mul(i64::from(view::STALE_AFTER_HEARTBEATS))
+                    .saturating_add(stop::MAX_CLOCK_SKEW_MS);
+                let age_ms = crate::clock::now_ms().saturating_sub(entry.record.stamp_ms());
+                if age_ms > max_age_ms {
+                    return Err(RouteError::Unavailable(format!(
+                        "host {host_id:?} has not published a record for {} s; its endpoint is \
+                         used again once it does",
+                        age_ms / 1000
+                    )));
+                }
+                Ok(Route::Remote(RemoteHost {
+                    id: host_id.to_string(),
+                    endpoint: endpoint.clone(),
+                    token: config.token.clone(),
+                    relayed_by: self.own.id.clone(),
+                }))
+            }
+        }
+    }
+
+    /// Whether `endpoint` is this rozd: its advertised endpoint, or a
+    /// loopback address with the port it listens on.
+    fn is_own_endpoint(&self, endpoint: &str) -> bool {
+        let trimmed = |e: &str| e.trim_end_matches('/').to_ascii_lowercase();
+        if self
+            .own
+            .endpoint
+            .as_deref()
+            .is_some_and(|own| trimmed(own) == trimmed(endpoint))
+        {
+            return true;
+        }
+        let Ok(uri) = endpoint.parse::<http::Uri>() else {
+            return false;
+        };
+        let Some(authority) = uri.authority() else {
+            return false;
+        };
+        if authority.port_u16() != Some(self.bound.port()) {
+            return false;
+        }
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified() || ip == self.bound.ip())
+    }
+}

@@ -1,0 +1,456 @@
+//! Unit tests of the registry, routing and the broker's messages, on a
+//! [`Fleet`] that is not connected.
+
+use std::collections::BTreeMap;
+
+use super::inbox::{OwnTopic, stop_reason};
+use super::record::{EstopCommand, EstopState, HostRecord, RecordStatus, Rejected};
+use super::seal::{self, MessageKey};
+use super::stop::{self, StopKind, Verdict};
+use super::view::Presence;
+use super::*;
+use crate::config::{ConfigSource, Secret};
+
+const TOKEN: &str = "unit-fleet-token";
+
+/// A token file for the tests (kept for the whole test run).
+fn token_file() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("fleet-token"), format!("{TOKEN}\n")).unwrap();
+        dir
+    });
+    Box::leak(dir.path().join("fleet-token").into_boxed_path())
+}
+
+fn fleet(extra: &str) -> Fleet {
+    let mut text = format!("[host]\nid = \"a\"\nenvironment_id = \"lab\"\n{extra}");
+    if extra.contains("[fleet]") {
+        text.push_str(&format!(
+            "token_file = {:?}\n",
+            token_file().display().to_string()
+        ));
+    }
+    let config = Config::parse(&text, ConfigSource::BuiltIn).unwrap();
+    Fleet::new(
+        &config,
+        "127.0.0.1:7000".parse().unwrap(),
+        vec!["observe".into()],
+        ProtectiveStop::default(),
+    )
+}
+
+const FLEET: &str = "[fleet]\nurl = \"mqtt://127.0.0.1:1\"\nheartbeat_secs = 2\n";
+
+fn key() -> MessageKey {
+    MessageKey::from_token(TOKEN)
+}
+
+fn record_of(f: &Fleet, id: &str, status: RecordStatus, endpoint: Option<&str>) -> HostRecord {
+    let mut r = f.own_record(status);
+    r.id = id.into();
+    r.endpoint = endpoint.map(str::to_string);
+    r.instance = None;
+    r
+}
+
+fn sealed_record(r: &HostRecord) -> Vec<u8> {
+    let topic = format!("roz/v1/hosts/{}", r.id);
+    seal::seal(&key(), &topic, &serde_json::to_string(r).unwrap())
+}
+
+fn receive(f: &Fleet, r: &HostRecord) -> Result<(), Rejected> {
+    f.record_received(&r.id, &format!("roz/v1/hosts/{}", r.id), &sealed_record(r))
+}
+
+fn put(f: &Fleet, id: &str, status: RecordStatus, endpoint: Option<&str>) {
+    receive(f, &record_of(f, id, status, endpoint)).unwrap();
+}
+
+#[test]
+fn without_a_fleet_only_this_host_is_known() {
+    let f = fleet("");
+    let hosts = f.list(None);
+    assert_eq!(hosts.len(), 1);
+    assert!(hosts[0].this_host);
+    assert_eq!(hosts[0].presence, Presence::Online);
+    assert_eq!(
+        hosts[0].record.endpoint.as_deref(),
+        Some("http://127.0.0.1:7000")
+    );
+    assert_eq!(f.route("", None), Ok(Route::Local));
+    assert_eq!(f.route("a", None), Ok(Route::Local));
+    assert_eq!(f.route("a", Some("b")), Ok(Route::Local));
+    assert!(matches!(f.route("b", None), Err(RouteError::NotFound(m)) if m.contains("[fleet]")));
+    assert!(matches!(
+        f.register("x", "", BTreeMap::new()),
+        Err(FleetError::NotConfigured)
+    ));
+    assert!(matches!(f.deregister("a"), Err(FleetError::Live(_))));
+    assert!(matches!(f.deregister("b"), Err(FleetError::NotFound(_))));
+    assert!(matches!(
+        f.publish_estop("lab", true, "x"),
+        Err(FleetError::NotConfigured)
+    ));
+    assert!(matches!(
+        f.sealed_own_record(RecordStatus::Online),
+        Err(FleetError::NotConfigured)
+    ));
+}
+
+#[test]
+fn routes_follow_presence() {
+    let f = fleet(FLEET);
+    put(&f, "b", RecordStatus::Online, Some("http://127.0.0.1:7001"));
+    put(
+        &f,
+        "c",
+        RecordStatus::Offline,
+        Some("http://127.0.0.1:7002"),
+    );
+    put(&f, "r", RecordStatus::Registered, None);
+    put(&f, "n", RecordStatus::Online, None);
+    assert_eq!(
+        f.route("b", None),
+        Ok(Route::Remote(RemoteHost {
+            id: "b".into(),
+            endpoint: "http://127.0.0.1:7001".into(),
+            token: Some(Secret::new(TOKEN)),
+            relayed_by: "a".into(),
+        }))
+    );
+    assert!(matches!(
+        f.route("c", None),
+        Err(RouteError::Unavailable(_))
+    ));
+    assert!(matches!(f.route("r", None), Err(RouteError::NotFound(_))));
+    assert!(matches!(
+        f.route("n", None),
+        Err(RouteError::Unavailable(_))
+    ));
+    assert!(matches!(f.route("zz", None), Err(RouteError::NotFound(_))));
+    let ids: Vec<String> = f.list(None).into_iter().map(|h| h.record.id).collect();
+    assert_eq!(ids, ["a", "b", "c", "n", "r"]);
+    assert_eq!(f.list(Some("elsewhere")).len(), 0);
+    // a live rozd cannot be deregistered; unconnected, nothing is published
+    assert!(matches!(f.deregister("b"), Err(FleetError::Live(_))));
+    assert!(matches!(f.deregister("c"), Err(FleetError::Disconnected)));
+}
+
+#[test]
+fn one_hop_and_never_to_itself() {
+    let f = fleet(FLEET);
+    put(&f, "b", RecordStatus::Online, Some("http://127.0.0.1:7001"));
+    // relayed here by another host: served here or refused, never relayed on
+    assert_eq!(f.route("a", Some("b")), Ok(Route::Local));
+    assert!(matches!(
+        f.route("b", Some("c")),
+        Err(RouteError::Unavailable(m)) if m.contains("one hop")
+    ));
+    assert!(matches!(
+        f.route("nowhere", Some("c")),
+        Err(RouteError::Unavailable(_))
+    ));
+    // records that point back at this host
+    for (id, endpoint) in [
+        ("s1", "http://127.0.0.1:7000"),
+        ("s2", "http://127.0.0.1:7000/"),
+        ("s3", "http://localhost:7000"),
+        ("s4", "http://[::1]:7000"),
+        ("s5", "http://0.0.0.0:7000"),
+    ] {
+        put(&f, id, RecordStatus::Online, Some(endpoint));
+        assert!(
+            matches!(f.route(id, None), Err(RouteError::Unavailable(m)) if m.contains("itself")),
+            "{endpoint}"
+        );
+    }
+    // another port on loopback is another host
+    put(&f, "o", RecordStatus::Online, Some("http://localhost:7003"));
+    assert!(matches!(f.route("o", None), Ok(Route::Remote(_))));
+}
+
+#[test]
+fn an_old_record_is_not_routed_to() {
+    let f = fleet(FLEET);
+    let mut r = record_of(&f, "b", RecordStatus::Online, Some("http://127.0.0.1:7001"));
+    // three heartbeats (2 s) and the clock skew allowance ago, and more
+    r.last_heartbeat_ms = Some(crate::clock::now_ms() - 6_000 - stop::MAX_CLOCK_SKEW_MS - 1_000);
+    receive(&f, &r).unwrap();
+    assert!(matches!(
+        f.route("b", None),
+        Err(RouteError::Unavailable(m)) if m.contains("has not published")
+    ));
+    r.last_heartbeat_ms = Some(crate::clock::now_ms());
+    receive(&f, &r).unwrap();
+    assert!(matches!(f.route("b", None), Ok(Route::Remote(_))));
+}
+
+#[test]
+fn unauthenticated_records_are_ignored_and_counted() {
+    let f = fleet(FLEET);
+    let r = record_of(&f, "x", RecordStatus::Online, Some("http://127.0.0.1:9"));
+    let plain = serde_json::to_vec(&r).unwrap();
+    assert!(matches!(
+        f.record_received("x", "roz/v1/hosts/x", &plain),
+        Err(Rejected::Unauthenticated(seal::Unauthentic::NotSealed))
+    ));
+    // sealed with another key, or for another topic
+    let other = seal::seal(
+        &MessageKey::from_token("not the fleet's"),
+        "roz/v1/hosts/x",
+        &serde_json::to_string(&r).unwrap(),
+    );
+    assert!(f.record_received("x", "roz/v1/hosts/x", &other).is_err());
+    let moved = sealed_record(&r);
+    assert!(f.record_received("y", "roz/v1/hosts/y", &moved).is_err());
+    assert!(f.get("x").is_none() && f.get("y").is_none());
+    assert!(matches!(f.route("x", None), Err(RouteError::NotFound(_))));
+    assert_eq!(f.ignored().unauthenticated_records, 3);
+    // garbage is invalid or unauthenticated, never taken
+    assert!(
+        f.record_received(
+            "x",
+            "roz/v1/hosts/x",
+            &vec![b'x'; record::MAX_RECORD_BYTES + 1]
+        )
+        .is_err()
+    );
+    assert_eq!(f.ignored().invalid, 1);
+    // an authentic record for this host itself is not kept
+    let mut own = record_of(&f, "a", RecordStatus::Online, None);
+    own.instance = Some("other".into());
+    assert!(receive(&f, &own).is_err());
+    assert_eq!(f.ignored().invalid, 2);
+}
+
+#[test]
+fn records_only_move_forward() {
+    let f = fleet(FLEET);
+    let mut old = record_of(&f, "b", RecordStatus::Online, Some("http://10.0.0.1:1"));
+    old.instance = Some("i1".into());
+    old.last_heartbeat_ms = Some(crate::clock::now_ms() - 1_000);
+    let mut new = old.clone();
+    new.endpoint = Some("http://10.0.0.2:1".into());
+    new.last_heartbeat_ms = Some(crate::clock::now_ms());
+    receive(&f, &old).unwrap();
+    receive(&f, &new).unwrap();
+    // the old record replayed
+    assert!(matches!(receive(&f, &old), Err(Rejected::Replayed { .. })));
+    assert_eq!(
+        f.get("b").unwrap().record.endpoint.as_deref(),
+        Some("http://10.0.0.2:1")
+    );
+    // also after the record was cleared from the broker
+    f.record_received("b", "roz/v1/hosts/b", b"").unwrap();
+    assert!(f.get("b").is_none());
+    assert!(receive(&f, &old).is_err());
+    assert!(f.get("b").is_none());
+    receive(&f, &new).unwrap();
+    // its last will, written when its connection opened, is taken
+    let mut will = old.clone();
+    will.status = RecordStatus::Offline;
+    receive(&f, &will).unwrap();
+    assert_eq!(f.get("b").unwrap().presence, Presence::Offline);
+    // another process's old will is not
+    let mut stranger = will.clone();
+    stranger.instance = Some("i0".into());
+    assert!(receive(&f, &stranger).is_err());
+    // a record from the future
+    let mut ahead = new.clone();
+    ahead.last_heartbeat_ms = Some(crate::clock::now_ms() + 2 * stop::MAX_CLOCK_SKEW_MS);
+    assert!(matches!(receive(&f, &ahead), Err(Rejected::Future { .. })));
+    assert_eq!(f.ignored().replayed_records, 4);
+}
+
+#[test]
+fn own_record_reports_the_stop() {
+    let f = fleet(FLEET);
+    assert_eq!(
+        f.own_record(RecordStatus::Online).estop,
+        Some(EstopState::default())
+    );
+    f.estop.trigger(FLEET_SOURCE, "drill");
+    let estop = f.own_record(RecordStatus::Online).estop.unwrap();
+    assert!(estop.active);
+    assert_eq!(estop.source.as_deref(), Some(FLEET_SOURCE));
+    assert!(f.list(None)[0].estop_active());
+    let caps = &f.own.capabilities;
+    assert_eq!(caps["host_tools"], "observe");
+    assert_eq!(caps["models"], "local");
+    assert_eq!(caps["version"], crate::VERSION);
+}
+
+fn own_published(payload: &[u8]) -> HostRecord {
+    let body = seal::open(&key(), "roz/v1/hosts/a", payload).unwrap();
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn own_records_are_sealed_and_their_stamps_only_grow() {
+    let f = fleet(FLEET);
+    let first = own_published(&f.sealed_own_record(RecordStatus::Online).unwrap());
+    let second = own_published(&f.sealed_own_record(RecordStatus::Online).unwrap());
+    assert!(second.stamp_ms() > first.stamp_ms());
+    assert_eq!(
+        f.own_topic_message(&f.sealed_own_record(RecordStatus::Online).unwrap()),
+        OwnTopic::Current
+    );
+    // our previous run's record, published with a clock that was ahead:
+    // ours continue after it
+    let mut previous = first.clone();
+    previous.instance = Some("earlier".into());
+    previous.created_at_ms -= 1;
+    previous.last_heartbeat_ms = Some(crate::clock::now_ms() + 60_000);
+    assert_eq!(
+        f.own_topic_message(&sealed_record(&previous)),
+        OwnTopic::Replace
+    );
+    let next = own_published(&f.sealed_own_record(RecordStatus::Online).unwrap());
+    assert!(next.stamp_ms() > previous.stamp_ms());
+    // a forgery on our topic is replaced (and counted)
+    let mut forged = first.clone();
+    forged.status = RecordStatus::Offline;
+    assert_eq!(
+        f.own_topic_message(&serde_json::to_vec(&forged).unwrap()),
+        OwnTopic::Replace
+    );
+    assert_eq!(f.ignored().unauthenticated_records, 1);
+    // another process with our id, started after us
+    let mut twin = first;
+    twin.instance = Some("twin".into());
+    twin.created_at_ms += 1;
+    assert_eq!(
+        f.own_topic_message(&sealed_record(&twin)),
+        OwnTopic::Impostor {
+            instance: Some("twin".into())
+        }
+    );
+}
+
+fn sealed_command(stop: bool, id: &str, at_ms: i64) -> Vec<u8> {
+    let c = EstopCommand {
+        stop,
+        reason: "drill".into(),
+        by: Some("b".into()),
+        id: Some(id.into()),
+        at_ms: Some(at_ms),
+    };
+    seal::seal(
+        &key(),
+        "roz/v1/estop/lab",
+        &serde_json::to_string(&c).unwrap(),
+    )
+}
+
+fn verdict(f: &Fleet, payload: &[u8]) -> Verdict {
+    f.command_received(payload, None).unwrap().unwrap().verdict
+}
+
+#[test]
+fn stop_commands_anyone_may_stop_only_the_fleet_clears() {
+    let f = fleet(FLEET);
+    let now = crate::clock::now_ms();
+    assert_eq!(f.command_received(b"", None), Ok(None));
+    assert_eq!(
+        verdict(&f, &sealed_command(true, "s1", now)),
+        Verdict::Stop(StopKind::Authentic)
+    );
+    assert_eq!(
+        verdict(&f, &sealed_command(true, "s1", now)),
+        Verdict::AlreadyApplied
+    );
+    // forged clears: plain JSON, a sealed one altered, another key
+    let forged = br#"{"stop":false,"id":"x","by":"b","at_ms":99999999999999}"#;
+    assert_eq!(
+        verdict(&f, forged),
+        Verdict::Refused(stop::Refusal::Unauthenticated)
+    );
+    let mut altered: serde_json::Value =
+        serde_json::from_slice(&sealed_command(false, "c0", now + 1)).unwrap();
+    altered["body"] = altered["body"]
+        .as_str()
+        .unwrap()
+        .replace("drill", "dril!")
+        .into();
+    assert_eq!(
+        verdict(&f, &serde_json::to_vec(&altered).unwrap()),
+        Verdict::Refused(stop::Refusal::Unauthenticated)
+    );
+    assert_eq!(f.ignored().unauthenticated_commands, 2);
+    // a bare stop, or a stop sealed with the wrong key, latches
+    assert_eq!(
+        verdict(&f, b"stop"),
+        Verdict::Stop(StopKind::Unauthenticated)
+    );
+    let wrong_key = seal::seal(
+        &MessageKey::from_token("old token"),
+        "roz/v1/estop/lab",
+        r#"{"stop":true,"by":"c"}"#,
+    );
+    assert_eq!(
+        verdict(&f, &wrong_key),
+        Verdict::Stop(StopKind::Unauthenticated)
+    );
+    // garbage is counted and changes nothing
+    assert!(f.command_received(b"\xff\x00", None).is_err());
+    assert_eq!(f.ignored().unauthenticated_commands, 5);
+    // a sealed stop moved from another environment's topic is not authentic
+    let elsewhere = seal::seal(
+        &key(),
+        "roz/v1/estop/other",
+        &serde_json::to_string(&EstopCommand {
+            stop: false,
+            reason: String::new(),
+            by: None,
+            id: Some("m".into()),
+            at_ms: Some(now + 10),
+        })
+        .unwrap(),
+    );
+    assert_eq!(
+        verdict(&f, &elsewhere),
+        Verdict::Refused(stop::Refusal::Unauthenticated)
+    );
+    // the fleet's own clear, issued after the stops
+    let clear_at = crate::clock::now_ms() + 1;
+    assert_eq!(
+        verdict(&f, &sealed_command(false, "c1", clear_at)),
+        Verdict::Clear
+    );
+    // replayed after a newer stop: refused
+    assert_eq!(
+        verdict(&f, &sealed_command(true, "s2", clear_at + 1)),
+        Verdict::Stop(StopKind::Authentic)
+    );
+    assert!(matches!(
+        verdict(&f, &sealed_command(false, "c1", clear_at)),
+        Verdict::Refused(stop::Refusal::OlderThanApplied { .. })
+    ));
+    assert_eq!(f.ignored().stale_commands, 1);
+    let oversized = vec![b' '; record::MAX_COMMAND_BYTES + 1];
+    assert!(f.command_received(&oversized, None).is_err());
+    assert_eq!(f.ignored().invalid, 1);
+}
+
+#[test]
+fn the_audit_names_only_authentic_senders() {
+    let mut c = EstopCommand {
+        stop: true,
+        reason: "smoke".into(),
+        by: Some("mallory".into()),
+        id: None,
+        at_ms: None,
+    };
+    assert_eq!(
+        stop_reason("lab", &c, StopKind::Unauthenticated),
+        "fleet stop of environment lab from an unauthenticated MQTT publisher"
+    );
+    c.by = Some("b".into());
+    assert_eq!(
+        stop_reason("lab", &c, StopKind::Authentic),
+        "fleet stop of environment lab from host b: smoke"
+    );
+    assert!(stop_reason("lab", &c, StopKind::Replayed).contains("replayed"));
+}
