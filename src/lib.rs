@@ -112,14 +112,26 @@ impl HostContext {
             tracing::error!(error = %e, "host tool schemas do not compile; offering none");
             session::tools::ToolRegistry::default()
         });
-        let fleet = Arc::new(fleet::Fleet::new(
-            &config,
-            listen_addr,
-            host_tools
+        let offer = fleet::Offer {
+            sensors: config.sensors.iter().map(|s| s.name.clone()).collect(),
+            actuators: config.actuators.iter().map(|a| a.name.clone()).collect(),
+            models: config
+                .model
+                .endpoints
+                .iter()
+                .map(|e| e.name.clone())
+                .collect(),
+            host_tools: host_tools
                 .definitions()
                 .iter()
                 .map(|d| d.name.clone())
                 .collect(),
+        };
+        let fleet = Arc::new(fleet::Fleet::new(
+            &config.host,
+            config.fleet.as_ref(),
+            offer,
+            listen_addr,
             ooda.protective_stop().clone(),
         ));
         Arc::new(HostContext {

@@ -31,7 +31,7 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// The daemon's built-in simulated rover: what `rozd run` serves without a
 /// config file (sensors, actuators, a reflex rule), on an ephemeral port.
 pub fn builtin_host(store: &std::path::Path) -> String {
-    let text = include_str!("../../src/builtin.toml")
+    let text = include_str!("../../src/config/builtin.toml")
         .replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:0\"");
     format!(
         "{text}\n[store]\npath = {:?}\n",

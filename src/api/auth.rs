@@ -12,7 +12,7 @@ use subtle::ConstantTimeEq;
 use super::reply::{is_grpc, json_error};
 use super::tracked::Connection;
 use crate::HostContext;
-use crate::config::Secret;
+use crate::config::types::Secret;
 
 /// Paths reachable without a token: liveness probes must work for supervisors.
 const PUBLIC_PATHS: &[&str] = &["/healthz"];

@@ -32,6 +32,8 @@ use http::{HeaderMap, Method, StatusCode, Uri};
 
 use super::reply::json_error;
 use crate::config::Config;
+#[cfg(test)]
+use crate::config::check_allowed_host_entry;
 
 /// Paths anyone may call from anywhere: triggering the stop.
 const STOP_TRIGGERS: &[&str] = &["/v1/estop", "/roz.v1.SafetyService/TriggerEstop"];
@@ -129,27 +131,6 @@ fn is_ip_literal(host: &str) -> bool {
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(host);
     bare.parse::<IpAddr>().is_ok()
-}
-
-/// Checks one `server.allowed_hosts` entry: `"*"`, or a host name without
-/// scheme, port or path.
-pub fn check_allowed_host_entry(entry: &str) -> Result<(), &'static str> {
-    if entry == "*" {
-        return Ok(());
-    }
-    if entry.is_empty() || entry.len() > 253 {
-        return Err("a host name has 1 to 253 characters");
-    }
-    if !entry
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
-    {
-        return Err(
-            "a host name has only letters, digits, '-', '_' and '.' (no scheme, port or path; \
-             IP addresses are always allowed)",
-        );
-    }
-    Ok(())
 }
 
 /// Why a request was refused.

@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::ToolCategory;
+use crate::config::types::ToolCategory;
 use crate::proto;
 pub use crate::proto::json::{json_to_struct, struct_to_json};
 use crate::session::{

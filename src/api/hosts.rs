@@ -205,7 +205,7 @@ fn fleet_json(ctx: &HostContext) -> Value {
         Some(c) => json!({
             "configured": true,
             "connected": ctx.fleet.is_connected(),
-            "broker": c.url,
+            "broker": c.url.as_str(),
             "topic_prefix": c.topic_prefix,
             "ignored": ctx.fleet.ignored(),
         }),

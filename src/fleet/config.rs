@@ -3,73 +3,50 @@
 
 use std::path::PathBuf;
 
-use serde::Deserialize;
-
-use crate::config::{HostConfig, Secret, ServerConfig};
+use crate::config::broker::broker_section;
+use crate::config::types::{HostConfig, Invalid, Secret, ServerConfig, token_lines};
 use crate::hw::config::MqttConfig;
 
 /// Default topic prefix: records on `roz/v1/hosts/<id>`, stops on `roz/v1/estop/<env>`.
 pub const DEFAULT_PREFIX: &str = "roz/v1";
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FleetConfig {
-    /// `mqtt://host[:port]` or `mqtts://host[:port]`.
-    pub url: String,
-    /// Default `rozd-fleet-<host id>`; stable, so that a restarted rozd
-    /// takes over its previous connection (and its last will) at once.
-    #[serde(default)]
-    pub client_id: Option<String>,
-    #[serde(default)]
-    pub username: Option<String>,
-    /// Environment variable holding the broker password.
-    #[serde(default)]
-    pub password_env: Option<String>,
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-    /// MQTT keep-alive: the broker publishes our last will (`offline`) when
-    /// it has heard nothing for 1.5 times this.
-    #[serde(default = "default_keep_alive_secs")]
-    pub keep_alive_secs: u64,
-    #[serde(default = "default_reconnect_min_ms")]
-    pub reconnect_min_ms: u64,
-    #[serde(default = "default_reconnect_max_ms")]
-    pub reconnect_max_ms: u64,
-    /// The largest packet the broker may send this connection (MQTT 5
-    /// maximum packet size); it drops bigger messages for us.
-    #[serde(default = "default_max_packet_size")]
-    pub max_packet_size: u32,
-    #[serde(default = "default_prefix")]
-    pub topic_prefix: String,
-    /// Seconds between refreshes of the host record; a host silent for three
-    /// of its intervals is `stale`.
-    #[serde(default = "default_heartbeat_secs")]
-    pub heartbeat_secs: u64,
-    /// The gRPC endpoint other hosts reach this one at, `http://host:port`.
-    /// Default: `http://<the bound listen address>`.
-    #[serde(default)]
-    pub advertise: Option<String>,
-    /// Environment variable holding the fleet token.
-    #[serde(default)]
-    pub token_env: Option<String>,
-    /// File holding the fleet token (its first line that is not empty or a
-    /// `#` comment). `token_env` or `token_file` is required.
-    #[serde(default)]
-    pub token_file: Option<PathBuf>,
-    /// The fleet token, read from `token_env` or `token_file` at load
-    /// (always `Some` once validated).
-    #[serde(skip)]
-    pub token: Option<Secret>,
+broker_section! {
+    /// `[fleet]`: the broker of the host registry, and this host's presence
+    /// on it. Its client id defaults to `rozd-fleet-<host id>`, so that a
+    /// restarted rozd takes over its previous connection (and its last
+    /// will) at once.
+    pub struct FleetConfig {
+        defaults: {
+            keep_alive_secs: "default_keep_alive_secs",
+            max_packet_size: "default_max_packet_size",
+        },
+        connection: MqttConfig,
+        #[serde(default = "default_prefix")]
+        pub topic_prefix: String,
+        /// Seconds between refreshes of the host record; a host silent for three
+        /// of its intervals is `stale`.
+        #[serde(default = "default_heartbeat_secs")]
+        pub heartbeat_secs: u64,
+        /// The gRPC endpoint other hosts reach this one at, `http://host:port`.
+        /// Default: `http://<the bound listen address>`.
+        #[serde(default)]
+        pub advertise: Option<String>,
+        /// Environment variable holding the fleet token.
+        #[serde(default)]
+        pub token_env: Option<String>,
+        /// File holding the fleet token (its first line that is not empty or a
+        /// `#` comment). `token_env` or `token_file` is required.
+        #[serde(default)]
+        pub token_file: Option<PathBuf>,
+        /// The fleet token, read from `token_env` or `token_file` at load
+        /// (always `Some` once validated).
+        #[serde(skip)]
+        pub token: Option<Secret>,
+    }
 }
 
 fn default_keep_alive_secs() -> u64 {
     15
-}
-fn default_reconnect_min_ms() -> u64 {
-    1_000
-}
-fn default_reconnect_max_ms() -> u64 {
-    30_000
 }
 /// Default `max_packet_size`: twice the largest record rozd takes
 /// ([`super::record::MAX_RECORD_BYTES`]), so that a record a little too big
@@ -92,17 +69,7 @@ fn default_heartbeat_secs() -> u64 {
 impl FleetConfig {
     /// The broker connection as the MQTT client code takes it.
     pub fn broker(&self, host_id: &str) -> MqttConfig {
-        MqttConfig {
-            url: self.url.clone(),
-            client_id: Some(self.client_id(host_id)),
-            username: self.username.clone(),
-            password_env: self.password_env.clone(),
-            ca_file: self.ca_file.clone(),
-            keep_alive_secs: self.keep_alive_secs,
-            reconnect_min_ms: self.reconnect_min_ms,
-            reconnect_max_ms: self.reconnect_max_ms,
-            max_packet_size: self.max_packet_size,
-        }
+        self.connection(self.client_id(host_id))
     }
 
     pub fn client_id(&self, host_id: &str) -> String {
@@ -126,34 +93,25 @@ pub fn topic_level_ok(s: &str) -> bool {
 }
 
 /// Checks `[fleet]` and reads the token, which a fleet requires (it keys
-/// the MAC of every fleet message). `Err((key, message))`.
+/// the MAC of every fleet message).
 pub fn validate(
     fleet: &mut FleetConfig,
     host: &HostConfig,
     server: &ServerConfig,
     mqtt: Option<&MqttConfig>,
-) -> Result<(), (String, String)> {
-    let err = |key: &str, message: String| Err((format!("fleet.{key}"), message));
-    if let Err(why) = crate::hw::config::check_broker_url(&fleet.url) {
-        return err("url", why);
-    }
-    // 5: the shortest keep-alive the MQTT 5 client takes.
-    if !(5..=3600).contains(&fleet.keep_alive_secs) {
-        return err("keep_alive_secs", "must be between 5 and 3600".into());
-    }
+) -> Result<(), Invalid> {
+    let err = |key: &str, message: String| Err(Invalid::new(format!("fleet.{key}"), message));
+    crate::config::broker::check(
+        &fleet.broker_fields(),
+        &crate::config::broker::BrokerLimits {
+            section: "fleet",
+            // 5: the shortest keep-alive the MQTT 5 client takes.
+            keep_alive_secs: 5..=3600,
+            min_packet_size: MIN_MAX_PACKET,
+        },
+    )?;
     if !(1..=3600).contains(&fleet.heartbeat_secs) {
         return err("heartbeat_secs", "must be between 1 and 3600".into());
-    }
-    if fleet.reconnect_min_ms == 0 || fleet.reconnect_max_ms < fleet.reconnect_min_ms {
-        return err(
-            "reconnect_max_ms",
-            "needs 0 < reconnect_min_ms <= reconnect_max_ms".into(),
-        );
-    }
-    if let Err(why) =
-        crate::hw::config::check_max_packet_size(fleet.max_packet_size, MIN_MAX_PACKET)
-    {
-        return err("max_packet_size", why);
     }
     let prefix = &fleet.topic_prefix;
     if prefix.is_empty()
@@ -210,8 +168,8 @@ pub fn validate(
         None => {}
     }
     if !topic_level_ok(&host.environment_id) {
-        return Err((
-            "host.environment_id".into(),
+        return Err(Invalid::new(
+            "host.environment_id",
             format!(
                 "{:?} cannot be a topic level of the fleet's stop command (1-128 characters, \
                  no '/', '+', '#')",
@@ -235,12 +193,12 @@ pub fn validate(
         },
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path).map_err(|e| {
-                (
-                    "fleet.token_file".to_string(),
+                Invalid::new(
+                    "fleet.token_file",
                     format!("cannot read {}: {e}", path.display()),
                 )
             })?;
-            match crate::config::token_lines(&text).next() {
+            match token_lines(&text).next() {
                 Some(token) => Some(Secret::new(token)),
                 None => return err("token_file", format!("{} holds no token", path.display())),
             }
@@ -285,178 +243,6 @@ pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, ConfigError, ConfigSource};
-
-    fn parse(text: &str) -> Result<Config, ConfigError> {
-        Config::parse(text, ConfigSource::File("/etc/rozd/rozd.toml".into()))
-    }
-
-    /// The (line, key, message) of a configuration error.
-    fn invalid(text: &str) -> (Option<usize>, String, String) {
-        match parse(text) {
-            Err(ConfigError::Invalid {
-                line, key, message, ..
-            }) => (line, key, message),
-            other => panic!("expected an invalid-config error, got {other:?}"),
-        }
-    }
-
-    const FLEET: &str = "[fleet]\nurl = \"mqtt://broker:1883\"\n";
-
-    #[test]
-    fn defaults() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("fleet-token");
-        std::fs::write(&path, "t0ken\n").unwrap();
-        let c = parse(&format!(
-            "{FLEET}token_file = {:?}\n",
-            path.display().to_string()
-        ))
-        .unwrap();
-        let f = c.fleet.as_ref().unwrap();
-        assert_eq!(
-            (f.topic_prefix.as_str(), f.heartbeat_secs, f.keep_alive_secs),
-            ("roz/v1", 10, 15)
-        );
-        assert_eq!(f.client_id("rover-1"), "rozd-fleet-rover-1");
-        assert_eq!(f.max_packet_size, 128 * 1024);
-        assert_eq!(f.broker("rover-1").max_packet_size, 128 * 1024);
-        assert_eq!(
-            f.advertised("127.0.0.1:8080".parse().unwrap()),
-            "http://127.0.0.1:8080"
-        );
-        assert_eq!(f.token.as_ref().map(Secret::expose), Some("t0ken"));
-        assert!(c.summary().contains("fleet:         mqtt://broker:1883"));
-        assert!(parse("").unwrap().fleet.is_none());
-    }
-
-    #[test]
-    fn errors_name_the_line_and_key() {
-        let cases: &[(&str, usize, &str)] = &[
-            // a fleet needs its token (the line is the section's)
-            (FLEET, 1, "fleet.token_file"),
-            ("[fleet]\nurl = \"http://x\"\n", 2, "fleet.url"),
-            (
-                "[fleet]\nurl = \"mqtt://b\"\nheartbeat_secs = 0\n",
-                3,
-                "fleet.heartbeat_secs",
-            ),
-            (
-                "[fleet]\nurl = \"mqtt://b\"\nkeep_alive_secs = 4\n",
-                3,
-                "fleet.keep_alive_secs",
-            ),
-            (
-                "[fleet]\nurl = \"mqtt://b\"\ntopic_prefix = \"roz/#\"\n",
-                3,
-                "fleet.topic_prefix",
-            ),
-            (
-                "[fleet]\nurl = \"mqtt://b\"\ntopic_prefix = \"roz//v1\"\n",
-                3,
-                "fleet.topic_prefix",
-            ),
-            (
-                "[fleet]\nurl = \"mqtt://b\"\nadvertise = \"https://a:1\"\n",
-                3,
-                "fleet.advertise",
-            ),
-            (
-                "[fleet]\nurl = \"mqtt://b\"\npassword_env = \"X\"\n",
-                3,
-                "fleet.password_env",
-            ),
-            (
-                "[fleet]\nurl = \"mqtt://b\"\ntoken_env = \"ROZD_TEST_FLEET_TOKEN_SURELY_UNSET\"\n",
-                3,
-                "fleet.token_env",
-            ),
-            (
-                "[fleet]\nurl = \"mqtt://b\"\ntoken_file = \"/nonexistent/fleet-token\"\n",
-                3,
-                "fleet.token_file",
-            ),
-            (
-                "[fleet]\nurl = \"mqtt://b\"\nsurprise = 1\n",
-                3,
-                "fleet.surprise",
-            ),
-            (
-                "[host]\nenvironment_id = \"lab/1\"\n[fleet]\nurl = \"mqtt://b\"\n",
-                2,
-                "host.environment_id",
-            ),
-            (
-                "[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n\
-                 [fleet]\nurl = \"mqtt://b\"\n",
-                4,
-                "fleet.advertise",
-            ),
-            (
-                "[host]\nid = \"r\"\n[mqtt]\nurl = \"mqtt://b\"\n[fleet]\nurl = \"mqtt://b\"\n\
-                 client_id = \"rozd-r\"\n",
-                7,
-                "fleet.client_id",
-            ),
-            (
-                "[host]\nid = \"r\"\n[mqtt]\nurl = \"mqtt://b\"\n[fleet]\nurl = \"mqtt://b\"\n\
-                 client_id = \"rozd-r-estop\"\n",
-                7,
-                "fleet.client_id",
-            ),
-            (
-                "[fleet]\nurl = \"mqtt://b\"\nmax_packet_size = 65536\n",
-                3,
-                "fleet.max_packet_size",
-            ),
-            (
-                "[fleet]\nurl = \"mqtt://b\"\nmax_packet_size = 33554432\n",
-                3,
-                "fleet.max_packet_size",
-            ),
-        ];
-        for (text, line, key) in cases {
-            let (got_line, got_key, message) = invalid(text);
-            assert_eq!(
-                (got_line, got_key.as_str()),
-                (Some(*line), *key),
-                "{text}: {message}"
-            );
-        }
-    }
-
-    #[test]
-    fn the_token_is_accepted_for_auth_and_never_printed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("fleet-token");
-        std::fs::write(&path, "# shared by the lab's hosts\n\n  s3cret-fleet  \n").unwrap();
-        let c = parse(&format!(
-            "[server]\nlisten = \"0.0.0.0:8080\"\n[fleet]\nurl = \"mqtt://b\"\n\
-             advertise = \"http://10.0.0.7:8080\"\ntoken_file = {:?}\n",
-            path.display().to_string()
-        ))
-        .unwrap();
-        let fleet = c.fleet.as_ref().unwrap();
-        assert_eq!(
-            fleet.token.as_ref().map(Secret::expose),
-            Some("s3cret-fleet")
-        );
-        // it counts as a token: a non-loopback listener is allowed
-        assert!(c.auth_required());
-        assert!(
-            c.resolved_tokens
-                .iter()
-                .any(|t| t.expose() == "s3cret-fleet")
-        );
-        let printed = format!("{c:?}{}", c.summary());
-        assert!(!printed.contains("s3cret"), "{printed}");
-        std::fs::write(&path, "# nothing\n").unwrap();
-        let (_, key, _) = invalid(&format!(
-            "[fleet]\nurl = \"mqtt://b\"\ntoken_file = {:?}\n",
-            path.display().to_string()
-        ));
-        assert_eq!(key, "fleet.token_file");
-    }
 
     #[test]
     fn endpoints() {

@@ -67,7 +67,7 @@ use stop::StopGate;
 use view::FleetView;
 
 use crate::HostContext;
-use crate::config::Config;
+use crate::config::types::HostConfig;
 use crate::hw::mqtt_link::{LinkCounters, LinkStats};
 use crate::safety::ProtectiveStop;
 
@@ -130,30 +130,34 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// What this host offers, as its record's capabilities advertise it.
+#[derive(Debug, Clone, Default)]
+pub struct Offer {
+    pub sensors: Vec<String>,
+    pub actuators: Vec<String>,
+    /// The configured model endpoints (`local` is always offered).
+    pub models: Vec<String>,
+    pub host_tools: Vec<String>,
+}
+
 impl Fleet {
-    /// The registry of the host that `config` describes, bound to `bound`.
-    /// No I/O: [`start`] connects to the broker.
+    /// The registry of this host (`host`, offering `offer`), on the
+    /// broker of `fleet` if any, bound to `bound`. No I/O: [`start`]
+    /// connects to the broker.
     pub fn new(
-        config: &Config,
+        host: &HostConfig,
+        fleet: Option<&FleetConfig>,
+        offer: Offer,
         bound: SocketAddr,
-        host_tools: Vec<String>,
         estop: ProtectiveStop,
     ) -> Fleet {
-        let host = &config.host;
-        let names = |v: Vec<&str>| v.join(",");
-        let mut models = vec!["local"];
-        models.extend(config.model.endpoints.iter().map(|e| e.name.as_str()));
+        let mut models = vec!["local".to_string()];
+        models.extend(offer.models);
         let capabilities = BTreeMap::from([
-            (
-                "sensors".to_string(),
-                names(config.sensors.iter().map(|s| s.name.as_str()).collect()),
-            ),
-            (
-                "actuators".to_string(),
-                names(config.actuators.iter().map(|a| a.name.as_str()).collect()),
-            ),
-            ("host_tools".to_string(), host_tools.join(",")),
-            ("models".to_string(), names(models)),
+            ("sensors".to_string(), offer.sensors.join(",")),
+            ("actuators".to_string(), offer.actuators.join(",")),
+            ("host_tools".to_string(), offer.host_tools.join(",")),
+            ("models".to_string(), models.join(",")),
             (
                 "architecture".to_string(),
                 std::env::consts::ARCH.to_string(),
@@ -161,7 +165,7 @@ impl Fleet {
             ("os".to_string(), std::env::consts::OS.to_string()),
             ("version".to_string(), crate::VERSION.to_string()),
         ]);
-        let fleet = config.fleet.clone();
+        let fleet = fleet.cloned();
         let endpoint = match &fleet {
             Some(f) => f.advertised(bound),
             None => format!("http://{bound}"),

@@ -81,7 +81,7 @@ pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
         rejects: LogLimiter::new(REJECT_LOG_EVERY),
         impostor_log: LogLimiter::new(REJECT_LOG_EVERY),
         resync_at: None,
-        url: config.url.clone(),
+        url: config.url.to_string(),
     };
     *lock(&fleet.task) = Some(tokio::spawn(task.run()));
     Ok(())

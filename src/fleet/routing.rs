@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::view::{self, Presence};
 use super::{Fleet, lock, stop};
-use crate::config::Secret;
+use crate::config::types::Secret;
 
 /// Another rozd that a request for its `host_id` goes to.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use super::seal::{self, MessageKey};
 use super::stop::{self, StopKind, Verdict};
 use super::view::Presence;
 use super::*;
-use crate::config::{ConfigSource, Secret};
+use crate::config::types::{Secret, ServerConfig};
 
 const TOKEN: &str = "unit-fleet-token";
 
@@ -24,19 +24,28 @@ fn token_file() -> &'static std::path::Path {
     Box::leak(dir.path().join("fleet-token").into_boxed_path())
 }
 
-fn fleet(extra: &str) -> Fleet {
-    let mut text = format!("[host]\nid = \"a\"\nenvironment_id = \"lab\"\n{extra}");
-    if extra.contains("[fleet]") {
-        text.push_str(&format!(
-            "token_file = {:?}\n",
+/// This host `a` in environment `lab`, offering the `observe` tool, on
+/// the broker of `section` (a `[fleet]` table) if it is not empty.
+fn fleet(section: &str) -> Fleet {
+    let host: HostConfig = toml::from_str("id = \"a\"\nenvironment_id = \"lab\"\n").unwrap();
+    let fleet = section.strip_prefix("[fleet]\n").map(|table| {
+        let mut f: FleetConfig = toml::from_str(&format!(
+            "{table}token_file = {:?}\n",
             token_file().display().to_string()
-        ));
-    }
-    let config = Config::parse(&text, ConfigSource::BuiltIn).unwrap();
+        ))
+        .unwrap();
+        config::validate(&mut f, &host, &ServerConfig::default(), None).unwrap();
+        f
+    });
+    let offer = Offer {
+        host_tools: vec!["observe".into()],
+        ..Offer::default()
+    };
     Fleet::new(
-        &config,
+        &host,
+        fleet.as_ref(),
+        offer,
         "127.0.0.1:7000".parse().unwrap(),
-        vec!["observe".into()],
         ProtectiveStop::default(),
     )
 }

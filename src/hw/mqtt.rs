@@ -363,7 +363,7 @@ impl Link {
         let cfg = spec.cfg;
         let task = EventTask {
             source: spec.source,
-            url: cfg.url.clone(),
+            url: cfg.url.to_string(),
             eventloop,
             client,
             link: link.clone(),
@@ -725,7 +725,7 @@ mod tests {
     #[test]
     fn client_ids_default_to_the_host_id() {
         let mut cfg = MqttConfig {
-            url: "mqtt://localhost".into(),
+            url: "mqtt://localhost".parse().unwrap(),
             client_id: None,
             username: None,
             password_env: None,
@@ -738,29 +738,5 @@ mod tests {
         assert_eq!(client_id(&cfg, "rover-1"), "rozd-rover-1");
         cfg.client_id = Some("robot".into());
         assert_eq!(client_id(&cfg, "rover-1"), "robot");
-    }
-
-    #[test]
-    fn max_packet_size_is_configured_and_validated_naming_the_key() {
-        let parse =
-            |text: &str| crate::config::Config::parse(text, crate::config::ConfigSource::BuiltIn);
-        let ok = parse("[mqtt]\nurl = \"mqtt://b\"\n").unwrap();
-        assert_eq!(ok.hardware.mqtt.unwrap().max_packet_size, 256 * 1024);
-        let ok = parse("[mqtt]\nurl = \"mqtt://b\"\nmax_packet_size = 1024\n").unwrap();
-        assert_eq!(ok.hardware.mqtt.unwrap().max_packet_size, 1024);
-        for bad in ["1023", "16777217", "-1", "\"big\""] {
-            match parse(&format!(
-                "[mqtt]\nurl = \"mqtt://b\"\nmax_packet_size = {bad}\n"
-            )) {
-                Err(crate::config::ConfigError::Invalid { line, key, .. }) => {
-                    assert_eq!(
-                        (line, key.as_str()),
-                        (Some(3), "mqtt.max_packet_size"),
-                        "{bad}"
-                    );
-                }
-                other => panic!("{bad}: expected an invalid-config error, got {other:?}"),
-            }
-        }
     }
 }

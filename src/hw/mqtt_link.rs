@@ -36,7 +36,7 @@ pub const DEFAULT_MAX_PACKET: u32 = 256 * 1024;
 /// long topics would be dropped).
 pub const MIN_MAX_PACKET: u32 = 1024;
 /// The largest `max_packet_size` allowed.
-pub const MAX_MAX_PACKET: u32 = 16 * 1024 * 1024;
+pub use crate::config::broker::MAX_MAX_PACKET;
 /// rozd's own limit for one sensor message: bigger ones are dropped and
 /// counted as `oversized`.
 pub const MAX_SENSOR_PAYLOAD: usize = 64 * 1024;
@@ -51,42 +51,23 @@ const MAX_INFLIGHT: u16 = 100;
 /// MQTT 5 options for a connection to the broker of `cfg`, as `client_id`,
 /// with a maximum packet size of `max_packet_size`. The session (clean or
 /// persistent, last will) is the caller's choice. `Err` says what cannot
-/// work (bad URL, missing password, unreadable CA file).
+/// work (missing password, unreadable CA file); the URL was parsed when the
+/// configuration was read.
 pub fn options(
     cfg: &MqttConfig,
     client_id: &str,
     max_packet_size: u32,
 ) -> Result<MqttOptions, String> {
-    let (tls, rest) = if let Some(rest) = cfg.url.strip_prefix("mqtts://") {
-        (true, rest)
-    } else if let Some(rest) = cfg.url.strip_prefix("mqtt://") {
-        (false, rest)
-    } else {
-        return Err(format!(
-            "mqtt.url {:?} must start with mqtt:// or mqtts://",
-            cfg.url
-        ));
-    };
-    let rest = rest.trim_end_matches('/');
-    let (host, port) = match rest.rsplit_once(':') {
-        Some((host, port)) if !host.ends_with(':') => (
-            host,
-            port.parse::<u16>()
-                .map_err(|_| format!("mqtt.url {:?}: bad port", cfg.url))?,
-        ),
-        _ => (rest, if tls { 8883 } else { 1883 }),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
-        return Err(format!("mqtt.url {:?} has no host", cfg.url));
-    }
+    let address = cfg.url.address();
     if client_id.trim().is_empty() {
         return Err("the MQTT client id is empty".to_string());
     }
-    let mut o = MqttOptions::new(client_id, host, port);
+    let mut o = MqttOptions::new(client_id, address.host.as_str(), address.port);
     // The MQTT 5 client panics below 5 s; validation refuses such values,
     // this keeps a config that bypassed it from taking the daemon down.
-    o.set_keep_alive(Duration::from_secs(cfg.keep_alive_secs.max(5)));
+    o.set_keep_alive(Duration::from_secs(
+        cfg.keep_alive_secs.clamp(5, u64::from(u16::MAX)),
+    ));
     o.set_max_packet_size(Some(max_packet_size));
     o.set_outgoing_inflight_upper_limit(MAX_INFLIGHT);
     let password = match &cfg.password_env {
@@ -107,7 +88,7 @@ pub fn options(
         (None, Some(_)) => return Err("mqtt.password_env needs mqtt.username".to_string()),
         (None, None) => {}
     }
-    if tls {
+    if address.tls {
         o.set_transport(Transport::tls_with_config(tls_config(
             cfg.ca_file.as_deref(),
         )?));
@@ -373,12 +354,13 @@ impl LinkCounters {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::broker::BrokerUrl;
     use rumqttc::v5::mqttbytes::QoS;
     use rumqttc::v5::mqttbytes::v5::Publish;
 
     pub(crate) fn cfg(url: &str) -> MqttConfig {
         MqttConfig {
-            url: url.to_string(),
+            url: url.parse().unwrap(),
             client_id: None,
             username: None,
             password_env: None,
@@ -407,9 +389,27 @@ mod tests {
         assert_eq!(o.broker_address(), ("10.0.0.2".to_string(), 1883));
         let o = options(&cfg("mqtt://[::1]:1883"), "robot", 4096).unwrap();
         assert_eq!(o.broker_address(), ("::1".to_string(), 1883));
-        assert!(options(&cfg("http://x"), "h", 4096).is_err());
-        assert!(options(&cfg("mqtt://x:port"), "h", 4096).is_err());
+        // a URL that cannot work is refused when it is read
+        assert!("http://x".parse::<BrokerUrl>().is_err());
+        assert!("mqtt://x:port".parse::<BrokerUrl>().is_err());
         assert!(options(&cfg("mqtt://x"), " ", 4096).is_err());
+    }
+
+    #[test]
+    fn the_connection_goes_where_the_configuration_says() {
+        // one parse of the URL for validation and connection (they disagreed
+        // on bracketed IPv6 hosts without a port)
+        for (url, host, port) in [
+            ("mqtt://[::1]", "::1", 1883),
+            ("mqtt://[::1]:1884/", "::1", 1884),
+            ("mqtt://broker/", "broker", 1883),
+        ] {
+            let c = cfg(url);
+            let o = options(&c, "h", 4096).unwrap();
+            assert_eq!(o.broker_address(), (host.to_string(), port), "{url}");
+            let a = c.url.address();
+            assert_eq!((a.host.as_str(), a.port), (host, port), "{url}");
+        }
     }
 
     #[test]

@@ -3,8 +3,8 @@
 
 use serde::Deserialize;
 
-use super::config::Invalid;
 use super::sim_world::{BatterySpec, MotorSpec, Obstacle, Pose, WorldSpec};
+use crate::config::types::Invalid;
 
 /// The largest room side accepted, metres: a sanity bound, not physics.
 const MAX_SIDE_M: f64 = 1_000.0;

@@ -2,6 +2,8 @@
 
 use serde::Deserialize;
 
+use crate::config::types::Invalid;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpConfig {
@@ -68,17 +70,17 @@ fn default_elicitation() -> bool {
 }
 
 /// Checks the section; an error names the key (`mcp.<key>`) and why.
-pub fn validate(mcp: &McpConfig) -> Result<(), (String, String)> {
+pub fn validate(mcp: &McpConfig) -> Result<(), Invalid> {
     if !(10..=86_400).contains(&mcp.session_idle_secs) {
-        return Err((
-            "mcp.session_idle_secs".into(),
-            "must be between 10 and 86400".into(),
+        return Err(Invalid::new(
+            "mcp.session_idle_secs",
+            "must be between 10 and 86400",
         ));
     }
     if !(1..=3600).contains(&mcp.keepalive_secs) {
-        return Err((
-            "mcp.keepalive_secs".into(),
-            "must be between 1 and 3600".into(),
+        return Err(Invalid::new(
+            "mcp.keepalive_secs",
+            "must be between 1 and 3600",
         ));
     }
     Ok(())

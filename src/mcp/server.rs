@@ -44,7 +44,7 @@ use super::approvals::ApprovalView;
 use super::sessions::{self, Manager};
 use crate::HostContext;
 use crate::clock::now_ms;
-use crate::config::{AiMode, ToolCategory};
+use crate::config::types::{AiMode, ToolCategory};
 use crate::session::host_call::{self, CallSite, Outcome};
 use crate::session::turn::HostAccess;
 

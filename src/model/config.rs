@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::config::types::Invalid;
+
 /// The name of the offline command model.
 pub const LOCAL: &str = "local";
 /// Anthropic's API, when an endpoint gives no `base_url`.
@@ -273,8 +275,8 @@ impl ModelConfig {
 
     /// Checks everything a running daemon relies on. The error is the dotted
     /// key at fault (e.g. `model.endpoints[1].base_url`) and a message.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let err = |key: &str, message: String| Err((key.to_string(), message));
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let err = |key: &str, message: String| Err(Invalid::new(key, message));
         if self.max_output_tokens == 0 {
             return err("model.max_output_tokens", "must be at least 1".into());
         }
@@ -473,7 +475,7 @@ mod tests {
     }
 
     fn fails(text: &str) -> String {
-        parse(text).validate().unwrap_err().0
+        parse(text).validate().unwrap_err().key
     }
 
     #[test]

@@ -27,6 +27,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::config::types::Invalid;
 use tokio::time::Instant;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -385,38 +387,45 @@ pub fn parse_condition(src: &str, names: &HashSet<String>) -> Result<Expr, Strin
     Ok(e)
 }
 
-/// Validates `[[rules]]` against the configured names. Errors are (key, message).
+/// Validates `[[rules]]` against the configured names.
 pub fn build_rules(
     configs: &[RuleConfig],
     sensors: &HashSet<String>,
     actuators: &HashSet<String>,
     have_mqtt: bool,
-) -> Result<Vec<Rule>, (String, String)> {
+) -> Result<Vec<Rule>, Invalid> {
     let names: HashSet<String> = sensors.union(actuators).cloned().collect();
     let mut seen = HashSet::new();
     let mut rules = Vec::with_capacity(configs.len());
     for (i, r) in configs.iter().enumerate() {
         let key = |k: &str| format!("rules[{i}].{k}");
         if r.name.trim().is_empty() || !seen.insert(r.name.clone()) {
-            return Err((key("name"), format!("{:?} is empty or used twice", r.name)));
+            return Err(Invalid::new(
+                key("name"),
+                format!("{:?} is empty or used twice", r.name),
+            ));
         }
-        let condition = parse_condition(&r.when, &names).map_err(|e| (key("when"), e))?;
+        let condition =
+            parse_condition(&r.when, &names).map_err(|e| Invalid::new(key("when"), e))?;
         let a = &r.then;
         let action = match (&a.actuator, a.estop, &a.publish) {
             (Some(actuator), None, None) => {
                 if !actuators.contains(actuator) {
-                    return Err((key("then"), format!("unknown actuator `{actuator}`")));
+                    return Err(Invalid::new(
+                        key("then"),
+                        format!("unknown actuator `{actuator}`"),
+                    ));
                 }
                 let Some(value) = a.value.filter(|v| v.is_finite()) else {
-                    return Err((
+                    return Err(Invalid::new(
                         key("then"),
-                        "an actuator action needs a finite `value`".into(),
+                        "an actuator action needs a finite `value`",
                     ));
                 };
                 if a.payload.is_some() || a.reason.is_some() || a.qos.is_some() {
-                    return Err((
+                    return Err(Invalid::new(
                         key("then"),
-                        "an actuator action takes only `actuator` and `value`".into(),
+                        "an actuator action takes only `actuator` and `value`",
                     ));
                 }
                 Action::Command {
@@ -426,9 +435,9 @@ pub fn build_rules(
             }
             (None, Some(true), None) => {
                 if a.value.is_some() || a.payload.is_some() || a.qos.is_some() {
-                    return Err((
+                    return Err(Invalid::new(
                         key("then"),
-                        "an estop action takes only `estop` and `reason`".into(),
+                        "an estop action takes only `estop` and `reason`",
                     ));
                 }
                 Action::Estop {
@@ -440,17 +449,17 @@ pub fn build_rules(
             }
             (None, None, Some(topic)) => {
                 if !have_mqtt {
-                    return Err((
+                    return Err(Invalid::new(
                         key("then"),
-                        "a publish action needs an [mqtt] section".into(),
+                        "a publish action needs an [mqtt] section",
                     ));
                 }
                 if topic.is_empty() || topic.contains('#') || topic.contains('+') {
-                    return Err((key("then"), "publish needs a concrete topic".into()));
+                    return Err(Invalid::new(key("then"), "publish needs a concrete topic"));
                 }
                 let qos = a.qos.unwrap_or(1);
                 if qos > 2 {
-                    return Err((key("then"), "qos must be 0, 1 or 2".into()));
+                    return Err(Invalid::new(key("then"), "qos must be 0, 1 or 2"));
                 }
                 Action::Publish {
                     topic: topic.clone(),
@@ -459,9 +468,9 @@ pub fn build_rules(
                 }
             }
             _ => {
-                return Err((
+                return Err(Invalid::new(
                     key("then"),
-                    "give exactly one of { actuator, value }, { estop = true }, { publish, payload }".into(),
+                    "give exactly one of { actuator, value }, { estop = true }, { publish, payload }",
                 ));
             }
         };

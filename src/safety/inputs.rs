@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::SafetyConfig;
+use crate::config::types::{Invalid, SafetyConfig};
 use crate::hw::HwError;
 use crate::hw::config::{ActuatorTarget, HardwareSpec, Level, Pull, SensorSource};
 use crate::hw::gpio::GpioInput;
@@ -94,9 +94,9 @@ pub fn is_stop_payload(payload: &[u8]) -> bool {
 
 /// Checks `[safety]`'s stop inputs against the validated hardware: the pin
 /// is not used by a sensor or actuator; the topic needs `[mqtt]`, is
-/// concrete, and is not a sensor's or an actuator's topic. `Err((key, message))`.
-pub fn validate(cfg: &SafetyConfig, hw: &HardwareSpec) -> Result<(), (String, String)> {
-    let err = |key: &str, message: String| Err((format!("safety.{key}"), message));
+/// concrete, and is not a sensor's or an actuator's topic.
+pub fn validate(cfg: &SafetyConfig, hw: &HardwareSpec) -> Result<(), Invalid> {
+    let err = |key: &str, message: String| Err(Invalid::new(format!("safety.{key}"), message));
     if cfg.estop_gpio_pin.is_none() {
         if cfg.estop_gpio_active.is_some() {
             return err("estop_gpio_active", "needs safety.estop_gpio_pin".into());
@@ -359,79 +359,5 @@ mod tests {
         assert_eq!((g.active, g.pull), (Level::High, Pull::Down));
         assert_eq!(g.name(), "gpio:4");
         assert!(GpioStopInput::from_config(&SafetyConfig::default()).is_none());
-    }
-
-    fn parse(text: &str) -> Result<crate::config::Config, crate::config::ConfigError> {
-        crate::config::Config::parse(text, crate::config::ConfigSource::BuiltIn)
-    }
-
-    /// The (line, key) of a config error.
-    fn invalid(text: &str) -> (Option<usize>, String, String) {
-        match parse(text) {
-            Err(crate::config::ConfigError::Invalid {
-                line, key, message, ..
-            }) => (line, key, message),
-            other => panic!("expected an invalid-config error, got {other:?}"),
-        }
-    }
-
-    const MQTT: &str = "[mqtt]\nurl = \"mqtt://127.0.0.1:1883\"\n";
-
-    #[test]
-    fn stop_inputs_are_validated_at_load_naming_the_key() {
-        let ok = parse(&format!(
-            "{MQTT}[safety]\nestop_gpio_pin = 4\nestop_gpio_active = \"high\"\nestop_gpio_pull = \"none\"\n\
-             estop_mqtt_topic = \"cell/estop\"\n"
-        ))
-        .unwrap();
-        assert_eq!(
-            GpioStopInput::from_config(&ok.safety),
-            Some(GpioStopInput {
-                pin: 4,
-                active: Level::High,
-                pull: Pull::None
-            })
-        );
-        assert!(
-            ok.summary()
-                .contains("GPIO 4 (active high, pull none), MQTT topic cell/estop")
-        );
-
-        let sensor_pin = "[safety]\nestop_gpio_pin = 17\n\n[[sensors]]\nname = \"door\"\nsource = \"gpio\"\npin = 17\n";
-        let (line, key, message) = invalid(sensor_pin);
-        assert_eq!((line, key.as_str()), (Some(2), "safety.estop_gpio_pin"));
-        assert!(message.contains("sensor \"door\""), "{message}");
-
-        let actuator_pin = "[[actuators]]\nname = \"lamp\"\nkind = \"pwm\"\npin = 12\nmin = 0\nmax = 1\nsafe_value = 0\n[safety]\nestop_gpio_pin = 12\n";
-        let (line, key, message) = invalid(actuator_pin);
-        assert_eq!((line, key.as_str()), (Some(9), "safety.estop_gpio_pin"));
-        assert!(message.contains("actuator \"lamp\""), "{message}");
-
-        let (line, key, _) = invalid("[safety]\nestop_gpio_active = \"low\"\n");
-        assert_eq!((line, key.as_str()), (Some(2), "safety.estop_gpio_active"));
-        let (_, key, _) = invalid("[safety]\nestop_gpio_pull = \"up\"\n");
-        assert_eq!(key, "safety.estop_gpio_pull");
-        let (line, key, _) =
-            invalid("[safety]\nestop_gpio_pin = 4\nestop_gpio_active = \"sideways\"\n");
-        assert_eq!((line, key.as_str()), (Some(3), "safety.estop_gpio_active"));
-
-        let (line, key, message) = invalid("[safety]\nestop_mqtt_topic = \"cell/estop\"\n");
-        assert_eq!((line, key.as_str()), (Some(2), "safety.estop_mqtt_topic"));
-        assert!(message.contains("[mqtt]"), "{message}");
-        for bad in ["cell/#", "cell/+/estop", ""] {
-            let (_, key, _) = invalid(&format!("{MQTT}[safety]\nestop_mqtt_topic = {bad:?}\n"));
-            assert_eq!(key, "safety.estop_mqtt_topic", "{bad:?}");
-        }
-        let (_, key, message) = invalid(&format!(
-            "{MQTT}[safety]\nestop_mqtt_topic = \"cell/x\"\n[[actuators]]\nname = \"horn\"\nkind = \"mqtt\"\n\
-             topic = \"cell/x\"\nallowed = [0, 1]\nsafe_value = 0\n"
-        ));
-        assert_eq!(key, "safety.estop_mqtt_topic");
-        assert!(message.contains("actuator \"horn\""), "{message}");
-        let (_, key, message) = invalid(&format!(
-            "{MQTT}[safety]\nestop_mqtt_topic = \"cell/x\"\n[[sensors]]\nname = \"t\"\nsource = \"mqtt\"\ntopic = \"cell/x\"\n"
-        ));
-        assert_eq!(key, "safety.estop_mqtt_topic");
-        assert!(message.contains("sensor \"t\""), "{message}");
     }
 }

@@ -19,7 +19,7 @@ use super::tools::Tool;
 use super::turn::HostAccess;
 use super::{ErrorCode, SessionError};
 use crate::clock::now_ms;
-use crate::config::{Policy, ToolCategory};
+use crate::config::types::{Policy, ToolCategory};
 use crate::store::AuditRecord;
 use crate::tools::ToolError;
 

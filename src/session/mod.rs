@@ -103,7 +103,7 @@ const TURN_INBOX: usize = 64;
 
 struct ActiveTurn {
     plan_message_id: String,
-    ai_mode: crate::config::AiMode,
+    ai_mode: crate::config::types::AiMode,
     user_content: String,
     started_at_ms: i64,
     cancel: CancellationToken,
@@ -420,7 +420,8 @@ impl Runner {
             conversation,
             permissions: self.ctx.permissions.clone(),
             limits: TurnLimits::new(
-                config,
+                &config.session,
+                config.model.max_output_tokens,
                 session.model.as_ref(),
                 session.context_budget,
                 session.tokens_spent,

@@ -2,7 +2,7 @@
 //! never gated by an approval), then configured `[[permissions]]` rules,
 //! first match wins, then the defaults (PHYSICAL asks, PURE runs).
 
-use crate::config::{PermissionRuleConfig, Policy, ToolCategory};
+use crate::config::types::{PermissionRuleConfig, Policy, ToolCategory};
 
 use super::PermissionView;
 

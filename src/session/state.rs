@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::config::{AiMode, HostConfig};
+use crate::config::types::{AiMode, HostConfig};
 use crate::model::{self, Block, Message, Model, ModelRegistry};
 
 use super::context::ContextMeter;
@@ -372,7 +372,7 @@ mod tests {
     }
 
     fn models() -> ModelRegistry {
-        ModelRegistry::from_config(&crate::config::ModelConfig::default())
+        ModelRegistry::from_config(&crate::model::config::ModelConfig::default())
     }
 
     fn start(request: StartRequest) -> Result<Session, SessionError> {

@@ -152,7 +152,7 @@ pub struct RegisterSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ToolCategory;
+    use crate::config::types::ToolCategory;
     use serde_json::json;
 
     fn spec(name: &str) -> ToolSpec {

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::config::ToolCategory;
+use crate::config::types::ToolCategory;
 
 /// A tool the model may call, as declared by a client (or, later, the host).
 #[derive(Debug, Clone, PartialEq)]

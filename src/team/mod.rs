@@ -326,7 +326,7 @@ fn start_worker(
     ctx: &Arc<HostContext>,
     task: &Arc<LiveTask>,
     prompt: String,
-    mode: crate::config::AiMode,
+    mode: crate::config::types::AiMode,
     lead: bool,
 ) -> Result<String, String> {
     let index = lock(&task.state).admit_worker(ctx.config.tasks.max_workers)?;
@@ -411,7 +411,7 @@ pub fn task_owner(id: &str) -> Result<&str, TaskError> {
         ))
     };
     let (host, uuid) = id.split_once(':').ok_or_else(malformed)?;
-    if !crate::config::valid_id(host) || uuid::Uuid::parse_str(uuid).is_err() {
+    if !crate::config::types::valid_id(host) || uuid::Uuid::parse_str(uuid).is_err() {
         return Err(malformed());
     }
     Ok(host)

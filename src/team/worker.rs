@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::LiveTask;
 use super::state::{FailReason, PendingApproval, StopCause, TeamEvent, WorkerEnd};
 use crate::HostContext;
-use crate::config::{AiMode, ToolCategory};
+use crate::config::types::{AiMode, ToolCategory};
 use crate::model::{Block, Message};
 use crate::ooda::act::Origin;
 use crate::session::context::ContextMeter;
@@ -153,7 +153,8 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
         conversation: vec![Message::user(vec![Block::Text(plan.prompt.clone())])],
         permissions: ctx.permissions.clone(),
         limits: TurnLimits::new(
-            config,
+            &config.session,
+            config.model.max_output_tokens,
             model.as_ref(),
             model
                 .max_context_tokens()

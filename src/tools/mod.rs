@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::config::ToolCategory;
+use crate::config::types::ToolCategory;
 use crate::hw::config::ValueSet;
 use crate::ooda::Ooda;
 use crate::ooda::act::{ActError, Origin};

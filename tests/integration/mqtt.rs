@@ -54,7 +54,7 @@ impl Gate {
 
 fn config(port: u16, client_id: &str) -> MqttConfig {
     MqttConfig {
-        url: format!("mqtt://127.0.0.1:{port}"),
+        url: format!("mqtt://127.0.0.1:{port}").parse().unwrap(),
         client_id: Some(client_id.to_string()),
         username: None,
         password_env: None,
@@ -465,7 +465,7 @@ async fn mqtts_with_a_private_ca() {
     );
 
     let mut cfg = config(port, "rozd-tls");
-    cfg.url = format!("mqtts://localhost:{port}");
+    cfg.url = format!("mqtts://localhost:{port}").parse().unwrap();
     cfg.ca_file = Some(d.join("ca.pem"));
     let mut rig = Rig::start(&cfg, &[sensor("x", "secure/x", None)]);
     rig.events.health("mqtt", "ok").await;
@@ -474,7 +474,7 @@ async fn mqtts_with_a_private_ca() {
 
     // a client that does not trust the broker's CA does not connect
     let mut cfg = config(port, "rozd-tls-untrusted");
-    cfg.url = format!("mqtts://localhost:{port}");
+    cfg.url = format!("mqtts://localhost:{port}").parse().unwrap();
     cfg.ca_file = Some(d.join("server.pem")); // a leaf, not the issuer
     let mut rig = Rig::start(&cfg, &[]);
     let health = rig.events.health("mqtt", "error").await;

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::tool_call::presence_for;
 use super::{Interrupt, Turn};
-use crate::config::ToolCategory;
+use crate::config::types::ToolCategory;
 use crate::model::Block;
 use crate::session::host_call::{self, CallSite};
 use crate::session::tools::Tool;

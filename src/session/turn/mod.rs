@@ -31,7 +31,7 @@ mod tool_call;
 
 use tool_call::error_result;
 
-use crate::config::{AiMode, Config};
+use crate::config::types::{AiMode, SessionConfig};
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
 
 use super::context::{self, CompactionLimits, ContextMeter};
@@ -124,21 +124,22 @@ pub struct TurnLimits {
 }
 
 impl TurnLimits {
-    /// The configured limits for a turn of `model` with this context
+    /// The configured limits (`[session]`, and `model.max_output_tokens`
+    /// for a model without its own) for a turn of `model` with this context
     /// budget, after `tokens_spent` tokens; `headless` for a task's worker.
     pub fn new(
-        config: &Config,
+        session: &SessionConfig,
+        default_max_output_tokens: u32,
         model: &dyn Model,
         context_budget: u32,
         tokens_spent: u64,
         headless: bool,
     ) -> TurnLimits {
-        let session = &config.session;
         TurnLimits {
             max_cycles: session.max_cycles,
             max_output_tokens: model
                 .max_output_tokens()
-                .unwrap_or(config.model.max_output_tokens),
+                .unwrap_or(default_max_output_tokens),
             default_tool_timeout_ms: session.default_tool_timeout_ms,
             approval_timeout: Duration::from_secs(session.approval_timeout_secs),
             context_budget,

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::{Interrupt, Turn, TurnInput, TurnNote};
-use crate::config::ToolCategory;
+use crate::config::types::ToolCategory;
 use crate::model::Block;
 use crate::session::host_call::{Gate, gate};
 use crate::session::{Activity, ErrorCode, Presence, ServerEvent, SessionError, ToolOutcome};

@@ -1,0 +1,563 @@
+//! The aggregate: [`Config`], every section together, found, read and
+//! validated (calling the sub-modules' validators), each error located at
+//! its file, line and key.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::locate::{DOCUMENT, locate_key, locate_span};
+use super::types::{
+    HostConfig, Invalid, LogConfig, MAX_SOCKET_PATH, PermissionRuleConfig, SafetyConfig, Secret,
+    ServerConfig, SessionConfig, StoreConfig, TasksConfig, check_allowed_host_entry, token_lines,
+    valid_id,
+};
+use crate::hw::config::{
+    ActuatorConfig, GpioConfig, HardwareSpec, MqttConfig, SensorConfig, SerialPortConfig,
+};
+use crate::model::config::ModelConfig;
+
+/// Where the system-wide configuration lives when nothing else is given.
+pub const SYSTEM_CONFIG_PATH: &str = "/etc/rozd/rozd.toml";
+/// Environment variable that names a configuration file.
+pub const CONFIG_ENV: &str = "ROZD_CONFIG";
+/// Name used in errors for the built-in simulated-host configuration.
+pub const BUILTIN_NAME: &str = "<built-in simulated host>";
+
+/// The built-in configuration: a small simulated robot, so `rozd run` works
+/// on any machine with no hardware, no network and no API key.
+pub const BUILTIN_CONFIG: &str = include_str!("builtin.toml");
+
+/// A configuration error that names where the problem is.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read configuration: {source}")]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}:{line}: key `{key}`: {message}", line = fmt_line(*.line))]
+    Invalid {
+        file: String,
+        line: Option<usize>,
+        key: String,
+        message: String,
+    },
+}
+
+fn fmt_line(line: Option<usize>) -> String {
+    line.map_or_else(|| "?".to_string(), |l| l.to_string())
+}
+
+/// Where a configuration came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigSource {
+    File(PathBuf),
+    BuiltIn,
+}
+
+impl fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigSource::File(p) => write!(f, "{}", p.display()),
+            ConfigSource::BuiltIn => f.write_str(BUILTIN_NAME),
+        }
+    }
+}
+
+// ------------------------------------------------------------------ schema
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub host: HostConfig,
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+    #[serde(default)]
+    pub store: StoreConfig,
+    #[serde(default)]
+    pub session: SessionConfig,
+    #[serde(default)]
+    pub tasks: TasksConfig,
+    #[serde(default)]
+    pub permissions: Vec<PermissionRuleConfig>,
+    #[serde(default)]
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub ooda: OodaConfig,
+    #[serde(default)]
+    pub safety: SafetyConfig,
+    #[serde(default)]
+    pub gpio: GpioConfig,
+    #[serde(default)]
+    pub mqtt: Option<MqttConfig>,
+    #[serde(default)]
+    pub serial: Vec<SerialPortConfig>,
+    #[serde(default)]
+    pub sensors: Vec<SensorConfig>,
+    #[serde(default)]
+    pub actuators: Vec<ActuatorConfig>,
+    #[serde(default)]
+    pub rules: Vec<crate::ooda::rules::RuleConfig>,
+    /// The simulated world that sim sensors with a `quantity` read and sim
+    /// actuators with an `input` drive.
+    #[serde(default)]
+    pub sim: Option<crate::hw::config::SimWorldConfig>,
+    /// The fleet registry's broker; absent: this host alone.
+    #[serde(default)]
+    pub fleet: Option<crate::fleet::config::FleetConfig>,
+    /// The MCP server at `/mcp`.
+    #[serde(default)]
+    pub mcp: crate::mcp::config::McpConfig,
+    /// The validated reflex rules.
+    #[serde(skip)]
+    pub reflex_rules: Vec<crate::ooda::rules::Rule>,
+    /// The validated hardware sections.
+    #[serde(skip)]
+    pub hardware: HardwareSpec,
+    /// Tokens read from `server.auth_token_file`, merged with `server.auth_tokens`.
+    #[serde(skip)]
+    pub resolved_tokens: Vec<Secret>,
+    #[serde(skip)]
+    pub source: Option<ConfigSource>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OodaConfig {
+    /// Rate of the orient/decide tick.
+    #[serde(default = "default_tick_hz")]
+    pub tick_hz: f64,
+    /// Rate the Observation is published at; absent: min(tick_hz, 50).
+    #[serde(default)]
+    pub publish_hz: Option<f64>,
+    /// `thread` (its own OS thread, absolute deadlines) or `runtime`.
+    #[serde(default)]
+    pub timer: crate::ooda::timer::Timer,
+    /// SCHED_FIFO priority (1-99) of the loop's thread.
+    #[serde(default)]
+    pub realtime_priority: Option<u8>,
+    /// CPUs the loop's thread is pinned to.
+    #[serde(default)]
+    pub cpu_affinity: Option<Vec<usize>>,
+    /// mlockall(MCL_CURRENT | MCL_FUTURE) at start-up.
+    #[serde(default)]
+    pub lock_memory: bool,
+}
+
+impl Default for OodaConfig {
+    fn default() -> Self {
+        OodaConfig {
+            tick_hz: default_tick_hz(),
+            publish_hz: None,
+            timer: crate::ooda::timer::Timer::default(),
+            realtime_priority: None,
+            cpu_affinity: None,
+            lock_memory: false,
+        }
+    }
+}
+
+impl OodaConfig {
+    /// The validated settings as the loop takes them.
+    pub fn loop_config(&self) -> crate::ooda::LoopConfig {
+        crate::ooda::LoopConfig {
+            tick_hz: self.tick_hz,
+            publish_hz: self.publish_hz.unwrap_or(self.tick_hz.min(50.0)),
+            timer: self.timer,
+            realtime: crate::ooda::timer::Realtime {
+                priority: self.realtime_priority,
+                cpus: self.cpu_affinity.clone(),
+                lock_memory: self.lock_memory,
+            },
+        }
+    }
+}
+
+fn default_tick_hz() -> f64 {
+    50.0
+}
+
+// ------------------------------------------------------------------ loading
+
+impl Config {
+    /// Finds and loads the configuration: `explicit` (from `--config`) >
+    /// `$ROZD_CONFIG` > `/etc/rozd/rozd.toml` > the built-in simulated host.
+    pub fn discover(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        if let Some(path) = explicit {
+            return Config::load_file(path);
+        }
+        if let Some(path) = std::env::var_os(CONFIG_ENV).filter(|p| !p.is_empty()) {
+            return Config::load_file(Path::new(&path));
+        }
+        let system = Path::new(SYSTEM_CONFIG_PATH);
+        if system.exists() {
+            return Config::load_file(system);
+        }
+        Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn)
+    }
+
+    pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.display().to_string(),
+            source,
+        })?;
+        Config::parse(&text, ConfigSource::File(path.to_path_buf()))
+    }
+
+    /// Parses and fully validates configuration text.
+    pub fn parse(text: &str, source: ConfigSource) -> Result<Config, ConfigError> {
+        let file = source.to_string();
+        let mut config: Config = toml::from_str(text).map_err(|e| {
+            let (line, key) = match e.span() {
+                Some(span) => locate_span(text, span.start),
+                None => (None, DOCUMENT.to_string()),
+            };
+            ConfigError::Invalid {
+                file: file.clone(),
+                line,
+                key,
+                message: e.message().trim().to_string(),
+            }
+        })?;
+        config.source = Some(source);
+        config.check().map_err(|e| ConfigError::Invalid {
+            file,
+            line: locate_key(text, &e.key),
+            key: e.key,
+            message: e.message,
+        })?;
+        Ok(config)
+    }
+
+    /// Validates every section, the sub-modules' through their own
+    /// validators, and fills in what is derived (hardware specs, reflex
+    /// rules, tokens).
+    fn check(&mut self) -> Result<(), Invalid> {
+        self.validate()?;
+        self.hardware = crate::hw::config::validate(
+            &self.gpio,
+            self.mqtt.as_ref(),
+            &self.serial,
+            &self.sensors,
+            &self.actuators,
+            self.sim.as_ref(),
+            self.safety.default_timeout_ms,
+        )?;
+        crate::safety::inputs::validate(&self.safety, &self.hardware)?;
+        if let Some((i, a)) = self
+            .actuators
+            .iter()
+            .enumerate()
+            .find(|(_, a)| crate::tools::RESERVED.contains(&a.name.as_str()))
+        {
+            return Err(Invalid::new(
+                format!("actuators[{i}].name"),
+                format!("{:?} is the name of a host tool; choose another", a.name),
+            ));
+        }
+        let sensor_names = self.sensors.iter().map(|s| s.name.clone()).collect();
+        let actuator_names = self.actuators.iter().map(|a| a.name.clone()).collect();
+        self.reflex_rules = crate::ooda::rules::build_rules(
+            &self.rules,
+            &sensor_names,
+            &actuator_names,
+            self.mqtt.is_some(),
+        )?;
+        if let Some(fleet) = self.fleet.as_mut() {
+            crate::fleet::config::validate(fleet, &self.host, &self.server, self.mqtt.as_ref())?;
+        }
+        crate::mcp::config::validate(&self.mcp)?;
+        self.resolve_tokens()?;
+        // Other hosts of the fleet present the fleet token when they relay here.
+        if let Some(token) = self.fleet.as_ref().and_then(|f| f.token.clone()) {
+            self.resolved_tokens.push(token);
+        }
+        if !self.server.listen.ip().is_loopback()
+            && self.resolved_tokens.is_empty()
+            && !self.server.allow_unauthenticated_remote
+        {
+            return Err(Invalid::new(
+                "server.listen",
+                format!(
+                    "{} is not a loopback address and no auth tokens are configured; \
+                     set server.auth_tokens or server.auth_token_file, or set \
+                     server.allow_unauthenticated_remote = true to accept the risk",
+                    self.server.listen
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), Invalid> {
+        if !valid_id(&self.host.id) {
+            return Err(Invalid::new(
+                "host.id",
+                format!(
+                    "{:?} is not a valid host id (1-128 characters of letters, digits, '-', '_', '.')",
+                    self.host.id
+                ),
+            ));
+        }
+        if self.host.environment_id.trim().is_empty() {
+            return Err(Invalid::new("host.environment_id", "must not be empty"));
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return Err(Invalid::new(
+                "log.level",
+                format!(
+                    "{:?} is not a log level or filter (try \"info\", \"debug\", \"rozd=debug,info\")",
+                    self.log.level
+                ),
+            ));
+        }
+        if self
+            .server
+            .auth_tokens
+            .iter()
+            .any(|t| t.expose().trim().is_empty())
+        {
+            return Err(Invalid::new(
+                "server.auth_tokens",
+                "tokens must not be empty",
+            ));
+        }
+        self.validate_server()?;
+        // Upper bounds keep `now + period` far from overflowing an Instant.
+        if !(1..=86_400).contains(&self.session.keepalive_secs) {
+            return Err(Invalid::new(
+                "session.keepalive_secs",
+                "must be between 1 and 86400",
+            ));
+        }
+        if self.session.default_tool_timeout_ms == 0 {
+            return Err(Invalid::new(
+                "session.default_tool_timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        if !(1..=86_400).contains(&self.session.approval_timeout_secs) {
+            return Err(Invalid::new(
+                "session.approval_timeout_secs",
+                "must be between 1 and 86400",
+            ));
+        }
+        if self.session.max_cycles == 0 {
+            return Err(Invalid::new("session.max_cycles", "must be at least 1"));
+        }
+        if self.session.default_max_context_tokens < 1024 {
+            return Err(Invalid::new(
+                "session.default_max_context_tokens",
+                "must be at least 1024",
+            ));
+        }
+        let t = &self.tasks;
+        if !(1..=1024).contains(&t.max_concurrent) {
+            return Err(Invalid::new(
+                "tasks.max_concurrent",
+                "must be between 1 and 1024",
+            ));
+        }
+        if t.max_workers > 256 {
+            return Err(Invalid::new("tasks.max_workers", "must be at most 256"));
+        }
+        if !(1..=31_536_000).contains(&t.max_timeout_secs) {
+            return Err(Invalid::new(
+                "tasks.max_timeout_secs",
+                "must be between 1 and 31536000 (a year)",
+            ));
+        }
+        if t.default_timeout_secs == 0 || t.default_timeout_secs > t.max_timeout_secs {
+            return Err(Invalid::new(
+                "tasks.default_timeout_secs",
+                format!(
+                    "must be between 1 and tasks.max_timeout_secs ({})",
+                    t.max_timeout_secs
+                ),
+            ));
+        }
+        if let Some(model) = &t.model
+            && !self.model.knows(model)
+        {
+            return Err(Invalid::new(
+                "tasks.model",
+                format!(
+                    "unknown model {model:?}; known models: {}",
+                    self.model.known_names().join(", ")
+                ),
+            ));
+        }
+        for (i, rule) in self.permissions.iter().enumerate() {
+            if rule.tool_pattern.trim().is_empty() {
+                return Err(Invalid::new(
+                    format!("permissions[{i}].tool_pattern"),
+                    "must not be empty",
+                ));
+            }
+        }
+        let s = &self.session;
+        // 0 < compact_target < compact_tool_results_at <= compact_thinking_at
+        // <= compact_summary_at <= 1
+        for (key, low, strict, value) in [
+            ("compact_target", 0.0, true, s.compact_target),
+            (
+                "compact_tool_results_at",
+                s.compact_target,
+                true,
+                s.compact_tool_results_at,
+            ),
+            (
+                "compact_thinking_at",
+                s.compact_tool_results_at,
+                false,
+                s.compact_thinking_at,
+            ),
+            (
+                "compact_summary_at",
+                s.compact_thinking_at,
+                false,
+                s.compact_summary_at,
+            ),
+        ] {
+            let above = if strict { value > low } else { value >= low };
+            if !(value.is_finite() && above && value <= 1.0) {
+                return Err(Invalid::new(
+                    format!("session.{key}"),
+                    format!(
+                        "{value} is out of order: 0 < compact_target < compact_tool_results_at \
+                         <= compact_thinking_at <= compact_summary_at <= 1"
+                    ),
+                ));
+            }
+        }
+        self.model.validate()?;
+        if !(self.ooda.tick_hz.is_finite()
+            && self.ooda.tick_hz > 0.0
+            && self.ooda.tick_hz <= 10_000.0)
+        {
+            return Err(Invalid::new(
+                "ooda.tick_hz",
+                format!("{} is outside 0 < tick_hz <= 10000", self.ooda.tick_hz),
+            ));
+        }
+        if let Some(hz) = self.ooda.publish_hz
+            && !(hz.is_finite() && hz > 0.0 && hz <= self.ooda.tick_hz)
+        {
+            return Err(Invalid::new(
+                "ooda.publish_hz",
+                format!(
+                    "{hz} is outside 0 < publish_hz <= ooda.tick_hz ({})",
+                    self.ooda.tick_hz
+                ),
+            ));
+        }
+        if let Some(p) = self.ooda.realtime_priority
+            && !(1..=99).contains(&p)
+        {
+            return Err(Invalid::new(
+                "ooda.realtime_priority",
+                format!("{p} is outside 1-99 (SCHED_FIFO priorities)"),
+            ));
+        }
+        if let Some(cpus) = &self.ooda.cpu_affinity
+            && (cpus.is_empty() || cpus.iter().any(|&c| c >= 1024))
+        {
+            return Err(Invalid::new(
+                "ooda.cpu_affinity",
+                "must list at least one CPU number, each below 1024",
+            ));
+        }
+        if self.ooda.timer == crate::ooda::timer::Timer::Runtime
+            && (self.ooda.realtime_priority.is_some() || self.ooda.cpu_affinity.is_some())
+        {
+            return Err(Invalid::new(
+                "ooda.timer",
+                "realtime_priority and cpu_affinity apply to the loop's own thread: use timer = \"thread\"",
+            ));
+        }
+        if self.safety.default_timeout_ms == 0 {
+            return Err(Invalid::new(
+                "safety.default_timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The connection limits, timeouts, allowed hosts and control socket of `[server]`.
+    fn validate_server(&self) -> Result<(), Invalid> {
+        let s = &self.server;
+        if !(4..=1_048_576).contains(&s.max_connections) {
+            return Err(Invalid::new(
+                "server.max_connections",
+                "must be between 4 and 1048576",
+            ));
+        }
+        if !(1..=3_600).contains(&s.header_read_timeout_secs) {
+            return Err(Invalid::new(
+                "server.header_read_timeout_secs",
+                "must be between 1 and 3600",
+            ));
+        }
+        if !(1..=86_400).contains(&s.idle_timeout_secs) {
+            return Err(Invalid::new(
+                "server.idle_timeout_secs",
+                "must be between 1 and 86400",
+            ));
+        }
+        for (i, host) in s.allowed_hosts.iter().enumerate() {
+            if let Err(why) = check_allowed_host_entry(host) {
+                return Err(Invalid::new(
+                    "server.allowed_hosts",
+                    format!("entry {i} ({host:?}): {why}"),
+                ));
+            }
+        }
+        if let Some(path) = &s.control_socket
+            && !path.as_os_str().is_empty()
+        {
+            if !path.is_absolute() {
+                return Err(Invalid::new(
+                    "server.control_socket",
+                    format!(
+                        "{:?} is not an absolute path (or \"\" to disable the control socket)",
+                        path.display()
+                    ),
+                ));
+            }
+            if path.as_os_str().len() > MAX_SOCKET_PATH {
+                return Err(Invalid::new(
+                    "server.control_socket",
+                    format!("a Unix socket path has at most {MAX_SOCKET_PATH} bytes"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve_tokens(&mut self) -> Result<(), Invalid> {
+        let mut tokens = self.server.auth_tokens.clone();
+        if let Some(path) = &self.server.auth_token_file {
+            let content = std::fs::read_to_string(path).map_err(|e| {
+                Invalid::new(
+                    "server.auth_token_file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            tokens.extend(token_lines(&content).map(Secret::new));
+        }
+        self.resolved_tokens = tokens;
+        Ok(())
+    }
+
+    /// Whether requests must carry a bearer token.
+    pub fn auth_required(&self) -> bool {
+        !self.resolved_tokens.is_empty()
+    }
+}

@@ -1,0 +1,42 @@
+//! Configuration: TOML text -> validated, typed [`Config`].
+//!
+//! Every error names the file, the line and the key, so an operator can fix a
+//! broken `/etc/rozd/rozd.toml` without reading source code. Validation is
+//! complete before anything binds a socket or touches hardware.
+//!
+//! - [`types`]: the shared leaf types (sections and values other modules
+//!   take, and [`Invalid`], the one shape of a validation failure); it
+//!   imports nothing of rozd.
+//! - [`broker`]: the broker address and connection fields `[mqtt]` and
+//!   `[fleet]` share; a leaf too.
+//! - `load`: the aggregate [`Config`]: finds, reads and validates, calling
+//!   the sub-modules' validators (hw, safety, ooda, model, fleet).
+//! - `summary`: `rozd check`'s human-readable summary.
+//! - `locate`: the line of a key, from the `toml` crate's spans.
+//!
+//! Sub-modules import only `config::types` and `config::broker`, never the
+//! aggregate (the test `sub_modules_do_not_import_the_aggregate` keeps it so).
+
+pub mod broker;
+mod load;
+mod locate;
+mod summary;
+pub mod types;
+
+pub use load::{
+    BUILTIN_CONFIG, BUILTIN_NAME, CONFIG_ENV, Config, ConfigError, ConfigSource, OodaConfig,
+    SYSTEM_CONFIG_PATH,
+};
+pub use types::*;
+
+pub use crate::hw::config::{
+    ActuatorConfig, ActuatorKind, GpioConfig, HardwareSpec, MqttConfig, SensorConfig,
+    SensorSourceKind, SerialPortConfig,
+};
+/// `[model]` and `[[model.endpoints]]`: defined and validated in `model::config`.
+pub use crate::model::config::{EndpointConfig, ModelConfig};
+
+#[cfg(test)]
+mod section_tests;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,260 @@
+//! Unit tests of the sub-modules' sections (`[fleet]`, `[safety]` stop
+//! inputs, `[mqtt]`) through the loader: their validators are called by the
+//! aggregate, so tests that read a whole configuration live beside it.
+
+use super::*;
+use crate::safety::inputs::GpioStopInput;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, ConfigSource::File("/etc/rozd/rozd.toml".into()))
+}
+
+/// The (line, key, message) of a configuration error.
+fn invalid(text: &str) -> (Option<usize>, String, String) {
+    match parse(text) {
+        Err(ConfigError::Invalid {
+            line, key, message, ..
+        }) => (line, key, message),
+        other => panic!("expected an invalid-config error, got {other:?}"),
+    }
+}
+
+const FLEET: &str = "[fleet]\nurl = \"mqtt://broker:1883\"\n";
+const MQTT: &str = "[mqtt]\nurl = \"mqtt://127.0.0.1:1883\"\n";
+
+#[test]
+fn defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet-token");
+    std::fs::write(&path, "t0ken\n").unwrap();
+    let c = parse(&format!(
+        "{FLEET}token_file = {:?}\n",
+        path.display().to_string()
+    ))
+    .unwrap();
+    let f = c.fleet.as_ref().unwrap();
+    assert_eq!(
+        (f.topic_prefix.as_str(), f.heartbeat_secs, f.keep_alive_secs),
+        ("roz/v1", 10, 15)
+    );
+    assert_eq!(f.client_id("rover-1"), "rozd-fleet-rover-1");
+    assert_eq!(f.max_packet_size, 128 * 1024);
+    assert_eq!(f.broker("rover-1").max_packet_size, 128 * 1024);
+    assert_eq!(
+        f.advertised("127.0.0.1:8080".parse().unwrap()),
+        "http://127.0.0.1:8080"
+    );
+    assert_eq!(f.token.as_ref().map(Secret::expose), Some("t0ken"));
+    assert!(c.summary().contains("fleet:         mqtt://broker:1883"));
+    assert!(parse("").unwrap().fleet.is_none());
+}
+
+#[test]
+fn errors_name_the_line_and_key() {
+    let cases: &[(&str, usize, &str)] = &[
+        // a fleet needs its token (the line is the section's)
+        (FLEET, 1, "fleet.token_file"),
+        ("[fleet]\nurl = \"http://x\"\n", 2, "fleet.url"),
+        (
+            "[fleet]\nurl = \"mqtt://b\"\nheartbeat_secs = 0\n",
+            3,
+            "fleet.heartbeat_secs",
+        ),
+        (
+            "[fleet]\nurl = \"mqtt://b\"\nkeep_alive_secs = 4\n",
+            3,
+            "fleet.keep_alive_secs",
+        ),
+        (
+            "[fleet]\nurl = \"mqtt://b\"\ntopic_prefix = \"roz/#\"\n",
+            3,
+            "fleet.topic_prefix",
+        ),
+        (
+            "[fleet]\nurl = \"mqtt://b\"\ntopic_prefix = \"roz//v1\"\n",
+            3,
+            "fleet.topic_prefix",
+        ),
+        (
+            "[fleet]\nurl = \"mqtt://b\"\nadvertise = \"https://a:1\"\n",
+            3,
+            "fleet.advertise",
+        ),
+        (
+            "[fleet]\nurl = \"mqtt://b\"\npassword_env = \"X\"\n",
+            3,
+            "fleet.password_env",
+        ),
+        (
+            "[fleet]\nurl = \"mqtt://b\"\ntoken_env = \"ROZD_TEST_FLEET_TOKEN_SURELY_UNSET\"\n",
+            3,
+            "fleet.token_env",
+        ),
+        (
+            "[fleet]\nurl = \"mqtt://b\"\ntoken_file = \"/nonexistent/fleet-token\"\n",
+            3,
+            "fleet.token_file",
+        ),
+        (
+            "[fleet]\nurl = \"mqtt://b\"\nsurprise = 1\n",
+            3,
+            "fleet.surprise",
+        ),
+        (
+            "[host]\nenvironment_id = \"lab/1\"\n[fleet]\nurl = \"mqtt://b\"\n",
+            2,
+            "host.environment_id",
+        ),
+        (
+            "[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n\
+             [fleet]\nurl = \"mqtt://b\"\n",
+            4,
+            "fleet.advertise",
+        ),
+        (
+            "[host]\nid = \"r\"\n[mqtt]\nurl = \"mqtt://b\"\n[fleet]\nurl = \"mqtt://b\"\n\
+             client_id = \"rozd-r\"\n",
+            7,
+            "fleet.client_id",
+        ),
+        (
+            "[host]\nid = \"r\"\n[mqtt]\nurl = \"mqtt://b\"\n[fleet]\nurl = \"mqtt://b\"\n\
+             client_id = \"rozd-r-estop\"\n",
+            7,
+            "fleet.client_id",
+        ),
+        (
+            "[fleet]\nurl = \"mqtt://b\"\nmax_packet_size = 65536\n",
+            3,
+            "fleet.max_packet_size",
+        ),
+        (
+            "[fleet]\nurl = \"mqtt://b\"\nmax_packet_size = 33554432\n",
+            3,
+            "fleet.max_packet_size",
+        ),
+    ];
+    for (text, line, key) in cases {
+        let (got_line, got_key, message) = invalid(text);
+        assert_eq!(
+            (got_line, got_key.as_str()),
+            (Some(*line), *key),
+            "{text}: {message}"
+        );
+    }
+}
+
+#[test]
+fn the_token_is_accepted_for_auth_and_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet-token");
+    std::fs::write(&path, "# shared by the lab's hosts\n\n  s3cret-fleet  \n").unwrap();
+    let c = parse(&format!(
+        "[server]\nlisten = \"0.0.0.0:8080\"\n[fleet]\nurl = \"mqtt://b\"\n\
+         advertise = \"http://10.0.0.7:8080\"\ntoken_file = {:?}\n",
+        path.display().to_string()
+    ))
+    .unwrap();
+    let fleet = c.fleet.as_ref().unwrap();
+    assert_eq!(
+        fleet.token.as_ref().map(Secret::expose),
+        Some("s3cret-fleet")
+    );
+    // it counts as a token: a non-loopback listener is allowed
+    assert!(c.auth_required());
+    assert!(
+        c.resolved_tokens
+            .iter()
+            .any(|t| t.expose() == "s3cret-fleet")
+    );
+    let printed = format!("{c:?}{}", c.summary());
+    assert!(!printed.contains("s3cret"), "{printed}");
+    std::fs::write(&path, "# nothing\n").unwrap();
+    let (_, key, _) = invalid(&format!(
+        "[fleet]\nurl = \"mqtt://b\"\ntoken_file = {:?}\n",
+        path.display().to_string()
+    ));
+    assert_eq!(key, "fleet.token_file");
+}
+
+#[test]
+fn stop_inputs_are_validated_at_load_naming_the_key() {
+    let ok = parse(&format!(
+        "{MQTT}[safety]\nestop_gpio_pin = 4\nestop_gpio_active = \"high\"\nestop_gpio_pull = \"none\"\n\
+         estop_mqtt_topic = \"cell/estop\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        GpioStopInput::from_config(&ok.safety),
+        Some(GpioStopInput {
+            pin: 4,
+            active: Level::High,
+            pull: Pull::None
+        })
+    );
+    assert!(
+        ok.summary()
+            .contains("GPIO 4 (active high, pull none), MQTT topic cell/estop")
+    );
+
+    let sensor_pin = "[safety]\nestop_gpio_pin = 17\n\n[[sensors]]\nname = \"door\"\nsource = \"gpio\"\npin = 17\n";
+    let (line, key, message) = invalid(sensor_pin);
+    assert_eq!((line, key.as_str()), (Some(2), "safety.estop_gpio_pin"));
+    assert!(message.contains("sensor \"door\""), "{message}");
+
+    let actuator_pin = "[[actuators]]\nname = \"lamp\"\nkind = \"pwm\"\npin = 12\nmin = 0\nmax = 1\nsafe_value = 0\n[safety]\nestop_gpio_pin = 12\n";
+    let (line, key, message) = invalid(actuator_pin);
+    assert_eq!((line, key.as_str()), (Some(9), "safety.estop_gpio_pin"));
+    assert!(message.contains("actuator \"lamp\""), "{message}");
+
+    let (line, key, _) = invalid("[safety]\nestop_gpio_active = \"low\"\n");
+    assert_eq!((line, key.as_str()), (Some(2), "safety.estop_gpio_active"));
+    let (_, key, _) = invalid("[safety]\nestop_gpio_pull = \"up\"\n");
+    assert_eq!(key, "safety.estop_gpio_pull");
+    let (line, key, _) =
+        invalid("[safety]\nestop_gpio_pin = 4\nestop_gpio_active = \"sideways\"\n");
+    assert_eq!((line, key.as_str()), (Some(3), "safety.estop_gpio_active"));
+
+    let (line, key, message) = invalid("[safety]\nestop_mqtt_topic = \"cell/estop\"\n");
+    assert_eq!((line, key.as_str()), (Some(2), "safety.estop_mqtt_topic"));
+    assert!(message.contains("[mqtt]"), "{message}");
+    for bad in ["cell/#", "cell/+/estop", ""] {
+        let (_, key, _) = invalid(&format!("{MQTT}[safety]\nestop_mqtt_topic = {bad:?}\n"));
+        assert_eq!(key, "safety.estop_mqtt_topic", "{bad:?}");
+    }
+    let (_, key, message) = invalid(&format!(
+        "{MQTT}[safety]\nestop_mqtt_topic = \"cell/x\"\n[[actuators]]\nname = \"horn\"\nkind = \"mqtt\"\n\
+         topic = \"cell/x\"\nallowed = [0, 1]\nsafe_value = 0\n"
+    ));
+    assert_eq!(key, "safety.estop_mqtt_topic");
+    assert!(message.contains("actuator \"horn\""), "{message}");
+    let (_, key, message) = invalid(&format!(
+        "{MQTT}[safety]\nestop_mqtt_topic = \"cell/x\"\n[[sensors]]\nname = \"t\"\nsource = \"mqtt\"\ntopic = \"cell/x\"\n"
+    ));
+    assert_eq!(key, "safety.estop_mqtt_topic");
+    assert!(message.contains("sensor \"t\""), "{message}");
+}
+
+#[test]
+fn max_packet_size_is_configured_and_validated_naming_the_key() {
+    let parse =
+        |text: &str| crate::config::Config::parse(text, crate::config::ConfigSource::BuiltIn);
+    let ok = parse("[mqtt]\nurl = \"mqtt://b\"\n").unwrap();
+    assert_eq!(ok.hardware.mqtt.unwrap().max_packet_size, 256 * 1024);
+    let ok = parse("[mqtt]\nurl = \"mqtt://b\"\nmax_packet_size = 1024\n").unwrap();
+    assert_eq!(ok.hardware.mqtt.unwrap().max_packet_size, 1024);
+    for bad in ["1023", "16777217", "-1", "\"big\""] {
+        match parse(&format!(
+            "[mqtt]\nurl = \"mqtt://b\"\nmax_packet_size = {bad}\n"
+        )) {
+            Err(crate::config::ConfigError::Invalid { line, key, .. }) => {
+                assert_eq!(
+                    (line, key.as_str()),
+                    (Some(3), "mqtt.max_packet_size"),
+                    "{bad}"
+                );
+            }
+            other => panic!("{bad}: expected an invalid-config error, got {other:?}"),
+        }
+    }
+}

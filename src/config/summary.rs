@@ -1,0 +1,155 @@
+//! `rozd check`: a human-readable summary of the effective configuration.
+
+use super::load::{BUILTIN_NAME, Config};
+
+impl Config {
+    /// A human-readable summary of the effective configuration (no secrets).
+    pub fn summary(&self) -> String {
+        let source = self
+            .source
+            .as_ref()
+            .map_or_else(|| BUILTIN_NAME.to_string(), ToString::to_string);
+        let mut out = String::new();
+        let mut line = |s: String| {
+            out.push_str(&s);
+            out.push('\n');
+        };
+        line(format!("config:        {source}"));
+        line(format!(
+            "host:          {} ({})",
+            self.host.id,
+            self.host.display_name()
+        ));
+        line(format!("environment:   {}", self.host.environment_id));
+        line(format!("listen:        {}", self.server.listen));
+        line(format!(
+            "auth:          {}",
+            if self.auth_required() {
+                format!("{} bearer token(s)", self.resolved_tokens.len())
+            } else {
+                "none (loopback only)".to_string()
+            }
+        ));
+        let server = &self.server;
+        line(format!(
+            "connections:   at most {} over TCP, HTTP/1 head within {} s, idle closed after {} s",
+            server.max_connections, server.header_read_timeout_secs, server.idle_timeout_secs
+        ));
+        line(format!(
+            "allowed hosts: {}",
+            if server.allowed_hosts.is_empty() {
+                "this host's own names and IP addresses".to_string()
+            } else {
+                format!("this host's own and {}", server.allowed_hosts.join(", "))
+            }
+        ));
+        line(format!(
+            "control:       {}",
+            server.control_socket_path(&self.store).map_or_else(
+                || "no control socket".to_string(),
+                |p| p.display().to_string()
+            )
+        ));
+        line(format!(
+            "log:           {} ({:?})",
+            self.log.level, self.log.format
+        ));
+        line(format!(
+            "store:         {}",
+            self.store.resolved_path().display()
+        ));
+        line(format!("model:         {}", self.model.default));
+        let t = &self.tasks;
+        line(format!(
+            "tasks:         up to {} at once, {} worker(s) each, timeout {} s (max {} s), {}, model {}",
+            t.max_concurrent,
+            t.max_workers,
+            t.default_timeout_secs,
+            t.max_timeout_secs,
+            t.ai_mode.as_str(),
+            t.model.as_deref().unwrap_or(&self.model.default)
+        ));
+        for e in &self.model.endpoints {
+            let r = self.model.resolve(e);
+            let key = match (&r.api_key_file, &r.api_key_env) {
+                (Some(f), _) => format!("key from {}", f.display()),
+                (None, Some(var)) => format!("key from ${var}"),
+                (None, None) => "no key".to_string(),
+            };
+            line(format!(
+                "  endpoint:    {} = {} {} at {} ({key})",
+                r.name,
+                r.provider.as_str(),
+                r.model,
+                r.base_url
+            ));
+        }
+        let l = self.ooda.loop_config();
+        line(format!(
+            "ooda tick:     {} Hz on {} (Observation at {} Hz){}{}{}",
+            l.tick_hz,
+            if l.timer == crate::ooda::timer::Timer::Thread {
+                "its own thread"
+            } else {
+                "the runtime's clock"
+            },
+            l.publish_hz,
+            l.realtime
+                .priority
+                .map_or(String::new(), |p| format!(", SCHED_FIFO {p}")),
+            l.realtime
+                .cpus
+                .as_ref()
+                .map_or(String::new(), |c| format!(", CPUs {c:?}")),
+            if l.realtime.lock_memory {
+                ", memory locked"
+            } else {
+                ""
+            },
+        ));
+        line(format!("permissions:   {} rule(s)", self.permissions.len()));
+        line(format!(
+            "stop inputs:   {}",
+            crate::safety::inputs::describe(&self.safety)
+        ));
+        line(format!(
+            "fleet:         {}",
+            match &self.fleet {
+                Some(f) => format!(
+                    "{} (prefix {}, heartbeat {}s, advertise {}, token {})",
+                    f.url,
+                    f.topic_prefix,
+                    f.heartbeat_secs,
+                    f.advertise.as_deref().unwrap_or("http://<listen address>"),
+                    if f.token.is_some() { "set" } else { "none" }
+                ),
+                None => "none (this host alone)".to_string(),
+            }
+        ));
+        line(format!("mcp:           {}", self.mcp.describe()));
+        let sensors: Vec<&str> = self.sensors.iter().map(|s| s.name.as_str()).collect();
+        let actuators: Vec<&str> = self.actuators.iter().map(|a| a.name.as_str()).collect();
+        line(format!(
+            "sensors:       {} [{}]",
+            sensors.len(),
+            sensors.join(", ")
+        ));
+        line(format!(
+            "actuators:     {} [{}]",
+            actuators.len(),
+            actuators.join(", ")
+        ));
+        if let Some(w) = &self.hardware.sim_world {
+            line(format!(
+                "sim world:     {} m x {} m, {} obstacle(s), rover at ({}, {}), seed {}",
+                w.width,
+                w.depth,
+                w.obstacles.len(),
+                w.start.x,
+                w.start.y,
+                w.seed
+            ));
+        }
+        out
+    }
+}

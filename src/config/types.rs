@@ -1,0 +1,586 @@
+//! The configuration's shared leaf types: the sections and values that the
+//! sub-modules (fleet, safety, hw, model, ooda, tools, session, team, api)
+//! take from the configuration, and the one shape every validator reports a
+//! problem in ([`Invalid`]).
+//!
+//! This file imports nothing of rozd, so every module can depend on it
+//! without a circle through the aggregate (`config::load`), which itself
+//! calls the sub-modules' validators.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// A validation failure: the dotted key (`actuators[1].safe_value`) and what
+/// is wrong. The aggregate turns it into a [`super::ConfigError`] naming the
+/// file and the line of the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub key: String,
+    pub message: String,
+}
+
+impl Invalid {
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Invalid {
+        Invalid {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "key `{}`: {}", self.key, self.message)
+    }
+}
+
+/// A secret string (an auth token): compared in constant time, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Secret)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// Stable identifier of this host; defaults to the machine's hostname.
+    #[serde(default = "default_host_id")]
+    pub id: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default = "default_environment")]
+    pub environment_id: String,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            id: default_host_id(),
+            name: None,
+            environment_id: default_environment(),
+        }
+    }
+}
+
+impl HostConfig {
+    pub fn display_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.id)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    #[serde(default)]
+    pub auth_tokens: Vec<Secret>,
+    #[serde(default)]
+    pub auth_token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub allow_unauthenticated_remote: bool,
+    /// How long open streams get to finish after SIGTERM before they are cut.
+    #[serde(default = "default_shutdown_grace_secs")]
+    pub shutdown_grace_secs: u64,
+    /// Bound within which a silently vanished client is detected (HTTP/2
+    /// pings every half of it, each answered within the other half); 0 disables.
+    #[serde(default = "default_http2_keepalive_secs")]
+    pub http2_keepalive_secs: u64,
+    /// Most TCP connections open at once; a new one beyond it evicts the
+    /// oldest connection that has not completed an authenticated request,
+    /// else the longest-idle one.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Bound on receiving an HTTP/1 request head (also on the wait for the
+    /// next request on a keep-alive connection).
+    #[serde(default = "default_header_read_timeout_secs")]
+    pub header_read_timeout_secs: u64,
+    /// A connection (HTTP/1 or HTTP/2, TCP or the control socket) with no
+    /// request in flight for this long is closed.
+    #[serde(default = "default_idle_timeout_secs")]
+    pub idle_timeout_secs: u64,
+    /// Host names (besides the daemon's own) that requests may name in
+    /// `Host` / `:authority`; `"*"` accepts any.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// The local control socket; `""` disables it. Default: see
+    /// [`ServerConfig::control_socket_path`].
+    #[serde(default)]
+    pub control_socket: Option<PathBuf>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: default_listen(),
+            auth_tokens: Vec::new(),
+            auth_token_file: None,
+            allow_unauthenticated_remote: false,
+            shutdown_grace_secs: default_shutdown_grace_secs(),
+            http2_keepalive_secs: default_http2_keepalive_secs(),
+            max_connections: default_max_connections(),
+            header_read_timeout_secs: default_header_read_timeout_secs(),
+            idle_timeout_secs: default_idle_timeout_secs(),
+            allowed_hosts: Vec::new(),
+            control_socket: None,
+        }
+    }
+}
+
+/// The file name of the control socket in its default directory.
+pub const CONTROL_SOCKET_NAME: &str = "control.sock";
+/// Longest path a Unix socket can have (`sun_path` is 108 bytes with its NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+impl ServerConfig {
+    /// Where the daemon listens for local control: `control_socket` when set
+    /// (`None` when it is `""`: disabled); else `$RUNTIME_DIRECTORY/control.sock`
+    /// under systemd (`/run/rozd/control.sock`); else `control.sock` in the
+    /// store's directory (`~/.local/state/rozd/control.sock` for a developer).
+    pub fn control_socket_path(&self, store: &StoreConfig) -> Option<PathBuf> {
+        match &self.control_socket {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) => Some(p.clone()),
+            None => Some(
+                first_env_dir("RUNTIME_DIRECTORY")
+                    .map(|dir| dir.join(CONTROL_SOCKET_NAME))
+                    .unwrap_or_else(|| {
+                        store
+                            .resolved_path()
+                            .parent()
+                            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+                            .join(CONTROL_SOCKET_NAME)
+                    }),
+            ),
+        }
+    }
+}
+
+/// The first of the colon-separated directories systemd passes in `var`
+/// (`STATE_DIRECTORY`, `RUNTIME_DIRECTORY`), if any.
+fn first_env_dir(var: &str) -> Option<PathBuf> {
+    let value = std::env::var_os(var)?;
+    let first = value.to_string_lossy().split(':').next()?.to_string();
+    (!first.is_empty()).then(|| PathBuf::from(first))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    #[serde(default = "default_log_level")]
+    pub level: String,
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: default_log_level(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// SQLite database file. Default: `$STATE_DIRECTORY/rozd.db` under systemd,
+    /// else `$XDG_STATE_HOME/rozd/rozd.db` (or `~/.local/state/rozd/rozd.db`).
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+}
+
+impl StoreConfig {
+    pub fn resolved_path(&self) -> PathBuf {
+        if let Some(p) = &self.path {
+            return p.clone();
+        }
+        // systemd may pass several colon-separated directories; the first is ours.
+        if let Some(dir) = first_env_dir("STATE_DIRECTORY") {
+            return dir.join("rozd.db");
+        }
+        let base = std::env::var_os("XDG_STATE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+            .unwrap_or_else(|| PathBuf::from("."));
+        base.join("rozd").join("rozd.db")
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionConfig {
+    /// Seconds between `Keepalive` messages on an open session stream.
+    #[serde(default = "default_keepalive_secs")]
+    pub keepalive_secs: u64,
+    /// Timeout for a client tool that declares `timeout_ms = 0`.
+    #[serde(default = "default_tool_timeout_ms")]
+    pub default_tool_timeout_ms: u32,
+    /// How long a `require_confirmation` call waits for a `PermissionDecision`.
+    #[serde(default = "default_approval_timeout_secs")]
+    pub approval_timeout_secs: u64,
+    /// Upper bound of model calls in one turn (stop reason `max_cycles`).
+    #[serde(default = "default_max_cycles")]
+    pub max_cycles: u32,
+    /// Context budget when `StartSession.max_context_tokens` is absent.
+    #[serde(default = "default_max_context_tokens")]
+    pub default_max_context_tokens: u32,
+    /// Tokens one session may spend in total (input, cached input and output
+    /// of every model call); 0 = unlimited. Then `budget_exceeded`.
+    #[serde(default)]
+    pub max_session_tokens: u64,
+    /// Compaction brings the context down to this fraction of the budget.
+    #[serde(default = "default_compact_target")]
+    pub compact_target: f64,
+    /// Above this fraction of the budget, old tool results are elided.
+    #[serde(default = "default_compact_tool_results_at")]
+    pub compact_tool_results_at: f64,
+    /// Above this fraction, old thinking is removed.
+    #[serde(default = "default_compact_thinking_at")]
+    pub compact_thinking_at: f64,
+    /// Above this fraction, the oldest turns are summarised by the model.
+    #[serde(default = "default_compact_summary_at")]
+    pub compact_summary_at: f64,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            keepalive_secs: default_keepalive_secs(),
+            default_tool_timeout_ms: default_tool_timeout_ms(),
+            approval_timeout_secs: default_approval_timeout_secs(),
+            max_cycles: default_max_cycles(),
+            default_max_context_tokens: default_max_context_tokens(),
+            max_session_tokens: 0,
+            compact_target: default_compact_target(),
+            compact_tool_results_at: default_compact_tool_results_at(),
+            compact_thinking_at: default_compact_thinking_at(),
+            compact_summary_at: default_compact_summary_at(),
+        }
+    }
+}
+
+/// How an agent works: `react` (a plain tool loop) or `ooda_re_act` (the
+/// latest Observation is injected before every model call and each cycle is
+/// reported as an OODA phase). One parser for every place a mode is named:
+/// `UserMessage.ai_mode`, `[tasks] ai_mode` and `spawn_worker`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AiMode {
+    React,
+    #[default]
+    OodaReAct,
+}
+
+impl AiMode {
+    /// Every accepted spelling, canonical names first.
+    pub const SPELLINGS: [&str; 4] = ["react", "ooda_re_act", "ooda", "ooda_react"];
+    /// The accepted spellings for messages.
+    pub const EXPECTED: &str = "react, ooda_re_act (or its aliases ooda, ooda_react)";
+
+    pub fn parse(text: &str) -> Option<AiMode> {
+        match text {
+            "react" => Some(AiMode::React),
+            "ooda_re_act" | "ooda" | "ooda_react" => Some(AiMode::OodaReAct),
+            _ => None,
+        }
+    }
+
+    /// The canonical name (what is stored and reported).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AiMode::React => "react",
+            AiMode::OodaReAct => "ooda_re_act",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AiMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        AiMode::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!("{text:?} is not one of {}", AiMode::EXPECTED))
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    Allow,
+    RequireConfirmation,
+    Block,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Allow => "allow",
+            Policy::RequireConfirmation => "require_confirmation",
+            Policy::Block => "block",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolCategory {
+    Physical,
+    Pure,
+}
+
+impl ToolCategory {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolCategory::Physical => "physical",
+            ToolCategory::Pure => "pure",
+        }
+    }
+}
+
+/// One `[[permissions]]` rule. Rules are checked in order; the first whose
+/// `tool_pattern` (a glob: `*` and `?`) matches, and whose `category` (if set)
+/// equals the tool's, decides.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionRuleConfig {
+    pub tool_pattern: String,
+    pub policy: Policy,
+    #[serde(default)]
+    pub category: Option<ToolCategory>,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// `[tasks]`: jobs the host runs without a client (TaskService).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TasksConfig {
+    /// Tasks running at once; `CreateTask` beyond that is refused.
+    #[serde(default = "default_tasks_max_concurrent")]
+    pub max_concurrent: u32,
+    /// Workers one task's lead may start with `spawn_worker` (the lead itself not counted).
+    #[serde(default = "default_tasks_max_workers")]
+    pub max_workers: u32,
+    /// `timeout_secs` of a task that does not give one.
+    #[serde(default = "default_tasks_timeout_secs")]
+    pub default_timeout_secs: u32,
+    /// Largest `timeout_secs` a task may ask for.
+    #[serde(default = "default_tasks_max_timeout_secs")]
+    pub max_timeout_secs: u32,
+    /// Agent mode of a task's lead and of workers that do not name one.
+    #[serde(default)]
+    pub ai_mode: AiMode,
+    /// Model of the task agents; absent = `model.default`.
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+impl Default for TasksConfig {
+    fn default() -> Self {
+        TasksConfig {
+            max_concurrent: default_tasks_max_concurrent(),
+            max_workers: default_tasks_max_workers(),
+            default_timeout_secs: default_tasks_timeout_secs(),
+            max_timeout_secs: default_tasks_max_timeout_secs(),
+            ai_mode: AiMode::default(),
+            model: None,
+        }
+    }
+}
+
+fn default_tasks_max_concurrent() -> u32 {
+    4
+}
+fn default_tasks_max_workers() -> u32 {
+    8
+}
+fn default_tasks_timeout_secs() -> u32 {
+    600
+}
+fn default_tasks_max_timeout_secs() -> u32 {
+    86_400
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SafetyConfig {
+    /// Deadline for a PHYSICAL call on an actuator without its own `timeout_ms`.
+    #[serde(default = "default_physical_timeout_ms")]
+    pub default_timeout_ms: u32,
+    /// A GPIO input (BCM number) that triggers the protective stop while it
+    /// is at `estop_gpio_active`.
+    #[serde(default)]
+    pub estop_gpio_pin: Option<u8>,
+    /// The stop input's active level; default `low`.
+    #[serde(default)]
+    pub estop_gpio_active: Option<Level>,
+    /// The stop input's bias; default `up` when active low, `down` when active high.
+    #[serde(default)]
+    pub estop_gpio_pull: Option<Pull>,
+    /// An MQTT topic whose messages `1`, `true` or `stop` trigger the
+    /// protective stop (needs `[mqtt]`).
+    #[serde(default)]
+    pub estop_mqtt_topic: Option<String>,
+}
+
+impl Default for SafetyConfig {
+    fn default() -> Self {
+        SafetyConfig {
+            default_timeout_ms: default_physical_timeout_ms(),
+            estop_gpio_pin: None,
+            estop_gpio_active: None,
+            estop_gpio_pull: None,
+            estop_mqtt_topic: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pull {
+    None,
+    Up,
+    Down,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    High,
+    Low,
+}
+
+fn default_host_id() -> String {
+    machine_hostname().unwrap_or_else(|| "rozd-host".to_string())
+}
+fn default_environment() -> String {
+    "default".to_string()
+}
+pub(crate) fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+fn default_shutdown_grace_secs() -> u64 {
+    5
+}
+fn default_http2_keepalive_secs() -> u64 {
+    5
+}
+fn default_max_connections() -> u32 {
+    1024
+}
+fn default_header_read_timeout_secs() -> u64 {
+    10
+}
+fn default_idle_timeout_secs() -> u64 {
+    120
+}
+fn default_log_level() -> String {
+    "info".to_string()
+}
+fn default_keepalive_secs() -> u64 {
+    10
+}
+fn default_tool_timeout_ms() -> u32 {
+    30_000
+}
+fn default_approval_timeout_secs() -> u64 {
+    120
+}
+fn default_max_cycles() -> u32 {
+    25
+}
+fn default_max_context_tokens() -> u32 {
+    200_000
+}
+fn default_compact_target() -> f64 {
+    0.4
+}
+fn default_compact_tool_results_at() -> f64 {
+    0.5
+}
+fn default_compact_thinking_at() -> f64 {
+    0.6
+}
+fn default_compact_summary_at() -> f64 {
+    0.75
+}
+fn default_physical_timeout_ms() -> u32 {
+    5_000
+}
+
+/// The machine's hostname, as the kernel reports it.
+pub fn machine_hostname() -> Option<String> {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .ok()?;
+    let name = raw.trim();
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+/// The tokens of a token file: its lines, trimmed, without blank lines and
+/// `#` comments.
+pub fn token_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+}
+
+/// A host id: 1-128 letters, digits, '-', '_', '.'.
+pub fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Checks one `server.allowed_hosts` entry: `"*"`, or a host name without
+/// scheme, port or path.
+pub fn check_allowed_host_entry(entry: &str) -> Result<(), &'static str> {
+    if entry == "*" {
+        return Ok(());
+    }
+    if entry.is_empty() || entry.len() > 253 {
+        return Err("a host name has 1 to 253 characters");
+    }
+    if !entry
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+    {
+        return Err(
+            "a host name has only letters, digits, '-', '_' and '.' (no scheme, port or path; \
+             IP addresses are always allowed)",
+        );
+    }
+    Ok(())
+}

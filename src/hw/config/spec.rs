@@ -1,0 +1,168 @@
+//! The validated hardware specs the drivers and the OODA loop take.
+
+use std::time::Duration;
+
+use super::super::sim_world::{Input, Quantity, WorldSpec};
+use super::schema::{
+    GpioBackendChoice, Level, MqttConfig, NmeaField, Pull, SerialPortConfig, SimSignal,
+    SystemMetric,
+};
+
+/// Warn/critical limits with hysteresis: an alarm raised at a limit clears
+/// only once the value is back inside by `hysteresis`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AlarmLimits {
+    pub warn_min: Option<f64>,
+    pub warn_max: Option<f64>,
+    pub critical_min: Option<f64>,
+    pub critical_max: Option<f64>,
+    pub hysteresis: f64,
+}
+
+#[derive(Debug, Clone)]
+pub enum LineParser {
+    Json {
+        pointer: String,
+    },
+    Kv {
+        key: String,
+    },
+    Regex {
+        pattern: regex::Regex,
+        group: String,
+    },
+    Nmea {
+        field: NmeaField,
+    },
+    Number,
+}
+
+#[derive(Debug, Clone)]
+pub enum SensorSource {
+    Serial {
+        port: String,
+        parser: LineParser,
+    },
+    Gpio {
+        pin: u8,
+        pull: Pull,
+        active: Level,
+        debounce: Duration,
+        poll: Option<Duration>,
+    },
+    Mqtt {
+        topic: String,
+        pointer: Option<String>,
+    },
+    System {
+        metric: SystemMetric,
+        every: Duration,
+    },
+    Sim(SimSpec),
+    /// Read from the simulated world at every tick of the loop.
+    World(Quantity),
+}
+
+#[derive(Debug, Clone)]
+pub struct SimSpec {
+    pub signal: SimSignal,
+    pub every: Duration,
+    pub amplitude: f64,
+    pub offset: f64,
+    pub period: Duration,
+    pub noise: f64,
+    pub seed: u64,
+    /// Replay rows (elapsed ms, value), for `replay`.
+    pub replay: Vec<(u64, f64)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SensorSpec {
+    pub name: String,
+    pub unit: Option<String>,
+    pub alarms: AlarmLimits,
+    pub stale_after: Option<Duration>,
+    pub source: SensorSource,
+}
+
+#[derive(Debug, Clone)]
+pub enum ActuatorTarget {
+    Sim {
+        input: Option<Input>,
+    },
+    Gpio {
+        pin: u8,
+        active: Level,
+    },
+    Pwm {
+        pin: u8,
+        frequency_hz: f64,
+    },
+    Serial {
+        port: String,
+        template: String,
+        expect: Option<regex::Regex>,
+        reply_timeout: Duration,
+    },
+    Mqtt {
+        topic: String,
+        payload: String,
+        qos: u8,
+        retain: bool,
+    },
+}
+
+/// What values an actuator accepts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ValueSet {
+    Range { min: f64, max: f64 },
+    Allowed(Vec<f64>),
+}
+
+impl ValueSet {
+    pub fn contains(&self, v: f64) -> bool {
+        match self {
+            ValueSet::Range { min, max } => v >= *min && v <= *max,
+            ValueSet::Allowed(values) => values.iter().any(|a| (*a - v).abs() < 1e-9),
+        }
+    }
+}
+
+impl std::fmt::Display for ValueSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ValueSet::Range { min, max } => write!(f, "[{min}, {max}]"),
+            ValueSet::Allowed(v) => {
+                let list: Vec<String> = v.iter().map(ToString::to_string).collect();
+                write!(f, "one of {{{}}}", list.join(", "))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ActuatorSpec {
+    pub name: String,
+    pub unit: Option<String>,
+    pub description: Option<String>,
+    pub values: ValueSet,
+    pub safe_value: f64,
+    pub max_rate_hz: Option<f64>,
+    pub hold: Option<Duration>,
+    pub timeout: Duration,
+    pub shared: bool,
+    pub target: ActuatorTarget,
+}
+
+/// Validated hardware configuration.
+#[derive(Debug, Clone, Default)]
+pub struct HardwareSpec {
+    pub gpio_backend: GpioBackendChoice,
+    pub mqtt: Option<MqttConfig>,
+    pub serial: Vec<SerialPortConfig>,
+    pub sensors: Vec<SensorSpec>,
+    pub actuators: Vec<ActuatorSpec>,
+    /// The simulated world, when `[sim]` is written or a sensor or
+    /// actuator uses it.
+    pub sim_world: Option<WorldSpec>,
+}
