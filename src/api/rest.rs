@@ -119,6 +119,10 @@ async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> 
             hardware
         }),
         "fleet": ctx.fleet.link_stats(),
+        "mcp": ctx.config.mcp.enabled.then(|| json!({
+            "sessions": ctx.mcp.sessions.count(),
+            "pending_approvals": ctx.mcp.approvals.list().len(),
+        })),
     }))
 }
 

@@ -18,6 +18,7 @@ mod fleet;
 mod hardware_e2e;
 mod host_tools;
 mod hosts_wire;
+mod mcp;
 mod mqtt;
 mod ooda;
 mod persistence;
