@@ -94,17 +94,7 @@ impl HostContext {
             .collect();
         let host_tools = Arc::new(tools::HostTools::new(ooda.clone(), raw_ports));
         let host_registry = session::tools::ToolRegistry::from_specs(
-            host_tools
-                .definitions()
-                .iter()
-                .map(|d| session::ToolSpec {
-                    name: d.name.clone(),
-                    description: d.description.clone(),
-                    parameters_schema: d.schema.clone(),
-                    timeout_ms: u32::try_from(d.timeout.as_millis()).unwrap_or(u32::MAX),
-                    category: d.category,
-                })
-                .collect(),
+            host_tools.definitions().to_vec(),
             "host tools",
         )
         // Generated from validated config; a failure here is a bug in rozd.

@@ -124,7 +124,7 @@ impl HostServer {
             .definitions()
             .iter()
             .map(|d| {
-                let schema = match &d.schema {
+                let schema = match &d.parameters_schema {
                     Value::Object(map) => map.clone(),
                     _ => JsonObject::new(),
                 };
@@ -140,10 +140,7 @@ impl HostServer {
                     "roz/category".into(),
                     json!(d.category.as_str().to_uppercase()),
                 );
-                meta.insert(
-                    "roz/timeout_ms".into(),
-                    json!(u64::try_from(d.timeout.as_millis()).unwrap_or(u64::MAX)),
-                );
+                meta.insert("roz/timeout_ms".into(), json!(d.timeout_ms));
                 McpTool::new(d.name.clone(), d.description.clone(), Arc::new(schema))
                     .with_annotations(annotations)
                     .with_meta(MetaObject(meta))
