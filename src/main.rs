@@ -277,6 +277,9 @@ fn check(path: Option<&Path>) -> ExitCode {
     match load_config(path) {
         Ok(config) => {
             print!("{}", config.summary());
+            for warning in config.warnings() {
+                println!("warning: {warning}");
+            }
             println!("configuration OK");
             ExitCode::SUCCESS
         }

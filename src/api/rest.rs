@@ -101,6 +101,10 @@ async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> 
         "uptime_secs": ctx.started_at.elapsed().as_secs(),
         "listen": ctx.listen_addr.to_string(),
         "auth_required": c.auth_required(),
+        "tls": ctx
+            .tls
+            .get()
+            .map_or_else(crate::tls::TlsStatus::disabled, |tls| tls.status()),
         "sessions": {
             "active": ctx.sessions.active(),
             "total": ctx.sessions.total(),
