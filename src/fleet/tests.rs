@@ -127,6 +127,7 @@ fn routes_follow_presence() {
             endpoint: "http://127.0.0.1:7001".into(),
             token: Some(Secret::new(TOKEN)),
             relayed_by: "a".into(),
+            tls: Default::default(),
         }))
     );
     assert!(matches!(

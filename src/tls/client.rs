@@ -30,10 +30,10 @@ pub struct ClientTlsFiles {
     pub key_file: Option<PathBuf>,
 }
 
-/// A client configuration offering `alpn`.
+/// A client configuration offering `alpn` (none: no ALPN, as MQTT).
 pub fn client_config(
     files: &ClientTlsFiles,
-    alpn: &[u8],
+    alpn: Option<&[u8]>,
 ) -> Result<Arc<rustls::ClientConfig>, TlsError> {
     let provider = provider();
     let roots = match &files.ca_file {
@@ -44,7 +44,7 @@ pub fn client_config(
             roots.add_parsable_certificates(found.certs);
             if roots.is_empty() {
                 return Err(TlsError::Config {
-                    message: "no system root certificates found (give a CA file: --cacert)"
+                    message: "no system root certificates found (name a CA file)"
                         .into(),
                 });
             }
@@ -70,7 +70,7 @@ pub fn client_config(
             });
         }
     };
-    config.alpn_protocols = vec![alpn.to_vec()];
+    config.alpn_protocols = alpn.map(|p| vec![p.to_vec()]).unwrap_or_default();
     Ok(Arc::new(config))
 }
 
