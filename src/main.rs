@@ -152,10 +152,22 @@ struct TlsArgs {
     #[arg(long, global = true, env = "ROZD_CACERT", value_name = "FILE")]
     cacert: Option<PathBuf>,
     /// Client certificate chain (PEM), for a daemon that asks for one.
-    #[arg(long, global = true, env = "ROZD_CERT", value_name = "FILE", requires = "key")]
+    #[arg(
+        long,
+        global = true,
+        env = "ROZD_CERT",
+        value_name = "FILE",
+        requires = "key"
+    )]
     cert: Option<PathBuf>,
     /// Private key (PEM) of --cert.
-    #[arg(long, global = true, env = "ROZD_KEY", value_name = "FILE", requires = "cert")]
+    #[arg(
+        long,
+        global = true,
+        env = "ROZD_KEY",
+        value_name = "FILE",
+        requires = "cert"
+    )]
     key: Option<PathBuf>,
 }
 
@@ -263,11 +275,11 @@ fn main() -> ExitCode {
         } => ExitCode::from({
             tls.apply();
             cli::status::status(
-            reach.addr(),
-            reach.socket(config).as_deref(),
-            token.as_deref(),
-            json,
-        )
+                reach.addr(),
+                reach.socket(config).as_deref(),
+                token.as_deref(),
+                json,
+            )
         }),
         Command::Hosts {
             addr,
@@ -282,14 +294,14 @@ fn main() -> ExitCode {
         Command::Chat(args) => ExitCode::from({
             args.tls.apply();
             cli::chat::exec(cli::chat::ChatOptions {
-            addr: args.addr,
-            token: args.token,
-            model: args.model,
-            host_id: args.host_id,
-            environment: args.environment,
-            prompt: args.prompt,
-            allow_shell: args.allow_shell,
-        })
+                addr: args.addr,
+                token: args.token,
+                model: args.model,
+                host_id: args.host_id,
+                environment: args.environment,
+                prompt: args.prompt,
+                allow_shell: args.allow_shell,
+            })
         }),
         Command::Estop {
             reach,
@@ -301,13 +313,13 @@ fn main() -> ExitCode {
         } => ExitCode::from({
             tls.apply();
             cli::estop::estop(
-            reach.addr(),
-            reach.socket(config).as_deref(),
-            token.as_deref(),
-            reason.as_deref(),
-            clear,
-            json,
-        )
+                reach.addr(),
+                reach.socket(config).as_deref(),
+                token.as_deref(),
+                reason.as_deref(),
+                clear,
+                json,
+            )
         }),
         Command::Task {
             addr,

@@ -132,11 +132,9 @@ pub async fn connect(
                         .to_string(),
                 );
             }
-            let config = crate::tls::client::client_config(
-                &remote.tls,
-                Some(crate::tls::client::ALPN_H2),
-            )
-            .map_err(|e| format!("fleet TLS: {e}"))?;
+            let config =
+                crate::tls::client::client_config(&remote.tls, Some(crate::tls::client::ALPN_H2))
+                    .map_err(|e| format!("fleet TLS: {e}"))?;
             let name = crate::tls::client::server_name(&remote.id).map_err(|e| e.to_string())?;
             endpoint
                 .connect_with_connector(crate::tls::client::grpc_connector(config, name))

@@ -93,14 +93,17 @@ async fn send(
             addr: authority.clone(),
             message: e.to_string(),
         };
-        let config = super::connect::tls_config(crate::tls::client::ALPN_HTTP1).map_err(tls_error)?;
+        let config =
+            super::connect::tls_config(crate::tls::client::ALPN_HTTP1).map_err(tls_error)?;
         let name = super::connect::tls_server_name(&authority).map_err(tls_error)?;
         let stream = crate::tls::client::connect(config, &authority, name)
             .await
             .map_err(connect_error)?;
         return exchange(stream, &authority, &authority, method, path, token, json).await;
     }
-    let stream = TcpStream::connect(&authority).await.map_err(connect_error)?;
+    let stream = TcpStream::connect(&authority)
+        .await
+        .map_err(connect_error)?;
     exchange(stream, &authority, &authority, method, path, token, json).await
 }
 

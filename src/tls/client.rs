@@ -44,8 +44,7 @@ pub fn client_config(
             roots.add_parsable_certificates(found.certs);
             if roots.is_empty() {
                 return Err(TlsError::Config {
-                    message: "no system root certificates found (name a CA file)"
-                        .into(),
+                    message: "no system root certificates found (name a CA file)".into(),
                 });
             }
             roots
@@ -65,8 +64,7 @@ pub fn client_config(
         (None, None) => builder.with_no_client_auth(),
         _ => {
             return Err(TlsError::Config {
-                message: "a client certificate needs both its certificate and its key file"
-                    .into(),
+                message: "a client certificate needs both its certificate and its key file".into(),
             });
         }
     };

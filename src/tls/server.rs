@@ -234,9 +234,8 @@ fn build(settings: &ServerTlsConfig) -> Result<Loaded, TlsError> {
             })?)
         }
     };
-    let mut config = builder.with_cert_resolver(Arc::new(
-        rustls::sign::SingleCertAndKey::from(key),
-    ));
+    let mut config =
+        builder.with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(key)));
     config.alpn_protocols = super::ALPN_SERVER.iter().map(|p| p.to_vec()).collect();
     Ok(Loaded {
         config: Arc::new(config),

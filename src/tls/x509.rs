@@ -228,7 +228,8 @@ fn parse_time(tag: u8, text: &[u8]) -> Result<i64, X509Error> {
             .and_then(|s| s.parse().ok())
             .ok_or(bad.clone())
     };
-    let (month, day, hour, minute, second) = (field(0)?, field(2)?, field(4)?, field(6)?, field(8)?);
+    let (month, day, hour, minute, second) =
+        (field(0)?, field(2)?, field(4)?, field(6)?, field(8)?);
     if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
         return Err(bad);
     }
@@ -277,7 +278,12 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        for bad in [&b""[..], b"\x30", b"\x30\x84\xff\xff\xff\xff", b"\x30\x02\x30\x00"] {
+        for bad in [
+            &b""[..],
+            b"\x30",
+            b"\x30\x84\xff\xff\xff\xff",
+            b"\x30\x02\x30\x00",
+        ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
     }
