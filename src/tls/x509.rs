@@ -155,7 +155,7 @@ fn string_value(tag: u8, value: &[u8]) -> Option<String> {
         // TeletexString: Latin-1 in practice.
         0x14 => Some(value.iter().map(|&b| char::from(b)).collect()),
         // BMPString: UTF-16BE.
-        0x1e if value.len() % 2 == 0 => {
+        0x1e if value.len().is_multiple_of(2) => {
             let units: Vec<u16> = value
                 .chunks_exact(2)
                 .map(|c| u16::from_be_bytes([c[0], c[1]]))
