@@ -15,6 +15,7 @@
 //! - [`safety`]: the protective-stop latch
 //! - [`team`]: tasks, their workers and durable team events
 //! - [`tools`]: the host tools generated from sensors and actuators
+//! - [`mcp`]: the host tools over MCP (`/mcp`, `rozd mcp`) and operator approvals
 //! - [`fleet`]: hosts by `host_id` over an MQTT broker: presence, registry, routing, fleet stop
 //! - [`tls`]: rustls (ring) for the listener (reloadable), the CLI and relays
 //! - [`proto`]: the generated roz.v1 types, servers and clients (shared by `api` and `cli`)
@@ -30,6 +31,7 @@ pub mod daemon;
 pub mod fleet;
 pub mod hw;
 pub mod logging;
+pub mod mcp;
 pub mod model;
 pub mod ooda;
 pub mod proto;
@@ -72,6 +74,8 @@ pub struct HostContext {
     pub host_registry: session::tools::ToolRegistry,
     /// The fleet registry (just this host without `[fleet]`) and routing by host id.
     pub fleet: Arc<fleet::Fleet>,
+    /// MCP sessions and the calls waiting for an operator's approval.
+    pub mcp: Arc<mcp::Mcp>,
     /// Cancelled when the daemon begins its shutdown.
     pub shutdown: CancellationToken,
     /// The listener's TLS (set by the daemon when `[server.tls]` is
@@ -137,6 +141,7 @@ impl HostContext {
         ));
         Arc::new(HostContext {
             fleet,
+            mcp: Arc::new(mcp::Mcp::new(ooda.clone())),
             host_tools,
             host_registry,
             models: model::ModelRegistry::from_config(&config.model),

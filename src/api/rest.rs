@@ -129,6 +129,10 @@ async fn status(
             hardware
         }),
         "fleet": ctx.fleet.link_stats(),
+        "mcp": ctx.config.mcp.enabled.then(|| json!({
+            "sessions": ctx.mcp.sessions.count(),
+            "pending_approvals": ctx.mcp.approvals.list().len(),
+        })),
     }))
 }
 
