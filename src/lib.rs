@@ -17,6 +17,7 @@
 //! - [`tools`]: the host tools generated from sensors and actuators
 //! - [`mcp`]: the host tools over MCP (`/mcp`, `rozd mcp`) and operator approvals
 //! - [`fleet`]: hosts by `host_id` over an MQTT broker: presence, registry, routing, fleet stop
+//! - [`tls`]: rustls (ring) for the listener (reloadable), the CLI and relays
 //! - [`proto`]: the generated roz.v1 types, servers and clients (shared by `api` and `cli`)
 //! - [`cli`]: the command-line clients of a running daemon (`rozd status`, `estop`,
 //!   `hosts`, `task`, `chat`): connection, HTTP client, formatters
@@ -38,6 +39,7 @@ pub mod safety;
 pub mod session;
 pub mod store;
 pub mod team;
+pub mod tls;
 pub mod tools;
 
 use std::net::SocketAddr;
@@ -76,6 +78,9 @@ pub struct HostContext {
     pub mcp: Arc<mcp::Mcp>,
     /// Cancelled when the daemon begins its shutdown.
     pub shutdown: CancellationToken,
+    /// The listener's TLS (set by the daemon when `[server.tls]` is
+    /// configured; unset: plaintext).
+    pub tls: std::sync::OnceLock<Arc<tls::ServerTls>>,
 }
 
 impl HostContext {
@@ -142,6 +147,7 @@ impl HostContext {
             hooks,
             ooda,
             shutdown: CancellationToken::new(),
+            tls: std::sync::OnceLock::new(),
         })
     }
 }

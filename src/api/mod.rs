@@ -15,6 +15,9 @@ mod safety;
 mod tasks;
 pub mod tracked;
 
+/// A connection's verified client certificate (a request extension).
+pub use crate::tls::PeerIdentity;
+
 /// The generated roz.v1 types, where the API's users have found them.
 pub use crate::proto;
 

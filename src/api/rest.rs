@@ -90,7 +90,10 @@ async fn healthz(State(ctx): State<Arc<HostContext>>) -> Response {
     Json(json!({ "status": "ok" })).into_response()
 }
 
-async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> {
+async fn status(
+    State(ctx): State<Arc<HostContext>>,
+    peer: Option<axum::Extension<crate::tls::PeerIdentity>>,
+) -> Json<serde_json::Value> {
     let c = &ctx.config;
     let stop = ctx.ooda.protective_stop().state();
     Json(json!({
@@ -101,6 +104,13 @@ async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> 
         "uptime_secs": ctx.started_at.elapsed().as_secs(),
         "listen": ctx.listen_addr.to_string(),
         "auth_required": c.auth_required(),
+        "tls": ctx
+            .tls
+            .get()
+            .map_or_else(crate::tls::TlsStatus::disabled, |tls| tls.status()),
+        // The subject of the caller's verified client certificate, if it
+        // presented one: what `[[server.clients]]` would match.
+        "client_certificate": peer.map(|axum::Extension(peer)| peer.subject),
         "sessions": {
             "active": ctx.sessions.active(),
             "total": ctx.sessions.total(),

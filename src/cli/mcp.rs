@@ -111,10 +111,17 @@ pub async fn run(options: Options) -> Result<(), ProxyError> {
     let url = endpoint(&options.addr)?;
     // rustls needs a process-wide provider even for an https URL given later.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let http = reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .redirect(reqwest::redirect::Policy::none())
-        .user_agent(concat!("rozd-mcp/", env!("CARGO_PKG_VERSION")))
+        .user_agent(concat!("rozd-mcp/", env!("CARGO_PKG_VERSION")));
+    if url.starts_with("https:") {
+        // The CA and client certificate of --cacert, --cert, --key.
+        let tls = super::connect::tls_config(crate::tls::client::ALPN_HTTP1)
+            .map_err(|e| ProxyError::Client(e.to_string()))?;
+        builder = builder.tls_backend_preconfigured(rustls::ClientConfig::clone(&tls));
+    }
+    let http = builder
         .build()
         .map_err(|e| ProxyError::Client(e.to_string()))?;
     let (out, lines) = mpsc::unbounded_channel::<String>();

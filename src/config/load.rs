@@ -292,6 +292,21 @@ impl Config {
                 ),
             ));
         }
+        if !self.server.listen.ip().is_loopback()
+            && self.server.tls.is_none()
+            && !self.server.allow_plaintext_remote
+        {
+            return Err(Invalid::new(
+                "server.listen",
+                format!(
+                    "{} is not a loopback address and [server.tls] is not configured: tokens \
+                     and sessions would cross the network in cleartext; configure \
+                     [server.tls] (cert_file, key_file), or set \
+                     server.allow_plaintext_remote = true to accept the risk",
+                    self.server.listen
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -511,6 +526,9 @@ impl Config {
                 "must be between 1 and 86400",
             ));
         }
+        if let Some(tls) = &s.tls {
+            validate_server_tls(tls)?;
+        }
         for (i, host) in s.allowed_hosts.iter().enumerate() {
             if let Err(why) = check_allowed_host_entry(host) {
                 return Err(Invalid::new(
@@ -556,8 +574,66 @@ impl Config {
         Ok(())
     }
 
+    /// What an operator should know that does not stop rozd from starting:
+    /// a certificate that expires within 30 days (or has expired).
+    pub fn warnings(&self) -> Vec<String> {
+        let now = crate::clock::now_ms() / 1000;
+        let mut warnings = Vec::new();
+        if let Some(tls) = &self.server.tls
+            && let Ok(report) = crate::tls::server::check(tls, now)
+        {
+            warnings.extend(report.warning.map(|w| format!("server.tls: {w}")));
+        }
+        warnings
+    }
+
     /// Whether requests must carry a bearer token.
     pub fn auth_required(&self) -> bool {
         !self.resolved_tokens.is_empty()
     }
+}
+
+/// `[server.tls]`: its bounds, and that its files make a certificate the
+/// listener can serve (the key belongs to the certificate, the client CAs
+/// are CA certificates).
+fn validate_server_tls(tls: &super::types::ServerTlsConfig) -> Result<(), Invalid> {
+    if !(1..=300).contains(&tls.handshake_timeout_secs) {
+        return Err(Invalid::new(
+            "server.tls.handshake_timeout_secs",
+            "must be between 1 and 300",
+        ));
+    }
+    if tls.reload_check_secs > 86_400 {
+        return Err(Invalid::new(
+            "server.tls.reload_check_secs",
+            "must be between 0 (only on SIGHUP) and 86400",
+        ));
+    }
+    if tls.client_auth != super::types::ClientAuth::None && tls.client_ca_file.is_none() {
+        return Err(Invalid::new(
+            "server.tls.client_ca_file",
+            format!(
+                "client_auth = \"{}\" needs the CAs that client certificates chain to",
+                tls.client_auth.as_str()
+            ),
+        ));
+    }
+    crate::tls::server::check(tls, 0).map_err(|e| {
+        let key = match &e {
+            crate::tls::TlsError::Read { path, .. }
+            | crate::tls::TlsError::Pem { path, .. }
+            | crate::tls::TlsError::Certificate { path, .. } => {
+                if *path == tls.key_file {
+                    "server.tls.key_file"
+                } else if Some(path) == tls.client_ca_file.as_ref() {
+                    "server.tls.client_ca_file"
+                } else {
+                    "server.tls.cert_file"
+                }
+            }
+            crate::tls::TlsError::Config { .. } => "server.tls",
+        };
+        Invalid::new(key, e.to_string())
+    })?;
+    Ok(())
 }

@@ -179,10 +179,40 @@ fn semantic_errors_point_at_the_key_in_arrays_of_tables() {
 fn non_loopback_without_tokens_is_refused_unless_allowed() {
     let (_, line, key) = invalid("[server]\nlisten = \"0.0.0.0:8080\"\n");
     assert_eq!((line, key.as_str()), (Some(2), "server.listen"));
-    assert!(parse("[server]\nlisten = \"0.0.0.0:8080\"\nauth_tokens = [\"t0ken\"]\n").is_ok());
+    let plaintext = "allow_plaintext_remote = true\n";
     assert!(
-        parse("[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n").is_ok()
+        parse(&format!(
+            "[server]\nlisten = \"0.0.0.0:8080\"\nauth_tokens = [\"t0ken\"]\n{plaintext}"
+        ))
+        .is_ok()
     );
+    assert!(
+        parse(&format!(
+            "[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n{plaintext}"
+        ))
+        .is_ok()
+    );
+}
+
+#[test]
+fn non_loopback_without_tls_is_refused_unless_allowed() {
+    let c = "[server]\nlisten = \"0.0.0.0:8080\"\nauth_tokens = [\"t0ken\"]\n";
+    let (_, line, key) = invalid(c);
+    assert_eq!((line, key.as_str()), (Some(2), "server.listen"));
+    let message = parse(c).unwrap_err().to_string();
+    assert!(message.contains("allow_plaintext_remote"), "{message}");
+    assert!(parse(&format!("{c}allow_plaintext_remote = true\n")).is_ok());
+    // Loopback needs neither.
+    assert!(parse("[server]\nlisten = \"127.0.0.1:8080\"\n").is_ok());
+    // [server.tls] with files that are not there names the key.
+    let (_, _, key) = invalid(&format!(
+        "{c}[server.tls]\ncert_file = \"/nonexistent/c.pem\"\nkey_file = \"/nonexistent/k.pem\"\n"
+    ));
+    assert_eq!(key, "server.tls.cert_file");
+    let (_, _, key) = invalid(
+        "[server.tls]\ncert_file = \"/x\"\nkey_file = \"/y\"\nclient_auth = \"required\"\n",
+    );
+    assert_eq!(key, "server.tls.client_ca_file");
 }
 
 #[test]

@@ -793,6 +793,8 @@ async fn mqtt_listen_subscribes_before_and_after_the_connection() {
         username: None,
         password_env: None,
         ca_file: None,
+        cert_file: None,
+        key_file: None,
         keep_alive_secs: 5,
         reconnect_min_ms: 50,
         reconnect_max_ms: 400,

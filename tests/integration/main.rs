@@ -30,4 +30,5 @@ mod session;
 mod sim_world;
 mod systemd_unit;
 mod tasks;
+mod tls;
 mod wire;
