@@ -11,6 +11,7 @@ command -v systemd-analyze >/dev/null || apt_packages+=(systemd)
 command -v socat >/dev/null || apt_packages+=(socat)
 command -v mosquitto >/dev/null || apt_packages+=(mosquitto mosquitto-clients)
 command -v openssl >/dev/null || apt_packages+=(openssl)
+command -v prometheus >/dev/null || apt_packages+=(prometheus)
 if ((${#apt_packages[@]})); then
   echo "== installing ${apt_packages[*]}"
   export DEBIAN_FRONTEND=noninteractive

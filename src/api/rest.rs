@@ -30,6 +30,28 @@ pub fn routes() -> Router<Arc<HostContext>> {
         .route("/v1/audit", get(audit))
         .route("/v1/sensors", get(sensors))
         .route("/v1/sensors/{name}", get(sensor))
+        .route("/metrics", get(metrics))
+}
+
+/// `GET /metrics`: every metric, the daemon's state sampled now; OpenMetrics
+/// when the client asks for it (Prometheus does), else the classic text format.
+async fn metrics(State(ctx): State<Arc<HostContext>>, headers: http::HeaderMap) -> Response {
+    let accept = headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let format = crate::metrics::Format::from_accept(accept);
+    match crate::metrics::render(&ctx, format) {
+        Ok(text) => ([(http::header::CONTENT_TYPE, format.content_type())], text).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode the metrics");
+            json_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "cannot encode the metrics; see the daemon log",
+            )
+            .into_response()
+        }
+    }
 }
 
 /// The routes the local control socket serves besides the safety ones.

@@ -17,6 +17,7 @@ mod fleet;
 mod hardware_e2e;
 mod host_tools;
 mod hosts_wire;
+mod metrics;
 mod mqtt;
 mod ooda;
 mod persistence;

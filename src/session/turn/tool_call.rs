@@ -113,13 +113,19 @@ impl Turn {
         category: ToolCategory,
     ) -> Result<Gate, Interrupt> {
         let verdict = self.permissions.decide(name, category);
-        Ok(match verdict.policy {
+        let gate = match verdict.policy {
             Policy::Block => Gate::Refused {
                 decision: "blocked",
                 message: format!("`{name}` is blocked by policy: {}", verdict.reason),
             },
             Policy::RequireConfirmation => {
-                if self.approval(id, name, presence_for(category)).await? {
+                let asked = std::time::Instant::now();
+                let approved = self.approval(id, name, presence_for(category)).await;
+                crate::metrics::approval_wait(
+                    asked.elapsed(),
+                    super::metered::approval_result(&approved),
+                );
+                if approved? {
                     Gate::Pass {
                         decision: "approved",
                     }
@@ -133,7 +139,11 @@ impl Turn {
             Policy::Allow => Gate::Pass {
                 decision: "allowed",
             },
-        })
+        };
+        self.last_gate = Some(match &gate {
+            Gate::Pass { decision } | Gate::Refused { decision, .. } => decision,
+        });
+        Ok(gate)
     }
 
     /// Asks the client for a decision; `false` on denial or timeout.
