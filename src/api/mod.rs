@@ -13,6 +13,7 @@ mod rest;
 mod safety;
 mod tasks;
 pub mod tracked;
+pub mod ui;
 
 /// The generated roz.v1 types, where the API's users have found them.
 pub use crate::proto;
@@ -85,6 +86,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .merge(safety::routes().with_state(ctx.clone()))
         .merge(tasks::routes().with_state(ctx.clone()))
         .merge(hosts::routes().with_state(ctx.clone()))
+        .merge(ui::routes().with_state(ctx.clone()))
         .fallback(rest::fallback)
         .method_not_allowed_fallback(rest::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

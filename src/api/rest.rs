@@ -88,6 +88,13 @@ async fn sensor(State(ctx): State<Arc<HostContext>>, Path(name): Path<String>) -
                 "sensor": view,
                 "alarm": alarm,
                 "stale_after_ms": spec.and_then(|s| s.stale_after).map(|d| d.as_millis() as u64),
+                "limits": spec.map(|s| json!({
+                    "warn_min": s.alarms.warn_min,
+                    "warn_max": s.alarms.warn_max,
+                    "critical_min": s.alarms.critical_min,
+                    "critical_max": s.alarms.critical_max,
+                })),
+                "digital": spec.is_some_and(|s| is_digital(&s.source)),
                 "history": history,
             }))
             .into_response()
@@ -99,6 +106,16 @@ async fn sensor(State(ctx): State<Arc<HostContext>>, Path(name): Path<String>) -
         )
         .into_response(),
     }
+}
+
+/// A sensor that reads only 0 or 1: a GPIO input, the world's bumper or gripper.
+fn is_digital(source: &crate::hw::config::SensorSource) -> bool {
+    use crate::hw::config::SensorSource;
+    use crate::hw::sim_world::Quantity;
+    matches!(
+        source,
+        SensorSource::Gpio { .. } | SensorSource::World(Quantity::Bumper | Quantity::Holding)
+    )
 }
 
 async fn healthz(State(ctx): State<Arc<HostContext>>) -> Response {
@@ -113,9 +130,14 @@ async fn healthz(State(ctx): State<Arc<HostContext>>) -> Response {
 }
 
 async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> {
+    Json(status_json(&ctx))
+}
+
+/// The `/v1/status` answer (also the dashboard stream's `status` event).
+pub(super) fn status_json(ctx: &HostContext) -> serde_json::Value {
     let c = &ctx.config;
     let stop = ctx.ooda.protective_stop().state();
-    Json(json!({
+    json!({
         "host_id": c.host.id,
         "name": c.host.display_name(),
         "environment_id": c.host.environment_id,
@@ -141,7 +163,7 @@ async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> 
             hardware
         }),
         "fleet": ctx.fleet.link_stats(),
-    }))
+    })
 }
 
 /// Query of `GET /v1/sessions`. Values are strings so that a bad value is

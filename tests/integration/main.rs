@@ -11,6 +11,7 @@ mod api_surface;
 mod chat;
 mod cli;
 mod config_doc;
+mod dashboard;
 mod estop;
 mod external_clients;
 mod fleet;

@@ -92,7 +92,12 @@ pub enum TurnNote {
     /// A model/tool cycle began (1-based).
     Cycle(u32),
     /// The model called a tool (host or client), before any permission check.
-    ToolCall { id: String, name: String },
+    ToolCall {
+        id: String,
+        name: String,
+        /// What the model asked for (shown beside a pending approval).
+        parameters: Value,
+    },
 }
 
 /// What the session loop forwards to the running turn.
