@@ -483,3 +483,39 @@ fn sub_modules_do_not_import_the_aggregate() {
         offenders.join("\n")
     );
 }
+
+/// A broken config file is an error naming where, never a panic: arbitrary
+/// text, and the built-in config with a line replaced by arbitrary text.
+mod properties {
+    use proptest::prelude::*;
+
+    use crate::config::{BUILTIN_CONFIG, Config, ConfigSource};
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn any_text_loads_or_is_refused(text in "\\PC{0,300}") {
+            let _ = Config::parse(&text, ConfigSource::BuiltIn);
+        }
+
+        #[test]
+        fn a_mangled_built_in_config_loads_or_names_a_line(
+            line in any::<prop::sample::Index>(),
+            replacement in prop_oneof![
+                "\\PC{0,40}",
+                "[a-z_]{1,12} = (-?[0-9]{1,12}(\\.[0-9]{1,3})?|\"[a-z:/.]{0,12}\"|\\[[0-9, ]{0,10}\\]|true|1e999|nan|inf)",
+                Just("[[sensors]]".to_string()),
+                Just("[sim]".to_string()),
+            ],
+        ) {
+            let mut lines: Vec<&str> = BUILTIN_CONFIG.lines().collect();
+            let i = line.index(lines.len());
+            lines[i] = &replacement;
+            let text = lines.join("\n");
+            if let Err(e) = Config::parse(&text, ConfigSource::BuiltIn) {
+                prop_assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+}

@@ -72,20 +72,8 @@ async fn robot_with_token(safety: &str) -> TestDaemon {
     .await
 }
 
-/// Waits on the loop's own tick signal until `pred` holds (bounded).
 async fn until(ooda: &Ooda, what: &str, pred: impl Fn(&Observation) -> bool) -> Arc<Observation> {
-    let mut rx = ooda.subscribe();
-    tokio::time::timeout(EXPECT_WITHIN, async {
-        loop {
-            let obs = rx.borrow_and_update().clone();
-            if pred(&obs) {
-                return obs;
-            }
-            rx.changed().await.expect("loop alive");
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{what} within {EXPECT_WITHIN:?}"))
+    common::observed(ooda, EXPECT_WITHIN, what, pred).await
 }
 
 fn operator() -> Origin {
