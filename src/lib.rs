@@ -16,6 +16,7 @@
 //! - [`safety`]: the protective-stop latch
 //! - [`team`]: tasks, their workers and durable team events
 //! - [`tools`]: the host tools generated from sensors and actuators
+//! - [`mcp`]: the host tools over MCP (`/mcp`, `rozd mcp`) and operator approvals
 //! - [`fleet`]: hosts by `host_id` over an MQTT broker: presence, registry, routing, fleet stop
 //! - [`proto`]: the generated roz.v1 types, servers and clients (shared by `api` and `cli`)
 //! - [`cli`]: the command-line clients of a running daemon (`rozd status`, `estop`,
@@ -30,6 +31,7 @@ pub mod daemon;
 pub mod fleet;
 pub mod hw;
 pub mod logging;
+pub mod mcp;
 pub mod metrics;
 pub mod model;
 pub mod ooda;
@@ -72,6 +74,8 @@ pub struct HostContext {
     pub host_registry: session::tools::ToolRegistry,
     /// The fleet registry (just this host without `[fleet]`) and routing by host id.
     pub fleet: Arc<fleet::Fleet>,
+    /// MCP sessions and the calls waiting for an operator's approval.
+    pub mcp: Arc<mcp::Mcp>,
     /// Cancelled when the daemon begins its shutdown.
     pub shutdown: CancellationToken,
 }
@@ -134,6 +138,7 @@ impl HostContext {
         ));
         Arc::new(HostContext {
             fleet,
+            mcp: Arc::new(mcp::Mcp::new(ooda.clone())),
             host_tools,
             host_registry,
             models: model::ModelRegistry::from_config(&config.model),

@@ -79,6 +79,16 @@ enum Command {
         after_help = cli::chat::EXIT_STATUS_HELP
     )]
     Chat(ChatArgs),
+    /// An MCP server on stdin/stdout relaying to a running daemon's /mcp
+    /// (for Claude Desktop and other stdio MCP clients).
+    Mcp {
+        /// Address of the daemon (host:port or http://host:port).
+        #[arg(long, default_value = cli::connect::DEFAULT_ADDR, env = "ROZD_ADDR")]
+        addr: String,
+        /// Bearer token, when the daemon requires one.
+        #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Trigger the protective stop of a running daemon, or clear it (--clear).
     #[command(
         long_about = "Triggers the software protective stop of a running daemon \
@@ -243,6 +253,9 @@ fn main() -> ExitCode {
             prompt: args.prompt,
             allow_shell: args.allow_shell,
         })),
+        Command::Mcp { addr, token } => {
+            ExitCode::from(cli::mcp::exec(cli::mcp::Options { addr, token }))
+        }
         Command::Estop {
             reach,
             token,

@@ -1,6 +1,7 @@
 //! Transport: tonic gRPC services and the axum REST API on one listener.
 
 mod agent;
+mod approvals;
 mod auth;
 pub mod browser;
 pub mod connections;
@@ -81,12 +82,23 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .clone()
         .routes()
         .into_axum_router();
-    let router = grpc
+    let mut router = grpc
         .merge(rest::routes().with_state(ctx.clone()))
+        .merge(approvals::routes().with_state(ctx.clone()))
         .merge(safety::routes().with_state(ctx.clone()))
         .merge(tasks::routes().with_state(ctx.clone()))
         .merge(hosts::routes().with_state(ctx.clone()))
-        .merge(ui::routes().with_state(ctx.clone()))
+        .merge(ui::routes().with_state(ctx.clone()));
+    let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
+    if ctx.config.mcp.enabled {
+        // Behind the same token and browser checks as every route; rmcp's
+        // own Host and Origin checks get the same names.
+        router = router.route_service(
+            "/mcp",
+            crate::mcp::server::service(ctx.clone(), allowed_hosts.as_list(ctx.listen_addr)),
+        );
+    }
+    let router = router
         .fallback(rest::fallback)
         .method_not_allowed_fallback(rest::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -96,7 +108,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         // Outermost: a request for another host or from another origin
         // learns nothing, not even whether it would need a token.
         .layer(axum::middleware::from_fn_with_state(
-            Arc::new(browser::AllowedHosts::from_config(&ctx.config)),
+            allowed_hosts,
             browser::guard,
         ));
     Ok((router, health_reporter))

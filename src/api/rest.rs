@@ -163,6 +163,10 @@ pub(super) fn status_json(ctx: &HostContext) -> serde_json::Value {
             hardware
         }),
         "fleet": ctx.fleet.link_stats(),
+        "mcp": ctx.config.mcp.enabled.then(|| json!({
+            "sessions": ctx.mcp.sessions.count(),
+            "pending_approvals": ctx.mcp.approvals.list().len(),
+        })),
     })
 }
 

@@ -111,6 +111,9 @@ pub struct Config {
     /// The fleet registry's broker; absent: this host alone.
     #[serde(default)]
     pub fleet: Option<crate::fleet::config::FleetConfig>,
+    /// The MCP server at `/mcp`.
+    #[serde(default)]
+    pub mcp: crate::mcp::config::McpConfig,
     /// The validated reflex rules.
     #[serde(skip)]
     pub reflex_rules: Vec<crate::ooda::rules::Rule>,
@@ -269,6 +272,7 @@ impl Config {
         if let Some(fleet) = self.fleet.as_mut() {
             crate::fleet::config::validate(fleet, &self.host, &self.server, self.mqtt.as_ref())?;
         }
+        crate::mcp::config::validate(&self.mcp)?;
         self.resolve_tokens()?;
         // Other hosts of the fleet present the fleet token when they relay here.
         if let Some(token) = self.fleet.as_ref().and_then(|f| f.token.clone()) {

@@ -126,6 +126,7 @@ impl Config {
                 None => "none (this host alone)".to_string(),
             }
         ));
+        line(format!("mcp:           {}", self.mcp.describe()));
         let sensors: Vec<&str> = self.sensors.iter().map(|s| s.name.as_str()).collect();
         let actuators: Vec<&str> = self.actuators.iter().map(|a| a.name.as_str()).collect();
         line(format!(

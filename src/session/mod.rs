@@ -6,6 +6,7 @@
 //! [`turn`].
 
 pub mod context;
+pub mod host_call;
 pub mod permissions;
 mod record;
 pub mod schema;

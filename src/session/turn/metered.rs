@@ -28,14 +28,6 @@ pub(super) fn model_tokens(reply: &Result<ModelReply, TurnError>) -> Tokens {
     }
 }
 
-pub(super) fn approval_result(approved: &Result<bool, Interrupt>) -> &'static str {
-    match approved {
-        Ok(true) => "approved",
-        Ok(false) => "denied",
-        Err(_) => "cancelled",
-    }
-}
-
 /// Which tool a call names, as a label: a host tool by name, a client's tool
 /// as `client`, anything else `unknown`; and its category.
 #[derive(Debug, Clone, Copy)]

@@ -8,10 +8,11 @@
 //!
 //! Here: the cycle of model calls and tool calls, and the turn's limits.
 //! Beside it: [`tool_call`] takes a model's tool call through the one gate
-//! every call passes (permission, approval) and a client tool's round trip,
-//! [`host_call`] runs host tools inside rozd and audits them,
-//! [`compaction`] keeps the context inside its budget, [`observation`]
-//! writes the Observation for `ooda_re_act` mode.
+//! every call passes (permission, approval; shared with every caller of
+//! host tools in [`crate::session::host_call`]) and a client tool's round
+//! trip, [`host_call`] runs host tools on that shared path with the turn as
+//! its call site, [`compaction`] keeps the context inside its budget,
+//! [`observation`] writes the Observation for `ooda_re_act` mode.
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -335,3 +335,35 @@ pub async fn observed(
         Err(_) => panic!("not reached within {bound:?}: {what}\nlast observation: {last:#?}"),
     }
 }
+
+/// `rozd run` as a child process (killed on drop), returned once it told
+/// the notify socket READY=1.
+pub async fn spawn_rozd(dir: &std::path::Path, config: &std::path::Path) -> tokio::process::Child {
+    let socket_path = dir.join(format!("notify-{}.sock", uuid::Uuid::new_v4().simple()));
+    let socket = tokio::net::UnixDatagram::bind(&socket_path).expect("notify socket");
+    let child = tokio::process::Command::new(ROZD)
+        .args(["run", "--config"])
+        .arg(config)
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("ROZD_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn rozd");
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(EXPECT_WITHIN, async {
+        loop {
+            let n = socket.recv(&mut buf).await.expect("notify socket");
+            if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("rozd says READY=1");
+    let _ = std::fs::remove_file(&socket_path);
+    child
+}
