@@ -6,6 +6,7 @@
 //! - [`config`]: TOML -> validated [`config::Config`]
 //! - [`daemon`]: start order, shutdown order, sd_notify, signals
 //! - [`logging`]: the daemon's logs, to journald or stderr
+//! - [`metrics`]: Prometheus metrics: event counters and histograms, state sampled at scrape
 //! - [`api`]: tonic services and axum REST on one listener, auth, reflection, health
 //! - [`session`]: one agent session: state machine and turn loop
 //! - [`model`]: language models behind one streaming trait (offline `local` model)
@@ -32,6 +33,7 @@ pub mod fleet;
 pub mod hw;
 pub mod logging;
 pub mod mcp;
+pub mod metrics;
 pub mod model;
 pub mod ooda;
 pub mod proto;

@@ -22,7 +22,8 @@ pub async fn require_token(
     request: Request,
     next: Next,
 ) -> Response {
-    let public = PUBLIC_PATHS.contains(&request.uri().path());
+    let public =
+        PUBLIC_PATHS.contains(&request.uri().path()) || super::ui::is_page(request.uri().path());
     if public {
         return next.run(request).await;
     }

@@ -14,6 +14,7 @@ mod rest;
 mod safety;
 mod tasks;
 pub mod tracked;
+pub mod ui;
 
 /// A connection's verified client certificate (a request extension).
 pub use crate::tls::PeerIdentity;
@@ -89,7 +90,8 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .merge(approvals::routes().with_state(ctx.clone()))
         .merge(safety::routes().with_state(ctx.clone()))
         .merge(tasks::routes().with_state(ctx.clone()))
-        .merge(hosts::routes().with_state(ctx.clone()));
+        .merge(hosts::routes().with_state(ctx.clone()))
+        .merge(ui::routes().with_state(ctx.clone()));
     let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
     if ctx.config.mcp.enabled {
         // Behind the same token and browser checks as every route; rmcp's

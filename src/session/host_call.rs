@@ -48,6 +48,10 @@ pub trait CallSite {
 
     /// Resolves when the caller gives up on the call.
     fn abandoned(&self) -> impl Future<Output = Self::Interrupt> + Send;
+
+    /// What the gate decided (`allowed`, `approved`, `denied`, `blocked`),
+    /// for a caller that counts its calls.
+    fn gated(&mut self, _decision: &'static str) {}
 }
 
 /// Why a host tool call did not run, or failed.
@@ -172,26 +176,51 @@ pub async fn gate<S: CallSite>(
     category: ToolCategory,
 ) -> Result<Gate, S::Interrupt> {
     let verdict = permissions.decide(name, category);
-    Ok(match verdict.policy {
+    let gate = match verdict.policy {
         Policy::Block => Gate::Refused {
             decision: "blocked",
             message: format!("`{name}` is blocked by policy: {}", verdict.reason),
             failure: Failure::Blocked,
         },
-        Policy::RequireConfirmation => match site.approve(id, name, input, category).await? {
-            Ok(()) => Gate::Pass {
-                decision: "approved",
-            },
-            Err(message) => Gate::Refused {
-                decision: "denied",
-                message,
-                failure: Failure::Denied,
-            },
-        },
+        Policy::RequireConfirmation => {
+            match approve_timed(site, id, name, input, category).await? {
+                Ok(()) => Gate::Pass {
+                    decision: "approved",
+                },
+                Err(message) => Gate::Refused {
+                    decision: "denied",
+                    message,
+                    failure: Failure::Denied,
+                },
+            }
+        }
         Policy::Allow => Gate::Pass {
             decision: "allowed",
         },
-    })
+    };
+    site.gated(match &gate {
+        Gate::Pass { decision } | Gate::Refused { decision, .. } => decision,
+    });
+    Ok(gate)
+}
+
+/// [`CallSite::approve`], its wait measured for the metrics.
+async fn approve_timed<S: CallSite>(
+    site: &mut S,
+    id: &str,
+    name: &str,
+    input: &Value,
+    category: ToolCategory,
+) -> Result<Result<(), String>, S::Interrupt> {
+    let asked = std::time::Instant::now();
+    let answer = site.approve(id, name, input, category).await;
+    let result = match &answer {
+        Ok(Ok(())) => "approved",
+        Ok(Err(_)) => "denied",
+        Err(_) => "cancelled",
+    };
+    crate::metrics::approval_wait(asked.elapsed(), result);
+    answer
 }
 
 /// Runs host tool `tool` as call `id` for `host`'s owner. PHYSICAL calls

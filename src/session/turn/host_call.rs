@@ -73,4 +73,8 @@ impl CallSite for Turn {
         self.cancel.cancelled().await;
         Interrupt::Cancelled
     }
+
+    fn gated(&mut self, decision: &'static str) {
+        self.last_gate = Some(decision);
+    }
 }

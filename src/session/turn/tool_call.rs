@@ -30,6 +30,7 @@ impl Turn {
         self.note(TurnNote::ToolCall {
             id: id.to_string(),
             name: name.to_string(),
+            parameters: input.clone(),
         });
         if self.tools.get(name).is_none()
             && let Some(tool) = self.host.registry.get(name).cloned()
