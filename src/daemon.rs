@@ -33,6 +33,7 @@ use crate::api;
 use crate::api::connections::ConnectionTable;
 use crate::api::tracked::{self, Closer, SharedTable};
 use crate::config::Config;
+use crate::tls::{PeerIdentity, ServerTls};
 
 /// Connections the control socket holds at once (its own table: the TCP cap
 /// does not apply to it).
@@ -63,6 +64,8 @@ pub enum DaemonError {
     StopInput(#[from] crate::safety::inputs::InputError),
     #[error(transparent)]
     Fleet(#[from] crate::fleet::FleetError),
+    #[error("server.tls: {0}")]
+    Tls(#[from] crate::tls::TlsError),
     #[error("cannot install signal handler: {0}")]
     Signal(#[source] std::io::Error),
     #[error(
@@ -79,6 +82,7 @@ pub struct Daemon {
     ctx: Arc<HostContext>,
     router: axum::Router,
     health: tonic_health::server::HealthReporter,
+    tls: Option<Arc<ServerTls>>,
 }
 
 impl Daemon {
@@ -105,6 +109,12 @@ impl Daemon {
             max_bytes: u64::from(config.store.max_size_mb) * 1024 * 1024,
         };
         prune_store(&store, retention).await;
+        // The certificate is read before the port is ours: a bad one is a
+        // start-up error, not a listener that fails every handshake.
+        let tls = match &config.server.tls {
+            Some(settings) => Some(Arc::new(ServerTls::load(settings)?)),
+            None => None,
+        };
         let addr = config.server.listen;
         let listener = bind_tcp(addr).map_err(|source| DaemonError::Bind { addr, source })?;
         let local = listener
@@ -165,6 +175,10 @@ impl Daemon {
         });
         let ctx = HostContext::new(Arc::new(config), local, store, hooks, ooda);
         tokio::spawn(keep_store_pruned(ctx.clone(), retention));
+        if let Some(tls) = &tls {
+            // A fresh context: not set before.
+            let _ = ctx.tls.set(tls.clone());
+        }
         if let Err(e) = crate::fleet::start(&ctx) {
             ctx.ooda.stop().await;
             return Err(e.into());
@@ -176,6 +190,7 @@ impl Daemon {
             ctx,
             router,
             health,
+            tls,
         })
     }
 
@@ -200,7 +215,11 @@ impl Daemon {
             ctx,
             router,
             health,
+            tls,
         } = self;
+        if let Some(tls) = &tls {
+            tokio::spawn(tls.clone().watch(ctx.shutdown.clone()));
+        }
         let server = &ctx.config.server;
         let builder = Arc::new(connection_builder(&ctx.config));
         let max_connections = usize::try_from(server.max_connections).unwrap_or(usize::MAX);
@@ -229,10 +248,18 @@ impl Daemon {
                     CONTROL_SOCKET_MAX_CONNECTIONS,
                 ))),
                 shared.clone(),
+                None,
                 stop_accepting.clone(),
             ))
         });
-        let tcp_loop = accept_loop(listener, router, tcp_table, shared, stop_accepting.clone());
+        let tcp_loop = accept_loop(
+            listener,
+            router,
+            tcp_table,
+            shared,
+            tls,
+            stop_accepting.clone(),
+        );
         tokio::pin!(shutdown, tcp_loop);
         tokio::select! {
             () = &mut tcp_loop => {}
@@ -479,6 +506,7 @@ async fn accept_loop<A: Acceptor>(
     router: axum::Router,
     table: SharedTable,
     shared: Shared,
+    tls: Option<Arc<ServerTls>>,
     stop: CancellationToken,
 ) {
     let mut reap = tokio::time::interval((shared.idle_timeout / 4).max(Duration::from_millis(250)));
@@ -490,7 +518,7 @@ async fn accept_loop<A: Acceptor>(
             accepted = acceptor.accept() => match accepted {
                 Ok(io) => {
                     let _ = shared.reserve.restore();
-                    serve_connection(io, &router, &table, &shared);
+                    serve_connection(io, &router, &table, &shared, tls.as_deref());
                 }
                 Err(e) if out_of_descriptors(&e) => {
                     // Logged at most every 10 s: a flood must not fill the journal.
@@ -574,28 +602,88 @@ fn shed_tcp(table: &SharedTable) {
 /// Registers `io` in `table` (dropping whatever it sheds for it) and serves
 /// it on its own task until it ends, is shed (dropped at once), idles out
 /// (closed gracefully, within [`IDLE_CLOSE_BOUND`]) or the daemon drains.
+/// With `tls`, the handshake runs on that task too (bounded by
+/// `server.tls.handshake_timeout_secs`): a slow client holds up no one, and
+/// the connection counts against the cap (and is shed first) meanwhile.
 fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     io: I,
     router: &axum::Router,
     table: &SharedTable,
     shared: &Shared,
+    tls: Option<&ServerTls>,
 ) {
     let closer = Closer::default();
     let (id, shed) = tracked::lock(table).open(closer.clone(), tokio::time::Instant::now());
     for victim in shed {
         victim.shed();
     }
-    let service = TowerToHyperService::new(tracked::service(
-        router.clone(),
-        tracked::Connection::new(id, table.clone()),
-    ));
-    let builder = shared.builder.clone();
+    let connection = Connection {
+        router: router.clone(),
+        tracked: tracked::Connection::new(id, table.clone()),
+        builder: shared.builder.clone(),
+        closer,
+        drain: shared.drain.clone(),
+    };
+    let handshake = tls.map(|tls| (tls.acceptor(), tls.handshake_timeout()));
     let table = table.clone();
     let closed = shared.closed.clone();
-    let drain = shared.drain.clone();
     let alive = shared.alive.clone();
     tokio::spawn(async move {
         let _alive = alive;
+        match handshake {
+            None => connection.serve(io, None).await,
+            Some((acceptor, timeout)) => {
+                let accepted = tokio::select! {
+                    accepted = tokio::time::timeout(timeout, acceptor.accept(io)) => accepted,
+                    () = connection.closer.shed_requested() => Ok(Err(std::io::Error::other("shed"))),
+                    () = connection.drain.cancelled() => Ok(Err(std::io::Error::other("draining"))),
+                };
+                match accepted {
+                    Ok(Ok(stream)) => {
+                        let peer = stream
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|chain| chain.first())
+                            .and_then(|leaf| PeerIdentity::from_der(leaf.as_ref()));
+                        connection.serve(stream, peer).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(?timeout, "TLS handshake timed out"),
+                }
+            }
+        }
+        tracked::lock(&table).close(id);
+        closed.notify_waiters();
+    });
+}
+
+/// What serves one accepted connection.
+struct Connection {
+    router: axum::Router,
+    tracked: tracked::Connection,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    closer: Closer,
+    drain: CancellationToken,
+}
+
+impl Connection {
+    /// Serves HTTP on `io` until it ends, is shed, idles out or drains. The
+    /// socket is closed when this returns (before its end is reported:
+    /// whoever waits for a descriptor to come free finds it free).
+    async fn serve<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        self,
+        io: I,
+        peer: Option<PeerIdentity>,
+    ) {
+        let Connection {
+            router,
+            tracked,
+            builder,
+            closer,
+            drain,
+        } = self;
+        let service = TowerToHyperService::new(tracked::service(router, tracked, peer));
         let mut connection = Box::pin(builder.serve_connection(TokioIo::new(io), service));
         let mut closing = false;
         let bound = tokio::time::sleep(Duration::ZERO);
@@ -631,12 +719,7 @@ fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 }
             }
         }
-        // The socket closes here, before its end is reported: whoever
-        // waits for a descriptor to come free finds it free.
-        drop(connection);
-        tracked::lock(&table).close(id);
-        closed.notify_waiters();
-    });
+    }
 }
 
 /// Warns when `server.max_connections` (plus what else rozd keeps open)
@@ -807,9 +890,15 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let shutdown = shutdown_signal()?;
     let status = format!("STATUS=serving roz.v1 on {addr}");
     notify(&[NotifyState::Ready, NotifyState::Custom(&status)]);
+    use tokio::signal::unix::{SignalKind, signal};
     if let Some(period) = sd_notify::watchdog_enabled() {
         tokio::spawn(pet_watchdog(period / 2, ctx.clone()));
     }
+    tokio::spawn(reload_on_sighup(
+        signal(SignalKind::hangup()).map_err(DaemonError::Signal)?,
+        ctx.clone(),
+        status,
+    ));
     daemon
         .serve(async move {
             let signal = shutdown.await;
@@ -818,6 +907,35 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         })
         .await;
     Ok(())
+}
+
+/// On every SIGHUP (`systemctl reload rozd`): tells systemd `RELOADING=1`,
+/// reloads the listener's certificate (a failure keeps the old one and is
+/// logged and shown in `/v1/status`), then `READY=1`. Nothing else is
+/// reloaded; without `[server.tls]` a SIGHUP changes nothing.
+async fn reload_on_sighup(
+    mut hangup: tokio::signal::unix::Signal,
+    ctx: Arc<HostContext>,
+    status: String,
+) {
+    loop {
+        tokio::select! {
+            received = hangup.recv() => if received.is_none() { return },
+            () = ctx.shutdown.cancelled() => return,
+        }
+        let mut reloading = vec![NotifyState::Reloading];
+        reloading.extend(NotifyState::monotonic_usec_now().ok());
+        notify(&reloading);
+        match ctx.tls.get() {
+            Some(tls) => {
+                let tls = tls.clone();
+                // The outcome is logged and kept in the status by `reload`.
+                let _ = tokio::task::spawn_blocking(move || tls.reload()).await;
+            }
+            None => tracing::info!("SIGHUP: no [server.tls] to reload; nothing changed"),
+        }
+        notify(&[NotifyState::Ready, NotifyState::Custom(&status)]);
+    }
 }
 
 /// Sends `WATCHDOG=1` while the OODA loop keeps ticking: a stalled loop (or

@@ -6,6 +6,7 @@
 //! - [`config`]: TOML -> validated [`config::Config`]
 //! - [`daemon`]: start order, shutdown order, sd_notify, signals
 //! - [`logging`]: the daemon's logs, to journald or stderr
+//! - [`metrics`]: Prometheus metrics: event counters and histograms, state sampled at scrape
 //! - [`api`]: tonic services and axum REST on one listener, auth, reflection, health
 //! - [`session`]: one agent session: state machine and turn loop
 //! - [`model`]: language models behind one streaming trait (offline `local` model)
@@ -15,7 +16,9 @@
 //! - [`safety`]: the protective-stop latch
 //! - [`team`]: tasks, their workers and durable team events
 //! - [`tools`]: the host tools generated from sensors and actuators
+//! - [`mcp`]: the host tools over MCP (`/mcp`, `rozd mcp`) and operator approvals
 //! - [`fleet`]: hosts by `host_id` over an MQTT broker: presence, registry, routing, fleet stop
+//! - [`tls`]: rustls (ring) for the listener (reloadable), the CLI and relays
 //! - [`proto`]: the generated roz.v1 types, servers and clients (shared by `api` and `cli`)
 //! - [`cli`]: the command-line clients of a running daemon (`rozd status`, `estop`,
 //!   `hosts`, `task`, `chat`): connection, HTTP client, formatters
@@ -29,6 +32,8 @@ pub mod daemon;
 pub mod fleet;
 pub mod hw;
 pub mod logging;
+pub mod mcp;
+pub mod metrics;
 pub mod model;
 pub mod ooda;
 pub mod proto;
@@ -36,6 +41,7 @@ pub mod safety;
 pub mod session;
 pub mod store;
 pub mod team;
+pub mod tls;
 pub mod tools;
 
 use std::net::SocketAddr;
@@ -70,8 +76,13 @@ pub struct HostContext {
     pub host_registry: session::tools::ToolRegistry,
     /// The fleet registry (just this host without `[fleet]`) and routing by host id.
     pub fleet: Arc<fleet::Fleet>,
+    /// MCP sessions and the calls waiting for an operator's approval.
+    pub mcp: Arc<mcp::Mcp>,
     /// Cancelled when the daemon begins its shutdown.
     pub shutdown: CancellationToken,
+    /// The listener's TLS (set by the daemon when `[server.tls]` is
+    /// configured; unset: plaintext).
+    pub tls: std::sync::OnceLock<Arc<tls::ServerTls>>,
 }
 
 impl HostContext {
@@ -90,17 +101,7 @@ impl HostContext {
             .collect();
         let host_tools = Arc::new(tools::HostTools::new(ooda.clone(), raw_ports));
         let host_registry = session::tools::ToolRegistry::from_specs(
-            host_tools
-                .definitions()
-                .iter()
-                .map(|d| session::ToolSpec {
-                    name: d.name.clone(),
-                    description: d.description.clone(),
-                    parameters_schema: d.schema.clone(),
-                    timeout_ms: u32::try_from(d.timeout.as_millis()).unwrap_or(u32::MAX),
-                    category: d.category,
-                })
-                .collect(),
+            host_tools.definitions().to_vec(),
             "host tools",
         )
         // Generated from validated config; a failure here is a bug in rozd.
@@ -132,6 +133,7 @@ impl HostContext {
         ));
         Arc::new(HostContext {
             fleet,
+            mcp: Arc::new(mcp::Mcp::new(ooda.clone())),
             host_tools,
             host_registry,
             models: model::ModelRegistry::from_config(&config.model),
@@ -147,6 +149,7 @@ impl HostContext {
             hooks,
             ooda,
             shutdown: CancellationToken::new(),
+            tls: std::sync::OnceLock::new(),
         })
     }
 }

@@ -48,6 +48,8 @@ enum Command {
         /// control socket).
         #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        #[command(flatten)]
+        tls: TlsArgs,
         /// Print the raw JSON.
         #[arg(long)]
         json: bool,
@@ -60,6 +62,8 @@ enum Command {
         /// Bearer token, when the daemon requires one.
         #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        #[command(flatten)]
+        tls: TlsArgs,
         /// Only the hosts of this environment.
         #[arg(long, value_name = "ENV")]
         environment: Option<String>,
@@ -79,6 +83,18 @@ enum Command {
         after_help = cli::chat::EXIT_STATUS_HELP
     )]
     Chat(ChatArgs),
+    /// An MCP server on stdin/stdout relaying to a running daemon's /mcp
+    /// (for Claude Desktop and other stdio MCP clients).
+    Mcp {
+        /// Address of the daemon (host:port or http://host:port).
+        #[arg(long, default_value = cli::connect::DEFAULT_ADDR, env = "ROZD_ADDR")]
+        addr: String,
+        /// Bearer token, when the daemon requires one.
+        #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[command(flatten)]
+        tls: TlsArgs,
+    },
     /// Trigger the protective stop of a running daemon, or clear it (--clear).
     #[command(
         long_about = "Triggers the software protective stop of a running daemon \
@@ -98,6 +114,8 @@ enum Command {
         /// control socket).
         #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        #[command(flatten)]
+        tls: TlsArgs,
         /// Why: recorded as the stop's reason, or logged with the clear.
         #[arg(long, value_name = "TEXT")]
         reason: Option<String>,
@@ -127,12 +145,53 @@ enum Command {
         /// Bearer token, when the daemon requires one.
         #[arg(long, global = true, env = "ROZD_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        #[command(flatten)]
+        tls: TlsArgs,
         /// Print the daemon's JSON answer.
         #[arg(long, global = true)]
         json: bool,
         #[command(subcommand)]
         command: cli::task::TaskCommand,
     },
+}
+
+/// TLS of an `https://` address: whom to trust, and the client
+/// certificate for a daemon with `server.tls.client_auth`.
+#[derive(Args)]
+struct TlsArgs {
+    /// CA certificate(s) (PEM) the daemon's certificate must chain to
+    /// [default: the system's roots, or $SSL_CERT_FILE].
+    #[arg(long, global = true, env = "ROZD_CACERT", value_name = "FILE")]
+    cacert: Option<PathBuf>,
+    /// Client certificate chain (PEM), for a daemon that asks for one.
+    #[arg(
+        long,
+        global = true,
+        env = "ROZD_CERT",
+        value_name = "FILE",
+        requires = "key"
+    )]
+    cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert.
+    #[arg(
+        long,
+        global = true,
+        env = "ROZD_KEY",
+        value_name = "FILE",
+        requires = "cert"
+    )]
+    key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// Used by every `https://` connection of this command.
+    fn apply(self) {
+        cli::connect::set_client_tls(rozd::tls::client::ClientTlsFiles {
+            ca_file: self.cacert,
+            cert_file: self.cert,
+            key_file: self.key,
+        });
+    }
 }
 
 /// Where `rozd status` and `rozd estop` send their request.
@@ -186,12 +245,15 @@ Exit status:
 
 #[derive(Args)]
 struct ChatArgs {
-    /// Address of the daemon (host:port or http://host:port).
+    /// Address of the daemon (host:port, http://host:port, or
+    /// https://host:port for TLS).
     #[arg(long, default_value = cli::connect::DEFAULT_ADDR, env = "ROZD_ADDR")]
     addr: String,
     /// Bearer token, when the daemon requires one.
     #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// Model for the session (default: the daemon's `model.default`).
     #[arg(long)]
     model: Option<String>,
@@ -217,52 +279,74 @@ fn main() -> ExitCode {
     match parsed.command.unwrap_or(Command::Run) {
         Command::Run => run(config),
         Command::Check => check(config),
-        Command::Status { reach, token, json } => ExitCode::from(cli::status::status(
-            reach.addr(),
-            reach.socket(config).as_deref(),
-            token.as_deref(),
+        Command::Status {
+            reach,
+            token,
+            tls,
             json,
-        )),
+        } => ExitCode::from({
+            tls.apply();
+            cli::status::status(
+                reach.addr(),
+                reach.socket(config).as_deref(),
+                token.as_deref(),
+                json,
+            )
+        }),
         Command::Hosts {
             addr,
             token,
+            tls,
             environment,
             json,
-        } => ExitCode::from(cli::status::hosts(
-            &addr,
-            token.as_deref(),
-            environment.as_deref(),
-            json,
-        )),
-        Command::Chat(args) => ExitCode::from(cli::chat::exec(cli::chat::ChatOptions {
-            addr: args.addr,
-            token: args.token,
-            model: args.model,
-            host_id: args.host_id,
-            environment: args.environment,
-            prompt: args.prompt,
-            allow_shell: args.allow_shell,
-        })),
+        } => ExitCode::from({
+            tls.apply();
+            cli::status::hosts(&addr, token.as_deref(), environment.as_deref(), json)
+        }),
+        Command::Chat(args) => ExitCode::from({
+            args.tls.apply();
+            cli::chat::exec(cli::chat::ChatOptions {
+                addr: args.addr,
+                token: args.token,
+                model: args.model,
+                host_id: args.host_id,
+                environment: args.environment,
+                prompt: args.prompt,
+                allow_shell: args.allow_shell,
+            })
+        }),
+        Command::Mcp { addr, token, tls } => ExitCode::from({
+            tls.apply();
+            cli::mcp::exec(cli::mcp::Options { addr, token })
+        }),
         Command::Estop {
             reach,
             token,
+            tls,
             reason,
             clear,
             json,
-        } => ExitCode::from(cli::estop::estop(
-            reach.addr(),
-            reach.socket(config).as_deref(),
-            token.as_deref(),
-            reason.as_deref(),
-            clear,
-            json,
-        )),
+        } => ExitCode::from({
+            tls.apply();
+            cli::estop::estop(
+                reach.addr(),
+                reach.socket(config).as_deref(),
+                token.as_deref(),
+                reason.as_deref(),
+                clear,
+                json,
+            )
+        }),
         Command::Task {
             addr,
             token,
+            tls,
             json,
             command,
-        } => ExitCode::from(cli::task::exec(&addr, token.as_deref(), command, json)),
+        } => ExitCode::from({
+            tls.apply();
+            cli::task::exec(&addr, token.as_deref(), command, json)
+        }),
     }
 }
 
@@ -277,6 +361,9 @@ fn check(path: Option<&Path>) -> ExitCode {
     match load_config(path) {
         Ok(config) => {
             print!("{}", config.summary());
+            for warning in config.warnings() {
+                println!("warning: {warning}");
+            }
             println!("configuration OK");
             ExitCode::SUCCESS
         }

@@ -4,8 +4,8 @@
 //!
 //! A caller is identified by a bearer token (`Authorization: Bearer <t>`,
 //! the scheme in any case, RFC 7235) or, without one, by a verified client
-//! certificate's subject (the TLS layer puts a [`VerifiedClientSubject`]
-//! into the request). [`Credentials::identify`] turns either into a
+//! certificate's subject (the TLS layer puts a [`PeerIdentity`] into the
+//! request). [`Credentials::identify`] turns either into a
 //! credential's name and scope; [`super::scopes::need`] says what the
 //! request needs. The request then carries a [`Caller`] for the handlers,
 //! which name it (never the secret) in logs and the audit.
@@ -23,6 +23,7 @@ use super::scopes::{Need, need};
 use super::tracked::Connection;
 use crate::config::Config;
 use crate::config::types::{FLEET_CREDENTIAL, NamedClient, Scope};
+use crate::tls::PeerIdentity;
 
 /// Who made a request, as the handlers see it: the credential's name (a
 /// token's name, a certificate subject, `anonymous` when no credentials are
@@ -54,11 +55,6 @@ impl Caller {
         &self.credential
     }
 }
-
-/// The subject of a client certificate that the TLS layer verified against
-/// `server.tls.client_ca_file` (a request extension).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VerifiedClientSubject(pub String);
 
 /// How a caller presents itself.
 #[derive(Debug, Clone, Copy)]
@@ -209,8 +205,8 @@ pub async fn require_credential(
     let caller = if credentials.required() {
         let subject = request
             .extensions()
-            .get::<VerifiedClientSubject>()
-            .map(|s| s.0.clone());
+            .get::<PeerIdentity>()
+            .map(|p| p.subject.clone());
         match presented(request.headers().get(http::header::AUTHORIZATION)) {
             Presented::Bearer(token) => credentials
                 .identify(Identity::Bearer(token))

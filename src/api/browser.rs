@@ -21,7 +21,7 @@
 //! Triggering the protective stop (`POST /v1/estop`, gRPC `TriggerEstop`) is
 //! exempt: anyone may stop, a browser page included.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use axum::body::HttpBody as _;
@@ -84,6 +84,40 @@ impl AllowedHosts {
         }
         let host = normalize(host);
         self.names.contains(&host)
+    }
+}
+
+impl AllowedHosts {
+    /// The same names as a list, for a check that takes one (rmcp's at
+    /// `/mcp`): "any IP address" becomes the addresses this daemon can be
+    /// reached at (loopback, the listen address, or, listening on every
+    /// interface, each interface's address as of start-up). `None`: any host.
+    pub fn as_list(&self, listen: SocketAddr) -> Option<Vec<String>> {
+        if self.any {
+            return None;
+        }
+        let mut ips: Vec<IpAddr> = vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()];
+        if listen.ip().is_unspecified() {
+            match nix::ifaddrs::getifaddrs() {
+                Ok(interfaces) => ips.extend(interfaces.filter_map(|i| {
+                    let address = i.address?;
+                    address
+                        .as_sockaddr_in()
+                        .map(|a| IpAddr::from(a.ip()))
+                        .or_else(|| address.as_sockaddr_in6().map(|a| IpAddr::from(a.ip())))
+                })),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list this machine's addresses; /mcp answers to names and loopback only");
+                }
+            }
+        } else {
+            ips.push(listen.ip());
+        }
+        let mut list = self.names.clone();
+        list.extend(ips.into_iter().map(|ip| ip.to_string()));
+        list.sort();
+        list.dedup();
+        Some(list)
     }
 }
 

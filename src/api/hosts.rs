@@ -182,7 +182,7 @@ pub fn routes() -> Router<Arc<HostContext>> {
 }
 
 /// A host as REST shows it.
-fn host_json(h: &HostView) -> Value {
+pub(super) fn host_json(h: &HostView) -> Value {
     let r = &h.record;
     json!({
         "id": r.id,
@@ -201,7 +201,7 @@ fn host_json(h: &HostView) -> Value {
     })
 }
 
-fn fleet_json(ctx: &HostContext) -> Value {
+pub(super) fn fleet_json(ctx: &HostContext) -> Value {
     match ctx.fleet.config() {
         Some(c) => json!({
             "configured": true,

@@ -1,6 +1,7 @@
 //! Transport: tonic gRPC services and the axum REST API on one listener.
 
 mod agent;
+mod approvals;
 pub mod auth;
 pub mod browser;
 pub mod connections;
@@ -14,6 +15,10 @@ mod safety;
 pub mod scopes;
 mod tasks;
 pub mod tracked;
+pub mod ui;
+
+/// A connection's verified client certificate (a request extension).
+pub use crate::tls::PeerIdentity;
 
 /// The generated roz.v1 types, where the API's users have found them.
 pub use crate::proto;
@@ -81,11 +86,23 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .clone()
         .routes()
         .into_axum_router();
-    let router = grpc
+    let mut router = grpc
         .merge(rest::routes().with_state(ctx.clone()))
+        .merge(approvals::routes().with_state(ctx.clone()))
         .merge(safety::routes().with_state(ctx.clone()))
         .merge(tasks::routes().with_state(ctx.clone()))
         .merge(hosts::routes().with_state(ctx.clone()))
+        .merge(ui::routes().with_state(ctx.clone()));
+    let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
+    if ctx.config.mcp.enabled {
+        // Behind the same token and browser checks as every route; rmcp's
+        // own Host and Origin checks get the same names.
+        router = router.route_service(
+            "/mcp",
+            crate::mcp::server::service(ctx.clone(), allowed_hosts.as_list(ctx.listen_addr)),
+        );
+    }
+    let router = router
         .fallback(rest::fallback)
         .method_not_allowed_fallback(rest::method_not_allowed)
         // Inside authentication: what the routes and extractors answer
@@ -98,7 +115,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         // Outermost: a request for another host or from another origin
         // learns nothing, not even whether it would need a token.
         .layer(axum::middleware::from_fn_with_state(
-            Arc::new(browser::AllowedHosts::from_config(&ctx.config)),
+            allowed_hosts,
             browser::guard,
         ));
     Ok((router, health_reporter))

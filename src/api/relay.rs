@@ -121,10 +121,33 @@ pub async fn connect(
             .keep_alive_timeout(half)
             .keep_alive_while_idle(true);
     }
-    let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
+    let connecting = async {
+        if remote.endpoint.starts_with("https://") {
+            // The other host's certificate must chain to the fleet CA and
+            // name the host id the record claims: a record pointing
+            // somewhere else gets no fleet token.
+            if remote.tls.ca_file.is_none() {
+                return Err(
+                    "it advertises https://, and fleet.ca_file (the fleet's CA) is not set"
+                        .to_string(),
+                );
+            }
+            let config =
+                crate::tls::client::client_config(&remote.tls, Some(crate::tls::client::ALPN_H2))
+                    .map_err(|e| format!("fleet TLS: {e}"))?;
+            let name = crate::tls::client::server_name(&remote.id).map_err(|e| e.to_string())?;
+            endpoint
+                .connect_with_connector(crate::tls::client::grpc_connector(config, name))
+                .await
+                .map_err(|e| chain(&e))
+        } else {
+            endpoint.connect().await.map_err(|e| chain(&e))
+        }
+    };
+    let channel = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
         .await
         .map_err(|_| unavailable("no connection within 5 s".into()))?
-        .map_err(|e| unavailable(chain(&e)))?;
+        .map_err(unavailable)?;
     Ok(InterceptedService::new(
         channel,
         RelayHeaders {

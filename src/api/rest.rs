@@ -30,6 +30,28 @@ pub fn routes() -> Router<Arc<HostContext>> {
         .route("/v1/audit", get(audit))
         .route("/v1/sensors", get(sensors))
         .route("/v1/sensors/{name}", get(sensor))
+        .route("/metrics", get(metrics))
+}
+
+/// `GET /metrics`: every metric, the daemon's state sampled now; OpenMetrics
+/// when the client asks for it (Prometheus does), else the classic text format.
+async fn metrics(State(ctx): State<Arc<HostContext>>, headers: http::HeaderMap) -> Response {
+    let accept = headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let format = crate::metrics::Format::from_accept(accept);
+    match crate::metrics::render(&ctx, format) {
+        Ok(text) => ([(http::header::CONTENT_TYPE, format.content_type())], text).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode the metrics");
+            json_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "cannot encode the metrics; see the daemon log",
+            )
+            .into_response()
+        }
+    }
 }
 
 /// The routes the local control socket serves besides the safety ones.
@@ -66,6 +88,13 @@ async fn sensor(State(ctx): State<Arc<HostContext>>, Path(name): Path<String>) -
                 "sensor": view,
                 "alarm": alarm,
                 "stale_after_ms": spec.and_then(|s| s.stale_after).map(|d| d.as_millis() as u64),
+                "limits": spec.map(|s| json!({
+                    "warn_min": s.alarms.warn_min,
+                    "warn_max": s.alarms.warn_max,
+                    "critical_min": s.alarms.critical_min,
+                    "critical_max": s.alarms.critical_max,
+                })),
+                "digital": spec.is_some_and(|s| is_digital(&s.source)),
                 "history": history,
             }))
             .into_response()
@@ -79,6 +108,16 @@ async fn sensor(State(ctx): State<Arc<HostContext>>, Path(name): Path<String>) -
     }
 }
 
+/// A sensor that reads only 0 or 1: a GPIO input, the world's bumper or gripper.
+fn is_digital(source: &crate::hw::config::SensorSource) -> bool {
+    use crate::hw::config::SensorSource;
+    use crate::hw::sim_world::Quantity;
+    matches!(
+        source,
+        SensorSource::Gpio { .. } | SensorSource::World(Quantity::Bumper | Quantity::Holding)
+    )
+}
+
 async fn healthz(State(ctx): State<Arc<HostContext>>) -> Response {
     if ctx.shutdown.is_cancelled() {
         return (
@@ -90,10 +129,25 @@ async fn healthz(State(ctx): State<Arc<HostContext>>) -> Response {
     Json(json!({ "status": "ok" })).into_response()
 }
 
-async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> {
+async fn status(
+    State(ctx): State<Arc<HostContext>>,
+    peer: Option<axum::Extension<crate::tls::PeerIdentity>>,
+) -> Json<serde_json::Value> {
+    Json(status_json(
+        &ctx,
+        peer.map(|axum::Extension(peer)| peer.subject),
+    ))
+}
+
+/// The `/v1/status` answer (also the dashboard stream's `status` event);
+/// `client_certificate` is the caller's verified certificate subject.
+pub(super) fn status_json(
+    ctx: &HostContext,
+    client_certificate: Option<String>,
+) -> serde_json::Value {
     let c = &ctx.config;
     let stop = ctx.ooda.protective_stop().state();
-    Json(json!({
+    json!({
         "host_id": c.host.id,
         "name": c.host.display_name(),
         "environment_id": c.host.environment_id,
@@ -101,6 +155,13 @@ async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> 
         "uptime_secs": ctx.started_at.elapsed().as_secs(),
         "listen": ctx.listen_addr.to_string(),
         "auth_required": c.auth_required(),
+        "tls": ctx
+            .tls
+            .get()
+            .map_or_else(crate::tls::TlsStatus::disabled, |tls| tls.status()),
+        // The subject of the caller's verified client certificate, if it
+        // presented one: what `[[server.clients]]` would match.
+        "client_certificate": client_certificate,
         "sessions": {
             "active": ctx.sessions.active(),
             "started": ctx.sessions.started(),
@@ -121,7 +182,11 @@ async fn status(State(ctx): State<Arc<HostContext>>) -> Json<serde_json::Value> 
             hardware
         }),
         "fleet": ctx.fleet.link_stats(),
-    }))
+        "mcp": ctx.config.mcp.enabled.then(|| json!({
+            "sessions": ctx.mcp.sessions.count(),
+            "pending_approvals": ctx.mcp.approvals.list().len(),
+        })),
+    })
 }
 
 /// Query of `GET /v1/sessions`. Values are strings so that a bad value is

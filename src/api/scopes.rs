@@ -82,6 +82,7 @@ const REST_CHANGES: &[(&str, Need)] = &[
     ("/v1/tasks", Need::Scope(Scope::Operate)),
     ("/v1/tasks/*/cancel", Need::Scope(Scope::Operate)),
     ("/v1/tasks/*/approvals", Need::Scope(Scope::Operate)),
+    ("/v1/approvals/*", Need::Scope(Scope::Operate)),
 ];
 
 /// Paths reachable without a credential.
@@ -91,8 +92,14 @@ const PUBLIC: &[&str] = &["/healthz"];
 /// `read`; a state change not in the table needs `admin`, so a route added
 /// without a line here fails closed.
 pub fn need(method: &Method, path: &str) -> Need {
-    if PUBLIC.contains(&path) {
+    // The dashboard's page and assets load without a credential; the page
+    // then calls the API with one.
+    if PUBLIC.contains(&path) || super::ui::is_page(path) {
         return Need::Public;
+    }
+    // MCP: the host tools (actuators among them) for MCP clients.
+    if path == "/mcp" {
+        return Need::Scope(Scope::Operate);
     }
     if let Some((_, need)) = GRPC.iter().find(|(p, _)| *p == path) {
         return *need;
@@ -159,6 +166,8 @@ mod tests {
             "/v1/tasks",
             "/v1/tasks/t-1/cancel",
             "/v1/tasks/t-1/approvals",
+            "/v1/approvals/a-1",
+            "/mcp",
         ] {
             assert_eq!(
                 need(&Method::POST, path),
@@ -171,6 +180,9 @@ mod tests {
             "/v1/audit",
             "/v1/tasks/t-1",
             "/v1/hosts",
+            "/v1/approvals",
+            "/metrics",
+            "/v1/observation/stream",
             "/v1/anything-new",
         ] {
             assert_eq!(need(&Method::GET, path), Need::Scope(Scope::Read), "{path}");
@@ -187,6 +199,7 @@ mod tests {
             );
         }
         assert_eq!(need(&Method::GET, "/healthz"), Need::Public);
+        assert_eq!(need(&Method::GET, "/ui"), Need::Public);
     }
 
     #[test]

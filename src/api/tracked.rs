@@ -86,9 +86,12 @@ impl Drop for InFlight {
 }
 
 /// `router` as the service of one connection.
+/// `peer`: the connection's verified client certificate, given to every
+/// request as an extension.
 pub fn service(
     router: axum::Router,
     connection: Connection,
+    peer: Option<crate::tls::PeerIdentity>,
 ) -> impl tower::Service<
     http::Request<hyper::body::Incoming>,
     Response = http::Response<Body>,
@@ -98,6 +101,9 @@ pub fn service(
     tower::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
         let in_flight = InFlight::start(connection.clone());
         request.extensions_mut().insert(connection.clone());
+        if let Some(peer) = &peer {
+            request.extensions_mut().insert(peer.clone());
+        }
         let router = router.clone();
         async move {
             let response = router.oneshot(request).await?;

@@ -14,8 +14,10 @@ use crate::proto::CLI_USER_AGENT_PREFIX;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("invalid address {0:?}: expected host:port or http://host:port")]
+    #[error("invalid address {0:?}: expected host:port, http://host:port or https://host:port")]
     Address(String),
+    #[error("TLS to {addr}: {message}")]
+    Tls { addr: String, message: String },
     #[error("cannot connect to {addr}: {source}")]
     Connect {
         addr: String,
@@ -82,12 +84,26 @@ async fn send(
 ) -> Result<Reply, ClientError> {
     let authority =
         super::connect::authority(addr).map_err(|_| ClientError::Address(addr.to_string()))?;
+    let connect_error = |source| ClientError::Connect {
+        addr: authority.clone(),
+        source,
+    };
+    if super::connect::is_tls(addr) {
+        let tls_error = |e: super::connect::ConnectError| ClientError::Tls {
+            addr: authority.clone(),
+            message: e.to_string(),
+        };
+        let config =
+            super::connect::tls_config(crate::tls::client::ALPN_HTTP1).map_err(tls_error)?;
+        let name = super::connect::tls_server_name(&authority).map_err(tls_error)?;
+        let stream = crate::tls::client::connect(config, &authority, name)
+            .await
+            .map_err(connect_error)?;
+        return exchange(stream, &authority, &authority, method, path, token, json).await;
+    }
     let stream = TcpStream::connect(&authority)
         .await
-        .map_err(|source| ClientError::Connect {
-            addr: authority.clone(),
-            source,
-        })?;
+        .map_err(connect_error)?;
     exchange(stream, &authority, &authority, method, path, token, json).await
 }
 

@@ -1,7 +1,7 @@
 //! The command-line clients of a running daemon: `rozd status`, `rozd
-//! hosts`, `rozd estop`, `rozd task` and `rozd chat`. `main.rs` parses the
-//! command line and calls in here; each command prints its own output and
-//! returns its exit status.
+//! hosts`, `rozd estop`, `rozd task`, `rozd chat` and `rozd mcp`. `main.rs`
+//! parses the command line and calls in here; each command prints its own
+//! output and returns its exit status.
 //!
 //! - [`connect`]: the address, bearer token, gRPC channel and timeouts every client shares
 //! - [`client`]: a small HTTP/1.1 client (TCP or the local control socket) and where that socket is
@@ -9,17 +9,20 @@
 //! - [`estop`]: `rozd estop`, triggering or clearing the protective stop
 //! - [`task`]: `rozd task ...`, over REST and gRPC
 //! - [`chat`]: `rozd chat`, an interactive gRPC session
+//! - [`mcp`]: `rozd mcp`, a stdio MCP server relaying to the daemon's `/mcp`
 //! - [`format`](mod@format): the human-readable forms of the daemon's JSON answers
 //!
 //! Nothing here is part of the daemon: of rozd it uses the protocol
-//! ([`crate::proto`]), the configuration (to find the control socket) and
-//! one published limit of the REST API ([`crate::api::MAX_HOSTS_LIMIT`]).
+//! ([`crate::proto`]), the configuration (to find the control socket), one
+//! published limit of the REST API ([`crate::api::MAX_HOSTS_LIMIT`]) and
+//! the server-sent-events decoder ([`crate::model::sse`], for `rozd mcp`).
 
 pub mod chat;
 pub mod client;
 pub mod connect;
 pub mod estop;
 pub mod format;
+pub mod mcp;
 pub mod status;
 pub mod task;
 

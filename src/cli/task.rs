@@ -199,13 +199,13 @@ fn refused(status: tonic::Status) -> TaskCliError {
 }
 
 async fn watch(addr: &str, token: Option<&str>, id: &str) -> Result<u8, TaskCliError> {
-    let authority = connect::authority(addr).map_err(|e| no_answer(e.to_string()))?;
+    connect::authority(addr).map_err(|e| no_answer(e.to_string()))?;
     let bearer =
         Bearer::new(token).map_err(|_| no_answer("the token is not valid in an HTTP header"))?;
-    let channel = connect::channel(&authority, WATCH_CONNECT_TIMEOUT)
+    let channel = connect::channel(addr, WATCH_CONNECT_TIMEOUT)
         .await
         .map_err(|e| match e {
-            ConnectError::Connect { .. } => no_answer(e.to_string()),
+            ConnectError::Connect { .. } | ConnectError::Tls(_) => no_answer(e.to_string()),
             ConnectError::Address(_) | ConnectError::Token => {
                 no_answer(format!("invalid address {addr:?}"))
             }

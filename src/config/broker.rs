@@ -157,6 +157,8 @@ pub struct BrokerLimits {
 pub struct BrokerFields<'a> {
     pub client_id: Option<&'a str>,
     pub ca_file: Option<&'a Path>,
+    pub cert_file: Option<&'a Path>,
+    pub key_file: Option<&'a Path>,
     pub keep_alive_secs: u64,
     pub reconnect_min_ms: u64,
     pub reconnect_max_ms: u64,
@@ -193,19 +195,34 @@ pub fn check(fields: &BrokerFields<'_>, limits: &BrokerLimits) -> Result<(), Inv
     }
     check_max_packet_size(fields.max_packet_size, limits.min_packet_size)
         .map_err(|why| Invalid::new(key("max_packet_size"), why))?;
-    if let Some(path) = fields.ca_file
-        && let Err(e) = std::fs::File::open(path)
-    {
-        return Err(Invalid::new(
-            key("ca_file"),
-            format!("cannot read {}: {e}", path.display()),
-        ));
+    match (fields.cert_file, fields.key_file) {
+        (Some(_), None) => {
+            return Err(Invalid::new(key("key_file"), "cert_file needs key_file"));
+        }
+        (None, Some(_)) => {
+            return Err(Invalid::new(key("cert_file"), "key_file needs cert_file"));
+        }
+        _ => {}
+    }
+    for (name, path) in [
+        ("ca_file", fields.ca_file),
+        ("cert_file", fields.cert_file),
+        ("key_file", fields.key_file),
+    ] {
+        if let Some(path) = path
+            && let Err(e) = std::fs::File::open(path)
+        {
+            return Err(Invalid::new(
+                key(name),
+                format!("cannot read {}: {e}", path.display()),
+            ));
+        }
     }
     Ok(())
 }
 
 /// Declares a broker section: the connection fields every broker section
-/// shares (url, client id, credentials, CA file, keep-alive, reconnect
+/// shares (url, client id, credentials, CA file, client certificate, keep-alive, reconnect
 /// backoff, maximum packet size), written once here, then the section's
 /// own fields. `defaults` names the section's default functions (serde
 /// `default` paths) of `keep_alive_secs` and `max_packet_size`.
@@ -240,6 +257,14 @@ macro_rules! broker_section {
             /// CA certificate (PEM) for `mqtts://`; default: the system roots.
             #[serde(default)]
             pub ca_file: Option<std::path::PathBuf>,
+            /// Client certificate chain (PEM) presented to the broker over
+            /// `mqtts://` (with `key_file`); a broker with
+            /// `use_identity_as_username` takes its CN as the user name.
+            #[serde(default)]
+            pub cert_file: Option<std::path::PathBuf>,
+            /// Private key (PEM) of `cert_file`.
+            #[serde(default)]
+            pub key_file: Option<std::path::PathBuf>,
             /// MQTT keep-alive: the broker publishes a last will when it has
             /// heard nothing for 1.5 times this.
             #[serde(default = $keep_alive)]
@@ -261,6 +286,8 @@ macro_rules! broker_section {
                 $crate::config::broker::BrokerFields {
                     client_id: self.client_id.as_deref(),
                     ca_file: self.ca_file.as_deref(),
+                    cert_file: self.cert_file.as_deref(),
+                    key_file: self.key_file.as_deref(),
                     keep_alive_secs: self.keep_alive_secs,
                     reconnect_min_ms: self.reconnect_min_ms,
                     reconnect_max_ms: self.reconnect_max_ms,
@@ -278,6 +305,8 @@ macro_rules! broker_section {
                     username: self.username.clone(),
                     password_env: self.password_env.clone(),
                     ca_file: self.ca_file.clone(),
+                    cert_file: self.cert_file.clone(),
+                    key_file: self.key_file.clone(),
                     keep_alive_secs: self.keep_alive_secs,
                     reconnect_min_ms: self.reconnect_min_ms,
                     reconnect_max_ms: self.reconnect_max_ms,

@@ -111,6 +111,9 @@ pub struct Config {
     /// The fleet registry's broker; absent: this host alone.
     #[serde(default)]
     pub fleet: Option<crate::fleet::config::FleetConfig>,
+    /// The MCP server at `/mcp`.
+    #[serde(default)]
+    pub mcp: crate::mcp::config::McpConfig,
     /// The validated reflex rules.
     #[serde(skip)]
     pub reflex_rules: Vec<crate::ooda::rules::Rule>,
@@ -276,6 +279,7 @@ impl Config {
         if let Some(fleet) = self.fleet.as_mut() {
             crate::fleet::config::validate(fleet, &self.host, &self.server, self.mqtt.as_ref())?;
         }
+        crate::mcp::config::validate(&self.mcp)?;
         self.resolve_tokens()?;
         self.resolve_credentials()?;
         if !self.server.listen.ip().is_loopback()
@@ -288,6 +292,21 @@ impl Config {
                     "{} is not a loopback address and no auth tokens are configured; \
                      set server.auth_tokens, server.auth_token_file or [[server.tokens]], or set \
                      server.allow_unauthenticated_remote = true to accept the risk",
+                    self.server.listen
+                ),
+            ));
+        }
+        if !self.server.listen.ip().is_loopback()
+            && self.server.tls.is_none()
+            && !self.server.allow_plaintext_remote
+        {
+            return Err(Invalid::new(
+                "server.listen",
+                format!(
+                    "{} is not a loopback address and [server.tls] is not configured: tokens \
+                     and sessions would cross the network in cleartext; configure \
+                     [server.tls] (cert_file, key_file), or set \
+                     server.allow_plaintext_remote = true to accept the risk",
                     self.server.listen
                 ),
             ));
@@ -536,6 +555,9 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if let Some(tls) = &s.tls {
+            validate_server_tls(tls)?;
+        }
         for (i, host) in s.allowed_hosts.iter().enumerate() {
             if let Err(why) = check_allowed_host_entry(host) {
                 return Err(Invalid::new(
@@ -579,6 +601,19 @@ impl Config {
         }
         self.resolved_tokens = tokens;
         Ok(())
+    }
+
+    /// What an operator should know that does not stop rozd from starting:
+    /// a certificate that expires within 30 days (or has expired).
+    pub fn warnings(&self) -> Vec<String> {
+        let now = crate::clock::now_ms() / 1000;
+        let mut warnings = Vec::new();
+        if let Some(tls) = &self.server.tls
+            && let Ok(report) = crate::tls::server::check(tls, now)
+        {
+            warnings.extend(report.warning.map(|w| format!("server.tls: {w}")));
+        }
+        warnings
     }
 
     /// `[[server.tokens]]` (secrets read from their variable or file) and
@@ -690,4 +725,49 @@ impl Config {
             + self.named_clients.len()
             + usize::from(self.fleet.as_ref().is_some_and(|f| f.token.is_some()))
     }
+}
+
+/// `[server.tls]`: its bounds, and that its files make a certificate the
+/// listener can serve (the key belongs to the certificate, the client CAs
+/// are CA certificates).
+fn validate_server_tls(tls: &super::types::ServerTlsConfig) -> Result<(), Invalid> {
+    if !(1..=300).contains(&tls.handshake_timeout_secs) {
+        return Err(Invalid::new(
+            "server.tls.handshake_timeout_secs",
+            "must be between 1 and 300",
+        ));
+    }
+    if tls.reload_check_secs > 86_400 {
+        return Err(Invalid::new(
+            "server.tls.reload_check_secs",
+            "must be between 0 (only on SIGHUP) and 86400",
+        ));
+    }
+    if tls.client_auth != super::types::ClientAuth::None && tls.client_ca_file.is_none() {
+        return Err(Invalid::new(
+            "server.tls.client_ca_file",
+            format!(
+                "client_auth = \"{}\" needs the CAs that client certificates chain to",
+                tls.client_auth.as_str()
+            ),
+        ));
+    }
+    crate::tls::server::check(tls, 0).map_err(|e| {
+        let key = match &e {
+            crate::tls::TlsError::Read { path, .. }
+            | crate::tls::TlsError::Pem { path, .. }
+            | crate::tls::TlsError::Certificate { path, .. } => {
+                if *path == tls.key_file {
+                    "server.tls.key_file"
+                } else if Some(path) == tls.client_ca_file.as_ref() {
+                    "server.tls.client_ca_file"
+                } else {
+                    "server.tls.cert_file"
+                }
+            }
+            crate::tls::TlsError::Config { .. } => "server.tls",
+        };
+        Invalid::new(key, e.to_string())
+    })?;
+    Ok(())
 }

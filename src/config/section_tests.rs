@@ -150,7 +150,8 @@ fn the_token_is_accepted_for_auth_and_never_printed() {
     let path = dir.path().join("fleet-token");
     std::fs::write(&path, "# shared by the lab's hosts\n\n  s3cret-fleet  \n").unwrap();
     let c = parse(&format!(
-        "[server]\nlisten = \"0.0.0.0:8080\"\n[fleet]\nurl = \"mqtt://b\"\n\
+        "[server]\nlisten = \"0.0.0.0:8080\"\nallow_plaintext_remote = true\n\
+         [fleet]\nurl = \"mqtt://b\"\n\
          advertise = \"http://10.0.0.7:8080\"\ntoken_file = {:?}\n",
         path.display().to_string()
     ))

@@ -3,6 +3,28 @@
 use super::load::{BUILTIN_NAME, Config};
 
 impl Config {
+    /// `[server.tls]` in one line: the certificate's subject and end, and
+    /// client authentication.
+    fn tls_summary(&self) -> String {
+        let Some(tls) = &self.server.tls else {
+            return if self.server.allow_plaintext_remote {
+                "off (plaintext, allowed on every address)".to_string()
+            } else {
+                "off (plaintext)".to_string()
+            };
+        };
+        match crate::tls::server::check(tls, 0) {
+            Ok(report) => format!(
+                "{} ({}, until {}), client certificates: {}",
+                tls.cert_file.display(),
+                report.subject,
+                report.not_after,
+                tls.client_auth.as_str()
+            ),
+            Err(e) => format!("cannot be served: {e}"),
+        }
+    }
+
     /// A human-readable summary of the effective configuration (no secrets).
     pub fn summary(&self) -> String {
         let source = self
@@ -30,6 +52,7 @@ impl Config {
                 "none (loopback only)".to_string()
             }
         ));
+        line(format!("tls:           {}", self.tls_summary()));
         let server = &self.server;
         line(format!(
             "connections:   at most {} over TCP, HTTP/1 head within {} s, idle closed after {} s",
@@ -126,6 +149,7 @@ impl Config {
                 None => "none (this host alone)".to_string(),
             }
         ));
+        line(format!("mcp:           {}", self.mcp.describe()));
         let sensors: Vec<&str> = self.sensors.iter().map(|s| s.name.as_str()).collect();
         let actuators: Vec<&str> = self.actuators.iter().map(|a| a.name.as_str()).collect();
         line(format!(

@@ -179,10 +179,40 @@ fn semantic_errors_point_at_the_key_in_arrays_of_tables() {
 fn non_loopback_without_tokens_is_refused_unless_allowed() {
     let (_, line, key) = invalid("[server]\nlisten = \"0.0.0.0:8080\"\n");
     assert_eq!((line, key.as_str()), (Some(2), "server.listen"));
-    assert!(parse("[server]\nlisten = \"0.0.0.0:8080\"\nauth_tokens = [\"t0ken\"]\n").is_ok());
+    let plaintext = "allow_plaintext_remote = true\n";
     assert!(
-        parse("[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n").is_ok()
+        parse(&format!(
+            "[server]\nlisten = \"0.0.0.0:8080\"\nauth_tokens = [\"t0ken\"]\n{plaintext}"
+        ))
+        .is_ok()
     );
+    assert!(
+        parse(&format!(
+            "[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n{plaintext}"
+        ))
+        .is_ok()
+    );
+}
+
+#[test]
+fn non_loopback_without_tls_is_refused_unless_allowed() {
+    let c = "[server]\nlisten = \"0.0.0.0:8080\"\nauth_tokens = [\"t0ken\"]\n";
+    let (_, line, key) = invalid(c);
+    assert_eq!((line, key.as_str()), (Some(2), "server.listen"));
+    let message = parse(c).unwrap_err().to_string();
+    assert!(message.contains("allow_plaintext_remote"), "{message}");
+    assert!(parse(&format!("{c}allow_plaintext_remote = true\n")).is_ok());
+    // Loopback needs neither.
+    assert!(parse("[server]\nlisten = \"127.0.0.1:8080\"\n").is_ok());
+    // [server.tls] with files that are not there names the key.
+    let (_, _, key) = invalid(&format!(
+        "{c}[server.tls]\ncert_file = \"/nonexistent/c.pem\"\nkey_file = \"/nonexistent/k.pem\"\n"
+    ));
+    assert_eq!(key, "server.tls.cert_file");
+    let (_, _, key) = invalid(
+        "[server.tls]\ncert_file = \"/x\"\nkey_file = \"/y\"\nclient_auth = \"required\"\n",
+    );
+    assert_eq!(key, "server.tls.client_ca_file");
 }
 
 #[test]
@@ -454,7 +484,7 @@ fn sub_modules_do_not_import_the_aggregate() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut offenders = Vec::new();
     for dir in [
-        "fleet", "safety", "hw", "model", "ooda", "tools", "session", "team",
+        "fleet", "safety", "hw", "model", "ooda", "tools", "session", "team", "mcp",
     ] {
         let mut stack = vec![src.join(dir)];
         while let Some(path) = stack.pop() {
@@ -482,4 +512,40 @@ fn sub_modules_do_not_import_the_aggregate() {
         "import config::types or config::broker instead:\n{}",
         offenders.join("\n")
     );
+}
+
+/// A broken config file is an error naming where, never a panic: arbitrary
+/// text, and the built-in config with a line replaced by arbitrary text.
+mod properties {
+    use proptest::prelude::*;
+
+    use crate::config::{BUILTIN_CONFIG, Config, ConfigSource};
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn any_text_loads_or_is_refused(text in "\\PC{0,300}") {
+            let _ = Config::parse(&text, ConfigSource::BuiltIn);
+        }
+
+        #[test]
+        fn a_mangled_built_in_config_loads_or_names_a_line(
+            line in any::<prop::sample::Index>(),
+            replacement in prop_oneof![
+                "\\PC{0,40}",
+                "[a-z_]{1,12} = (-?[0-9]{1,12}(\\.[0-9]{1,3})?|\"[a-z:/.]{0,12}\"|\\[[0-9, ]{0,10}\\]|true|1e999|nan|inf)",
+                Just("[[sensors]]".to_string()),
+                Just("[sim]".to_string()),
+            ],
+        ) {
+            let mut lines: Vec<&str> = BUILTIN_CONFIG.lines().collect();
+            let i = line.index(lines.len());
+            lines[i] = &replacement;
+            let text = lines.join("\n");
+            if let Err(e) = Config::parse(&text, ConfigSource::BuiltIn) {
+                prop_assert!(!e.to_string().is_empty());
+            }
+        }
+    }
 }

@@ -101,6 +101,13 @@ pub struct ServerConfig {
     pub auth_token_file: Option<PathBuf>,
     #[serde(default)]
     pub allow_unauthenticated_remote: bool,
+    /// Lets a non-loopback listener serve without TLS (tokens and sessions
+    /// then cross the network in cleartext).
+    #[serde(default)]
+    pub allow_plaintext_remote: bool,
+    /// `[server.tls]`: the listener serves TLS (absent: plaintext).
+    #[serde(default)]
+    pub tls: Option<ServerTlsConfig>,
     /// How long open streams get to finish after SIGTERM before they are cut.
     #[serde(default = "default_shutdown_grace_secs")]
     pub shutdown_grace_secs: u64,
@@ -247,6 +254,8 @@ impl Default for ServerConfig {
             auth_tokens: Vec::new(),
             auth_token_file: None,
             allow_unauthenticated_remote: false,
+            allow_plaintext_remote: false,
+            tls: None,
             shutdown_grace_secs: default_shutdown_grace_secs(),
             http2_keepalive_secs: default_http2_keepalive_secs(),
             max_connections: default_max_connections(),
@@ -259,6 +268,58 @@ impl Default for ServerConfig {
             max_concurrent_streams: default_max_concurrent_streams(),
         }
     }
+}
+
+/// Whether the listener asks clients for a certificate (`server.tls.client_auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// No client certificates.
+    #[default]
+    None,
+    /// Clients may present one; it must chain to `client_ca_file`.
+    Optional,
+    /// Clients must present one chaining to `client_ca_file`.
+    Required,
+}
+
+impl ClientAuth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientAuth::None => "none",
+            ClientAuth::Optional => "optional",
+            ClientAuth::Required => "required",
+        }
+    }
+}
+
+/// `[server.tls]`: the listener's certificate and client authentication.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTlsConfig {
+    /// PEM: the certificate chain, the listener's own certificate first.
+    pub cert_file: PathBuf,
+    /// PEM: the private key of `cert_file` (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// PEM: the CAs that client certificates must chain to.
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+    #[serde(default)]
+    pub client_auth: ClientAuth,
+    /// Bound on a client's TLS handshake.
+    #[serde(default = "default_handshake_timeout_secs")]
+    pub handshake_timeout_secs: u64,
+    /// How often the files are checked for a change (then reloaded); 0:
+    /// only on SIGHUP.
+    #[serde(default = "default_reload_check_secs")]
+    pub reload_check_secs: u64,
+}
+
+fn default_handshake_timeout_secs() -> u64 {
+    10
+}
+fn default_reload_check_secs() -> u64 {
+    10
 }
 
 /// The file name of the control socket in its default directory.

@@ -27,10 +27,15 @@ broker_section! {
         /// of its intervals is `stale`.
         #[serde(default = "default_heartbeat_secs")]
         pub heartbeat_secs: u64,
-        /// The gRPC endpoint other hosts reach this one at, `http://host:port`.
-        /// Default: `http://<the bound listen address>`.
+        /// The gRPC endpoint other hosts reach this one at, `http://host:port`
+        /// or `https://host:port`. Default: the bound listen address, with
+        /// `https://` when `[server.tls]` is configured.
         #[serde(default)]
         pub advertise: Option<String>,
+        /// Whether the listener serves TLS (from `[server.tls]`, set at
+        /// validation): the default `advertise` is then `https://`.
+        #[serde(skip)]
+        pub listener_tls: bool,
         /// Environment variable holding the fleet token.
         #[serde(default)]
         pub token_env: Option<String>,
@@ -80,9 +85,10 @@ impl FleetConfig {
 
     /// The endpoint this host advertises, given the address it is bound to.
     pub fn advertised(&self, bound: std::net::SocketAddr) -> String {
+        let scheme = if self.listener_tls { "https" } else { "http" };
         self.advertise
             .clone()
-            .unwrap_or_else(|| format!("http://{bound}"))
+            .unwrap_or_else(|| format!("{scheme}://{bound}"))
     }
 }
 
@@ -145,6 +151,15 @@ pub fn validate(
             );
         }
     }
+    fleet.listener_tls = server.tls.is_some();
+    if fleet.cert_file.is_some() && fleet.ca_file.is_none() {
+        return err(
+            "ca_file",
+            "fleet.cert_file (this host's certificate) needs fleet.ca_file, the fleet's CA: \
+             relays check that the other host's certificate chains to it"
+                .into(),
+        );
+    }
     if fleet.password_env.is_some() && fleet.username.is_none() {
         return err("password_env", "needs fleet.username".into());
     }
@@ -152,6 +167,21 @@ pub fn validate(
         Some(endpoint) => {
             if let Err(why) = check_endpoint(endpoint) {
                 return err("advertise", why);
+            }
+            if endpoint.starts_with("https://") && server.tls.is_none() {
+                return err(
+                    "advertise",
+                    format!("{endpoint:?} is https://, but [server.tls] is not configured"),
+                );
+            }
+            if endpoint.starts_with("http://") && fleet.cert_file.is_some() {
+                return err(
+                    "advertise",
+                    format!(
+                        "{endpoint:?} is plaintext, but this fleet uses host certificates \
+                         (fleet.cert_file): other hosts relay only over TLS; advertise https://"
+                    ),
+                );
             }
         }
         None if server.listen.ip().is_unspecified() => {
@@ -217,16 +247,14 @@ pub fn validate(
     Ok(())
 }
 
-/// An endpoint other hosts can dial: `http://host:port` (TLS between hosts
-/// is not built in; see the README).
+/// An endpoint other hosts can dial: `http://host:port` or
+/// `https://host:port` (then the host's certificate must name its host id).
 pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
     let uri: http::Uri = endpoint
         .parse()
         .map_err(|e| format!("{endpoint:?} is not a URL: {e}"))?;
-    if uri.scheme_str() != Some("http") {
-        return Err(format!(
-            "{endpoint:?} must start with http:// (rozd does not dial other hosts over TLS)"
-        ));
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(format!("{endpoint:?} must start with http:// or https://"));
     }
     let Some(authority) = uri.authority() else {
         return Err(format!("{endpoint:?} has no host"));
@@ -249,8 +277,8 @@ mod tests {
         assert!(check_endpoint("http://10.0.0.7:8080").is_ok());
         assert!(check_endpoint("http://rover-1.lan:8080/").is_ok());
         assert!(check_endpoint("http://[::1]:8080").is_ok());
+        assert!(check_endpoint("https://rover-1.lan:8443").is_ok());
         for bad in [
-            "https://a:1",
             "a:1",
             "http://a",
             "http://a:1/x",

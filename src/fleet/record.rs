@@ -401,3 +401,56 @@ mod tests {
         assert_eq!(t.host_of("roz/v1/estop/lab"), None);
     }
 }
+
+/// Whatever arrives on a fleet topic is a record, a command, or refused;
+/// never a panic.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn payload() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..400),
+            // JSON-looking payloads with the fields a record and a command use.
+            prop::collection::vec(
+                prop::sample::select(vec![
+                    "{",
+                    "}",
+                    "[",
+                    "]",
+                    ",",
+                    ":",
+                    "\"id\"",
+                    "\"host_id\"",
+                    "\"status\"",
+                    "\"online\"",
+                    "\"stop\"",
+                    "true",
+                    "false",
+                    "\"stamp_ms\"",
+                    "1",
+                    "-1",
+                    "1e400",
+                    "null",
+                    "\"x\"",
+                    "\"endpoint\"",
+                    "\"http://a:1\"",
+                ]),
+                0..60,
+            )
+            .prop_map(|parts| parts.concat().into_bytes()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn any_payload_is_a_record_or_refused(id in "[a-z0-9_.-]{0,12}", bytes in payload()) {
+            let _ = parse_record(&id, &bytes);
+            let _ = parse_command(&bytes);
+        }
+    }
+}

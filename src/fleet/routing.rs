@@ -19,6 +19,11 @@ pub struct RemoteHost {
     /// This host's id, which the relayed request carries (so the other
     /// host relays it no further).
     pub relayed_by: String,
+    /// For an `https://` endpoint: the fleet CA the other host's
+    /// certificate must chain to (it must also name [`RemoteHost::id`]),
+    /// and this host's client certificate (`[fleet]` `ca_file`,
+    /// `cert_file`, `key_file`).
+    pub tls: crate::tls::client::ClientTlsFiles,
 }
 
 /// Where a `host_id` is served.
@@ -111,11 +116,25 @@ impl Fleet {
                         age_ms / 1000
                     )));
                 }
+                // With host certificates the fleet token goes only where a
+                // certificate proves the host is `host_id`.
+                if config.cert_file.is_some() && !endpoint.starts_with("https://") {
+                    return Err(RouteError::Unavailable(format!(
+                        "host {host_id:?} advertises {endpoint}, which is not TLS; this fleet uses \
+                         host certificates (fleet.cert_file), so the fleet token is sent only \
+                         over TLS to a host whose certificate names it"
+                    )));
+                }
                 Ok(Route::Remote(RemoteHost {
                     id: host_id.to_string(),
                     endpoint: endpoint.clone(),
                     token: config.token.clone(),
                     relayed_by: self.own.id.clone(),
+                    tls: crate::tls::client::ClientTlsFiles {
+                        ca_file: config.ca_file.clone(),
+                        cert_file: config.cert_file.clone(),
+                        key_file: config.key_file.clone(),
+                    },
                 }))
             }
         }

@@ -277,3 +277,42 @@ mod tests {
         assert_eq!(format!("{:?}", key()), "MessageKey(..)");
     }
 }
+
+/// Sealing round-trips, and any change to a sealed message is caught.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn a_sealed_body_opens_and_a_changed_one_does_not(
+            token in "[ -~]{1,40}",
+            topic in "[a-z/]{1,30}",
+            body in "\\PC{0,100}",
+            flip in any::<prop::sample::Index>(),
+            garbage in prop::collection::vec(any::<u8>(), 0..200),
+        ) {
+            let key = MessageKey::from_token(&token);
+            let sealed = seal(&key, &topic, &body);
+            prop_assert_eq!(open(&key, &topic, &sealed).unwrap(), body.clone());
+            let other_topic = format!("{topic}x");
+            prop_assert!(open(&key, &other_topic, &sealed).is_err());
+            let other_key = MessageKey::from_token(&format!("{token}x"));
+            prop_assert!(open(&other_key, &topic, &sealed).is_err());
+            let mut changed = sealed.clone();
+            let i = flip.index(changed.len());
+            changed[i] ^= 0x01;
+            // A flipped bit may still be the same JSON (e.g. in whitespace
+            // escapes); it must never open to a different body.
+            if let Ok(opened) = open(&key, &topic, &changed) {
+                prop_assert_eq!(opened, body);
+            }
+            let _ = open(&key, &topic, &garbage);
+            let _ = content(&garbage);
+        }
+    }
+}

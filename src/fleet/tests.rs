@@ -127,6 +127,7 @@ fn routes_follow_presence() {
             endpoint: "http://127.0.0.1:7001".into(),
             token: Some(Secret::new(TOKEN)),
             relayed_by: "a".into(),
+            tls: Default::default(),
         }))
     );
     assert!(matches!(
@@ -462,4 +463,50 @@ fn the_audit_names_only_authentic_senders() {
         "fleet stop of environment lab from host b: smoke"
     );
     assert!(stop_reason("lab", &c, StopKind::Replayed).contains("replayed"));
+}
+
+/// With host certificates (`fleet.cert_file`) the fleet token goes only
+/// over TLS: a record advertising `http://` is not relayed to, and a route
+/// to an `https://` one carries the fleet CA and this host's certificate.
+#[test]
+fn with_host_certificates_only_tls_endpoints_are_routed_to() {
+    let host: HostConfig = toml::from_str("id = \"a\"\nenvironment_id = \"lab\"\n").unwrap();
+    let mut config: FleetConfig = toml::from_str(
+        "url = \"mqtts://127.0.0.1:1\"\nca_file = \"/etc/fleet-ca.pem\"\n\
+         cert_file = \"/etc/a.pem\"\nkey_file = \"/etc/a.key\"\n",
+    )
+    .unwrap();
+    config.token = Some(Secret::new(TOKEN));
+    let f = Fleet::new(
+        &host,
+        Some(&config),
+        Offer::default(),
+        "127.0.0.1:7000".parse().unwrap(),
+        ProtectiveStop::default(),
+    );
+    put(&f, "b", RecordStatus::Online, Some("http://127.0.0.1:7001"));
+    put(
+        &f,
+        "c",
+        RecordStatus::Online,
+        Some("https://127.0.0.1:7002"),
+    );
+    match f.route("b", None) {
+        Err(RouteError::Unavailable(why)) => assert!(why.contains("not TLS"), "{why}"),
+        other => panic!("routed to a plaintext endpoint: {other:?}"),
+    }
+    match f.route("c", None) {
+        Ok(Route::Remote(remote)) => {
+            assert_eq!(remote.endpoint, "https://127.0.0.1:7002");
+            assert_eq!(
+                remote.tls,
+                crate::tls::client::ClientTlsFiles {
+                    ca_file: Some("/etc/fleet-ca.pem".into()),
+                    cert_file: Some("/etc/a.pem".into()),
+                    key_file: Some("/etc/a.key".into()),
+                }
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }

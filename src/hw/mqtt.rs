@@ -730,6 +730,8 @@ mod tests {
             username: None,
             password_env: None,
             ca_file: None,
+            cert_file: None,
+            key_file: None,
             keep_alive_secs: 30,
             reconnect_min_ms: 100,
             reconnect_max_ms: 1000,

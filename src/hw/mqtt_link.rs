@@ -16,7 +16,6 @@
 //! take would be retried on every reconnection.
 
 use std::hash::{BuildHasher, RandomState};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -89,9 +88,7 @@ pub fn options(
         (None, None) => {}
     }
     if address.tls {
-        o.set_transport(Transport::tls_with_config(tls_config(
-            cfg.ca_file.as_deref(),
-        )?));
+        o.set_transport(Transport::tls_with_config(tls_config(cfg)?));
     }
     Ok(o)
 }
@@ -103,51 +100,33 @@ pub fn persistent_session(o: &mut MqttOptions) {
     o.set_session_expiry_interval(Some(SESSION_NEVER_EXPIRES));
 }
 
-/// rustls client configuration: the process-wide provider (ring installed
-/// if none is), roots from `ca_file` (PEM) or the system.
-fn tls_config(ca_file: Option<&std::path::Path>) -> Result<TlsConfiguration, String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-
-    // Idempotent: keeps a provider someone else installed first.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let provider = rustls::crypto::CryptoProvider::get_default()
-        .cloned()
-        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-    let mut roots = rustls::RootCertStore::empty();
-    match ca_file {
-        Some(path) => {
-            let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("mqtt.ca_file {}: {e}", path.display()))?;
-            for cert in certs {
-                let cert = cert.map_err(|e| format!("mqtt.ca_file {}: {e}", path.display()))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("mqtt.ca_file {}: {e}", path.display()))?;
+/// rustls client configuration: roots from `ca_file` (PEM) or the system,
+/// and the client certificate of `cert_file`/`key_file` if set.
+fn tls_config(cfg: &MqttConfig) -> Result<TlsConfiguration, String> {
+    use crate::tls::client::{ClientTlsFiles, client_config};
+    let files = ClientTlsFiles {
+        ca_file: cfg.ca_file.clone(),
+        cert_file: cfg.cert_file.clone(),
+        key_file: cfg.key_file.clone(),
+    };
+    let config = client_config(&files, None).map_err(|e| {
+        let key = match &e {
+            crate::tls::TlsError::Read { path, .. }
+            | crate::tls::TlsError::Pem { path, .. }
+            | crate::tls::TlsError::Certificate { path, .. } => {
+                if Some(path) == cfg.ca_file.as_ref() {
+                    "ca_file"
+                } else if Some(path) == cfg.key_file.as_ref() {
+                    "key_file"
+                } else {
+                    "cert_file"
+                }
             }
-            if roots.is_empty() {
-                return Err(format!(
-                    "mqtt.ca_file {} holds no certificate",
-                    path.display()
-                ));
-            }
-        }
-        None => {
-            let found = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(found.certs);
-            if roots.is_empty() {
-                return Err(
-                    "no system root certificates found for mqtts:// (set mqtt.ca_file)".to_string(),
-                );
-            }
-        }
-    }
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(TlsConfiguration::Rustls(Arc::new(config)))
+            crate::tls::TlsError::Config { .. } => "ca_file",
+        };
+        format!("broker TLS ({key}): {e}")
+    })?;
+    Ok(TlsConfiguration::Rustls(config))
 }
 
 /// Exponential backoff with jitter.
@@ -365,6 +344,8 @@ mod tests {
             username: None,
             password_env: None,
             ca_file: None,
+            cert_file: None,
+            key_file: None,
             keep_alive_secs: 30,
             reconnect_min_ms: 100,
             reconnect_max_ms: 1000,

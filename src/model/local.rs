@@ -665,3 +665,29 @@ mod tests {
         assert_eq!(delay, Duration::MAX);
     }
 }
+
+/// Any user text becomes commands (or `Invalid` ones), never a panic.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn any_text_splits_and_parses(
+            text in prop_oneof![
+                "\\PC{0,200}",
+                "((help|status|read|set|call|echo|wait|spawn|await|context) [a-z0-9 {}\":;.\\-]{0,40}[;\n]?){1,6}",
+            ],
+        ) {
+            let tools = ["observe", "read_sensor", "speed", "spawn_worker", "await_workers"];
+            for line in split_commands(&text) {
+                prop_assert!(!line.is_empty());
+                let _ = parse_command(&line, &tools);
+            }
+        }
+    }
+}

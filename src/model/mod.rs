@@ -256,6 +256,7 @@ pub struct ModelRegistry {
 impl ModelRegistry {
     /// The registry for a configuration's (validated) `[model]` section.
     pub fn from_config(config: &config::ModelConfig) -> Self {
+        crate::metrics::known_models(config.endpoints.iter().map(|e| e.model.as_str()));
         let endpoints = config
             .endpoints
             .iter()

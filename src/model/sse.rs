@@ -227,3 +227,74 @@ mod tests {
         assert!(d.push(b"\n\n").is_empty());
     }
 }
+
+/// Properties over arbitrary byte streams (bounded case counts; `fuzz/`
+/// runs the decoder for long).
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn decode_in(bytes: &[u8], cuts: &[usize]) -> Vec<SseEvent> {
+        let mut decoder = SseDecoder::new();
+        let mut events = Vec::new();
+        let mut start = 0;
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+        cuts.sort_unstable();
+        for cut in cuts {
+            events.extend(decoder.push(&bytes[start..cut.max(start)]));
+            start = cut.max(start);
+        }
+        events.extend(decoder.push(&bytes[start..]));
+        events
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// However a provider's stream is cut into chunks, the same events
+        /// come out, and no bytes make the decoder panic.
+        #[test]
+        fn chunking_never_changes_the_events(
+            bytes in prop::collection::vec(
+                prop_oneof![
+                    4 => prop::sample::select(b"data: event:id:\r\n\n x{}\xef\xbb\xbf\xc3\xa9".to_vec()),
+                    1 => any::<u8>(),
+                ],
+                0..300,
+            ),
+            cuts in prop::collection::vec(any::<usize>(), 0..8),
+        ) {
+            prop_assert_eq!(decode_in(&bytes, &cuts), decode_in(&bytes, &[]));
+        }
+
+        /// Events written in the SSE format are read back as written, with
+        /// any line ending.
+        #[test]
+        fn written_events_read_back(
+            events in prop::collection::vec(
+                ("[a-z_]{0,10}", prop::collection::vec("[^\r\n]{0,20}", 1..4)),
+                1..5,
+            ),
+            ending in prop::sample::select(vec!["\n", "\r\n", "\r"]),
+        ) {
+            let mut text = String::new();
+            for (event, lines) in &events {
+                if !event.is_empty() {
+                    text.push_str(&format!("event: {event}{ending}"));
+                }
+                for line in lines {
+                    text.push_str(&format!("data: {line}{ending}"));
+                }
+                text.push_str(ending);
+            }
+            let read = decode_in(text.as_bytes(), &[]);
+            prop_assert_eq!(read.len(), events.len());
+            for (got, (event, lines)) in read.iter().zip(&events) {
+                prop_assert_eq!(&got.event, event);
+                prop_assert_eq!(&got.data, &lines.join("\n"));
+            }
+        }
+    }
+}

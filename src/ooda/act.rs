@@ -233,6 +233,7 @@ impl Actuators {
         origin: Origin,
         hold: Option<Duration>,
     ) -> Result<Applied, ActError> {
+        let origin_kind = crate::metrics::origin_kind(&origin);
         let caller = CancellationToken::new();
         let _caller_present = caller.clone().drop_guard();
         let me = self.clone();
@@ -241,7 +242,7 @@ impl Actuators {
             me.command_task(&actuator, value, origin, hold, caller)
                 .await
         });
-        match task.await {
+        let result = match task.await {
             Ok(result) => result,
             // A panic in a driver: the actuator's state is unknown; go safe.
             Err(e) => {
@@ -254,7 +255,9 @@ impl Actuators {
                     error: HwError::Io(format!("the command failed inside rozd: {e}")),
                 })
             }
-        }
+        };
+        crate::metrics::actuator_command(name, origin_kind, &result);
+        result
     }
 
     async fn command_task(
@@ -422,6 +425,7 @@ impl Actuators {
             Some(Origin::Session(id)) => Some(id.clone()),
             _ => None,
         };
+        crate::metrics::actuator_safe(&entry.spec.name, matches!(result, Ok(Ok(()))));
         let error = match &result {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e.to_string()),

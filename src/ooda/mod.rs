@@ -383,6 +383,19 @@ impl Ooda {
     pub fn sim_world(&self) -> Option<WorldView> {
         self.sim.as_ref().map(SimLoop::view)
     }
+    /// The simulated world's room (when the host runs a world), and the
+    /// sensor that reads its range straight ahead, if one does.
+    pub fn sim_spec(&self) -> Option<(crate::hw::sim_world::WorldSpec, Option<String>)> {
+        self.sim.as_ref().map(|sim| {
+            let range = sim
+                .sensors
+                .iter()
+                .find(|(_, q)| *q == Quantity::FrontDistance)
+                .map(|(name, _)| name.clone());
+            (sim.lock().spec().clone(), range)
+        })
+    }
+
     /// Cancelled at shutdown; driver tasks started by the daemon watch it too.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()

@@ -239,10 +239,17 @@ fn tokenize(src: &str) -> Result<Vec<Tok>, String> {
     Ok(out)
 }
 
+/// Bounds on a condition, so that no config can make the parser, the type
+/// check or the evaluation recurse deep enough to overflow the stack.
+const MAX_TOKENS: usize = 512;
+const MAX_NESTING: usize = 32;
+
 struct Parser<'a> {
     toks: Vec<Tok>,
     pos: usize,
     names: &'a HashSet<String>,
+    /// Open parentheses, `not`s and unary minuses around the current token.
+    depth: usize,
 }
 
 impl Parser<'_> {
@@ -278,9 +285,21 @@ impl Parser<'_> {
     }
     fn unary(&mut self) -> Result<Expr, String> {
         if self.keyword("not") {
-            return Ok(Expr::Not(Box::new(self.unary()?)));
+            let inner = self.nested(Self::unary)?;
+            return Ok(Expr::Not(Box::new(inner)));
         }
         self.compare()
+    }
+    fn nested(&mut self, f: fn(&mut Self) -> Result<Expr, String>) -> Result<Expr, String> {
+        if self.depth >= MAX_NESTING {
+            return Err(format!(
+                "the condition is nested too deeply (at most {MAX_NESTING} levels of (), not and -)"
+            ));
+        }
+        self.depth += 1;
+        let e = f(self);
+        self.depth -= 1;
+        e
     }
     fn compare(&mut self) -> Result<Expr, String> {
         let left = self.term()?;
@@ -299,9 +318,9 @@ impl Parser<'_> {
     fn term(&mut self) -> Result<Expr, String> {
         match self.next() {
             Some(Tok::Num(n)) => Ok(Expr::Num(n)),
-            Some(Tok::Op("-")) => Ok(Expr::Neg(Box::new(self.term()?))),
+            Some(Tok::Op("-")) => Ok(Expr::Neg(Box::new(self.nested(Self::term)?))),
             Some(Tok::LParen) => {
-                let e = self.or()?;
+                let e = self.nested(Self::or)?;
                 match self.next() {
                     Some(Tok::RParen) => Ok(e),
                     _ => Err("missing ')'".into()),
@@ -369,10 +388,17 @@ fn type_of(e: &Expr) -> Result<Type, String> {
 /// Parses and type-checks a condition; `names` are the sensors and actuators.
 pub fn parse_condition(src: &str, names: &HashSet<String>) -> Result<Expr, String> {
     let toks = tokenize(src)?;
+    if toks.len() > MAX_TOKENS {
+        return Err(format!(
+            "the condition is too long ({} tokens; at most {MAX_TOKENS})",
+            toks.len()
+        ));
+    }
     let mut p = Parser {
         toks,
         pos: 0,
         names,
+        depth: 0,
     };
     let e = p.or()?;
     if p.pos < p.toks.len() {
@@ -628,5 +654,139 @@ mod tests {
         );
         assert!(rule.step(&mut s, &near, t0 + Duration::from_millis(1100)));
         assert_eq!(s.fired, 2);
+    }
+}
+
+/// Properties over arbitrary conditions and observations (bounded case
+/// counts; `fuzz/` runs the same for long).
+#[cfg(test)]
+mod properties {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    struct Arbitrary(HashMap<String, f64>);
+    impl Facts for Arbitrary {
+        fn value(&self, n: &str) -> Option<f64> {
+            self.0.get(n).copied()
+        }
+        fn stale(&self, n: &str) -> bool {
+            !self.0.contains_key(n)
+        }
+        fn alarm(&self, n: &str) -> f64 {
+            self.0.get(n).map_or(0.0, |v| v.abs() % 3.0)
+        }
+        fn age_ms(&self, n: &str) -> Option<f64> {
+            self.0.get(n).map(|v| v.abs())
+        }
+    }
+
+    fn names() -> HashSet<String> {
+        ["dist", "temp", "speed"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    }
+
+    /// Tokens of the rule language, so generated conditions often parse.
+    fn token() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::sample::select(vec![
+                "dist",
+                "temp",
+                "speed",
+                "nope",
+                "and",
+                "or",
+                "not",
+                "true",
+                "false",
+                "(",
+                ")",
+                "<",
+                "<=",
+                ">",
+                ">=",
+                "==",
+                "!=",
+                "-",
+                "stale(dist)",
+                "alarm(temp)",
+                "age_ms(speed)",
+                "stale(",
+                "1e309",
+                ".5",
+                "0",
+            ])
+            .prop_map(str::to_string),
+            any::<f64>().prop_map(|v| format!("{v}")),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            any::<f64>(),
+            Just(f64::NAN),
+            Just(f64::INFINITY),
+            Just(f64::NEG_INFINITY),
+            -10.0..10.0f64,
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Any text is a condition or an error, never a panic.
+        #[test]
+        fn any_text_parses_or_is_refused(src in "\\PC{0,120}") {
+            let _ = parse_condition(&src, &names());
+        }
+
+        /// A condition that parses evaluates without panicking on any
+        /// observation, missing, non-finite and stale values included.
+        #[test]
+        fn parsed_conditions_evaluate_on_any_observation(
+            tokens in prop::collection::vec(token(), 1..16),
+            values in prop::collection::vec(prop::option::of(value()), 3),
+        ) {
+            let src = tokens.join(" ");
+            if let Ok(expr) = parse_condition(&src, &names()) {
+                let facts = Arbitrary(
+                    ["dist", "temp", "speed"]
+                        .iter()
+                        .zip(values)
+                        .filter_map(|(n, v)| v.map(|v| (n.to_string(), v)))
+                        .collect(),
+                );
+                let _ = eval_bool(&expr, &facts);
+            }
+        }
+    }
+
+    /// Nesting a hostile config could write is refused, not a stack
+    /// overflow.
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        for src in [
+            format!("{}dist > 0{}", "(".repeat(100), ")".repeat(100)),
+            format!("{}dist > 0", "not ".repeat(100)),
+            format!("{}1 > 0", "- ".repeat(100)),
+        ] {
+            let err = parse_condition(&src, &names()).expect_err("too deep");
+            assert!(err.contains("nested too deeply"), "{err}");
+        }
+        // Long chains build deep trees too: bounded by length.
+        for src in [
+            format!("{}dist > 0{}", "(".repeat(100_000), ")".repeat(100_000)),
+            vec!["dist > 0"; 100_000].join(" or "),
+        ] {
+            let err = parse_condition(&src, &names()).expect_err("too long");
+            assert!(err.contains("too long"), "{err}");
+        }
+        // What a person writes is far inside both bounds.
+        let nested = format!("{}dist > 0{}", "(".repeat(10), ")".repeat(10));
+        assert!(parse_condition(&nested, &names()).is_ok());
     }
 }

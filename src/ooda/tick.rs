@@ -78,6 +78,7 @@ impl Ooda {
             state.until_publish -= 1;
         }
         let exec = started.elapsed();
+        crate::metrics::loop_tick(wake.late, exec);
         self.recorder
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

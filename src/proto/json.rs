@@ -107,3 +107,43 @@ mod tests {
         assert!(struct_to_json(&s, "p").is_err());
     }
 }
+
+/// A tool's parameters survive the trip through `google.protobuf.Struct`.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            "\\PC{0,12}".prop_map(Value::String),
+            (-1_000_000i64..1_000_000).prop_map(Value::from),
+            (-1e6..1e6f64)
+                .prop_filter("a fraction", |v| v.fract() != 0.0)
+                .prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map("[a-z]{1,6}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn objects_round_trip(
+            object in prop::collection::btree_map("[a-z]{1,6}", json(), 0..6)
+        ) {
+            let value = Value::Object(object.into_iter().collect());
+            let back = struct_to_json(&json_to_struct(&value), "input").unwrap();
+            prop_assert_eq!(back, value);
+        }
+    }
+}

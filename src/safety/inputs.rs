@@ -361,3 +361,30 @@ mod tests {
         assert!(GpioStopInput::from_config(&SafetyConfig::default()).is_none());
     }
 }
+
+/// No payload on the stop topic panics the input.
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn any_payload_is_a_stop_or_not(payload in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = is_stop_payload(&payload);
+        }
+
+        /// A stop wrapped in any amount of whitespace is still a stop.
+        #[test]
+        fn a_padded_stop_is_a_stop(
+            pad_before in "[ \t\r\n]{0,5}",
+            pad_after in "[ \t\r\n]{0,5}",
+        ) {
+            let padded = format!("{pad_before}stop{pad_after}");
+            prop_assert!(is_stop_payload(padded.as_bytes()));
+        }
+    }
+}

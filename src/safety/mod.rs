@@ -277,6 +277,7 @@ impl ProtectiveStop {
             by: by.map(str::to_string),
         });
         self.changed(&mut latch);
+        crate::metrics::stop_triggered(source);
         if was_active {
             tracing::warn!(source, reason, "PROTECTIVE STOP: another cause");
         } else {

@@ -6,6 +6,7 @@
 //! [`turn`].
 
 pub mod context;
+pub mod host_call;
 pub mod permissions;
 mod record;
 pub mod schema;
@@ -206,6 +207,7 @@ pub async fn run(
                 .await;
             tracing::warn!(session_id = %id, ?released, "deadman after a failed session task");
             ctx.hooks.session_ended(&id, "internal_error");
+            crate::metrics::session_ended("internal_error");
             if let Err(e) = ctx
                 .store
                 .session_ended(id.clone(), "internal_error".into())
@@ -779,6 +781,7 @@ impl Runner {
             .await;
         if let Some(session) = &self.session {
             self.ctx.hooks.session_ended(&session.id, end.as_str());
+            crate::metrics::session_ended(end.as_str());
             if let Err(e) = self
                 .ctx
                 .store

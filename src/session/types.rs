@@ -3,21 +3,7 @@
 
 use serde_json::Value;
 
-use crate::config::types::ToolCategory;
-
-/// A tool the model may call, as declared by a client (or, later, the host).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolSpec {
-    pub name: String,
-    pub description: String,
-    /// JSON Schema of the parameters (an object; `{}` when none was given).
-    pub parameters_schema: Value,
-    /// Declared timeout; 0 means "use the configured default".
-    pub timeout_ms: u32,
-    /// `ToolCategoryHint::UNSPECIFIED` arrives here as `Physical`: a tool that
-    /// does not say it is harmless is treated as one that moves things.
-    pub category: ToolCategory,
-}
+pub use crate::tools::ToolSpec;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct StartRequest {

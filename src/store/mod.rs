@@ -292,8 +292,20 @@ impl Store {
         .map_err(StoreError::from)
     }
 
+    /// [`Store::with_conn`] for a write, timed for the metrics (queueing included).
+    async fn with_write<T: Send + 'static>(
+        &self,
+        kind: &'static str,
+        f: impl FnOnce(&mut Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let started = std::time::Instant::now();
+        let result = self.with_conn(f).await;
+        crate::metrics::store_write(kind, started.elapsed());
+        result
+    }
+
     pub async fn session_started(&self, s: SessionRecord) -> Result<(), StoreError> {
-        self.with_conn(move |c| {
+        self.with_write("session", move |c| {
             c.execute(
                 "INSERT INTO sessions (id, host_id, environment_id, model, started_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![s.id, s.host_id, s.environment_id, s.model, s.started_at_ms],
@@ -304,7 +316,7 @@ impl Store {
     }
 
     pub async fn session_ended(&self, id: String, reason: String) -> Result<(), StoreError> {
-        self.with_conn(move |c| {
+        self.with_write("session", move |c| {
             c.execute(
                 "UPDATE sessions SET ended_at_ms = ?1, end_reason = ?2 WHERE id = ?3 AND ended_at_ms IS NULL",
                 params![now_ms(), reason, id],
@@ -315,7 +327,7 @@ impl Store {
     }
 
     pub async fn turn_completed(&self, t: TurnRecord) -> Result<(), StoreError> {
-        self.with_conn(move |c| {
+        self.with_write("turn", move |c| {
             c.execute(
                 "INSERT INTO turns (session_id, seq, message_id, ai_mode, user_content, messages_json, stop_reason,
                     input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, started_at_ms, ended_at_ms)
@@ -347,7 +359,7 @@ impl Store {
         message_id: String,
         rating: String,
     ) -> Result<(), StoreError> {
-        self.with_conn(move |c| {
+        self.with_write("feedback", move |c| {
             c.execute(
                 "INSERT INTO feedback (session_id, message_id, rating, created_at_ms) VALUES (?1, ?2, ?3, ?4)",
                 params![session_id, message_id, rating, now_ms()],
@@ -422,7 +434,7 @@ impl Store {
 
     /// Appends one audit record.
     pub async fn audit(&self, r: AuditRecord) -> Result<(), StoreError> {
-        self.with_conn(move |c| {
+        self.with_write("audit", move |c| {
             c.execute(
                 "INSERT INTO audit (at_ms, kind, session_id, tool_call_id, tool, actuator, parameters, decision,
                     result, error, origin, started_at_ms, ended_at_ms, duration_ms, credential)

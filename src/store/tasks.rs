@@ -122,7 +122,7 @@ fn events(
 impl Store {
     /// Records a new task with its first status (log entry 1).
     pub async fn task_created(&self, task: TaskRow) -> Result<(), StoreError> {
-        self.with_conn(move |c| {
+        self.with_write("task", move |c| {
             let tx = c.transaction()?;
             tx.execute(
                 &format!(
@@ -154,7 +154,7 @@ impl Store {
         status: String,
         detail: Option<String>,
     ) -> Result<i64, StoreError> {
-        self.with_conn(move |c| {
+        self.with_write("task", move |c| {
             let tx = c.transaction()?;
             let seq = set_status(&tx, &task_id, &status, detail.as_deref(), now_ms())?;
             tx.commit()?;
@@ -171,7 +171,7 @@ impl Store {
         worker_id: Option<String>,
         body: serde_json::Value,
     ) -> Result<i64, StoreError> {
-        self.with_conn(move |c| {
+        self.with_write("task", move |c| {
             let tx = c.transaction()?;
             let seq = append(&tx, &task_id, now_ms(), &kind, worker_id.as_deref(), &body)?;
             tx.commit()?;
@@ -228,7 +228,7 @@ impl Store {
         detail: &'static str,
         reason: &'static str,
     ) -> Result<Vec<String>, StoreError> {
-        self.with_conn(move |c| {
+        self.with_write("task", move |c| {
             let placeholders = terminal
                 .iter()
                 .map(|s| format!("'{s}'"))

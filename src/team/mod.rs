@@ -73,6 +73,8 @@ pub struct ApprovalView {
     pub tool_call_id: String,
     pub worker_id: String,
     pub tool: String,
+    /// The call's parameters (what approving would apply; never modified).
+    pub parameters: serde_json::Value,
 }
 
 /// The tasks running on this daemon.
@@ -315,6 +317,7 @@ impl LiveTask {
                     tool_call_id: p.tool_call_id.clone(),
                     worker_id: p.worker_id.clone(),
                     tool: p.tool.clone(),
+                    parameters: p.parameters.clone(),
                 })
                 .collect(),
         }

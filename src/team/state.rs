@@ -253,6 +253,8 @@ pub struct PendingApproval {
     pub call_id: String,
     pub worker_id: String,
     pub tool: String,
+    /// The call's parameters, as the model gave them.
+    pub parameters: serde_json::Value,
 }
 
 /// The live state of a running task. The status follows from it: running
@@ -340,6 +342,7 @@ mod tests {
                 call_id: "c1".into(),
                 worker_id: "w".into(),
                 tool: "fan".into(),
+                parameters: serde_json::json!({"value": 1}),
             },
         );
         assert_eq!(s.live_status(), TaskStatus::WaitingApproval);

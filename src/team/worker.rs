@@ -233,7 +233,7 @@ struct Driver<'a> {
     inbox: mpsc::Sender<TurnInput>,
     cancel: CancellationToken,
     failure: Option<(FailReason, String)>,
-    call_names: HashMap<String, String>,
+    call_names: HashMap<String, (String, serde_json::Value)>,
     /// `await_workers` calls in progress.
     awaiting: FuturesUnordered<BoxFuture<'static, ToolOutcome>>,
 }
@@ -253,8 +253,12 @@ impl Driver<'_> {
                     )
                     .await;
             }
-            TurnNote::ToolCall { id, name } => {
-                self.call_names.insert(id, name.clone());
+            TurnNote::ToolCall {
+                id,
+                name,
+                parameters,
+            } => {
+                self.call_names.insert(id, (name.clone(), parameters));
                 self.task
                     .publish(
                         self.ctx,
@@ -280,7 +284,7 @@ impl Driver<'_> {
                 state: Activity::WaitingApproval,
                 detail,
             } => {
-                let tool = self.call_names.get(&detail).cloned().unwrap_or_default();
+                let (tool, parameters) = self.call_names.get(&detail).cloned().unwrap_or_default();
                 self.task
                     .approval_waiting(
                         self.ctx,
@@ -289,6 +293,7 @@ impl Driver<'_> {
                             call_id: detail,
                             worker_id: self.plan.worker_id.clone(),
                             tool,
+                            parameters,
                         },
                         self.inbox.clone(),
                     )

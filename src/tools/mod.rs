@@ -22,6 +22,9 @@ use crate::hw::config::ValueSet;
 use crate::ooda::Ooda;
 use crate::ooda::act::{ActError, Origin};
 
+mod spec;
+pub use spec::ToolSpec;
+
 pub const OBSERVE: &str = "observe";
 pub const READ_SENSOR: &str = "read_sensor";
 pub const STOP_ALL: &str = "stop_all";
@@ -33,16 +36,6 @@ pub const RESERVED: &[&str] = &[OBSERVE, READ_SENSOR, STOP_ALL, SERIAL_QUERY];
 const READ_HISTORY: usize = 20;
 /// Upper bound of a `serial_query` reply wait.
 const SERIAL_QUERY_MAX_MS: u64 = 10_000;
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct HostToolDef {
-    pub name: String,
-    pub description: String,
-    pub schema: Value,
-    pub category: ToolCategory,
-    /// The daemon's own deadline for one execution; not extendable by the model or client.
-    pub timeout: Duration,
-}
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ToolError {
@@ -79,7 +72,7 @@ impl From<ActError> for ToolError {
 #[derive(Debug)]
 pub struct HostTools {
     ooda: Arc<Ooda>,
-    defs: Vec<HostToolDef>,
+    defs: Vec<ToolSpec>,
     raw_ports: Vec<String>,
 }
 
@@ -96,30 +89,30 @@ impl HostTools {
         let mut defs = Vec::new();
         if !sensors.is_empty() {
             defs.extend([
-            HostToolDef {
+            ToolSpec {
                 name: OBSERVE.into(),
                 description: "The host's current Observation: every sensor's value, unit, age, health and alarm, \
                               actuator states and the protective-stop state. Optionally only some sensors."
                     .into(),
-                schema: json!({
+                parameters_schema: json!({
                     "type": "object",
                     "properties": {"sensors": {"type": "array", "items": {"type": "string", "enum": sensors}}},
                     "additionalProperties": false
                 }),
                 category: ToolCategory::Pure,
-                timeout: Duration::from_secs(1),
+                timeout_ms: spec::millis(Duration::from_secs(1)),
             },
-            HostToolDef {
+            ToolSpec {
                 name: READ_SENSOR.into(),
                 description: "One sensor's latest value with its recent history (newest last).".into(),
-                schema: json!({
+                parameters_schema: json!({
                     "type": "object",
                     "properties": {"name": {"type": "string", "enum": sensors}},
                     "required": ["name"],
                     "additionalProperties": false
                 }),
                 category: ToolCategory::Pure,
-                timeout: Duration::from_secs(1),
+                timeout_ms: spec::millis(Duration::from_secs(1)),
             },
         ]);
         }
@@ -143,7 +136,7 @@ impl HostTools {
                 ),
                 None => " A command holds until changed.".to_string(),
             };
-            defs.push(HostToolDef {
+            defs.push(ToolSpec {
                 name: spec.name.clone(),
                 description: format!(
                     "Sets actuator `{}`{}{}. Allowed: {}; safe value {}.{}",
@@ -154,7 +147,7 @@ impl HostTools {
                     spec.safe_value,
                     hold
                 ),
-                schema: json!({
+                parameters_schema: json!({
                     "type": "object",
                     "properties": {
                         "value": value,
@@ -164,31 +157,32 @@ impl HostTools {
                     "additionalProperties": false
                 }),
                 category: ToolCategory::Physical,
-                timeout: spec.timeout,
+                timeout_ms: spec::millis(spec.timeout),
             });
         }
         let has_actuators = ooda.actuators().specs().next().is_some();
         if has_actuators {
-            defs.push(HostToolDef {
+            defs.push(ToolSpec {
                 name: STOP_ALL.into(),
                 description: "Drives every actuator to its safe value now.".into(),
-                schema: json!({"type": "object", "properties": {}, "additionalProperties": false}),
+                parameters_schema: json!({"type": "object", "properties": {}, "additionalProperties": false}),
                 category: ToolCategory::Physical,
-                timeout: ooda
-                    .actuators()
-                    .specs()
-                    .map(|s| s.timeout)
-                    .max()
-                    .unwrap_or(Duration::from_secs(1)),
+                timeout_ms: spec::millis(
+                    ooda.actuators()
+                        .specs()
+                        .map(|s| s.timeout)
+                        .max()
+                        .unwrap_or(Duration::from_secs(1)),
+                ),
             });
         }
         if !raw_ports.is_empty() {
-            defs.push(HostToolDef {
+            defs.push(ToolSpec {
                 name: SERIAL_QUERY.into(),
                 description: "Sends raw text to a serial device and optionally waits for a reply line matching \
                               a regular expression."
                     .into(),
-                schema: json!({
+                parameters_schema: json!({
                     "type": "object",
                     "properties": {
                         "port": {"type": "string", "enum": raw_ports},
@@ -200,7 +194,7 @@ impl HostTools {
                     "additionalProperties": false
                 }),
                 category: ToolCategory::Physical,
-                timeout: Duration::from_millis(SERIAL_QUERY_MAX_MS),
+                timeout_ms: spec::millis(Duration::from_millis(SERIAL_QUERY_MAX_MS)),
             });
         }
         HostTools {
@@ -210,7 +204,7 @@ impl HostTools {
         }
     }
 
-    pub fn definitions(&self) -> &[HostToolDef] {
+    pub fn definitions(&self) -> &[ToolSpec] {
         &self.defs
     }
 
@@ -219,7 +213,7 @@ impl HostTools {
         self.ooda.protective_stop().state()
     }
 
-    pub fn get(&self, name: &str) -> Option<&HostToolDef> {
+    pub fn get(&self, name: &str) -> Option<&ToolSpec> {
         self.defs.iter().find(|d| d.name == name)
     }
 
@@ -256,11 +250,11 @@ impl HostTools {
             // and then drive the safe value (bounded the same way), so they
             // finish within twice the deadline. This backstop is for anything
             // that does not; a PHYSICAL tool that hits it still goes safe.
-            () = tokio::time::sleep(def.timeout * 2 + Duration::from_secs(1)) => {
+            () = tokio::time::sleep(def.timeout() * 2 + Duration::from_secs(1)) => {
                 if self.ooda.actuators().spec(name).is_some() {
                     let _ = self.ooda.actuators().safe(name, "host tool backstop deadline").await;
                 }
-                Err(ToolError::Timeout(format!("`{name}` did not finish within {} ms", def.timeout.as_millis())))
+                Err(ToolError::Timeout(format!("`{name}` did not finish within {} ms", def.timeout_ms)))
             }
         }
     }

@@ -113,7 +113,7 @@ fn check_prints_the_effective_configuration() {
     let path = write(
         dir.path(),
         "ok.toml",
-        "[host]\nid = \"rover-1\"\n[server]\nlisten = \"0.0.0.0:9000\"\nauth_tokens = [\"top-secret-token\"]\n",
+        "[host]\nid = \"rover-1\"\n[server]\nlisten = \"0.0.0.0:9000\"\nauth_tokens = [\"top-secret-token\"]\nallow_plaintext_remote = true\n",
     );
     let out = rozd(&["check", "--config", &path], dir.path());
     assert!(out.status.success());

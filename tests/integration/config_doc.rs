@@ -154,3 +154,13 @@ fn every_server_key_is_documented_with_an_example() {
         &DOC[start..end],
     );
 }
+
+#[test]
+fn every_mcp_key_is_documented_with_an_example() {
+    let start = DOC.find("\n[mcp]\n").expect("an [mcp] section");
+    let end = DOC[start..]
+        .find("\n[model]\n")
+        .map(|i| start + i)
+        .expect("[model] after [mcp]");
+    assert_documented("[mcp]", &accepted_keys("[mcp]\nZZZ\n"), &DOC[start..end]);
+}

@@ -72,20 +72,8 @@ async fn robot_with_token(safety: &str) -> TestDaemon {
     .await
 }
 
-/// Waits on the loop's own tick signal until `pred` holds (bounded).
 async fn until(ooda: &Ooda, what: &str, pred: impl Fn(&Observation) -> bool) -> Arc<Observation> {
-    let mut rx = ooda.subscribe();
-    tokio::time::timeout(EXPECT_WITHIN, async {
-        loop {
-            let obs = rx.borrow_and_update().clone();
-            if pred(&obs) {
-                return obs;
-            }
-            rx.changed().await.expect("loop alive");
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{what} within {EXPECT_WITHIN:?}"))
+    common::observed(ooda, EXPECT_WITHIN, what, pred).await
 }
 
 fn operator() -> Origin {
@@ -805,6 +793,8 @@ async fn mqtt_listen_subscribes_before_and_after_the_connection() {
         username: None,
         password_env: None,
         ca_file: None,
+        cert_file: None,
+        key_file: None,
         keep_alive_secs: 5,
         reconnect_min_ms: 50,
         reconnect_max_ms: 400,
@@ -1120,38 +1110,6 @@ async fn a_fleet_clear_never_clears_a_later_local_stop() {
     daemon.shutdown().await;
 }
 
-/// `rozd run` as a child process (killed on drop), returned once it told
-/// the notify socket READY=1.
-async fn spawn_rozd(dir: &std::path::Path, config: &std::path::Path) -> tokio::process::Child {
-    let socket_path = dir.join(format!("notify-{}.sock", uuid::Uuid::new_v4().simple()));
-    let socket = tokio::net::UnixDatagram::bind(&socket_path).expect("notify socket");
-    let child = tokio::process::Command::new(common::ROZD)
-        .args(["run", "--config"])
-        .arg(config)
-        .env("NOTIFY_SOCKET", &socket_path)
-        .env_remove("WATCHDOG_USEC")
-        .env_remove("ROZD_CONFIG")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn rozd");
-    let mut buf = [0u8; 4096];
-    tokio::time::timeout(EXPECT_WITHIN, async {
-        loop {
-            let n = socket.recv(&mut buf).await.expect("notify socket");
-            if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("rozd says READY=1");
-    let _ = std::fs::remove_file(&socket_path);
-    child
-}
-
 #[tokio::test]
 async fn the_stop_survives_kill_9_and_only_an_explicit_clear_ends_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -1168,7 +1126,7 @@ async fn the_stop_survives_kill_9_and_only_an_explicit_clear_ends_it() {
         ),
     )
     .unwrap();
-    let mut rozd = spawn_rozd(dir.path(), &config).await;
+    let mut rozd = common::spawn_rozd(dir.path(), &config).await;
     let reply = rozd::cli::client::post_json(
         &addr,
         "/v1/estop",
@@ -1185,7 +1143,7 @@ async fn the_stop_survives_kill_9_and_only_an_explicit_clear_ends_it() {
     rozd.kill().await.expect("kill -9");
 
     // Back up latched, as before, with an audit row saying so.
-    let mut rozd = spawn_rozd(dir.path(), &config).await;
+    let mut rozd = common::spawn_rozd(dir.path(), &config).await;
     let reply = rozd::cli::client::get(&addr, "/v1/safety", None)
         .await
         .unwrap();
@@ -1243,7 +1201,7 @@ async fn the_stop_survives_kill_9_and_only_an_explicit_clear_ends_it() {
     assert_eq!(reply.status.as_u16(), 200, "{}", reply.body);
     rozd.kill().await.expect("kill -9");
     // Cleared stays cleared.
-    let mut rozd = spawn_rozd(dir.path(), &config).await;
+    let mut rozd = common::spawn_rozd(dir.path(), &config).await;
     let reply = rozd::cli::client::get(&addr, "/v1/safety", None)
         .await
         .unwrap();

@@ -15,6 +15,7 @@
 //! to synchronise and nothing asserts a speed.
 
 use crate::common;
+use crate::common::text_of;
 
 use std::path::Path;
 use std::process::Stdio;
@@ -578,15 +579,6 @@ async fn until_complete(session: &mut Session) -> (Vec<Resp>, proto::TurnComplet
             other => seen.push(other),
         }
     }
-}
-
-fn text_of(seen: &[Resp]) -> String {
-    seen.iter()
-        .filter_map(|r| match r {
-            Resp::TextDelta(t) => Some(t.content.as_str()),
-            _ => None,
-        })
-        .collect()
 }
 
 /// The value of actuator `arm` in `host`'s Observation.

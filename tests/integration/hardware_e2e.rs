@@ -26,27 +26,8 @@ use serde_json::Value;
 
 // ------------------------------------------------------------------ helpers
 
-/// Waits (on the loop's own tick signal) until `pred` holds for an Observation.
 async fn until(ooda: &Ooda, what: &str, pred: impl Fn(&Observation) -> bool) -> Arc<Observation> {
-    let mut rx = ooda.subscribe();
-    let mut last = None;
-    let reached = tokio::time::timeout(EXPECT_WITHIN, async {
-        loop {
-            let obs = rx.borrow_and_update().clone();
-            if pred(&obs) {
-                return obs;
-            }
-            last = Some(obs);
-            rx.changed().await.expect("the OODA loop is alive");
-        }
-    })
-    .await;
-    match reached {
-        Ok(obs) => obs,
-        Err(_) => {
-            panic!("not reached within {EXPECT_WITHIN:?}: {what}\nlast observation: {last:#?}")
-        }
-    }
+    common::observed(ooda, EXPECT_WITHIN, what, pred).await
 }
 
 fn sensor<'a>(obs: &'a Observation, name: &str) -> &'a rozd::ooda::SensorObservation {

@@ -3,6 +3,7 @@
 //! context and the audit.
 
 use crate::common;
+use crate::common::{text_of, until_complete};
 
 use common::{Session, TestDaemon, expect_error};
 use rozd::api::proto;
@@ -57,25 +58,6 @@ fn user(text: &str) -> Req {
         content: text.into(),
         ..Default::default()
     })
-}
-
-async fn until_complete(session: &mut Session) -> (Vec<Resp>, proto::TurnComplete) {
-    let mut seen = Vec::new();
-    loop {
-        match session.next().await {
-            Resp::TurnComplete(done) => return (seen, done),
-            other => seen.push(other),
-        }
-    }
-}
-
-fn text_of(seen: &[Resp]) -> String {
-    seen.iter()
-        .filter_map(|r| match r {
-            Resp::TextDelta(d) => Some(d.content.as_str()),
-            _ => None,
-        })
-        .collect()
 }
 
 fn errors(seen: &[Resp]) -> Vec<String> {

@@ -59,6 +59,8 @@ fn config(port: u16, client_id: &str) -> MqttConfig {
         username: None,
         password_env: None,
         ca_file: None,
+        cert_file: None,
+        key_file: None,
         keep_alive_secs: 5,
         reconnect_min_ms: 50,
         reconnect_max_ms: 400,

@@ -11,24 +11,12 @@ use common::TestDaemon;
 use rozd::ooda::act::{ActError, Origin};
 use rozd::ooda::{Observation, Ooda};
 
-/// Waits (on the loop's own tick signal) until `pred` holds for an Observation.
 async fn until(
     ooda: &Ooda,
     bound: Duration,
     pred: impl Fn(&Observation) -> bool,
 ) -> Arc<Observation> {
-    let mut rx = ooda.subscribe();
-    tokio::time::timeout(bound, async {
-        loop {
-            let obs = rx.borrow_and_update().clone();
-            if pred(&obs) {
-                return obs;
-            }
-            rx.changed().await.expect("loop alive");
-        }
-    })
-    .await
-    .expect("condition reached in time")
+    common::observed(ooda, bound, "the condition", pred).await
 }
 
 const LONG: Duration = Duration::from_secs(24 * 3600);

@@ -3,6 +3,7 @@
 //! sessions: what the session emits, and what request the provider got.
 
 use crate::common;
+use crate::common::{text_of, until_complete};
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -351,26 +352,6 @@ async fn open(
         })
         .await;
     (session, started)
-}
-
-async fn until_complete(session: &mut Session) -> (Vec<Resp>, proto::TurnComplete) {
-    let mut seen = Vec::new();
-    loop {
-        match session.next().await {
-            Resp::TurnComplete(done) => return (seen, done),
-            other => seen.push(other),
-        }
-    }
-}
-
-fn text_of(responses: &[Resp]) -> String {
-    responses
-        .iter()
-        .filter_map(|r| match r {
-            Resp::TextDelta(d) => Some(d.content.as_str()),
-            _ => None,
-        })
-        .collect()
 }
 
 fn thinking_of(responses: &[Resp]) -> String {

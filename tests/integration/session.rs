@@ -2,6 +2,7 @@
 //! client against the real server and the offline `local` model.
 
 use crate::common;
+use crate::common::{text_of, until_complete};
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -76,26 +77,6 @@ async fn open(daemon: &TestDaemon, tools: Vec<proto::ToolSchema>) -> Session {
 const PAUSED_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 /// Everything up to and including the next `TurnComplete`.
-async fn until_complete(session: &mut Session) -> (Vec<Resp>, proto::TurnComplete) {
-    let mut seen = Vec::new();
-    loop {
-        match session.next().await {
-            Resp::TurnComplete(done) => return (seen, done),
-            other => seen.push(other),
-        }
-    }
-}
-
-fn text_of(responses: &[Resp]) -> String {
-    responses
-        .iter()
-        .filter_map(|r| match r {
-            Resp::TextDelta(d) => Some(d.content.as_str()),
-            _ => None,
-        })
-        .collect()
-}
-
 async fn next_tool_request(session: &mut Session) -> proto::ToolRequest {
     loop {
         match session.next().await {

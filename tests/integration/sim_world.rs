@@ -48,18 +48,7 @@ fn without_rules(text: &str) -> String {
 }
 
 async fn until(ooda: &Ooda, pred: impl Fn(&Observation) -> bool) -> Arc<Observation> {
-    let mut rx = ooda.subscribe();
-    tokio::time::timeout(LONG, async {
-        loop {
-            let obs = rx.borrow_and_update().clone();
-            if pred(&obs) {
-                return obs;
-            }
-            rx.changed().await.expect("loop alive");
-        }
-    })
-    .await
-    .expect("condition reached")
+    common::observed(ooda, LONG, "the condition", pred).await
 }
 
 fn value(obs: &Observation, sensor: &str) -> f64 {

@@ -7,21 +7,7 @@ use rozd::api::proto;
 /// A field number and a check that the decoded oneof is the expected variant.
 type Case<T> = (u32, fn(&T) -> bool);
 
-/// A length-delimited field: key (field << 3 | 2), length, payload.
-fn ld(field: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    prost::encoding::encode_varint(u64::from(field << 3 | 2), &mut out);
-    prost::encoding::encode_varint(payload.len() as u64, &mut out);
-    out.extend_from_slice(payload);
-    out
-}
-
-fn varint(field: u32, value: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    prost::encoding::encode_varint(u64::from(field << 3), &mut out);
-    prost::encoding::encode_varint(value, &mut out);
-    out
-}
+use crate::common::wire::{ld, varint};
 
 #[test]
 fn session_response_field_11_is_activity_update() {

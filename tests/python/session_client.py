@@ -2,7 +2,12 @@
 """An independent roz.v1 client: Python stubs generated from proto/ with
 grpcio-tools, driving one StreamSession against a running rozd.
 
-Usage: session_client.py HOST:PORT   (token, if needed, from $ROZD_TOKEN)
+Usage: session_client.py HOST:PORT | https://HOST:PORT
+(token, if needed, from $ROZD_TOKEN)
+
+With https:// it connects like the published roz CLI: TLS with the default
+roots (no CA given here: grpcio's default roots, which
+$GRPC_DEFAULT_SSL_ROOTS_FILE_PATH replaces) and the bearer token.
 
 It starts a session with the client tool `py_add`, asks the local model to
 call it, answers the ToolRequest, checks the streamed answer and the
@@ -102,7 +107,11 @@ def run(addr, pb, pb_grpc):
                 return
             yield item
 
-    channel = grpc.insecure_channel(addr)
+    if addr.startswith("https://"):
+        addr = addr[len("https://"):].rstrip("/")
+        channel = grpc.secure_channel(addr, grpc.ssl_channel_credentials())
+    else:
+        channel = grpc.insecure_channel(addr)
     try:
         grpc.channel_ready_future(channel).result(timeout=10)
     except grpc.FutureTimeoutError:

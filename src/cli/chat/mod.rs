@@ -184,7 +184,7 @@ pub async fn run(options: ChatOptions) -> Result<u8, ChatError> {
     // Listen before anything can start a turn, so no Ctrl-C is missed; the
     // signal stream also keeps a Ctrl-C that arrives between two polls.
     let mut sigint = signal(SignalKind::interrupt()).map_err(ChatError::Signal)?;
-    let mut client = connect(&authority, bearer).await?;
+    let mut client = connect(&options.addr, bearer).await?;
 
     let (tx, rx) = mpsc::channel(32);
     let start = proto::StartSession {
@@ -246,17 +246,19 @@ pub async fn run(options: ChatOptions) -> Result<u8, ChatError> {
     }
 }
 
-async fn connect(authority: &str, bearer: Bearer) -> Result<Client, ChatError> {
-    let channel = connect::channel(authority, SESSION_CONNECT_TIMEOUT)
+async fn connect(addr: &str, bearer: Bearer) -> Result<Client, ChatError> {
+    let channel = connect::channel(addr, SESSION_CONNECT_TIMEOUT)
         .await
         .map_err(|e| match e {
             ConnectError::Connect { addr, source } => ChatError::Connect {
                 addr,
                 reason: super::distinct_error_chain(&source),
             },
-            ConnectError::Address(_) | ConnectError::Token => {
-                ChatError::Address(authority.to_string())
-            }
+            ConnectError::Tls(reason) => ChatError::Connect {
+                addr: addr.to_string(),
+                reason: format!("TLS: {reason}"),
+            },
+            ConnectError::Address(_) | ConnectError::Token => ChatError::Address(addr.to_string()),
         })?;
     Ok(AgentServiceClient::with_interceptor(channel, bearer))
 }

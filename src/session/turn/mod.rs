@@ -8,10 +8,11 @@
 //!
 //! Here: the cycle of model calls and tool calls, and the turn's limits.
 //! Beside it: [`tool_call`] takes a model's tool call through the one gate
-//! every call passes (permission, approval) and a client tool's round trip,
-//! [`host_call`] runs host tools inside rozd and audits them,
-//! [`compaction`] keeps the context inside its budget, [`observation`]
-//! writes the Observation for `ooda_re_act` mode.
+//! every call passes (permission, approval; shared with every caller of
+//! host tools in [`crate::session::host_call`]) and a client tool's round
+//! trip, [`host_call`] runs host tools on that shared path with the turn as
+//! its call site, [`compaction`] keeps the context inside its budget,
+//! [`observation`] writes the Observation for `ooda_re_act` mode.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -25,9 +26,11 @@ use tokio_util::sync::CancellationToken;
 
 mod compaction;
 mod host_call;
+mod metered;
 mod observation;
 mod tool_call;
 
+use metered::{model_result, model_tokens};
 use tool_call::error_result;
 
 use crate::config::types::{AiMode, SessionConfig};
@@ -100,7 +103,12 @@ pub enum TurnNote {
     /// A model/tool cycle began (1-based).
     Cycle(u32),
     /// The model called a tool (host or client), before any permission check.
-    ToolCall { id: String, name: String },
+    ToolCall {
+        id: String,
+        name: String,
+        /// What the model asked for (shown beside a pending approval).
+        parameters: Value,
+    },
 }
 
 /// What the session loop forwards to the running turn.
@@ -230,6 +238,8 @@ struct Turn {
     cycle: u32,
     /// Tokens this turn has spent (model calls and summaries).
     usage: Usage,
+    /// What the gate decided for the tool call running now (for its metric).
+    last_gate: Option<&'static str>,
 }
 
 /// The conversation a turn works on: its messages, where this turn's own
@@ -299,6 +309,7 @@ pub async fn run(
         seen_alarms: Vec::new(),
         cycle: 0,
         usage: Usage::default(),
+        last_gate: None,
     };
     let mut conversation = Conversation::new(conversation);
     let result = turn
@@ -314,6 +325,7 @@ pub async fn run(
         }
         Err(TurnError::Failed(e)) => (StopReason::Error, Some(e)),
     };
+    crate::metrics::turn_ended(stop_reason.as_str());
     TurnOutcome {
         conversation: conversation.messages,
         added: turn.added,
@@ -383,7 +395,15 @@ impl Turn {
             debug_assert_eq!(estimate, request.estimate_tokens(), "incremental estimate");
             self.live_tokens
                 .store(self.meter.scaled(estimate), Ordering::Relaxed);
-            let reply = self.call_model(model, request).await?;
+            let asked = std::time::Instant::now();
+            let reply = self.call_model(model, request).await;
+            crate::metrics::model_call(
+                model.name(),
+                asked.elapsed(),
+                model_result(&reply),
+                model_tokens(&reply),
+            );
+            let reply = reply?;
             self.usage.add(reply.usage);
             let answer = Message::assistant(reply.blocks);
             let answer_estimate = model::estimate_message_tokens(&answer);
@@ -426,7 +446,11 @@ impl Turn {
                     results.push(error_result(&id, &name, "not run: the turn was cancelled"));
                     continue;
                 }
-                match self.tool_call(&id, &name, input).await {
+                let (called, category) = (std::time::Instant::now(), self.category_of(&name));
+                self.last_gate = None;
+                let result = self.tool_call(&id, &name, input).await;
+                self.count_tool_call(&name, category, &result, called.elapsed());
+                match result {
                     Ok(block) => results.push(block),
                     Err(i) => {
                         results.push(error_result(

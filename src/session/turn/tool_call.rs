@@ -1,7 +1,8 @@
 //! A model's tool call: look-up, validation, the one gate every call passes
-//! (permission, then approval when asked), and a client tool's round trip
-//! under its deadline. Host tools leave for [`super::host_call`] after the
-//! gate.
+//! (permission, then approval when asked: [`crate::session::host_call::gate`],
+//! with the turn asking its client), and a client tool's round trip under
+//! its deadline. Host tools leave for [`super::host_call`] before the gate:
+//! the shared host call path runs it for them.
 
 use std::time::Duration;
 
@@ -9,8 +10,9 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::{Interrupt, Turn, TurnInput, TurnNote};
-use crate::config::types::{Policy, ToolCategory};
+use crate::config::types::ToolCategory;
 use crate::model::Block;
+use crate::session::host_call::{Gate, gate};
 use crate::session::{Activity, ErrorCode, Presence, ServerEvent, SessionError, ToolOutcome};
 
 impl Turn {
@@ -28,6 +30,7 @@ impl Turn {
         self.note(TurnNote::ToolCall {
             id: id.to_string(),
             name: name.to_string(),
+            parameters: input.clone(),
         });
         if self.tools.get(name).is_none()
             && let Some(tool) = self.host.registry.get(name).cloned()
@@ -54,7 +57,10 @@ impl Turn {
         }
         let physical = tool.spec.category == ToolCategory::Physical;
         let presence = presence_for(tool.spec.category);
-        if let Gate::Refused { message, .. } = self.gate(id, name, tool.spec.category).await? {
+        let permissions = self.permissions.clone();
+        if let Gate::Refused { message, .. } =
+            gate(self, &permissions, id, name, &input, tool.spec.category).await?
+        {
             return Ok(error_result(id, name, &message));
         }
         let timeout_ms = if tool.spec.timeout_ms == 0 {
@@ -102,38 +108,6 @@ impl Turn {
                 None => return Err(Interrupt::Cancelled),
             }
         }
-    }
-
-    /// The gate every tool call passes, host or client: the permission
-    /// policy, and the client's approval where it asks for one.
-    pub(super) async fn gate(
-        &mut self,
-        id: &str,
-        name: &str,
-        category: ToolCategory,
-    ) -> Result<Gate, Interrupt> {
-        let verdict = self.permissions.decide(name, category);
-        Ok(match verdict.policy {
-            Policy::Block => Gate::Refused {
-                decision: "blocked",
-                message: format!("`{name}` is blocked by policy: {}", verdict.reason),
-            },
-            Policy::RequireConfirmation => {
-                if self.approval(id, name, presence_for(category)).await? {
-                    Gate::Pass {
-                        decision: "approved",
-                    }
-                } else {
-                    Gate::Refused {
-                        decision: "denied",
-                        message: format!("the user denied `{name}`"),
-                    }
-                }
-            }
-            Policy::Allow => Gate::Pass {
-                decision: "allowed",
-            },
-        })
     }
 
     /// Asks the client for a decision; `false` on denial or timeout.
@@ -192,17 +166,6 @@ impl Turn {
             }
         }
     }
-}
-
-/// What the gate decided; `decision` is the audit's word for it.
-pub(super) enum Gate {
-    Pass {
-        decision: &'static str,
-    },
-    Refused {
-        decision: &'static str,
-        message: String,
-    },
 }
 
 /// How present the user should be while a tool of `category` runs.

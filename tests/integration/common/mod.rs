@@ -4,6 +4,7 @@
 pub mod broker;
 pub mod control;
 pub mod pty;
+pub mod wire;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -280,4 +281,89 @@ pub async fn rest_post(
 fn rest_body(path: &str, body: &str) -> serde_json::Value {
     serde_json::from_str(body)
         .unwrap_or_else(|e| panic!("{path}: body is not JSON ({e}): {body:?}"))
+}
+
+/// The responses of a turn up to its `TurnComplete`, and that.
+pub async fn until_complete(
+    session: &mut Session,
+) -> (Vec<proto::session_response::Response>, proto::TurnComplete) {
+    use proto::session_response::Response as Resp;
+    let mut seen = Vec::new();
+    loop {
+        match session.next().await {
+            Resp::TurnComplete(done) => return (seen, done),
+            other => seen.push(other),
+        }
+    }
+}
+
+/// The text the model streamed in `seen`.
+pub fn text_of(seen: &[proto::session_response::Response]) -> String {
+    use proto::session_response::Response as Resp;
+    seen.iter()
+        .filter_map(|r| match r {
+            Resp::TextDelta(d) => Some(d.content.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits on the OODA loop's own publish signal until `pred` holds for an
+/// Observation, at most `bound`; a failure names `what` and shows the last
+/// Observation seen.
+pub async fn observed(
+    ooda: &rozd::ooda::Ooda,
+    bound: Duration,
+    what: &str,
+    pred: impl Fn(&rozd::ooda::Observation) -> bool,
+) -> std::sync::Arc<rozd::ooda::Observation> {
+    let mut rx = ooda.subscribe();
+    let mut last = None;
+    let reached = tokio::time::timeout(bound, async {
+        loop {
+            let obs = rx.borrow_and_update().clone();
+            if pred(&obs) {
+                return obs;
+            }
+            last = Some(obs);
+            rx.changed().await.expect("the OODA loop is alive");
+        }
+    })
+    .await;
+    match reached {
+        Ok(obs) => obs,
+        Err(_) => panic!("not reached within {bound:?}: {what}\nlast observation: {last:#?}"),
+    }
+}
+
+/// `rozd run` as a child process (killed on drop), returned once it told
+/// the notify socket READY=1.
+pub async fn spawn_rozd(dir: &std::path::Path, config: &std::path::Path) -> tokio::process::Child {
+    let socket_path = dir.join(format!("notify-{}.sock", uuid::Uuid::new_v4().simple()));
+    let socket = tokio::net::UnixDatagram::bind(&socket_path).expect("notify socket");
+    let child = tokio::process::Command::new(ROZD)
+        .args(["run", "--config"])
+        .arg(config)
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("ROZD_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn rozd");
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(EXPECT_WITHIN, async {
+        loop {
+            let n = socket.recv(&mut buf).await.expect("notify socket");
+            if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("rozd says READY=1");
+    let _ = std::fs::remove_file(&socket_path);
+    child
 }

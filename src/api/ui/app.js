@@ -1,0 +1,399 @@
+// The rozd dashboard. One live stream per tab (GET /v1/observation/stream,
+// server-sent events read with fetch() so the token travels as a header);
+// everything else is fetched once, or again when the stream says something
+// changed. The page never polls in a loop.
+"use strict";
+
+const TOKEN_KEY = "rozd-token";
+const HISTORY_SECS = 180;
+const $ = (id) => document.getElementById(id);
+
+let token = sessionStorage.getItem(TOKEN_KEY) || "";
+let lastEventId = "";
+let streamGen = 0;
+const sensors = new Map();      // name -> {card, plot, xs, ys, detail}
+let world = null;               // /v1/sim
+let lastStatus = null;
+let watchedTask = null;
+let auditTimer = null;
+let lastActuatorKey = "";
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v;
+    else if (k.startsWith("data-")) e.setAttribute(k, v);
+    else e[k] = v;
+  }
+  for (const c of children) e.append(c instanceof Node ? c : String(c ?? ""));
+  return e;
+}
+
+function headers(json) {
+  const h = {};
+  if (token) h["Authorization"] = "Bearer " + token;
+  if (json) h["Content-Type"] = "application/json";
+  return h;
+}
+
+class Unauthorized extends Error {}
+
+async function api(method, path, body) {
+  const init = { method, headers: headers(body !== undefined), cache: "no-store" };
+  if (body !== undefined) init.body = JSON.stringify(body);
+  const r = await fetch(path, init);
+  if (r.status === 401) { askToken("The token was refused."); throw new Unauthorized(); }
+  let data = null;
+  try { data = await r.json(); } catch (_) { /* empty */ }
+  if (!r.ok) throw new Error((data && data.error && data.error.message) || ("HTTP " + r.status));
+  return data;
+}
+
+// ---- the token ----
+function askToken(message) {
+  token = "";
+  sessionStorage.removeItem(TOKEN_KEY);
+  $("token-error").textContent = message || "";
+  const d = $("token-dialog");
+  if (!d.open) d.showModal();
+  $("token-input").focus();
+}
+
+$("token-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  token = $("token-input").value.trim();
+  sessionStorage.setItem(TOKEN_KEY, token);
+  $("token-input").value = "";
+  $("token-dialog").close();
+  start();
+});
+
+// ---- the stop ----
+$("stop-button").addEventListener("click", async () => {
+  // One click, no confirmation: going safe is never gated.
+  try {
+    const s = await fetch("/v1/estop", { method: "POST", headers: headers(true), body: JSON.stringify({ reason: "dashboard STOP button" }) });
+    $("safety-message").textContent = s.ok ? "" : "stop request answered HTTP " + s.status;
+    if (s.ok) showSafety(await s.json());
+  } catch (err) { $("safety-message").textContent = "stop request failed: " + err.message; }
+});
+
+$("clear-button").addEventListener("click", async () => {
+  if (!confirm("Clear the protective stop?\n\nClearing moves nothing: actuators stay at their safe values until commanded again.")) return;
+  try { showSafety(await api("POST", "/v1/estop/clear", { reason: "cleared from the dashboard" })); $("safety-message").textContent = ""; }
+  catch (err) { if (!(err instanceof Unauthorized)) $("safety-message").textContent = err.message; }
+});
+
+function showSafety(s) {
+  const active = s.active ?? s.estop_active;
+  const causes = s.causes || [];
+  $("stop-state").textContent = active ? "PROTECTIVE STOP" : "normal";
+  $("stop-state").classList.toggle("active", !!active);
+  $("safety").classList.toggle("active", !!active);
+  $("clear-button").hidden = !active;
+  $("stop-causes").replaceChildren(...causes.map((c) => el("li", {},
+    el("b", {}, c.source), ": ", c.reason, c.by ? " (by " + c.by + ")" : "", " — since ", time(c.since_unix_ms))));
+}
+
+// ---- formatting ----
+function time(ms) { return ms ? new Date(ms).toLocaleTimeString() : "—"; }
+function num(v) { return v === null || v === undefined ? "—" : (Math.abs(v) >= 100 ? v.toFixed(1) : (+v.toFixed(3)).toString()); }
+function dur(secs) {
+  const d = Math.floor(secs / 86400), h = Math.floor(secs % 86400 / 3600), m = Math.floor(secs % 3600 / 60), s = secs % 60;
+  return (d ? d + "d " : "") + (d || h ? h + "h " : "") + m + "m " + s + "s";
+}
+function fact(label, value) { return el("span", {}, label + " ", el("b", {}, value)); }
+
+// ---- status ----
+function showStatus(s) {
+  const changedSessions = !lastStatus || lastStatus.sessions.active !== s.sessions.active || lastStatus.sessions.total !== s.sessions.total;
+  lastStatus = s;
+  $("host-name").textContent = s.name || s.host_id;
+  $("host-id").textContent = s.host_id;
+  document.title = "rozd · " + (s.name || s.host_id);
+  const o = s.ooda || {};
+  $("host-facts").replaceChildren(
+    fact("environment", s.environment_id), fact("version", s.version), fact("up", dur(s.uptime_secs)),
+    fact("listen", s.listen), fact("auth", s.auth_required ? "token required" : "none (loopback)"),
+    fact("TLS", location.protocol === "https:" ? "on" : "off"),
+    fact("loop", o.tick_hz + " Hz (" + o.timer + ")"),
+    fact("lateness p50/p99", (o.lateness_p50_us ?? 0) + " / " + (o.lateness_p99_us ?? 0) + " µs"),
+    fact("missed ticks", o.missed_ticks ?? 0));
+  $("sessions-active").replaceChildren(fact("active", s.sessions.active), fact("since start", s.sessions.total));
+  if (changedSessions) loadSessions();
+}
+
+async function loadSessions() {
+  try {
+    const r = await api("GET", "/v1/sessions?limit=10");
+    $("sessions").tBodies[0].replaceChildren(...r.data.map((x) => el("tr", {},
+      el("td", {}, el("code", {}, x.id.slice(0, 8))), el("td", {}, x.model), el("td", {}, time(x.started_at_ms)),
+      el("td", {}, x.turns), el("td", {}, x.ended_at_ms ? x.end_reason : el("b", {}, "running")))));
+  } catch (_) { /* shown by the link state */ }
+}
+
+// ---- sensors ----
+async function ensureSensor(s) {
+  if (sensors.has(s.name)) return sensors.get(s.name);
+  const entry = { xs: [], ys: [], detail: null, card: null, plot: null, pill: null };
+  sensors.set(s.name, entry);
+  try { entry.detail = await api("GET", "/v1/sensors/" + encodeURIComponent(s.name)); } catch (_) { entry.detail = {}; }
+  if (entry.detail && entry.detail.digital) {
+    entry.pill = el("span", { class: "pill", "data-input": s.name }, s.name);
+    $("inputs").append(entry.pill);
+    return entry;
+  }
+  const value = el("span", { class: "value" }, "—");
+  const badges = el("span", {});
+  const plotBox = el("div", {});
+  entry.card = el("div", { class: "sensor", "data-sensor": s.name },
+    el("div", { class: "head" }, el("b", {}, s.name), value), badges, plotBox);
+  entry.value = value; entry.badges = badges;
+  $("sensors").append(entry.card);
+  for (const h of entry.detail.history || []) {
+    entry.xs.push(Date.now() / 1000 - h.age_ms / 1000); entry.ys.push(h.value);
+  }
+  entry.plot = makePlot(plotBox, s, entry.detail.limits || {});
+  return entry;
+}
+
+function makePlot(box, s, limits) {
+  const width = Math.max(260, box.clientWidth || 300);
+  const bands = [["warn_min", "#f59e0b"], ["warn_max", "#f59e0b"], ["critical_min", "#dc2626"], ["critical_max", "#dc2626"]]
+    .filter(([k]) => limits[k] !== null && limits[k] !== undefined);
+  const opts = {
+    width, height: 120, legend: { show: false }, cursor: { show: false },
+    scales: { x: { time: true }, y: { auto: true, range: (u, min, max) => {
+      const vals = [min, max, ...bands.map(([k]) => limits[k])].filter(Number.isFinite);
+      let lo = Math.min(...vals), hi = Math.max(...vals);
+      if (lo === hi) { lo -= 1; hi += 1; }
+      const pad = (hi - lo) * 0.08; return [lo - pad, hi + pad];
+    } } },
+    axes: [{ size: 28 }, { size: 44, label: s.unit || "" }],
+    series: [{}, { stroke: "#2563eb", width: 1.5 }],
+    hooks: { draw: [(u) => {
+      const ctx = u.ctx;
+      for (const [k, color] of bands) {
+        const y = u.valToPos(limits[k], "y", true);
+        ctx.save(); ctx.strokeStyle = color; ctx.setLineDash([6, 4]); ctx.lineWidth = 1.5;
+        ctx.beginPath(); ctx.moveTo(u.bbox.left, y); ctx.lineTo(u.bbox.left + u.bbox.width, y); ctx.stroke(); ctx.restore();
+      }
+    }] },
+  };
+  return new uPlot(opts, [[], []], box);
+}
+
+function showSensor(entry, s) {
+  if (entry.pill) {
+    entry.pill.classList.toggle("on", s.value === 1);
+    entry.pill.textContent = s.name + (s.value === null ? " —" : s.value === 1 ? " ON" : " off");
+    entry.pill.title = s.health + (s.age_ms !== null ? ", " + s.age_ms + " ms old" : "");
+    return;
+  }
+  if (!entry.card) return;
+  entry.value.textContent = num(s.value) + (s.unit ? " " + s.unit : "");
+  entry.badges.replaceChildren(
+    el("span", { class: "badge " + s.health }, s.health), " ",
+    el("span", { class: "badge " + s.alarm }, "alarm " + s.alarm), " ",
+    el("span", { class: "muted" }, s.age_ms === null ? "no value yet" : "age " + s.age_ms + " ms"),
+    s.error ? el("div", { class: "error" }, s.error) : "");
+  if (s.value !== null && s.age_ms !== null) {
+    const t = Date.now() / 1000 - s.age_ms / 1000;
+    if (!entry.xs.length || t > entry.xs[entry.xs.length - 1]) { entry.xs.push(t); entry.ys.push(s.value); }
+    const cutoff = Date.now() / 1000 - HISTORY_SECS;
+    while (entry.xs.length && entry.xs[0] < cutoff) { entry.xs.shift(); entry.ys.shift(); }
+    if (entry.plot) entry.plot.setData([entry.xs, entry.ys]);
+  }
+}
+
+// ---- actuators ----
+function showActuators(list) {
+  $("actuators").tBodies[0].replaceChildren(...list.map((a) => el("tr", { "data-actuator": a.name },
+    el("td", {}, a.name), el("td", { class: "value" }, num(a.value) + (a.unit ? " " + a.unit : "")),
+    el("td", {}, num(a.safe_value), " ", a.at_safe_value ? el("span", { class: "badge ok" }, "at safe") : el("span", { class: "badge warn" }, "moved")),
+    el("td", {}, a.owner || "—"), el("td", {}, a.hold_remaining_ms === null ? "—" : (a.hold_remaining_ms / 1000).toFixed(1) + " s"))));
+  const key = list.map((a) => a.name + "=" + a.value + "@" + a.owner).join(",");
+  if (key !== lastActuatorKey) { lastActuatorKey = key; scheduleAudit(); }
+}
+
+// ---- the simulated world ----
+async function showWorld(rover, observation) {
+  if (!rover) { $("world-card").hidden = true; return; }
+  if (!world) {
+    world = {};
+    try { world = await api("GET", "/v1/sim"); } catch (_) { world = null; return; }
+  }
+  if (!world.width) return;
+  $("world-card").hidden = false;
+  const c = $("world"), ctx = c.getContext("2d");
+  const scale = Math.min((c.width - 20) / world.width, (c.height - 20) / world.depth);
+  const X = (x) => 10 + x * scale, Y = (y) => c.height - 10 - y * scale;
+  ctx.clearRect(0, 0, c.width, c.height);
+  ctx.strokeStyle = "#1d2330"; ctx.lineWidth = 2; ctx.strokeRect(X(0), Y(world.depth), world.width * scale, world.depth * scale);
+  ctx.fillStyle = "#9ca3af";
+  for (const o of world.obstacles) ctx.fillRect(X(o.min_x), Y(o.max_y), (o.max_x - o.min_x) * scale, (o.max_y - o.min_y) * scale);
+  if (rover.object && !rover.holding) { ctx.fillStyle = "#a855f7"; ctx.fillRect(X(rover.object[0]) - 4, Y(rover.object[1]) - 4, 8, 8); }
+  const h = rover.heading_deg * Math.PI / 180, r = world.rover_radius;
+  const range = world.range_sensor && observation.sensors.find((s) => s.name === world.range_sensor);
+  if (range && range.value !== null) {
+    const fx = rover.x + Math.cos(h) * r, fy = rover.y + Math.sin(h) * r;
+    ctx.strokeStyle = "#ef4444"; ctx.setLineDash([5, 4]); ctx.lineWidth = 1.5; ctx.beginPath();
+    ctx.moveTo(X(fx), Y(fy)); ctx.lineTo(X(fx + Math.cos(h) * range.value), Y(fy + Math.sin(h) * range.value)); ctx.stroke(); ctx.setLineDash([]);
+  }
+  ctx.fillStyle = rover.bumper ? "#dc2626" : "#2563eb";
+  ctx.beginPath(); ctx.arc(X(rover.x), Y(rover.y), Math.max(4, r * scale), 0, 2 * Math.PI); ctx.fill();
+  ctx.strokeStyle = "#fff"; ctx.lineWidth = 2; ctx.beginPath(); ctx.moveTo(X(rover.x), Y(rover.y));
+  ctx.lineTo(X(rover.x + Math.cos(h) * r), Y(rover.y + Math.sin(h) * r)); ctx.stroke();
+  $("world-facts").replaceChildren(fact("x", num(rover.x) + " m"), fact("y", num(rover.y) + " m"), fact("heading", num(rover.heading_deg) + "°"),
+    fact("speed", num(rover.speed) + " m/s"), fact("range", range ? num(range.value) + " m" : "—"), fact("collisions", rover.collisions),
+    fact("bumper", rover.bumper ? "pressed" : "free"));
+}
+
+// ---- tasks and approvals ----
+function showTasks(tasks) {
+  $("tasks").tBodies[0].replaceChildren(...tasks.map((t) => el("tr", { "data-task": t.id, class: t.id === watchedTask ? "mine" : "" },
+    el("td", {}, el("code", {}, t.id.split(":").pop().slice(0, 8))), el("td", {}, el("span", { class: "badge" }, t.status)),
+    el("td", {}, t.prompt), el("td", {}, t.detail || ""),
+    el("td", {}, el("button", { type: "button", onclick: () => watchTask(t.id) }, "team")))));
+  const waiting = [];
+  for (const t of tasks) for (const p of t.pending_approvals || []) waiting.push([t, p]);
+  if (!waiting.length) { $("approvals").replaceChildren(el("p", { class: "muted" }, "none waiting")); }
+  else $("approvals").replaceChildren(...waiting.map(([t, p]) => el("div", { class: "approval", "data-call": p.tool_call_id },
+    el("div", {}, el("b", {}, p.tool), " asked by ", el("code", {}, p.worker_id)),
+    el("div", { class: "muted" }, "task: ", t.prompt),
+    el("pre", {}, JSON.stringify(p.parameters ?? {}, null, 1)),
+    el("button", { type: "button", class: "approve", "data-call": p.tool_call_id, onclick: (e) => decide(e.target, t.id, p.tool_call_id, true) }, "Approve"), " ",
+    el("button", { type: "button", class: "deny", "data-call": p.tool_call_id, onclick: (e) => decide(e.target, t.id, p.tool_call_id, false) }, "Deny"))));
+  if (watchedTask && tasks.some((t) => t.id === watchedTask)) watchTask(watchedTask);
+  scheduleAudit();
+}
+
+async function decide(button, taskId, callId, approved) {
+  button.disabled = true;
+  try { await api("POST", "/v1/tasks/" + encodeURIComponent(taskId) + "/approvals", { tool_call_id: callId, approved }); }
+  catch (err) { if (!(err instanceof Unauthorized)) alert(err.message); button.disabled = false; }
+}
+
+async function watchTask(id) {
+  watchedTask = id;
+  try {
+    const r = await api("GET", "/v1/tasks/" + encodeURIComponent(id) + "/events");
+    $("team").hidden = false;
+    $("team-task").textContent = id;
+    $("team-events").replaceChildren(...r.data.filter((e) => e.kind !== "status" || true).map((e) => el("li", {},
+      time(e.at_ms), " ", el("b", {}, e.kind), e.worker_id ? " " + e.worker_id.split(":").pop() : "", " ",
+      el("span", { class: "muted" }, JSON.stringify(e.body)))));
+  } catch (_) { /* the task may be gone */ }
+}
+
+// ---- audit ----
+function scheduleAudit() {
+  // Coalesces bursts of changes into one fetch.
+  if (auditTimer) return;
+  auditTimer = setTimeout(() => { auditTimer = null; loadAudit(); }, 500);
+}
+
+async function loadAudit() {
+  const session = $("audit-session").value.trim();
+  const q = "/v1/audit?limit=5000" + (session ? "&session=" + encodeURIComponent(session) : "");
+  try {
+    const r = await api("GET", q);
+    const rows = r.data.slice(-30).reverse();
+    $("audit").tBodies[0].replaceChildren(...rows.map((a) => el("tr", {},
+      el("td", {}, time(a.at_ms || a.started_at_ms)), el("td", {}, a.kind),
+      el("td", {}, a.tool || a.actuator || "", a.parameters ? " " + JSON.stringify(a.parameters) : "", a.decision ? " (" + a.decision + ")" : ""),
+      el("td", {}, a.error ? el("span", { class: "error" }, a.error) : (a.result || "")),
+      el("td", {}, a.origin || ""))));
+  } catch (_) { /* shown by the link state */ }
+}
+$("audit-filter").addEventListener("submit", (e) => { e.preventDefault(); loadAudit(); });
+
+// ---- fleet ----
+function showHosts(h) {
+  const f = h.fleet || {};
+  $("fleet-facts").replaceChildren(fact("fleet", f.configured ? (f.connected ? "connected" : "not connected") + " to " + f.broker : "not configured (this host only)"));
+  $("hosts").tBodies[0].replaceChildren(...h.data.map((x) => el("tr", {},
+    el("td", {}, x.name || x.id, x.this_host ? " (this host)" : ""), el("td", {}, x.environment_id),
+    el("td", {}, el("span", { class: "badge " + (x.status === "online" ? "ok" : "warn") }, x.status)),
+    el("td", {}, x.estop_active ? el("span", { class: "badge critical" }, "STOP " + (x.estop ? x.estop.source : "")) : "—"),
+    el("td", {}, x.endpoint || ""))));
+}
+
+$("fleet-stop").addEventListener("click", async () => {
+  try {
+    const r = await fetch("/v1/fleet/estop", { method: "POST", headers: headers(true), body: JSON.stringify({ reason: "dashboard fleet stop" }) });
+    const data = await r.json().catch(() => null);
+    $("fleet-message").textContent = r.ok ? "fleet stop sent; confirmed: " + data.confirmed : ((data && data.error && data.error.message) || "HTTP " + r.status);
+  } catch (err) { $("fleet-message").textContent = err.message; }
+});
+
+// ---- the stream ----
+function handle(event, data) {
+  switch (event) {
+    case "observation": {
+      $("link").textContent = "live · tick " + data.seq;
+      showSafety({ active: !!data.protective_stop, causes: data.protective_stop_causes || (data.protective_stop ? [data.protective_stop] : []) });
+      for (const s of data.sensors) ensureSensor(s).then((entry) => showSensor(entry, s));
+      showActuators(data.actuators);
+      showWorld(data.sim, data);
+      break;
+    }
+    case "safety": showSafety(data); break;
+    case "status": showStatus(data); break;
+    case "tasks": showTasks(data); break;
+    case "hosts": showHosts(data); break;
+  }
+}
+
+async function stream(gen) {
+  const h = headers(false);
+  if (lastEventId) h["Last-Event-ID"] = lastEventId;
+  const r = await fetch("/v1/observation/stream", { headers: h, cache: "no-store" });
+  if (r.status === 401) { askToken("The token was refused."); throw new Unauthorized(); }
+  if (!r.ok || !r.body) throw new Error("HTTP " + r.status);
+  const reader = r.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  while (gen === streamGen) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut); buffer = buffer.slice(cut + 2);
+      let event = "message", data = "";
+      for (const line of block.split("\n")) {
+        const colon = line.indexOf(":");
+        const field = colon < 0 ? line : line.slice(0, colon);
+        const val = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+        if (field === "id") lastEventId = val;
+        else if (field === "event") event = val;
+        else if (field === "data") data += (data ? "\n" : "") + val;
+      }
+      if (data) { try { handle(event, JSON.parse(data)); } catch (err) { console.error(event, err); } }
+    }
+  }
+  reader.cancel().catch(() => {});
+}
+
+async function run(gen) {
+  // Reconnects after a broken stream (a restart, a network gap), resuming after the last event.
+  while (gen === streamGen) {
+    try { await stream(gen); }
+    catch (err) { if (err instanceof Unauthorized) return; }
+    if (gen !== streamGen) return;
+    $("link").textContent = "reconnecting…"; $("link").classList.add("down");
+    await new Promise((res) => setTimeout(res, 1000));
+    $("link").classList.remove("down");
+  }
+}
+
+async function start() {
+  try { showStatus(await api("GET", "/v1/status")); }
+  catch (err) { if (err instanceof Unauthorized) return; $("link").textContent = err.message; }
+  loadAudit();
+  streamGen += 1;
+  run(streamGen);
+}
+
+start();

@@ -1,0 +1,187 @@
+//! Calls waiting for an operator's approval (`GET /v1/approvals`, `POST
+//! /v1/approvals/{id}`). A waiting call holds a [`Waiting`]; dropping it
+//! (the call ended, was answered elsewhere or abandoned) takes the entry off
+//! the list, so nothing can be approved after its call stopped waiting.
+//! Nothing here does I/O.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::{oneshot, watch};
+
+/// A call waiting for approval, as `GET /v1/approvals` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ApprovalView {
+    /// What `POST /v1/approvals/{id}` names; also the call's audit `tool_call_id`.
+    pub id: String,
+    pub tool: String,
+    pub category: &'static str,
+    pub parameters: Value,
+    /// Who owns what the call commands (`mcp:<session id>`).
+    pub session_id: String,
+    /// Who asks (`mcp:<client name>`), as the audit names it.
+    pub origin: String,
+    pub since_unix_ms: i64,
+    /// Unanswered by then, the call is denied.
+    pub expires_unix_ms: i64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    view: ApprovalView,
+    answer: oneshot::Sender<bool>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ApprovalError {
+    #[error("no call {0:?} waits for approval")]
+    NotFound(String),
+}
+
+/// The calls waiting for an operator.
+#[derive(Debug)]
+pub struct Approvals {
+    entries: Mutex<HashMap<String, Entry>>,
+    /// Bumped whenever the list changes (for watchers, e.g. tests).
+    changes: watch::Sender<u64>,
+}
+
+impl Default for Approvals {
+    fn default() -> Self {
+        Approvals {
+            entries: Mutex::default(),
+            changes: watch::Sender::new(0),
+        }
+    }
+}
+
+impl Approvals {
+    /// Lists `view` as waiting; the answer arrives on the returned
+    /// [`Waiting`] (`true`: approved).
+    pub fn ask(self: &Arc<Self>, view: ApprovalView) -> Waiting {
+        let (answer, decision) = oneshot::channel();
+        let id = view.id.clone();
+        self.lock().insert(id.clone(), Entry { view, answer });
+        self.changed();
+        Waiting {
+            approvals: self.clone(),
+            id,
+            decision,
+        }
+    }
+
+    /// Every waiting call, oldest first.
+    pub fn list(&self) -> Vec<ApprovalView> {
+        let mut views: Vec<ApprovalView> = self.lock().values().map(|e| e.view.clone()).collect();
+        views.sort_by(|a, b| {
+            (a.since_unix_ms, a.id.as_str()).cmp(&(b.since_unix_ms, b.id.as_str()))
+        });
+        views
+    }
+
+    /// Answers call `id`; it stops waiting at once.
+    pub fn answer(&self, id: &str, approve: bool) -> Result<ApprovalView, ApprovalError> {
+        let entry = self
+            .lock()
+            .remove(id)
+            .ok_or_else(|| ApprovalError::NotFound(id.to_string()))?;
+        self.changed();
+        // A call that stopped waiting in between has dropped its receiver;
+        // its `Waiting` already took it off the list, so this cannot happen
+        // while the entry was still listed.
+        let _ = entry.answer.send(approve);
+        Ok(entry.view)
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn withdraw(&self, id: &str) {
+        if self.lock().remove(id).is_some() {
+            self.changed();
+        }
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One call's wait for its answer; dropping it withdraws the call.
+#[derive(Debug)]
+pub struct Waiting {
+    approvals: Arc<Approvals>,
+    id: String,
+    decision: oneshot::Receiver<bool>,
+}
+
+impl Waiting {
+    /// The operator's answer (`true`: approved). Never resolves if the entry
+    /// is withdrawn otherwise; callers bound it with their own deadline.
+    pub async fn decided(&mut self) -> bool {
+        match (&mut self.decision).await {
+            Ok(approved) => approved,
+            // The sender lives in the list until answered or withdrawn, and
+            // withdrawing needs this value: unreachable, but never approve.
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.approvals.withdraw(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(id: &str, since: i64) -> ApprovalView {
+        ApprovalView {
+            id: id.into(),
+            tool: "motor".into(),
+            category: "PHYSICAL",
+            parameters: serde_json::json!({"value": 0.5}),
+            session_id: "mcp:s".into(),
+            origin: "mcp:test".into(),
+            since_unix_ms: since,
+            expires_unix_ms: since + 1000,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_reaches_the_waiting_call_once_and_takes_it_off_the_list() {
+        let approvals = Arc::new(Approvals::default());
+        let mut waiting = approvals.ask(view("b", 2));
+        let _other = approvals.ask(view("a", 1));
+        let ids: Vec<String> = approvals.list().into_iter().map(|v| v.id).collect();
+        assert_eq!(ids, ["a", "b"], "oldest first");
+        assert_eq!(approvals.answer("b", true).unwrap().tool, "motor");
+        assert!(waiting.decided().await);
+        assert_eq!(
+            approvals.answer("b", false),
+            Err(ApprovalError::NotFound("b".into()))
+        );
+        assert_eq!(approvals.list().len(), 1);
+    }
+
+    #[test]
+    fn a_call_that_stops_waiting_can_no_longer_be_approved() {
+        let approvals = Arc::new(Approvals::default());
+        let changes = approvals.subscribe();
+        let waiting = approvals.ask(view("x", 1));
+        drop(waiting);
+        assert!(approvals.list().is_empty());
+        assert!(approvals.answer("x", true).is_err());
+        assert_eq!(*changes.borrow(), 2, "listed, then withdrawn");
+    }
+}

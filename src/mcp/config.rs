@@ -1,0 +1,87 @@
+//! `[mcp]`: the MCP server at `/mcp`.
+
+use serde::Deserialize;
+
+use crate::config::types::Invalid;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// Serve MCP at `/mcp` on the server's listener.
+    #[serde(default = "default_enabled")]
+    pub enabled: bool,
+    /// An MCP session without any request or open stream event for this long
+    /// ends (its actuators go to their safe values).
+    #[serde(default = "default_session_idle_secs")]
+    pub session_idle_secs: u64,
+    /// Seconds between SSE keep-alive comments on MCP streams and between
+    /// pings to a client holding its event stream; a ping unanswered for as
+    /// long means the client is gone.
+    #[serde(default = "default_keepalive_secs")]
+    pub keepalive_secs: u64,
+    /// Ask a client that supports elicitation to approve a
+    /// `require_confirmation` call (its user answers); `false`: only an
+    /// operator over REST (`/v1/approvals`) can approve.
+    #[serde(default = "default_elicitation")]
+    pub elicitation: bool,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig {
+            enabled: default_enabled(),
+            session_idle_secs: default_session_idle_secs(),
+            keepalive_secs: default_keepalive_secs(),
+            elicitation: default_elicitation(),
+        }
+    }
+}
+
+impl McpConfig {
+    /// One line for `rozd check`.
+    pub fn describe(&self) -> String {
+        if !self.enabled {
+            return "off".into();
+        }
+        format!(
+            "/mcp (sessions end after {} s idle, keep-alive every {} s, approvals by {})",
+            self.session_idle_secs,
+            self.keepalive_secs,
+            if self.elicitation {
+                "elicitation or an operator"
+            } else {
+                "an operator"
+            }
+        )
+    }
+}
+
+fn default_enabled() -> bool {
+    true
+}
+fn default_session_idle_secs() -> u64 {
+    300
+}
+fn default_keepalive_secs() -> u64 {
+    15
+}
+fn default_elicitation() -> bool {
+    true
+}
+
+/// Checks the section; an error names the key (`mcp.<key>`) and why.
+pub fn validate(mcp: &McpConfig) -> Result<(), Invalid> {
+    if !(10..=86_400).contains(&mcp.session_idle_secs) {
+        return Err(Invalid::new(
+            "mcp.session_idle_secs",
+            "must be between 10 and 86400",
+        ));
+    }
+    if !(1..=3600).contains(&mcp.keepalive_secs) {
+        return Err(Invalid::new(
+            "mcp.keepalive_secs",
+            "must be between 1 and 3600",
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,40 @@
+//! The host tools over MCP (the Model Context Protocol).
+//!
+//! - [`server`]: the MCP server rozd serves at `/mcp` (streamable HTTP, on
+//!   the same listener and behind the same authentication and browser
+//!   checks as every other route): the host tools with the schemas,
+//!   categories and limits sessions get, and the latest Observation as a
+//!   resource. Every call takes the host call path sessions take
+//!   ([`crate::session::host_call`]).
+//! - [`sessions`]: which MCP session owns what, and the deadman when it
+//!   ends or its client disconnects.
+//! - [`approvals`]: calls waiting for an operator (`/v1/approvals`).
+//! - [`config`]: the `[mcp]` section.
+//!
+//! `rozd mcp`, the stdio server that relays to `/mcp`, is a command-line
+//! client: [`crate::cli::mcp`].
+
+pub mod approvals;
+pub mod config;
+pub mod server;
+pub mod sessions;
+
+use std::sync::Arc;
+
+pub use config::McpConfig;
+
+/// What the rest of the daemon shares with the MCP server.
+#[derive(Debug)]
+pub struct Mcp {
+    pub approvals: Arc<approvals::Approvals>,
+    pub sessions: Arc<sessions::Sessions>,
+}
+
+impl Mcp {
+    pub fn new(ooda: Arc<crate::ooda::Ooda>) -> Mcp {
+        Mcp {
+            approvals: Arc::default(),
+            sessions: Arc::new(sessions::Sessions::new(ooda)),
+        }
+    }
+}

@@ -1,0 +1,772 @@
+//! Prometheus metrics: one process-wide set of event metrics, recorded
+//! where things happen through the small typed functions below, and the
+//! state of the running daemon (loop counters, sensors, actuators, stop,
+//! fleet) sampled from the [`HostContext`] when `/metrics` is scraped.
+//!
+//! Label values are bounded: names from the configuration (sensors,
+//! actuators, host tools, model endpoints), fixed vocabularies (stop
+//! reasons, decisions, outcomes), and `client`/`other` for anything a
+//! client or a model could make up. Never a session, task or call id.
+
+use std::collections::BTreeSet;
+use std::sync::{LazyLock, Mutex, PoisonError};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::HostContext;
+use crate::ooda::act::{ActError, Applied, Origin};
+
+/// The `Content-Type` of the OpenMetrics text answer.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The `Content-Type` of the Prometheus text (0.0.4) answer.
+pub const TEXT_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// Most distinct model names kept as their own label value; later ones count as `other`.
+const MAX_MODEL_LABELS: usize = 64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StopReasonLabels {
+    stop_reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabels {
+    endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointResultLabels {
+    endpoint: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    endpoint: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    tool: String,
+    category: String,
+    decision: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolDurationLabels {
+    tool: String,
+    category: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommandLabels {
+    actuator: String,
+    origin: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SensorLabels {
+    sensor: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SensorHealthLabels {
+    sensor: String,
+    health: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceHealthLabels {
+    source: String,
+    health: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActuatorLabels {
+    actuator: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Loop timing: 10 µs to about 2.6 s.
+fn loop_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_01, 4.0, 10))
+}
+
+/// Calls that wait on something else (models, tools, approvals): 1 ms to about 4.4 min.
+fn call_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 4.0, 10))
+}
+
+/// Store writes: 50 µs to about 13 s.
+fn store_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 4.0, 10))
+}
+
+/// The process-wide event metrics.
+#[derive(Debug)]
+struct Events {
+    loop_lateness: Histogram,
+    tick_exec: Histogram,
+    sessions_ended: Family<ReasonLabels, Counter>,
+    turns: Family<StopReasonLabels, Counter>,
+    model_calls: Family<EndpointResultLabels, Counter>,
+    model_duration: Histograms<EndpointLabels>,
+    model_tokens: Family<TokenLabels, Counter>,
+    model_errors: Family<EndpointLabels, Counter>,
+    tool_calls: Family<ToolLabels, Counter>,
+    tool_duration: Histograms<ToolDurationLabels>,
+    approval_wait: Histograms<ResultLabels>,
+    actuator_commands: Family<CommandLabels, Counter>,
+    stop_triggers: Family<SourceLabels, Counter>,
+    store_writes: Histograms<KindLabels>,
+    /// Model names seen in configuration; others are labelled `other`.
+    models: Mutex<BTreeSet<String>>,
+}
+
+static EVENTS: LazyLock<Events> = LazyLock::new(|| Events {
+    loop_lateness: loop_histogram(),
+    tick_exec: loop_histogram(),
+    sessions_ended: Family::default(),
+    turns: Family::default(),
+    model_calls: Family::default(),
+    model_duration: Family::new_with_constructor(call_histogram),
+    model_tokens: Family::default(),
+    model_errors: Family::default(),
+    tool_calls: Family::default(),
+    tool_duration: Family::new_with_constructor(call_histogram),
+    approval_wait: Family::new_with_constructor(call_histogram),
+    actuator_commands: Family::default(),
+    stop_triggers: Family::default(),
+    store_writes: Family::new_with_constructor(store_histogram),
+    models: Mutex::new(BTreeSet::from(["local".to_string()])),
+});
+
+/// One tick of the loop: how late it woke after its deadline, how long its work took.
+pub fn loop_tick(late: Duration, exec: Duration) {
+    EVENTS.loop_lateness.observe(late.as_secs_f64());
+    EVENTS.tick_exec.observe(exec.as_secs_f64());
+}
+
+/// A session ended (`cancel_session`, `disconnect`, `shutdown`, `internal_error`, ...).
+pub fn session_ended(reason: &'static str) {
+    EVENTS
+        .sessions_ended
+        .get_or_create(&ReasonLabels {
+            reason: reason.to_string(),
+        })
+        .inc();
+}
+
+/// A turn (of a session or a task's worker) ended.
+pub fn turn_ended(stop_reason: &'static str) {
+    EVENTS
+        .turns
+        .get_or_create(&StopReasonLabels {
+            stop_reason: stop_reason.to_string(),
+        })
+        .inc();
+}
+
+/// The model names configuration allows (endpoint model ids and names):
+/// each gets its own label value.
+pub fn known_models<'a>(names: impl IntoIterator<Item = &'a str>) {
+    let mut known = EVENTS.models.lock().unwrap_or_else(PoisonError::into_inner);
+    for name in names {
+        if known.len() >= MAX_MODEL_LABELS {
+            break;
+        }
+        known.insert(name.to_string());
+    }
+}
+
+fn model_label(name: &str) -> String {
+    let known = EVENTS.models.lock().unwrap_or_else(PoisonError::into_inner);
+    if known.contains(name) {
+        name.to_string()
+    } else {
+        "other".to_string()
+    }
+}
+
+/// Token counts of one model call, by kind.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tokens {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_creation: u64,
+}
+
+/// How one model call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelResult {
+    Ok,
+    Error,
+    Cancelled,
+}
+
+/// One model call: its endpoint (the model's name), duration, outcome and tokens.
+pub fn model_call(model: &str, took: Duration, result: ModelResult, tokens: Tokens) {
+    let endpoint = model_label(model);
+    let word = match result {
+        ModelResult::Ok => "ok",
+        ModelResult::Error => "error",
+        ModelResult::Cancelled => "cancelled",
+    };
+    EVENTS
+        .model_calls
+        .get_or_create(&EndpointResultLabels {
+            endpoint: endpoint.clone(),
+            result: word.to_string(),
+        })
+        .inc();
+    EVENTS
+        .model_duration
+        .get_or_create(&EndpointLabels {
+            endpoint: endpoint.clone(),
+        })
+        .observe(took.as_secs_f64());
+    if result == ModelResult::Error {
+        EVENTS
+            .model_errors
+            .get_or_create(&EndpointLabels {
+                endpoint: endpoint.clone(),
+            })
+            .inc();
+    }
+    for (kind, n) in [
+        ("input", tokens.input),
+        ("output", tokens.output),
+        ("cache_read", tokens.cache_read),
+        ("cache_creation", tokens.cache_creation),
+    ] {
+        EVENTS
+            .model_tokens
+            .get_or_create(&TokenLabels {
+                endpoint: endpoint.clone(),
+                kind: kind.to_string(),
+            })
+            .inc_by(n);
+    }
+}
+
+/// One tool call of a model. `tool` is a host tool's name, or `client`
+/// for a client's tool, or `unknown`; `decision` the gate's word
+/// (`allowed`, `approved`, `denied`, `blocked`) or `refused` when the call
+/// never reached the gate; `outcome` `ok`, `error` or `cancelled`.
+pub fn tool_call(tool: &str, category: &str, decision: &str, outcome: &str, took: Duration) {
+    EVENTS
+        .tool_calls
+        .get_or_create(&ToolLabels {
+            tool: tool.to_string(),
+            category: category.to_string(),
+            decision: decision.to_string(),
+            outcome: outcome.to_string(),
+        })
+        .inc();
+    EVENTS
+        .tool_duration
+        .get_or_create(&ToolDurationLabels {
+            tool: tool.to_string(),
+            category: category.to_string(),
+        })
+        .observe(took.as_secs_f64());
+}
+
+/// How long a tool call waited for its approval; `result` `approved`,
+/// `denied` (also a timeout) or `cancelled`.
+pub fn approval_wait(took: Duration, result: &'static str) {
+    EVENTS
+        .approval_wait
+        .get_or_create(&ResultLabels {
+            result: result.to_string(),
+        })
+        .observe(took.as_secs_f64());
+}
+
+/// The kind of an [`Origin`]: `session`, `rule`, `operator` or `safety`.
+pub fn origin_kind(origin: &Origin) -> &'static str {
+    match origin {
+        Origin::Session(_) => "session",
+        Origin::Rule(_) => "rule",
+        Origin::Operator(_) => "operator",
+        Origin::Safety(_) => "safety",
+    }
+}
+
+/// One actuator command and its result (`applied`, or why it was not).
+pub fn actuator_command(actuator: &str, origin: &'static str, result: &Result<Applied, ActError>) {
+    let result = match result {
+        Ok(_) => "applied",
+        Err(ActError::Unknown(_)) => "unknown",
+        Err(ActError::SafetyViolation { .. }) => "safety_violation",
+        Err(ActError::EStop { .. }) => "e_stop",
+        Err(ActError::Held { .. }) => "held",
+        Err(ActError::Timeout { .. }) => "timeout",
+        Err(ActError::Driver { .. }) => "driver_error",
+        Err(ActError::Abandoned { .. }) => "abandoned",
+        Err(ActError::Closed { .. }) => "closed",
+    };
+    safe_or_command(actuator, origin, result);
+}
+
+/// A drive to the safe value (origin `safety`); `ok` whether the driver confirmed it.
+pub fn actuator_safe(actuator: &str, ok: bool) {
+    safe_or_command(
+        actuator,
+        "safety",
+        if ok { "applied" } else { "driver_error" },
+    );
+}
+
+fn safe_or_command(actuator: &str, origin: &str, result: &str) {
+    EVENTS
+        .actuator_commands
+        .get_or_create(&CommandLabels {
+            actuator: actuator.to_string(),
+            origin: origin.to_string(),
+            result: result.to_string(),
+        })
+        .inc();
+}
+
+/// A cause was added to the protective stop. `rule:<name>` counts as `rule`.
+pub fn stop_triggered(source: &str) {
+    let source = source.split(':').next().unwrap_or(source);
+    EVENTS
+        .stop_triggers
+        .get_or_create(&SourceLabels {
+            source: source.to_string(),
+        })
+        .inc();
+}
+
+/// One store write (`session`, `turn`, `feedback`, `audit`, `task`, ...), queueing included.
+pub fn store_write(kind: &'static str, took: Duration) {
+    EVENTS
+        .store_writes
+        .get_or_create(&KindLabels {
+            kind: kind.to_string(),
+        })
+        .observe(took.as_secs_f64());
+}
+
+/// Which format `/metrics` answers in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0 text (what Prometheus asks for).
+    OpenMetrics,
+    /// The Prometheus text format 0.0.4 (curl, promtool).
+    Text,
+}
+
+impl Format {
+    /// OpenMetrics when the `Accept` header names it, else the classic text.
+    pub fn from_accept(accept: Option<&str>) -> Format {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
+            _ => Format::Text,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => OPENMETRICS_CONTENT_TYPE,
+            Format::Text => TEXT_CONTENT_TYPE,
+        }
+    }
+}
+
+/// Every metric, the daemon's state sampled now.
+pub fn render(ctx: &HostContext, format: Format) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::with_prefix("rozd");
+    register_events(&mut registry);
+    register_state(&mut registry, ctx);
+    let mut out = String::new();
+    match format {
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry)?,
+        Format::Text => prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?,
+    }
+    Ok(out)
+}
+
+fn register_events(r: &mut Registry) {
+    let e = &*EVENTS;
+    r.register_with_unit(
+        "loop_lateness",
+        "How late each tick of the OODA loop woke after its deadline",
+        Unit::Seconds,
+        e.loop_lateness.clone(),
+    );
+    r.register_with_unit(
+        "loop_tick_exec",
+        "How long each tick's own work (orient, decide, hand-off) took",
+        Unit::Seconds,
+        e.tick_exec.clone(),
+    );
+    r.register(
+        "sessions_ended",
+        "Sessions ended, by reason",
+        e.sessions_ended.clone(),
+    );
+    r.register(
+        "turns",
+        "Turns ended (sessions and task workers), by stop reason",
+        e.turns.clone(),
+    );
+    r.register(
+        "model_calls",
+        "Model calls, by endpoint (model name; other for names not configured) and result",
+        e.model_calls.clone(),
+    );
+    r.register_with_unit(
+        "model_call_duration",
+        "Duration of model calls, by endpoint",
+        Unit::Seconds,
+        e.model_duration.clone(),
+    );
+    r.register(
+        "model_tokens",
+        "Tokens of model calls, by endpoint and kind (input, output, cache_read, cache_creation)",
+        e.model_tokens.clone(),
+    );
+    r.register(
+        "model_errors",
+        "Failed model calls, by endpoint",
+        e.model_errors.clone(),
+    );
+    r.register(
+        "tool_calls",
+        "Tool calls of models, by tool (host tool name, client, unknown), category, decision and outcome",
+        e.tool_calls.clone(),
+    );
+    r.register_with_unit(
+        "tool_call_duration",
+        "Duration of tool calls (approval wait included), by tool and category",
+        Unit::Seconds,
+        e.tool_duration.clone(),
+    );
+    r.register_with_unit(
+        "approval_wait",
+        "How long tool calls waited for an approval, by result",
+        Unit::Seconds,
+        e.approval_wait.clone(),
+    );
+    r.register(
+        "actuator_commands",
+        "Actuator commands, by actuator, origin kind and result",
+        e.actuator_commands.clone(),
+    );
+    r.register(
+        "protective_stop_triggers",
+        "Causes added to the protective stop, by source",
+        e.stop_triggers.clone(),
+    );
+    r.register_with_unit(
+        "store_write_duration",
+        "Duration of store writes (waiting for the store included), by kind",
+        Unit::Seconds,
+        e.store_writes.clone(),
+    );
+    r.register(
+        "build",
+        "This build of rozd",
+        Info::new(BuildLabels {
+            version: crate::VERSION.to_string(),
+        }),
+    );
+}
+
+fn gauge(r: &mut Registry, name: &str, help: &str, value: i64) {
+    let g: Gauge = Gauge::default();
+    g.set(value);
+    r.register(name, help, g);
+}
+
+fn counter(r: &mut Registry, name: &str, help: &str, value: u64) {
+    let c: Counter = Counter::default();
+    c.inc_by(value);
+    r.register(name, help, c);
+}
+
+const SENSOR_HEALTH: [&str; 4] = ["ok", "stale", "disconnected", "error"];
+const FLEET_STATUS: [&str; 4] = ["online", "stale", "offline", "registered"];
+
+fn register_state(r: &mut Registry, ctx: &HostContext) {
+    let stats = ctx.ooda.stats();
+    counter(r, "loop_ticks", "Ticks of the OODA loop", stats.ticks);
+    counter(
+        r,
+        "loop_missed_ticks",
+        "Deadlines of the OODA loop that passed without a tick",
+        stats.missed_ticks,
+    );
+    let uptime: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
+    uptime.set(ctx.started_at.elapsed().as_secs_f64());
+    r.register_with_unit("uptime", "Time since rozd started", Unit::Seconds, uptime);
+    gauge(
+        r,
+        "sessions_active",
+        "Sessions running now",
+        i64::try_from(ctx.sessions.active()).unwrap_or(i64::MAX),
+    );
+    let stop = ctx.ooda.protective_stop().state();
+    gauge(
+        r,
+        "protective_stop_active",
+        "1 while the protective stop is latched",
+        i64::from(stop.is_active()),
+    );
+    gauge(
+        r,
+        "protective_stop_causes",
+        "Active causes of the protective stop",
+        i64::try_from(stop.causes.len()).unwrap_or(i64::MAX),
+    );
+
+    let observation = ctx.ooda.observe_now();
+    let value: Family<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
+    let age: Family<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
+    let health: Family<SensorHealthLabels, Gauge> = Family::default();
+    let alarm: Family<SensorLabels, Gauge> = Family::default();
+    for s in &observation.sensors {
+        let sensor = || SensorLabels {
+            sensor: s.sensor.name.clone(),
+        };
+        if let Some(v) = s.sensor.value.filter(|v| v.is_finite()) {
+            value.get_or_create(&sensor()).set(v);
+        }
+        if let Some(ms) = s.sensor.age_ms {
+            age.get_or_create(&sensor()).set(ms as f64 / 1000.0);
+        }
+        for h in SENSOR_HEALTH {
+            health
+                .get_or_create(&SensorHealthLabels {
+                    sensor: s.sensor.name.clone(),
+                    health: h.to_string(),
+                })
+                .set(i64::from(s.sensor.health == h));
+        }
+        alarm
+            .get_or_create(&sensor())
+            .set(match s.alarm.as_number() {
+                n if n >= 2.0 => 2,
+                n if n >= 1.0 => 1,
+                _ => 0,
+            });
+    }
+    r.register(
+        "sensor_value",
+        "Each sensor's latest value (absent before the first)",
+        value,
+    );
+    r.register_with_unit(
+        "sensor_age",
+        "Age of each sensor's latest value",
+        Unit::Seconds,
+        age,
+    );
+    r.register(
+        "sensor_health",
+        "1 for each sensor's current health (ok, stale, disconnected, error), 0 for the others",
+        health,
+    );
+    r.register(
+        "sensor_alarm",
+        "Each sensor's alarm level: 0 ok, 1 warn, 2 critical",
+        alarm,
+    );
+
+    let source_health: Family<SourceHealthLabels, Gauge> = Family::default();
+    let rejected: Family<SourceLabels, Counter> = Family::default();
+    for s in &observation.sources {
+        for h in SENSOR_HEALTH {
+            source_health
+                .get_or_create(&SourceHealthLabels {
+                    source: s.name.clone(),
+                    health: h.to_string(),
+                })
+                .set(i64::from(s.health == h));
+        }
+        rejected
+            .get_or_create(&SourceLabels {
+                source: s.name.clone(),
+            })
+            .inc_by(s.rejected);
+    }
+    r.register(
+        "source_health",
+        "1 for each sensor source's current health (serial:<port>, mqtt, gpio, system, sim, ...), 0 for the others",
+        source_health,
+    );
+    r.register(
+        "source_rejected_inputs",
+        "Input a sensor source could not use (lines, messages), by source",
+        rejected,
+    );
+
+    let actuator_value: Family<ActuatorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> =
+        Family::default();
+    let at_safe: Family<ActuatorLabels, Gauge> = Family::default();
+    for a in &observation.actuators {
+        let labels = ActuatorLabels {
+            actuator: a.name.clone(),
+        };
+        actuator_value.get_or_create(&labels).set(a.value);
+        at_safe
+            .get_or_create(&labels)
+            .set(i64::from(a.at_safe_value));
+    }
+    r.register(
+        "actuator_value",
+        "Each actuator's current value",
+        actuator_value,
+    );
+    r.register(
+        "actuator_at_safe",
+        "1 while the actuator is at its safe value",
+        at_safe,
+    );
+
+    if let Some(mqtt) = ctx.ooda.mqtt() {
+        let s = mqtt.stats();
+        gauge(
+            r,
+            "mqtt_connected",
+            "1 while the [mqtt] broker connection is up",
+            i64::from(s.connected),
+        );
+        counter(
+            r,
+            "mqtt_connections",
+            "Connections made to the [mqtt] broker since start",
+            s.connections,
+        );
+        counter(
+            r,
+            "mqtt_rejected_messages",
+            "[mqtt] messages dropped (oversized) or not usable (rejected)",
+            s.oversized.saturating_add(s.rejected),
+        );
+    }
+
+    gauge(
+        r,
+        "fleet_configured",
+        "1 when [fleet] is configured",
+        i64::from(ctx.fleet.config().is_some()),
+    );
+    gauge(
+        r,
+        "fleet_connected",
+        "1 while the fleet broker connection is up",
+        i64::from(ctx.fleet.is_connected()),
+    );
+    let hosts: Family<StatusLabels, Gauge> = Family::default();
+    for status in FLEET_STATUS {
+        hosts
+            .get_or_create(&StatusLabels {
+                status: status.to_string(),
+            })
+            .set(0);
+    }
+    for host in ctx.fleet.list(None) {
+        hosts
+            .get_or_create(&StatusLabels {
+                status: host.presence.as_str().to_string(),
+            })
+            .inc();
+    }
+    r.register(
+        "fleet_hosts",
+        "Hosts in the fleet view (this one included), by status",
+        hosts,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openmetrics_only_when_asked_for() {
+        assert_eq!(
+            Format::from_accept(Some(
+                "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+            )),
+            Format::OpenMetrics
+        );
+        assert_eq!(Format::from_accept(Some("*/*")), Format::Text);
+        assert_eq!(Format::from_accept(None), Format::Text);
+    }
+
+    #[test]
+    fn unconfigured_model_names_are_other() {
+        known_models(["configured-model"]);
+        assert_eq!(model_label("configured-model"), "configured-model");
+        assert_eq!(model_label("local"), "local");
+        assert_eq!(model_label("claude-made-up-by-a-client"), "other");
+    }
+
+    #[test]
+    fn rule_sources_lose_their_name() {
+        stop_triggered("rule:too_hot");
+        let counted = EVENTS
+            .stop_triggers
+            .get(&SourceLabels {
+                source: "rule".into(),
+            })
+            .map(|c| c.get());
+        assert!(counted.is_some_and(|n| n >= 1));
+        assert!(
+            EVENTS
+                .stop_triggers
+                .get(&SourceLabels {
+                    source: "rule:too_hot".into()
+                })
+                .is_none()
+        );
+    }
+}

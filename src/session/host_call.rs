@@ -1,0 +1,388 @@
+//! The one path every host tool call takes, whoever makes it: a session's
+//! or a task worker's turn ([`super::turn`]) or an MCP client
+//! ([`crate::mcp`]).
+//!
+//! In order: validation against the tool's schema (a PHYSICAL value outside
+//! the host's limits is refused, never clamped), the protective stop, the
+//! permission policy and its approval, execution under the daemon's own
+//! deadline (the actuator goes to its safe value when that passes), and the
+//! audit of every PHYSICAL call before its caller hears the result. What
+//! differs between callers — how an approval is asked for, how activity is
+//! reported, when the caller has gone — is a [`CallSite`].
+
+use std::future::Future;
+
+use serde_json::Value;
+
+use super::permissions::PermissionPolicy;
+use super::tools::Tool;
+use super::turn::HostAccess;
+use super::{ErrorCode, SessionError};
+use crate::clock::now_ms;
+use crate::config::types::{Policy, ToolCategory};
+use crate::store::AuditRecord;
+use crate::tools::ToolError;
+
+/// What differs between the callers of a host tool.
+pub trait CallSite {
+    /// Why the caller stopped waiting (a cancelled turn, a client gone).
+    type Interrupt;
+
+    /// Asks whoever decides for this caller about a `require_confirmation`
+    /// call: `Ok(())` approved, `Err(message)` denied or not answered in
+    /// time (the message says which, for the caller).
+    fn approve(
+        &mut self,
+        id: &str,
+        name: &str,
+        input: &Value,
+        category: ToolCategory,
+    ) -> impl Future<Output = Result<Result<(), String>, Self::Interrupt>> + Send;
+
+    /// The call passed its gate and runs now.
+    fn running(
+        &mut self,
+        name: &str,
+        category: ToolCategory,
+    ) -> impl Future<Output = Result<(), Self::Interrupt>> + Send;
+
+    /// Resolves when the caller gives up on the call.
+    fn abandoned(&self) -> impl Future<Output = Self::Interrupt> + Send;
+
+    /// What the gate decided (`allowed`, `approved`, `denied`, `blocked`),
+    /// for a caller that counts its calls.
+    fn gated(&mut self, _decision: &'static str) {}
+}
+
+/// Why a host tool call did not run, or failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Parameters a PURE tool cannot take, an unknown sensor or port.
+    Invalid,
+    /// A PHYSICAL value outside the host's limits: refused, never clamped.
+    SafetyViolation,
+    /// The protective stop is latched, or latched while the call ran.
+    EStop,
+    /// A `[[permissions]]` rule blocks the tool.
+    Blocked,
+    /// The approval was refused or not given in time.
+    Denied,
+    /// The actuator is held by another owner.
+    Held,
+    /// The driver did not finish within the deadline; the actuator went safe.
+    Timeout,
+    /// The driver or device failed; an actuator went safe.
+    Failed,
+}
+
+impl Failure {
+    /// The code MCP clients see (see the README's MCP section).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::Invalid => "invalid_argument",
+            Failure::SafetyViolation => "safety_violation",
+            Failure::EStop => "e_stop",
+            Failure::Blocked => "blocked",
+            Failure::Denied => "denied",
+            Failure::Held => "held",
+            Failure::Timeout => "tool_timeout",
+            Failure::Failed => "failed",
+        }
+    }
+
+    /// The `SessionError` a session's client hears beside the result; none
+    /// for failures the result alone reports.
+    pub fn session_code(self) -> Option<ErrorCode> {
+        match self {
+            Failure::SafetyViolation => Some(ErrorCode::SafetyViolation),
+            Failure::EStop => Some(ErrorCode::EStop),
+            Failure::Held => Some(ErrorCode::PermissionDenied),
+            Failure::Timeout => Some(ErrorCode::ToolTimeout),
+            Failure::Invalid | Failure::Blocked | Failure::Denied | Failure::Failed => None,
+        }
+    }
+
+    /// `e_stop` and `safety_violation`: the host refused or stopped a
+    /// physical action (a headless turn ends on them).
+    pub fn is_safety(self) -> bool {
+        matches!(self, Failure::SafetyViolation | Failure::EStop)
+    }
+}
+
+impl From<&ToolError> for Failure {
+    fn from(e: &ToolError) -> Self {
+        match e {
+            ToolError::Invalid(_) => Failure::Invalid,
+            ToolError::SafetyViolation(_) => Failure::SafetyViolation,
+            ToolError::EStop(_) => Failure::EStop,
+            ToolError::Held(_) => Failure::Held,
+            ToolError::Timeout(_) => Failure::Timeout,
+            ToolError::Failed(_) => Failure::Failed,
+        }
+    }
+}
+
+/// The result of a host tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The tool's JSON answer, or what went wrong (for the model or client).
+    pub content: String,
+    /// `None`: the call ran and succeeded.
+    pub failure: Option<Failure>,
+}
+
+impl Outcome {
+    fn failed(failure: Failure, content: String) -> Outcome {
+        Outcome {
+            content,
+            failure: Some(failure),
+        }
+    }
+
+    pub fn is_error(&self) -> bool {
+        self.failure.is_some()
+    }
+
+    /// The error a session's client hears beside the result of call `id`.
+    pub fn session_error(&self, id: &str) -> Option<SessionError> {
+        let code = self.failure?.session_code()?;
+        Some(SessionError::new(
+            code,
+            format!("tool call {id}: {}", self.content),
+        ))
+    }
+}
+
+/// What the gate decided; `decision` is the audit's word for it.
+pub enum Gate {
+    Pass {
+        decision: &'static str,
+    },
+    Refused {
+        decision: &'static str,
+        message: String,
+        failure: Failure,
+    },
+}
+
+/// The gate every tool call passes, host or client: the permission policy,
+/// and an approval where it asks for one.
+pub async fn gate<S: CallSite>(
+    site: &mut S,
+    permissions: &PermissionPolicy,
+    id: &str,
+    name: &str,
+    input: &Value,
+    category: ToolCategory,
+) -> Result<Gate, S::Interrupt> {
+    let verdict = permissions.decide(name, category);
+    let gate = match verdict.policy {
+        Policy::Block => Gate::Refused {
+            decision: "blocked",
+            message: format!("`{name}` is blocked by policy: {}", verdict.reason),
+            failure: Failure::Blocked,
+        },
+        Policy::RequireConfirmation => {
+            match approve_timed(site, id, name, input, category).await? {
+                Ok(()) => Gate::Pass {
+                    decision: "approved",
+                },
+                Err(message) => Gate::Refused {
+                    decision: "denied",
+                    message,
+                    failure: Failure::Denied,
+                },
+            }
+        }
+        Policy::Allow => Gate::Pass {
+            decision: "allowed",
+        },
+    };
+    site.gated(match &gate {
+        Gate::Pass { decision } | Gate::Refused { decision, .. } => decision,
+    });
+    Ok(gate)
+}
+
+/// [`CallSite::approve`], its wait measured for the metrics.
+async fn approve_timed<S: CallSite>(
+    site: &mut S,
+    id: &str,
+    name: &str,
+    input: &Value,
+    category: ToolCategory,
+) -> Result<Result<(), String>, S::Interrupt> {
+    let asked = std::time::Instant::now();
+    let answer = site.approve(id, name, input, category).await;
+    let result = match &answer {
+        Ok(Ok(())) => "approved",
+        Ok(Err(_)) => "denied",
+        Err(_) => "cancelled",
+    };
+    crate::metrics::approval_wait(asked.elapsed(), result);
+    answer
+}
+
+/// Runs host tool `tool` as call `id` for `host`'s owner. PHYSICAL calls
+/// are audited (awaited) before this returns, whatever the outcome; a call
+/// the caller abandons while it runs is audited as such and returns the
+/// caller's interrupt (a command that reached its driver finishes in its own
+/// task and is then undone by the deadman, see `Actuators::command`).
+pub async fn run<S: CallSite>(
+    site: &mut S,
+    host: &HostAccess,
+    permissions: &PermissionPolicy,
+    id: &str,
+    tool: &Tool,
+    input: &Value,
+) -> Result<Outcome, S::Interrupt> {
+    let name = tool.spec.name.as_str();
+    let category = tool.spec.category;
+    let physical = category == ToolCategory::Physical;
+    let started = now_ms();
+    if let Err(why) = tool.validate(input) {
+        if !physical {
+            return Ok(Outcome::failed(
+                Failure::Invalid,
+                format!("invalid parameters for `{name}`: {why}"),
+            ));
+        }
+        // The host never applies a value outside its limits: say so plainly.
+        let message = format!("`{name}` refused: {why}");
+        audit(host, id, name, input, "refused", Err(&message), started).await;
+        return Ok(Outcome::failed(Failure::SafetyViolation, message));
+    }
+    let stop = host.tools.protective_stop();
+    if physical && stop.is_active() {
+        let message = format!(
+            "`{name}` refused: protective stop is active ({})",
+            stop.describe()
+        );
+        audit(host, id, name, input, "refused", Err(&message), started).await;
+        return Ok(Outcome::failed(Failure::EStop, message));
+    }
+    let decision = match gate(site, permissions, id, name, input, category).await? {
+        Gate::Pass { decision } => decision,
+        Gate::Refused {
+            decision,
+            message,
+            failure,
+        } => {
+            if physical {
+                audit(host, id, name, input, decision, Err(&message), started).await;
+            }
+            return Ok(Outcome::failed(failure, message));
+        }
+    };
+    site.running(name, category).await?;
+    let result = tokio::select! {
+        biased;
+        interrupt = site.abandoned() => {
+            if physical {
+                audit(host, id, name, input, decision, Err("cancelled while running"), started).await;
+            }
+            return Err(interrupt);
+        }
+        result = host.tools.execute(name, input, &host.session_id) => result,
+    };
+    let outcome = match &result {
+        Ok(text) => Outcome {
+            content: text.clone(),
+            failure: None,
+        },
+        Err(e) => Outcome::failed(Failure::from(e), format!("`{name}` failed: {e}")),
+    };
+    if physical {
+        let audited = if outcome.is_error() {
+            Err(outcome.content.as_str())
+        } else {
+            Ok(outcome.content.as_str())
+        };
+        audit(host, id, name, input, decision, audited, started).await;
+    }
+    Ok(outcome)
+}
+
+/// Writes one PHYSICAL call to the audit (awaited: the record exists before
+/// the caller hears the result).
+async fn audit(
+    host: &HostAccess,
+    id: &str,
+    tool: &str,
+    input: &Value,
+    decision: &str,
+    result: Result<&str, &str>,
+    started: i64,
+) {
+    let ended = now_ms();
+    let record = AuditRecord {
+        at_ms: ended,
+        kind: "tool_call".into(),
+        session_id: Some(host.session_id.clone()),
+        tool_call_id: Some(id.to_string()),
+        tool: Some(tool.to_string()),
+        parameters: Some(input.clone()),
+        decision: Some(decision.to_string()),
+        result: result.ok().map(str::to_string),
+        error: result.err().map(str::to_string),
+        origin: Some(host.label.clone()),
+        credential: host.credential.clone(),
+        started_at_ms: Some(started),
+        ended_at_ms: Some(ended),
+        duration_ms: Some(ended - started),
+        ..Default::default()
+    };
+    if let Err(e) = host.store.audit(record).await {
+        tracing::error!(error = %e, tool_call_id = id, "cannot write the audit record");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_hears_the_codes_it_always_heard_and_mcp_gets_one_per_failure() {
+        let outcome = |failure| Outcome::failed(failure, "`arm` refused: /value: 5".into());
+        let safety = outcome(Failure::SafetyViolation)
+            .session_error("t1")
+            .unwrap();
+        assert_eq!(safety.code, ErrorCode::SafetyViolation);
+        assert_eq!(safety.message, "tool call t1: `arm` refused: /value: 5");
+        for (failure, code) in [
+            (Failure::EStop, Some(ErrorCode::EStop)),
+            (Failure::Held, Some(ErrorCode::PermissionDenied)),
+            (Failure::Timeout, Some(ErrorCode::ToolTimeout)),
+            (Failure::Invalid, None),
+            (Failure::Blocked, None),
+            (Failure::Denied, None),
+            (Failure::Failed, None),
+        ] {
+            assert_eq!(
+                outcome(failure).session_error("t").map(|e| e.code),
+                code,
+                "{failure:?}"
+            );
+        }
+        let ok = Outcome {
+            content: "{}".into(),
+            failure: None,
+        };
+        assert!(!ok.is_error() && ok.session_error("t").is_none());
+        let codes: std::collections::HashSet<&str> = [
+            Failure::Invalid,
+            Failure::SafetyViolation,
+            Failure::EStop,
+            Failure::Blocked,
+            Failure::Denied,
+            Failure::Held,
+            Failure::Timeout,
+            Failure::Failed,
+        ]
+        .into_iter()
+        .map(Failure::as_str)
+        .collect();
+        assert_eq!(codes.len(), 8, "distinct codes");
+        assert!(Failure::EStop.is_safety() && !Failure::Held.is_safety());
+    }
+}

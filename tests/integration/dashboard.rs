@@ -1,0 +1,337 @@
+//! The dashboard (`/ui`) in a real headless Chromium driven by Selenium
+//! (`tests/python/dashboard.py`; `scripts/test.sh` installs chromium,
+//! chromium-driver and selenium): with tokens configured the page asks for
+//! one and streams live data; a sensor's value changes on the page; a task's
+//! pending approval is approved from the page and the actuator moves; the
+//! STOP button latches the stop. Screenshots go to `target/`. Also the
+//! stream's wire format (server-sent events over a plain response, resumed
+//! after `Last-Event-ID`) and the page's own headers.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::common::{EXPECT_WITHIN, TestDaemon};
+
+const TOKEN: &str = "dashboard-test-token";
+
+/// The built-in rover's world, a sine sensor that always moves, and a rule-free drive.
+const HOST: &str = r#"
+[host]
+name = "Dashboard rover"
+environment_id = "lab"
+
+[sim]
+seed = 1
+range_noise_m = 0.0
+
+[[sensors]]
+name = "front_distance"
+source = "sim"
+quantity = "front_distance"
+unit = "m"
+warn_min = 0.5
+critical_min = 0.3
+
+[[sensors]]
+name = "bumper"
+source = "sim"
+quantity = "bumper"
+
+[[sensors]]
+name = "battery_voltage"
+source = "sim"
+quantity = "battery_voltage"
+unit = "V"
+warn_min = 11.8
+critical_min = 11.5
+
+[[sensors]]
+name = "wave"
+source = "sim"
+signal = "sine"
+amplitude = 1.0
+period_ms = 4000
+unit = "V"
+rate_hz = 20
+warn_max = 0.8
+critical_max = 0.95
+
+[[actuators]]
+name = "drive_speed"
+kind = "sim"
+input = "drive_speed"
+unit = "m/s"
+min = -0.5
+max = 0.5
+safe_value = 0.0
+hold_ms = 20000
+
+[[actuators]]
+name = "turn_rate"
+kind = "sim"
+input = "turn_rate"
+unit = "deg/s"
+min = -90.0
+max = 90.0
+safe_value = 0.0
+"#;
+
+fn python() -> PathBuf {
+    let base = std::env::var_os("ROZD_TEST_PYENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/pyenv"));
+    let python = base.join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run ./scripts/test.sh, which installs it",
+        python.display()
+    );
+    python
+}
+
+fn target_dir() -> PathBuf {
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
+    std::fs::create_dir_all(&dir).expect("target dir");
+    dir
+}
+
+async fn dashboard_daemon() -> TestDaemon {
+    TestDaemon::start_server(
+        &format!("auth_tokens = [{TOKEN:?}]"),
+        HOST,
+        |_| {},
+        std::sync::Arc::new(rozd::session::LogHooks),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_drives_the_dashboard() {
+    let daemon = dashboard_daemon().await;
+    let addr = daemon.addr.to_string();
+    // A task whose physical call waits for approval; the slow model keeps
+    // the worker (and so its command) alive for a while after the call.
+    let created = rozd::cli::client::post_json(
+        &addr,
+        "/v1/tasks",
+        Some(TOKEN),
+        &serde_json::json!({"prompt": "wait 8000; set drive_speed 0.3"}),
+    )
+    .await
+    .expect("POST /v1/tasks");
+    assert_eq!(created.status, 201, "{}", created.body);
+    let task: serde_json::Value = serde_json::from_str(&created.body).expect("task JSON");
+    let task_id = task["id"].as_str().expect("task id").to_string();
+
+    let shots = target_dir();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/dashboard.py");
+    let run = tokio::process::Command::new(python())
+        .arg(&script)
+        .arg(daemon.url())
+        .arg(TOKEN)
+        .arg(&task_id)
+        .arg(&shots)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(240), run)
+        .await
+        .expect("the browser test finishes")
+        .expect("run python (scripts/test.sh installs selenium, chromium, chromium-driver)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "dashboard.py failed:\n{stdout}\n{stderr}"
+    );
+    assert!(shots.join("dashboard.png").exists());
+
+    // Over REST: the approved command was applied (audited), and the stop is latched.
+    let audit = rozd::cli::client::get(&addr, "/v1/audit", Some(TOKEN))
+        .await
+        .expect("GET /v1/audit");
+    let audit: serde_json::Value = serde_json::from_str(&audit.body).expect("audit JSON");
+    let rows = audit["data"].as_array().expect("audit rows");
+    assert!(
+        rows.iter().any(|r| r["kind"] == "tool_call"
+            && r["tool"] == "drive_speed"
+            && r["decision"] == "approved"
+            && r["error"].is_null()),
+        "{rows:#?}"
+    );
+    assert!(
+        rows.iter().any(|r| r["kind"] == "actuator"
+            && r["actuator"] == "drive_speed"
+            && r["result"] == "0.3"),
+        "{rows:#?}"
+    );
+    let safety = rozd::cli::client::get(&addr, "/v1/safety", Some(TOKEN))
+        .await
+        .expect("GET /v1/safety");
+    let safety: serde_json::Value = serde_json::from_str(&safety.body).expect("safety JSON");
+    assert_eq!(safety["estop_active"], true, "{safety}");
+    daemon.shutdown().await;
+}
+
+/// Reads one event (up to the blank line) from an SSE stream.
+async fn next_event(lines: &mut tokio::io::Lines<BufReader<TcpStream>>) -> (String, u64, String) {
+    let (mut event, mut id, mut data) = (String::new(), 0, String::new());
+    loop {
+        let line = tokio::time::timeout(EXPECT_WITHIN, lines.next_line())
+            .await
+            .expect("an event in time")
+            .expect("read")
+            .expect("stream open");
+        if line.is_empty() {
+            if !data.is_empty() {
+                return (event, id, data);
+            }
+            continue;
+        }
+        if let Some(v) = line.strip_prefix("event: ") {
+            event = v.to_string();
+        } else if let Some(v) = line.strip_prefix("id: ") {
+            id = v.parse().expect("numeric id");
+        } else if let Some(v) = line.strip_prefix("data: ") {
+            data = v.to_string();
+        }
+    }
+}
+
+/// Opens the stream over HTTP/1.0 (no chunking), after `last_id` if given.
+async fn open_stream(
+    daemon: &TestDaemon,
+    token: Option<&str>,
+    last_id: Option<u64>,
+) -> (String, tokio::io::Lines<BufReader<TcpStream>>) {
+    let mut stream = TcpStream::connect(daemon.addr).await.expect("connect");
+    let mut request = format!(
+        "GET /v1/observation/stream HTTP/1.0\r\nhost: {}\r\n",
+        daemon.addr
+    );
+    if let Some(token) = token {
+        request.push_str(&format!("authorization: Bearer {token}\r\n"));
+    }
+    if let Some(id) = last_id {
+        request.push_str(&format!("last-event-id: {id}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut lines = BufReader::new(stream).lines();
+    let mut head = String::new();
+    loop {
+        let line = tokio::time::timeout(EXPECT_WITHIN, lines.next_line())
+            .await
+            .expect("head in time")
+            .expect("read")
+            .unwrap_or_default();
+        if line.is_empty() {
+            break;
+        }
+        head.push_str(&line.to_ascii_lowercase());
+        head.push('\n');
+    }
+    (head, lines)
+}
+
+#[tokio::test]
+async fn the_stream_needs_a_token_and_resumes_after_the_last_event() {
+    let daemon = dashboard_daemon().await;
+    let (head, _) = open_stream(&daemon, None, None).await;
+    assert!(
+        head.starts_with("http/1.0 401") || head.starts_with("http/1.1 401"),
+        "{head}"
+    );
+
+    let (head, mut lines) = open_stream(&daemon, Some(TOKEN), None).await;
+    assert!(head.contains(" 200"), "{head}");
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    let mut seen = std::collections::HashSet::new();
+    let mut last_observation = 0;
+    while !(seen.contains("observation")
+        && seen.contains("status")
+        && seen.contains("safety")
+        && seen.contains("tasks")
+        && seen.contains("hosts"))
+    {
+        let (event, id, data) = next_event(&mut lines).await;
+        let json: serde_json::Value = serde_json::from_str(&data).expect("data is JSON");
+        if event == "observation" {
+            assert_eq!(json["seq"].as_u64(), Some(id), "the id is the tick");
+            assert!(id > last_observation, "observations only move forward");
+            last_observation = id;
+        }
+        if event == "status" {
+            assert_eq!(json["name"], "Dashboard rover");
+        }
+        seen.insert(event);
+    }
+    drop(lines);
+
+    // Reconnecting with Last-Event-ID: no Observation the page already had.
+    let (_, mut lines) = open_stream(&daemon, Some(TOKEN), Some(last_observation)).await;
+    let mut observations = 0;
+    while observations < 3 {
+        let (event, id, _) = next_event(&mut lines).await;
+        if event == "observation" {
+            assert!(id > last_observation, "{id} after {last_observation}");
+            observations += 1;
+        }
+    }
+    drop(lines);
+
+    // The world's room for the page's map.
+    let sim = rozd::cli::client::get(&daemon.addr.to_string(), "/v1/sim", Some(TOKEN))
+        .await
+        .expect("GET /v1/sim");
+    let sim: serde_json::Value = serde_json::from_str(&sim.body).expect("sim JSON");
+    assert_eq!(sim["width"], 6.0, "{sim}");
+    assert_eq!(sim["range_sensor"], "front_distance");
+    assert!(sim["rover"]["x"].is_number());
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_page_needs_no_token_and_is_never_framed() {
+    let daemon = dashboard_daemon().await;
+    let addr = daemon.addr.to_string();
+    for path in [
+        "/ui",
+        "/ui/app.js",
+        "/ui/uPlot.iife.min.js",
+        "/ui/uPlot.LICENSE",
+    ] {
+        let reply = rozd::cli::client::get(&addr, path, None)
+            .await
+            .expect("GET");
+        assert_eq!(reply.status, 200, "{path}");
+    }
+    let page = rozd::cli::client::get(&addr, "/ui", None)
+        .await
+        .expect("GET /ui");
+    assert!(page.body.contains("id=\"stop-button\""));
+    // Data still needs the token; an unknown file under /ui is not public.
+    for path in ["/v1/status", "/v1/sim", "/ui/other"] {
+        let reply = rozd::cli::client::get(&addr, path, None)
+            .await
+            .expect("GET");
+        assert_eq!(reply.status, 401, "{path}");
+    }
+    let mut stream = TcpStream::connect(daemon.addr).await.expect("connect");
+    stream
+        .write_all(format!("GET /ui HTTP/1.0\r\nhost: {}\r\n\r\n", daemon.addr).as_bytes())
+        .await
+        .expect("send");
+    let mut answer = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer)
+        .await
+        .expect("read");
+    let head = answer.to_ascii_lowercase();
+    assert!(head.contains("x-frame-options: deny"), "{head}");
+    assert!(head.contains("frame-ancestors 'none'"), "{head}");
+    daemon.shutdown().await;
+}

@@ -1,0 +1,93 @@
+"""Drives rozd's dashboard (/ui) in a real headless Chromium with Selenium.
+
+Usage: dashboard.py BASE_URL TOKEN TASK_ID SCREENSHOT_DIR
+
+Checks, in order: the page asks for the token and loads with it; a sensor's
+value on the page changes over time; the task's pending approval shows the
+tool, its parameters and who asks, and approving it from the page moves the
+actuator (seen on the page); the STOP button latches the protective stop
+(checked over REST) and the page shows it. Saves screenshots. Every wait is
+a bounded wait for a condition; exit status 0 only if every check passed.
+"""
+
+import json
+import sys
+import urllib.request
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+WITHIN = 30  # seconds: a bound on a hang, not a synchronisation
+
+
+def rest(base, token, path):
+    request = urllib.request.Request(base + path, headers={"Authorization": "Bearer " + token})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.load(reply)
+
+
+def main():
+    base, token, task_id, shots = sys.argv[1:5]
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1400",
+                "--hide-scrollbars", "--force-device-scale-factor=1"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
+    # The page re-renders its tables with every event: an element may go stale between look-up and read.
+    wait = WebDriverWait(driver, WITHIN, ignored_exceptions=[StaleElementReferenceException, NoSuchElementException])
+    try:
+        driver.get(base + "/ui")
+        # Tokens are configured: the page asks once.
+        token_input = wait.until(lambda d: d.find_element(By.ID, "token-input"))
+        wait.until(lambda d: token_input.is_displayed())
+        token_input.send_keys(token)
+        driver.find_element(By.ID, "token-submit").click()
+        assert driver.execute_script("return sessionStorage.getItem('rozd-token')") == token
+        assert token not in driver.current_url, "the token must never be in a URL"
+        wait.until(lambda d: d.find_element(By.ID, "link").text.startswith("live"))
+        print("page live:", driver.find_element(By.ID, "host-name").text, flush=True)
+
+        # A sensor's value changes on the page.
+        value = lambda d: d.find_element(By.CSS_SELECTOR, '[data-sensor="wave"] .value').text
+        first = wait.until(lambda d: value(d) if value(d) not in ("", "—") else False)
+        changed = wait.until(lambda d: value(d) if value(d) != first else False)
+        print("wave:", first, "->", changed, flush=True)
+
+        # The pending approval, with tool, parameters and who asks; approve it.
+        card = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".approval"))
+        text = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".approval").text)
+        assert "drive_speed" in text, text
+        assert '"value": 0.3' in text, text
+        assert task_id + ":w0" in text, text
+        card.find_element(By.CSS_SELECTOR, "button.approve").click()
+        speed = lambda d: d.find_element(By.CSS_SELECTOR, '[data-actuator="drive_speed"] .value').text
+        wait.until(lambda d: speed(d).startswith("0.3"))
+        print("drive_speed on the page:", speed(driver), flush=True)
+        wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, ".approval"))
+        driver.save_screenshot(shots + "/dashboard.png")
+
+        # STOP: one click latches the stop; REST says so and the page shows it.
+        driver.find_element(By.ID, "stop-button").click()
+        safety = wait.until(lambda d: (lambda s: s if s["estop_active"] else False)(rest(base, token, "/v1/safety")))
+        assert safety and safety["estop_active"], safety
+        assert any(c["source"] == "rest" for c in safety["causes"]), safety
+        wait.until(lambda d: d.find_element(By.ID, "stop-state").text == "PROTECTIVE STOP")
+        wait.until(lambda d: "dashboard STOP button" in d.find_element(By.ID, "stop-causes").text)
+        driver.save_screenshot(shots + "/dashboard-stopped.png")
+        print("stopped:", safety["causes"], flush=True)
+    except Exception:
+        driver.save_screenshot(shots + "/dashboard-failure.png")
+        print(driver.page_source[:4000], file=sys.stderr)
+        for entry in driver.get_log("browser") if hasattr(driver, "get_log") else []:
+            print("browser:", entry, file=sys.stderr)
+        raise
+    finally:
+        driver.quit()
+
+
+if __name__ == "__main__":
+    main()
