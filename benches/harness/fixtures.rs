@@ -31,10 +31,15 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// The daemon's built-in simulated rover: what `rozd run` serves without a
 /// config file (sensors, actuators, a reflex rule), on an ephemeral port.
 pub fn builtin_host(store: &std::path::Path) -> String {
-    let text = include_str!("../../src/config/builtin.toml")
-        .replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:0\"");
+    // The harness measures up to 1000 concurrent sessions, 100 per
+    // connection: far beyond the default `session.max_sessions` and
+    // `server.max_concurrent_streams`, which an operator raises the same way.
+    let text = include_str!("../../src/config/builtin.toml").replace(
+        "listen = \"127.0.0.1:8080\"",
+        "listen = \"127.0.0.1:0\"\nmax_concurrent_streams = 1024",
+    );
     format!(
-        "{text}\n[store]\npath = {:?}\n",
+        "{text}\n[store]\npath = {:?}\n[session]\nmax_sessions = 65536\n",
         store.display().to_string()
     )
 }

@@ -397,7 +397,7 @@ async fn fleet_command(
         // This host first: its stop must not wait for the broker.
         if here {
             ctx.ooda
-                .trigger_stop_by(
+                .trigger_stop_as(
                     FLEET_SOURCE,
                     &format!(
                         "fleet stop of environment {environment} from {} ({source}): {reason}",

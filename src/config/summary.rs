@@ -47,7 +47,15 @@ impl Config {
         line(format!(
             "auth:          {}",
             if self.auth_required() {
-                format!("{} credential(s)", self.credential_count())
+                {
+                    let clients = self.named_clients.len();
+                    let tokens = self.credential_count() - clients;
+                    if clients == 0 {
+                        format!("{tokens} bearer token(s)")
+                    } else {
+                        format!("{tokens} bearer token(s), {clients} client certificate subject(s)")
+                    }
+                }
             } else {
                 "none (loopback only)".to_string()
             }
