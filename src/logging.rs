@@ -1,5 +1,6 @@
 //! Where the daemon's logs go (`[log]`).
 
+use std::io::IsTerminal as _;
 use std::path::Path;
 
 use crate::config::{LogConfig, LogFormat};
@@ -20,7 +21,12 @@ pub fn init(log: &LogConfig) {
             .init();
         return;
     }
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colour only for a person at a terminal: a pipe, a file or a log
+    // collector gets plain text (NO_COLOR turns it off at a terminal too).
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match log.format {
         LogFormat::Json => tracing_subscriber::registry()
             .with(filter)

@@ -7,8 +7,10 @@ use futures_util::Stream;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
+use tracing::Instrument as _;
 
+use super::auth::Caller;
 use super::{convert, relay};
 use crate::HostContext;
 use crate::fleet::Route;
@@ -41,16 +43,26 @@ impl AgentService for AgentApi {
         request: Request<Streaming<proto::SessionRequest>>,
     ) -> Result<Response<Self::StreamSessionStream>, Status> {
         let relayed_by = relay::relayed_by(request.metadata());
+        let caller = request.extensions().get::<Caller>().cloned();
         let incoming = request.into_inner();
         let (local_tx, local_rx) = mpsc::channel(SESSION_QUEUE);
         let (relay_tx, relay_rx) = mpsc::channel(SESSION_QUEUE);
-        tokio::spawn(read_client(
-            self.ctx.clone(),
-            relayed_by,
-            incoming,
-            local_tx,
-            relay_tx,
-        ));
+        // The stream's log lines name the credential, as the request's did.
+        let span = tracing::info_span!(
+            "session_stream",
+            credential = caller.as_ref().map_or("", |c| c.name())
+        );
+        tokio::spawn(
+            read_client(
+                self.ctx.clone(),
+                relayed_by,
+                caller.map(|c| c.name().to_string()),
+                incoming,
+                local_tx,
+                relay_tx,
+            )
+            .instrument(span),
+        );
         // The stream ends once both the local session (if any) and the
         // router/relay are done with it.
         let local = ReceiverStream::new(local_rx).map(|event| Ok(convert::server_response(event)));
@@ -88,6 +100,7 @@ impl AgentService for AgentApi {
 async fn read_client(
     ctx: Arc<HostContext>,
     relayed_by: Option<String>,
+    credential: Option<String>,
     mut incoming: Streaming<proto::SessionRequest>,
     local_out: mpsc::Sender<session::ServerEvent>,
     relay_out: mpsc::Sender<Result<proto::SessionResponse, Status>>,
@@ -103,7 +116,29 @@ async fn read_client(
         let request = match message {
             Some(Ok(request)) => request,
             Some(Err(status)) => {
-                tracing::debug!(%status, "session stream ended with a transport error");
+                // A message that does not decode, or is over the size
+                // limit, fails the stream with its own status (the stream
+                // must not end as if it were a success).
+                let failed = match status.code() {
+                    Code::Internal => Some(Status::invalid_argument(format!(
+                        "a SessionRequest that does not decode: {}",
+                        status.message()
+                    ))),
+                    Code::OutOfRange => Some(Status::resource_exhausted(status.message())),
+                    Code::InvalidArgument | Code::ResourceExhausted => Some(status.clone()),
+                    _ => None,
+                };
+                match failed {
+                    Some(failed) => {
+                        tracing::warn!(status = %failed, "session stream failed: a bad message");
+                        // The response stream ends at this error; a local
+                        // session then ends as a disconnect.
+                        let _ = relay_out.send(Err(failed)).await;
+                    }
+                    None => {
+                        tracing::debug!(%status, "session stream ended with a transport error");
+                    }
+                }
                 break;
             }
             None => break,
@@ -147,7 +182,9 @@ async fn read_client(
             (Some(tx), _) => tx.clone(),
             (None, Some(out)) => {
                 let (tx, rx) = mpsc::channel(SESSION_QUEUE);
-                tokio::spawn(session::run(ctx.clone(), rx, out));
+                tokio::spawn(
+                    session::run(ctx.clone(), rx, out, credential.clone()).in_current_span(),
+                );
                 local = Some(tx.clone());
                 tx
             }

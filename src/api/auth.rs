@@ -1,100 +1,337 @@
-//! Bearer-token authentication for every gRPC call and REST route but
-//! `/healthz` on the TCP listener (the control socket's file permissions
-//! authenticate its connections; it does not pass through here).
+//! Authentication and authorisation of every gRPC call and REST route on
+//! the TCP listener (the control socket's file permissions authenticate its
+//! connections; it does not pass through here).
+//!
+//! A caller is identified by a bearer token (`Authorization: Bearer <t>`,
+//! the scheme in any case, RFC 7235) or, without one, by a verified client
+//! certificate's subject (the TLS layer puts a [`PeerIdentity`] into the
+//! request). [`Credentials::identify`] turns either into a
+//! credential's name and scope; [`super::scopes::need`] says what the
+//! request needs. The request then carries a [`Caller`] for the handlers,
+//! which name it (never the secret) in logs and the audit.
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use subtle::ConstantTimeEq;
+use subtle::{ConditionallySelectable, ConstantTimeEq};
+use tracing::Instrument as _;
 
 use super::reply::{is_grpc, json_error};
+use super::scopes::{Need, need};
 use super::tracked::Connection;
-use crate::HostContext;
-use crate::config::types::Secret;
+use crate::config::Config;
+use crate::config::types::{FLEET_CREDENTIAL, NamedClient, Scope};
+use crate::tls::PeerIdentity;
 
-/// Paths reachable without a token: liveness probes must work for supervisors.
-const PUBLIC_PATHS: &[&str] = &["/healthz"];
+/// Who made a request, as the handlers see it: the credential's name (a
+/// token's name, a certificate subject, `anonymous` when no credentials are
+/// configured, `control-socket` on the local socket) and its scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub credential: Arc<str>,
+    pub scope: Scope,
+}
 
-pub async fn require_token(
-    State(ctx): State<Arc<HostContext>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let public =
-        PUBLIC_PATHS.contains(&request.uri().path()) || super::ui::is_page(request.uri().path());
-    if public {
-        return next.run(request).await;
+impl Caller {
+    /// The caller when the daemon has no credentials configured (loopback only).
+    pub fn anonymous() -> Caller {
+        Caller {
+            credential: Arc::from("anonymous"),
+            scope: Scope::Admin,
+        }
     }
-    // A connection that completed a request past this check is shed only
-    // after those that never did (see `connections`).
-    let connection = request.extensions().get::<Connection>().cloned();
-    let authenticated = |response: Response| {
-        if let Some(connection) = &connection {
-            connection.mark_authenticated();
+
+    /// A request on the local control socket (its file mode authenticated it).
+    pub fn control_socket() -> Caller {
+        Caller {
+            credential: Arc::from("control-socket"),
+            scope: Scope::Admin,
         }
-        response
-    };
-    if !ctx.config.auth_required() {
-        return authenticated(next.run(request).await);
     }
-    let presented = request
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
-    match presented {
-        Some(token) if token_matches(token, &ctx.config.resolved_tokens) => {
-            authenticated(next.run(request).await)
-        }
-        presented => {
-            let why = if presented.is_some() {
-                "invalid bearer token"
-            } else {
-                "missing authorization: Bearer <token>"
-            };
-            tracing::warn!(path = %request.uri().path(), reason = why, "refused unauthenticated request");
-            if is_grpc(&request) {
-                tonic::Status::unauthenticated(why).into_http::<axum::body::Body>()
-            } else {
-                let mut response =
-                    json_error(http::StatusCode::UNAUTHORIZED, "unauthenticated", why)
-                        .into_response();
-                response.headers_mut().insert(
-                    http::header::WWW_AUTHENTICATE,
-                    http::HeaderValue::from_static("Bearer"),
-                );
-                response
-            }
-        }
+
+    pub fn name(&self) -> &str {
+        &self.credential
     }
 }
 
-/// Compares against every configured token without short-circuiting, so the
-/// time taken says nothing about which token (or how much of it) matched.
-fn token_matches(presented: &str, tokens: &[Secret]) -> bool {
-    let mut matched = subtle::Choice::from(0u8);
-    for token in tokens {
-        matched |= presented.as_bytes().ct_eq(token.expose().as_bytes());
+/// How a caller presents itself.
+#[derive(Debug, Clone, Copy)]
+pub enum Identity<'a> {
+    Bearer(&'a str),
+    CertificateSubject(&'a str),
+}
+
+type Digest = [u8; 32];
+
+fn digest(secret: &str) -> Digest {
+    let d = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+struct Token {
+    name: Arc<str>,
+    digest: Digest,
+    scope: Scope,
+}
+
+/// Every configured credential. Tokens are kept as SHA-256 digests and
+/// compared digest to digest, so neither the time taken nor anything else
+/// depends on a stored token's length or content.
+pub struct Credentials {
+    required: bool,
+    tokens: Vec<Token>,
+    clients: Vec<NamedClient>,
+}
+
+impl Credentials {
+    /// `auth_tokens` and `auth_token_file` (admin, named `auth_tokens[<n>]`),
+    /// `[[server.tokens]]`, the fleet token (admin, named `fleet`: other
+    /// hosts relay here with it) and `[[server.clients]]`.
+    pub fn from_config(config: &Config) -> Credentials {
+        let mut tokens: Vec<Token> = config
+            .resolved_tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| Token {
+                name: Arc::from(format!("auth_tokens[{i}]")),
+                digest: digest(t.expose()),
+                scope: Scope::Admin,
+            })
+            .collect();
+        tokens.extend(config.named_tokens.iter().map(|t| Token {
+            name: Arc::from(t.name.as_str()),
+            digest: digest(t.secret.expose()),
+            scope: t.scope,
+        }));
+        if let Some(token) = config.fleet.as_ref().and_then(|f| f.token.as_ref()) {
+            tokens.push(Token {
+                name: Arc::from(FLEET_CREDENTIAL),
+                digest: digest(token.expose()),
+                scope: Scope::Admin,
+            });
+        }
+        Credentials {
+            required: config.auth_required(),
+            tokens,
+            clients: config.named_clients.clone(),
+        }
     }
-    matched.into()
+
+    pub fn required(&self) -> bool {
+        self.required
+    }
+
+    /// The credential an identity stands for: its name and scope.
+    pub fn identify(&self, identity: Identity<'_>) -> Option<Caller> {
+        match identity {
+            Identity::Bearer(token) => self.token(token),
+            Identity::CertificateSubject(subject) => self
+                .clients
+                .iter()
+                .find(|c| c.subject == subject)
+                .map(|c| Caller {
+                    credential: Arc::from(c.subject.as_str()),
+                    scope: c.scope,
+                }),
+        }
+    }
+
+    /// Compares against every token without short-circuiting: the time
+    /// taken says nothing about which token (or how much of one) matched.
+    fn token(&self, presented: &str) -> Option<Caller> {
+        let presented = digest(presented);
+        let mut found = subtle::Choice::from(0u8);
+        let mut index = 0u32;
+        for (i, token) in self.tokens.iter().enumerate() {
+            let same = presented.ct_eq(&token.digest);
+            index = u32::conditional_select(&index, &(i as u32), same);
+            found |= same;
+        }
+        if !bool::from(found) {
+            return None;
+        }
+        self.tokens.get(index as usize).map(|t| Caller {
+            credential: t.name.clone(),
+            scope: t.scope,
+        })
+    }
+}
+
+/// What the `Authorization` header holds.
+#[derive(Debug, PartialEq, Eq)]
+enum Presented<'a> {
+    Absent,
+    Bearer(&'a str),
+    /// Present but not `Bearer <token>`: why.
+    Malformed(&'static str),
+}
+
+/// RFC 7235: `auth-scheme 1*SP token68`, the scheme case-insensitive.
+fn presented(header: Option<&http::HeaderValue>) -> Presented<'_> {
+    let Some(value) = header else {
+        return Presented::Absent;
+    };
+    let Ok(text) = value.to_str() else {
+        return Presented::Malformed("the authorization header is not text");
+    };
+    let text = text.trim();
+    let (scheme, rest) = text.split_once(' ').unwrap_or((text, ""));
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Presented::Malformed("the authorization scheme must be Bearer");
+    }
+    let token = rest.trim_start_matches(' ');
+    if token.is_empty() || token.contains(char::is_whitespace) {
+        return Presented::Malformed("expected authorization: Bearer <token>");
+    }
+    Presented::Bearer(token)
+}
+
+/// The middleware: identifies the caller, checks what the request needs,
+/// and runs it with a [`Caller`] extension inside a span naming the
+/// credential.
+pub async fn require_credential(
+    State(credentials): State<Arc<Credentials>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let needed = need(request.method(), request.uri().path());
+    if needed == Need::Public {
+        return next.run(request).await;
+    }
+    let caller = if credentials.required() {
+        let subject = request
+            .extensions()
+            .get::<PeerIdentity>()
+            .map(|p| p.subject.clone());
+        match presented(request.headers().get(http::header::AUTHORIZATION)) {
+            Presented::Bearer(token) => credentials
+                .identify(Identity::Bearer(token))
+                .ok_or("invalid bearer token"),
+            Presented::Malformed(why) => Err(why),
+            Presented::Absent => match subject {
+                Some(subject) => credentials
+                    .identify(Identity::CertificateSubject(&subject))
+                    .ok_or("the client certificate's subject is not in server.clients"),
+                None => Err("missing authorization: Bearer <token>"),
+            },
+        }
+    } else {
+        Ok(Caller::anonymous())
+    };
+    let caller = match caller {
+        Ok(caller) => caller,
+        Err(why) => return unauthenticated(&request, why),
+    };
+    // A connection that completed a request past this check is shed only
+    // after those that never did (see `connections`).
+    if let Some(connection) = request.extensions().get::<Connection>() {
+        connection.mark_authenticated();
+    }
+    if let Need::Scope(scope) = needed
+        && !caller.scope.allows(scope)
+    {
+        let why = format!(
+            "credential {:?} has scope {}; {} {} needs {scope}",
+            caller.name(),
+            caller.scope,
+            request.method(),
+            request.uri().path()
+        );
+        tracing::warn!(credential = caller.name(), path = %request.uri().path(), needed = %scope, "refused a request outside its credential's scope");
+        return if is_grpc(&request) {
+            tonic::Status::permission_denied(why).into_http::<axum::body::Body>()
+        } else {
+            json_error(http::StatusCode::FORBIDDEN, "permission_denied", &why).into_response()
+        };
+    }
+    let span = tracing::info_span!("request", credential = %caller.credential);
+    request.extensions_mut().insert(caller);
+    next.run(request).instrument(span).await
+}
+
+fn unauthenticated(request: &Request, why: &str) -> Response {
+    tracing::warn!(path = %request.uri().path(), reason = why, "refused unauthenticated request");
+    if is_grpc(request) {
+        return tonic::Status::unauthenticated(why).into_http::<axum::body::Body>();
+    }
+    let mut response =
+        json_error(http::StatusCode::UNAUTHORIZED, "unauthenticated", why).into_response();
+    response.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        http::HeaderValue::from_static("Bearer"),
+    );
+    response
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::types::{NamedToken, Secret};
+    use crate::config::{Config, ConfigSource};
+
+    fn credentials() -> Credentials {
+        let mut config = Config::parse("", ConfigSource::BuiltIn).unwrap();
+        config.resolved_tokens = vec![Secret::new("alpha")];
+        config.named_tokens = vec![NamedToken {
+            name: "viewer".into(),
+            secret: Secret::new("beta"),
+            scope: Scope::Read,
+        }];
+        config.named_clients = vec![NamedClient {
+            subject: "CN=rover-2".into(),
+            scope: Scope::Operate,
+        }];
+        Credentials::from_config(&config)
+    }
 
     #[test]
-    fn only_an_exact_token_matches() {
-        let tokens = [Secret::new("alpha"), Secret::new("beta")];
-        assert!(token_matches("beta", &tokens));
-        assert!(!token_matches("bet", &tokens));
-        assert!(!token_matches("betaa", &tokens));
-        assert!(!token_matches("", &tokens));
+    fn only_an_exact_token_matches_and_names_its_credential() {
+        let c = credentials();
+        let who = |t| {
+            c.identify(Identity::Bearer(t))
+                .map(|c| (c.credential.to_string(), c.scope))
+        };
+        assert_eq!(who("beta"), Some(("viewer".into(), Scope::Read)));
+        assert_eq!(who("alpha"), Some(("auth_tokens[0]".into(), Scope::Admin)));
+        for wrong in ["bet", "betaa", "", "ALPHA"] {
+            assert_eq!(who(wrong), None, "{wrong}");
+        }
+        let subject = c
+            .identify(Identity::CertificateSubject("CN=rover-2"))
+            .unwrap();
+        assert_eq!(
+            (subject.name(), subject.scope),
+            ("CN=rover-2", Scope::Operate)
+        );
+        assert!(
+            c.identify(Identity::CertificateSubject("CN=other"))
+                .is_none()
+        );
+        assert!(c.required());
+    }
+
+    #[test]
+    fn the_scheme_is_case_insensitive() {
+        let h = |s: &str| http::HeaderValue::from_str(s).unwrap();
+        for ok in [
+            "Bearer t",
+            "bearer t",
+            "BEARER t",
+            "Bearer   t",
+            " bEaReR t ",
+        ] {
+            assert_eq!(presented(Some(&h(ok))), Presented::Bearer("t"), "{ok:?}");
+        }
+        for bad in ["Basic t", "Bearer", "Bearert", "Bearer a b", "Token t"] {
+            assert!(
+                matches!(presented(Some(&h(bad))), Presented::Malformed(_)),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(presented(None), Presented::Absent);
     }
 }

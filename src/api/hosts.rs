@@ -11,12 +11,13 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tonic::{Request, Status};
 
+use super::auth::Caller;
 use super::reply::json_error;
 use super::safety::{clean_reason, parse_body, rest_source};
 use crate::HostContext;
@@ -335,24 +336,27 @@ fn stop_report(hosts: &[HostView], environment: &str, stopped: bool) -> (Vec<Val
 /// (up to `wait_ms`) until every live host of the environment reports it.
 async fn fleet_stop(
     State(ctx): State<Arc<HostContext>>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    fleet_command(ctx, headers, body, true).await
+    fleet_command(ctx, caller.map(|c| c.0), headers, body, true).await
 }
 
 /// `POST /v1/fleet/estop/clear`: withdraws the fleet command; hosts clear
 /// the stops that came from the fleet (never others), moving nothing.
 async fn fleet_clear(
     State(ctx): State<Arc<HostContext>>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    fleet_command(ctx, headers, body, false).await
+    fleet_command(ctx, caller.map(|c| c.0), headers, body, false).await
 }
 
 async fn fleet_command(
     ctx: Arc<HostContext>,
+    caller: Option<Caller>,
     headers: HeaderMap,
     body: Bytes,
     stop: bool,
@@ -393,12 +397,13 @@ async fn fleet_command(
         // This host first: its stop must not wait for the broker.
         if here {
             ctx.ooda
-                .trigger_stop(
+                .trigger_stop_by(
                     FLEET_SOURCE,
                     &format!(
                         "fleet stop of environment {environment} from {} ({source}): {reason}",
                         fleet.own_id()
                     ),
+                    caller.as_ref().map(Caller::name),
                 )
                 .await;
             local_note = "this host was stopped";
@@ -427,9 +432,10 @@ async fn fleet_command(
     if !stop && here {
         // Only the fleet's cause: a stop from any other source stays.
         let latch = ctx.ooda.protective_stop();
-        match latch.clear_source(
+        match latch.clear_source_as(
             FLEET_SOURCE,
             &format!("{source}: fleet stop withdrawn: {reason}"),
+            caller.as_ref().map(Caller::name),
         ) {
             Ok(_) => {
                 latch.persisted().await;

@@ -2,7 +2,7 @@
 
 mod agent;
 mod approvals;
-mod auth;
+pub mod auth;
 pub mod browser;
 pub mod connections;
 pub mod convert;
@@ -12,6 +12,7 @@ pub mod relay;
 mod reply;
 mod rest;
 mod safety;
+pub mod scopes;
 mod tasks;
 pub mod tracked;
 pub mod ui;
@@ -104,9 +105,12 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
     let router = router
         .fallback(rest::fallback)
         .method_not_allowed_fallback(rest::method_not_allowed)
+        // Inside authentication: what the routes and extractors answer
+        // (413, a path that does not decode) becomes the JSON error body.
+        .layer(axum::middleware::from_fn(reply::json_errors))
         .layer(axum::middleware::from_fn_with_state(
-            ctx.clone(),
-            auth::require_token,
+            Arc::new(auth::Credentials::from_config(&ctx.config)),
+            auth::require_credential,
         ))
         // Outermost: a request for another host or from another origin
         // learns nothing, not even whether it would need a token.
@@ -132,5 +136,7 @@ pub fn control_router(ctx: Arc<HostContext>) -> axum::Router {
         .with_state(ctx)
         .fallback(rest::fallback)
         .method_not_allowed_fallback(rest::method_not_allowed)
+        .layer(axum::middleware::from_fn(reply::json_errors))
         .layer(axum::Extension(ControlSocket))
+        .layer(axum::Extension(auth::Caller::control_socket()))
 }

@@ -164,6 +164,8 @@ pub(super) fn status_json(
         "client_certificate": client_certificate,
         "sessions": {
             "active": ctx.sessions.active(),
+            "started": ctx.sessions.started(),
+            "max": c.session.max_sessions,
             "total": ctx.sessions.total(),
         },
         "sensors": c.sensors.len(),

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use tonic::{Request, Status};
 
 use super::ControlSocket;
+use super::auth::Caller;
 use super::reply::json_error;
 use crate::HostContext;
 use crate::proto::{self, safety_service_server::SafetyService};
@@ -97,10 +98,14 @@ impl SafetyService for SafetyApi {
         &self,
         request: Request<proto::TriggerEstopRequest>,
     ) -> Result<tonic::Response<proto::TriggerEstopResponse>, Status> {
+        let credential = caller_name(request.extensions());
         let request = request.into_inner();
         self.check_environment(&request.environment_id)?;
         let reason = clean_reason(Some(&request.reason), "TriggerEstop (gRPC)");
-        self.ctx.ooda.trigger_stop(GRPC_SOURCE, &reason).await;
+        self.ctx
+            .ooda
+            .trigger_stop_by(GRPC_SOURCE, &reason, credential.as_deref())
+            .await;
         Ok(tonic::Response::new(proto::TriggerEstopResponse {}))
     }
 
@@ -108,17 +113,24 @@ impl SafetyService for SafetyApi {
         &self,
         request: Request<proto::ClearEstopRequest>,
     ) -> Result<tonic::Response<proto::ClearEstopResponse>, Status> {
+        let credential = caller_name(request.extensions());
         let request = request.into_inner();
         self.check_environment(&request.environment_id)?;
         let reason = clean_reason(Some(&request.reason), "ClearEstop (gRPC)");
         let latch = self.ctx.ooda.protective_stop();
-        let cleared = latch.try_clear(&format!("{GRPC_SOURCE}: {reason}"));
+        let cleared =
+            latch.try_clear_as(&format!("{GRPC_SOURCE}: {reason}"), credential.as_deref());
         persist_or_log(latch).await;
         match cleared {
             Ok(_) => Ok(tonic::Response::new(proto::ClearEstopResponse {})),
             Err(refused) => Err(Status::failed_precondition(refused.to_string())),
         }
     }
+}
+
+/// The name of the credential that made a request (see `auth::Caller`).
+pub(super) fn caller_name(extensions: &http::Extensions) -> Option<String> {
+    extensions.get::<Caller>().map(|c| c.name().to_string())
 }
 
 // ------------------------------------------------------------------ REST
@@ -200,6 +212,7 @@ async fn get_status(State(ctx): State<Arc<HostContext>>) -> Json<SafetyStatus> {
 async fn trigger(
     State(ctx): State<Arc<HostContext>>,
     control: Option<Extension<ControlSocket>>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -216,7 +229,8 @@ async fn trigger(
             "rozd estop"
         },
     );
-    let added = ctx.ooda.trigger_stop(source, &reason).await;
+    let credential = caller.as_ref().map(|c| c.name());
+    let added = ctx.ooda.trigger_stop_by(source, &reason, credential).await;
     status_json(status(&ctx), ("triggered", added))
 }
 
@@ -225,6 +239,7 @@ async fn trigger(
 async fn clear(
     State(ctx): State<Arc<HostContext>>,
     control: Option<Extension<ControlSocket>>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -235,7 +250,8 @@ async fn clear(
     let source = rest_source(&headers, control.as_deref());
     let reason = clean_reason(request.reason.as_deref(), "operator");
     let latch = ctx.ooda.protective_stop();
-    let cleared = latch.try_clear(&format!("{source}: {reason}"));
+    let credential = caller.as_ref().map(|c| c.name());
+    let cleared = latch.try_clear_as(&format!("{source}: {reason}"), credential);
     persist_or_log(latch).await;
     match cleared {
         Ok(cleared) => status_json(status(&ctx), ("cleared", cleared)),

@@ -9,9 +9,9 @@ use serde::Deserialize;
 
 use super::locate::{DOCUMENT, locate_key, locate_span};
 use super::types::{
-    HostConfig, Invalid, LogConfig, MAX_SOCKET_PATH, PermissionRuleConfig, SafetyConfig, Secret,
-    ServerConfig, SessionConfig, StoreConfig, TasksConfig, check_allowed_host_entry, token_lines,
-    valid_id,
+    FLEET_CREDENTIAL, HostConfig, Invalid, LogConfig, MAX_SOCKET_PATH, NamedClient, NamedToken,
+    PermissionRuleConfig, SafetyConfig, Secret, ServerConfig, SessionConfig, StoreConfig,
+    TasksConfig, check_allowed_host_entry, parse_scopes, token_lines, valid_id,
 };
 use crate::hw::config::{
     ActuatorConfig, GpioConfig, HardwareSpec, MqttConfig, SensorConfig, SerialPortConfig,
@@ -120,9 +120,16 @@ pub struct Config {
     /// The validated hardware sections.
     #[serde(skip)]
     pub hardware: HardwareSpec,
-    /// Tokens read from `server.auth_token_file`, merged with `server.auth_tokens`.
+    /// Tokens read from `server.auth_token_file`, merged with `server.auth_tokens`:
+    /// admin tokens, named `auth_tokens[<n>]` in this order.
     #[serde(skip)]
     pub resolved_tokens: Vec<Secret>,
+    /// `[[server.tokens]]` with their secrets read.
+    #[serde(skip)]
+    pub named_tokens: Vec<NamedToken>,
+    /// `[[server.clients]]` with their scopes parsed.
+    #[serde(skip)]
+    pub named_clients: Vec<NamedClient>,
     #[serde(skip)]
     pub source: Option<ConfigSource>,
 }
@@ -274,19 +281,16 @@ impl Config {
         }
         crate::mcp::config::validate(&self.mcp)?;
         self.resolve_tokens()?;
-        // Other hosts of the fleet present the fleet token when they relay here.
-        if let Some(token) = self.fleet.as_ref().and_then(|f| f.token.clone()) {
-            self.resolved_tokens.push(token);
-        }
+        self.resolve_credentials()?;
         if !self.server.listen.ip().is_loopback()
-            && self.resolved_tokens.is_empty()
+            && !self.auth_required()
             && !self.server.allow_unauthenticated_remote
         {
             return Err(Invalid::new(
                 "server.listen",
                 format!(
                     "{} is not a loopback address and no auth tokens are configured; \
-                     set server.auth_tokens or server.auth_token_file, or set \
+                     set server.auth_tokens, server.auth_token_file or [[server.tokens]], or set \
                      server.allow_unauthenticated_remote = true to accept the risk",
                     self.server.listen
                 ),
@@ -526,6 +530,31 @@ impl Config {
                 "must be between 1 and 86400",
             ));
         }
+        if !(1..=65_536).contains(&s.max_concurrent_streams) {
+            return Err(Invalid::new(
+                "server.max_concurrent_streams",
+                "must be between 1 and 65536",
+            ));
+        }
+        let session = &self.session;
+        if !(1..=65_536).contains(&session.max_sessions) {
+            return Err(Invalid::new(
+                "session.max_sessions",
+                "must be between 1 and 65536",
+            ));
+        }
+        if session.max_session_bytes < 1024 {
+            return Err(Invalid::new(
+                "session.max_session_bytes",
+                "must be at least 1024",
+            ));
+        }
+        if session.max_session_tools == 0 {
+            return Err(Invalid::new(
+                "session.max_session_tools",
+                "must be at least 1",
+            ));
+        }
         if let Some(tls) = &s.tls {
             validate_server_tls(tls)?;
         }
@@ -587,9 +616,114 @@ impl Config {
         warnings
     }
 
-    /// Whether requests must carry a bearer token.
+    /// `[[server.tokens]]` (secrets read from their variable or file) and
+    /// `[[server.clients]]`, validated: unique non-empty names and subjects,
+    /// known scopes, a secret that is not empty and not shared.
+    fn resolve_credentials(&mut self) -> Result<(), Invalid> {
+        let mut tokens: Vec<NamedToken> = Vec::new();
+        for (i, t) in self.server.tokens.iter().enumerate() {
+            let key = |field: &str| format!("server.tokens[{i}].{field}");
+            if t.name.trim().is_empty() || t.name.chars().any(char::is_control) {
+                return Err(Invalid::new(
+                    key("name"),
+                    "must be a non-empty printable name",
+                ));
+            }
+            if t.name.starts_with("auth_tokens[") || t.name == FLEET_CREDENTIAL {
+                return Err(Invalid::new(
+                    key("name"),
+                    format!("{:?} is reserved; choose another name", t.name),
+                ));
+            }
+            if tokens.iter().any(|o| o.name == t.name) {
+                return Err(Invalid::new(
+                    key("name"),
+                    format!("{:?} names another token too", t.name),
+                ));
+            }
+            let scope = parse_scopes(&t.scopes).map_err(|m| Invalid::new(key("scopes"), m))?;
+            let secret = match (&t.token_env, &t.token_file) {
+                (Some(var), None) => std::env::var(var).map_err(|e| {
+                    Invalid::new(key("token_env"), format!("environment variable {var}: {e}"))
+                })?,
+                (None, Some(path)) => {
+                    let text = std::fs::read_to_string(path).map_err(|e| {
+                        Invalid::new(
+                            key("token_file"),
+                            format!("cannot read {}: {e}", path.display()),
+                        )
+                    })?;
+                    token_lines(&text).next().unwrap_or_default().to_string()
+                }
+                _ => {
+                    return Err(Invalid::new(
+                        format!("server.tokens[{i}]"),
+                        "give exactly one of token_env and token_file",
+                    ));
+                }
+            };
+            let secret = secret.trim().to_string();
+            if secret.is_empty() {
+                let field = if t.token_env.is_some() {
+                    "token_env"
+                } else {
+                    "token_file"
+                };
+                return Err(Invalid::new(key(field), "the token is empty"));
+            }
+            let shared = tokens.iter().any(|o| o.secret.expose() == secret)
+                || self.resolved_tokens.iter().any(|o| o.expose() == secret);
+            if shared {
+                return Err(Invalid::new(
+                    format!("server.tokens[{i}]"),
+                    "this token is also another credential's; each credential needs its own",
+                ));
+            }
+            tokens.push(NamedToken {
+                name: t.name.clone(),
+                secret: Secret::new(secret),
+                scope,
+            });
+        }
+        let mut clients: Vec<NamedClient> = Vec::new();
+        for (i, c) in self.server.clients.iter().enumerate() {
+            let key = |field: &str| format!("server.clients[{i}].{field}");
+            if c.subject.trim().is_empty() {
+                return Err(Invalid::new(key("subject"), "must not be empty"));
+            }
+            if clients.iter().any(|o| o.subject == c.subject) {
+                return Err(Invalid::new(
+                    key("subject"),
+                    format!("{:?} is listed twice", c.subject),
+                ));
+            }
+            let scope = parse_scopes(&c.scopes).map_err(|m| Invalid::new(key("scopes"), m))?;
+            clients.push(NamedClient {
+                subject: c.subject.clone(),
+                scope,
+            });
+        }
+        self.named_tokens = tokens;
+        self.named_clients = clients;
+        Ok(())
+    }
+
+    /// Whether requests must carry a credential: any token (including the
+    /// fleet's, which other hosts present when they relay here) or client
+    /// certificate subject is configured.
     pub fn auth_required(&self) -> bool {
         !self.resolved_tokens.is_empty()
+            || !self.named_tokens.is_empty()
+            || !self.named_clients.is_empty()
+            || self.fleet.as_ref().is_some_and(|f| f.token.is_some())
+    }
+
+    /// How many credentials are configured (for `rozd check`).
+    pub fn credential_count(&self) -> usize {
+        self.resolved_tokens.len()
+            + self.named_tokens.len()
+            + self.named_clients.len()
+            + usize::from(self.fleet.as_ref().is_some_and(|f| f.token.is_some()))
     }
 }
 

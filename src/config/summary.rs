@@ -47,7 +47,7 @@ impl Config {
         line(format!(
             "auth:          {}",
             if self.auth_required() {
-                format!("{} bearer token(s)", self.resolved_tokens.len())
+                format!("{} credential(s)", self.credential_count())
             } else {
                 "none (loopback only)".to_string()
             }

@@ -136,6 +136,115 @@ pub struct ServerConfig {
     /// [`ServerConfig::control_socket_path`].
     #[serde(default)]
     pub control_socket: Option<PathBuf>,
+    /// Named bearer tokens with scopes.
+    #[serde(default)]
+    pub tokens: Vec<TokenConfig>,
+    /// Client certificate subjects with scopes.
+    #[serde(default)]
+    pub clients: Vec<ClientConfig>,
+    /// HTTP/2 streams one connection may have open at once.
+    #[serde(default = "default_max_concurrent_streams")]
+    pub max_concurrent_streams: u32,
+}
+
+/// The name under which the fleet token (`[fleet] token`, presented by
+/// other hosts that relay here) appears in logs and the audit.
+pub const FLEET_CREDENTIAL: &str = "fleet";
+
+/// What a credential may do. Each scope includes the ones before it:
+/// `operate` may read, `admin` may operate and read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// Status, observation, sensors, sessions, audit, hosts, health, metrics.
+    Read,
+    /// Sessions, tasks, approvals, actuator commands.
+    Operate,
+    /// Clearing a protective stop, registering hosts, the fleet stop's clear.
+    Admin,
+}
+
+impl Scope {
+    pub const NAMES: &str = "\"read\", \"operate\", \"admin\"";
+
+    pub fn parse(text: &str) -> Option<Scope> {
+        match text {
+            "read" => Some(Scope::Read),
+            "operate" => Some(Scope::Operate),
+            "admin" => Some(Scope::Admin),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Operate => "operate",
+            Scope::Admin => "admin",
+        }
+    }
+
+    /// Whether a credential with this scope may do what `needed` guards.
+    pub fn allows(self, needed: Scope) -> bool {
+        self >= needed
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One `[[server.tokens]]`: a named bearer token, read from the environment
+/// or a file (never written in the configuration itself).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    pub name: String,
+    #[serde(default)]
+    pub token_env: Option<String>,
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+}
+
+/// One `[[server.clients]]`: a client certificate's subject and its scopes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientConfig {
+    pub subject: String,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+}
+
+/// A credential as the authentication layer uses it: its name (what logs
+/// and the audit show), its secret and its scope.
+#[derive(Debug, Clone)]
+pub struct NamedToken {
+    pub name: String,
+    pub secret: Secret,
+    pub scope: Scope,
+}
+
+/// A client certificate subject and its scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedClient {
+    pub subject: String,
+    pub scope: Scope,
+}
+
+/// The highest of `scopes` (each includes the lower ones); `Err` names the
+/// first unknown entry. An empty list is an error: a credential that may
+/// do nothing is a mistake.
+pub fn parse_scopes(scopes: &[String]) -> Result<Scope, String> {
+    let mut highest = None;
+    for scope in scopes {
+        let parsed = Scope::parse(scope)
+            .ok_or_else(|| format!("{scope:?} is not a scope (expected {})", Scope::NAMES))?;
+        highest = highest.max(Some(parsed));
+    }
+    highest.ok_or_else(|| format!("give at least one scope ({})", Scope::NAMES))
 }
 
 impl Default for ServerConfig {
@@ -154,6 +263,9 @@ impl Default for ServerConfig {
             idle_timeout_secs: default_idle_timeout_secs(),
             allowed_hosts: Vec::new(),
             control_socket: None,
+            tokens: Vec::new(),
+            clients: Vec::new(),
+            max_concurrent_streams: default_max_concurrent_streams(),
         }
     }
 }
@@ -273,13 +385,31 @@ impl Default for LogConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
     /// SQLite database file. Default: `$STATE_DIRECTORY/rozd.db` under systemd,
     /// else `$XDG_STATE_HOME/rozd/rozd.db` (or `~/.local/state/rozd/rozd.db`).
     #[serde(default)]
     pub path: Option<PathBuf>,
+    /// Sessions, tasks and audit rows older than this many days are
+    /// deleted; 0 keeps everything.
+    #[serde(default = "default_retain_days")]
+    pub retain_days: u32,
+    /// Above this size (MiB) the oldest sessions and tasks go first (never
+    /// an audit row younger than `retain_days`); 0: no cap.
+    #[serde(default = "default_max_size_mb")]
+    pub max_size_mb: u32,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            path: None,
+            retain_days: default_retain_days(),
+            max_size_mb: default_max_size_mb(),
+        }
+    }
 }
 
 impl StoreConfig {
@@ -333,6 +463,16 @@ pub struct SessionConfig {
     /// Above this fraction, the oldest turns are summarised by the model.
     #[serde(default = "default_compact_summary_at")]
     pub compact_summary_at: f64,
+    /// Sessions open at once; a `StartSession` beyond it is `rate_limited`.
+    #[serde(default = "default_max_sessions")]
+    pub max_sessions: u32,
+    /// Bytes of client data one session may hold: history, project
+    /// context, registered tools and their system contexts.
+    #[serde(default = "default_max_session_bytes")]
+    pub max_session_bytes: u64,
+    /// Client tools one session may have registered at once.
+    #[serde(default = "default_max_session_tools")]
+    pub max_session_tools: u32,
 }
 
 impl Default for SessionConfig {
@@ -348,6 +488,9 @@ impl Default for SessionConfig {
             compact_tool_results_at: default_compact_tool_results_at(),
             compact_thinking_at: default_compact_thinking_at(),
             compact_summary_at: default_compact_summary_at(),
+            max_sessions: default_max_sessions(),
+            max_session_bytes: default_max_session_bytes(),
+            max_session_tools: default_max_session_tools(),
         }
     }
 }
@@ -560,6 +703,12 @@ fn default_http2_keepalive_secs() -> u64 {
 fn default_max_connections() -> u32 {
     1024
 }
+/// Streams per connection: a CLI or IDE holds a session stream and a few
+/// calls; 32 leaves room for a relaying host's multiplexed sessions while a
+/// single connection cannot make rozd hold hundreds of stream buffers.
+fn default_max_concurrent_streams() -> u32 {
+    32
+}
 fn default_header_read_timeout_secs() -> u64 {
     10
 }
@@ -595,6 +744,28 @@ fn default_compact_thinking_at() -> f64 {
 }
 fn default_compact_summary_at() -> f64 {
     0.75
+}
+/// 16 sessions of at most `max_session_bytes` each is 32 MiB of client data
+/// on a Pi 4 with 1 GiB, beside each session's context (bounded by its token
+/// budget).
+fn default_max_sessions() -> u32 {
+    16
+}
+/// 2 MiB: a long history or several large project files, not a dump.
+fn default_max_session_bytes() -> u64 {
+    2 * 1024 * 1024
+}
+fn default_max_session_tools() -> u32 {
+    256
+}
+/// 90 days of sessions and audit; about 100 MB at the rate observed
+/// (45 MB after ~4 000 sessions).
+fn default_retain_days() -> u32 {
+    90
+}
+/// 512 MiB: well inside an SD card, far above what 90 days usually take.
+fn default_max_size_mb() -> u32 {
+    512
 }
 fn default_physical_timeout_ms() -> u32 {
     5_000

@@ -37,6 +37,10 @@ pub(super) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor
     builder
         .http2()
         .timer(TokioTimer::new())
+        // Each stream holds buffers and, for a session, a task: one
+        // connection may not open more than this many at once (beyond it
+        // the peer's new streams are refused, REFUSED_STREAM).
+        .max_concurrent_streams(server.max_concurrent_streams)
         // Half the bound pinging, half waiting for the answer: a silent
         // peer is dropped within `http2_keepalive_secs`.
         .keep_alive_interval(

@@ -106,6 +106,12 @@ impl Daemon {
             .map_err(|e| crate::store::StoreError::Task(e.to_string()))??;
         // Before anything can start a task: no task resumes by itself.
         crate::team::recover(&store).await?;
+        // The retention policy, now and then hourly (see `keep_store_pruned`).
+        let retention = crate::store::Retention {
+            retain_days: config.store.retain_days,
+            max_bytes: u64::from(config.store.max_size_mb) * 1024 * 1024,
+        };
+        prune_store(&store, retention).await;
         // The certificate is read before the port is ours: a bad one is a
         // start-up error, not a listener that fails every handshake.
         let tls = match &config.server.tls {
@@ -171,6 +177,7 @@ impl Daemon {
             }
         });
         let ctx = HostContext::new(Arc::new(config), local, store, hooks, ooda);
+        tokio::spawn(keep_store_pruned(ctx.clone(), retention));
         if let Some(tls) = &tls {
             // A fresh context: not set before.
             let _ = ctx.tls.set(tls.clone());
@@ -339,11 +346,63 @@ fn open_file_limit() -> Option<u64> {
         .ok()
 }
 
+/// How often the retention policy runs while the daemon serves.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Applies the store's retention policy once; failures are logged (a store
+/// that cannot be pruned still serves).
+async fn prune_store(store: &crate::store::Store, retention: crate::store::Retention) {
+    if retention.retain_days == 0 && retention.max_bytes == 0 {
+        return;
+    }
+    match store
+        .prune(retention, crate::team::state::TaskStatus::TERMINAL)
+        .await
+    {
+        Ok(pruned) => {
+            if pruned.over_cap {
+                tracing::warn!(
+                    bytes = pruned.bytes_after,
+                    max_bytes = retention.max_bytes,
+                    "the store is over store.max_size_mb with only audit rows younger than \
+                     store.retain_days left; they are kept"
+                );
+            }
+            if pruned.sessions + pruned.tasks + pruned.audit > 0 {
+                tracing::info!(
+                    sessions = pruned.sessions,
+                    tasks = pruned.tasks,
+                    audit = pruned.audit,
+                    bytes_before = pruned.bytes_before,
+                    bytes_after = pruned.bytes_after,
+                    "store pruned by its retention policy and vacuumed"
+                );
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "cannot apply the store's retention policy"),
+    }
+}
+
+/// Prunes the store every [`PRUNE_EVERY`] until shutdown.
+async fn keep_store_pruned(ctx: Arc<HostContext>, retention: crate::store::Retention) {
+    let mut every =
+        tokio::time::interval_at(tokio::time::Instant::now() + PRUNE_EVERY, PRUNE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = ctx.shutdown.cancelled() => return,
+            _ = every.tick() => prune_store(&ctx.store, retention).await,
+        }
+    }
+}
+
 /// Writes every trigger, clear and refused clear of the protective stop to
 /// the audit, as rows of kind `protective_stop` (one per added cause),
 /// `protective_stop_cleared` (one per removed cause),
 /// `protective_stop_clear_refused` and `protective_stop_restored` (latched
-/// again at start-up); `origin`: the source, or who cleared.
+/// again at start-up); `origin`: the source, or who cleared; `credential`:
+/// the credential that asked (for a fleet stop over MQTT, the host that
+/// signed it).
 fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::ProtectiveStop) {
     let (stop_tx, mut stop_rx) = tokio::sync::mpsc::unbounded_channel();
     stop.set_audit(stop_tx);
@@ -351,19 +410,24 @@ fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::Prote
         use crate::safety::StopEvent;
         while let Some(event) = stop_rx.recv().await {
             let now = crate::clock::now_ms();
-            let (kind, origin, result, error) = match event {
+            let (kind, origin, result, error, credential) = match event {
                 StopEvent::Triggered { source, reason, by } => {
-                    let origin = match by {
+                    let origin = match &by {
                         Some(by) => format!("{source} ({by})"),
                         None => source,
                     };
-                    ("protective_stop", origin, Some(reason), None)
+                    ("protective_stop", origin, Some(reason), None, by)
                 }
-                StopEvent::Cleared { by, source } => (
+                StopEvent::Cleared {
+                    by,
+                    source,
+                    credential,
+                } => (
                     "protective_stop_cleared",
                     by,
                     Some(format!("cleared cause {source}")),
                     None,
+                    credential,
                 ),
                 StopEvent::Restored { causes } => (
                     "protective_stop_restored",
@@ -373,12 +437,18 @@ fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::Prote
                         crate::safety::StopState { causes }.describe()
                     )),
                     None,
+                    None,
                 ),
-                StopEvent::ClearRefused { by, input } => (
+                StopEvent::ClearRefused {
+                    by,
+                    input,
+                    credential,
+                } => (
                     "protective_stop_clear_refused",
                     by,
                     None,
                     Some(format!("stop input {input} still asserts the stop")),
+                    credential,
                 ),
             };
             let record = crate::store::AuditRecord {
@@ -387,6 +457,7 @@ fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::Prote
                 result,
                 error,
                 origin: Some(origin),
+                credential,
                 ended_at_ms: Some(now),
                 ..Default::default()
             };

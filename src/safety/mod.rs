@@ -103,19 +103,20 @@ pub enum StopEvent {
         reason: String,
         by: Option<String>,
     },
-    /// `by` removed the cause of `source`.
+    /// `by` removed the cause of `source`; `credential`: the authenticated
+    /// credential that asked, where one did.
     Cleared {
         by: String,
         source: String,
+        credential: Option<String>,
     },
     ClearRefused {
         by: String,
         input: String,
+        credential: Option<String>,
     },
     /// The latch came back from the stop file at start-up with these causes.
-    Restored {
-        causes: Vec<StopInfo>,
-    },
+    Restored { causes: Vec<StopInfo> },
 }
 
 /// An input that asserts the stop now.
@@ -294,6 +295,13 @@ impl ProtectiveStop {
     /// asserts. `Ok(false)` if nothing was latched; refused (with whatever
     /// else it did clear) while an input asserts the stop. Moves nothing.
     pub fn try_clear(&self, by: &str) -> Result<bool, ClearRefused> {
+        self.try_clear_as(by, None)
+    }
+
+    /// [`ProtectiveStop::try_clear`] by an authenticated credential, which
+    /// the audit names.
+    pub fn try_clear_as(&self, by: &str, credential: Option<&str>) -> Result<bool, ClearRefused> {
+        let credential = credential.map(str::to_string);
         let mut latch = self.lock();
         let held_sources: Vec<String> = latch.held.values().map(|h| h.source.clone()).collect();
         let (kept, removed): (Vec<StopInfo>, Vec<StopInfo>) = std::mem::take(&mut latch.causes)
@@ -303,10 +311,11 @@ impl ProtectiveStop {
         if !removed.is_empty() {
             self.changed(&mut latch);
             for cause in &removed {
-                tracing::warn!(by, source = %cause.source, "protective stop cause cleared");
+                tracing::warn!(by, source = %cause.source, credential = ?credential, "protective stop cause cleared");
                 self.report(StopEvent::Cleared {
                     by: by.to_string(),
                     source: cause.source.clone(),
+                    credential: credential.clone(),
                 });
             }
         }
@@ -319,6 +328,7 @@ impl ProtectiveStop {
             self.report(StopEvent::ClearRefused {
                 by: by.to_string(),
                 input: input.clone(),
+                credential,
             });
             return Err(ClearRefused {
                 input: input.clone(),
@@ -337,6 +347,17 @@ impl ProtectiveStop {
     /// refused while an input asserts that source's stop. Other causes keep
     /// the stop latched.
     pub fn clear_source(&self, source: &str, by: &str) -> Result<bool, ClearRefused> {
+        self.clear_source_as(source, by, None)
+    }
+
+    /// [`ProtectiveStop::clear_source`] by an authenticated credential.
+    pub fn clear_source_as(
+        &self,
+        source: &str,
+        by: &str,
+        credential: Option<&str>,
+    ) -> Result<bool, ClearRefused> {
+        let credential = credential.map(str::to_string);
         let mut latch = self.lock();
         if let Some((input, held)) = latch.held.iter().find(|(_, h)| h.source == source) {
             let refused = ClearRefused {
@@ -347,6 +368,7 @@ impl ProtectiveStop {
             self.report(StopEvent::ClearRefused {
                 by: by.to_string(),
                 input: input.clone(),
+                credential,
             });
             return Err(refused);
         }
@@ -365,6 +387,7 @@ impl ProtectiveStop {
         self.report(StopEvent::Cleared {
             by: by.to_string(),
             source: source.to_string(),
+            credential,
         });
         Ok(true)
     }
@@ -473,6 +496,7 @@ mod tests {
         assert_eq!(
             events[3],
             StopEvent::Cleared {
+                credential: None,
                 by: "fleet: withdrawn".into(),
                 source: "fleet".into()
             }

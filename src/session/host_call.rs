@@ -326,6 +326,7 @@ async fn audit(
         result: result.ok().map(str::to_string),
         error: result.err().map(str::to_string),
         origin: Some(host.label.clone()),
+        credential: host.credential.clone(),
         started_at_ms: Some(started),
         ended_at_ms: Some(ended),
         duration_ms: Some(ended - started),

@@ -16,7 +16,7 @@ pub mod turn;
 pub mod types;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -36,6 +36,9 @@ use turn::{TurnInput, TurnLimits, TurnOutcome, TurnSetup};
 pub struct SessionRegistry {
     active: tokio::sync::watch::Sender<usize>,
     total: AtomicU64,
+    /// Sessions started (past `StartSession`) and not yet ended: what
+    /// `session.max_sessions` bounds.
+    started: Arc<AtomicUsize>,
 }
 
 impl Default for SessionRegistry {
@@ -43,7 +46,18 @@ impl Default for SessionRegistry {
         SessionRegistry {
             active: tokio::sync::watch::Sender::new(0),
             total: AtomicU64::new(0),
+            started: Arc::new(AtomicUsize::new(0)),
         }
+    }
+}
+
+/// A started session's place under `session.max_sessions`; given back when dropped.
+#[derive(Debug)]
+pub struct SessionSlot(Arc<AtomicUsize>);
+
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -60,6 +74,21 @@ impl SessionRegistry {
         // The sender lives in `self`, so the channel cannot close under us.
         let _ = rx.wait_for(|n| *n == 0).await;
     }
+    /// Sessions past `StartSession` and not ended (bounded by `session.max_sessions`).
+    pub fn started(&self) -> usize {
+        self.started.load(Ordering::Acquire)
+    }
+
+    /// A place for one more started session, unless `max` are running.
+    pub fn admit(&self, max: usize) -> Option<SessionSlot> {
+        self.started
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| SessionSlot(self.started.clone()))
+    }
+
     fn enter(&self) -> ActiveSession<'_> {
         self.active.send_modify(|n| *n += 1);
         self.total.fetch_add(1, Ordering::Relaxed);
@@ -131,6 +160,10 @@ impl End {
 
 struct Runner {
     ctx: Arc<HostContext>,
+    /// The credential that opened the stream (the audit names it).
+    credential: Option<String>,
+    /// Held from `StartSession` to the session's end.
+    slot: Option<SessionSlot>,
     out: mpsc::Sender<ServerEvent>,
     session: Option<Session>,
     turn: Option<ActiveTurn>,
@@ -144,13 +177,21 @@ struct Gone;
 /// Runs one session until the client ends it, disconnects, or the daemon
 /// shuts down. The session loop runs as its own task: should it panic, the
 /// session's actuators still go to their safe values and its end is recorded.
+///
+/// `credential`: who opened the stream (a token's name or certificate
+/// subject), for the audit of its physical calls.
 pub async fn run(
     ctx: Arc<HostContext>,
     inbound: mpsc::Receiver<Inbound>,
     out: mpsc::Sender<ServerEvent>,
+    credential: Option<String>,
 ) {
+    use tracing::Instrument as _;
     let started: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
-    let joined = tokio::spawn(run_loop(ctx.clone(), inbound, out, started.clone())).await;
+    let joined = tokio::spawn(
+        run_loop(ctx.clone(), inbound, out, started.clone(), credential).in_current_span(),
+    )
+    .await;
     if let Err(e) = joined {
         let id = started
             .lock()
@@ -183,6 +224,7 @@ async fn run_loop(
     mut inbound: mpsc::Receiver<Inbound>,
     out: mpsc::Sender<ServerEvent>,
     started: Arc<std::sync::Mutex<Option<String>>>,
+    credential: Option<String>,
 ) {
     let registry = ctx.clone();
     let _active = registry.sessions.enter();
@@ -192,6 +234,8 @@ async fn run_loop(
     let shutdown = ctx.shutdown.clone();
     let mut runner = Runner {
         ctx,
+        credential,
+        slot: None,
         out,
         session: None,
         turn: None,
@@ -342,11 +386,27 @@ impl Runner {
             return self.send(ServerEvent::Error(e)).await;
         }
         let ctx = &self.ctx;
+        let limits = &ctx.config.session;
+        let Some(slot) = ctx.sessions.admit(limits.max_sessions as usize) else {
+            tracing::warn!(
+                max_sessions = limits.max_sessions,
+                "StartSession refused: session.max_sessions sessions are running"
+            );
+            let message = format!(
+                "{} sessions are running, the most session.max_sessions allows; retry when one has ended",
+                limits.max_sessions
+            );
+            return self.error(ErrorCode::RateLimited, message).await;
+        };
         let session = match Session::start(
             request,
             &ctx.config.host,
             &ctx.models,
-            ctx.config.session.default_max_context_tokens,
+            limits.default_max_context_tokens,
+            state::SessionLimits {
+                max_bytes: limits.max_session_bytes,
+                max_tools: limits.max_session_tools,
+            },
         ) {
             Ok(s) => s,
             Err(e) => return self.send(ServerEvent::Error(e)).await,
@@ -370,7 +430,7 @@ impl Runner {
                 )
                 .await;
         }
-        tracing::info!(session_id = %session.id, model = session.model.name(), tools = session.tools.len(), "session started");
+        tracing::info!(session_id = %session.id, model = session.model.name(), tools = session.tools.len(), credential = self.credential.as_deref().unwrap_or(""), "session started");
         let started = ServerEvent::Started {
             session_id: session.id.clone(),
             model: session.model.name().to_string(),
@@ -381,6 +441,7 @@ impl Runner {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(session.id.clone());
         self.session = Some(session);
+        self.slot = Some(slot);
         self.send(started).await
     }
 
@@ -436,7 +497,8 @@ impl Runner {
                 format!("session {}", session.id),
                 plan.ai_mode,
                 None,
-            ),
+            )
+            .with_credential(self.credential.clone()),
         };
         let cancel = CancellationToken::new();
         let (inbox_tx, inbox_rx) = mpsc::channel(TURN_INBOX);
@@ -729,6 +791,8 @@ impl Runner {
                 tracing::error!(error = %e, session_id = %session.id, "cannot record the end of the session");
             }
         }
+        // Its place is free once its end is recorded.
+        drop(self.slot.take());
     }
 }
 

@@ -23,6 +23,81 @@ fn invalid(message: impl Into<String>) -> SessionError {
     SessionError::new(ErrorCode::InvalidArgument, message)
 }
 
+/// What one session may hold of the client's data (`[session]`
+/// `max_session_bytes`, `max_session_tools`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimits {
+    pub max_bytes: u64,
+    pub max_tools: u32,
+}
+
+impl SessionLimits {
+    /// No bound (unit tests of other rules).
+    pub const NONE: SessionLimits = SessionLimits {
+        max_bytes: u64::MAX,
+        max_tools: u32::MAX,
+    };
+
+    /// `Ok` when `held` bytes and `tools` tools fit; else `budget_exceeded`
+    /// naming the key to raise. `what` says which request asked.
+    fn check(self, what: &str, held: u64, tools: usize) -> Result<(), SessionError> {
+        if tools > self.max_tools as usize {
+            return Err(SessionError::new(
+                ErrorCode::BudgetExceeded,
+                format!(
+                    "{what}: the session would have {tools} client tools, more than \
+                     session.max_session_tools ({})",
+                    self.max_tools
+                ),
+            ));
+        }
+        if held > self.max_bytes {
+            return Err(SessionError::new(
+                ErrorCode::BudgetExceeded,
+                format!(
+                    "{what}: the session would hold {held} bytes of history, project context \
+                     and tools, more than session.max_session_bytes ({})",
+                    self.max_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of a tool's definition as the client sent it.
+pub fn tool_bytes(spec: &ToolSpec) -> u64 {
+    (spec.name.len() + spec.description.len() + spec.parameters_schema.to_string().len()) as u64
+}
+
+/// Bytes of a history as the client sent it.
+fn history_bytes(history: &[HistoryMessage]) -> u64 {
+    let part = |p: &HistoryPart| -> usize {
+        match p {
+            HistoryPart::Text(t) => t.len(),
+            HistoryPart::ToolUse { id, name, input } => {
+                id.len() + name.len() + input.to_string().len()
+            }
+            HistoryPart::ToolResult {
+                tool_use_id,
+                name,
+                content,
+                ..
+            } => tool_use_id.len() + name.len() + content.len(),
+            HistoryPart::Thinking {
+                thinking,
+                signature,
+            } => thinking.len() + signature.len(),
+            HistoryPart::Image { media_type, data } => media_type.len() + data.len(),
+            HistoryPart::Empty => 0,
+        }
+    };
+    history
+        .iter()
+        .map(|m| (m.role.len() + m.parts.iter().map(part).sum::<usize>()) as u64)
+        .sum()
+}
+
 #[derive(Debug)]
 pub struct Session {
     pub id: String,
@@ -43,6 +118,10 @@ pub struct Session {
     /// The context's current size, kept live by a running turn.
     pub live_tokens: Arc<AtomicU32>,
     expired_calls: VecDeque<String>,
+    limits: SessionLimits,
+    /// Bytes of the history given at the start (the conversation then
+    /// grows within the context budget, which compaction enforces).
+    history_bytes: u64,
 }
 
 /// Everything a turn needs, prepared from the session and the `UserMessage`.
@@ -64,6 +143,7 @@ impl Session {
         host: &HostConfig,
         models: &ModelRegistry,
         default_budget: u32,
+        limits: SessionLimits,
     ) -> Result<Session, SessionError> {
         if let Some(target) = request.host_id.as_deref().filter(|h| !h.is_empty())
             && target != host.id
@@ -77,6 +157,15 @@ impl Session {
                 ),
             ));
         }
+        // Before anything is built from them: the bounds on what it holds.
+        let history_bytes = history_bytes(&request.history);
+        let context_bytes: u64 = request.project_context.iter().map(|c| c.len() as u64).sum();
+        let tool_bytes: u64 = request.tools.iter().map(tool_bytes).sum();
+        limits.check(
+            "StartSession",
+            history_bytes + context_bytes + tool_bytes,
+            request.tools.len(),
+        )?;
         let model = models.resolve(request.model.as_deref()).map_err(invalid)?;
         let tools = ToolRegistry::from_specs(request.tools, "start.tools").map_err(invalid)?;
         let context_budget = match request.max_context_tokens {
@@ -113,7 +202,17 @@ impl Session {
             meter: ContextMeter::default(),
             live_tokens,
             expired_calls: VecDeque::new(),
+            limits,
+            history_bytes,
         })
+    }
+
+    /// The client data the session holds: history given at the start,
+    /// project context, registered tools and their system contexts.
+    fn held_bytes(&self, tools: &ToolRegistry, guidance: &BTreeMap<String, String>) -> u64 {
+        let context: u64 = self.project_context.iter().map(|c| c.len() as u64).sum();
+        let guidance: u64 = guidance.values().map(|g| g.len() as u64).sum();
+        self.history_bytes + context + tools.bytes() + guidance
     }
 
     pub fn register_tools(
@@ -122,21 +221,30 @@ impl Session {
         tools: Vec<ToolSpec>,
         system_context: Option<String>,
     ) -> Result<RegisterSummary, SessionError> {
-        let summary = self
-            .tools
+        // All or nothing: built aside, kept only within the bounds.
+        let mut next_tools = self.tools.clone();
+        let summary = next_tools
             .register(source.as_deref(), tools)
             .map_err(invalid)?;
+        let mut next_guidance = self.guidance.clone();
         let key = source.unwrap_or_default();
         match system_context {
             Some(text) if !text.trim().is_empty() => {
-                self.guidance.insert(key, text);
+                next_guidance.insert(key, text);
             }
             // Unregistering a source's tools drops its guidance too.
             _ if summary.added == 0 => {
-                self.guidance.remove(&key);
+                next_guidance.remove(&key);
             }
             _ => {}
         }
+        self.limits.check(
+            "RegisterTools",
+            self.held_bytes(&next_tools, &next_guidance),
+            next_tools.len(),
+        )?;
+        self.tools = next_tools;
+        self.guidance = next_guidance;
         Ok(summary)
     }
 
@@ -162,6 +270,10 @@ impl Session {
         let tools = if turn.tools.is_empty() {
             self.tools.clone()
         } else {
+            // This turn's tools stand in for the session's: the same bounds.
+            let replaced = turn.tools.iter().map(tool_bytes).sum::<u64>();
+            let held = self.held_bytes(&ToolRegistry::default(), &self.guidance) + replaced;
+            self.limits.check("UserMessage", held, turn.tools.len())?;
             ToolRegistry::from_specs(turn.tools, "user_message.tools").map_err(invalid)?
         };
         let mut content = vec![Block::Text(turn.content.clone())];
@@ -376,7 +488,7 @@ mod tests {
     }
 
     fn start(request: StartRequest) -> Result<Session, SessionError> {
-        Session::start(request, &host(), &models(), 10_000)
+        Session::start(request, &host(), &models(), 10_000, SessionLimits::NONE)
     }
 
     fn request() -> StartRequest {

@@ -138,6 +138,14 @@ impl ToolRegistry {
         self.tools.len()
     }
 
+    /// Bytes of the tools' definitions (names, descriptions, schemas).
+    pub fn bytes(&self) -> u64 {
+        self.tools
+            .iter()
+            .map(|t| super::state::tool_bytes(&t.spec))
+            .sum()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
     }

@@ -9,8 +9,10 @@ use crate::clock::now_ms;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+mod retention;
 mod tasks;
 
+pub use retention::{Pruned, Retention};
 pub use tasks::{StoredTaskEvent, TaskRow};
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -37,6 +39,12 @@ pub enum StoreError {
         path: PathBuf,
         found: i64,
         known: i64,
+    },
+    #[error("cannot make the store {path} private (mode 0600): {source}")]
+    Private {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
     },
     #[error("store query failed: {0}")]
     Sql(#[from] rusqlite::Error),
@@ -122,6 +130,9 @@ const MIGRATIONS: &[&str] = &[
         body      TEXT NOT NULL,
         PRIMARY KEY (task_id, seq)
     );",
+    // 4: the credential (token name or certificate subject) behind an
+    // audited action; never the secret
+    "ALTER TABLE audit ADD COLUMN credential TEXT;",
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -174,6 +185,9 @@ pub struct AuditRecord {
     pub started_at_ms: Option<i64>,
     pub ended_at_ms: Option<i64>,
     pub duration_ms: Option<i64>,
+    /// The credential (a token's name, a certificate subject) that asked
+    /// for the action, where one did; never a secret.
+    pub credential: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -189,13 +203,20 @@ pub struct Store {
 impl Store {
     /// Opens (creating if needed) the database and applies migrations.
     /// Sessions left open by a previous run are closed as `daemon_restart`.
+    /// The directory it creates is 0700 and the database 0600 whatever the
+    /// umask (an existing database is made 0600 too): sessions and the
+    /// audit are the operator's business only.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+            private_dir(dir).map_err(|source| StoreError::CreateDir {
                 path: dir.to_path_buf(),
                 source,
             })?;
         }
+        private_file(path).map_err(|source| StoreError::Private {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let open_err = |source| StoreError::Open {
             path: path.to_path_buf(),
             source,
@@ -416,8 +437,8 @@ impl Store {
         self.with_write("audit", move |c| {
             c.execute(
                 "INSERT INTO audit (at_ms, kind, session_id, tool_call_id, tool, actuator, parameters, decision,
-                    result, error, origin, started_at_ms, ended_at_ms, duration_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                    result, error, origin, started_at_ms, ended_at_ms, duration_ms, credential)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 params![
                     r.at_ms,
                     r.kind,
@@ -432,7 +453,8 @@ impl Store {
                     r.origin,
                     r.started_at_ms,
                     r.ended_at_ms,
-                    r.duration_ms
+                    r.duration_ms,
+                    r.credential
                 ],
             )
             .map(drop)
@@ -450,7 +472,7 @@ impl Store {
         self.with_conn(move |c| {
             let mut stmt = c.prepare(
                 "SELECT id, at_ms, kind, session_id, tool_call_id, tool, actuator, parameters, decision, result,
-                        error, origin, started_at_ms, ended_at_ms, duration_ms
+                        error, origin, started_at_ms, ended_at_ms, duration_ms, credential
                  FROM audit WHERE at_ms >= ?1 AND (?2 IS NULL OR session_id = ?2)
                  ORDER BY id LIMIT ?3",
             )?;
@@ -472,6 +494,7 @@ impl Store {
                     started_at_ms: r.get(12)?,
                     ended_at_ms: r.get(13)?,
                     duration_ms: r.get(14)?,
+                    credential: r.get(15)?,
                 })
             })?;
             rows.collect()
@@ -489,6 +512,37 @@ impl Store {
         })
         .await
     }
+}
+
+/// Creates `dir` (and its missing parents) when it does not exist; the
+/// directory itself gets mode 0700 whatever the umask.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Creates the database file with mode 0600 before SQLite opens it (SQLite
+/// gives its -wal and -shm files the database's mode), and makes an
+/// existing one 0600.
+fn private_file(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)?;
+    let mode = std::fs::metadata(path)?.permissions().mode() & 0o777;
+    if mode != 0o600 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
 }
 
 fn session_row(r: &rusqlite::Row<'_>) -> Result<SessionRecord, rusqlite::Error> {

@@ -122,3 +122,38 @@ fn unit_reads_the_optional_env_file_and_reloads_with_sighup() {
     // READY=1; tls::a_certificate_rotated_on_disk_is_served_without_a_restart).
     assert!(has("ExecReload", "/bin/kill -HUP $MAINPID"));
 }
+
+/// `MemoryMax=` in bytes (`K`, `M`, `G` suffixes as systemd reads them).
+fn bytes(value: &str) -> u64 {
+    let (number, unit) = value.split_at(value.len() - 1);
+    let scale = match unit {
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return value.parse().expect("MemoryMax is a size"),
+    };
+    number.parse::<u64>().expect("MemoryMax is a size") * scale
+}
+
+fn directive(key: &str) -> &'static str {
+    directives()
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("systemd/rozd.service sets no {key}"))
+}
+
+#[test]
+fn unit_bounds_memory_and_tasks_so_a_pi_4_survives() {
+    // A 1 GiB Pi 4 keeps half for the system; the default bounds
+    // (sessions x bytes each) fit well inside.
+    let memory = bytes(directive("MemoryMax"));
+    let session = rozd::config::SessionConfig::default();
+    let client_data = u64::from(session.max_sessions) * session.max_session_bytes;
+    assert!(
+        (4 * client_data..=512 << 20).contains(&memory),
+        "MemoryMax={memory} for {client_data} bytes of sessions' client data"
+    );
+    let tasks: u64 = directive("TasksMax").parse().expect("TasksMax is a number");
+    assert!((64..=1024).contains(&tasks), "TasksMax={tasks}");
+}

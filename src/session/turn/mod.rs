@@ -54,6 +54,9 @@ pub struct HostAccess {
     pub session_id: String,
     /// How the audit names the caller, e.g. `session <id>`.
     pub label: String,
+    /// The credential behind the calls (a token's name, a certificate
+    /// subject), which the audit names.
+    pub credential: Option<String>,
     /// Where a headless driver (a task's worker) hears of each cycle and tool
     /// call; sessions leave it unset.
     pub notes: Option<mpsc::UnboundedSender<TurnNote>>,
@@ -78,12 +81,19 @@ impl HostAccess {
         HostAccess {
             session_id: owner.to_string(),
             label,
+            credential: None,
             notes,
             tools: ctx.host_tools.clone(),
             registry: ctx.host_registry.clone(),
             store: ctx.store.clone(),
             observe: (ai_mode == AiMode::OodaReAct).then(|| ctx.ooda.clone()),
         }
+    }
+
+    /// The credential the audit names for this turn's physical calls.
+    pub fn with_credential(mut self, credential: Option<String>) -> HostAccess {
+        self.credential = credential;
+        self
     }
 }
 
