@@ -47,7 +47,7 @@ impl Config {
         line(format!(
             "auth:          {}",
             if self.auth_required() {
-                format!("{} credential(s)", self.credential_count())
+                format!("{} bearer token(s)", self.credential_count())
             } else {
                 "none (loopback only)".to_string()
             }
