@@ -33,8 +33,10 @@ pub const WAIT: Duration = Duration::from_secs(20);
 pub fn builtin_host(store: &std::path::Path) -> String {
     let text = include_str!("../../src/config/builtin.toml")
         .replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:0\"");
+    // Sessions beyond the default bound a Pi 4 is given, for the
+    // measurements that open many at once.
     format!(
-        "{text}\n[store]\npath = {:?}\n",
+        "{text}\n[store]\npath = {:?}\n[session]\nmax_sessions = 1000\n",
         store.display().to_string()
     )
 }
@@ -68,8 +70,11 @@ impl Daemon {
     }
 
     async fn start_text(text: &str, dir: tempfile::TempDir) -> Result<Daemon> {
-        let config = Config::parse(text, ConfigSource::BuiltIn)
+        let mut config = Config::parse(text, ConfigSource::BuiltIn)
             .map_err(|e| anyhow!("benchmark config: {e}"))?;
+        // The concurrency measurement runs 100 sessions at once, beyond the
+        // default bound a Pi 4 is given (`session.max_sessions`).
+        config.session.max_sessions = config.session.max_sessions.max(1_000);
         let daemon = rozd::daemon::Daemon::bind(config).await?;
         let addr = daemon.local_addr();
         let ctx = daemon.context();
