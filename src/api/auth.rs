@@ -54,6 +54,12 @@ impl Caller {
     pub fn name(&self) -> &str {
         &self.credential
     }
+
+    /// The credential's name, or `None` for the anonymous caller of a
+    /// daemon without credentials (there is nobody to name).
+    pub fn named(&self) -> Option<&str> {
+        (*self != Caller::anonymous()).then_some(&*self.credential)
+    }
 }
 
 /// How a caller presents itself.

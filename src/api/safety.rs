@@ -130,7 +130,9 @@ impl SafetyService for SafetyApi {
 
 /// The name of the credential that made a request (see `auth::Caller`).
 pub(super) fn caller_name(extensions: &http::Extensions) -> Option<String> {
-    extensions.get::<Caller>().map(|c| c.name().to_string())
+    extensions
+        .get::<Caller>()
+        .and_then(|c| c.named().map(str::to_string))
 }
 
 // ------------------------------------------------------------------ REST
@@ -229,7 +231,7 @@ async fn trigger(
             "rozd estop"
         },
     );
-    let credential = caller.as_ref().map(|c| c.name());
+    let credential = caller.as_ref().and_then(|c| c.named());
     let added = ctx.ooda.trigger_stop_as(source, &reason, credential).await;
     status_json(status(&ctx), ("triggered", added))
 }
@@ -250,7 +252,7 @@ async fn clear(
     let source = rest_source(&headers, control.as_deref());
     let reason = clean_reason(request.reason.as_deref(), "operator");
     let latch = ctx.ooda.protective_stop();
-    let credential = caller.as_ref().map(|c| c.name());
+    let credential = caller.as_ref().and_then(|c| c.named());
     let cleared = latch.try_clear_as(&format!("{source}: {reason}"), credential);
     persist_or_log(latch).await;
     match cleared {

@@ -1,0 +1,413 @@
+//! The listeners: TCP and the local control socket, the accept loop that
+//! sheds and reserves descriptors, and one connection served (TLS handshake,
+//! HTTP/1 and HTTP/2, idle and header timeouts, graceful close).
+
+use super::*;
+
+/// Connections the kernel queues for accept (it caps this at
+/// `net.core.somaxconn`); more than std's 128, so that a burst does not make
+/// newcomers wait for SYN retries while the loop sheds.
+pub(super) const LISTEN_BACKLOG: u32 = 1024;
+
+pub(super) fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// How connections are served: HTTP/1 and HTTP/2 with their timeouts.
+pub(super) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+    let server = &config.server;
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A client has this long to send a request head; hyper applies it to
+    // the wait for the next request on a keep-alive connection too.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(server.header_read_timeout_secs));
+    // HTTP/2 pings detect a peer that vanished without closing its
+    // connection (a client on a dropped Wi-Fi link), so its session ends
+    // and its actuators go safe promptly.
+    let keepalive = server.http2_keepalive_secs;
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        // Each stream holds buffers and, for a session, a task: one
+        // connection may not open more than this many at once (beyond it
+        // the peer's new streams are refused, REFUSED_STREAM).
+        .max_concurrent_streams(server.max_concurrent_streams)
+        // Half the bound pinging, half waiting for the answer: a silent
+        // peer is dropped within `http2_keepalive_secs`.
+        .keep_alive_interval(
+            (keepalive > 0).then(|| Duration::from_millis(keepalive.saturating_mul(500))),
+        )
+        .keep_alive_timeout(Duration::from_millis(
+            keepalive.saturating_mul(500).max(500),
+        ));
+    builder
+}
+
+/// The local control socket, bound.
+pub(super) struct ControlSocket {
+    pub(super) listener: UnixListener,
+    pub(super) path: PathBuf,
+}
+
+impl ControlSocket {
+    /// Binds `path` with mode 0660 (root and the daemon's group may connect).
+    /// A socket file left by a daemon that died is replaced; one that another
+    /// process still listens on, or a path that is not a socket, is an error.
+    pub(super) fn bind(path: PathBuf) -> Result<ControlSocket, DaemonError> {
+        use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+        let fail = |message: String| DaemonError::ControlSocket {
+            path: path.clone(),
+            message,
+        };
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_socket() => {
+                match std::os::unix::net::UnixStream::connect(&path) {
+                    Ok(_) => return Err(fail("another process is listening on it".into())),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                        std::fs::remove_file(&path)
+                            .map_err(|e| fail(format!("cannot remove the stale socket: {e}")))?;
+                    }
+                    Err(e) => return Err(fail(format!("cannot check the existing socket: {e}"))),
+                }
+            }
+            Ok(_) => return Err(fail("exists and is not a socket".into())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(fail(e.to_string())),
+        }
+        let listener = UnixListener::bind(&path).map_err(|e| fail(format!("cannot bind: {e}")))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660))
+            .map_err(|e| fail(format!("cannot set its mode to 0660: {e}")))?;
+        Ok(ControlSocket { listener, path })
+    }
+}
+
+pub(super) fn remove_socket_file(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %e, "cannot remove the control socket");
+    }
+}
+
+/// A listener of either kind, as the accept loop sees it.
+pub(super) trait Acceptor: Send + 'static {
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// For logs.
+    const WHAT: &'static str;
+    /// Out of descriptors, it sheds TCP connections at once, even while
+    /// shed ones are still closing (the control socket: the stop must not
+    /// wait for them).
+    const URGENT: bool;
+    fn accept(&self) -> impl Future<Output = std::io::Result<Self::Io>> + Send;
+}
+
+impl Acceptor for TcpListener {
+    type Io = tokio::net::TcpStream;
+    const WHAT: &'static str = "tcp";
+    const URGENT: bool = false;
+    async fn accept(&self) -> std::io::Result<Self::Io> {
+        let (stream, _) = TcpListener::accept(self).await?;
+        // Tool calls are small messages on a latency-critical path.
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+}
+
+impl Acceptor for UnixListener {
+    type Io = tokio::net::UnixStream;
+    const WHAT: &'static str = "control socket";
+    const URGENT: bool = true;
+    async fn accept(&self) -> std::io::Result<Self::Io> {
+        UnixListener::accept(self).await.map(|(stream, _)| stream)
+    }
+}
+
+/// What both accept loops share.
+#[derive(Clone)]
+pub(super) struct Shared {
+    pub(super) builder: Arc<auto::Builder<TokioExecutor>>,
+    /// The TCP table: the one that sheds when descriptors run out.
+    pub(super) pressure: SharedTable,
+    pub(super) reserve: Arc<FdReserve>,
+    /// Told whenever a connection ends (a descriptor came free).
+    pub(super) closed: Arc<Notify>,
+    pub(super) idle_timeout: Duration,
+    /// Cancelled at shutdown: every connection closes gracefully.
+    pub(super) drain: CancellationToken,
+    /// Held by every connection task (see `serve`).
+    pub(super) alive: tokio::sync::mpsc::Sender<()>,
+}
+
+/// One file descriptor held back for the moment the process runs out:
+/// released, it lets accept take the waiting connection instead of failing
+/// again at once, while the TCP table sheds a connection to pay it back.
+pub(super) struct FdReserve(pub(super) Mutex<Option<std::fs::File>>);
+
+impl FdReserve {
+    pub(super) fn new() -> Self {
+        FdReserve(Mutex::new(Self::open()))
+    }
+
+    fn open() -> Option<std::fs::File> {
+        std::fs::File::open("/dev/null").ok()
+    }
+
+    /// Closes the reserved descriptor; false if it was not held.
+    fn release(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .is_some()
+    }
+
+    /// Takes a descriptor back into reserve if it is not held (fails
+    /// quietly while the process is still out of them); whether it is held.
+    fn restore(&self) -> bool {
+        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.is_none() {
+            *held = Self::open();
+        }
+        held.is_some()
+    }
+}
+
+/// Whether an accept error means the process (or system) is out of file
+/// descriptors or socket memory: then shedding a connection helps.
+pub(super) fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// Accepts connections until `stop` is cancelled.
+pub(super) async fn accept_loop<A: Acceptor>(
+    acceptor: A,
+    router: axum::Router,
+    table: SharedTable,
+    shared: Shared,
+    tls: Option<Arc<ServerTls>>,
+    stop: CancellationToken,
+) {
+    let mut reap = tokio::time::interval((shared.idle_timeout / 4).max(Duration::from_millis(250)));
+    reap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_warning: Option<tokio::time::Instant> = None;
+    let mut unreported = 0u64;
+    loop {
+        tokio::select! {
+            accepted = acceptor.accept() => match accepted {
+                Ok(io) => {
+                    let _ = shared.reserve.restore();
+                    serve_connection(io, &router, &table, &shared, tls.as_deref());
+                }
+                Err(e) if out_of_descriptors(&e) => {
+                    // Logged at most every 10 s: a flood must not fill the journal.
+                    unreported += 1;
+                    let now = tokio::time::Instant::now();
+                    if last_warning.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10)) {
+                        let tcp_connections = tracked::lock(&shared.pressure).len();
+                        tracing::warn!(
+                            listener = A::WHAT,
+                            error = %e,
+                            times = unreported,
+                            tcp_connections,
+                            "accept failed: out of file descriptors; shedding TCP connections \
+                             (from now on the TCP table holds fewer than it held; raise LimitNOFILE)"
+                        );
+                        last_warning = Some(now);
+                        unreported = 0;
+                    }
+                    // Connections already shed give their descriptors back
+                    // as their tasks end; shed more (and hold fewer) only
+                    // when none are on their way.
+                    let returning = !A::URGENT && tracked::lock(&shared.pressure).closing() > 0;
+                    if shared.reserve.release() {
+                        // The reserve's descriptor takes the waiting
+                        // connection now.
+                        if !returning {
+                            shed_tcp(&shared.pressure);
+                        }
+                    } else {
+                        // Wait for a descriptor to come free (bounded)
+                        // instead of failing again at once.
+                        tokio::select! {
+                            _ = tokio::time::timeout(Duration::from_millis(100), shared.closed.notified()) => {}
+                            () = stop.cancelled() => break,
+                        }
+                        if !shared.reserve.restore()
+                            && (A::URGENT || tracked::lock(&shared.pressure).closing() == 0)
+                        {
+                            shed_tcp(&shared.pressure);
+                        }
+                    }
+                }
+                Err(e) if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::Interrupted
+                ) => {
+                    // That one connection is gone; the listener is fine.
+                    tracing::debug!(listener = A::WHAT, error = %e, "accept failed");
+                }
+                Err(e) => {
+                    tracing::warn!(listener = A::WHAT, error = %e, "accept failed");
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        () = stop.cancelled() => break,
+                    }
+                }
+            },
+            _ = reap.tick() => {
+                let expired = tracked::lock(&table)
+                    .expire_idle(tokio::time::Instant::now(), shared.idle_timeout);
+                for connection in expired {
+                    connection.expire();
+                }
+                let _ = shared.reserve.restore();
+            }
+            () = stop.cancelled() => break,
+        }
+    }
+}
+
+/// Sheds TCP connections for descriptors (see [`ConnectionTable::shed`]).
+pub(super) fn shed_tcp(table: &SharedTable) {
+    let shed = tracked::lock(table).shed();
+    for connection in shed {
+        connection.shed();
+    }
+}
+
+/// Registers `io` in `table` (dropping whatever it sheds for it) and serves
+/// it on its own task until it ends, is shed (dropped at once), idles out
+/// (closed gracefully, within [`IDLE_CLOSE_BOUND`]) or the daemon drains.
+/// With `tls`, the handshake runs on that task too (bounded by
+/// `server.tls.handshake_timeout_secs`): a slow client holds up no one, and
+/// the connection counts against the cap (and is shed first) meanwhile.
+pub(super) fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    io: I,
+    router: &axum::Router,
+    table: &SharedTable,
+    shared: &Shared,
+    tls: Option<&ServerTls>,
+) {
+    let closer = Closer::default();
+    let (id, shed) = tracked::lock(table).open(closer.clone(), tokio::time::Instant::now());
+    for victim in shed {
+        victim.shed();
+    }
+    let connection = Connection {
+        router: router.clone(),
+        tracked: tracked::Connection::new(id, table.clone()),
+        builder: shared.builder.clone(),
+        closer,
+        drain: shared.drain.clone(),
+    };
+    let handshake = tls.map(|tls| (tls.acceptor(), tls.handshake_timeout()));
+    let table = table.clone();
+    let closed = shared.closed.clone();
+    let alive = shared.alive.clone();
+    tokio::spawn(async move {
+        let _alive = alive;
+        match handshake {
+            None => connection.serve(io, None).await,
+            Some((acceptor, timeout)) => {
+                let accepted = tokio::select! {
+                    accepted = tokio::time::timeout(timeout, acceptor.accept(io)) => accepted,
+                    () = connection.closer.shed_requested() => Ok(Err(std::io::Error::other("shed"))),
+                    () = connection.drain.cancelled() => Ok(Err(std::io::Error::other("draining"))),
+                };
+                match accepted {
+                    Ok(Ok(stream)) => {
+                        let peer = stream
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|chain| chain.first())
+                            .and_then(|leaf| PeerIdentity::from_der(leaf.as_ref()));
+                        connection.serve(stream, peer).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(?timeout, "TLS handshake timed out"),
+                }
+            }
+        }
+        tracked::lock(&table).close(id);
+        closed.notify_waiters();
+    });
+}
+
+/// What serves one accepted connection.
+pub(super) struct Connection {
+    pub(super) router: axum::Router,
+    pub(super) tracked: tracked::Connection,
+    pub(super) builder: Arc<auto::Builder<TokioExecutor>>,
+    pub(super) closer: Closer,
+    pub(super) drain: CancellationToken,
+}
+
+impl Connection {
+    /// Serves HTTP on `io` until it ends, is shed, idles out or drains. The
+    /// socket is closed when this returns (before its end is reported:
+    /// whoever waits for a descriptor to come free finds it free).
+    async fn serve<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        self,
+        io: I,
+        peer: Option<PeerIdentity>,
+    ) {
+        let Connection {
+            router,
+            tracked,
+            builder,
+            closer,
+            drain,
+        } = self;
+        let service = TowerToHyperService::new(tracked::service(router, tracked, peer));
+        let mut connection = Box::pin(builder.serve_connection(TokioIo::new(io), service));
+        let mut closing = false;
+        let bound = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(bound);
+        let mut bounded = false;
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    break;
+                }
+                // Dropping the connection closes it.
+                () = closer.shed_requested() => {
+                    tracing::debug!("connection shed");
+                    break;
+                }
+                () = closer.expire_requested(), if !closing => {
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                    bound.as_mut().reset(tokio::time::Instant::now() + IDLE_CLOSE_BOUND);
+                    bounded = true;
+                }
+                () = drain.cancelled(), if !closing => {
+                    // Bounded by `server.shutdown_grace_secs` in `serve`.
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                () = &mut bound, if bounded => {
+                    tracing::debug!("idle connection did not close in time; dropped");
+                    break;
+                }
+            }
+        }
+    }
+}
