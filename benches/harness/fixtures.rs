@@ -31,10 +31,13 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// The daemon's built-in simulated rover: what `rozd run` serves without a
 /// config file (sensors, actuators, a reflex rule), on an ephemeral port.
 pub fn builtin_host(store: &std::path::Path) -> String {
-    let text = include_str!("../../src/config/builtin.toml")
-        .replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:0\"");
-    // Sessions beyond the default bound a Pi 4 is given, for the
-    // measurements that open many at once.
+    // The harness measures many concurrent sessions, 100 per connection:
+    // beyond the default bounds a Pi 4 is given (`session.max_sessions`,
+    // `server.max_concurrent_streams`), which an operator raises the same way.
+    let text = include_str!("../../src/config/builtin.toml").replace(
+        "listen = \"127.0.0.1:8080\"",
+        "listen = \"127.0.0.1:0\"\nmax_concurrent_streams = 1024",
+    );
     format!(
         "{text}\n[store]\npath = {:?}\n[session]\nmax_sessions = 1000\n",
         store.display().to_string()
@@ -75,6 +78,7 @@ impl Daemon {
         // The concurrency measurement runs 100 sessions at once, beyond the
         // default bound a Pi 4 is given (`session.max_sessions`).
         config.session.max_sessions = config.session.max_sessions.max(1_000);
+        config.server.max_concurrent_streams = config.server.max_concurrent_streams.max(1_024);
         let daemon = rozd::daemon::Daemon::bind(config).await?;
         let addr = daemon.local_addr();
         let ctx = daemon.context();

@@ -56,7 +56,7 @@ impl AgentService for AgentApi {
             read_client(
                 self.ctx.clone(),
                 relayed_by,
-                caller.map(|c| c.name().to_string()),
+                caller.and_then(|c| c.named().map(str::to_string)),
                 incoming,
                 local_tx,
                 relay_tx,

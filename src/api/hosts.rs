@@ -397,13 +397,13 @@ async fn fleet_command(
         // This host first: its stop must not wait for the broker.
         if here {
             ctx.ooda
-                .trigger_stop_by(
+                .trigger_stop_as(
                     FLEET_SOURCE,
                     &format!(
                         "fleet stop of environment {environment} from {} ({source}): {reason}",
                         fleet.own_id()
                     ),
-                    caller.as_ref().map(Caller::name),
+                    caller.as_ref().and_then(Caller::named),
                 )
                 .await;
             local_note = "this host was stopped";
@@ -435,7 +435,7 @@ async fn fleet_command(
         match latch.clear_source_as(
             FLEET_SOURCE,
             &format!("{source}: fleet stop withdrawn: {reason}"),
-            caller.as_ref().map(Caller::name),
+            caller.as_ref().and_then(Caller::named),
         ) {
             Ok(_) => {
                 latch.persisted().await;

@@ -104,7 +104,7 @@ impl SafetyService for SafetyApi {
         let reason = clean_reason(Some(&request.reason), "TriggerEstop (gRPC)");
         self.ctx
             .ooda
-            .trigger_stop_by(GRPC_SOURCE, &reason, credential.as_deref())
+            .trigger_stop_as(GRPC_SOURCE, &reason, credential.as_deref())
             .await;
         Ok(tonic::Response::new(proto::TriggerEstopResponse {}))
     }
@@ -232,7 +232,7 @@ async fn trigger(
         },
     );
     let credential = caller.as_ref().and_then(|c| c.named());
-    let added = ctx.ooda.trigger_stop_by(source, &reason, credential).await;
+    let added = ctx.ooda.trigger_stop_as(source, &reason, credential).await;
     status_json(status(&ctx), ("triggered", added))
 }
 

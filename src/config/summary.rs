@@ -47,7 +47,13 @@ impl Config {
         line(format!(
             "auth:          {}",
             if self.auth_required() {
-                format!("{} bearer token(s)", self.credential_count())
+                let clients = self.named_clients.len();
+                let tokens = self.credential_count().saturating_sub(clients);
+                if clients == 0 {
+                    format!("{tokens} bearer token(s)")
+                } else {
+                    format!("{tokens} bearer token(s), {clients} client certificate subject(s)")
+                }
             } else {
                 "none (loopback only)".to_string()
             }

@@ -411,12 +411,24 @@ fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::Prote
         while let Some(event) = stop_rx.recv().await {
             let now = crate::clock::now_ms();
             let (kind, origin, result, error, credential) = match event {
-                StopEvent::Triggered { source, reason, by } => {
+                StopEvent::Triggered {
+                    source,
+                    reason,
+                    by,
+                    credential,
+                } => {
                     let origin = match &by {
                         Some(by) => format!("{source} ({by})"),
                         None => source,
                     };
-                    ("protective_stop", origin, Some(reason), None, by)
+                    // A fleet stop over MQTT has no credential: its signer.
+                    (
+                        "protective_stop",
+                        origin,
+                        Some(reason),
+                        None,
+                        credential.or(by),
+                    )
                 }
                 StopEvent::Cleared {
                     by,

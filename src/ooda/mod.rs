@@ -452,7 +452,28 @@ impl Ooda {
 
     /// [`Ooda::trigger_stop`] naming who asked.
     pub async fn trigger_stop_by(&self, source: &str, reason: &str, by: Option<&str>) -> bool {
-        let added = self.estop.trigger_by(source, reason, by);
+        self.trigger_stop_inner(source, reason, by, None).await
+    }
+
+    /// [`Ooda::trigger_stop`] by an authenticated credential (the audit names it).
+    pub async fn trigger_stop_as(
+        &self,
+        source: &str,
+        reason: &str,
+        credential: Option<&str>,
+    ) -> bool {
+        self.trigger_stop_inner(source, reason, None, credential)
+            .await
+    }
+
+    async fn trigger_stop_inner(
+        &self,
+        source: &str,
+        reason: &str,
+        by: Option<&str>,
+        credential: Option<&str>,
+    ) -> bool {
+        let added = self.estop.trigger_as(source, reason, by, credential);
         // Every actuator is driven even when the stop was latched already:
         // going safe again costs nothing and may catch a driver that failed.
         let why = format!("protective stop ({source}: {reason})");

@@ -97,11 +97,13 @@ fn cleared_note(cleared: &[String]) -> String {
 /// A change of the latch, for the audit.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StopEvent {
-    /// A cause was added.
+    /// A cause was added; `credential`: the authenticated credential that
+    /// asked, where one did.
     Triggered {
         source: String,
         reason: String,
         by: Option<String>,
+        credential: Option<String>,
     },
     /// `by` removed the cause of `source`; `credential`: the authenticated
     /// credential that asked, where one did.
@@ -260,6 +262,18 @@ impl ProtectiveStop {
 
     /// [`ProtectiveStop::trigger`] naming who asked.
     pub fn trigger_by(&self, source: &str, reason: &str, by: Option<&str>) -> bool {
+        self.trigger_as(source, reason, by, None)
+    }
+
+    /// [`ProtectiveStop::trigger_by`] by an authenticated credential, which
+    /// the audit names.
+    pub fn trigger_as(
+        &self,
+        source: &str,
+        reason: &str,
+        by: Option<&str>,
+        credential: Option<&str>,
+    ) -> bool {
         let mut latch = self.lock();
         if latch.causes.iter().any(|c| c.source == source) {
             tracing::debug!(
@@ -287,6 +301,7 @@ impl ProtectiveStop {
             source: source.to_string(),
             reason: reason.to_string(),
             by: by.map(str::to_string),
+            credential: credential.map(str::to_string),
         });
         true
     }
@@ -490,7 +505,8 @@ mod tests {
             StopEvent::Triggered {
                 source: "rest".into(),
                 reason: "person in cell".into(),
-                by: None
+                by: None,
+                credential: None,
             }
         );
         assert_eq!(

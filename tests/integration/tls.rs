@@ -964,3 +964,76 @@ async fn the_example_broker_acl_keeps_each_host_to_its_own_record() {
     }
     rover1.shutdown().await;
 }
+
+/// `[[server.clients]]`: a verified client certificate without any token is
+/// the credential its subject maps to, with that scope; an unlisted subject
+/// is not authenticated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_maps_to_its_scopes_by_subject() {
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("rozd", "rozd-test", (2031, 1, 1));
+    let (viewer_cert, viewer_key) = pki.issue("viewer", "viewer-1", (2031, 1, 1));
+    let (other_cert, other_key) = pki.issue("other", "someone-else", (2031, 1, 1));
+    let extra = format!(
+        "client_ca_file = {:?}\nclient_auth = \"optional\"\n\
+         [[server.clients]]\nsubject = \"CN=viewer-1,O=Lab\"\nscopes = [\"read\"]\n",
+        s(&pki.ca_file())
+    );
+    let daemon = start_tls(&tls_server(&cert, &key, &extra), "").await;
+    let ca = s(&pki.ca_file());
+    let url = |path: &str| format!("https://localhost:{}{path}", daemon.addr.port());
+    // The HTTP status of `method path` with a client certificate.
+    let curl = |method: &'static str, path: String, cert: PathBuf, key: PathBuf| {
+        let ca = ca.clone();
+        async move {
+            let (code, out, err) = run(
+                Path::new("curl"),
+                &[
+                    "-sS",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                    "-X",
+                    method,
+                    "--cacert",
+                    &ca,
+                    "--cert",
+                    &s(&cert),
+                    "--key",
+                    &s(&key),
+                    &path,
+                ],
+                &[],
+            )
+            .await;
+            assert_eq!(code, Some(0), "curl {method} {path}: {err}");
+            out
+        }
+    };
+    let viewer = || (viewer_cert.clone(), viewer_key.clone());
+    let (c, k) = viewer();
+    assert_eq!(curl("GET", url("/v1/status"), c, k).await, "200");
+    let (c, k) = viewer();
+    assert_eq!(curl("POST", url("/v1/estop"), c, k).await, "200");
+    let (c, k) = viewer();
+    assert_eq!(curl("POST", url("/v1/estop/clear"), c, k).await, "403");
+    assert!(daemon.ctx.ooda.protective_stop().active().is_some());
+    assert_eq!(
+        curl("GET", url("/v1/status"), other_cert, other_key).await,
+        "401",
+        "a verified certificate whose subject is not in server.clients"
+    );
+    let rows = daemon
+        .ctx
+        .store
+        .audit_records(None, None, 100)
+        .await
+        .unwrap();
+    let stop = rows
+        .iter()
+        .find(|r| r.kind == "protective_stop")
+        .expect("the stop's audit row");
+    assert_eq!(stop.credential.as_deref(), Some("CN=viewer-1,O=Lab"));
+    daemon.shutdown().await;
+}
