@@ -34,6 +34,9 @@ use rules::Rule;
 pub use stats::LoopStats;
 use timer::{Realtime, Timer, TimerError};
 use world::{SensorView, SourceView, World};
+/// The stop cause of a control loop that failed.
+pub const LOOP_SOURCE: &str = "ooda";
+
 /// Longest start-up waits for the serial ports' first open and the MQTT
 /// client's first connection before driving every actuator safe.
 const START_SETTLE: Duration = Duration::from_secs(3);
@@ -528,6 +531,21 @@ impl Ooda {
             ooda.tick(&mut state, wake);
             true
         };
+        // A loop that died would leave actuators as commanded with no reflex
+        // watching them: a tick that panics latches the stop and drives
+        // everything safe.
+        let weak: Weak<Ooda> = Arc::downgrade(self);
+        let tick = timer::guarded(tick, move |why| {
+            tracing::error!(panic = %why, "the control loop failed; protective stop");
+            if let Some(ooda) = weak.upgrade() {
+                let reason = format!("the control loop failed: {why}");
+                ooda.estop.trigger(LOOP_SOURCE, &reason);
+                let me = ooda.clone();
+                ooda.runtime.spawn(async move {
+                    me.trigger_stop(LOOP_SOURCE, &reason).await;
+                });
+            }
+        });
         match self.timer {
             Timer::Thread => {
                 timer::spawn_thread(self.period, &self.realtime, tick)?;

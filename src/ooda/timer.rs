@@ -198,9 +198,64 @@ fn apply(realtime: &Realtime) -> Result<(), TimerError> {
     Ok(())
 }
 
+/// `tick` with its panics caught: a tick that panics ends the loop and
+/// hands `failed` the panic's message once (the caller goes safe), instead
+/// of leaving a dead loop behind whose reflexes no longer run.
+pub fn guarded(
+    mut tick: impl FnMut(Wake) -> bool,
+    failed: impl FnOnce(String),
+) -> impl FnMut(Wake) -> bool {
+    let mut failed = Some(failed);
+    move |wake| {
+        if failed.is_none() {
+            return false;
+        }
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tick(wake))) {
+            Ok(go_on) => go_on,
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".to_string());
+                if let Some(failed) = failed.take() {
+                    failed(message);
+                }
+                false
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_panicking_tick_ends_the_loop_and_reports_once() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut n = 0;
+        let handle = spawn_thread(
+            Duration::from_millis(1),
+            &Realtime::default(),
+            guarded(
+                move |_| {
+                    n += 1;
+                    assert!(n < 3, "tick {n} failed");
+                    true
+                },
+                move |why| {
+                    let _ = tx.send(why);
+                },
+            ),
+        )
+        .unwrap();
+        // The thread ends by itself: the guard stopped the loop.
+        handle.join().unwrap();
+        let reports: Vec<String> = rx.iter().collect();
+        assert_eq!(reports.len(), 1);
+        assert!(reports[0].contains("tick 3 failed"), "{reports:?}");
+    }
 
     #[test]
     fn the_thread_ticks_to_deadlines_until_told_to_stop() {

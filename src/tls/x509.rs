@@ -211,6 +211,10 @@ fn oid_string(oid: &[u8]) -> String {
 /// UTCTime (`YYMMDDHHMMSSZ`) or GeneralizedTime (`YYYYMMDDHHMMSSZ`) to Unix seconds.
 fn parse_time(tag: u8, text: &[u8]) -> Result<i64, X509Error> {
     let bad = X509Error("bad validity time");
+    // ASCII only: the digits are sliced by byte position below.
+    if !text.is_ascii() {
+        return Err(bad);
+    }
     let text = std::str::from_utf8(text).map_err(|_| bad.clone())?;
     let text = text.strip_suffix('Z').ok_or(bad.clone())?;
     let (year, rest) = match tag {
@@ -286,5 +290,18 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_validity_time_that_is_not_ascii_is_an_error_not_a_panic() {
+        // The lengths each form takes (12 and 14 bytes before the Z), with
+        // a two-byte character across the year's slice.
+        for (tag, text) in [
+            (UTC_TIME, "1\u{e9}010100000Z"),
+            (GENERALIZED_TIME, "202\u{e9}010100000Z"),
+        ] {
+            assert!(parse_time(tag, text.as_bytes()).is_err(), "{text}");
+        }
+        assert!(parse_time(UTC_TIME, b"300101000000Z").is_ok());
     }
 }
