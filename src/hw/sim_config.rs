@@ -216,7 +216,7 @@ fn check_start(spec: &WorldSpec) -> Result<(), Invalid> {
     for (i, o) in spec.obstacles.iter().enumerate() {
         let cx = x.clamp(o.min_x, o.max_x);
         let cy = y.clamp(o.min_y, o.max_y);
-        if (x - cx).hypot(y - cy) < r {
+        if super::sim_world::distance(x - cx, y - cy) < r {
             return Err(invalid(
                 "start",
                 format!("the rover at ({x}, {y}) overlaps obstacles[{i}]"),

@@ -539,6 +539,10 @@ impl Ooda {
             tracing::error!(panic = %why, "the control loop failed; protective stop");
             if let Some(ooda) = weak.upgrade() {
                 let reason = format!("the control loop failed: {why}");
+                // Held like an asserted input: no clear ends it while the
+                // loop is gone (a restart of rozd starts a new one).
+                ooda.estop
+                    .hold(LOOP_SOURCE, LOOP_SOURCE, "the control loop is not running");
                 ooda.estop.trigger(LOOP_SOURCE, &reason);
                 let me = ooda.clone();
                 ooda.runtime.spawn(async move {
