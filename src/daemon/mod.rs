@@ -67,6 +67,8 @@ pub enum DaemonError {
     StopInput(#[from] crate::safety::inputs::InputError),
     #[error(transparent)]
     Fleet(#[from] crate::fleet::FleetError),
+    #[error(transparent)]
+    Record(#[from] crate::record::RecordError),
     #[error("server.tls: {0}")]
     Tls(#[from] crate::tls::TlsError),
     #[error("cannot install signal handler: {0}")]
@@ -106,6 +108,11 @@ impl Daemon {
             .map_err(|e| crate::store::StoreError::Task(e.to_string()))??;
         // Before anything can start a task: no task resumes by itself.
         crate::team::recover(&store).await?;
+        // Recordings: what a crash left unfinished is recovered first.
+        let recorder = start_recorder(&config).await?;
+        if recorder.enabled() {
+            store.set_tap(recorder.clone());
+        }
         // The retention policy, now and then hourly (see `keep_store_pruned`).
         let retention = crate::store::Retention {
             retain_days: config.store.retain_days,
@@ -145,9 +152,13 @@ impl Daemon {
             protective_stop,
         )
         .await?;
+        if recorder.enabled() {
+            ooda.world().set_tap(recorder.clone());
+            ooda.actuators().set_tap(recorder.clone());
+        }
         // Every trigger and clear of the protective stop goes to the audit
         // (set up before the stop inputs, which may latch it at once).
-        audit_protective_stop(store.clone(), ooda.protective_stop());
+        audit_protective_stop(store.clone(), ooda.protective_stop(), recorder.clone());
         // The GPIO and MQTT protective-stop inputs of `[safety]`.
         if let Err(e) = crate::safety::inputs::start(&config.safety, &ooda) {
             ooda.stop().await;
@@ -176,7 +187,9 @@ impl Daemon {
                 }
             }
         });
-        let ctx = HostContext::new(Arc::new(config), local, store, hooks, ooda);
+        let ctx = HostContext::new(Arc::new(config), local, store, hooks, ooda, recorder);
+        ctx.recorder
+            .sample_observations(ctx.ooda.clone(), ctx.shutdown.clone());
         tokio::spawn(keep_store_pruned(ctx.clone(), retention));
         if let Some(tls) = &tls {
             // A fresh context: not set before.
@@ -313,6 +326,9 @@ impl Daemon {
         // The fleet said `offline` when the shutdown began; let it finish
         // disconnecting (bounded inside).
         ctx.fleet.join().await;
+        // The recording ends after the safe drives above (it holds them):
+        // its file is finished with a summary and an index (bounded).
+        ctx.recorder.finish().await;
         tracing::info!("shutdown complete");
     }
 }
@@ -403,12 +419,18 @@ async fn keep_store_pruned(ctx: Arc<HostContext>, retention: crate::store::Reten
 /// again at start-up); `origin`: the source, or who cleared; `credential`:
 /// the credential that asked (for a fleet stop over MQTT, the host that
 /// signed it).
-fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::ProtectiveStop) {
+fn audit_protective_stop(
+    store: crate::store::Store,
+    stop: &crate::safety::ProtectiveStop,
+    recorder: Arc<crate::record::Recorder>,
+) {
     let (stop_tx, mut stop_rx) = tokio::sync::mpsc::unbounded_channel();
     stop.set_audit(stop_tx);
+    let latch = stop.clone();
     tokio::spawn(async move {
         use crate::safety::StopEvent;
         while let Some(event) = stop_rx.recv().await {
+            recorder.protective_stop(&event, latch.state().causes);
             let now = crate::clock::now_ms();
             let (kind, origin, result, error, credential) = match event {
                 StopEvent::Triggered {
@@ -478,6 +500,22 @@ fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::Prote
             }
         }
     });
+}
+
+/// The recorder of `[record]` (recovering unfinished files first, off the
+/// runtime's threads), or a disabled one.
+async fn start_recorder(config: &Config) -> Result<Arc<crate::record::Recorder>, DaemonError> {
+    let Some(record) = config.record.clone() else {
+        return Ok(Arc::new(crate::record::Recorder::disabled()));
+    };
+    let store_path = config.store.resolved_path();
+    let host_id = config.host.id.clone();
+    let recorder = tokio::task::spawn_blocking(move || {
+        crate::record::Recorder::start(&record, &store_path, &host_id)
+    })
+    .await
+    .map_err(|e| crate::store::StoreError::Task(e.to_string()))??;
+    Ok(Arc::new(recorder))
 }
 
 /// Runs the daemon as a service: binds, tells systemd it is ready, pets the

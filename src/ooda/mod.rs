@@ -315,6 +315,14 @@ impl Ooda {
                         shutdown.clone(),
                     ));
                 }
+                SensorSource::Replay(spec) => {
+                    tokio::spawn(crate::hw::replay::run_sensor(
+                        name,
+                        spec.clone(),
+                        readings.clone(),
+                        shutdown.clone(),
+                    ));
+                }
                 // The tick reads the simulated world.
                 SensorSource::World(_) => readings.source_health("sim", crate::hw::Health::Ok),
                 // Serial and MQTT sensors are fed by their port / client tasks.
