@@ -144,18 +144,22 @@ impl Daemon {
             tokio::task::spawn_blocking(move || crate::safety::ProtectiveStop::restore(stop_file))
                 .await
                 .map_err(|e| crate::store::StoreError::Task(e.to_string()))?;
-        let ooda = crate::ooda::Ooda::start(
+        let taps = match recorder.enabled() {
+            true => crate::ooda::Taps {
+                sensors: Some(recorder.clone()),
+                actuators: Some(recorder.clone()),
+            },
+            false => crate::ooda::Taps::default(),
+        };
+        let ooda = crate::ooda::Ooda::start_tapped(
             &config.hardware,
             config.reflex_rules.clone(),
             &config.ooda.loop_config(),
             &config.host.id,
             protective_stop,
+            taps,
         )
         .await?;
-        if recorder.enabled() {
-            ooda.world().set_tap(recorder.clone());
-            ooda.actuators().set_tap(recorder.clone());
-        }
         // Every trigger and clear of the protective stop goes to the audit
         // (set up before the stop inputs, which may latch it at once).
         audit_protective_stop(store.clone(), ooda.protective_stop(), recorder.clone());

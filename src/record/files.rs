@@ -32,6 +32,32 @@ pub enum FilesError {
     Recover { path: String, message: String },
 }
 
+/// Creates `dir` (and its parents) mode 0700 if missing: recordings hold
+/// the audit and the sessions' conversations, the operator's business only.
+pub fn private_dir(dir: &Path) -> Result<(), FilesError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io(dir))
+}
+
+/// Creates (truncating) a recording file, mode 0600.
+pub fn create_private(path: &Path) -> Result<std::fs::File, FilesError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io(path))
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FilesError + '_ {
     move |source| FilesError::Io {
         path: path.display().to_string(),
@@ -247,7 +273,7 @@ pub fn recover(path: &Path, library: &str) -> Result<Recovered, FilesError> {
         path: path.display().to_string(),
         message,
     };
-    let file = std::fs::File::create(&temp).map_err(io(&temp))?;
+    let file = create_private(&temp)?;
     let mut writer = mcap::WriteOptions::new()
         .compression(None)
         .library(library)

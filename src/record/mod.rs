@@ -42,12 +42,8 @@ const FINISH_BOUND: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    #[error("record.directory {path}: {source}")]
-    Directory {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("record.directory: {0}")]
+    Directory(#[source] files::FilesError),
     #[error("cannot start the recording thread: {0}")]
     Thread(#[source] std::io::Error),
 }
@@ -104,10 +100,7 @@ impl Recorder {
             return Ok(Recorder::disabled());
         }
         let directory = config.resolved_directory(store_path);
-        std::fs::create_dir_all(&directory).map_err(|source| RecordError::Directory {
-            path: directory.display().to_string(),
-            source,
-        })?;
+        files::private_dir(&directory).map_err(RecordError::Directory)?;
         let library = format!("rozd {}", crate::VERSION);
         for outcome in files::recover_all(&directory, &library) {
             match outcome {
@@ -264,6 +257,11 @@ impl Recorder {
             "files_deleted": s.files_deleted.load(Ordering::Relaxed),
             "last_error": s.last_error(),
         })
+    }
+
+    /// Changes to the number of files finished so far, on every finished file.
+    pub fn finished_files(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.active.as_ref().map(|a| a.shared.finished.subscribe())
     }
 
     /// (written, dropped, lost) for `/metrics`.

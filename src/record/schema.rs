@@ -272,7 +272,14 @@ pub fn message(event: &Event, at_ns: u64) -> Message {
                 serde_json::to_vec(&body),
             )
         }
-        Event::Audit(record) => (Kind::Audit, "/audit".to_string(), serde_json::to_vec(record)),
+        Event::Audit(record) => {
+            // The row's id is the store's, not known yet when it is recorded.
+            let mut body = json!(record);
+            if let Some(object) = body.as_object_mut() {
+                object.remove("id");
+            }
+            (Kind::Audit, "/audit".to_string(), serde_json::to_vec(&body))
+        }
         Event::Session(body) => (
             Kind::Sessions,
             "/sessions".to_string(),

@@ -42,6 +42,8 @@ pub struct Shared {
     pub files_deleted: AtomicU64,
     pub current: Mutex<Option<String>>,
     pub last_error: Mutex<Option<String>>,
+    /// Files finished so far, for whoever waits for the next one.
+    pub finished: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -126,8 +128,7 @@ struct Open {
 
 impl Open {
     fn create(settings: &Settings) -> Result<Open, String> {
-        std::fs::create_dir_all(&settings.directory)
-            .map_err(|e| format!("cannot create {}: {e}", settings.directory.display()))?;
+        files::private_dir(&settings.directory).map_err(|e| e.to_string())?;
         let mut name = files::file_name(&settings.host_id, SystemTime::now());
         let mut n = 1;
         while settings.directory.join(&name).exists() {
@@ -137,7 +138,7 @@ impl Open {
             n += 1;
         }
         let path = settings.directory.join(&name);
-        let file = File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        let file = files::create_private(&path).map_err(|e| e.to_string())?;
         let end = Arc::new(AtomicU64::new(0));
         let tracked = Tracked {
             inner: BufWriter::new(file),
@@ -317,7 +318,8 @@ fn finish(open: &mut Option<Open>, settings: &Settings, shared: &Shared) {
         shared.set_current(None);
         match file.finish() {
             Ok(name) => {
-                shared.files_finished.fetch_add(1, Ordering::Relaxed);
+                let n = shared.files_finished.fetch_add(1, Ordering::Relaxed) + 1;
+                shared.finished.send_replace(n);
                 tracing::info!(file = %settings.directory.join(&name).display(), "recording finished");
             }
             Err(why) => shared.failed(why),
