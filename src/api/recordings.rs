@@ -43,8 +43,7 @@ async fn list(State(ctx): State<Arc<HostContext>>) -> Response {
     };
     let current = ctx.recorder.current_file();
     let active = current.clone();
-    let listed =
-        tokio::task::spawn_blocking(move || files::list(&dir, active.as_deref())).await;
+    let listed = tokio::task::spawn_blocking(move || files::list(&dir, active.as_deref())).await;
     match listed {
         Ok(Ok(data)) => Json(json!({
             "enabled": true,
@@ -56,8 +55,12 @@ async fn list(State(ctx): State<Arc<HostContext>>) -> Response {
         Ok(Err(e)) => internal(&e),
         Err(e) => {
             tracing::error!(error = %e, "recordings: listing task failed");
-            json_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "listing failed")
-                .into_response()
+            json_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "listing failed",
+            )
+            .into_response()
         }
     }
 }
@@ -132,9 +135,7 @@ async fn download(
         }
     };
     let length = file.metadata().await.map(|m| m.len()).ok();
-    let mut response = Response::new(Body::from_stream(
-        tokio_util::io::ReaderStream::new(file),
-    ));
+    let mut response = Response::new(Body::from_stream(tokio_util::io::ReaderStream::new(file)));
     let headers = response.headers_mut();
     headers.insert(
         http::header::CONTENT_TYPE,
@@ -144,7 +145,10 @@ async fn download(
         headers.insert(http::header::CONTENT_DISPOSITION, value);
     }
     if let Some(length) = length {
-        headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(length));
+        headers.insert(
+            http::header::CONTENT_LENGTH,
+            http::HeaderValue::from(length),
+        );
     }
     response
 }

@@ -58,7 +58,9 @@ pub fn info(file: &Path, json: bool) -> u8 {
 
 /// The human-readable form of [`info`].
 pub fn describe(file: &Path, info: &FileInfo) -> String {
-    let seconds = |ns: Option<u64>| ns.map_or_else(|| "-".to_string(), |ns| format!("{:.3}", ns as f64 / 1e9));
+    let seconds = |ns: Option<u64>| {
+        ns.map_or_else(|| "-".to_string(), |ns| format!("{:.3}", ns as f64 / 1e9))
+    };
     let duration = match (info.start_unix_ns, info.end_unix_ns) {
         (Some(a), Some(b)) => format!("{:.3} s", (b - a) as f64 / 1e9),
         _ => "-".to_string(),

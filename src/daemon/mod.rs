@@ -162,7 +162,10 @@ impl Daemon {
         .await?;
         // Every trigger and clear of the protective stop goes to the audit
         // (set up before the stop inputs, which may latch it at once).
-        audit_protective_stop(store.clone(), ooda.protective_stop(), recorder.clone());
+        if recorder.enabled() {
+            ooda.protective_stop().set_tap(recorder.clone());
+        }
+        audit_protective_stop(store.clone(), ooda.protective_stop());
         // The GPIO and MQTT protective-stop inputs of `[safety]`.
         if let Err(e) = crate::safety::inputs::start(&config.safety, &ooda) {
             ooda.stop().await;
@@ -423,18 +426,12 @@ async fn keep_store_pruned(ctx: Arc<HostContext>, retention: crate::store::Reten
 /// again at start-up); `origin`: the source, or who cleared; `credential`:
 /// the credential that asked (for a fleet stop over MQTT, the host that
 /// signed it).
-fn audit_protective_stop(
-    store: crate::store::Store,
-    stop: &crate::safety::ProtectiveStop,
-    recorder: Arc<crate::record::Recorder>,
-) {
+fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::ProtectiveStop) {
     let (stop_tx, mut stop_rx) = tokio::sync::mpsc::unbounded_channel();
     stop.set_audit(stop_tx);
-    let latch = stop.clone();
     tokio::spawn(async move {
         use crate::safety::StopEvent;
         while let Some(event) = stop_rx.recv().await {
-            recorder.protective_stop(&event, latch.state().causes);
             let now = crate::clock::now_ms();
             let (kind, origin, result, error, credential) = match event {
                 StopEvent::Triggered {

@@ -16,7 +16,9 @@ const RECOVERING: &str = "recovering";
 
 #[derive(Debug, thiserror::Error)]
 pub enum FilesError {
-    #[error("{0:?} is not a recording name (letters, digits, '-', '_', '.', ending in .mcap; no path)")]
+    #[error(
+        "{0:?} is not a recording name (letters, digits, '-', '_', '.', ending in .mcap; no path)"
+    )]
     BadName(String),
     #[error("no recording named {0:?}")]
     NotFound(String),
@@ -313,7 +315,7 @@ mod tests {
 
     #[test]
     fn names_sort_by_time_and_are_valid() {
-        let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_796_304_000_123);
+        let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_796_256_000_123);
         let name = file_name("sim-rover", at);
         assert_eq!(name, "sim-rover-20261203T000000.123Z.mcap");
         assert!(valid_name(&name));
@@ -354,11 +356,13 @@ mod tests {
             std::fs::write(dir.path().join(name), [0u8; 100]).unwrap_or_else(|e| panic!("{e}"));
         }
         // The active file is never deleted, even when it is the oldest.
-        let deleted = apply_retention(dir.path(), Some("h-1.mcap"), 0, 2)
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(deleted, vec!["h-2.mcap".to_string()]);
         let deleted =
-            apply_retention(dir.path(), None, 150, 0).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(deleted, vec!["h-1.mcap".to_string(), "h-3.mcap".to_string()]);
+            apply_retention(dir.path(), Some("h-1.mcap"), 0, 2).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(deleted, vec!["h-2.mcap".to_string()]);
+        let deleted = apply_retention(dir.path(), None, 150, 0).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            deleted,
+            vec!["h-1.mcap".to_string(), "h-3.mcap".to_string()]
+        );
     }
 }

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ooda::act::{ActuatorEvent, ActuatorTap};
 use crate::ooda::world::SensorTap;
-use crate::safety::{StopEvent, StopInfo};
+use crate::safety::{StopEvent, StopInfo, StopTap};
 use crate::store::{AuditRecord, SessionRecord, StoreTap, TurnRecord};
 use config::RecordConfig;
 use schema::Event;
@@ -110,7 +110,9 @@ impl Recorder {
                     broken_off = r.broken_off.as_deref().unwrap_or(""),
                     "recovered a recording left unfinished by a crash (rewritten, finished, same name)"
                 ),
-                Err(e) => tracing::error!(error = %e, "cannot recover an unfinished recording; left as it is"),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot recover an unfinished recording; left as it is")
+                }
             }
         }
         let (queue, receiver) = std::sync::mpsc::sync_channel(config.queue);
@@ -174,13 +176,6 @@ impl Recorder {
             // The writer has finished (shutdown): nothing more is recorded.
             Err(TrySendError::Disconnected(_)) => {}
         }
-    }
-
-    pub fn protective_stop(&self, event: &StopEvent, causes: Vec<StopInfo>) {
-        self.push(Stream::ProtectiveStop, || Event::Stop {
-            event: event.clone(),
-            causes,
-        });
     }
 
     /// A session event (`event`: `turn_started`, ...), already JSON.
@@ -279,6 +274,15 @@ impl Recorder {
 impl ActuatorTap for Recorder {
     fn actuator_changed(&self, event: &ActuatorEvent) {
         self.push(Stream::Actuators, || Event::Actuator(event.clone()));
+    }
+}
+
+impl StopTap for Recorder {
+    fn stop_changed(&self, event: &StopEvent, causes: &[StopInfo]) {
+        self.push(Stream::ProtectiveStop, || Event::Stop {
+            event: event.clone(),
+            causes: causes.to_vec(),
+        });
     }
 }
 
