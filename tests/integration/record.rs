@@ -640,3 +640,107 @@ async fn rozd_record_list_and_info_read_the_files() {
     assert_eq!(code, Some(1));
     assert!(err.contains("cannot read /nonexistent.mcap"), "{err}");
 }
+
+#[tokio::test]
+async fn sessions_and_tasks_are_recorded_at_the_turn_level() {
+    use rozd::api::proto;
+    use rozd::api::proto::session_request::Request as Req;
+    use rozd::api::proto::session_response::Response as Resp;
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = TestDaemon::start(&format!(
+        "{}{ROBOT}\n[[permissions]]\ntool_pattern = \"arm\"\npolicy = \"allow\"\n",
+        record_section(
+            dir.path(),
+            "streams = [\"sessions\", \"tasks\", \"audit\", \"actuators\"]"
+        )
+    ))
+    .await;
+    let mut client = daemon.agent().await;
+    let mut session = common::Session::open(&mut client).await;
+    let session_id = session
+        .start(proto::StartSession::default())
+        .await
+        .session_id;
+    session
+        .send(Req::UserMessage(proto::UserMessage {
+            content: "set arm 0.4".into(),
+            ..Default::default()
+        }))
+        .await;
+    let (_, done) = common::until_complete(&mut session).await;
+    assert_eq!(done.stop_reason, "end_turn");
+    drop(session);
+    // A task, followed to its end over gRPC.
+    let (status, created) =
+        common::rest_post(&daemon, "/v1/tasks", &json!({"prompt": "echo hello"})).await;
+    assert_eq!(status, 201, "{created}");
+    let task_id = created["id"].as_str().unwrap().to_string();
+    let mut tasks = proto::task_service_client::TaskServiceClient::new(daemon.channel().await);
+    let mut stream = tasks
+        .stream_task_status(proto::StreamTaskStatusRequest {
+            task_id: task_id.clone(),
+        })
+        .await
+        .expect("StreamTaskStatus")
+        .into_inner();
+    while tokio::time::timeout(EXPECT_WITHIN, stream.message())
+        .await
+        .expect("the task ends in time")
+        .expect("status stream")
+        .is_some()
+    {}
+    daemon.shutdown().await;
+
+    let file = dump(&files_in(dir.path()).pop().expect("a recording"));
+    let sessions = on(&file, "/sessions");
+    let events: Vec<&str> = sessions
+        .iter()
+        .filter(|e| e["session_id"] == session_id.as_str())
+        .filter_map(|e| e["event"].as_str())
+        .collect();
+    assert_eq!(
+        events,
+        [
+            "session_started",
+            "turn_started",
+            "turn_ended",
+            "session_ended"
+        ],
+        "{sessions:?}"
+    );
+    let turn = sessions
+        .iter()
+        .find(|e| e["event"] == "turn_ended" && e["session_id"] == session_id.as_str())
+        .expect("the turn");
+    assert_eq!(turn["user_content"], "set arm 0.4");
+    let messages = turn["messages"].to_string();
+    assert!(
+        messages.contains("\"tool_use\"") && messages.contains("\"name\":\"arm\""),
+        "{messages}"
+    );
+    assert!(on(&file, "/audit").iter().any(|r| r["kind"] == "tool_call"
+        && r["tool"] == "arm"
+        && r["session_id"] == session_id.as_str()));
+    assert!(
+        on(&file, "/actuators/arm")
+            .iter()
+            .any(|a| a["value"] == 0.4 && a["origin"] == format!("session {session_id}").as_str())
+    );
+    let task_events: Vec<&Value> = on(&file, "/tasks")
+        .into_iter()
+        .filter(|e| e["task_id"] == task_id.as_str())
+        .collect();
+    assert_eq!(task_events[0]["event"], "created", "{task_events:?}");
+    assert!(
+        task_events
+            .iter()
+            .any(|e| e["event"] == "status" && e["status"] == "succeeded"),
+        "{task_events:?}"
+    );
+    assert!(
+        task_events
+            .iter()
+            .any(|e| e["event"] == "team_event" && e["kind"] == "worker_completed"),
+        "{task_events:?}"
+    );
+}
