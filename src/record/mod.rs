@@ -273,14 +273,16 @@ impl Recorder {
 
 impl ActuatorTap for Recorder {
     fn actuator_changed(&self, event: &ActuatorEvent) {
-        self.push(Stream::Actuators, || Event::Actuator(event.clone()));
+        self.push(Stream::Actuators, || {
+            Event::Actuator(Box::new(event.clone()))
+        });
     }
 }
 
 impl StopTap for Recorder {
     fn stop_changed(&self, event: &StopEvent, causes: &[StopInfo]) {
         self.push(Stream::ProtectiveStop, || Event::Stop {
-            event: event.clone(),
+            event: Box::new(event.clone()),
             causes: causes.to_vec(),
         });
     }

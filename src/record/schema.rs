@@ -21,9 +21,9 @@ pub enum Event {
         name: Arc<str>,
         value: f64,
     },
-    Actuator(ActuatorEvent),
+    Actuator(Box<ActuatorEvent>),
     Stop {
-        event: StopEvent,
+        event: Box<StopEvent>,
         /// The latch's causes after the change.
         causes: Vec<StopInfo>,
     },
@@ -237,7 +237,7 @@ pub fn message(event: &Event, at_ns: u64) -> Message {
             )
         }
         Event::Stop { event, causes } => {
-            let mut body = match event {
+            let mut body = match event.as_ref() {
                 StopEvent::Triggered {
                     source,
                     reason,
@@ -325,13 +325,13 @@ mod tests {
     #[test]
     fn a_safe_drive_is_told_apart_from_a_command() {
         let event = |origin: &str| {
-            Event::Actuator(ActuatorEvent {
+            Event::Actuator(Box::new(ActuatorEvent {
                 actuator: "motor".into(),
                 value: 0.0,
                 origin: origin.into(),
                 session_id: None,
                 error: None,
-            })
+            }))
         };
         let safe = message(&event("safety (hold_ms expired)"), 1);
         let body: Value = serde_json::from_slice(&safe.body).unwrap_or_default();

@@ -645,7 +645,6 @@ async fn rozd_record_list_and_info_read_the_files() {
 async fn sessions_and_tasks_are_recorded_at_the_turn_level() {
     use rozd::api::proto;
     use rozd::api::proto::session_request::Request as Req;
-    use rozd::api::proto::session_response::Response as Resp;
     let dir = tempfile::tempdir().unwrap();
     let daemon = TestDaemon::start(&format!(
         "{}{ROBOT}\n[[permissions]]\ntool_pattern = \"arm\"\npolicy = \"allow\"\n",
