@@ -305,9 +305,9 @@ pub fn run(settings: Settings, queue: Receiver<Item>, shared: Arc<Shared>) {
                 || now.duration_since(file.opened) >= settings.max_file_age
         });
         if rotate {
+            // The next file opens with the next event: no empty files.
             finish(&mut open, &settings, &shared);
-            start(&mut open, &mut retry_at);
-            retain(&settings, &shared, open.as_ref().map(|o| o.name.as_str()));
+            retain(&settings, &shared, None);
         }
     }
 }

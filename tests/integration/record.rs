@@ -320,7 +320,7 @@ async fn rest_lists_and_downloads_recordings_behind_auth_and_refuses_other_names
         &format!("auth_tokens = [\"{TOKEN}\"]"),
         &format!(
             "{}{ROBOT}",
-            record_section(dir.path(), "max_file_kb = 16\nobservation_hz = 50")
+            record_section(dir.path(), "max_file_kb = 64\nobservation_hz = 50")
         ),
         |_| {},
         std::sync::Arc::new(rozd::session::LogHooks),
@@ -334,8 +334,18 @@ async fn rest_lists_and_downloads_recordings_behind_auth_and_refuses_other_names
         .expect("writer alive");
     let (status, body) = get(&daemon, "/v1/recordings", None).await;
     assert_eq!(status, 401, "{body}");
-    let (status, list) = get(&daemon, "/v1/recordings", Some(TOKEN)).await;
-    assert_eq!(status, 200, "{list}");
+    // The next file opens with the next event (within a sensor period).
+    let list = tokio::time::timeout(EXPECT_WITHIN, async {
+        loop {
+            let (status, list) = get(&daemon, "/v1/recordings", Some(TOKEN)).await;
+            assert_eq!(status, 200, "{list}");
+            if list["current_file"].is_string() {
+                return list;
+            }
+        }
+    })
+    .await
+    .expect("a file being written");
     assert_eq!(list["enabled"], true);
     let data = list["data"].as_array().expect("data");
     let finished_name = data
