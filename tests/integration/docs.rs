@@ -230,6 +230,22 @@ fn every_internal_link_and_anchor_resolves() {
 }
 
 #[test]
+fn every_include_of_the_book_names_a_file() {
+    let include = regex::Regex::new(r"\{\{#include ([^}:]+)(?::[^}]*)?\}\}").unwrap();
+    let mut missing = Vec::new();
+    for file in markdown_files() {
+        let text = read(&file);
+        for c in include.captures_iter(&text) {
+            let target = normalize(&file.parent().unwrap().join(c[1].trim()));
+            if !target.is_file() {
+                missing.push(format!("{}: {}", file.display(), &c[1]));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{{{{#include}}}} of missing files: {missing:?}");
+}
+
+#[test]
 fn every_page_of_the_book_is_in_its_summary() {
     let docs = root().join("docs");
     let summary = read(&docs.join("SUMMARY.md"));
