@@ -172,7 +172,10 @@ fn anchors_are_computed_as_mdbook_and_github_do() {
     );
     assert_eq!(anchor_of("`[server.tls]`"), "servertls");
     assert_eq!(anchor_of("`[[rules]]` `then`"), "rules-then");
-    assert_eq!(anchor_of("A model provider's API key"), "a-model-providers-api-key");
+    assert_eq!(
+        anchor_of("A model provider's API key"),
+        "a-model-providers-api-key"
+    );
     assert_eq!(anchor_of("Upgrade, remove, purge"), "upgrade-remove-purge");
     let page = "# A\n\n## Same\n\n```\n# not a heading\n```\n\n## Same\n";
     let a = anchors(page);
@@ -214,15 +217,14 @@ fn every_internal_link_and_anchor_resolves() {
                 ));
                 continue;
             }
-            if let Some(anchor) = anchor {
-                if resolved.extension().is_some_and(|e| e == "md")
-                    && !anchors(&read(&resolved)).contains(anchor)
-                {
-                    broken.push(format!(
-                        "{name}:{line}: {target}: no heading with anchor #{anchor} in {}",
-                        resolved.strip_prefix(&root).unwrap_or(&resolved).display()
-                    ));
-                }
+            if let Some(anchor) = anchor
+                && resolved.extension().is_some_and(|e| e == "md")
+                && !anchors(&read(&resolved)).contains(anchor)
+            {
+                broken.push(format!(
+                    "{name}:{line}: {target}: no heading with anchor #{anchor} in {}",
+                    resolved.strip_prefix(&root).unwrap_or(&resolved).display()
+                ));
             }
         }
     }
@@ -242,7 +244,10 @@ fn every_include_of_the_book_names_a_file() {
             }
         }
     }
-    assert!(missing.is_empty(), "{{{{#include}}}} of missing files: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "{{{{#include}}}} of missing files: {missing:?}"
+    );
 }
 
 #[test]
@@ -313,7 +318,10 @@ const TABLES: &[(&str, &str)] = &[
         "[sim] obstacles",
         "[sim]\nobstacles = [{ min_x = 1, min_y = 1, max_x = 2, max_y = 2, ZZZ }]\n",
     ),
-    ("[[sensors]]", "[[sensors]]\nname = \"s\"\nsource = \"sim\"\nZZZ\n"),
+    (
+        "[[sensors]]",
+        "[[sensors]]\nname = \"s\"\nsource = \"sim\"\nZZZ\n",
+    ),
     (
         "[[actuators]]",
         "[[actuators]]\nname = \"a\"\nkind = \"sim\"\nmin = 0\nmax = 1\nsafe_value = 0\nZZZ\n",
@@ -375,10 +383,7 @@ fn reference_sections() -> BTreeMap<String, BTreeSet<String>> {
                 );
             }
         } else if let (Some(name), Some(c)) = (&current, row.captures(&line)) {
-            sections
-                .get_mut(name)
-                .unwrap()
-                .insert(c[1].to_string());
+            sections.get_mut(name).unwrap().insert(c[1].to_string());
         }
     }
     sections
