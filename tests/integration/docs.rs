@@ -270,6 +270,44 @@ fn every_page_of_the_book_is_in_its_summary() {
     );
 }
 
+/// The safety model names the tests that check each guarantee; a renamed or
+/// deleted test must not leave the page pointing at nothing.
+#[test]
+fn every_test_the_safety_model_names_exists() {
+    fn sources(dir: &Path, out: &mut String) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push_str(&read(&path));
+            }
+        }
+    }
+    let mut code = String::new();
+    sources(&root().join("src"), &mut code);
+    sources(&root().join("tests"), &mut code);
+    let page = read(&root().join("docs/safety.md"));
+    // Test names are code spans of at least four snake_case words.
+    let name = regex::Regex::new(r"`([a-z0-9]+(?:_[a-z0-9]+){3,})`").unwrap();
+    let named: BTreeSet<&str> = name
+        .captures_iter(&page)
+        .map(|c| c.get(1).unwrap().as_str())
+        .collect();
+    assert!(
+        named.len() > 30,
+        "the safety model names its tests: {named:?}"
+    );
+    let missing: Vec<&&str> = named
+        .iter()
+        .filter(|n| !code.contains(&format!("fn {n}(")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/safety.md names tests that do not exist: {missing:?}"
+    );
+}
+
 #[test]
 fn the_readme_keeps_the_two_set_up_commands() {
     let readme = read(&root().join("README.md"));
