@@ -173,14 +173,17 @@ impl Recorder {
             Err(TrySendError::Full(_)) => {
                 active.shared.dropped.fetch_add(1, Ordering::Relaxed);
             }
-            // The writer has finished (shutdown): nothing more is recorded.
-            Err(TrySendError::Disconnected(_)) => {}
+            // The writer has ended (shutdown, or a bug ended its thread):
+            // counted as lost, so a dead writer shows in the status.
+            Err(TrySendError::Disconnected(_)) => {
+                active.shared.lost.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
-    /// A session event (`event`: `turn_started`, ...), already JSON.
-    pub fn session(&self, body: Value) {
-        self.push(Stream::Sessions, || Event::Session(body));
+    /// A session event (`event`: `turn_started`, ...), built only when recorded.
+    pub fn session(&self, body: impl FnOnce() -> Value) {
+        self.push(Stream::Sessions, || Event::Session(body()));
     }
 
     /// Samples the Observation at `record.observation_hz` until `shutdown`.
@@ -302,19 +305,21 @@ impl StoreTap for Recorder {
         self.push(Stream::Audit, || Event::Audit(Box::new(record.clone())));
     }
     fn session_started(&self, s: &SessionRecord) {
-        self.session(json!({
-            "event": "session_started",
-            "session_id": s.id,
-            "model": s.model,
-            "environment_id": s.environment_id,
-        }));
+        self.session(|| {
+            json!({
+                "event": "session_started",
+                "session_id": s.id,
+                "model": s.model,
+                "environment_id": s.environment_id,
+            })
+        });
     }
     fn session_ended(&self, id: &str, reason: &str) {
-        self.session(json!({"event": "session_ended", "session_id": id, "reason": reason}));
+        self.session(|| json!({"event": "session_ended", "session_id": id, "reason": reason}));
     }
     fn turn_completed(&self, t: &TurnRecord) {
-        self.push(Stream::Sessions, || {
-            Event::Session(json!({
+        self.session(|| {
+            json!({
                 "event": "turn_ended",
                 "session_id": t.session_id,
                 "seq": t.seq,
@@ -327,7 +332,7 @@ impl StoreTap for Recorder {
                 "output_tokens": t.output_tokens,
                 "started_at_ms": t.started_at_ms,
                 "ended_at_ms": t.ended_at_ms,
-            }))
+            })
         });
     }
     fn task(&self, body: Value) {
