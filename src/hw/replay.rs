@@ -47,3 +47,96 @@ pub async fn run_sensor(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Every value delivered, with when (on tokio's clock).
+    #[derive(Default)]
+    struct Delivered(Mutex<Vec<(f64, Instant)>>);
+
+    impl Readings for Delivered {
+        fn record(&self, _sensor: &str, value: f64) {
+            if let Ok(mut d) = self.0.lock() {
+                d.push((value, Instant::now()));
+            }
+        }
+        fn source_health(&self, _source: &str, _health: Health) {}
+        fn rejected(&self, _source: &str, _why: &str) {}
+    }
+
+    fn spec(speed: f64, looped: bool) -> ReplaySpec {
+        ReplaySpec {
+            file: "test.mcap".into(),
+            channel: "/sensors/d".into(),
+            values: Arc::new(vec![
+                (Duration::from_millis(100), 1.0),
+                (Duration::from_millis(300), 2.0),
+                (Duration::from_millis(400), 3.0),
+            ]),
+            span: Duration::from_millis(1000),
+            speed,
+            looped,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn values_arrive_at_their_recorded_times_scaled_by_the_speed() {
+        let delivered = Arc::new(Delivered::default());
+        let start = Instant::now();
+        run_sensor(
+            "d".into(),
+            spec(2.0, false),
+            delivered.clone(),
+            CancellationToken::new(),
+        )
+        .await;
+        let got: Vec<(f64, Duration)> = delivered
+            .0
+            .lock()
+            .map(|d| d.iter().map(|(v, at)| (*v, *at - start)).collect())
+            .unwrap_or_default();
+        assert_eq!(
+            got,
+            vec![
+                (1.0, Duration::from_millis(50)),
+                (2.0, Duration::from_millis(150)),
+                (3.0, Duration::from_millis(200)),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_looped_replay_starts_over_where_the_recording_ended() {
+        let delivered = Arc::new(Delivered::default());
+        let shutdown = CancellationToken::new();
+        let start = Instant::now();
+        let task = tokio::spawn(run_sensor(
+            "d".into(),
+            spec(1.0, true),
+            delivered.clone(),
+            shutdown.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(1350)).await;
+        shutdown.cancel();
+        let _ = task.await;
+        let got: Vec<(f64, Duration)> = delivered
+            .0
+            .lock()
+            .map(|d| d.iter().map(|(v, at)| (*v, *at - start)).collect())
+            .unwrap_or_default();
+        assert_eq!(
+            got,
+            vec![
+                (1.0, Duration::from_millis(100)),
+                (2.0, Duration::from_millis(300)),
+                (3.0, Duration::from_millis(400)),
+                (1.0, Duration::from_millis(1100)),
+                (2.0, Duration::from_millis(1300)),
+            ]
+        );
+    }
+}

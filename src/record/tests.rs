@@ -184,3 +184,43 @@ fn a_file_cut_short_is_read_up_to_its_last_chunk_and_recovered_under_its_name() 
     assert_eq!(after.channels["/sensors/temp"].messages, 100);
     assert_eq!(files::list(dir.path(), None).unwrap_or_default().len(), 1);
 }
+
+#[test]
+fn rotation_by_age_finishes_a_file_per_event_when_the_age_is_zero() {
+    let dir = tempdir();
+    let (queue, receiver) = sync_channel(64);
+    let shared = Arc::new(Shared::default());
+    let mut settings = settings(dir.path());
+    settings.max_file_age = Duration::ZERO;
+    let thread = {
+        let shared = shared.clone();
+        std::thread::spawn(move || writer::run(settings, receiver, shared))
+    };
+    for i in 0..3 {
+        let _ = queue.send(Item::Record(
+            1_000_000 + i,
+            Event::Sensor {
+                name: Arc::from("temp"),
+                value: i as f64,
+            },
+        ));
+    }
+    let (done_tx, done_rx) = sync_channel(1);
+    let _ = queue.send(Item::Finish(done_tx));
+    let _ = done_rx.recv();
+    let _ = thread.join();
+    // Every file reaches its age with its first event: one file per
+    // event, each finished, none empty.
+    let listed = files::list(dir.path(), None).unwrap_or_default();
+    let counts: Vec<u64> = listed
+        .iter()
+        .map(|l| {
+            read::info(&dir.path().join(&l.name))
+                .map(|i| i.messages)
+                .unwrap_or(u64::MAX)
+        })
+        .collect();
+    assert_eq!(counts.iter().sum::<u64>(), 3, "{listed:?}");
+    assert_eq!(counts, vec![1, 1, 1]);
+    assert!(listed.iter().all(|l| l.state == "finished"));
+}
