@@ -141,10 +141,16 @@ fn default_flush_ms() -> u64 {
 
 /// Checks `[record]`; an error names the key (`record.<key>`) and why.
 pub fn validate(record: &RecordConfig) -> Result<(), Invalid> {
-    if let Some(dir) = &record.directory
-        && dir.as_os_str().is_empty()
-    {
-        return Err(Invalid::new("record.directory", "must not be empty"));
+    if let Some(dir) = &record.directory {
+        if dir.as_os_str().is_empty() {
+            return Err(Invalid::new("record.directory", "must not be empty"));
+        }
+        if dir.exists() && !dir.is_dir() {
+            return Err(Invalid::new(
+                "record.directory",
+                format!("{} exists and is not a directory", dir.display()),
+            ));
+        }
     }
     if !(16..=4 * 1024 * 1024).contains(&record.max_file_kb) {
         return Err(Invalid::new(
@@ -335,6 +341,21 @@ mod tests {
         for (config, key) in cases {
             assert_eq!(validate(&config).map_err(|e| e.key), Err(key.to_string()));
         }
+    }
+
+    #[test]
+    fn a_directory_that_is_a_file_is_refused() {
+        let file = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("{e}"));
+        let config = RecordConfig {
+            directory: Some(file.path().to_path_buf()),
+            ..Default::default()
+        };
+        let err = validate(&config).err().map(|e| (e.key, e.message));
+        assert!(
+            err.as_ref()
+                .is_some_and(|(k, m)| k == "record.directory" && m.contains("not a directory")),
+            "{err:?}"
+        );
     }
 
     #[test]

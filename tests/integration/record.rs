@@ -625,6 +625,14 @@ async fn rozd_record_list_and_info_read_the_files() {
         o.sensor("temp").is_some_and(|s| s.sensor.value.is_some())
     })
     .await;
+    let addr = daemon.addr.to_string();
+    let (code, out, err) = common::rozd_cli(&["status", "--addr", &addr]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let current = daemon.ctx.recorder.current_file().expect("a file");
+    assert!(
+        out.contains(&format!("recording:    {current} (")) && out.contains(" 0 dropped)"),
+        "{out}"
+    );
     daemon.shutdown().await;
     let dir_arg = dir.path().display().to_string();
     let (code, out, err) = common::rozd_cli(&["record", "list", "--dir", &dir_arg, "--json"]).await;
