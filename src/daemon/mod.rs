@@ -1,9 +1,11 @@
 //! Start order, serving, shutdown order, and systemd notification.
 //!
-//! Start: validated config -> bind the listener and the control socket ->
+//! Start: validated config -> store -> recordings (unfinished files
+//! recovered) -> bind the listener and the control socket -> hardware ->
 //! build the router -> `READY=1`. Stop (SIGTERM/SIGINT): `STOPPING=1` ->
 //! health NOT_SERVING -> stop accepting -> sessions end their streams ->
-//! connections drain within `server.shutdown_grace_secs` -> exit 0.
+//! connections drain within `server.shutdown_grace_secs` -> actuators safe
+//! -> fleet offline -> the recording finished -> exit 0.
 //!
 //! Two accept loops, each its own task: TCP (gRPC and REST, capped at
 //! `server.max_connections`) and the local control socket (the stop and its
@@ -144,12 +146,15 @@ impl Daemon {
             tokio::task::spawn_blocking(move || crate::safety::ProtectiveStop::restore(stop_file))
                 .await
                 .map_err(|e| crate::store::StoreError::Task(e.to_string()))?;
-        let taps = match recorder.enabled() {
-            true => crate::ooda::Taps {
+        // The recording hears every value and actuator change from the
+        // first one on (drivers and the start-up safe drive included).
+        let taps = if recorder.enabled() {
+            crate::ooda::Taps {
                 sensors: Some(recorder.clone()),
                 actuators: Some(recorder.clone()),
-            },
-            false => crate::ooda::Taps::default(),
+            }
+        } else {
+            crate::ooda::Taps::default()
         };
         let ooda = crate::ooda::Ooda::start_tapped(
             &config.hardware,
