@@ -129,7 +129,22 @@ impl Recorder {
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("rozd-record".into())
-            .spawn(move || writer::run(settings, receiver, thread_shared))
+            .spawn(move || {
+                let shared = thread_shared.clone();
+                let run = std::panic::AssertUnwindSafe(|| {
+                    writer::run(settings, receiver, thread_shared);
+                });
+                // A bug in the writer must not go unnoticed: what comes
+                // after counts as lost, and the status says why.
+                if std::panic::catch_unwind(run).is_err() {
+                    tracing::error!("the recording's writer failed; nothing more is recorded until rozd restarts (which recovers the file)");
+                    *shared
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) =
+                        Some("the writer failed (a bug in rozd); see the log".into());
+                }
+            })
             .map_err(RecordError::Thread)?;
         let mut streams = [false; 7];
         for (i, name) in config::STREAMS.iter().enumerate() {
