@@ -182,6 +182,7 @@ pub(super) fn status_json(
             hardware
         }),
         "fleet": ctx.fleet.link_stats(),
+        "recording": ctx.recorder.status(),
         "mcp": ctx.config.mcp.enabled.then(|| json!({
             "sessions": ctx.mcp.sessions.count(),
             "pending_approvals": ctx.mcp.approvals.list().len(),

@@ -503,6 +503,11 @@ impl Runner {
         let cancel = CancellationToken::new();
         let (inbox_tx, inbox_rx) = mpsc::channel(TURN_INBOX);
         let handle = tokio::spawn(turn::run(setup, self.out.clone(), inbox_rx, cancel.clone()));
+        self.ctx.recorder.session(|| {
+            serde_json::json!({"event": "turn_started",
+            "session_id": session.id, "message_id": plan.message_id,
+            "ai_mode": plan.ai_mode.as_str(), "user_content": plan.user_content})
+        });
         self.turn = Some(ActiveTurn {
             plan_message_id: plan.message_id,
             ai_mode: plan.ai_mode,

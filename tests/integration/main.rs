@@ -29,6 +29,7 @@ mod ooda;
 mod persistence;
 mod providers;
 mod reachability;
+mod record;
 mod safety_wire;
 mod scopes;
 mod serial;
