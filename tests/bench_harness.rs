@@ -47,6 +47,8 @@ const EXPECTED: &[&str] = &[
     "safe.stuck.max_us",
     "footprint.startup_ms",
     "footprint.rss_idle_mib",
+    "footprint.rss_idle_anon_mib",
+    "footprint.rss_idle_file_mib",
     "footprint.rss_sessions_mib",
     "footprint.rss_turns_open_mib",
     "footprint.rss_turns_closed_mib",
