@@ -334,8 +334,9 @@ fn reflex_host(tick_hz: f64) -> String {
 /// (the sensor's value arrives on the edge) to the rule's actuator command
 /// applied by the driver. The "floor" is one tick period: a ratio at or
 /// below 1 means the command was applied within one tick of the value that
-/// fired it (the value arrives at a random phase of the tick, so the wait
-/// for the next tick alone averages half a period).
+/// fired it. The phase is the worst one: each trial re-arms by waiting for
+/// a tick, so the edge comes a millisecond or two after a tick and the
+/// value waits almost a whole period for the next one.
 async fn reflex(scale: &Scale, group: &mut Group) -> Result<()> {
     for hz in [100.0, 1000.0] {
         let period_us = 1e6 / hz;
