@@ -493,7 +493,8 @@ pub async fn changed(rx: &mut tokio::sync::watch::Receiver<u64>) -> Result<Insta
     Ok(Instant::now())
 }
 
-/// Polls `done` every millisecond until it holds (bounded by [`WAIT`]).
+/// Polls `done` every millisecond until it holds (bounded by [`WAIT`]): for
+/// the harness's own set-up between trials, never inside a measured interval.
 pub async fn settle(what: &str, done: impl Fn() -> bool) -> Result<()> {
     let deadline = Instant::now() + WAIT;
     while !done() {

@@ -165,9 +165,6 @@ async fn post(client: &reqwest::Client, url: &str) -> Result<()> {
     Ok(())
 }
 
-/// Polls (bounded) until `done`: for the harness's own set-up between
-/// trials, never inside a measured interval.
-
 async fn protective_stop(scale: &Scale, group: &mut Group) -> Result<()> {
     let daemon = Daemon::start(&robot()).await?;
     let ooda = daemon.ctx.ooda.clone();
