@@ -196,11 +196,15 @@ pub(super) fn rest_source(headers: &HeaderMap, control: Option<&ControlSocket>) 
 }
 
 fn status_json(s: SafetyStatus, extra: (&str, bool)) -> Response {
+    Json(status_value(s, extra)).into_response()
+}
+
+fn status_value(s: SafetyStatus, extra: (&str, bool)) -> serde_json::Value {
     let mut value = serde_json::to_value(s).unwrap_or_default();
     if let Some(object) = value.as_object_mut() {
         object.insert(extra.0.to_string(), extra.1.into());
     }
-    Json(value).into_response()
+    value
 }
 
 /// `GET /v1/safety`.
@@ -208,32 +212,57 @@ async fn get_status(State(ctx): State<Arc<HostContext>>) -> Json<SafetyStatus> {
     Json(status(&ctx))
 }
 
+/// The most of a stop request's body that is read: a reason is short, and a
+/// larger body must not delay (or be able to refuse) the stop.
+const STOP_BODY_READ: usize = 64 * 1024;
+
 /// `POST /v1/estop`: latches the stop (adding this source's cause); answers
 /// once every actuator was driven to its safe value and the latch is on disk.
-/// `triggered` says whether this added a cause.
+/// `triggered` says whether this added a cause. Going safe is never gated by
+/// the request's form: a body that is not a valid request (malformed JSON,
+/// wrong types, over [`STOP_BODY_READ`], a broken upload) still stops, with
+/// the default reason, and the answer says why the body was ignored
+/// (`body_error`).
 async fn trigger(
     State(ctx): State<Arc<HostContext>>,
     control: Option<Extension<ControlSocket>>,
     caller: Option<Extension<Caller>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Response {
-    let request: StopRequest = match parse_body(&body) {
-        Ok(r) => r,
-        Err(why) => return bad_body(&why),
+    use http_body_util::BodyExt as _;
+    let request = match http_body_util::Limited::new(body, STOP_BODY_READ)
+        .collect()
+        .await
+    {
+        Ok(collected) => parse_body::<StopRequest>(&collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(format!("over {STOP_BODY_READ} bytes"))
+        }
+        Err(e) => Err(format!("the body could not be read: {e}")),
     };
     let source = rest_source(&headers, control.as_deref());
-    let reason = clean_reason(
-        request.reason.as_deref(),
-        if source == "rest" {
-            "POST /v1/estop"
-        } else {
-            "rozd estop"
-        },
-    );
+    let default_reason = if source == "rest" {
+        "POST /v1/estop"
+    } else {
+        "rozd estop"
+    };
+    let (reason, body_error) = match &request {
+        Ok(r) => (clean_reason(r.reason.as_deref(), default_reason), None),
+        Err(why) => (default_reason.to_string(), Some(why.clone())),
+    };
     let credential = caller.as_ref().and_then(|c| c.named());
     let added = ctx.ooda.trigger_stop_as(source, &reason, credential).await;
-    status_json(status(&ctx), ("triggered", added))
+    let mut reply = status_value(status(&ctx), ("triggered", added));
+    if let (Some(why), Some(object)) = (body_error, reply.as_object_mut()) {
+        tracing::warn!(%why, "protective stop triggered; its request body was ignored");
+        object.insert(
+            "body_error".into(),
+            format!("the body must be empty or a JSON object {{\"reason\": \"...\"}}: {why}")
+                .into(),
+        );
+    }
+    Json(reply).into_response()
 }
 
 /// `POST /v1/estop/clear`: the operator's clear: removes every cause but
