@@ -182,6 +182,8 @@ pub(super) fn status_json(
             hardware
         }),
         "fleet": ctx.fleet.link_stats(),
+        // Whether the store writes: PHYSICAL calls are refused while it does not.
+        "store": ctx.store.health(),
         "mcp": ctx.config.mcp.enabled.then(|| json!({
             "sessions": ctx.mcp.sessions.count(),
             "pending_approvals": ctx.mcp.approvals.list().len(),
