@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every rozd test on a fresh Debian/Ubuntu machine: installs what the
-# tests need (apt packages, Python grpcio for the independent client), then
-# checks formatting and lints, runs the whole test suite, then builds the
-# Debian packages (amd64, arm64) and tests them (arm64 under qemu).
+# tests need (apt packages, Python grpcio for the independent client, mdBook
+# for the book), then checks formatting and lints, builds the book, runs the
+# whole test suite (its docs tests check the book's links and configuration
+# reference), then builds the Debian packages (amd64, arm64) and tests them
+# (arm64 under qemu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,10 +39,29 @@ if ! "$venv/bin/python" -c 'import selenium' 2>/dev/null; then
 fi
 export ROZD_TEST_PYENV="$PWD/$venv"
 
+# mdBook builds the book in docs/ (into target/book). Installed once into
+# target/tools, pinned; a second run finds it and skips the build.
+mdbook_version=0.5.4
+mdbook=target/tools/bin/mdbook
+if [ ! -x "$mdbook" ] || [ "$("$mdbook" --version)" != "mdbook v$mdbook_version" ]; then
+  echo "== installing mdbook $mdbook_version into target/tools"
+  cargo install mdbook --version "$mdbook_version" --locked --no-default-features \
+    --features search --root target/tools
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
+echo "== mdbook build docs"
+# mdBook exits 0 on some errors (an {{#include}} it cannot read): fail on any
+# ERROR or WARN it logs. Broken links are tests/integration/docs.rs's job.
+book_log=$("$mdbook" build docs 2>&1) || { echo "$book_log"; exit 1; }
+echo "$book_log"
+if grep -qE '(ERROR|WARN)' <<<"$book_log"; then
+  echo "== mdbook build docs: errors or warnings above"
+  exit 1
+fi
 echo "== cargo test"
 cargo test --locked
 

@@ -1,5 +1,5 @@
 //! What each route and gRPC method needs of its caller: the one table the
-//! authentication layer consults for every request (README "Credentials
+//! authentication layer consults for every request (docs/guides/tls-and-credentials.md, "Credentials
 //! and scopes" shows it). Plain data, no I/O.
 
 use http::Method;

@@ -56,14 +56,14 @@ impl Realtime {
 pub enum TimerError {
     #[error(
         "ooda.realtime_priority = {priority}: cannot make the loop's thread SCHED_FIFO: {why} \
-         (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= {priority}; see README 'Real-time loop')"
+         (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= {priority}; see docs/concepts/ooda-loop.md, 'Real-time loop')"
     )]
     Priority { priority: u8, why: String },
     #[error("ooda.cpu_affinity = {cpus:?}: cannot pin the loop's thread: {why}")]
     Affinity { cpus: Vec<usize>, why: String },
     #[error(
         "ooda.lock_memory = true: mlockall failed: {why} (needs CAP_IPC_LOCK or a large enough \
-         RLIMIT_MEMLOCK; see README 'Real-time loop')"
+         RLIMIT_MEMLOCK; see docs/concepts/ooda-loop.md, 'Real-time loop')"
     )]
     LockMemory { why: String },
     #[error("cannot start the loop's thread: {0}")]

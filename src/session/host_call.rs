@@ -79,7 +79,7 @@ pub enum Failure {
 }
 
 impl Failure {
-    /// The code MCP clients see (see the README's MCP section).
+    /// The code MCP clients see (see docs/guides/mcp.md).
     pub fn as_str(self) -> &'static str {
         match self {
             Failure::Invalid => "invalid_argument",

@@ -181,7 +181,7 @@ impl Activity {
     }
 }
 
-/// Stable `SessionError.code` values (documented in the README).
+/// Stable `SessionError.code` values (documented in docs/reference/errors.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
     NoSession,

@@ -1108,7 +1108,7 @@ async fn a_huge_retained_record_does_not_take_the_fleet_link_down() {
 
 // ------------------------------------------------------------------ authenticated fleet messages
 
-/// `body` sealed for `topic` as README "Fleet" documents it, computed here
+/// `body` sealed for `topic` as docs/guides/fleet.md documents it, computed here
 /// independently of rozd's code: `K = HMAC-SHA256(token, "roz fleet message
 /// key v1")`, `mac = base64(HMAC-SHA256(K, topic || 0x00 || body))`,
 /// envelope `{"v": 1, "body", "mac"}`.

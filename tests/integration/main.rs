@@ -16,6 +16,7 @@ mod crash;
 mod dashboard;
 mod defects;
 mod disk_full;
+mod docs;
 mod estop;
 mod external_clients;
 mod fleet;

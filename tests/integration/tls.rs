@@ -2,7 +2,7 @@
 //! a grpcio client and rozd's own CLI; client certificates; rotation
 //! without a restart; relays that send the fleet token only to the host a
 //! certificate names; a mosquitto broker whose ACL keeps each host to its own
-//! record. Every certificate is made at run time (rcgen, or the README's
+//! record. Every certificate is made at run time (rcgen, or the fleet guide's
 //! openssl recipe); nothing secret is committed.
 
 use std::path::{Path, PathBuf};
@@ -620,15 +620,16 @@ async fn check_reports_the_certificate_warns_before_it_expires_and_refuses_a_wro
     assert!(err.contains("does not belong to the certificate"), "{err}");
 }
 
-/// Runs the README's fleet-certificate recipe, exactly, in `dir`.
+/// Runs the fleet guide's certificate recipe (docs/guides/fleet.md), exactly, in `dir`.
 fn fleet_certificates(dir: &Path) {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let block = readme
+    let guide =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/guides/fleet.md"))
+            .unwrap();
+    let block = guide
         .split("<!-- fleet-certs:begin -->")
         .nth(1)
         .and_then(|rest| rest.split("<!-- fleet-certs:end -->").next())
-        .expect("the README has the fleet-certificate recipe");
+        .expect("docs/guides/fleet.md has the fleet-certificate recipe");
     let script: String = block
         .lines()
         .filter(|l| !l.starts_with("```"))
@@ -641,7 +642,7 @@ fn fleet_certificates(dir: &Path) {
         .expect("run bash");
     assert!(
         out.status.success(),
-        "the README recipe failed:\n{}",
+        "the fleet guide's recipe failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     for file in [
@@ -759,7 +760,7 @@ async fn a_relay_sends_the_fleet_token_only_to_the_host_its_certificate_names() 
 }
 
 /// mosquitto with the shipped example configuration and ACL (paths and
-/// port adapted), the README's certificates and a broker certificate for
+/// port adapted), the fleet guide's certificates and a broker certificate for
 /// 127.0.0.1.
 async fn fleet_broker(d: &Path) -> (tokio::process::Child, u16) {
     let ext = d.join("broker.ext");
