@@ -19,9 +19,12 @@ sanitizer="${FUZZ_SANITIZER:-none}"
 if [ "$#" -gt 0 ]; then
     targets=("$@")
 else
-    mapfile -t targets < <(cargo +nightly fuzz list)
+    mapfile -t targets < <(sed -n 's/^name = "\(.*\)"$/\1/p' Cargo.toml | grep -v '^rozd-fuzz$')
 fi
-nice -n 19 cargo +nightly fuzz build --sanitizer "$sanitizer" || exit 1
+# FUZZ_SKIP_BUILD=1 runs the binaries already in fuzz/target as they are.
+if [ -z "${FUZZ_SKIP_BUILD:-}" ]; then
+    nice -n 19 cargo +nightly fuzz build --sanitizer "$sanitizer" || exit 1
+fi
 bin="target/$(rustc +nightly -vV | sed -n 's/^host: //p')/release"
 mkdir -p logs
 printf '%-20s %14s %10s %8s %s\n' target executions exec/s crashes corpus

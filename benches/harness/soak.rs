@@ -190,6 +190,13 @@ pub async fn soak(options: SoakOptions) -> Result<()> {
     for stream in finished {
         stream.close().await?;
     }
+    // The sessions' memory after they closed (their histories freed).
+    eprintln!("soak: sessions closed");
+    record(
+        &mut samples,
+        turns.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+    )?;
     server.stop().await?;
     summarise(&samples, options);
     if !errors.is_empty() {
@@ -202,7 +209,12 @@ pub async fn soak(options: SoakOptions) -> Result<()> {
 /// fifth of the run if shorter) and the last.
 fn summarise(samples: &[Sample], options: SoakOptions) {
     let warm = Duration::from_secs(60).min(options.duration / 5);
-    let (Some(first), Some(last)) = (samples.iter().find(|s| s.at >= warm), samples.last()) else {
+    // The last sample is taken after the sessions closed.
+    let (Some(first), Some(last), Some(closed)) = (
+        samples.iter().find(|s| s.at >= warm),
+        samples.len().checked_sub(2).and_then(|i| samples.get(i)),
+        samples.last(),
+    ) else {
         return;
     };
     let peak = samples.iter().map(|s| s.rss_mib).fold(0.0, f64::max);
@@ -233,5 +245,9 @@ fn summarise(samples: &[Sample], options: SoakOptions) {
         (last.store_mib - first.store_mib) * 1024.0 / (last.turns - first.turns).max(1) as f64,
         first.wal_mib,
         last.wal_mib
+    );
+    println!(
+        "sessions closed: RSS {:.1} MiB, fds {}, threads {}",
+        closed.rss_mib, closed.fds, closed.threads
     );
 }

@@ -18,9 +18,16 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let tools = ["observe", "read_sensor", "speed", "actuate", "spawn_worker", "await_workers"]
-        .map(tool)
-        .to_vec();
+    let tools = [
+        "observe",
+        "read_sensor",
+        "speed",
+        "actuate",
+        "spawn_worker",
+        "await_workers",
+    ]
+    .map(tool)
+    .to_vec();
     let mut request = ModelRequest {
         system: String::new(),
         messages: vec![Message {
