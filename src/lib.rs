@@ -18,6 +18,7 @@
 //! - [`tools`]: the host tools generated from sensors and actuators
 //! - [`mcp`]: the host tools over MCP (`/mcp`, `rozd mcp`) and operator approvals
 //! - [`fleet`]: hosts by `host_id` over an MQTT broker: presence, registry, routing, fleet stop
+//! - [`record`]: MCAP recordings (a bounded queue off the hot paths) and their replay
 //! - [`tls`]: rustls (ring) for the listener (reloadable), the CLI and relays
 //! - [`proto`]: the generated roz.v1 types, servers and clients (shared by `api` and `cli`)
 //! - [`cli`]: the command-line clients of a running daemon (`rozd status`, `estop`,
@@ -37,6 +38,7 @@ pub mod metrics;
 pub mod model;
 pub mod ooda;
 pub mod proto;
+pub mod record;
 pub mod safety;
 pub mod session;
 pub mod store;
@@ -78,6 +80,8 @@ pub struct HostContext {
     pub fleet: Arc<fleet::Fleet>,
     /// MCP sessions and the calls waiting for an operator's approval.
     pub mcp: Arc<mcp::Mcp>,
+    /// MCAP recordings (disabled without `[record]`).
+    pub recorder: Arc<record::Recorder>,
     /// Cancelled when the daemon begins its shutdown.
     pub shutdown: CancellationToken,
     /// The listener's TLS (set by the daemon when `[server.tls]` is
@@ -92,6 +96,7 @@ impl HostContext {
         store: store::Store,
         hooks: Arc<dyn session::SessionHooks>,
         ooda: Arc<ooda::Ooda>,
+        recorder: Arc<record::Recorder>,
     ) -> Arc<Self> {
         let raw_ports = config
             .serial
@@ -148,6 +153,7 @@ impl HostContext {
             store,
             hooks,
             ooda,
+            recorder,
             shutdown: CancellationToken::new(),
             tls: std::sync::OnceLock::new(),
         })

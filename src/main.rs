@@ -126,6 +126,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Recordings on this machine (MCAP files of `[record]`): list, info.
+    #[command(
+        long_about = "Lists the recordings in the directory of [record] (of --config, \
+                      $ROZD_CONFIG, /etc/rozd/rozd.toml), or --dir; shows a file's \
+                      channels, message counts and time range. Reads the files \
+                      directly: no daemon needed.",
+        after_help = "Exit status:\n  0  listed / shown\n  1  the directory or the file cannot be read\n  2  bad arguments\n  78 invalid configuration, or no [record] in it (and no --dir)"
+    )]
+    Record {
+        #[command(subcommand)]
+        command: RecordCommand,
+    },
     /// Tasks on a running daemon: create, list, show, cancel, approve, watch.
     #[command(
         long_about = "Tasks are jobs the host runs without a client attached: a headless \
@@ -152,6 +164,27 @@ enum Command {
         json: bool,
         #[command(subcommand)]
         command: cli::task::TaskCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum RecordCommand {
+    /// The recordings, oldest first: name, size, state (finished or unfinished).
+    List {
+        /// The directory [default: record.directory of the configuration].
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One file: channels with message counts and schemas, time range, state.
+    Info {
+        /// The .mcap file.
+        file: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -337,6 +370,7 @@ fn main() -> ExitCode {
                 json,
             )
         }),
+        Command::Record { command } => record(config, command),
         Command::Task {
             addr,
             token,
@@ -355,6 +389,37 @@ fn load_config(path: Option<&Path>) -> Result<Config, ExitCode> {
         eprintln!("rozd: invalid configuration: {e}");
         ExitCode::from(EXIT_CONFIG)
     })
+}
+
+fn record(path: Option<&Path>, command: RecordCommand) -> ExitCode {
+    match command {
+        RecordCommand::Info { file, json } => ExitCode::from(cli::record::info(&file, json)),
+        RecordCommand::List { dir, json } => {
+            let dir = match dir {
+                Some(dir) => dir,
+                None => {
+                    let config = match load_config(path) {
+                        Ok(c) => c,
+                        Err(code) => return code,
+                    };
+                    match &config.record {
+                        Some(record) => record.resolved_directory(&config.store.resolved_path()),
+                        None => {
+                            eprintln!(
+                                "rozd: the configuration ({}) has no [record] section; give --dir",
+                                config
+                                    .source
+                                    .as_ref()
+                                    .map_or_else(String::new, ToString::to_string)
+                            );
+                            return ExitCode::from(EXIT_CONFIG);
+                        }
+                    }
+                }
+            };
+            ExitCode::from(cli::record::list(&dir, json))
+        }
+    }
 }
 
 fn check(path: Option<&Path>) -> ExitCode {

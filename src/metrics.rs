@@ -535,6 +535,26 @@ const SENSOR_HEALTH: [&str; 4] = ["ok", "stale", "disconnected", "error"];
 const FLEET_STATUS: [&str; 4] = ["online", "stale", "offline", "registered"];
 
 fn register_state(r: &mut Registry, ctx: &HostContext) {
+    if let Some((written, dropped, lost)) = ctx.recorder.counts() {
+        counter(
+            r,
+            "record_messages",
+            "Messages written to recordings",
+            written,
+        );
+        counter(
+            r,
+            "record_dropped",
+            "Events not recorded because the recording's queue was full",
+            dropped,
+        );
+        counter(
+            r,
+            "record_lost",
+            "Events not recorded because a recording file could not be written",
+            lost,
+        );
+    }
     let stats = ctx.ooda.stats();
     counter(r, "loop_ticks", "Ticks of the OODA loop", stats.ticks);
     counter(

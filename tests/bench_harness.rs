@@ -36,6 +36,9 @@ const EXPECTED: &[&str] = &[
     "loop.1000hz.lateness_p99_us",
     "loop.1000hz.thread.lateness_p99_us",
     "loop.1000hz.missed_ticks",
+    "loop.100hz.reflex.p50_us",
+    "loop.100hz.reflex.p99_us",
+    "loop.1000hz.reflex.p99_us",
     "safe.rest.p50_us",
     "safe.rest.max_us",
     "safe.gpio.p50_us",
@@ -44,6 +47,8 @@ const EXPECTED: &[&str] = &[
     "safe.stuck.max_us",
     "footprint.startup_ms",
     "footprint.rss_idle_mib",
+    "footprint.rss_idle_anon_mib",
+    "footprint.rss_idle_file_mib",
     "footprint.rss_sessions_mib",
     "footprint.rss_turns_open_mib",
     "footprint.rss_turns_closed_mib",
@@ -74,6 +79,15 @@ fn check() -> Result<usize, String> {
             failures.push(format!("{id}: missing"));
         }
     }
+    for suffix in [".lateness_p99_us", ".missed_ticks"] {
+        if !report
+            .metrics
+            .iter()
+            .any(|m| m.id.starts_with("loop.loaded.") && m.id.ends_with(suffix))
+        {
+            failures.push(format!("loop.loaded.<sessions>{suffix}: missing"));
+        }
+    }
     let groups: std::collections::BTreeSet<&str> =
         report.metrics.iter().map(|m| m.group.as_str()).collect();
     if groups.len() != harness::MEASUREMENTS.len() {
@@ -101,6 +115,9 @@ fn check() -> Result<usize, String> {
         ));
     }
     if failures.is_empty() {
+        // The figures say nothing in a debug build, but the table shows
+        // what the harness measured (CI's log keeps it).
+        println!("{table}");
         Ok(report.metrics.len())
     } else {
         Err(format!("{table}\n{}", failures.join("\n")))

@@ -2,17 +2,23 @@
 //! 10 reflex rules at 100 Hz and 1000 Hz, beside two bare timer loops at the
 //! same rate running at the same time: a tokio interval on the same runtime
 //! (the loop's own timer, without its work) and a plain thread sleeping to
-//! absolute deadlines (what the OS timer alone gives).
+//! absolute deadlines (what the OS timer alone gives). Then the loop at
+//! 100 Hz inside a daemon while sessions run turns, and a reflex rule's
+//! reaction: a digital input's edge -> the rule's actuator command applied.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use anyhow::{Result, anyhow};
+use anyhow::{Context as _, Result, anyhow, bail};
 use rozd::config::{Config, ConfigSource};
+use rozd::ooda::act::Origin;
 use rozd::safety::ProtectiveStop;
+use tokio::time::Instant;
 
 use super::Scale;
-use super::report::{Better, Group, Samples};
+use super::fixtures::{Daemon, changed, settle};
+use super::report::{Better, Group, MAX, P50, P99, Samples};
+use super::steps::{Target, load};
 
 /// As many recent ticks as the loop keeps for its percentiles
 /// (`/v1/status`), so the floors' percentiles cover the same window.
@@ -237,5 +243,151 @@ pub async fn control_loop(scale: &Scale) -> Result<Group> {
             n,
         );
     }
+    loaded(scale, &mut group).await?;
+    reflex(scale, &mut group).await?;
     Ok(group)
+}
+
+/// The loop at 100 Hz inside a daemon while `scale.loaded_sessions` sessions
+/// run turns back to back on the same runtime, beside a plain thread
+/// sleeping to absolute deadlines at the same time. Lateness percentiles
+/// cover the loop's last 4096 ticks (the sessions' start-up included); the
+/// maximum and the missed ticks cover the loaded window only.
+async fn loaded(scale: &Scale, group: &mut Group) -> Result<()> {
+    let hz = 100.0;
+    let period = Duration::from_secs_f64(1.0 / hz);
+    let daemon = Daemon::start(&host(hz)).await?;
+    let ooda = daemon.ctx.ooda.clone();
+    let before = ooda.stats();
+    let thread = std::thread::spawn({
+        let duration = scale.loop_for;
+        move || thread_timer(period, duration)
+    });
+    let load = load(
+        daemon.addr,
+        Target::Rozd,
+        scale.loaded_sessions,
+        scale.loop_for,
+        25,
+    )
+    .await?;
+    let stats = ooda.stats();
+    let thread_floor = thread
+        .join()
+        .map_err(|_| anyhow!("the thread timer panicked"))?;
+    daemon.shutdown().await?;
+    if load.turns == 0 {
+        bail!("the sessions ran no turns while the loop was measured");
+    }
+
+    let sessions = scale.loaded_sessions;
+    let id = format!("loop.loaded.{sessions}");
+    let name = format!("100 Hz while {sessions} sessions run turns");
+    let ticks = usize::try_from(stats.ticks.saturating_sub(before.ticks)).unwrap_or(usize::MAX);
+    let n = (ticks, thread_floor.ticks);
+    group.add(
+        &format!("{id}.lateness_p99_us"),
+        &format!("{name}: tick lateness p99 vs thread"),
+        "µs",
+        Better::Lower,
+        stats.lateness_p99_us as f64,
+        Some(thread_floor.lateness.percentile(0.99)),
+        n,
+    );
+    group.add(
+        &format!("{id}.lateness_max_us"),
+        &format!("{name}: tick lateness max vs thread"),
+        "µs",
+        Better::Lower,
+        stats.lateness_max_us as f64,
+        Some(thread_floor.max_us),
+        n,
+    );
+    group.add(
+        &format!("{id}.missed_ticks"),
+        &format!("{name}: missed ticks vs thread ({} turns)", load.turns),
+        "ticks",
+        Better::Lower,
+        stats.missed_ticks.saturating_sub(before.missed_ticks) as f64,
+        Some(thread_floor.missed as f64),
+        n,
+    );
+    Ok(())
+}
+
+/// The reflex rule's input: a simulated GPIO pin read as a sensor.
+const REFLEX_PIN: u8 = 5;
+
+/// A digital input (edge-driven, no debounce) and one rule that commands an
+/// actuator when it goes active.
+fn reflex_host(tick_hz: f64) -> String {
+    format!(
+        "[ooda]\ntick_hz = {tick_hz}\n[gpio]\nbackend = \"sim\"\n\
+         [[sensors]]\nname = \"trigger\"\nsource = \"gpio\"\npin = {REFLEX_PIN}\n\
+         [[actuators]]\nname = \"a0\"\nkind = \"sim\"\nmin = 0.0\nmax = 1.0\nsafe_value = 0.0\n\
+         [[rules]]\nname = \"reflex\"\nwhen = \"trigger > 0.5\"\n\
+         then = {{ actuator = \"a0\", value = 1.0 }}\n"
+    )
+}
+
+/// A reflex rule's reaction at 100 Hz and 1000 Hz: from the input's edge
+/// (the sensor's value arrives on the edge) to the rule's actuator command
+/// applied by the driver. The "floor" is one tick period: a ratio at or
+/// below 1 means the command was applied within one tick of the value that
+/// fired it. The phase is the worst one: each trial re-arms by waiting for
+/// a tick, so the edge comes a millisecond or two after a tick and the
+/// value waits almost a whole period for the next one.
+async fn reflex(scale: &Scale, group: &mut Group) -> Result<()> {
+    for hz in [100.0, 1000.0] {
+        let period_us = 1e6 / hz;
+        let daemon = Daemon::start(&reflex_host(hz)).await?;
+        let ooda = daemon.ctx.ooda.clone();
+        let chip = ooda.gpio().as_sim().ok_or_else(|| anyhow!("sim GPIO"))?;
+        let sim = ooda
+            .sim_actuator("a0")
+            .ok_or_else(|| anyhow!("sim actuator a0"))?;
+        let mut reactions = Samples::default();
+        for trial in 0..=scale.reflex_trials {
+            // Re-arm: the input inactive as the loop sees it, the actuator
+            // back at rest.
+            chip.set_level(REFLEX_PIN, false);
+            settle("the input's release", || {
+                ooda.observe_now()
+                    .sensor("trigger")
+                    .is_some_and(|s| s.sensor.value == Some(0.0))
+            })
+            .await?;
+            // Two ticks later the rule has seen the input inactive.
+            let seen = ooda.stats().ticks;
+            settle("two ticks after the release", || {
+                ooda.stats().ticks > seen + 1
+            })
+            .await?;
+            ooda.actuators()
+                .command("a0", 0.0, Origin::Operator("benchmark".into()), None)
+                .await
+                .context("command a0")?;
+            let mut applied = sim.applied();
+            applied.borrow_and_update();
+            let start = Instant::now();
+            chip.set_level(REFLEX_PIN, true);
+            let at = changed(&mut applied).await?;
+            if trial > 0 {
+                reactions.push(at - start);
+            }
+        }
+        daemon.shutdown().await?;
+        let mut floor = Samples::default();
+        for _ in 0..reactions.len() {
+            floor.push_us(period_us);
+        }
+        group.latencies(
+            &format!("loop.{hz:.0}hz.reflex"),
+            &format!("{hz:.0} Hz: input edge -> reflex rule's command applied (floor: one tick)"),
+            &reactions,
+            &floor,
+            &[P50, P99, MAX],
+        );
+    }
+    Ok(())
 }

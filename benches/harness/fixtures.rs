@@ -492,3 +492,16 @@ pub async fn changed(rx: &mut tokio::sync::watch::Receiver<u64>) -> Result<Insta
         .context("the actuator is gone")?;
     Ok(Instant::now())
 }
+
+/// Polls `done` every millisecond until it holds (bounded by [`WAIT`]): for
+/// the harness's own set-up between trials, never inside a measured interval.
+pub async fn settle(what: &str, done: impl Fn() -> bool) -> Result<()> {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        if Instant::now() > deadline {
+            bail!("{what} did not happen in time");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
+}

@@ -75,13 +75,20 @@ impl Server {
 
     /// Resident memory now, in MiB.
     fn rss_mib(&self) -> Result<f64> {
+        self.status_mib("VmRSS")
+    }
+
+    /// A memory figure of `/proc/<pid>/status` (`VmRSS`, `RssAnon`:
+    /// private memory, `RssFile`: mapped file pages, mostly the binary's own
+    /// code), in MiB.
+    fn status_mib(&self, field: &str) -> Result<f64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))?;
         let kib = status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse::<f64>().ok())
-            .ok_or_else(|| anyhow!("no VmRSS for {}", self.pid))?;
+            .ok_or_else(|| anyhow!("no {field} for {}", self.pid))?;
         Ok(kib / 1024.0)
     }
 
@@ -119,6 +126,8 @@ fn echo_command() -> Result<tokio::process::Command> {
 struct Footprint {
     startup: Samples,
     idle: f64,
+    idle_anon: f64,
+    idle_file: f64,
     open: f64,
     after_turns_open: f64,
     after_turns_closed: f64,
@@ -219,6 +228,8 @@ async fn measure(
     let server = server.ok_or_else(|| anyhow!("no start-ups"))?;
     tokio::time::sleep(scale.settle).await;
     let idle = server.rss_mib()?;
+    let idle_anon = server.status_mib("RssAnon")?;
+    let idle_file = server.status_mib("RssFile")?;
 
     let sessions = scale.footprint_sessions;
     let per_session = scale.footprint_turns.div_ceil(sessions);
@@ -237,6 +248,8 @@ async fn measure(
     Ok(Footprint {
         startup,
         idle,
+        idle_anon,
+        idle_file,
         open,
         after_turns_open,
         after_turns_closed,
@@ -296,6 +309,21 @@ pub async fn footprint(scale: &Scale) -> Result<Group> {
             "resident memory, idle (built-in host)".to_string(),
             rozd.idle,
             floor.idle,
+            one,
+        ),
+        (
+            "footprint.rss_idle_anon_mib",
+            "resident memory, idle: private (RssAnon)".to_string(),
+            rozd.idle_anon,
+            floor.idle_anon,
+            one,
+        ),
+        (
+            "footprint.rss_idle_file_mib",
+            "resident memory, idle: mapped file pages, mostly the binary's code (RssFile)"
+                .to_string(),
+            rozd.idle_file,
+            floor.idle_file,
             one,
         ),
         (

@@ -37,8 +37,11 @@ pub struct Scale {
     pub load_for: Duration,
     /// 3: trials per actuator.
     pub host_trials: usize,
-    /// 4: how long each loop rate runs.
+    /// 4: how long each loop rate runs; sessions running turns during the
+    /// loaded run; reflex-rule trials per rate.
     pub loop_for: Duration,
+    pub loaded_sessions: usize,
+    pub reflex_trials: usize,
     /// 5: protective-stop trials per source; stuck calls and their timeout.
     pub safe_trials: usize,
     pub stuck_trials: usize,
@@ -61,6 +64,8 @@ impl Scale {
             load_for: Duration::from_secs(3),
             host_trials: 500,
             loop_for: Duration::from_secs(10),
+            loaded_sessions: 100,
+            reflex_trials: 200,
             safe_trials: 200,
             stuck_trials: 30,
             stuck_timeout: Duration::from_millis(100),
@@ -81,6 +86,8 @@ impl Scale {
             load_for: Duration::from_millis(300),
             host_trials: 10,
             loop_for: Duration::from_millis(500),
+            loaded_sessions: 10,
+            reflex_trials: 5,
             safe_trials: 5,
             stuck_trials: 3,
             stuck_timeout: Duration::from_millis(50),

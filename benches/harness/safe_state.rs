@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Scale;
 use super::fixtures::{
-    Daemon, Device, Discard, PtyPair, SessionStream, WAIT, changed, connect, user,
+    Daemon, Device, Discard, PtyPair, SessionStream, WAIT, changed, connect, settle, user,
 };
 use super::report::{Group, MAX, P50, P99, Samples};
 
@@ -161,19 +161,6 @@ async fn post(client: &reqwest::Client, url: &str) -> Result<()> {
     let response = client.post(url).send().await?;
     if !response.status().is_success() {
         bail!("the stop request answered {}", response.status());
-    }
-    Ok(())
-}
-
-/// Polls (bounded) until `done`: for the harness's own set-up between
-/// trials, never inside a measured interval.
-async fn settle(what: &str, done: impl Fn() -> bool) -> Result<()> {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        if Instant::now() > deadline {
-            bail!("{what} did not happen in time");
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     Ok(())
 }

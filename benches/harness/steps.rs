@@ -155,8 +155,8 @@ async fn open(client: &mut AgentServiceClient<Channel>, target: Target) -> Resul
     SessionStream::start(client, tools).await
 }
 
-struct Load {
-    turns: usize,
+pub struct Load {
+    pub turns: usize,
     latencies: Samples,
     cpu: Duration,
     elapsed: Duration,
@@ -165,7 +165,7 @@ struct Load {
 /// `n` sessions, each running turns back to back for `duration`; a session
 /// is replaced by a new one after `turns_per_session` turns (so no
 /// conversation grows without bound, as in a real deployment).
-async fn load(
+pub async fn load(
     addr: SocketAddr,
     target: Target,
     n: usize,

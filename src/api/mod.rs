@@ -8,6 +8,7 @@ pub mod connections;
 pub mod convert;
 mod hosts;
 pub use hosts::MAX_HOSTS_LIMIT;
+mod recordings;
 pub mod relay;
 mod reply;
 mod rest;
@@ -92,6 +93,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .merge(safety::routes().with_state(ctx.clone()))
         .merge(tasks::routes().with_state(ctx.clone()))
         .merge(hosts::routes().with_state(ctx.clone()))
+        .merge(recordings::routes().with_state(ctx.clone()))
         .merge(ui::routes().with_state(ctx.clone()));
     let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
     if ctx.config.mcp.enabled {

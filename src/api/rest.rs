@@ -182,6 +182,7 @@ pub(super) fn status_json(
             hardware
         }),
         "fleet": ctx.fleet.link_stats(),
+        "recording": ctx.recorder.status(),
         // Whether the store writes: PHYSICAL calls are refused while it does not.
         "store": ctx.store.health(),
         "mcp": ctx.config.mcp.enabled.then(|| json!({

@@ -33,8 +33,20 @@ pub fn status(v: &Value) -> String {
         (Some(Value::Null), _) => "not active".to_string(),
         _ => "?".to_string(),
     };
+    // Only when recording (`[record]`): the file and what was dropped.
+    let recording = match v.get("recording") {
+        Some(r @ Value::Object(_)) => format!(
+            "recording:    {} ({} written, {} dropped)\n",
+            r.get("current_file")
+                .and_then(Value::as_str)
+                .unwrap_or("between files"),
+            r.get("written").and_then(Value::as_u64).unwrap_or(0),
+            r.get("dropped").and_then(Value::as_u64).unwrap_or(0)
+        ),
+        _ => String::new(),
+    };
     format!(
-        "host:         {} ({})\nenvironment:  {}\nversion:      {}\nlistening:    {}\nuptime:       {}h {:02}m {:02}s\nsessions:     {} active\nsensors:      {}\nactuators:    {}\nstop:         {}\n",
+        "host:         {} ({})\nenvironment:  {}\nversion:      {}\nlistening:    {}\nuptime:       {}h {:02}m {:02}s\nsessions:     {} active\nsensors:      {}\nactuators:    {}\nstop:         {}\n{recording}",
         s("host_id"),
         s("name"),
         s("environment_id"),

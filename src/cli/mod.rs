@@ -10,12 +10,14 @@
 //! - [`task`]: `rozd task ...`, over REST and gRPC
 //! - [`chat`]: `rozd chat`, an interactive gRPC session
 //! - [`mcp`]: `rozd mcp`, a stdio MCP server relaying to the daemon's `/mcp`
+//! - [`record`](mod@record): `rozd record list|info`, local recordings (no daemon needed)
 //! - [`format`](mod@format): the human-readable forms of the daemon's JSON answers
 //!
 //! Nothing here is part of the daemon: of rozd it uses the protocol
 //! ([`crate::proto`]), the configuration (to find the control socket), one
 //! published limit of the REST API ([`crate::api::MAX_HOSTS_LIMIT`]) and
-//! the server-sent-events decoder ([`crate::model::sse`], for `rozd mcp`).
+//! the server-sent-events decoder ([`crate::model::sse`], for `rozd mcp`)
+//! and the recordings' file helpers ([`crate::record::files`], [`crate::record::read`]).
 
 pub mod chat;
 pub mod client;
@@ -23,6 +25,7 @@ pub mod connect;
 pub mod estop;
 pub mod format;
 pub mod mcp;
+pub mod record;
 pub mod status;
 pub mod task;
 

@@ -114,6 +114,12 @@ pub struct Config {
     /// The MCP server at `/mcp`.
     #[serde(default)]
     pub mcp: crate::mcp::config::McpConfig,
+    /// MCAP recordings; absent: nothing is recorded.
+    #[serde(default)]
+    pub record: Option<crate::record::config::RecordConfig>,
+    /// How replayed sensors (`source = "replay"`) play.
+    #[serde(default)]
+    pub replay: crate::record::config::ReplayConfig,
     /// The validated reflex rules.
     #[serde(skip)]
     pub reflex_rules: Vec<crate::ooda::rules::Rule>,
@@ -280,6 +286,10 @@ impl Config {
             crate::fleet::config::validate(fleet, &self.host, &self.server, self.mqtt.as_ref())?;
         }
         crate::mcp::config::validate(&self.mcp)?;
+        if let Some(record) = &self.record {
+            crate::record::config::validate(record)?;
+        }
+        crate::record::config::validate_replay(&self.replay, &mut self.hardware)?;
         self.resolve_tokens()?;
         self.resolve_credentials()?;
         if !self.server.listen.ip().is_loopback()

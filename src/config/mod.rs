@@ -20,6 +20,7 @@
 pub mod broker;
 mod load;
 mod locate;
+mod scope;
 mod summary;
 pub mod types;
 

@@ -156,6 +156,13 @@ impl Config {
             }
         ));
         line(format!("mcp:           {}", self.mcp.describe()));
+        line(format!(
+            "record:        {}",
+            self.record.as_ref().map_or_else(
+                || "off".to_string(),
+                |r| r.describe(&self.store.resolved_path())
+            )
+        ));
         let sensors: Vec<&str> = self.sensors.iter().map(|s| s.name.as_str()).collect();
         let actuators: Vec<&str> = self.actuators.iter().map(|a| a.name.as_str()).collect();
         line(format!(

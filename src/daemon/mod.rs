@@ -1,9 +1,11 @@
 //! Start order, serving, shutdown order, and systemd notification.
 //!
-//! Start: validated config -> bind the listener and the control socket ->
+//! Start: validated config -> store -> recordings (unfinished files
+//! recovered) -> bind the listener and the control socket -> hardware ->
 //! build the router -> `READY=1`. Stop (SIGTERM/SIGINT): `STOPPING=1` ->
 //! health NOT_SERVING -> stop accepting -> sessions end their streams ->
-//! connections drain within `server.shutdown_grace_secs` -> exit 0.
+//! connections drain within `server.shutdown_grace_secs` -> actuators safe
+//! -> fleet offline -> the recording finished -> exit 0.
 //!
 //! Two accept loops, each its own task: TCP (gRPC and REST, capped at
 //! `server.max_connections`) and the local control socket (the stop and its
@@ -67,6 +69,8 @@ pub enum DaemonError {
     StopInput(#[from] crate::safety::inputs::InputError),
     #[error(transparent)]
     Fleet(#[from] crate::fleet::FleetError),
+    #[error(transparent)]
+    Record(#[from] crate::record::RecordError),
     #[error("server.tls: {0}")]
     Tls(#[from] crate::tls::TlsError),
     #[error("cannot install signal handler: {0}")]
@@ -107,6 +111,11 @@ impl Daemon {
         store.set_hard_cap_mb(config.store.hard_cap_mb).await?;
         // Before anything can start a task: no task resumes by itself.
         crate::team::recover(&store).await?;
+        // Recordings: what a crash left unfinished is recovered first.
+        let recorder = start_recorder(&config).await?;
+        if recorder.enabled() {
+            store.set_tap(recorder.clone());
+        }
         // The retention policy, now and then hourly (see `keep_store_pruned`).
         let retention = crate::store::Retention {
             retain_days: config.store.retain_days,
@@ -138,16 +147,30 @@ impl Daemon {
             tokio::task::spawn_blocking(move || crate::safety::ProtectiveStop::restore(stop_file))
                 .await
                 .map_err(|e| crate::store::StoreError::Task(e.to_string()))?;
-        let ooda = crate::ooda::Ooda::start(
+        // The recording hears every value and actuator change from the
+        // first one on (drivers and the start-up safe drive included).
+        let taps = if recorder.enabled() {
+            crate::ooda::Taps {
+                sensors: Some(recorder.clone()),
+                actuators: Some(recorder.clone()),
+            }
+        } else {
+            crate::ooda::Taps::default()
+        };
+        let ooda = crate::ooda::Ooda::start_tapped(
             &config.hardware,
             config.reflex_rules.clone(),
             &config.ooda.loop_config(),
             &config.host.id,
             protective_stop,
+            taps,
         )
         .await?;
         // Every trigger and clear of the protective stop goes to the audit
         // (set up before the stop inputs, which may latch it at once).
+        if recorder.enabled() {
+            ooda.protective_stop().set_tap(recorder.clone());
+        }
         audit_protective_stop(store.clone(), ooda.protective_stop());
         // The GPIO and MQTT protective-stop inputs of `[safety]`.
         if let Err(e) = crate::safety::inputs::start(&config.safety, &ooda) {
@@ -177,7 +200,9 @@ impl Daemon {
                 }
             }
         });
-        let ctx = HostContext::new(Arc::new(config), local, store, hooks, ooda);
+        let ctx = HostContext::new(Arc::new(config), local, store, hooks, ooda, recorder);
+        ctx.recorder
+            .sample_observations(ctx.ooda.clone(), ctx.shutdown.clone());
         tokio::spawn(keep_store_pruned(ctx.clone(), retention));
         if let Some(tls) = &tls {
             // A fresh context: not set before.
@@ -314,6 +339,9 @@ impl Daemon {
         // The fleet said `offline` when the shutdown began; let it finish
         // disconnecting (bounded inside).
         ctx.fleet.join().await;
+        // The recording ends after the safe drives above (it holds them):
+        // its file is finished with a summary and an index (bounded).
+        ctx.recorder.finish().await;
         tracing::info!("shutdown complete");
     }
 }
@@ -479,6 +507,22 @@ fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::Prote
             }
         }
     });
+}
+
+/// The recorder of `[record]` (recovering unfinished files first, off the
+/// runtime's threads), or a disabled one.
+async fn start_recorder(config: &Config) -> Result<Arc<crate::record::Recorder>, DaemonError> {
+    let Some(record) = config.record.clone() else {
+        return Ok(Arc::new(crate::record::Recorder::disabled()));
+    };
+    let store_path = config.store.resolved_path();
+    let host_id = config.host.id.clone();
+    let recorder = tokio::task::spawn_blocking(move || {
+        crate::record::Recorder::start(&record, &store_path, &host_id)
+    })
+    .await
+    .map_err(|e| crate::store::StoreError::Task(e.to_string()))??;
+    Ok(Arc::new(recorder))
 }
 
 /// Runs the daemon as a service: binds, tells systemd it is ready, pets the

@@ -8,6 +8,7 @@ pub mod gpio;
 pub mod mqtt;
 pub mod mqtt_link;
 pub mod parse;
+pub mod replay;
 pub mod serial;
 pub mod sim;
 pub mod sim_config;

@@ -117,11 +117,18 @@ pub struct ActuatorEvent {
     pub error: Option<String>,
 }
 
+/// Told of every actuator change as it happens, in order (a recording taps
+/// here). Must not block.
+pub trait ActuatorTap: Send + Sync + std::fmt::Debug {
+    fn actuator_changed(&self, event: &ActuatorEvent);
+}
+
 pub struct Actuators {
     entries: Vec<Entry>,
     index: HashMap<String, usize>,
     estop: ProtectiveStop,
     audit: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<ActuatorEvent>>,
+    tap: std::sync::OnceLock<Arc<dyn ActuatorTap>>,
     /// Set by [`Actuators::close`] at shutdown: no command after the last safe drive.
     closed: std::sync::atomic::AtomicBool,
 }
@@ -170,6 +177,7 @@ impl Actuators {
             index,
             estop,
             audit: std::sync::OnceLock::new(),
+            tap: std::sync::OnceLock::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -177,6 +185,11 @@ impl Actuators {
     /// Where every actuator change is reported (once; later calls are ignored).
     pub fn set_audit(&self, sink: tokio::sync::mpsc::UnboundedSender<ActuatorEvent>) {
         let _ = self.audit.set(sink);
+    }
+
+    /// Where every actuator change is also reported, synchronously (once).
+    pub fn set_tap(&self, tap: Arc<dyn ActuatorTap>) {
+        let _ = self.tap.set(tap);
     }
 
     fn report(
@@ -187,14 +200,18 @@ impl Actuators {
         session_id: Option<String>,
         error: Option<String>,
     ) {
+        let event = ActuatorEvent {
+            actuator: actuator.to_string(),
+            value,
+            origin: origin.to_string(),
+            session_id,
+            error,
+        };
+        if let Some(tap) = self.tap.get() {
+            tap.actuator_changed(&event);
+        }
         if let Some(sink) = self.audit.get() {
-            let _ = sink.send(ActuatorEvent {
-                actuator: actuator.to_string(),
-                value,
-                origin: origin.to_string(),
-                session_id,
-                error,
-            });
+            let _ = sink.send(event);
         }
     }
 

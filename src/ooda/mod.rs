@@ -166,6 +166,14 @@ impl std::fmt::Debug for Ooda {
     }
 }
 
+/// Who else is told of every sensor value and actuator change (a
+/// recording), set before any driver starts so nothing is missed.
+#[derive(Debug, Clone, Default)]
+pub struct Taps {
+    pub sensors: Option<Arc<dyn world::SensorTap>>,
+    pub actuators: Option<Arc<dyn act::ActuatorTap>>,
+}
+
 impl Ooda {
     /// Builds the world and actuators from validated config, starts the
     /// serial ports and the MQTT client, drives every actuator to its safe
@@ -177,8 +185,31 @@ impl Ooda {
         host_id: &str,
         estop: ProtectiveStop,
     ) -> Result<Arc<Ooda>, OodaError> {
+        Self::start_tapped(
+            hardware,
+            rules,
+            loop_config,
+            host_id,
+            estop,
+            Taps::default(),
+        )
+        .await
+    }
+
+    /// [`Ooda::start`] with `taps` in place before anything is read or driven.
+    pub async fn start_tapped(
+        hardware: &HardwareSpec,
+        rules: Vec<Rule>,
+        loop_config: &LoopConfig,
+        host_id: &str,
+        estop: ProtectiveStop,
+        taps: Taps,
+    ) -> Result<Arc<Ooda>, OodaError> {
         let gpio = gpio::open_backend(hardware.gpio_backend).map_err(OodaError::Gpio)?;
         let world = Arc::new(World::new(hardware.sensors.clone()));
+        if let Some(tap) = taps.sensors {
+            world.set_tap(tap);
+        }
         let shutdown = CancellationToken::new();
         let readings: Arc<dyn Readings> = world.clone();
         let mut serial = SerialPorts::start(
@@ -256,6 +287,9 @@ impl Ooda {
             drivers.push((spec.clone(), driver));
         }
         let actuators = Actuators::new(drivers, estop.clone());
+        if let Some(tap) = taps.actuators {
+            actuators.set_tap(tap);
+        }
         // The start-up safe values must reach the devices, not a port that
         // is not open yet: let each serial port try to open its device and
         // the MQTT client try to connect first (bounded; absent devices and
@@ -311,6 +345,14 @@ impl Ooda {
                         *active,
                         *debounce,
                         *poll,
+                        readings.clone(),
+                        shutdown.clone(),
+                    ));
+                }
+                SensorSource::Replay(spec) => {
+                    tokio::spawn(crate::hw::replay::run_sensor(
+                        name,
+                        spec.clone(),
                         readings.clone(),
                         shutdown.clone(),
                     ));

@@ -51,11 +51,19 @@ struct Inner {
     sources: BTreeMap<String, SourceState>,
 }
 
+/// Told of every sensor value the world takes, as it arrives (a recording
+/// taps here, so drivers need not know of it). Must not block: it runs on
+/// drivers' tasks and the control loop's thread.
+pub trait SensorTap: Send + Sync + std::fmt::Debug {
+    fn sensor_value(&self, sensor: &str, value: f64);
+}
+
 #[derive(Debug)]
 pub struct World {
     specs: Vec<SensorSpec>,
     index: HashMap<String, usize>,
     inner: Mutex<Inner>,
+    tap: std::sync::OnceLock<std::sync::Arc<dyn SensorTap>>,
 }
 
 /// The source key a sensor belongs to (its health is that source's health).
@@ -66,6 +74,7 @@ pub fn source_key(source: &SensorSource) -> String {
         SensorSource::Mqtt { .. } => "mqtt".into(),
         SensorSource::System { .. } => "system".into(),
         SensorSource::Sim(_) | SensorSource::World(_) => "sim".into(),
+        SensorSource::Replay(_) => "replay".into(),
     }
 }
 
@@ -126,7 +135,13 @@ impl World {
             specs,
             index,
             inner: Mutex::new(Inner { sensors, sources }),
+            tap: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Where every accepted value is also reported (once; later calls are ignored).
+    pub fn set_tap(&self, tap: std::sync::Arc<dyn SensorTap>) {
+        let _ = self.tap.set(tap);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -264,13 +279,18 @@ impl Readings for World {
             return;
         }
         let now = Instant::now();
-        let mut inner = self.lock();
-        let state = &mut inner.sensors[i];
-        state.latest = Some((value, now));
-        if state.history.len() == HISTORY {
-            state.history.pop_front();
+        {
+            let mut inner = self.lock();
+            let state = &mut inner.sensors[i];
+            state.latest = Some((value, now));
+            if state.history.len() == HISTORY {
+                state.history.pop_front();
+            }
+            state.history.push_back((value, now));
         }
-        state.history.push_back((value, now));
+        if let Some(tap) = self.tap.get() {
+            tap.sensor_value(sensor, value);
+        }
     }
 
     fn source_health(&self, source: &str, health: Health) {

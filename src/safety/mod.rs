@@ -121,6 +121,12 @@ pub enum StopEvent {
     Restored { causes: Vec<StopInfo> },
 }
 
+/// Told of every change of the latch as it happens, under the latch's
+/// lock (a recording taps here). Must not block.
+pub trait StopTap: Send + Sync + std::fmt::Debug {
+    fn stop_changed(&self, event: &StopEvent, causes: &[StopInfo]);
+}
+
 /// An input that asserts the stop now.
 #[derive(Debug, Clone)]
 struct Held {
@@ -149,6 +155,8 @@ pub struct ProtectiveStop {
     state: Arc<watch::Sender<StopState>>,
     /// Where each change goes (the daemon writes it to the audit).
     audit: Arc<OnceLock<mpsc::UnboundedSender<StopEvent>>>,
+    /// Told of each change synchronously, in order (a recording).
+    tap: Arc<OnceLock<Arc<dyn StopTap>>>,
     /// Where each change is made durable (none in unit tests).
     file: Arc<OnceLock<persist::StopFile>>,
 }
@@ -159,6 +167,7 @@ impl Default for ProtectiveStop {
             latch: Arc::default(),
             state: Arc::new(watch::Sender::new(StopState::default())),
             audit: Arc::default(),
+            tap: Arc::default(),
             file: Arc::default(),
         }
     }
@@ -220,7 +229,18 @@ impl ProtectiveStop {
         }
     }
 
+    /// Where every change is also reported, as it happens (once; later
+    /// calls are ignored). Set it before [`ProtectiveStop::set_audit`] to be
+    /// told of a stop restored at start-up too.
+    pub fn set_tap(&self, tap: Arc<dyn StopTap>) {
+        let _ = self.tap.set(tap);
+    }
+
     fn report(&self, event: StopEvent) {
+        if let Some(tap) = self.tap.get() {
+            // Published already (`changed` runs first): the causes after it.
+            tap.stop_changed(&event, &self.state.borrow().causes);
+        }
         if let Some(sink) = self.audit.get() {
             // A closed sink means the daemon is gone; nothing left to record.
             let _ = sink.send(event);

@@ -192,9 +192,23 @@ pub struct AuditRecord {
     pub credential: Option<String>,
 }
 
+/// Told of what the store writes, as it is asked to write it (a recording
+/// taps here). Calls must not block: they run on the writer's task.
+pub trait StoreTap: Send + Sync + std::fmt::Debug {
+    fn audit(&self, _record: &AuditRecord) {}
+    fn session_started(&self, _session: &SessionRecord) {}
+    fn session_ended(&self, _id: &str, _reason: &str) {}
+    fn turn_completed(&self, _turn: &TurnRecord) {}
+    /// A task created, a status change or a team event, as JSON
+    /// (`event`: `created`, `status`, `team_event`).
+    fn task(&self, _body: serde_json::Value) {}
+}
+
 #[derive(Debug, Clone)]
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
+    /// Shared by every clone; set once.
+    tap: Arc<std::sync::OnceLock<Arc<dyn StoreTap>>>,
     /// One call on the blocking pool at a time: the others wait here, as
     /// tasks, instead of each taking a pool thread to queue on `conn`
     /// (with many sessions that was a thread and a futex wake per write).
@@ -262,6 +276,7 @@ impl Store {
         .map_err(open_err)?;
         Ok(Store {
             conn: Arc::new(Mutex::new(conn)),
+            tap: Arc::default(),
             gate: Arc::new(tokio::sync::Semaphore::new(1)),
             path: path.to_path_buf(),
             health: Arc::default(),
@@ -270,6 +285,15 @@ impl Store {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Where what is written is also reported (once; later calls are ignored).
+    pub fn set_tap(&self, tap: Arc<dyn StoreTap>) {
+        let _ = self.tap.set(tap);
+    }
+
+    pub(crate) fn tap(&self) -> Option<&Arc<dyn StoreTap>> {
+        self.tap.get()
     }
 
     async fn with_conn<T: Send + 'static>(
@@ -340,6 +364,9 @@ impl Store {
     }
 
     pub async fn session_started(&self, s: SessionRecord) -> Result<(), StoreError> {
+        if let Some(tap) = self.tap() {
+            tap.session_started(&s);
+        }
         self.with_write("session", move |c| {
             c.execute(
                 "INSERT INTO sessions (id, host_id, environment_id, model, started_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -351,6 +378,9 @@ impl Store {
     }
 
     pub async fn session_ended(&self, id: String, reason: String) -> Result<(), StoreError> {
+        if let Some(tap) = self.tap() {
+            tap.session_ended(&id, &reason);
+        }
         self.with_write("session", move |c| {
             c.execute(
                 "UPDATE sessions SET ended_at_ms = ?1, end_reason = ?2 WHERE id = ?3 AND ended_at_ms IS NULL",
@@ -362,6 +392,9 @@ impl Store {
     }
 
     pub async fn turn_completed(&self, t: TurnRecord) -> Result<(), StoreError> {
+        if let Some(tap) = self.tap() {
+            tap.turn_completed(&t);
+        }
         self.with_write("turn", move |c| {
             c.execute(
                 "INSERT INTO turns (session_id, seq, message_id, ai_mode, user_content, messages_json, stop_reason,
@@ -469,12 +502,16 @@ impl Store {
 
     /// Appends one audit record.
     pub async fn audit(&self, r: AuditRecord) -> Result<(), StoreError> {
+        if let Some(tap) = self.tap() {
+            tap.audit(&r);
+        }
         self.with_write("audit", move |c| insert_audit(c, &r)).await
     }
 
     /// Writes the row of a PHYSICAL call before its command runs; its id,
     /// for [`Store::audit_finish`]. When this fails the command must not
-    /// run: an action that cannot be audited does not happen.
+    /// run: an action that cannot be audited does not happen. (The
+    /// recording sees the row once, complete, from `audit_finish`.)
     pub async fn audit_begin(&self, r: AuditRecord) -> Result<i64, StoreError> {
         self.with_write("audit", move |c| {
             insert_audit(c, &r)?;
@@ -486,6 +523,9 @@ impl Store {
     /// Completes the row `id` written by [`Store::audit_begin`] with the
     /// call's outcome (`r`'s fields replace the row's).
     pub async fn audit_finish(&self, id: i64, r: AuditRecord) -> Result<(), StoreError> {
+        if let Some(tap) = self.tap() {
+            tap.audit(&r);
+        }
         self.with_write("audit", move |c| {
             c.execute(
                 "UPDATE audit SET at_ms = ?1, kind = ?2, session_id = ?3, tool_call_id = ?4, tool = ?5,

@@ -122,6 +122,12 @@ fn events(
 impl Store {
     /// Records a new task with its first status (log entry 1).
     pub async fn task_created(&self, task: TaskRow) -> Result<(), StoreError> {
+        if let Some(tap) = self.tap() {
+            tap.task(serde_json::json!({
+                "event": "created", "task_id": task.id, "status": task.status,
+                "detail": task.detail, "prompt": task.prompt,
+            }));
+        }
         self.with_write("task", move |c| {
             let tx = c.transaction()?;
             tx.execute(
@@ -154,6 +160,11 @@ impl Store {
         status: String,
         detail: Option<String>,
     ) -> Result<i64, StoreError> {
+        if let Some(tap) = self.tap() {
+            tap.task(serde_json::json!({
+                "event": "status", "task_id": task_id, "status": status, "detail": detail,
+            }));
+        }
         self.with_write("task", move |c| {
             let tx = c.transaction()?;
             let seq = set_status(&tx, &task_id, &status, detail.as_deref(), now_ms())?;
@@ -171,6 +182,12 @@ impl Store {
         worker_id: Option<String>,
         body: serde_json::Value,
     ) -> Result<i64, StoreError> {
+        if let Some(tap) = self.tap() {
+            tap.task(serde_json::json!({
+                "event": "team_event", "task_id": task_id, "kind": kind,
+                "worker_id": worker_id, "body": body,
+            }));
+        }
         self.with_write("task", move |c| {
             let tx = c.transaction()?;
             let seq = append(&tx, &task_id, now_ms(), &kind, worker_id.as_deref(), &body)?;

@@ -156,6 +156,27 @@ fn every_server_key_is_documented_with_an_example() {
 }
 
 #[test]
+fn every_record_and_replay_key_is_documented_with_an_example() {
+    let recordings = section("recordings", Some("fleet"));
+    assert_documented("[record]", &accepted_keys("[record]\nZZZ\n"), recordings);
+    assert_documented("[replay]", &accepted_keys("[replay]\nZZZ\n"), recordings);
+    // The example's [record] and [replay], uncommented, are a valid config.
+    let uncommented: String = recordings
+        .lines()
+        .filter_map(|l| l.strip_prefix("# "))
+        .filter(|l| {
+            l.starts_with('[')
+                || l.split_once(" = ")
+                    .is_some_and(|(key, _)| key.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let c = Config::parse(&uncommented, ConfigSource::BuiltIn)
+        .unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
+    assert!(c.record.is_some());
+}
+
+#[test]
 fn every_mcp_key_is_documented_with_an_example() {
     let start = DOC.find("\n[mcp]\n").expect("an [mcp] section");
     let end = DOC[start..]

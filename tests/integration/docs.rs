@@ -337,6 +337,8 @@ const TABLES: &[(&str, &str)] = &[
     ("[tasks]", "[tasks]\nZZZ\n"),
     ("[[permissions]]", "[[permissions]]\nZZZ\n"),
     ("[mcp]", "[mcp]\nZZZ\n"),
+    ("[record]", "[record]\nZZZ\n"),
+    ("[replay]", "[replay]\nZZZ\n"),
     ("[model]", "[model]\nZZZ\n"),
     ("[[model.endpoints]]", "[[model.endpoints]]\nZZZ\n"),
     ("[ooda]", "[ooda]\nZZZ\n"),

@@ -30,6 +30,7 @@ mod ooda;
 mod persistence;
 mod providers;
 mod reachability;
+mod record;
 mod safety_wire;
 mod scopes;
 mod serial;

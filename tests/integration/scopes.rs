@@ -94,6 +94,9 @@ async fn rest(
     authorization: Option<&str>,
     body: Option<Value>,
 ) -> (u16, Value) {
+    // reqwest is built without a default TLS provider; install ring's (as
+    // rozd does) so this test also runs alone.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
     let mut request = client.request(method, format!("{}{path}", daemon.url()));
     if let Some(value) = authorization {

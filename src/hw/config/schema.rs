@@ -95,6 +95,8 @@ pub enum SensorSourceKind {
     Gpio,
     Mqtt,
     System,
+    /// A sensor channel of an MCAP recording, played back.
+    Replay,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -211,9 +213,13 @@ pub struct SensorConfig {
     pub period_ms: Option<u64>,
     #[serde(default)]
     pub noise: Option<f64>,
-    /// Replay: a CSV file of `elapsed_ms,value` rows, looped.
+    /// Sim replay: a CSV file of `elapsed_ms,value` rows, looped; source
+    /// `replay`: an MCAP recording.
     #[serde(default)]
     pub file: Option<std::path::PathBuf>,
+    /// Source `replay`: the recording's channel (default `/sensors/<name>`).
+    #[serde(default)]
+    pub channel: Option<String>,
     #[serde(default)]
     pub seed: Option<u64>,
     /// A quantity of the simulated world (`[sim]`) instead of a signal.

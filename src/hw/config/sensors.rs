@@ -31,6 +31,7 @@ pub(super) fn validate_sensors(
             SensorSourceKind::Gpio => gpio_source(s, &key, gpio_pins)?,
             SensorSourceKind::Mqtt => mqtt_source(s, &key, tables)?,
             SensorSourceKind::System => system_source(s, &key)?,
+            SensorSourceKind::Replay => replay_source(s, &key)?,
             SensorSourceKind::Sim => match s.quantity {
                 Some(quantity) => SensorSource::World(quantity),
                 None => SensorSource::Sim(sim_spec(s, &key)?),
@@ -72,6 +73,7 @@ fn check_keys(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<(), Inva
         ("seed", s.seed.is_some()),
         ("rate_hz", s.rate_hz.is_some()),
         ("quantity", s.quantity.is_some()),
+        ("channel", s.channel.is_some()),
     ];
     let allowed: &[&str] = match s.source {
         SensorSourceKind::Serial => &[
@@ -86,6 +88,7 @@ fn check_keys(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<(), Inva
         SensorSourceKind::Gpio => &["pin", "pull", "active", "debounce_ms", "rate_hz"],
         SensorSourceKind::Mqtt => &["topic", "pointer"],
         SensorSourceKind::System => &["metric", "rate_hz"],
+        SensorSourceKind::Replay => &["file", "channel"],
         SensorSourceKind::Sim if s.quantity.is_some() => &["quantity"],
         SensorSourceKind::Sim => &[
             "signal",
@@ -220,6 +223,35 @@ fn system_source(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<Senso
         metric: s.metric.unwrap_or(SystemMetric::CpuLoad),
         every: rate(&key("rate_hz"), s.rate_hz, 1.0)?,
     })
+}
+
+fn replay_source(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<SensorSource, Invalid> {
+    require(key, s.file.is_some(), "file", "source")?;
+    let file = s.file.clone().unwrap_or_default();
+    let channel = s
+        .channel
+        .clone()
+        .unwrap_or_else(|| format!("/sensors/{}", s.name));
+    let track = crate::record::read::sensor_track(&file, &channel)
+        .map_err(|e| Invalid::new(key("file"), e.to_string()))?;
+    if track.values.is_empty() {
+        return Err(Invalid::new(
+            key("channel"),
+            format!(
+                "{} has no values on channel {channel:?}; channels with values: {}",
+                file.display(),
+                track.channels.join(", ")
+            ),
+        ));
+    }
+    Ok(SensorSource::Replay(super::ReplaySpec {
+        file,
+        channel,
+        values: std::sync::Arc::new(track.values),
+        span: track.span,
+        speed: 1.0,
+        looped: false,
+    }))
 }
 
 fn alarm_limits(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<AlarmLimits, Invalid> {

@@ -61,6 +61,22 @@ pub enum SensorSource {
     Sim(SimSpec),
     /// Read from the simulated world at every tick of the loop.
     World(Quantity),
+    /// A recorded sensor channel, played back at its recorded times.
+    Replay(ReplaySpec),
+}
+
+/// A sensor channel of a recording, read at config load.
+#[derive(Debug, Clone)]
+pub struct ReplaySpec {
+    pub file: std::path::PathBuf,
+    pub channel: String,
+    /// (time since the recording's first message, value), in time order.
+    pub values: std::sync::Arc<Vec<(Duration, f64)>>,
+    /// The recording's length (its first to its last message, any channel).
+    pub span: Duration,
+    /// From `[replay]`: playback speed, and whether it starts over.
+    pub speed: f64,
+    pub looped: bool,
 }
 
 #[derive(Debug, Clone)]

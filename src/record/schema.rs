@@ -1,0 +1,346 @@
+//! What a recording holds: its channels, the JSON Schema of each channel's
+//! messages (schema encoding `jsonschema`, message encoding `json`: what
+//! Foxglove opens without plugins), and each event as its message. Plain
+//! data, no I/O; docs/recordings.md describes the same.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::ooda::Observation;
+use crate::ooda::act::ActuatorEvent;
+use crate::safety::{StopEvent, StopInfo};
+use crate::store::AuditRecord;
+
+/// One thing to record, as the taps hand it over (converted to JSON on the
+/// writer's thread, not on the hot path).
+#[derive(Debug)]
+pub enum Event {
+    Sensor {
+        name: Arc<str>,
+        value: f64,
+    },
+    Actuator(Box<ActuatorEvent>),
+    Stop {
+        event: Box<StopEvent>,
+        /// The latch's causes after the change.
+        causes: Vec<StopInfo>,
+    },
+    Audit(Box<AuditRecord>),
+    /// A session event, already a JSON object (`event`, `session_id`, ...).
+    Session(Value),
+    /// A task event, already a JSON object (`event`, `task_id`, ...).
+    Task(Value),
+    Observation(Arc<Observation>),
+}
+
+/// The kinds of channel, each with its schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Observation,
+    Sensor,
+    Actuator,
+    ProtectiveStop,
+    Audit,
+    Sessions,
+    Tasks,
+}
+
+impl Kind {
+    /// The schema's name.
+    pub fn schema_name(self) -> &'static str {
+        match self {
+            Kind::Observation => "rozd.Observation",
+            Kind::Sensor => "rozd.SensorValue",
+            Kind::Actuator => "rozd.ActuatorChange",
+            Kind::ProtectiveStop => "rozd.ProtectiveStop",
+            Kind::Audit => "rozd.AuditRecord",
+            Kind::Sessions => "rozd.SessionEvent",
+            Kind::Tasks => "rozd.TaskEvent",
+        }
+    }
+
+    /// The JSON Schema (draft 2020-12) of the channel's messages.
+    pub fn schema(self) -> Value {
+        let mut schema = match self {
+            Kind::Observation => json!({
+                "type": "object",
+                "description": "What the host knew at one tick: GET /v1/observation",
+                "properties": {
+                    "seq": {"type": "integer"},
+                    "at_unix_ms": {"type": "integer"},
+                    "protective_stop": {"type": ["object", "null"]},
+                    "sensors": {"type": "array", "items": {"type": "object", "properties": {
+                        "name": {"type": "string"},
+                        "unit": {"type": ["string", "null"]},
+                        "value": {"type": ["number", "null"]},
+                        "age_ms": {"type": ["integer", "null"]},
+                        "health": {"type": "string"},
+                        "alarm": {"type": "string"}
+                    }}},
+                    "actuators": {"type": "array", "items": {"type": "object", "properties": {
+                        "name": {"type": "string"},
+                        "value": {"type": "number"},
+                        "safe_value": {"type": "number"},
+                        "at_safe_value": {"type": "boolean"},
+                        "owner": {"type": ["string", "null"]}
+                    }}},
+                    "sources": {"type": "array"}
+                },
+                "required": ["seq", "at_unix_ms", "sensors", "actuators"]
+            }),
+            Kind::Sensor => json!({
+                "type": "object",
+                "description": "One value of a sensor as it arrived from its source",
+                "properties": {
+                    "sensor": {"type": "string"},
+                    "value": {"type": "number"},
+                    "at_unix_ns": {"type": "integer", "description": "when rozd received it"}
+                },
+                "required": ["sensor", "value", "at_unix_ns"]
+            }),
+            Kind::Actuator => json!({
+                "type": "object",
+                "description": "A command applied to an actuator, or a drive to its safe value",
+                "properties": {
+                    "actuator": {"type": "string"},
+                    "value": {"type": "number"},
+                    "kind": {"enum": ["command", "safe"]},
+                    "origin": {"type": "string", "description": "as in the audit: session <id>, rule <name>, operator <who>, safety (<reason>)"},
+                    "reason": {"type": ["string", "null"], "description": "why a safe value was driven"},
+                    "session_id": {"type": ["string", "null"]},
+                    "error": {"type": ["string", "null"], "description": "the driver's failure, if any"}
+                },
+                "required": ["actuator", "value", "kind", "origin"]
+            }),
+            Kind::ProtectiveStop => json!({
+                "type": "object",
+                "description": "A change of the protective-stop latch",
+                "properties": {
+                    "event": {"enum": ["triggered", "cleared", "clear_refused", "restored"]},
+                    "source": {"type": ["string", "null"]},
+                    "reason": {"type": ["string", "null"]},
+                    "by": {"type": ["string", "null"]},
+                    "credential": {"type": ["string", "null"]},
+                    "latched": {"type": "boolean"},
+                    "causes": {"type": "array", "items": {"type": "object"}}
+                },
+                "required": ["event", "latched", "causes"]
+            }),
+            Kind::Audit => json!({
+                "type": "object",
+                "description": "One audit row as written to the store (GET /v1/audit)",
+                "properties": {
+                    "at_ms": {"type": "integer"},
+                    "kind": {"type": "string"},
+                    "session_id": {"type": ["string", "null"]},
+                    "tool_call_id": {"type": ["string", "null"]},
+                    "tool": {"type": ["string", "null"]},
+                    "actuator": {"type": ["string", "null"]},
+                    "parameters": {},
+                    "decision": {"type": ["string", "null"]},
+                    "result": {"type": ["string", "null"]},
+                    "error": {"type": ["string", "null"]},
+                    "origin": {"type": ["string", "null"]},
+                    "credential": {"type": ["string", "null"]}
+                },
+                "required": ["at_ms", "kind"]
+            }),
+            Kind::Sessions => json!({
+                "type": "object",
+                "description": "A session started or ended, a turn started or ended (with the messages it added: text, thinking, tool calls and results)",
+                "properties": {
+                    "event": {"enum": ["session_started", "session_ended", "turn_started", "turn_ended"]},
+                    "session_id": {"type": "string"},
+                    "message_id": {"type": "string"},
+                    "model": {"type": "string"},
+                    "ai_mode": {"type": "string"},
+                    "user_content": {"type": "string"},
+                    "messages": {"type": "array"},
+                    "stop_reason": {"type": "string"},
+                    "reason": {"type": "string"}
+                },
+                "required": ["event", "session_id"]
+            }),
+            Kind::Tasks => json!({
+                "type": "object",
+                "description": "A task created, its status changed, or a team event of its log",
+                "properties": {
+                    "event": {"enum": ["created", "status", "team_event"]},
+                    "task_id": {"type": "string"},
+                    "status": {"type": "string"},
+                    "detail": {"type": ["string", "null"]},
+                    "kind": {"type": "string"},
+                    "worker_id": {"type": ["string", "null"]},
+                    "body": {}
+                },
+                "required": ["event", "task_id"]
+            }),
+        };
+        if let Some(object) = schema.as_object_mut() {
+            object.insert(
+                "$schema".into(),
+                json!("https://json-schema.org/draft/2020-12/schema"),
+            );
+            object.insert("title".into(), json!(self.schema_name()));
+        }
+        schema
+    }
+}
+
+/// An event as a message: its kind, channel and JSON body.
+#[derive(Debug)]
+pub struct Message {
+    pub kind: Kind,
+    pub topic: String,
+    pub body: Vec<u8>,
+}
+
+#[derive(Serialize)]
+struct SensorValue<'a> {
+    sensor: &'a str,
+    value: f64,
+    at_unix_ns: u64,
+}
+
+/// The message of `event`, logged at `at_ns` (ns since the Unix epoch).
+pub fn message(event: &Event, at_ns: u64) -> Message {
+    let (kind, topic, body) = match event {
+        Event::Sensor { name, value } => (
+            Kind::Sensor,
+            format!("/sensors/{name}"),
+            serde_json::to_vec(&SensorValue {
+                sensor: name,
+                value: *value,
+                at_unix_ns: at_ns,
+            }),
+        ),
+        Event::Actuator(a) => {
+            let reason = a
+                .origin
+                .strip_prefix("safety (")
+                .and_then(|r| r.strip_suffix(')'));
+            let body = json!({
+                "actuator": a.actuator,
+                "value": a.value,
+                "kind": if reason.is_some() { "safe" } else { "command" },
+                "origin": a.origin,
+                "reason": reason,
+                "session_id": a.session_id,
+                "error": a.error,
+            });
+            (
+                Kind::Actuator,
+                format!("/actuators/{}", a.actuator),
+                serde_json::to_vec(&body),
+            )
+        }
+        Event::Stop { event, causes } => {
+            let mut body = match event.as_ref() {
+                StopEvent::Triggered {
+                    source,
+                    reason,
+                    by,
+                    credential,
+                } => json!({"event": "triggered", "source": source, "reason": reason,
+                            "by": by, "credential": credential}),
+                StopEvent::Cleared {
+                    by,
+                    source,
+                    credential,
+                } => json!({"event": "cleared", "source": source, "by": by,
+                            "credential": credential}),
+                StopEvent::ClearRefused {
+                    by,
+                    input,
+                    credential,
+                } => json!({"event": "clear_refused", "source": input, "by": by,
+                            "credential": credential,
+                            "reason": format!("stop input {input} still asserts the stop")}),
+                StopEvent::Restored { .. } => {
+                    json!({"event": "restored", "reason": "latched at start-up as before the restart"})
+                }
+            };
+            if let Some(object) = body.as_object_mut() {
+                object.insert("latched".into(), json!(!causes.is_empty()));
+                object.insert("causes".into(), json!(causes));
+            }
+            (
+                Kind::ProtectiveStop,
+                "/protective_stop".to_string(),
+                serde_json::to_vec(&body),
+            )
+        }
+        Event::Audit(record) => {
+            // The row's id is the store's, not known yet when it is recorded.
+            let mut body = json!(record);
+            if let Some(object) = body.as_object_mut() {
+                object.remove("id");
+            }
+            (Kind::Audit, "/audit".to_string(), serde_json::to_vec(&body))
+        }
+        Event::Session(body) => (
+            Kind::Sessions,
+            "/sessions".to_string(),
+            serde_json::to_vec(body),
+        ),
+        Event::Task(body) => (Kind::Tasks, "/tasks".to_string(), serde_json::to_vec(body)),
+        Event::Observation(obs) => (
+            Kind::Observation,
+            "/observation".to_string(),
+            serde_json::to_vec(obs.as_ref()),
+        ),
+    };
+    Message {
+        kind,
+        topic,
+        // These types serialise infallibly (string keys, no custom impls);
+        // an empty object keeps the file valid if one ever did not.
+        body: body.unwrap_or_else(|_| b"{}".to_vec()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_schema_is_an_object_schema_with_a_title() {
+        for kind in [
+            Kind::Observation,
+            Kind::Sensor,
+            Kind::Actuator,
+            Kind::ProtectiveStop,
+            Kind::Audit,
+            Kind::Sessions,
+            Kind::Tasks,
+        ] {
+            let schema = kind.schema();
+            assert_eq!(schema["type"], "object");
+            assert_eq!(schema["title"], kind.schema_name());
+        }
+    }
+
+    #[test]
+    fn a_safe_drive_is_told_apart_from_a_command() {
+        let event = |origin: &str| {
+            Event::Actuator(Box::new(ActuatorEvent {
+                actuator: "motor".into(),
+                value: 0.0,
+                origin: origin.into(),
+                session_id: None,
+                error: None,
+            }))
+        };
+        let safe = message(&event("safety (hold_ms expired)"), 1);
+        let body: Value = serde_json::from_slice(&safe.body).unwrap_or_default();
+        assert_eq!(safe.topic, "/actuators/motor");
+        assert_eq!(body["kind"], "safe");
+        assert_eq!(body["reason"], "hold_ms expired");
+        let command = message(&event("rule too_close"), 1);
+        let body: Value = serde_json::from_slice(&command.body).unwrap_or_default();
+        assert_eq!(body["kind"], "command");
+        assert_eq!(body["reason"], Value::Null);
+    }
+}
