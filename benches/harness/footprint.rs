@@ -23,9 +23,9 @@ pub const ROLE_ENV: &str = "ROZD_BENCH_ROLE";
 pub const ECHO_ROLE: &str = "echo-server";
 
 /// A spawned server that said `READY=1`.
-struct Server {
+pub(super) struct Server {
     child: tokio::process::Child,
-    pid: u32,
+    pub(super) pid: u32,
     addr: SocketAddr,
     startup: Duration,
 }
@@ -33,7 +33,7 @@ struct Server {
 impl Server {
     /// Spawns `command` with a fresh `NOTIFY_SOCKET` in `dir` and waits for
     /// `READY=1` (with the address in `STATUS=serving roz.v1 on <addr>`).
-    async fn spawn(mut command: tokio::process::Command, dir: &Path) -> Result<Server> {
+    pub(super) async fn spawn(mut command: tokio::process::Command, dir: &Path) -> Result<Server> {
         let socket_path = dir.join(format!("notify-{}.sock", uuid::Uuid::new_v4().simple()));
         let socket = UnixDatagram::bind(&socket_path)?;
         command
@@ -93,7 +93,7 @@ impl Server {
     }
 
     /// SIGTERM, then waits for a clean exit.
-    async fn stop(mut self) -> Result<()> {
+    pub(super) async fn stop(mut self) -> Result<()> {
         let status = tokio::process::Command::new("kill")
             .args(["-TERM", &self.pid.to_string()])
             .status()
@@ -111,7 +111,7 @@ impl Server {
     }
 }
 
-fn rozd_command(config: &Path) -> tokio::process::Command {
+pub(super) fn rozd_command(config: &Path) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_rozd"));
     command.arg("run").arg("--config").arg(config);
     command
@@ -136,7 +136,7 @@ struct Footprint {
 }
 
 /// Opens `sessions` sessions on `server`.
-async fn open_sessions(
+pub(super) async fn open_sessions(
     server: &Server,
     target: Target,
     sessions: usize,

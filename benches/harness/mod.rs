@@ -14,6 +14,7 @@ pub mod footprint;
 pub mod host_tool;
 pub mod report;
 pub mod safe_state;
+pub mod soak;
 pub mod steps;
 
 use std::path::PathBuf;
@@ -115,9 +116,11 @@ pub struct Options {
     pub out: Option<PathBuf>,
     /// Only these measurements (numbers or names); all when empty.
     pub only: Vec<String>,
+    /// `--soak SECONDS [--sessions N]`: the soak instead of the measurements.
+    pub soak: Option<soak::SoakOptions>,
 }
 
-pub const USAGE: &str = "usage: cargo bench --bench rozd -- [--quick] [--out FILE] [--only 1,2,...|steps,concurrency,host-tool,loop,safe-state,footprint]";
+pub const USAGE: &str = "usage: cargo bench --bench rozd -- [--quick] [--out FILE] [--only 1,2,...|steps,concurrency,host-tool,loop,safe-state,footprint] | --soak SECONDS [--sessions N] [--every SECONDS]";
 
 impl Options {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Options> {
@@ -141,12 +144,43 @@ impl Options {
                         options.only.push(item.to_string());
                     }
                 }
+                "--soak" => {
+                    let secs: u64 = args
+                        .next()
+                        .context("--soak needs seconds")?
+                        .parse()
+                        .context("--soak: seconds")?;
+                    options.soak_mut().duration = Duration::from_secs(secs);
+                }
+                "--sessions" => {
+                    options.soak_mut().sessions = args
+                        .next()
+                        .context("--sessions needs a number")?
+                        .parse()
+                        .context("--sessions: a number")?;
+                }
+                "--every" => {
+                    let secs: u64 = args
+                        .next()
+                        .context("--every needs seconds")?
+                        .parse()
+                        .context("--every: seconds")?;
+                    options.soak_mut().every = Duration::from_secs(secs.max(1));
+                }
                 // cargo bench passes `--bench` to harness = false targets.
                 "--bench" => {}
                 other => bail!("unknown argument {other:?}"),
             }
         }
         Ok(options)
+    }
+
+    fn soak_mut(&mut self) -> &mut soak::SoakOptions {
+        self.soak.get_or_insert(soak::SoakOptions {
+            duration: Duration::from_secs(600),
+            sessions: 1000,
+            every: Duration::from_secs(10),
+        })
     }
 
     fn wants(&self, number: &str) -> bool {
@@ -346,6 +380,20 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(soak) = options.soak {
+        let soaked = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|runtime| runtime.block_on(soak::soak(soak)));
+        return match soaked {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("soak failed: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run(&options) {
         Ok(report) => {
             print!("{}", report.markdown());

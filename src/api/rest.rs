@@ -183,6 +183,8 @@ pub(super) fn status_json(
         }),
         "fleet": ctx.fleet.link_stats(),
         "recording": ctx.recorder.status(),
+        // Whether the store writes: PHYSICAL calls are refused while it does not.
+        "store": ctx.store.health(),
         "mcp": ctx.config.mcp.enabled.then(|| json!({
             "sessions": ctx.mcp.sessions.count(),
             "pending_approvals": ctx.mcp.approvals.list().len(),

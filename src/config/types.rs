@@ -358,6 +358,11 @@ pub struct StoreConfig {
     /// an audit row younger than `retain_days`); 0: no cap.
     #[serde(default = "default_max_size_mb")]
     pub max_size_mb: u32,
+    /// The size (MiB) the database never grows beyond (SQLite's
+    /// `max_page_count`): a write that needs more fails as on a full disk,
+    /// and PHYSICAL calls are refused until it can write again. 0: none.
+    #[serde(default)]
+    pub hard_cap_mb: u32,
 }
 
 impl Default for StoreConfig {
@@ -366,6 +371,7 @@ impl Default for StoreConfig {
             path: None,
             retain_days: default_retain_days(),
             max_size_mb: default_max_size_mb(),
+            hard_cap_mb: 0,
         }
     }
 }

@@ -108,6 +108,7 @@ impl Daemon {
         let store = tokio::task::spawn_blocking(move || crate::store::Store::open(&store_path))
             .await
             .map_err(|e| crate::store::StoreError::Task(e.to_string()))??;
+        store.set_hard_cap_mb(config.store.hard_cap_mb).await?;
         // Before anything can start a task: no task resumes by itself.
         crate::team::recover(&store).await?;
         // Recordings: what a crash left unfinished is recovered first.
@@ -562,8 +563,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
 
 /// On every SIGHUP (`systemctl reload rozd`): tells systemd `RELOADING=1`,
 /// reloads the listener's certificate (a failure keeps the old one and is
-/// logged and shown in `/v1/status`), then `READY=1`. Nothing else is
-/// reloaded; without `[server.tls]` a SIGHUP changes nothing.
+/// logged and shown in `/v1/status`) and `store.hard_cap_mb` from the config
+/// file, then `READY=1`. Nothing else is reloaded.
 async fn reload_on_sighup(
     mut hangup: tokio::signal::unix::Signal,
     ctx: Arc<HostContext>,
@@ -583,9 +584,31 @@ async fn reload_on_sighup(
                 // The outcome is logged and kept in the status by `reload`.
                 let _ = tokio::task::spawn_blocking(move || tls.reload()).await;
             }
-            None => tracing::info!("SIGHUP: no [server.tls] to reload; nothing changed"),
+            None => tracing::info!("SIGHUP: no [server.tls] to reload"),
         }
+        reload_store_cap(&ctx).await;
         notify(&[NotifyState::Ready, NotifyState::Custom(&status)]);
+    }
+}
+
+/// Reads the config file again and applies its `store.hard_cap_mb` (raising
+/// it is how an operator gives a full store room without a restart); a file
+/// that does not load changes nothing and is logged.
+async fn reload_store_cap(ctx: &HostContext) {
+    let Some(crate::config::ConfigSource::File(path)) = ctx.config.source.clone() else {
+        return;
+    };
+    let loaded = tokio::task::spawn_blocking(move || crate::config::Config::load_file(&path)).await;
+    match loaded {
+        Ok(Ok(config)) => {
+            if let Err(e) = ctx.store.set_hard_cap_mb(config.store.hard_cap_mb).await {
+                tracing::error!(error = %e, "SIGHUP: cannot apply store.hard_cap_mb");
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "SIGHUP: the config file does not load; store.hard_cap_mb unchanged");
+        }
+        Err(e) => tracing::error!(error = %e, "SIGHUP: cannot read the config file"),
     }
 }
 

@@ -29,7 +29,7 @@ const ERROR_BODY_LIMIT: usize = 64 * 1024;
 /// Longest provider message quoted in an error.
 const MESSAGE_LIMIT: usize = 500;
 /// Largest event (one SSE event's lines) accepted from a provider.
-const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+pub(super) const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 
 /// Why an API key could not be found. Messages name the variable or file,
 /// never a value.

@@ -266,8 +266,10 @@ fn current_prompt(messages: &[super::Message]) -> Option<(usize, String)> {
     })
 }
 
-/// Decides the whole answer of one model call: a delay, then events.
-fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
+/// Decides the whole answer of one model call: a delay (the turn's
+/// `wait`s), then events. Public for the fuzz targets in `fuzz/`: it is the
+/// command parser and everything it drives, without the wait.
+pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
     let tools: Vec<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
     let Some((prompt_index, prompt)) = current_prompt(&request.messages) else {
         return (

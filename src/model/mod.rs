@@ -6,6 +6,7 @@
 
 pub mod anthropic;
 pub mod config;
+pub mod decode;
 mod http;
 pub mod local;
 pub mod openai;

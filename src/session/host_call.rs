@@ -73,6 +73,9 @@ pub enum Failure {
     Timeout,
     /// The driver or device failed; an actuator went safe.
     Failed,
+    /// A PHYSICAL call's audit row could not be written (a full disk, the
+    /// store's size cap, an I/O error): the command was not sent.
+    Unaudited,
 }
 
 impl Failure {
@@ -87,6 +90,7 @@ impl Failure {
             Failure::Held => "held",
             Failure::Timeout => "tool_timeout",
             Failure::Failed => "failed",
+            Failure::Unaudited => "store_unavailable",
         }
     }
 
@@ -98,6 +102,7 @@ impl Failure {
             Failure::EStop => Some(ErrorCode::EStop),
             Failure::Held => Some(ErrorCode::PermissionDenied),
             Failure::Timeout => Some(ErrorCode::ToolTimeout),
+            Failure::Unaudited => Some(ErrorCode::HostUnavailable),
             Failure::Invalid | Failure::Blocked | Failure::Denied | Failure::Failed => None,
         }
     }
@@ -274,12 +279,41 @@ pub async fn run<S: CallSite>(
             return Ok(Outcome::failed(failure, message));
         }
     };
+    // Audit first: a PHYSICAL command whose row cannot be written is not
+    // sent (the actuator does not move); the row is completed afterwards.
+    let row = if physical {
+        // No outcome, no end yet: a row left like this by a crash is a
+        // command that may have been sent and whose outcome is unknown.
+        let record = AuditRecord {
+            result: None,
+            error: None,
+            ended_at_ms: None,
+            duration_ms: None,
+            ..audit_record(host, id, name, input, decision, Ok(""), started)
+        };
+        match host.store.audit_begin(record).await {
+            Ok(row) => Some(row),
+            Err(e) => {
+                tracing::error!(error = %e, tool_call_id = id, tool = name, "PHYSICAL call refused: its audit row cannot be written");
+                return Ok(Outcome::failed(
+                    Failure::Unaudited,
+                    format!(
+                        "`{name}` refused: the store cannot write its audit record ({e}); \
+                         a physical action that cannot be audited is not performed, nothing was sent \
+                         to the actuator (see `store` in /v1/status)"
+                    ),
+                ));
+            }
+        }
+    } else {
+        None
+    };
     site.running(name, category).await?;
     let result = tokio::select! {
         biased;
         interrupt = site.abandoned() => {
-            if physical {
-                audit(host, id, name, input, decision, Err("cancelled while running"), started).await;
+            if let Some(row) = row {
+                finish(host, row, id, name, input, decision, Err("cancelled while running"), started).await;
             }
             return Err(interrupt);
         }
@@ -292,21 +326,23 @@ pub async fn run<S: CallSite>(
         },
         Err(e) => Outcome::failed(Failure::from(e), format!("`{name}` failed: {e}")),
     };
-    if physical {
+    if let Some(row) = row {
         let audited = if outcome.is_error() {
             Err(outcome.content.as_str())
         } else {
             Ok(outcome.content.as_str())
         };
-        audit(host, id, name, input, decision, audited, started).await;
+        finish(host, row, id, name, input, decision, audited, started).await;
     }
     Ok(outcome)
 }
 
-/// Writes one PHYSICAL call to the audit (awaited: the record exists before
-/// the caller hears the result).
-async fn audit(
+/// Completes the audit row `row` of a PHYSICAL call with its outcome
+/// (awaited: the record is complete before the caller hears the result).
+#[allow(clippy::too_many_arguments)]
+async fn finish(
     host: &HostAccess,
+    row: i64,
     id: &str,
     tool: &str,
     input: &Value,
@@ -314,8 +350,23 @@ async fn audit(
     result: Result<&str, &str>,
     started: i64,
 ) {
+    let record = audit_record(host, id, tool, input, decision, result, started);
+    if let Err(e) = host.store.audit_finish(row, record).await {
+        tracing::error!(error = %e, tool_call_id = id, "cannot complete the audit record of a PHYSICAL call");
+    }
+}
+
+fn audit_record(
+    host: &HostAccess,
+    id: &str,
+    tool: &str,
+    input: &Value,
+    decision: &str,
+    result: Result<&str, &str>,
+    started: i64,
+) -> AuditRecord {
     let ended = now_ms();
-    let record = AuditRecord {
+    AuditRecord {
         at_ms: ended,
         kind: "tool_call".into(),
         session_id: Some(host.session_id.clone()),
@@ -331,7 +382,22 @@ async fn audit(
         ended_at_ms: Some(ended),
         duration_ms: Some(ended - started),
         ..Default::default()
-    };
+    }
+}
+
+/// Writes one refused PHYSICAL call to the audit (awaited: the record
+/// exists before the caller hears the result; nothing moved, so a write
+/// that fails is logged and the refusal stands).
+async fn audit(
+    host: &HostAccess,
+    id: &str,
+    tool: &str,
+    input: &Value,
+    decision: &str,
+    result: Result<&str, &str>,
+    started: i64,
+) {
+    let record = audit_record(host, id, tool, input, decision, result, started);
     if let Err(e) = host.store.audit(record).await {
         tracing::error!(error = %e, tool_call_id = id, "cannot write the audit record");
     }
@@ -357,6 +423,7 @@ mod tests {
             (Failure::Blocked, None),
             (Failure::Denied, None),
             (Failure::Failed, None),
+            (Failure::Unaudited, Some(ErrorCode::HostUnavailable)),
         ] {
             assert_eq!(
                 outcome(failure).session_error("t").map(|e| e.code),
@@ -378,11 +445,12 @@ mod tests {
             Failure::Held,
             Failure::Timeout,
             Failure::Failed,
+            Failure::Unaudited,
         ]
         .into_iter()
         .map(Failure::as_str)
         .collect();
-        assert_eq!(codes.len(), 8, "distinct codes");
+        assert_eq!(codes.len(), 9, "distinct codes");
         assert!(Failure::EStop.is_safety() && !Failure::Held.is_safety());
     }
 }

@@ -9,9 +9,11 @@ use crate::clock::now_ms;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+mod health;
 mod retention;
 mod tasks;
 
+pub use health::StoreHealth;
 pub use retention::{Pruned, Retention};
 pub use tasks::{StoredTaskEvent, TaskRow};
 
@@ -212,6 +214,7 @@ pub struct Store {
     /// (with many sessions that was a thread and a futex wake per write).
     gate: Arc<tokio::sync::Semaphore>,
     path: PathBuf,
+    health: Arc<health::Health>,
 }
 
 impl Store {
@@ -276,6 +279,7 @@ impl Store {
             tap: Arc::default(),
             gate: Arc::new(tokio::sync::Semaphore::new(1)),
             path: path.to_path_buf(),
+            health: Arc::default(),
         })
     }
 
@@ -325,7 +329,38 @@ impl Store {
         let started = std::time::Instant::now();
         let result = self.with_conn(f).await;
         crate::metrics::store_write(kind, started.elapsed());
+        self.health.wrote(&result);
         result
+    }
+
+    /// Whether the store writes, for `/v1/status`.
+    pub fn health(&self) -> StoreHealth {
+        self.health.snapshot()
+    }
+
+    /// Caps the database at `mb` MiB (SQLite's `max_page_count`; 0: no cap
+    /// but SQLite's own). A write that needs a page beyond it fails as on a
+    /// full disk. A cap below the current size holds it at that size.
+    pub async fn set_hard_cap_mb(&self, mb: u32) -> Result<(), StoreError> {
+        let pages = self
+            .with_conn(move |c| {
+                let page_size: i64 = c.pragma_query_value(None, "page_size", |r| r.get(0))?;
+                // SQLite's own ceiling when uncapped (its default max_page_count).
+                let pages = if mb == 0 {
+                    0xffff_fffe_i64
+                } else {
+                    (i64::from(mb) * 1024 * 1024 / page_size.max(512)).max(1)
+                };
+                c.pragma_update_and_check(None, "max_page_count", pages, |r| r.get::<_, i64>(0))
+            })
+            .await?;
+        self.health.set_hard_cap_mb(mb);
+        tracing::info!(
+            hard_cap_mb = mb,
+            max_page_count = pages,
+            "store size cap set"
+        );
+        Ok(())
     }
 
     pub async fn session_started(&self, s: SessionRecord) -> Result<(), StoreError> {
@@ -470,11 +505,33 @@ impl Store {
         if let Some(tap) = self.tap() {
             tap.audit(&r);
         }
+        self.with_write("audit", move |c| insert_audit(c, &r)).await
+    }
+
+    /// Writes the row of a PHYSICAL call before its command runs; its id,
+    /// for [`Store::audit_finish`]. When this fails the command must not
+    /// run: an action that cannot be audited does not happen. (The
+    /// recording sees the row once, complete, from `audit_finish`.)
+    pub async fn audit_begin(&self, r: AuditRecord) -> Result<i64, StoreError> {
+        self.with_write("audit", move |c| {
+            insert_audit(c, &r)?;
+            Ok(c.last_insert_rowid())
+        })
+        .await
+    }
+
+    /// Completes the row `id` written by [`Store::audit_begin`] with the
+    /// call's outcome (`r`'s fields replace the row's).
+    pub async fn audit_finish(&self, id: i64, r: AuditRecord) -> Result<(), StoreError> {
+        if let Some(tap) = self.tap() {
+            tap.audit(&r);
+        }
         self.with_write("audit", move |c| {
             c.execute(
-                "INSERT INTO audit (at_ms, kind, session_id, tool_call_id, tool, actuator, parameters, decision,
-                    result, error, origin, started_at_ms, ended_at_ms, duration_ms, credential)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                "UPDATE audit SET at_ms = ?1, kind = ?2, session_id = ?3, tool_call_id = ?4, tool = ?5,
+                    actuator = ?6, parameters = ?7, decision = ?8, result = ?9, error = ?10, origin = ?11,
+                    started_at_ms = ?12, ended_at_ms = ?13, duration_ms = ?14, credential = ?15
+                 WHERE id = ?16",
                 params![
                     r.at_ms,
                     r.kind,
@@ -490,7 +547,8 @@ impl Store {
                     r.started_at_ms,
                     r.ended_at_ms,
                     r.duration_ms,
-                    r.credential
+                    r.credential,
+                    id
                 ],
             )
             .map(drop)
@@ -548,6 +606,32 @@ impl Store {
         })
         .await
     }
+}
+
+fn insert_audit(c: &Connection, r: &AuditRecord) -> Result<(), rusqlite::Error> {
+    c.execute(
+        "INSERT INTO audit (at_ms, kind, session_id, tool_call_id, tool, actuator, parameters, decision,
+            result, error, origin, started_at_ms, ended_at_ms, duration_ms, credential)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+        params![
+            r.at_ms,
+            r.kind,
+            r.session_id,
+            r.tool_call_id,
+            r.tool,
+            r.actuator,
+            r.parameters.as_ref().map(ToString::to_string),
+            r.decision,
+            r.result,
+            r.error,
+            r.origin,
+            r.started_at_ms,
+            r.ended_at_ms,
+            r.duration_ms,
+            r.credential
+        ],
+    )
+    .map(drop)
 }
 
 /// Creates `dir` (and its missing parents) when it does not exist; the
@@ -636,6 +720,57 @@ mod tests {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(version, MIGRATIONS.len() as i64);
+    }
+
+    #[tokio::test]
+    async fn a_full_store_refuses_the_audit_row_and_writes_again_when_the_cap_is_raised() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("rozd.db")).unwrap();
+        store.set_hard_cap_mb(1).await.unwrap();
+        let big = "x".repeat(64 * 1024);
+        let mut full = None;
+        for i in 0..64 {
+            let record = AuditRecord {
+                kind: "tool_call".into(),
+                tool: Some(format!("fill {i}")),
+                result: Some(big.clone()),
+                ..Default::default()
+            };
+            if let Err(e) = store.audit_begin(record).await {
+                full = Some(e);
+                break;
+            }
+        }
+        let full = full.expect("a 1 MiB store fills up");
+        assert!(full.to_string().contains("full"), "{full}");
+        let health = store.health();
+        assert!(!health.writable && health.hard_cap_mb == 1);
+        assert!(health.last_error.unwrap().contains("full"));
+        // Reads still work.
+        assert!(
+            !store
+                .audit_records(None, None, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        store.set_hard_cap_mb(0).await.unwrap();
+        let id = store.audit_begin(AuditRecord::default()).await.unwrap();
+        store
+            .audit_finish(
+                id,
+                AuditRecord {
+                    kind: "tool_call".into(),
+                    result: Some("done".into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert!(store.health().writable);
+        let rows = store.audit_records(None, None, 1000).await.unwrap();
+        let last = rows.last().unwrap();
+        assert_eq!((last.id, last.result.as_deref()), (id, Some("done")));
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod config_doc;
 mod crash;
 mod dashboard;
 mod defects;
+mod disk_full;
 mod docs;
 mod estop;
 mod external_clients;

@@ -352,3 +352,18 @@ fn values_render_without_noise() {
         r#"{"speed": 1, "v": 1}"#
     );
 }
+
+/// From the `serial_line` fuzz target (its input `\x03 000…013399722918938673152`):
+/// a number past 12 significant digits is written rounded to 12, as
+/// documented, and reads back within that precision — not exactly, which
+/// is what the target's first assertion wrongly demanded.
+#[test]
+fn a_large_number_is_written_to_twelve_significant_digits() {
+    let line = " 0000000000000000000013399722918938673152";
+    let v = plain_number(line.trim()).unwrap();
+    assert_eq!(v, 13_399_722_918_938_673_152.0);
+    let written = format_value(v);
+    assert_eq!(written, "13399722918900000000");
+    let read = plain_number(&written).unwrap();
+    assert!((read - v).abs() <= v.abs() * 1e-11, "{v} -> {read}");
+}
