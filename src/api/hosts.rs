@@ -19,7 +19,7 @@ use tonic::{Request, Status};
 
 use super::auth::Caller;
 use super::reply::json_error;
-use super::safety::{clean_reason, parse_body, rest_source};
+use super::safety::{clean_reason, parse_body, read_stop_body, rest_source};
 use crate::HostContext;
 use crate::fleet::record::RecordStatus;
 use crate::fleet::{FLEET_SOURCE, FleetError, HostView};
@@ -289,10 +289,53 @@ struct FleetStopRequest {
     wait_ms: Option<u64>,
 }
 
-fn bad_fleet_body(why: &str) -> Response {
-    invalid_argument(&format!(
-        "the body must be empty or a JSON object {{\"environment_id\", \"reason\", \"wait_ms\"}}: {why}"
-    ))
+/// A fleet command as asked, with its defaults applied.
+struct FleetCommand {
+    environment: String,
+    reason: Option<String>,
+    wait: Duration,
+}
+
+impl FleetCommand {
+    /// An empty body's command: this host's environment, the default
+    /// reason and wait.
+    fn default_for(own_environment: &str) -> FleetCommand {
+        FleetCommand {
+            environment: own_environment.to_string(),
+            reason: None,
+            wait: DEFAULT_CONFIRM_WAIT,
+        }
+    }
+
+    /// `Err` says what in `body` cannot be used.
+    fn from_body(body: &[u8], own_environment: &str) -> Result<FleetCommand, String> {
+        let request: FleetStopRequest = parse_body(body).map_err(|why| {
+            format!(
+                "the body must be empty or a JSON object {{\"environment_id\", \"reason\", \"wait_ms\"}}: {why}"
+            )
+        })?;
+        let environment = request
+            .environment_id
+            .filter(|e| !e.is_empty())
+            .unwrap_or_else(|| own_environment.to_string());
+        if !crate::fleet::config::topic_level_ok(&environment) {
+            return Err(format!(
+                "environment_id {environment:?} must be 1-128 characters without '/', '+', '#'"
+            ));
+        }
+        let wait = match request.wait_ms {
+            Some(ms) if ms > MAX_CONFIRM_WAIT_MS => {
+                return Err(format!("wait_ms must be at most {MAX_CONFIRM_WAIT_MS}"));
+            }
+            Some(ms) => Duration::from_millis(ms),
+            None => DEFAULT_CONFIRM_WAIT,
+        };
+        Ok(FleetCommand {
+            environment,
+            reason: request.reason,
+            wait,
+        })
+    }
 }
 
 /// The hosts of `environment` with their stop state, and whether every
@@ -334,57 +377,73 @@ fn stop_report(hosts: &[HostView], environment: &str, stopped: bool) -> (Vec<Val
 /// `POST /v1/fleet/estop`: latches this host's stop (if it is in the
 /// environment) at once, publishes the retained fleet command, and waits
 /// (up to `wait_ms`) until every live host of the environment reports it.
+/// Going safe is never gated by the request's form: a body that cannot be
+/// used (malformed, mistyped, out of range, over 64 KiB) is a stop of this
+/// host's environment with the defaults, as an empty body is, and the
+/// answer says why the body was ignored (`body_error`).
 async fn fleet_stop(
     State(ctx): State<Arc<HostContext>>,
     caller: Option<Extension<Caller>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Response {
-    fleet_command(ctx, caller.map(|c| c.0), headers, body, true).await
+    let own = ctx.fleet.environment_id().to_string();
+    let (command, body_error) = match read_stop_body(body)
+        .await
+        .and_then(|bytes| FleetCommand::from_body(&bytes, &own))
+    {
+        Ok(command) => (command, None),
+        Err(why) => {
+            tracing::warn!(%why, "fleet stop of this host's environment; its request body was ignored");
+            (FleetCommand::default_for(&own), Some(why))
+        }
+    };
+    match fleet_command(ctx, caller.map(|c| c.0), headers, command, true).await {
+        Ok(mut answer) => {
+            if let (Some(why), Some(object)) = (body_error, answer.as_object_mut()) {
+                object.insert("body_error".into(), why.into());
+            }
+            Json(answer).into_response()
+        }
+        Err(refused) => refused,
+    }
 }
 
 /// `POST /v1/fleet/estop/clear`: withdraws the fleet command; hosts clear
-/// the stops that came from the fleet (never others), moving nothing.
+/// the stops that came from the fleet (never others), moving nothing. Its
+/// body must be exact: a clear that cannot be read does nothing.
 async fn fleet_clear(
     State(ctx): State<Arc<HostContext>>,
     caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    fleet_command(ctx, caller.map(|c| c.0), headers, body, false).await
+    match FleetCommand::from_body(&body, ctx.fleet.environment_id()) {
+        Ok(command) => match fleet_command(ctx, caller.map(|c| c.0), headers, command, false).await
+        {
+            Ok(answer) => Json(answer).into_response(),
+            Err(refused) => refused,
+        },
+        Err(why) => invalid_argument(&why),
+    }
 }
 
 async fn fleet_command(
     ctx: Arc<HostContext>,
     caller: Option<Caller>,
     headers: HeaderMap,
-    body: Bytes,
+    command: FleetCommand,
     stop: bool,
-) -> Response {
-    let request: FleetStopRequest = match parse_body(&body) {
-        Ok(r) => r,
-        Err(why) => return bad_fleet_body(&why),
-    };
+) -> Result<Value, Response> {
+    let FleetCommand {
+        environment,
+        reason,
+        wait,
+    } = command;
     let fleet = &ctx.fleet;
-    let environment = request
-        .environment_id
-        .filter(|e| !e.is_empty())
-        .unwrap_or_else(|| fleet.environment_id().to_string());
-    if !crate::fleet::config::topic_level_ok(&environment) {
-        return invalid_argument(&format!(
-            "environment_id {environment:?} must be 1-128 characters without '/', '+', '#'"
-        ));
-    }
-    let wait = match request.wait_ms {
-        Some(ms) if ms > MAX_CONFIRM_WAIT_MS => {
-            return invalid_argument(&format!("wait_ms must be at most {MAX_CONFIRM_WAIT_MS}"));
-        }
-        Some(ms) => Duration::from_millis(ms),
-        None => DEFAULT_CONFIRM_WAIT,
-    };
     let source = rest_source(&headers, None);
     let reason = clean_reason(
-        request.reason.as_deref(),
+        reason.as_deref(),
         if stop {
             "fleet stop"
         } else {
@@ -421,12 +480,12 @@ async fn fleet_command(
                 FleetError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
                 _ => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             };
-            return json_error(
+            return Err(json_error(
                 status,
                 code,
                 &format!("{e}; {local_note}; no other host was told"),
             )
-            .into_response();
+            .into_response());
         }
     };
     if !stop && here {
@@ -449,7 +508,7 @@ async fn fleet_command(
         .wait_for(wait, |hosts| stop_report(hosts, &environment, stop).1)
         .await;
     let (hosts, _) = stop_report(&fleet.list(Some(&environment)), &environment, stop);
-    Json(json!({
+    Ok(json!({
         "environment_id": environment,
         "stop": stop,
         "command_id": command.id,
@@ -457,7 +516,6 @@ async fn fleet_command(
         "confirmed": confirmed,
         "hosts": hosts,
     }))
-    .into_response()
 }
 
 #[cfg(test)]

@@ -216,6 +216,22 @@ async fn get_status(State(ctx): State<Arc<HostContext>>) -> Json<SafetyStatus> {
 /// larger body must not delay (or be able to refuse) the stop.
 const STOP_BODY_READ: usize = 64 * 1024;
 
+/// A stop request's body, at most [`STOP_BODY_READ`] of it; `Err` says why
+/// it cannot be used (the stop goes ahead without it).
+pub(super) async fn read_stop_body(body: axum::body::Body) -> Result<Bytes, String> {
+    use http_body_util::BodyExt as _;
+    match http_body_util::Limited::new(body, STOP_BODY_READ)
+        .collect()
+        .await
+    {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(format!("over {STOP_BODY_READ} bytes"))
+        }
+        Err(e) => Err(format!("the body could not be read: {e}")),
+    }
+}
+
 /// `POST /v1/estop`: latches the stop (adding this source's cause); answers
 /// once every actuator was driven to its safe value and the latch is on disk.
 /// `triggered` says whether this added a cause. Going safe is never gated by
@@ -230,17 +246,9 @@ async fn trigger(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    use http_body_util::BodyExt as _;
-    let request = match http_body_util::Limited::new(body, STOP_BODY_READ)
-        .collect()
+    let request = read_stop_body(body)
         .await
-    {
-        Ok(collected) => parse_body::<StopRequest>(&collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(format!("over {STOP_BODY_READ} bytes"))
-        }
-        Err(e) => Err(format!("the body could not be read: {e}")),
-    };
+        .and_then(|bytes| parse_body::<StopRequest>(&bytes));
     let source = rest_source(&headers, control.as_deref());
     let default_reason = if source == "rest" {
         "POST /v1/estop"

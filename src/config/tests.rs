@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::types::default_listen;
+use super::types::{default_listen, default_store_path};
 use super::*;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
@@ -548,4 +548,24 @@ mod properties {
             }
         }
     }
+}
+
+#[test]
+fn an_empty_or_relative_xdg_state_home_is_ignored() {
+    let home = Some("/home/robot".into());
+    let in_home = PathBuf::from("/home/robot/.local/state/rozd/rozd.db");
+    assert_eq!(default_store_path(Some("".into()), home.clone()), in_home);
+    assert_eq!(
+        default_store_path(Some("state".into()), home.clone()),
+        in_home
+    );
+    assert_eq!(default_store_path(None, home.clone()), in_home);
+    assert_eq!(
+        default_store_path(Some("/var/tmp/state".into()), home),
+        PathBuf::from("/var/tmp/state/rozd/rozd.db")
+    );
+    assert_eq!(
+        default_store_path(Some("".into()), Some("".into())),
+        PathBuf::from("./rozd/rozd.db")
+    );
 }

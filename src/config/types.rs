@@ -385,12 +385,25 @@ impl StoreConfig {
         if let Some(dir) = first_env_dir("STATE_DIRECTORY") {
             return dir.join("rozd.db");
         }
-        let base = std::env::var_os("XDG_STATE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
-            .unwrap_or_else(|| PathBuf::from("."));
-        base.join("rozd").join("rozd.db")
+        default_store_path(std::env::var_os("XDG_STATE_HOME"), std::env::var_os("HOME"))
     }
+}
+
+/// `$XDG_STATE_HOME/rozd/rozd.db`, else `$HOME/.local/state/rozd/rozd.db`.
+/// As the XDG base directory specification says, a variable that is empty
+/// or relative is ignored: the store must not land wherever the daemon
+/// happens to be started from.
+pub(super) fn default_store_path(
+    xdg_state_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> PathBuf {
+    let absolute = |value: Option<std::ffi::OsString>| {
+        value.map(PathBuf::from).filter(|path| path.is_absolute())
+    };
+    let base = absolute(xdg_state_home)
+        .or_else(|| absolute(home).map(|home| home.join(".local/state")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("rozd").join("rozd.db")
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -1194,6 +1194,69 @@ async fn fleet_command(host: &Rozd, path: &str) -> Value {
     answer
 }
 
+/// Hard rule 7: a fleet stop whose body cannot be used (malformed JSON, a
+/// mistyped or out-of-range field, an environment that cannot be a topic)
+/// still stops: the environment it defaults to, this host's, as with an
+/// empty body; the answer says why the body was ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_stop_with_a_bad_body_still_stops_this_hosts_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_broker, a, b) = two_hosts(dir.path()).await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .timeout(DEADLINE)
+        .build()
+        .unwrap();
+    let bad_bodies = [
+        ("{", "JSON object"),
+        (r#"{"wait_ms": "soon"}"#, "JSON object"),
+        (r#"{"environment_id": "lab/#"}"#, "environment_id"),
+        (r#"{"reason": "drill", "wait_ms": 3600000}"#, "wait_ms"),
+    ];
+    for (bad, named) in bad_bodies {
+        let reply = client
+            .post(format!("http://{}/v1/fleet/estop", a.addr()))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(bad)
+            .send()
+            .await
+            .unwrap();
+        let status = reply.status().as_u16();
+        let text = reply.text().await.unwrap();
+        let answer: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        assert_eq!(status, 200, "{bad}: {text}");
+        assert_eq!(
+            (&answer["stop"], &answer["environment_id"]),
+            (&json!(true), &json!("lab")),
+            "{bad}: {answer}"
+        );
+        let why = answer["body_error"].as_str().unwrap_or_default();
+        assert!(why.contains(named), "{bad}: {answer}");
+        for host in [&a, &b] {
+            eventually(&format!("{} stopped by {bad}", host.id), || async {
+                stopped(host).await.then_some(())
+            })
+            .await;
+            let safety = host.get("/v1/safety").await;
+            assert_eq!(safety["stop"]["source"], "fleet", "{bad}: {safety}");
+        }
+        fleet_command(&a, "/v1/fleet/estop/clear").await;
+        for host in [&a, &b] {
+            assert!(
+                !stopped(host).await,
+                "{} still stopped after {bad}",
+                host.id
+            );
+        }
+    }
+    // The clear stays exact: a body it cannot use changes nothing.
+    let (status, answer) = a
+        .post("/v1/fleet/estop/clear", json!({"wait_ms": "soon"}))
+        .await;
+    assert_eq!(status.as_u16(), 400, "{answer}");
+}
+
 /// Defect 3: `mosquitto_pub -r -t roz/v1/estop/lab -m '{"stop":false,...}'`
 /// returned every host to `normal` and the audit named whoever `by` claimed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
