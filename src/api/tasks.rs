@@ -16,7 +16,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use futures_util::Stream;
 use http::StatusCode;
 use serde::Deserialize;
@@ -25,6 +25,7 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response as GrpcResponse, Status};
 
+use super::auth::Caller;
 use super::relay::{self, RemoteChannel};
 use super::reply::json_error;
 use crate::HostContext;
@@ -250,6 +251,10 @@ impl TaskService for TaskApi {
         request: Request<proto::CreateTaskRequest>,
     ) -> Result<GrpcResponse<proto::Task>, Status> {
         let by = relayed_by(&request);
+        let credential = request
+            .extensions()
+            .get::<Caller>()
+            .and_then(|c| c.named().map(str::to_string));
         let r = request.into_inner();
         if let Owner::Remote(_, channel) = owner(
             &self.ctx,
@@ -267,6 +272,7 @@ impl TaskService for TaskApi {
                 environment_id: r.environment_id,
                 host_id: r.host_id,
                 timeout_secs: r.timeout_secs,
+                credential,
             },
         )
         .await
@@ -458,7 +464,11 @@ fn check_fields(map: &serde_json::Map<String, Value>, known: &[&str]) -> Result<
 }
 
 /// `POST /v1/tasks` `{"prompt", "environment_id"?, "host_id"?, "timeout_secs"?}` -> 201.
-async fn create_rest(State(ctx): State<Arc<HostContext>>, body: Bytes) -> Response {
+async fn create_rest(
+    State(ctx): State<Arc<HostContext>>,
+    caller: Option<Extension<Caller>>,
+    body: Bytes,
+) -> Response {
     let new = (|| {
         let map = object_body(&body)?;
         check_fields(
@@ -482,6 +492,7 @@ async fn create_rest(State(ctx): State<Arc<HostContext>>, body: Bytes) -> Respon
             environment_id: string_field(&map, "environment_id")?.unwrap_or_default(),
             host_id: string_field(&map, "host_id")?,
             timeout_secs,
+            credential: caller.as_ref().and_then(|c| c.named().map(str::to_string)),
         })
     })();
     let new = match new {

@@ -149,6 +149,17 @@ impl HostServer {
     }
 }
 
+/// The credential of the HTTP request that carried a message (`None`:
+/// anonymous), which the audit names for the call's physical actions.
+fn credential(extensions: &rmcp::model::Extensions) -> Option<String> {
+    extensions
+        .get::<http::request::Parts>()?
+        .extensions
+        .get::<crate::api::auth::Caller>()?
+        .named()
+        .map(str::to_string)
+}
+
 /// The MCP session a message belongs to (the `Mcp-Session-Id` header).
 fn session_id(extensions: &rmcp::model::Extensions) -> Option<String> {
     extensions
@@ -274,7 +285,8 @@ impl ServerHandler for HostServer {
         let id = uuid::Uuid::new_v4().to_string();
         let owner = sessions::owner(&session);
         let origin = format!("mcp:{}", client_name(&context.peer));
-        let host = HostAccess::new(ctx, &owner, origin.clone(), AiMode::React, None);
+        let host = HostAccess::new(ctx, &owner, origin.clone(), AiMode::React, None)
+            .with_credential(credential(&context.extensions));
         let elicit = ctx.config.mcp.elicitation
             && context
                 .peer

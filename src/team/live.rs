@@ -12,6 +12,8 @@ pub struct LiveTask {
     pub id: String,
     pub environment_id: String,
     pub timeout_secs: u32,
+    /// The credential that created the task, which the audit names.
+    pub credential: Option<String>,
     pub(super) state: Mutex<TaskState>,
     /// Cancelled once the task is being stopped (cancel, timeout, stop, shutdown).
     pub(super) stop: CancellationToken,

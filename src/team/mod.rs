@@ -62,6 +62,9 @@ pub struct NewTask {
     pub environment_id: String,
     pub host_id: Option<String>,
     pub timeout_secs: Option<u32>,
+    /// The credential that created the task (`None`: anonymous); the audit
+    /// names it for every physical call of the task's workers.
+    pub credential: Option<String>,
 }
 
 /// A task as reported: its row plus the calls waiting for approval.
@@ -309,6 +312,7 @@ pub async fn create(ctx: &Arc<HostContext>, new: NewTask) -> Result<TaskView, Ta
         id: row.id.clone(),
         environment_id: row.environment_id.clone(),
         timeout_secs,
+        credential: new.credential,
         state: Mutex::default(),
         stop: CancellationToken::new(),
         approval_inboxes: Mutex::default(),

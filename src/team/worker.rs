@@ -173,7 +173,8 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
             format!("task {} worker {}", task.id, plan.worker_id),
             plan.mode,
             Some(notes_tx),
-        ),
+        )
+        .with_credential(task.credential.clone()),
     };
     let (out_tx, mut out) = mpsc::channel(256);
     let (inbox, inbox_rx) = mpsc::channel(64);

@@ -388,7 +388,8 @@ async fn scenario(transport: Transport) {
     script.kill().await;
     wait_arm_safe(&daemon).await;
 
-    // Every PHYSICAL call is in the audit, as the MCP client's.
+    // Every PHYSICAL call is in the audit, as the MCP client's, naming the
+    // credential its requests carried.
     let (status, audit) = rest(
         &daemon,
         reqwest::Method::GET,
@@ -416,6 +417,10 @@ async fn scenario(transport: Transport) {
         calls
             .iter()
             .all(|r| r["origin"] == "mcp:rozd-test" && r["tool"] == "arm"),
+        "{audit}"
+    );
+    assert!(
+        calls.iter().all(|r| r["credential"] == "auth_tokens[0]"),
         "{audit}"
     );
     assert_eq!(calls[1]["tool_call_id"], pending["id"], "{audit}");

@@ -354,6 +354,73 @@ async fn an_operate_token_drives_an_actuator_and_its_audit_names_it() {
     daemon.shutdown().await;
 }
 
+/// A task acts for whoever created it: its workers' physical calls name
+/// that credential in the audit, whichever way the task was created.
+#[tokio::test]
+async fn a_tasks_workers_physical_calls_name_the_credential_that_created_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = robot(dir.path()).await;
+    let mut tasks =
+        TaskServiceClient::with_interceptor(daemon.channel().await, Token(OPERATE_SECRET));
+    let grpc_task = tasks
+        .create_task(proto::CreateTaskRequest {
+            prompt: "set speed 0.3".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateTask with an operate token")
+        .into_inner()
+        .id;
+    let (status, created) = rest(
+        &daemon,
+        http::Method::POST,
+        "/v1/tasks",
+        Some(&bearer(ADMIN_SECRET)),
+        Some(json!({"prompt": "set speed 0.2"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let rest_task = created["id"].as_str().expect("task id").to_string();
+    for (task, credential) in [(&grpc_task, "operator"), (&rest_task, "root")] {
+        // The status stream ends with the task's final status.
+        let mut updates = tasks
+            .stream_task_status(proto::StreamTaskStatusRequest {
+                task_id: task.clone(),
+            })
+            .await
+            .expect("StreamTaskStatus")
+            .into_inner();
+        let mut last = String::new();
+        while let Some(update) = tokio::time::timeout(EXPECT_WITHIN, updates.message())
+            .await
+            .expect("the task ends in time")
+            .expect("status stream healthy")
+        {
+            last = update.status;
+        }
+        assert_eq!(last, "succeeded", "task {task}");
+        let rows = audit(&daemon).await;
+        let calls: Vec<&Value> = rows
+            .iter()
+            .filter(|r| {
+                r["kind"] == "tool_call"
+                    && r["session_id"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with(task.as_str()))
+            })
+            .collect();
+        assert!(
+            !calls.is_empty(),
+            "no tool_call row of task {task}: {rows:?}"
+        );
+        assert!(
+            calls.iter().all(|r| r["credential"] == credential),
+            "{calls:?}"
+        );
+    }
+    daemon.shutdown().await;
+}
+
 #[tokio::test]
 async fn legacy_auth_tokens_are_admin_and_the_scheme_is_case_insensitive() {
     let dir = tempfile::tempdir().unwrap();
