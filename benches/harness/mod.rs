@@ -116,11 +116,12 @@ pub struct Options {
     pub out: Option<PathBuf>,
     /// Only these measurements (numbers or names); all when empty.
     pub only: Vec<String>,
-    /// `--soak SECONDS [--sessions N]`: the soak instead of the measurements.
+    /// `--soak SECONDS [--sessions N] [--every SECONDS] [--rounds N]`: the
+    /// soak instead of the measurements.
     pub soak: Option<soak::SoakOptions>,
 }
 
-pub const USAGE: &str = "usage: cargo bench --bench rozd -- [--quick] [--out FILE] [--only 1,2,...|steps,concurrency,host-tool,loop,safe-state,footprint] | --soak SECONDS [--sessions N] [--every SECONDS]";
+pub const USAGE: &str = "usage: cargo bench --bench rozd -- [--quick] [--out FILE] [--only 1,2,...|steps,concurrency,host-tool,loop,safe-state,footprint] | --soak SECONDS [--sessions N] [--every SECONDS] [--rounds N]";
 
 impl Options {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Options> {
@@ -167,6 +168,13 @@ impl Options {
                         .context("--every: seconds")?;
                     options.soak_mut().every = Duration::from_secs(secs.max(1));
                 }
+                "--rounds" => {
+                    options.soak_mut().rounds = args
+                        .next()
+                        .context("--rounds needs a number")?
+                        .parse()
+                        .context("--rounds: a number")?;
+                }
                 // cargo bench passes `--bench` to harness = false targets.
                 "--bench" => {}
                 other => bail!("unknown argument {other:?}"),
@@ -180,6 +188,7 @@ impl Options {
             duration: Duration::from_secs(600),
             sessions: 1000,
             every: Duration::from_secs(10),
+            rounds: 1,
         })
     }
 

@@ -3,10 +3,15 @@
 //! a turn a second — a client tool call, and every fourth turn a host tool
 //! (`read front_distance`) — while its resident memory, open file
 //! descriptors, threads and store size are sampled from /proc every
-//! `every`. Prints one CSV row per sample, then a summary: what grew
-//! between the first sample after warm-up and the last.
+//! `every`. With `--rounds N` the same daemon serves N such rounds, each
+//! with new sessions, and is sampled for half a minute after each round's
+//! sessions closed: memory a round's sessions leave behind shows as a
+//! higher level after every round, memory the allocator keeps for reuse
+//! as the same peak again. Prints one CSV row per sample, then a summary:
+//! what grew between the first sample after warm-up and the end of the
+//! first round's turns, and each round's peak and level after closing.
 //!
-//! `cargo bench --bench rozd -- --soak SECONDS --sessions N`
+//! `cargo bench --bench rozd -- --soak SECONDS --sessions N [--rounds N]`
 //! (`scripts/soak.sh` runs it).
 
 use std::path::Path;
@@ -27,7 +32,11 @@ pub struct SoakOptions {
     pub duration: Duration,
     pub sessions: usize,
     pub every: Duration,
+    pub rounds: usize,
 }
+
+/// How long the daemon is sampled after a round's sessions closed.
+const AFTER_CLOSE: Duration = Duration::from_secs(30);
 
 /// One sample of the process.
 #[derive(Debug, Clone, Copy)]
@@ -40,6 +49,9 @@ struct Sample {
     wal_mib: f64,
     turns: u64,
     failed: u64,
+    round: usize,
+    /// Taken after the round's sessions closed.
+    closed: bool,
 }
 
 fn proc_status(pid: u32, key: &str) -> Option<f64> {
@@ -62,7 +74,14 @@ fn store_mib(db: &Path) -> (f64, f64) {
     (size(""), size("-wal"))
 }
 
-fn sample(pid: u32, db: &Path, at: Duration, turns: u64, failed: u64) -> Result<Sample> {
+fn sample(
+    pid: u32,
+    db: &Path,
+    at: Duration,
+    turns: u64,
+    failed: u64,
+    (round, closed): (usize, bool),
+) -> Result<Sample> {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .context("/proc/<pid>/fd")?
         .count();
@@ -76,6 +95,8 @@ fn sample(pid: u32, db: &Path, at: Duration, turns: u64, failed: u64) -> Result<
         wal_mib,
         turns,
         failed,
+        round,
+        closed,
     })
 }
 
@@ -129,11 +150,18 @@ pub async fn soak(options: SoakOptions) -> Result<()> {
     let turns = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let mut samples = Vec::new();
-    println!("t_s,rss_mib,fds,threads,store_mib,wal_mib,turns,failed_sessions");
-    let record = |samples: &mut Vec<Sample>, turns: u64, failed: u64| -> Result<()> {
-        let s = sample(pid, &db, started.elapsed(), turns, failed)?;
+    println!("t_s,rss_mib,fds,threads,store_mib,wal_mib,turns,failed_sessions,round,closed");
+    let record = |samples: &mut Vec<Sample>, phase: (usize, bool)| -> Result<()> {
+        let s = sample(
+            pid,
+            &db,
+            started.elapsed(),
+            turns.load(Ordering::Relaxed),
+            failed.load(Ordering::Relaxed),
+            phase,
+        )?;
         println!(
-            "{:.0},{:.1},{},{},{:.2},{:.2},{},{}",
+            "{:.0},{:.1},{},{},{:.2},{:.2},{},{},{},{}",
             s.at.as_secs_f64(),
             s.rss_mib,
             s.fds,
@@ -141,62 +169,60 @@ pub async fn soak(options: SoakOptions) -> Result<()> {
             s.store_mib,
             s.wal_mib,
             s.turns,
-            s.failed
+            s.failed,
+            s.round,
+            u8::from(s.closed)
         );
         samples.push(s);
         Ok(())
     };
-    record(&mut samples, 0, 0)?;
-    let streams = open_sessions(&server, Target::Rozd, options.sessions).await?;
-    eprintln!(
-        "soak: {} sessions open after {:.1} s",
-        options.sessions,
-        started.elapsed().as_secs_f64()
-    );
-    let until = Instant::now() + options.duration;
-    let mut tasks = tokio::task::JoinSet::new();
-    for (index, stream) in streams.into_iter().enumerate() {
-        tasks.spawn(session_turns(
-            stream,
-            index,
-            until,
-            turns.clone(),
-            failed.clone(),
-        ));
-    }
-    let mut every = tokio::time::interval_at(Instant::now() + options.every, options.every);
-    let mut finished = Vec::new();
+    record(&mut samples, (0, true))?;
     let mut errors = Vec::new();
-    loop {
-        tokio::select! {
-            _ = every.tick() => record(
-                &mut samples,
-                turns.load(Ordering::Relaxed),
-                failed.load(Ordering::Relaxed),
-            )?,
-            joined = tasks.join_next() => match joined {
-                Some(Ok(Ok(stream))) => finished.push(stream),
-                Some(Ok(Err(e))) => errors.push(format!("{e:#}")),
-                Some(Err(e)) => errors.push(e.to_string()),
-                None => break,
-            },
+    for round in 1..=options.rounds.max(1) {
+        let streams = open_sessions(&server, Target::Rozd, options.sessions).await?;
+        eprintln!(
+            "soak: round {round}: {} sessions open after {:.1} s",
+            options.sessions,
+            started.elapsed().as_secs_f64()
+        );
+        let until = Instant::now() + options.duration;
+        let mut tasks = tokio::task::JoinSet::new();
+        for (index, stream) in streams.into_iter().enumerate() {
+            tasks.spawn(session_turns(
+                stream,
+                index,
+                until,
+                turns.clone(),
+                failed.clone(),
+            ));
+        }
+        let mut every = tokio::time::interval_at(Instant::now() + options.every, options.every);
+        let mut finished = Vec::new();
+        loop {
+            tokio::select! {
+                _ = every.tick() => record(&mut samples, (round, false))?,
+                joined = tasks.join_next() => match joined {
+                    Some(Ok(Ok(stream))) => finished.push(stream),
+                    Some(Ok(Err(e))) => errors.push(format!("{e:#}")),
+                    Some(Err(e)) => errors.push(e.to_string()),
+                    None => break,
+                },
+            }
+        }
+        record(&mut samples, (round, false))?;
+        for stream in finished {
+            stream.close().await?;
+        }
+        // The sessions' memory after they closed (their histories freed),
+        // sampled for a while as the daemon ends them.
+        eprintln!("soak: round {round}: sessions closed");
+        let closed_at = Instant::now();
+        record(&mut samples, (round, true))?;
+        while closed_at.elapsed() < AFTER_CLOSE {
+            tokio::time::sleep(options.every.min(AFTER_CLOSE)).await;
+            record(&mut samples, (round, true))?;
         }
     }
-    record(
-        &mut samples,
-        turns.load(Ordering::Relaxed),
-        failed.load(Ordering::Relaxed),
-    )?;
-    for stream in finished {
-        stream.close().await?;
-    }
-    // The sessions' memory after they closed (their histories freed).
-    eprintln!("soak: sessions closed");
-    record(
-        &mut samples,
-        turns.load(Ordering::Relaxed),
-        failed.load(Ordering::Relaxed),
-    )?;
     server.stop().await?;
     summarise(&samples, options);
     if !errors.is_empty() {
@@ -205,36 +231,36 @@ pub async fn soak(options: SoakOptions) -> Result<()> {
     Ok(())
 }
 
-/// What changed between the first sample after warm-up (a minute, or a
-/// fifth of the run if shorter) and the last.
+/// What changed in the first round between the first sample after warm-up
+/// (a minute, or a fifth of the run if shorter) and the end of its turns;
+/// then each round's turns, peak and level after its sessions closed.
 fn summarise(samples: &[Sample], options: SoakOptions) {
     let warm = Duration::from_secs(60).min(options.duration / 5);
-    // The last sample is taken after the sessions closed.
-    let (Some(first), Some(last), Some(closed)) = (
-        samples.iter().find(|s| s.at >= warm),
-        samples.len().checked_sub(2).and_then(|i| samples.get(i)),
-        samples.last(),
+    let first_round: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.round == 1 && !s.closed)
+        .collect();
+    let (Some(first), Some(last)) = (
+        first_round.iter().find(|s| s.at >= warm),
+        first_round.last(),
     ) else {
         return;
     };
-    let peak = samples.iter().map(|s| s.rss_mib).fold(0.0, f64::max);
     let secs = (last.at - first.at).as_secs_f64().max(1.0);
     println!();
     println!(
-        "soak: {} sessions, {:.0} s of turns, {} turns ({:.0}/s), {} sessions failed",
+        "soak: {} sessions, {:.0} s of turns a round, {} round(s), {} sessions failed",
         options.sessions,
         options.duration.as_secs_f64(),
-        last.turns,
-        last.turns as f64 / options.duration.as_secs_f64().max(1.0),
-        last.failed
+        options.rounds.max(1),
+        samples.last().map_or(0, |s| s.failed)
     );
     println!(
-        "after warm-up ({:.0} s -> {:.0} s): RSS {:.1} -> {:.1} MiB (peak {:.1}), fds {} -> {}, threads {} -> {}, store {:.2} -> {:.2} MiB ({:.1} KiB/s, {:.1} KiB a turn), WAL {:.2} -> {:.2} MiB",
+        "round 1 after warm-up ({:.0} s -> {:.0} s): RSS {:.1} -> {:.1} MiB, fds {} -> {}, threads {} -> {}, store {:.2} -> {:.2} MiB ({:.1} KiB/s, {:.1} KiB a turn), WAL {:.2} -> {:.2} MiB",
         first.at.as_secs_f64(),
         last.at.as_secs_f64(),
         first.rss_mib,
         last.rss_mib,
-        peak,
         first.fds,
         last.fds,
         first.threads,
@@ -246,8 +272,25 @@ fn summarise(samples: &[Sample], options: SoakOptions) {
         first.wal_mib,
         last.wal_mib
     );
-    println!(
-        "sessions closed: RSS {:.1} MiB, fds {}, threads {}",
-        closed.rss_mib, closed.fds, closed.threads
-    );
+    let mut turns_before = 0;
+    for round in 1..=options.rounds.max(1) {
+        let of_round: Vec<&Sample> = samples.iter().filter(|s| s.round == round).collect();
+        let (Some(end_of_turns), Some(closed)) = (
+            of_round.iter().rfind(|s| !s.closed),
+            of_round.last(),
+        ) else {
+            continue;
+        };
+        let peak = of_round.iter().map(|s| s.rss_mib).fold(0.0, f64::max);
+        let turns = end_of_turns.turns - turns_before;
+        turns_before = end_of_turns.turns;
+        println!(
+            "round {round}: {turns} turns ({:.0}/s), RSS peak {peak:.1} MiB, {:.0} s after its sessions closed {:.1} MiB, fds {}, threads {}",
+            turns as f64 / options.duration.as_secs_f64().max(1.0),
+            AFTER_CLOSE.as_secs_f64(),
+            closed.rss_mib,
+            closed.fds,
+            closed.threads
+        );
+    }
 }
