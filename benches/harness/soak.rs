@@ -275,10 +275,9 @@ fn summarise(samples: &[Sample], options: SoakOptions) {
     let mut turns_before = 0;
     for round in 1..=options.rounds.max(1) {
         let of_round: Vec<&Sample> = samples.iter().filter(|s| s.round == round).collect();
-        let (Some(end_of_turns), Some(closed)) = (
-            of_round.iter().rfind(|s| !s.closed),
-            of_round.last(),
-        ) else {
+        let (Some(end_of_turns), Some(closed)) =
+            (of_round.iter().rfind(|s| !s.closed), of_round.last())
+        else {
             continue;
         };
         let peak = of_round.iter().map(|s| s.rss_mib).fold(0.0, f64::max);
