@@ -33,7 +33,7 @@ fuzz_target!(|data: &[u8]| {
         messages: vec![Message {
             role: Role::User,
             content: vec![Block::Text(text.to_string())],
-        }],
+        }].into(),
         tools,
         max_output_tokens: 256,
     };
@@ -46,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
         _ => None,
     });
     if let Some((id, name, input)) = call {
-        request.messages.push(Message {
+        std::sync::Arc::make_mut(&mut request.messages).push(Message {
             role: Role::Assistant,
             content: vec![Block::ToolUse {
                 id: id.clone(),
@@ -54,7 +54,7 @@ fuzz_target!(|data: &[u8]| {
                 input,
             }],
         });
-        request.messages.push(Message {
+        std::sync::Arc::make_mut(&mut request.messages).push(Message {
             role: Role::User,
             content: vec![Block::ToolResult {
                 tool_use_id: id,

@@ -713,7 +713,8 @@ mod tests {
                         data: vec![1, 2, 3],
                     },
                 ]),
-            ],
+            ]
+            .into(),
             tools: vec![
                 ToolDef {
                     name: "a".into(),

@@ -460,7 +460,7 @@ mod tests {
     fn request(messages: Vec<Message>, tools: &[&str]) -> ModelRequest {
         ModelRequest {
             system: "sys".into(),
-            messages,
+            messages: messages.into(),
             tools: tools
                 .iter()
                 .map(|n| ToolDef {

@@ -89,7 +89,10 @@ pub struct ToolDef {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelRequest {
     pub system: String,
-    pub messages: Vec<Message>,
+    /// Shared with the turn's conversation: a model call does not copy the
+    /// conversation (it grows with every call); the turn's next message
+    /// copies it only if a provider still holds the request then.
+    pub messages: Arc<Vec<Message>>,
     pub tools: Vec<ToolDef>,
     pub max_output_tokens: u32,
 }
@@ -105,7 +108,7 @@ impl ModelRequest {
     /// schema again for each model call was most of the estimate's cost).
     pub fn estimate_tokens_with_tools(&self, tools_tokens: u32) -> u32 {
         let mut total = tokens::count(&self.system);
-        for m in &self.messages {
+        for m in self.messages.iter() {
             total = total.saturating_add(estimate_message_tokens(m));
         }
         total.saturating_add(tools_tokens)

@@ -109,7 +109,7 @@ pub fn request_body(endpoint: &ResolvedEndpoint, request: &ModelRequest) -> Valu
     if !request.system.is_empty() {
         messages.push(json!({"role": "system", "content": request.system}));
     }
-    for m in &request.messages {
+    for m in request.messages.iter() {
         push_message(&mut messages, m);
     }
     let mut body = serde_json::Map::new();

@@ -243,7 +243,8 @@ fn request_maps_history_tools_and_options() {
                     data: vec![1, 2, 3],
                 },
             ]),
-        ],
+        ]
+        .into(),
         tools: vec![ToolDef {
             name: "read".into(),
             description: "reads".into(),

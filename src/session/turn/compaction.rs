@@ -5,6 +5,7 @@
 //! changed something is reported with `ContextCompacted`; the current turn's
 //! messages are never summarised or dropped.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use futures_util::StreamExt as _;
@@ -45,8 +46,12 @@ impl Turn {
         let before = size(self, conversation);
         let mut estimate = full(conversation);
         let tail = context::working_tail(&conversation.messages);
-        let elided =
-            context::elide_tool_results(&mut conversation.messages, tail, &mut estimate, target);
+        let elided = context::elide_tool_results(
+            Arc::make_mut(&mut conversation.messages).as_mut_slice(),
+            tail,
+            &mut estimate,
+            target,
+        );
         if elided > 0 {
             let after = size(self, conversation);
             self.compacted(
@@ -63,7 +68,7 @@ impl Turn {
             let before = size(self, conversation);
             let mut estimate = full(conversation);
             let (blocks, removed) = context::strip_thinking(
-                &mut conversation.messages,
+                Arc::make_mut(&mut conversation.messages),
                 conversation.turn_start,
                 &mut estimate,
                 target,
@@ -97,7 +102,7 @@ impl Turn {
                 target,
                 0,
             ) {
-                conversation.messages.drain(..cut);
+                Arc::make_mut(&mut conversation.messages).drain(..cut);
                 conversation.turn_start -= cut;
                 let after = size(self, conversation);
                 self.compacted(
@@ -159,8 +164,7 @@ impl Turn {
         else {
             return Ok(());
         };
-        conversation
-            .messages
+        Arc::make_mut(&mut conversation.messages)
             .splice(..cut, [context::summary_message(&summary)]);
         conversation.turn_start = conversation.turn_start + 1 - cut;
         let after = (
@@ -215,7 +219,7 @@ impl Turn {
         .await?;
         let request = ModelRequest {
             system: context::SUMMARY_SYSTEM.to_string(),
-            messages: vec![Message::user(vec![Block::Text(context::transcript(old))])],
+            messages: vec![Message::user(vec![Block::Text(context::transcript(old))])].into(),
             tools: Vec::new(),
             max_output_tokens,
         };

@@ -247,7 +247,9 @@ struct Turn {
 /// estimated size, kept up to date as messages are added so that a model
 /// call costs no pass over the whole conversation (it grows with every call).
 struct Conversation {
-    messages: Vec<Message>,
+    /// Shared with the model request of the call in flight (see
+    /// [`ModelRequest::messages`]); changed through `Arc::make_mut`.
+    messages: Arc<Vec<Message>>,
     turn_start: usize,
     tokens: u32,
 }
@@ -258,7 +260,7 @@ impl Conversation {
         Conversation {
             turn_start: messages.len().saturating_sub(1),
             tokens: context::estimate(&messages),
-            messages,
+            messages: Arc::new(messages),
         }
     }
 
@@ -266,7 +268,7 @@ impl Conversation {
     fn push(&mut self, message: Message) -> u32 {
         let tokens = model::estimate_message_tokens(&message);
         self.tokens = self.tokens.saturating_add(tokens);
-        self.messages.push(message);
+        Arc::make_mut(&mut self.messages).push(message);
         tokens
     }
 }
@@ -327,7 +329,7 @@ pub async fn run(
     };
     crate::metrics::turn_ended(stop_reason.as_str());
     TurnOutcome {
-        conversation: conversation.messages,
+        conversation: Arc::unwrap_or_clone(conversation.messages),
         added: turn.added,
         usage: turn.usage,
         stop_reason,
@@ -388,7 +390,7 @@ impl Turn {
             let estimate = self.fit_budget(model, conversation, fixed_tokens).await?;
             let request = ModelRequest {
                 system,
-                messages: conversation.messages.clone(),
+                messages: Arc::clone(&conversation.messages),
                 tools: tools.clone(),
                 max_output_tokens: self.limits.max_output_tokens,
             };
