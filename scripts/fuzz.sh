@@ -4,7 +4,10 @@
 # --locked`) and runs every target, one after the other, until it has run
 # FUZZ_RUNS inputs (default 10 000 000) or for SECONDS (default 1800),
 # whichever comes first — the "10 million executions or 30 minutes" —
-# in one process with one worker, under `nice -n 19`.
+# in one process with one worker, under `nice -n 19`. Each target starts
+# from its hand-written seeds (corpus/<target>/seed-*) and the coverage set
+# of the last full run (coverage-corpus.tar.gz: libFuzzer's set-cover merge
+# of the corpus that run grew, unpacked into corpus/ once).
 # Prints each target's executions and crashes. The corpus grows in
 # fuzz/corpus/<target> (only the seed-* files are committed), crashes land in
 # fuzz/artifacts/<target> (not committed; see docs/robustness.md for what
@@ -29,6 +32,12 @@ if [ -z "${FUZZ_SKIP_BUILD:-}" ]; then
     nice -n 19 cargo +nightly fuzz build --sanitizer "$sanitizer" || exit 1
 fi
 bin="target/$(rustc +nightly -vV | sed -n 's/^host: //p')/release"
+# The committed coverage set, unpacked beside the seeds (never over a file
+# a run already wrote).
+if [ -f coverage-corpus.tar.gz ]; then
+    mkdir -p corpus
+    tar -xzf coverage-corpus.tar.gz -C corpus --skip-old-files || exit 1
+fi
 mkdir -p logs
 printf '%-20s %14s %10s %8s %s\n' target executions exec/s crashes corpus
 status=0
