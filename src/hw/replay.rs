@@ -58,6 +58,16 @@ mod tests {
     #[derive(Default)]
     struct Delivered(Mutex<Vec<(f64, Instant)>>);
 
+    impl Delivered {
+        /// Each value with when it was delivered, after `start`.
+        fn since(&self, start: Instant) -> Vec<(f64, Duration)> {
+            self.0
+                .lock()
+                .map(|d| d.iter().map(|(v, at)| (*v, *at - start)).collect())
+                .unwrap_or_default()
+        }
+    }
+
     impl Readings for Delivered {
         fn record(&self, _sensor: &str, value: f64) {
             if let Ok(mut d) = self.0.lock() {
@@ -94,11 +104,7 @@ mod tests {
             CancellationToken::new(),
         )
         .await;
-        let got: Vec<(f64, Duration)> = delivered
-            .0
-            .lock()
-            .map(|d| d.iter().map(|(v, at)| (*v, *at - start)).collect())
-            .unwrap_or_default();
+        let got = delivered.since(start);
         assert_eq!(
             got,
             vec![
@@ -123,11 +129,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1350)).await;
         shutdown.cancel();
         let _ = task.await;
-        let got: Vec<(f64, Duration)> = delivered
-            .0
-            .lock()
-            .map(|d| d.iter().map(|(v, at)| (*v, *at - start)).collect())
-            .unwrap_or_default();
+        let got = delivered.since(start);
         assert_eq!(
             got,
             vec![

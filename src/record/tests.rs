@@ -39,6 +39,31 @@ fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"))
 }
 
+/// Runs the writer with `settings` over `events` sensor values (one a
+/// microsecond apart from t = 1 s), finishes it and waits for its thread.
+fn write_temps(settings: writer::Settings, events: u64) -> Arc<Shared> {
+    let (queue, receiver) = sync_channel(1024);
+    let shared = Arc::new(Shared::default());
+    let thread = {
+        let shared = shared.clone();
+        std::thread::spawn(move || writer::run(settings, receiver, shared))
+    };
+    for i in 0..events {
+        let _ = queue.send(Item::Record(
+            1_000_000 + i,
+            Event::Sensor {
+                name: Arc::from("temp"),
+                value: i as f64,
+            },
+        ));
+    }
+    let (done_tx, done_rx) = sync_channel(1);
+    let _ = queue.send(Item::Finish(done_tx));
+    let _ = done_rx.recv();
+    let _ = thread.join();
+    shared
+}
+
 #[test]
 fn a_full_queue_drops_and_counts_instead_of_blocking() {
     let dir = tempdir();
@@ -95,28 +120,10 @@ fn streams_not_configured_are_not_recorded() {
 #[test]
 fn rotation_finishes_each_file_and_retention_keeps_the_newest() {
     let dir = tempdir();
-    let (queue, receiver) = sync_channel(1024);
-    let shared = Arc::new(Shared::default());
     let mut settings = settings(dir.path());
     settings.max_file_bytes = 4 * 1024;
     settings.max_files = 2;
-    let thread = {
-        let shared = shared.clone();
-        std::thread::spawn(move || writer::run(settings, receiver, shared))
-    };
-    for i in 0..600 {
-        let _ = queue.send(Item::Record(
-            1_000_000 + i,
-            Event::Sensor {
-                name: Arc::from("temp"),
-                value: i as f64,
-            },
-        ));
-    }
-    let (done_tx, done_rx) = sync_channel(1);
-    let _ = queue.send(Item::Finish(done_tx));
-    let _ = done_rx.recv();
-    let _ = thread.join();
+    let shared = write_temps(settings, 600);
     let finished = shared.files_finished.load(Ordering::Relaxed);
     assert!(finished >= 4, "{finished} files finished");
     assert_eq!(*shared.finished.borrow(), finished);
@@ -137,26 +144,7 @@ fn rotation_finishes_each_file_and_retention_keeps_the_newest() {
 #[test]
 fn a_file_cut_short_is_read_up_to_its_last_chunk_and_recovered_under_its_name() {
     let dir = tempdir();
-    let (queue, receiver) = sync_channel(1024);
-    let shared = Arc::new(Shared::default());
-    let thread = {
-        let shared = shared.clone();
-        let settings = settings(dir.path());
-        std::thread::spawn(move || writer::run(settings, receiver, shared))
-    };
-    for i in 0..100 {
-        let _ = queue.send(Item::Record(
-            1_000_000 + i,
-            Event::Sensor {
-                name: Arc::from("temp"),
-                value: i as f64,
-            },
-        ));
-    }
-    let (done_tx, done_rx) = sync_channel(1);
-    let _ = queue.send(Item::Finish(done_tx));
-    let _ = done_rx.recv();
-    let _ = thread.join();
+    write_temps(settings(dir.path()), 100);
     let listed = files::list(dir.path(), None).unwrap_or_default();
     let path = dir.path().join(&listed[0].name);
     let whole = std::fs::read(&path).unwrap_or_default();
@@ -188,27 +176,9 @@ fn a_file_cut_short_is_read_up_to_its_last_chunk_and_recovered_under_its_name() 
 #[test]
 fn rotation_by_age_finishes_a_file_per_event_when_the_age_is_zero() {
     let dir = tempdir();
-    let (queue, receiver) = sync_channel(64);
-    let shared = Arc::new(Shared::default());
     let mut settings = settings(dir.path());
     settings.max_file_age = Duration::ZERO;
-    let thread = {
-        let shared = shared.clone();
-        std::thread::spawn(move || writer::run(settings, receiver, shared))
-    };
-    for i in 0..3 {
-        let _ = queue.send(Item::Record(
-            1_000_000 + i,
-            Event::Sensor {
-                name: Arc::from("temp"),
-                value: i as f64,
-            },
-        ));
-    }
-    let (done_tx, done_rx) = sync_channel(1);
-    let _ = queue.send(Item::Finish(done_tx));
-    let _ = done_rx.recv();
-    let _ = thread.join();
+    write_temps(settings, 3);
     // Every file reaches its age with its first event: one file per
     // event, each finished, none empty.
     let listed = files::list(dir.path(), None).unwrap_or_default();

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use crate::common::{EXPECT_WITHIN, TestDaemon};
+use crate::common::{self, EXPECT_WITHIN, TestDaemon};
 
 const TOKEN: &str = "dashboard-test-token";
 
@@ -80,16 +80,7 @@ safe_value = 0.0
 "#;
 
 fn python() -> PathBuf {
-    let base = std::env::var_os("ROZD_TEST_PYENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/pyenv"));
-    let python = base.join("bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run ./scripts/test.sh, which installs it",
-        python.display()
-    );
-    python
+    common::pyenv_tool("python")
 }
 
 fn target_dir() -> PathBuf {

@@ -2,24 +2,12 @@
 //! from `proto/` (Python) against the built binary. `scripts/test.sh`
 //! installs both into `target/pyenv` (or `$ROZD_TEST_PYENV`).
 
+use crate::common;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const ROZD: &str = env!("CARGO_BIN_EXE_rozd");
-
-fn pyenv_tool(name: &str) -> PathBuf {
-    let base = std::env::var_os("ROZD_TEST_PYENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/pyenv"));
-    let tool = base.join("bin").join(name);
-    assert!(
-        tool.exists(),
-        "{} is missing: run ./scripts/test.sh, which installs it",
-        tool.display()
-    );
-    tool
-}
 
 /// The built binary on a free port; killed when dropped.
 struct RunningRozd {
@@ -85,7 +73,7 @@ impl Drop for RunningRozd {
 #[test]
 fn grpcurl_lists_services_by_reflection_and_starts_a_session() {
     let rozd = RunningRozd::start();
-    let grpcurl = pyenv_tool("grpcurl");
+    let grpcurl = common::pyenv_tool("grpcurl");
     let out = Command::new(&grpcurl)
         .args(["-plaintext", &rozd.addr, "list"])
         .output()
@@ -139,7 +127,7 @@ fn grpcurl_lists_services_by_reflection_and_starts_a_session() {
 #[test]
 fn python_grpcio_client_runs_a_session_with_a_client_tool() {
     let rozd = RunningRozd::start();
-    let python = pyenv_tool("python");
+    let python = common::pyenv_tool("python");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/session_client.py");
     // The script bounds itself (30 s overall) and exits non-zero on any failure.
     let out = Command::new(&python)

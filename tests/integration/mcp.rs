@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::process::Stdio;
 
-use crate::common::{EXPECT_WITHIN, ROZD, TestDaemon};
+use crate::common::{self, EXPECT_WITHIN, ROZD, TestDaemon};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -18,16 +18,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 const TOKEN: &str = "mcp-test-token";
 
 fn python() -> PathBuf {
-    let base = std::env::var_os("ROZD_TEST_PYENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/pyenv"));
-    let python = base.join("bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run ./scripts/test.sh, which installs the MCP SDK into it",
-        python.display()
-    );
-    python
+    common::pyenv_tool("python")
 }
 
 /// A daemon with one sensor and one actuator, behind a token.

@@ -69,16 +69,7 @@ print(json.dumps(out))
 "#;
 
 fn python() -> PathBuf {
-    let base = std::env::var_os("ROZD_TEST_PYENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/pyenv"));
-    let python = base.join("bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run ./scripts/test.sh, which installs PyPI mcap into it",
-        python.display()
-    );
-    python
+    common::pyenv_tool("python")
 }
 
 /// One file as PyPI `mcap` read it.

@@ -16,7 +16,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt as _, BufReader};
 use tokio::process::Command;
 
 use crate::common::broker::free_port;
-use crate::common::{EXPECT_WITHIN, TestDaemon, rozd_cli};
+use crate::common::{self, EXPECT_WITHIN, TestDaemon, rozd_cli};
 
 const ROZD: &str = env!("CARGO_BIN_EXE_rozd");
 const TOKEN: &str = "tls-test-token";
@@ -161,19 +161,6 @@ async fn run(
     )
 }
 
-fn pyenv_tool(name: &str) -> PathBuf {
-    let base = std::env::var_os("ROZD_TEST_PYENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/pyenv"));
-    let tool = base.join("bin").join(name);
-    assert!(
-        tool.exists(),
-        "{} is missing: run ./scripts/test.sh, which installs it",
-        tool.display()
-    );
-    tool
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_grpcurl_and_the_cli_speak_tls_and_status_reports_it() {
     let pki = Pki::new();
@@ -228,7 +215,7 @@ async fn curl_grpcurl_and_the_cli_speak_tls_and_status_reports_it() {
             .is_err()
     );
 
-    let grpcurl = pyenv_tool("grpcurl");
+    let grpcurl = common::pyenv_tool("grpcurl");
     let target = format!("localhost:{port}");
     let (code, out, err) = run(
         &grpcurl,
@@ -328,7 +315,7 @@ async fn a_client_with_system_roots_and_a_bearer_token_completes_a_session() {
     let daemon = start_tls(&tls_server(&cert, &key, ""), "").await;
     let port = daemon.addr.port();
     let ca = pki.ca_file();
-    let python = pyenv_tool("python");
+    let python = common::pyenv_tool("python");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/session_client.py");
     let out = tokio::time::timeout(
         EXPECT_WITHIN * 6,

@@ -367,3 +367,20 @@ pub async fn spawn_rozd(dir: &std::path::Path, config: &std::path::Path) -> toki
     let _ = std::fs::remove_file(&socket_path);
     child
 }
+
+/// A program of the tests' Python environment (`$ROZD_TEST_PYENV`, else
+/// `target/pyenv`), which `scripts/test.sh` installs: `python`, `grpcurl`.
+pub fn pyenv_tool(name: &str) -> std::path::PathBuf {
+    let base = std::env::var_os("ROZD_TEST_PYENV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/pyenv")
+        });
+    let tool = base.join("bin").join(name);
+    assert!(
+        tool.exists(),
+        "{} is missing: run ./scripts/test.sh, which installs it",
+        tool.display()
+    );
+    tool
+}
