@@ -34,8 +34,9 @@ fuzz_target!(|data: &[u8]| {
             role: Role::User,
             content: vec![Block::Text(text.to_string())],
         }].into(),
-        tools,
+        tools: tools.into(),
         max_output_tokens: 256,
+        estimated_input_tokens: None,
     };
     let (_, events) = rozd::model::local::respond(&request);
     // Answer the first tool call it made, and ask again.

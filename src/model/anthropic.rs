@@ -726,8 +726,10 @@ mod tests {
                     description: "moves".into(),
                     input_schema: json!({"type": "object"}),
                 },
-            ],
+            ]
+            .into(),
             max_output_tokens: 4096,
+            estimated_input_tokens: None,
         };
         let body = request_body(&endpoint, &request);
         assert_eq!(body["model"], "claude-test");

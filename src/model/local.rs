@@ -423,7 +423,7 @@ fn finish(
         events.push(call);
     }
     events.push(ModelEvent::Usage(Usage {
-        input_tokens: request.estimate_tokens(),
+        input_tokens: request.input_tokens(),
         output_tokens: output,
         ..Usage::default()
     }));
@@ -468,8 +468,10 @@ mod tests {
                     description: String::new(),
                     input_schema: json!({}),
                 })
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
             max_output_tokens: 4096,
+            estimated_input_tokens: None,
         }
     }
 

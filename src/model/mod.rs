@@ -93,12 +93,25 @@ pub struct ModelRequest {
     /// conversation (it grows with every call); the turn's next message
     /// copies it only if a provider still holds the request then.
     pub messages: Arc<Vec<Message>>,
-    pub tools: Vec<ToolDef>,
+    /// Shared with the turn: its tools do not change between its model calls.
+    pub tools: Arc<Vec<ToolDef>>,
     pub max_output_tokens: u32,
+    /// The caller's estimate of this request's input tokens, when it keeps
+    /// one up to date (a turn does, as messages are added); equal to
+    /// [`ModelRequest::estimate_tokens`]. See [`ModelRequest::input_tokens`].
+    pub estimated_input_tokens: Option<u32>,
 }
 
 impl ModelRequest {
-    /// Estimated input tokens of the whole request.
+    /// Estimated input tokens of the whole request: the caller's running
+    /// estimate if it has one, else a pass over the request (which grows
+    /// with the conversation).
+    pub fn input_tokens(&self) -> u32 {
+        self.estimated_input_tokens
+            .unwrap_or_else(|| self.estimate_tokens())
+    }
+
+    /// Estimated input tokens of the whole request, counted afresh.
     pub fn estimate_tokens(&self) -> u32 {
         self.estimate_tokens_with_tools(estimate_tools_tokens(&self.tools))
     }

@@ -51,7 +51,7 @@ impl Default for ContextMeter {
 impl ContextMeter {
     /// Tokens of a whole request.
     pub fn tokens(&self, request: &ModelRequest) -> u32 {
-        self.scaled(request.estimate_tokens())
+        self.scaled(request.input_tokens())
     }
 
     /// An estimate in real tokens.

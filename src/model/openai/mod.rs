@@ -87,7 +87,7 @@ impl Model for OpenAiModel {
         let body = request_body(&self.endpoint, &request)
             .to_string()
             .into_bytes();
-        let estimated_input = request.estimate_tokens();
+        let estimated_input = request.input_tokens();
         Call {
             client: self.client.clone(),
             url: format!("{}/chat/completions", self.endpoint.base_url),

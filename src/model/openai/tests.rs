@@ -249,8 +249,10 @@ fn request_maps_history_tools_and_options() {
             name: "read".into(),
             description: "reads".into(),
             input_schema: json!({}),
-        }],
+        }]
+        .into(),
         max_output_tokens: 512,
+        estimated_input_tokens: None,
     };
     let body = request_body(&endpoint, &request);
     assert_eq!(body["model"], "qwen3:8b");

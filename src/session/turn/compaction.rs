@@ -220,8 +220,9 @@ impl Turn {
         let request = ModelRequest {
             system: context::SUMMARY_SYSTEM.to_string(),
             messages: vec![Message::user(vec![Block::Text(context::transcript(old))])].into(),
-            tools: Vec::new(),
+            tools: Arc::default(),
             max_output_tokens,
+            estimated_input_tokens: None,
         };
         let mut stream = model.stream(request);
         let mut text = String::new();

@@ -362,6 +362,7 @@ impl Turn {
         let mut tools = self.host.registry.definitions();
         tools.extend(self.tools.definitions());
         let tools_tokens = model::estimate_tools_tokens(&tools);
+        let tools = Arc::new(tools);
         for _cycle in 0..self.limits.max_cycles {
             self.cycle += 1;
             self.note(TurnNote::Cycle(self.cycle));
@@ -391,8 +392,9 @@ impl Turn {
             let request = ModelRequest {
                 system,
                 messages: Arc::clone(&conversation.messages),
-                tools: tools.clone(),
+                tools: Arc::clone(&tools),
                 max_output_tokens: self.limits.max_output_tokens,
+                estimated_input_tokens: Some(estimate),
             };
             debug_assert_eq!(estimate, request.estimate_tokens(), "incremental estimate");
             self.live_tokens
