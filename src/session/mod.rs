@@ -10,6 +10,7 @@ pub mod host_call;
 pub mod permissions;
 mod record;
 mod registry;
+mod running;
 pub mod schema;
 pub mod state;
 pub mod tools;
@@ -20,7 +21,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use registry::{SessionRegistry, SessionSlot};
@@ -29,6 +29,7 @@ pub use types::*;
 use crate::HostContext;
 use crate::clock::now_ms;
 use crate::store::{SessionRecord, TurnRecord};
+use running::{RunningTurn, TurnFailed};
 use state::{Session, TurnPlan};
 use turn::{TurnInput, TurnLimits, TurnOutcome, TurnSetup};
 
@@ -64,8 +65,7 @@ struct ActiveTurn {
     user_content: String,
     started_at_ms: i64,
     cancel: CancellationToken,
-    inbox: mpsc::Sender<TurnInput>,
-    handle: JoinHandle<TurnOutcome>,
+    running: RunningTurn,
 }
 
 /// Why the session loop stops.
@@ -191,12 +191,10 @@ async fn run_loop(
     runner.close(end).await;
 }
 
-/// Resolves when the active turn's task finishes; never if there is none.
-async fn turn_finished(
-    turn: &mut Option<ActiveTurn>,
-) -> Result<TurnOutcome, tokio::task::JoinError> {
+/// Runs the active turn until it finishes; never resolves if there is none.
+async fn turn_finished(turn: &mut Option<ActiveTurn>) -> Result<TurnOutcome, TurnFailed> {
     match turn {
-        Some(t) => (&mut t.handle).await,
+        Some(t) => t.running.finished().await,
         None => std::future::pending().await,
     }
 }
@@ -240,14 +238,11 @@ impl Runner {
                 approved,
             } => match &self.turn {
                 Some(turn) => {
-                    forward(
-                        turn,
-                        TurnInput::Decision {
-                            tool_call_id,
-                            approved,
-                        },
-                    )
-                    .await
+                    let input = TurnInput::Decision {
+                        tool_call_id,
+                        approved,
+                    };
+                    self.forward(turn, input).await?;
                 }
                 None => {
                     self.error(
@@ -430,7 +425,10 @@ impl Runner {
         };
         let cancel = CancellationToken::new();
         let (inbox_tx, inbox_rx) = mpsc::channel(TURN_INBOX);
-        let handle = tokio::spawn(turn::run(setup, self.out.clone(), inbox_rx, cancel.clone()));
+        let running = RunningTurn::new(
+            turn::run(setup, self.out.clone(), inbox_rx, cancel.clone()),
+            inbox_tx,
+        );
         self.ctx.recorder.session(|| {
             serde_json::json!({"event": "turn_started",
             "session_id": session.id, "message_id": plan.message_id,
@@ -442,8 +440,7 @@ impl Runner {
             user_content: plan.user_content,
             started_at_ms: now_ms(),
             cancel,
-            inbox: inbox_tx,
-            handle,
+            running,
         });
     }
 
@@ -507,8 +504,7 @@ impl Runner {
             return self.error(ErrorCode::InvalidArgument, message).await;
         }
         if let Some(turn) = &self.turn {
-            forward(turn, TurnInput::ToolResult(result)).await;
-            return Ok(());
+            return self.forward(turn, TurnInput::ToolResult(result)).await;
         }
         if self
             .session
@@ -565,10 +561,7 @@ impl Runner {
     /// The active turn ended: clear it, record it, then tell the client —
     /// in that order, so a client that answers `TurnComplete` at once is
     /// never told a turn is in progress.
-    async fn finish_turn(
-        &mut self,
-        joined: Result<TurnOutcome, tokio::task::JoinError>,
-    ) -> Result<(), Gone> {
+    async fn finish_turn(&mut self, joined: Result<TurnOutcome, TurnFailed>) -> Result<(), Gone> {
         match self.record_turn(joined).await {
             Some(report) => self.report_turn(report).await,
             None => Ok(()),
@@ -576,10 +569,7 @@ impl Runner {
     }
 
     /// Clears the active turn, folds its outcome into the session and writes it to the store.
-    async fn record_turn(
-        &mut self,
-        joined: Result<TurnOutcome, tokio::task::JoinError>,
-    ) -> Option<TurnReport> {
+    async fn record_turn(&mut self, joined: Result<TurnOutcome, TurnFailed>) -> Option<TurnReport> {
         let turn = self.turn.take()?;
         let interrupted = match &joined {
             Ok(outcome) => outcome.stop_reason == StopReason::Cancelled,
@@ -693,12 +683,12 @@ impl Runner {
     async fn close(mut self, end: End) {
         if let Some(turn) = &mut self.turn {
             turn.cancel.cancel();
-            let joined = match tokio::time::timeout(TURN_WIND_DOWN, &mut turn.handle).await {
+            let joined = match tokio::time::timeout(TURN_WIND_DOWN, turn.running.finished()).await {
                 Ok(joined) => joined,
                 Err(_) => {
-                    turn.handle.abort();
+                    turn.running.abort();
                     tracing::error!("turn did not wind down in time; aborted");
-                    (&mut turn.handle).await
+                    Err(TurnFailed::Aborted)
                 }
             };
             if let Some(session) = &self.session {
@@ -736,8 +726,26 @@ struct TurnReport {
     errors: Vec<SessionError>,
 }
 
-async fn forward(turn: &ActiveTurn, input: TurnInput) {
-    // The turn may finish between our check and this send; the input then
-    // belongs to no one and is dropped, which is what a finished turn does.
-    let _ = turn.inbox.send(input).await;
+impl Runner {
+    /// Hands a client's input to the running turn. The turn reads its inbox
+    /// as it goes; one that has not read [`TURN_INBOX`] inputs yet is being
+    /// flooded, and the client is told the input was not taken.
+    async fn forward(&self, turn: &ActiveTurn, input: TurnInput) -> Result<(), Gone> {
+        match turn.running.offer(input) {
+            Ok(()) => Ok(()),
+            Err(running::InboxFull(input)) => {
+                let what = match input {
+                    TurnInput::ToolResult(r) => format!("ToolResult {}", r.tool_call_id),
+                    TurnInput::Decision { tool_call_id, .. } => {
+                        format!("PermissionDecision for {tool_call_id}")
+                    }
+                };
+                let message = format!(
+                    "{what} not taken: turn {} has {TURN_INBOX} inputs it has not read yet",
+                    turn.plan_message_id
+                );
+                self.error(ErrorCode::RateLimited, message).await
+            }
+        }
+    }
 }

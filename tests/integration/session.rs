@@ -627,6 +627,44 @@ async fn unknown_and_duplicate_tool_results_are_ignored() {
     daemon.shutdown().await;
 }
 
+/// The turn reads its inbox as it goes; a client that floods a turn busy
+/// with its model (64 inputs it has not read) is told each input past that
+/// was not taken, and the session keeps answering (it never waits for room).
+#[tokio::test]
+async fn a_flood_of_inputs_for_a_busy_turn_is_refused_and_the_session_still_answers() {
+    let daemon = TestDaemon::start("").await;
+    let mut session = open(&daemon, vec![]).await;
+    session.send(user("wait 600000; echo never")).await;
+    loop {
+        if let Resp::ActivityUpdate(u) = session.next().await
+            && u.state == "thinking"
+        {
+            break;
+        }
+    }
+    for n in 0..64 {
+        session.send(result(&format!("stray-{n}"), "x")).await;
+    }
+    session.send(result("stray-64", "x")).await;
+    let err = expect_error(session.next_significant().await);
+    assert_eq!(err.code, "rate_limited");
+    assert!(
+        err.message.contains("ToolResult stray-64 not taken"),
+        "{}",
+        err.message
+    );
+    session.send(Req::Ping(proto::Ping {})).await;
+    assert!(matches!(session.next_significant().await, Resp::Pong(_)));
+    session
+        .send(Req::CancelTurn(proto::CancelTurn {
+            reason: "enough".into(),
+        }))
+        .await;
+    let (_, done) = until_complete(&mut session).await;
+    assert_eq!(done.stop_reason, "cancelled");
+    daemon.shutdown().await;
+}
+
 #[tokio::test]
 async fn tool_result_without_a_turn_is_no_active_turn() {
     let daemon = TestDaemon::start("").await;
