@@ -254,13 +254,13 @@ fn help_text(tools: &[&str]) -> String {
 
 /// The prompt of the current turn: the last user message that is not just
 /// tool results, and the index of that message.
-fn current_prompt(messages: &[super::Message]) -> Option<(usize, String)> {
+fn current_prompt(messages: &[super::Message]) -> Option<(usize, &str)> {
     messages.iter().enumerate().rev().find_map(|(i, m)| {
         if m.role != Role::User {
             return None;
         }
         m.content.iter().find_map(|b| match b {
-            Block::Text(t) => Some((i, t.clone())),
+            Block::Text(t) => Some((i, t.as_str())),
             _ => None,
         })
     })
@@ -277,7 +277,7 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
             finish(request, String::new(), help_text(&tools), None),
         );
     };
-    let commands: Vec<Command> = split_commands(&prompt)
+    let commands: Vec<Command> = split_commands(prompt)
         .iter()
         .map(|l| parse_command(l, &tools))
         .collect();
@@ -291,17 +291,14 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
         })
         .fold(Duration::ZERO, Duration::saturating_add);
     // Results of the tool calls made since the prompt, in call order.
-    let mut results: Vec<(String, String, bool)> = Vec::new();
+    let mut results: Vec<(&str, bool)> = Vec::new();
     for m in &request.messages[prompt_index + 1..] {
         for b in &m.content {
             if let Block::ToolResult {
-                name,
-                content,
-                is_error,
-                ..
+                content, is_error, ..
             } = b
             {
-                results.push((name.clone(), content.clone(), *is_error));
+                results.push((content.as_str(), *is_error));
             }
         }
     }
@@ -347,8 +344,8 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
             Command::Wait(_) => {}
             Command::Invalid(why) => lines.push(format!("Cannot do that: {why}.")),
             Command::Call { tool, .. } => match results.next() {
-                Some((_, content, false)) => lines.push(format!("{tool} returned: {content}")),
-                Some((_, content, true)) => lines.push(format!("{tool} failed: {content}")),
+                Some((content, false)) => lines.push(format!("{tool} returned: {content}")),
+                Some((content, true)) => lines.push(format!("{tool} failed: {content}")),
                 None => lines.push(format!("{tool} returned nothing.")),
             },
         }

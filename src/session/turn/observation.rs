@@ -2,9 +2,11 @@
 //! per sensor and actuator, the protective stop's causes, and the alarms
 //! that appeared since the previous cycle.
 
+use std::fmt::Write as _;
+
 use super::Turn;
-use crate::ooda::Ooda;
 use crate::ooda::orient::AlarmLevel;
+use crate::ooda::{Observation, Ooda};
 
 impl Turn {
     /// The Observation as compact text for the model, with alarms that
@@ -13,65 +15,184 @@ impl Turn {
         // Sensors and actuators as they are now (alarm levels as of the last
         // tick), not as last published: the model sees its own last command.
         let obs = ooda.observe_now();
-        let mut lines = vec![format!(
-            "Current observation #{} (protective stop: {}):",
-            obs.seq,
-            if obs.protective_stop_causes.is_empty() {
-                "none".to_string()
-            } else {
-                let causes = crate::safety::StopState {
-                    causes: obs.protective_stop_causes.clone(),
-                };
-                format!("ACTIVE, {}", causes.describe())
+        let (text, alarms) = describe(&obs, &self.seen_alarms, self.cycle > 1);
+        self.seen_alarms = alarms;
+        text
+    }
+}
+
+/// The text of `obs`, and the alarms it shows. Alarms not in `seen` (or
+/// higher than seen) are called out when `call_out_new`. Written into one
+/// string: this runs before every model call.
+fn describe(
+    obs: &Observation,
+    seen: &[(String, AlarmLevel)],
+    call_out_new: bool,
+) -> (String, Vec<(String, AlarmLevel)>) {
+    let mut text = String::with_capacity(64 * (1 + obs.sensors.len() + obs.actuators.len()));
+    // Writing to a String cannot fail: the results below are ignored.
+    let _ = write!(text, "Current observation #{} (protective stop: ", obs.seq);
+    if obs.protective_stop_causes.is_empty() {
+        text.push_str("none):");
+    } else {
+        let causes = crate::safety::StopState {
+            causes: obs.protective_stop_causes.clone(),
+        };
+        let _ = write!(text, "ACTIVE, {}):", causes.describe());
+    }
+    let mut alarms = Vec::new();
+    for s in &obs.sensors {
+        let v = &s.sensor;
+        let _ = write!(text, "\n- sensor {} = ", v.name);
+        match v.value {
+            Some(x) => {
+                let _ = write!(text, "{x:.4}");
             }
-        )];
-        let mut now_alarms = Vec::new();
-        for s in &obs.sensors {
-            let v = &s.sensor;
-            let value = v
-                .value
-                .map_or_else(|| "no value".to_string(), |x| format!("{x:.4}"));
-            let unit = v.unit.as_deref().unwrap_or("");
-            let age = v
-                .age_ms
-                .map_or_else(String::new, |a| format!(", age {a} ms"));
-            let alarm = match s.alarm {
-                AlarmLevel::Ok => String::new(),
-                other => format!(", ALARM {other:?}").to_uppercase(),
-            };
-            lines.push(format!(
-                "- sensor {} = {value} {unit} ({}{age}{alarm})",
-                v.name, v.health
-            ));
-            if s.alarm != AlarmLevel::Ok {
-                now_alarms.push((v.name.clone(), s.alarm));
-            }
+            None => text.push_str("no value"),
         }
-        for a in &obs.actuators {
-            let holder = a
-                .owner
-                .as_deref()
-                .map_or_else(String::new, |o| format!(", held by {o}"));
-            lines.push(format!(
-                "- actuator {} = {}{}{}",
-                a.name,
-                a.value,
-                if a.at_safe_value { " (safe)" } else { "" },
-                holder
-            ));
+        let unit = v.unit.as_deref().unwrap_or("");
+        let _ = write!(text, " {unit} ({}", v.health);
+        if let Some(age) = v.age_ms {
+            let _ = write!(text, ", age {age} ms");
         }
-        let new: Vec<String> = now_alarms
-            .iter()
-            .filter(|(n, l)| !self.seen_alarms.iter().any(|(sn, sl)| sn == n && sl >= l))
-            .map(|(n, l)| format!("{n} {l:?}").to_lowercase())
-            .collect();
-        if self.cycle > 1 && !new.is_empty() {
-            lines.push(format!(
-                "NEW ALARMS since the last cycle: {}",
-                new.join(", ")
-            ));
+        if s.alarm != AlarmLevel::Ok {
+            let at = text.len();
+            let _ = write!(text, ", ALARM {:?}", s.alarm);
+            text[at..].make_ascii_uppercase();
+            alarms.push((v.name.clone(), s.alarm));
         }
-        self.seen_alarms = now_alarms;
-        lines.join("\n")
+        text.push(')');
+    }
+    for a in &obs.actuators {
+        let _ = write!(text, "\n- actuator {} = {}", a.name, a.value);
+        if a.at_safe_value {
+            text.push_str(" (safe)");
+        }
+        if let Some(owner) = a.owner.as_deref() {
+            let _ = write!(text, ", held by {owner}");
+        }
+    }
+    let new: Vec<String> = alarms
+        .iter()
+        .filter(|(n, l)| !seen.iter().any(|(sn, sl)| sn == n && sl >= l))
+        .map(|(n, l)| format!("{n} {l:?}").to_lowercase())
+        .collect();
+    if call_out_new && !new.is_empty() {
+        let _ = write!(
+            text,
+            "\nNEW ALARMS since the last cycle: {}",
+            new.join(", ")
+        );
+    }
+    (text, alarms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ooda::SensorObservation;
+    use crate::ooda::act::ActuatorView;
+    use crate::ooda::world::SensorView;
+    use crate::safety::StopInfo;
+
+    fn sensor(name: &str, value: Option<f64>, alarm: AlarmLevel) -> SensorObservation {
+        SensorObservation {
+            sensor: SensorView {
+                name: name.into(),
+                unit: value.map(|_| "m".into()),
+                value,
+                age_ms: value.map(|_| 12),
+                health: if value.is_some() { "ok" } else { "stale" },
+                error: None,
+            },
+            alarm,
+        }
+    }
+
+    fn actuator(name: &str, value: f64, owner: Option<&str>) -> ActuatorView {
+        ActuatorView {
+            name: name.into(),
+            unit: None,
+            value,
+            safe_value: 0.0,
+            at_safe_value: value == 0.0,
+            owner: owner.map(str::to_string),
+            since_ms: 0,
+            hold_remaining_ms: None,
+        }
+    }
+
+    fn observation() -> Observation {
+        Observation {
+            seq: 7,
+            at_unix_ms: 0,
+            protective_stop: None,
+            protective_stop_causes: Vec::new(),
+            sensors: vec![
+                sensor("distance", Some(1.25), AlarmLevel::Ok),
+                sensor("temp", Some(81.123456), AlarmLevel::Warn),
+                sensor("bump", None, AlarmLevel::Ok),
+            ],
+            actuators: vec![
+                actuator("speed", 0.5, Some("session s1")),
+                actuator("valve", 0.0, None),
+            ],
+            sources: Vec::new(),
+            sim: None,
+        }
+    }
+
+    #[test]
+    fn every_sensor_and_actuator_is_one_line() {
+        let (text, alarms) = describe(&observation(), &[], false);
+        assert_eq!(
+            text,
+            "Current observation #7 (protective stop: none):\n\
+             - sensor distance = 1.2500 m (ok, age 12 ms)\n\
+             - sensor temp = 81.1235 m (ok, age 12 ms, ALARM WARN)\n\
+             - sensor bump = no value  (stale)\n\
+             - actuator speed = 0.5, held by session s1\n\
+             - actuator valve = 0 (safe)"
+        );
+        assert_eq!(alarms, [("temp".to_string(), AlarmLevel::Warn)]);
+    }
+
+    #[test]
+    fn new_and_raised_alarms_are_called_out_after_the_first_cycle() {
+        let mut obs = observation();
+        obs.sensors[0].alarm = AlarmLevel::Critical;
+        let seen = [
+            ("temp".to_string(), AlarmLevel::Warn),
+            ("distance".to_string(), AlarmLevel::Warn),
+        ];
+        let (text, _) = describe(&obs, &seen, true);
+        assert!(
+            text.ends_with("\nNEW ALARMS since the last cycle: distance critical"),
+            "{text}"
+        );
+        let (first_cycle, _) = describe(&obs, &[], false);
+        assert!(!first_cycle.contains("NEW ALARMS"), "{first_cycle}");
+    }
+
+    #[test]
+    fn an_active_stop_names_its_causes() {
+        let mut obs = observation();
+        obs.protective_stop_causes = vec![StopInfo {
+            source: "rest".into(),
+            reason: "operator".into(),
+            since_unix_ms: 0,
+            by: None,
+        }];
+        let (text, _) = describe(&obs, &[], false);
+        let causes = crate::safety::StopState {
+            causes: obs.protective_stop_causes.clone(),
+        };
+        assert!(
+            text.starts_with(&format!(
+                "Current observation #7 (protective stop: ACTIVE, {}):\n",
+                causes.describe()
+            )),
+            "{text}"
+        );
     }
 }
