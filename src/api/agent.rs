@@ -82,8 +82,11 @@ impl AgentService for AgentApi {
 }
 
 /// Reads the client's stream and routes it: a `StartSession` for another
-/// host of the fleet turns the stream into a relay to that host; everything
-/// else goes to a local session, started at the first message for it.
+/// host of the fleet turns the stream into a relay to that host; one for
+/// this host starts a local session, which then reads the rest of the stream
+/// itself (no task between the client and its session). Messages before any
+/// `StartSession` get the session's answer to them (`no_session`,
+/// `invalid_argument`) and decide nothing.
 ///
 /// The first `StartSession` that goes somewhere decides for the stream: once
 /// one ran here, the stream stays here. A routing failure (`host_not_found`,
@@ -92,11 +95,10 @@ impl AgentService for AgentApi {
 /// `relayed_by`: the host that relayed this stream here, if one did; then a
 /// `StartSession` for another host is refused, not relayed again.
 ///
-/// A transport error or end of stream closes the local session's input,
-/// which it treats as disconnect. When the session ends it drops its input;
-/// the reader then drops `incoming`, which resets the HTTP/2 stream, so a
-/// client that never half-closes cannot hold the connection (and a graceful
-/// shutdown) open.
+/// A transport error or end of stream ends the session's input, which it
+/// treats as disconnect. When the session ends it drops its input, and with
+/// it `incoming`, which resets the HTTP/2 stream, so a client that never
+/// half-closes cannot hold the connection (and a graceful shutdown) open.
 async fn read_client(
     ctx: Arc<HostContext>,
     relayed_by: Option<String>,
@@ -105,106 +107,108 @@ async fn read_client(
     local_out: mpsc::Sender<session::ServerEvent>,
     relay_out: mpsc::Sender<Result<proto::SessionResponse, Status>>,
 ) {
-    let mut local_out = Some(local_out);
-    let mut local: Option<mpsc::Sender<session::Inbound>> = None;
-    let mut bound_here = false;
     loop {
-        let message = tokio::select! {
-            message = incoming.next() => message,
-            () = closed(local.as_ref()) => break,
-        };
-        let request = match message {
+        let request = match incoming.next().await {
             Some(Ok(request)) => request,
             Some(Err(status)) => {
-                // A message that does not decode, or is over the size
-                // limit, fails the stream with its own status (the stream
-                // must not end as if it were a success).
-                let failed = match status.code() {
-                    Code::Internal => Some(Status::invalid_argument(format!(
-                        "a SessionRequest that does not decode: {}",
-                        status.message()
-                    ))),
-                    Code::OutOfRange => Some(Status::resource_exhausted(status.message())),
-                    Code::InvalidArgument | Code::ResourceExhausted => Some(status.clone()),
-                    _ => None,
-                };
-                match failed {
-                    Some(failed) => {
-                        tracing::warn!(status = %failed, "session stream failed: a bad message");
-                        // The response stream ends at this error; a local
-                        // session then ends as a disconnect.
-                        let _ = relay_out.send(Err(failed)).await;
-                    }
-                    None => {
-                        tracing::debug!(%status, "session stream ended with a transport error");
-                    }
-                }
-                break;
+                stream_failed(&relay_out, status).await;
+                return;
             }
-            None => break,
+            None => return,
         };
-        if !bound_here && let Some(proto::session_request::Request::Start(start)) = &request.request
-        {
-            let target = start.host_id.clone().unwrap_or_default();
-            match ctx.fleet.route(&target, relayed_by.as_deref()) {
-                Ok(Route::Local) => bound_here = true,
-                Ok(Route::Remote(remote)) => {
-                    let keepalive = ctx.config.server.http2_keepalive_secs;
-                    match relay::open_session(&remote, keepalive, request).await {
-                        Ok(opened) => {
-                            // A local session that only answered `no_session`
-                            // so far ends as a disconnect without a record.
-                            drop(local);
-                            drop(local_out);
-                            relay::relay_session(opened, incoming, relay_out, ctx.shutdown.clone())
-                                .await;
+        let Some(proto::session_request::Request::Start(start)) = &request.request else {
+            let answer = session::before_start(&convert::client_event(request));
+            if local_out
+                .send(session::ServerEvent::Error(answer))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            continue;
+        };
+        let target = start.host_id.clone().unwrap_or_default();
+        match ctx.fleet.route(&target, relayed_by.as_deref()) {
+            Ok(Route::Local) => {
+                let first = convert::client_event(request);
+                let rest = local_input(incoming, relay_out);
+                let input = futures_util::stream::once(std::future::ready(first)).chain(rest);
+                session::run(ctx, Box::pin(input), local_out, credential).await;
+                return;
+            }
+            Ok(Route::Remote(remote)) => {
+                let keepalive = ctx.config.server.http2_keepalive_secs;
+                match relay::open_session(&remote, keepalive, request).await {
+                    Ok(opened) => {
+                        drop(local_out);
+                        relay::relay_session(opened, incoming, relay_out, ctx.shutdown.clone())
+                            .await;
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(host_id = %target, "cannot relay a session: {e}");
+                        if relay_out.send(Ok(relay::session_error(&e))).await.is_err() {
                             return;
                         }
-                        Err(e) => {
-                            tracing::warn!(host_id = %target, "cannot relay a session: {e}");
-                            if relay_out.send(Ok(relay::session_error(&e))).await.is_err() {
-                                break;
-                            }
-                            continue;
-                        }
                     }
                 }
-                Err(e) => {
-                    tracing::info!(host_id = %target, "session for an unreachable host: {e}");
-                    if relay_out.send(Ok(relay::session_error(&e))).await.is_err() {
-                        break;
-                    }
-                    continue;
+            }
+            Err(e) => {
+                tracing::info!(host_id = %target, "session for an unreachable host: {e}");
+                if relay_out.send(Ok(relay::session_error(&e))).await.is_err() {
+                    return;
                 }
             }
-        }
-        let to_session = match (&local, local_out.take()) {
-            (Some(tx), _) => tx.clone(),
-            (None, Some(out)) => {
-                let (tx, rx) = mpsc::channel(SESSION_QUEUE);
-                tokio::spawn(
-                    session::run(ctx.clone(), rx, out, credential.clone()).in_current_span(),
-                );
-                local = Some(tx.clone());
-                tx
-            }
-            // `local_out` is only taken together with setting `local`.
-            (None, None) => break,
-        };
-        if to_session
-            .send(convert::client_event(request))
-            .await
-            .is_err()
-        {
-            break;
         }
     }
 }
 
-/// Resolves when the local session has ended (never if there is none).
-async fn closed(local: Option<&mpsc::Sender<session::Inbound>>) {
-    match local {
-        Some(tx) => tx.closed().await,
-        None => std::future::pending().await,
+/// The rest of the client's stream as a local session's input. It ends at
+/// the end of the stream or at a transport error; a message that does not
+/// decode fails the response stream first ([`stream_failed`]).
+fn local_input(
+    incoming: Streaming<proto::SessionRequest>,
+    relay_out: mpsc::Sender<Result<proto::SessionResponse, Status>>,
+) -> impl futures_util::Stream<Item = session::Inbound> + Send + 'static {
+    futures_util::stream::unfold(
+        (incoming, relay_out),
+        |(mut incoming, relay_out)| async move {
+            match incoming.next().await {
+                Some(Ok(request)) => Some((convert::client_event(request), (incoming, relay_out))),
+                Some(Err(status)) => {
+                    stream_failed(&relay_out, status).await;
+                    None
+                }
+                None => None,
+            }
+        },
+    )
+}
+
+/// The client's stream broke. A message that does not decode, or is over
+/// the size limit, fails the response stream with its own status (the
+/// stream must not end as if it were a success); a local session then ends
+/// as a disconnect.
+async fn stream_failed(
+    relay_out: &mpsc::Sender<Result<proto::SessionResponse, Status>>,
+    status: Status,
+) {
+    let failed = match status.code() {
+        Code::Internal => Some(Status::invalid_argument(format!(
+            "a SessionRequest that does not decode: {}",
+            status.message()
+        ))),
+        Code::OutOfRange => Some(Status::resource_exhausted(status.message())),
+        Code::InvalidArgument | Code::ResourceExhausted => Some(status.clone()),
+        _ => None,
+    };
+    match failed {
+        Some(failed) => {
+            tracing::warn!(status = %failed, "session stream failed: a bad message");
+            let _ = relay_out.send(Err(failed)).await;
+        }
+        None => {
+            tracing::debug!(%status, "session stream ended with a transport error");
+        }
     }
 }

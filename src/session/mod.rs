@@ -20,6 +20,7 @@ pub mod types;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -32,6 +33,23 @@ use crate::store::{SessionRecord, TurnRecord};
 use running::{RunningTurn, TurnFailed};
 use state::{Session, TurnPlan};
 use turn::{TurnInput, TurnLimits, TurnOutcome, TurnSetup};
+
+/// A session's input: the client's events in order; its end is the
+/// client's disconnect.
+pub type SessionInput = std::pin::Pin<Box<dyn futures_util::Stream<Item = Inbound> + Send>>;
+
+/// The answer to a client event that is not `StartSession` on a stream with
+/// no session (yet): `invalid_argument` for one that is not valid, else
+/// `no_session`.
+pub fn before_start(event: &Inbound) -> SessionError {
+    match event {
+        Err(why) => SessionError::new(ErrorCode::InvalidArgument, why.clone()),
+        Ok(_) => SessionError::new(
+            ErrorCode::NoSession,
+            "no session on this stream: send StartSession first",
+        ),
+    }
+}
 
 /// Where the safety layer attaches: called when a turn is interrupted
 /// (cancel, disconnect, shutdown) and when a session ends, so actuators
@@ -110,7 +128,7 @@ struct Gone;
 /// subject), for the audit of its physical calls.
 pub async fn run(
     ctx: Arc<HostContext>,
-    inbound: mpsc::Receiver<Inbound>,
+    inbound: SessionInput,
     out: mpsc::Sender<ServerEvent>,
     credential: Option<String>,
 ) {
@@ -149,7 +167,7 @@ pub async fn run(
 
 async fn run_loop(
     ctx: Arc<HostContext>,
-    mut inbound: mpsc::Receiver<Inbound>,
+    mut inbound: SessionInput,
     out: mpsc::Sender<ServerEvent>,
     started: Arc<std::sync::Mutex<Option<String>>>,
     credential: Option<String>,
@@ -174,7 +192,7 @@ async fn run_loop(
             biased;
             () = shutdown.cancelled() => break End::Shutdown,
             joined = turn_finished(&mut runner.turn) => runner.finish_turn(joined).await,
-            event = inbound.recv() => match event {
+            event = inbound.next() => match event {
                 None => break End::Disconnect,
                 Some(event) => match runner.handle(event).await {
                     Ok(Some(end)) => break end,
@@ -211,24 +229,16 @@ impl Runner {
 
     async fn handle(&mut self, event: Inbound) -> Result<Option<End>, Gone> {
         let event = match event {
-            Ok(event) => event,
-            Err(why) => {
-                self.error(ErrorCode::InvalidArgument, why).await?;
+            Ok(ClientEvent::Start(request)) => {
+                self.start(request).await?;
+                return Ok(None);
+            }
+            Ok(event) if self.session.is_some() => event,
+            other => {
+                self.send(ServerEvent::Error(before_start(&other))).await?;
                 return Ok(None);
             }
         };
-        if let ClientEvent::Start(request) = event {
-            self.start(request).await?;
-            return Ok(None);
-        }
-        if self.session.is_none() {
-            self.error(
-                ErrorCode::NoSession,
-                "no session on this stream: send StartSession first",
-            )
-            .await?;
-            return Ok(None);
-        }
         match event {
             ClientEvent::Start(_) => {}
             ClientEvent::UserMessage(user) => self.user_message(user).await?,
@@ -584,10 +594,8 @@ impl Runner {
             Ok(outcome) => outcome,
             Err(e) => {
                 // A panicking turn must not take the session (or the daemon) down.
-                tracing::error!(error = %e, message_id = %turn.plan_message_id, "turn task failed");
-                self.ctx
-                    .hooks
-                    .turn_interrupted(&session.id, "turn task failed");
+                tracing::error!(error = %e, message_id = %turn.plan_message_id, "turn failed");
+                self.ctx.hooks.turn_interrupted(&session.id, "turn failed");
                 TurnOutcome {
                     conversation: session.conversation.clone(),
                     added: Vec::new(),

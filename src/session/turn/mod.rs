@@ -1,8 +1,9 @@
 //! One turn: model calls and tool calls until the model ends the turn, the
 //! cycle limit is reached, an error stops it, or it is cancelled.
 //!
-//! The turn runs as a child task of the session. It streams deltas, tool
-//! requests and activity straight to the client; it never sends
+//! A session polls its turn in its own task (`session/running.rs`); a
+//! task's worker spawns it. It streams deltas, tool requests and activity
+//! straight to the client; it never sends
 //! `TurnComplete` itself — it returns a [`TurnOutcome`] and the session loop
 //! clears the active turn before it sends `TurnComplete`.
 //!
