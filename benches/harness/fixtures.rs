@@ -282,6 +282,38 @@ pub const END_TURN: &str = "end";
 #[derive(Clone, Default)]
 pub struct Echo {
     pub driver: Option<Arc<dyn ActuatorDriver>>,
+    /// Precede every `ToolRequest` with the messages rozd's session sends
+    /// before one in a step ([`step_preamble`]): the floor of the same
+    /// protocol traffic, without the session's work.
+    pub same_messages: bool,
+}
+
+/// How many messages [`step_preamble`] has.
+pub const STEP_PREAMBLE: usize = 4;
+
+/// What rozd sends before each `ToolRequest` of a client-tool step on the
+/// built-in host (`ooda_re_act`, the local model): the activity of the new
+/// cycle, the model's thinking and text, and the activity of the tool call.
+fn step_preamble(n: u64) -> Vec<Resp> {
+    let activity = |state: &str, detail: String| {
+        Resp::ActivityUpdate(proto::ActivityUpdate {
+            state: state.into(),
+            detail,
+            progress: None,
+        })
+    };
+    vec![
+        activity("thinking", format!("ooda cycle {n}")),
+        Resp::ThinkingDelta(proto::ThinkingDelta {
+            message_id: "echo".into(),
+            content: "Offline command model. Parsed 11 command(s) from the prompt; 11 tool call(s), 1 done.".into(),
+        }),
+        Resp::TextDelta(proto::TextDelta {
+            message_id: "echo".into(),
+            content: format!("Calling {STEP_TOOL}."),
+        }),
+        activity("calling_tool", STEP_TOOL.into()),
+    ]
 }
 
 type EchoStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send + 'static>>;
@@ -313,37 +345,60 @@ impl AgentService for Echo {
         request: tonic::Request<tonic::Streaming<proto::SessionRequest>>,
     ) -> Result<tonic::Response<Self::StreamSessionStream>, tonic::Status> {
         let driver = self.driver.clone();
+        let same_messages = self.same_messages;
         let mut n = 0u64;
         let responses = request.into_inner().then(move |request| {
             n += 1;
             let driver = driver.clone();
+            let next_call = move || {
+                let mut out = if same_messages {
+                    step_preamble(n)
+                } else {
+                    Vec::new()
+                };
+                out.push(tool_request(n));
+                out
+            };
             async move {
-                let response = match request?.request {
-                    Some(Req::Start(_)) => Resp::SessionStarted(proto::SessionStarted {
+                let responses = match request?.request {
+                    Some(Req::Start(_)) => vec![Resp::SessionStarted(proto::SessionStarted {
                         session_id: "echo".into(),
                         model: "echo".into(),
                         permissions: Vec::new(),
-                    }),
+                    })],
                     Some(Req::ToolResult(r)) => match (r.result.parse::<f64>(), &driver) {
                         (Ok(value), Some(driver)) => {
                             driver
                                 .apply(value)
                                 .await
                                 .map_err(|e| tonic::Status::internal(e.to_string()))?;
-                            turn_complete()
+                            vec![turn_complete()]
                         }
-                        _ if r.result == END_TURN => turn_complete(),
-                        _ => tool_request(n),
+                        _ if r.result == END_TURN => vec![turn_complete()],
+                        _ => next_call(),
                     },
                     Some(Req::CancelSession(_)) => {
                         return Err(tonic::Status::cancelled("session cancelled"));
                     }
-                    _ => tool_request(n),
+                    _ => next_call(),
                 };
-                Ok(proto::SessionResponse {
-                    response: Some(response),
-                })
+                Ok(responses)
             }
+        });
+        // Each request's responses, in order, as single messages.
+        let responses = responses.flat_map(|answer| {
+            let items: Vec<Result<proto::SessionResponse, tonic::Status>> = match answer {
+                Ok(responses) => responses
+                    .into_iter()
+                    .map(|response| {
+                        Ok(proto::SessionResponse {
+                            response: Some(response),
+                        })
+                    })
+                    .collect(),
+                Err(status) => vec![Err(status)],
+            };
+            futures_util::stream::iter(items)
         });
         // End the response stream at the first error (CancelSession, a reset).
         let responses = responses.scan(false, |failed, item| {

@@ -215,10 +215,12 @@ pub async fn host_tool(scale: &Scale) -> Result<Group> {
     let floor_sim = SimActuator::new();
     let sim_echo = start_echo(Echo {
         driver: Some(floor_sim.clone()),
+        ..Echo::default()
     })
     .await?;
     let serial_echo = start_echo(Echo {
         driver: Some(Arc::new(serial_driver)),
+        ..Echo::default()
     })
     .await?;
 

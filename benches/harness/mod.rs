@@ -274,7 +274,9 @@ pub fn run(options: &Options) -> Result<Report> {
             wanted
         };
         if section("1") {
-            metrics.extend(steps::tool_steps(&scale).await.context("1. steps")?.metrics);
+            for group in steps::tool_steps(&scale).await.context("1. steps")? {
+                metrics.extend(group.metrics);
+            }
         }
         if section("2") {
             metrics.extend(

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
+use rozd::api::proto;
 use rozd::api::proto::agent_service_client::AgentServiceClient;
 use rozd::api::proto::session_response::Response as Resp;
 use tokio::time::Instant;
@@ -12,8 +13,8 @@ use tonic::transport::Channel;
 
 use super::Scale;
 use super::fixtures::{
-    Daemon, END_TURN, Echo, SessionStream, connect, start_echo, step_tool, steps_prompt,
-    tool_result, user,
+    Daemon, END_TURN, Echo, STEP_PREAMBLE, SessionStream, connect, start_echo, step_tool,
+    steps_prompt, tool_result, user,
 };
 use super::report::{Better, Group, P50, P99, P999, Samples};
 
@@ -21,21 +22,34 @@ use super::report::{Better, Group, P50, P99, P999, Samples};
 const SESSIONS_PER_CONNECTION: usize = 100;
 
 /// One rozd turn of `k` sequential client tool calls; returns the `k - 1`
-/// step latencies (ToolResult sent -> next ToolRequest received).
+/// step latencies (ToolResult sent -> next ToolRequest received). Checks
+/// that each step sends what the echo of the same messages mirrors.
 async fn rozd_steps(session: &mut SessionStream, k: usize) -> Result<Samples> {
     let mut samples = Samples::default();
     session.send(user(&steps_prompt(k))).await?;
     let mut sent: Option<Instant> = None;
+    let mut before_request = 0;
     loop {
-        match session.next_significant().await? {
+        match session.next().await? {
             Resp::ToolRequest(request) => {
                 if let Some(at) = sent {
                     samples.push(at.elapsed());
+                    if before_request != STEP_PREAMBLE {
+                        bail!(
+                            "rozd sent {before_request} messages before a step's ToolRequest; \
+                             the echo of the same messages sends {STEP_PREAMBLE}"
+                        );
+                    }
                 }
                 let result = tool_result(&request.tool_call_id, "ok");
+                before_request = 0;
                 sent = Some(Instant::now());
                 session.send(result).await?;
             }
+            Resp::ActivityUpdate(_)
+            | Resp::PresenceHint(_)
+            | Resp::ThinkingDelta(_)
+            | Resp::TextDelta(_) => before_request += 1,
             Resp::TurnComplete(done) if done.stop_reason == "end_turn" => return Ok(samples),
             Resp::TurnComplete(done) => bail!("the turn ended with {}", done.stop_reason),
             _ => {}
@@ -43,22 +57,18 @@ async fn rozd_steps(session: &mut SessionStream, k: usize) -> Result<Samples> {
     }
 }
 
-/// The echo's `n` steps: ToolResult sent -> next ToolRequest received.
+/// The echo's `n` steps: ToolResult sent -> next ToolRequest received
+/// (past whatever the echo sends before it).
 async fn echo_steps(stream: &mut SessionStream, n: usize) -> Result<Samples> {
     let mut samples = Samples::default();
     stream.send(user("go")).await?;
-    let Resp::ToolRequest(mut request) = stream.next().await? else {
-        bail!("the echo did not answer with a ToolRequest");
-    };
+    let mut request = next_tool_request(stream).await?;
     for _ in 0..n {
         let result = tool_result(&request.tool_call_id, "ok");
         let at = Instant::now();
         stream.send(result).await?;
-        let Resp::ToolRequest(next) = stream.next().await? else {
-            bail!("the echo did not answer with a ToolRequest");
-        };
+        request = next_tool_request(stream).await?;
         samples.push(at.elapsed());
-        request = next;
     }
     stream
         .send(tool_result(&request.tool_call_id, END_TURN))
@@ -69,45 +79,77 @@ async fn echo_steps(stream: &mut SessionStream, n: usize) -> Result<Samples> {
     }
 }
 
-pub async fn tool_steps(scale: &Scale) -> Result<Group> {
+async fn next_tool_request(stream: &mut SessionStream) -> Result<proto::ToolRequest> {
+    loop {
+        match stream.next().await? {
+            Resp::ToolRequest(request) => return Ok(request),
+            Resp::ActivityUpdate(_) | Resp::ThinkingDelta(_) | Resp::TextDelta(_) => {}
+            other => bail!("the echo did not answer with a ToolRequest: {other:?}"),
+        }
+    }
+}
+
+/// Measurement 1, against two floors: the bare echo (one message per
+/// step), and the echo of the same messages rozd sends per step, which
+/// tells the protocol's share of the step from the session's.
+pub async fn tool_steps(scale: &Scale) -> Result<Vec<Group>> {
     let daemon = Daemon::builtin().await?;
     let echo = start_echo(Echo::default()).await?;
+    let same = start_echo(Echo {
+        same_messages: true,
+        ..Echo::default()
+    })
+    .await?;
     let mut rozd_client = connect(daemon.addr).await?;
     let mut echo_client = connect(echo.addr).await?;
-    let (mut rozd, mut floor) = (Samples::default(), Samples::default());
-    // Session 0 warms both up and is not counted. rozd and the echo take
-    // turns, so both see the same moments of a noisy machine.
+    let mut same_client = connect(same.addr).await?;
+    let (mut rozd, mut floor, mut same_floor) =
+        (Samples::default(), Samples::default(), Samples::default());
+    // Session 0 warms them up and is not counted. rozd and the echoes take
+    // turns, so all see the same moments of a noisy machine.
     for session in 0..=scale.step_sessions {
         let mut rozd_session = SessionStream::start(&mut rozd_client, vec![step_tool()]).await?;
         let mut echo_stream = SessionStream::start(&mut echo_client, vec![]).await?;
+        let mut same_stream = SessionStream::start(&mut same_client, vec![]).await?;
         for _ in 0..scale.step_turns {
             let r = rozd_steps(&mut rozd_session, scale.step_calls).await?;
             let f = echo_steps(&mut echo_stream, scale.step_calls - 1).await?;
+            let s = echo_steps(&mut same_stream, scale.step_calls - 1).await?;
             if session > 0 {
                 rozd.extend(r);
                 floor.extend(f);
+                same_floor.extend(s);
             }
         }
         rozd_session.close().await?;
         echo_stream.close().await?;
+        same_stream.close().await?;
     }
     daemon.shutdown().await?;
-    let mut group = Group::new(
+    let name = format!(
+        "client tool step, ToolResult -> next ToolRequest ({} calls/turn, built-in host, ooda_re_act)",
+        scale.step_calls
+    );
+    let mut bare = Group::new(
         "1. tool step overhead",
         "a bare tonic bidi echo of the same roz.v1 messages on the same runtime \
          (ToolResult in, ToolRequest out, no session behind it)",
     );
-    group.latencies(
-        "step",
-        &format!(
-            "client tool step, ToolResult -> next ToolRequest ({} calls/turn, built-in host, ooda_re_act)",
-            scale.step_calls
-        ),
-        &rozd,
-        &floor,
-        &[P50, P99, P999],
+    bare.latencies("step", &name, &rozd, &floor, &[P50, P99, P999]);
+    let mut protocol = Group::new(
+        "1. tool step overhead",
+        "the same echo sending, before each ToolRequest, the four messages rozd sends in a \
+         step (the new cycle's and the tool call's ActivityUpdate, the model's ThinkingDelta \
+         and TextDelta): the protocol's share of the step, without a session",
     );
-    Ok(group)
+    protocol.latencies(
+        "step_same_messages",
+        &format!("{name}, against the echo of the same messages"),
+        &rozd,
+        &same_floor,
+        &[P50, P99],
+    );
+    Ok(vec![bare, protocol])
 }
 
 // ------------------------------------------------------------------ concurrency
