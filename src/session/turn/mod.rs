@@ -364,6 +364,10 @@ impl Turn {
         tools.extend(self.tools.definitions());
         let tools_tokens = model::estimate_tools_tokens(&tools);
         let tools = Arc::new(tools);
+        // Neither does the system prompt; the Observation added to it in
+        // `ooda_re_act` mode is counted on its own (a count is additive
+        // across the blank line that joins them).
+        let system_tokens = model::tokens::count(system);
         for _cycle in 0..self.limits.max_cycles {
             self.cycle += 1;
             self.note(TurnNote::Cycle(self.cycle));
@@ -384,11 +388,14 @@ impl Turn {
             )
             .await?;
             self.check_session_budget()?;
-            let system = match observation {
-                Some(text) => format!("{system}\n\n{text}"),
-                None => system.to_string(),
+            let (system, fixed_tokens) = match observation {
+                Some(text) => (
+                    [system, "\n\n", &text].concat(),
+                    model::tokens::count(&text).saturating_add(system_tokens),
+                ),
+                None => (system.to_string(), system_tokens),
             };
-            let fixed_tokens = model::tokens::count(&system).saturating_add(tools_tokens);
+            let fixed_tokens = fixed_tokens.saturating_add(tools_tokens);
             let estimate = self.fit_budget(model, conversation, fixed_tokens).await?;
             let request = ModelRequest {
                 system,

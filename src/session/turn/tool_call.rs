@@ -37,7 +37,7 @@ impl Turn {
         {
             return self.host_tool_call(id, &tool, input).await;
         }
-        let Some(tool) = self.tools.get(name).cloned() else {
+        let Some(tool) = self.tools.get(name) else {
             tracing::info!(tool = name, "model called a tool this turn does not have");
             return Ok(error_result(
                 id,
@@ -55,18 +55,19 @@ impl Turn {
                 &format!("invalid parameters for `{name}`: {why}"),
             ));
         }
-        let physical = tool.spec.category == ToolCategory::Physical;
-        let presence = presence_for(tool.spec.category);
+        let (category, timeout_ms) = (tool.spec.category, tool.spec.timeout_ms);
+        let physical = category == ToolCategory::Physical;
+        let presence = presence_for(category);
         let permissions = self.permissions.clone();
         if let Gate::Refused { message, .. } =
-            gate(self, &permissions, id, name, &input, tool.spec.category).await?
+            gate(self, &permissions, id, name, &input, category).await?
         {
             return Ok(error_result(id, name, &message));
         }
-        let timeout_ms = if tool.spec.timeout_ms == 0 {
+        let timeout_ms = if timeout_ms == 0 {
             self.limits.default_tool_timeout_ms
         } else {
-            tool.spec.timeout_ms
+            timeout_ms
         };
         let reason = if physical {
             "a PHYSICAL tool is running"
