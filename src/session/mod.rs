@@ -194,15 +194,11 @@ async fn run_loop(
             joined = turn_finished(&mut runner.turn) => runner.finish_turn(joined).await,
             event = inbound.next() => match event {
                 None => break End::Disconnect,
-                Some(event) => {
-                    // The turn is polled right after: see `running::Quiet`.
-                    let _quiet = runner.turn.as_ref().map(|t| t.running.quiet());
-                    match runner.handle(event).await {
-                        Ok(Some(end)) => break end,
-                        Ok(None) => Ok(()),
-                        Err(gone) => Err(gone),
-                    }
-                }
+                Some(event) => match runner.handle(event).await {
+                    Ok(Some(end)) => break end,
+                    Ok(None) => Ok(()),
+                    Err(gone) => Err(gone),
+                },
             },
             _ = keepalive.tick() => runner.keepalive().await,
         };

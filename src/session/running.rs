@@ -11,25 +11,14 @@
 //! Because the session loop polls the turn only between its own steps, the
 //! hand-off to the turn never waits ([`RunningTurn::offer`]): a session
 //! waiting for room in its turn's inbox would wait for itself.
-//!
-//! The hand-off would also wake the session's own task while it runs, and
-//! tokio puts a task that wakes itself at the back of the queue and wakes
-//! another worker thread to take it: a cross-thread wake-up per tool step
-//! for nothing, since the session polls its turn right after handling a
-//! client event anyway. So the turn is polled with a waker of its own that
-//! passes wake-ups on to the session's task except while the session is
-//! handling a client event ([`RunningTurn::quiet`]).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Wake, Waker};
+use std::sync::{Mutex, PoisonError};
 
 use futures_util::FutureExt as _;
 use futures_util::future::{CatchUnwind, Fuse};
-use futures_util::task::AtomicWaker;
 use tokio::sync::mpsc;
 
 use super::turn::{TurnInput, TurnOutcome};
@@ -56,39 +45,6 @@ pub struct RunningTurn {
     /// take `&self` across awaits, hold a turn that is not `Sync`.
     future: Option<Mutex<Fuse<CatchUnwind<AssertUnwindSafe<TurnFuture>>>>>,
     inbox: mpsc::Sender<TurnInput>,
-    wakes: Arc<TurnWaker>,
-    /// `wakes` as a [`Waker`], what the turn is polled with.
-    waker: Waker,
-}
-
-/// Passes the turn's wake-ups on to the session's task, except while the
-/// session is handling a client event ([`RunningTurn::quiet`]).
-#[derive(Default)]
-struct TurnWaker {
-    session: AtomicWaker,
-    quiet: AtomicBool,
-}
-
-impl Wake for TurnWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        if !self.quiet.load(Ordering::Acquire) {
-            self.session.wake();
-        }
-    }
-}
-
-/// While held, the turn's wake-ups are dropped: hold it only while the
-/// session handles a client event, after which it polls the turn.
-pub struct Quiet(Arc<TurnWaker>);
-
-impl Drop for Quiet {
-    fn drop(&mut self) {
-        self.0.quiet.store(false, Ordering::Release);
-    }
 }
 
 impl RunningTurn {
@@ -98,10 +54,7 @@ impl RunningTurn {
         inbox: mpsc::Sender<TurnInput>,
     ) -> RunningTurn {
         let turn: TurnFuture = Box::pin(turn);
-        let wakes = Arc::new(TurnWaker::default());
         RunningTurn {
-            waker: Waker::from(wakes.clone()),
-            wakes,
             // Unwind safety: as for a spawned task, the turn's state is
             // dropped with it after a panic; only its outcome is used.
             future: Some(Mutex::new(AssertUnwindSafe(turn).catch_unwind().fuse())),
@@ -117,12 +70,7 @@ impl RunningTurn {
             return Err(TurnFailed::Aborted);
         };
         let future = future.get_mut().unwrap_or_else(PoisonError::into_inner);
-        let (wakes, waker) = (&self.wakes, &self.waker);
-        let polled = std::future::poll_fn(|cx| {
-            wakes.session.register(cx.waker());
-            Pin::new(&mut *future).poll(&mut Context::from_waker(waker))
-        });
-        polled.await.map_err(|payload| {
+        future.await.map_err(|payload| {
             let why = payload
                 .downcast_ref::<&str>()
                 .map(|s| (*s).to_string())
@@ -130,14 +78,6 @@ impl RunningTurn {
                 .unwrap_or_else(|| "a panic without a message".to_string());
             TurnFailed::Panicked(why)
         })
-    }
-
-    /// Drops the turn's wake-ups until the guard is dropped. The session
-    /// holds it while it handles a client event: it polls the turn right
-    /// after, so nothing the turn was woken for is missed.
-    pub fn quiet(&self) -> Quiet {
-        self.wakes.quiet.store(true, Ordering::Release);
-        Quiet(self.wakes.clone())
     }
 
     /// Drops the turn where it stands (its drop guards run).
@@ -217,58 +157,6 @@ mod tests {
         assert_eq!(seen_rx.await.ok().flatten(), Some(input("a")));
         // The inbox is gone with the turn: an input for it is dropped quietly.
         assert_eq!(turn.offer(input("c")), Ok(()));
-    }
-
-    #[derive(Default)]
-    struct CountingWaker(std::sync::atomic::AtomicUsize);
-
-    impl Wake for CountingWaker {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    #[test]
-    fn wake_ups_while_quiet_are_dropped_and_the_next_poll_sees_what_they_were_for() {
-        let (tx, _rx) = mpsc::channel(1);
-        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
-        let mut turn = RunningTurn::new(
-            async move {
-                let _ = go_rx.await;
-                outcome()
-            },
-            tx,
-        );
-        let session = Arc::new(CountingWaker::default());
-        let session_waker = Waker::from(session.clone());
-        let mut cx = Context::from_waker(&session_waker);
-        let mut poll = |turn: &mut RunningTurn| {
-            let mut finished = std::pin::pin!(turn.finished());
-            finished.as_mut().poll(&mut cx).is_ready()
-        };
-        assert!(!poll(&mut turn));
-        let quiet = turn.quiet();
-        let _ = go_tx.send(());
-        assert_eq!(session.0.load(Ordering::SeqCst), 0, "woken while quiet");
-        drop(quiet);
-        assert!(
-            poll(&mut turn),
-            "the next poll sees what the dropped wake was for"
-        );
-
-        // Outside a quiet spell a wake-up reaches the session.
-        let (tx, _rx) = mpsc::channel(1);
-        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
-        let mut turn = RunningTurn::new(
-            async move {
-                let _ = go_rx.await;
-                outcome()
-            },
-            tx,
-        );
-        assert!(!poll(&mut turn));
-        let _ = go_tx.send(());
-        assert_eq!(session.0.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
