@@ -108,7 +108,13 @@ async fn read_client(
     relay_out: mpsc::Sender<Result<proto::SessionResponse, Status>>,
 ) {
     loop {
-        let request = match incoming.next().await {
+        // Until a session or a relay owns the stream, the daemon's shutdown
+        // ends it here (dropping `incoming` resets it), as a session would.
+        let message = tokio::select! {
+            message = incoming.next() => message,
+            () = ctx.shutdown.cancelled() => return,
+        };
+        let request = match message {
             Some(Ok(request)) => request,
             Some(Err(status)) => {
                 stream_failed(&relay_out, status).await;

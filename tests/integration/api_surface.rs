@@ -74,6 +74,26 @@ async fn shutdown_closes_open_session_streams() {
     assert_eq!(ctx.sessions.active(), 0);
 }
 
+/// A stream that has not started a session yet ends at shutdown too: it
+/// does not hold the daemon for the whole grace period.
+#[tokio::test]
+async fn shutdown_closes_a_stream_that_has_not_started_a_session() {
+    let daemon = TestDaemon::start_server(
+        "shutdown_grace_secs = 600",
+        "",
+        |_| {},
+        std::sync::Arc::new(rozd::session::LogHooks),
+    )
+    .await;
+    let mut client = daemon.agent().await;
+    let mut session = Session::open(&mut client).await;
+    session.send(Req::Ping(proto::Ping {})).await;
+    assert_eq!(expect_error(session.next().await).code, "no_session");
+    let shutdown = tokio::spawn(daemon.shutdown());
+    session.closed().await.expect("stream ends cleanly");
+    shutdown.await.unwrap();
+}
+
 #[tokio::test]
 async fn watch_team_refuses_malformed_and_unknown_task_ids() {
     let daemon = TestDaemon::start("").await;
