@@ -705,13 +705,7 @@ async fn a_session_through_a_runs_on_b_and_ends_with_host_unavailable_when_b_die
         })
         .await;
     session.send(user("wait 60000; echo never")).await;
-    loop {
-        match session.next().await {
-            Resp::ActivityUpdate(u) if u.state == "thinking" => break,
-            Resp::Error(e) => panic!("{e:?}"),
-            _ => {}
-        }
-    }
+    session.until_activity("thinking").await;
     b.kill9().await;
     let e = loop {
         match session.next().await {

@@ -363,12 +363,7 @@ async fn cancel_turn_returns_the_sessions_actuators_to_safe() {
         }
     }
     assert_eq!(daemon.ctx.ooda.actuators().value("speed"), Some(0.6));
-    session
-        .send(Req::CancelTurn(proto::CancelTurn {
-            reason: "stop".into(),
-        }))
-        .await;
-    let (_, done) = until_complete(&mut session).await;
+    let (_, done) = session.cancel_turn().await;
     assert_eq!(done.stop_reason, "cancelled");
     wait_safe(&daemon, "speed").await;
     daemon.shutdown().await;
@@ -519,13 +514,7 @@ async fn a_panic_in_the_session_loop_still_drives_its_actuators_safe() {
     // A slow turn is running when the session is cancelled: closing it
     // calls the hook, which panics before the loop's own deadman runs.
     session.send(user("wait 600000; echo never")).await;
-    loop {
-        if let Resp::ActivityUpdate(u) = session.next().await
-            && u.state == "thinking"
-        {
-            break;
-        }
-    }
+    session.until_activity("thinking").await;
     session
         .send(Req::CancelSession(proto::CancelSession {
             reason: "bye".into(),

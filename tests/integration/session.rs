@@ -348,12 +348,7 @@ async fn user_message_during_a_turn_is_turn_in_progress() {
         (err.code.as_str(), err.retryable),
         ("turn_in_progress", true)
     );
-    session
-        .send(Req::CancelTurn(proto::CancelTurn {
-            reason: "test".into(),
-        }))
-        .await;
-    let (_, done) = until_complete(&mut session).await;
+    let (_, done) = session.cancel_turn().await;
     assert_eq!(
         (done.message_id.as_str(), done.stop_reason.as_str()),
         ("slow", "cancelled")
@@ -635,13 +630,7 @@ async fn a_flood_of_inputs_for_a_busy_turn_is_refused_and_the_session_still_answ
     let daemon = TestDaemon::start("").await;
     let mut session = open(&daemon, vec![]).await;
     session.send(user("wait 600000; echo never")).await;
-    loop {
-        if let Resp::ActivityUpdate(u) = session.next().await
-            && u.state == "thinking"
-        {
-            break;
-        }
-    }
+    session.until_activity("thinking").await;
     for n in 0..64 {
         session.send(result(&format!("stray-{n}"), "x")).await;
     }
@@ -655,12 +644,7 @@ async fn a_flood_of_inputs_for_a_busy_turn_is_refused_and_the_session_still_answ
     );
     session.send(Req::Ping(proto::Ping {})).await;
     assert!(matches!(session.next_significant().await, Resp::Pong(_)));
-    session
-        .send(Req::CancelTurn(proto::CancelTurn {
-            reason: "enough".into(),
-        }))
-        .await;
-    let (_, done) = until_complete(&mut session).await;
+    let (_, done) = session.cancel_turn().await;
     assert_eq!(done.stop_reason, "cancelled");
     daemon.shutdown().await;
 }
@@ -980,12 +964,7 @@ async fn cancel_turn_during_the_model_stream() {
             break;
         }
     }
-    session
-        .send(Req::CancelTurn(proto::CancelTurn {
-            reason: "operator".into(),
-        }))
-        .await;
-    let (seen, done) = until_complete(&mut session).await;
+    let (seen, done) = session.cancel_turn().await;
     assert_eq!(
         (done.message_id.as_str(), done.stop_reason.as_str()),
         ("long", "cancelled")
@@ -1006,12 +985,7 @@ async fn cancel_turn_during_a_tool_wait_keeps_the_conversation_usable() {
     let mut session = open(&daemon, vec![pure("hang")]).await;
     session.send(user("call hang {}")).await;
     let request = next_tool_request(&mut session).await;
-    session
-        .send(Req::CancelTurn(proto::CancelTurn {
-            reason: "stop".into(),
-        }))
-        .await;
-    let (_, done) = until_complete(&mut session).await;
+    let (_, done) = session.cancel_turn().await;
     assert_eq!(done.stop_reason, "cancelled");
     // A result for the cancelled call now has no turn.
     session.send(result(&request.tool_call_id, "late")).await;

@@ -211,6 +211,32 @@ impl Session {
         }
     }
 
+    /// Reads until an `ActivityUpdate` in `state` (e.g. the turn's model is
+    /// `thinking`); a `SessionError` on the way fails the test.
+    pub async fn until_activity(&mut self, state: &str) {
+        use proto::session_response::Response as R;
+        loop {
+            match self.next().await {
+                R::ActivityUpdate(u) if u.state == state => return,
+                R::Error(e) => panic!("waiting for activity {state:?}: {e:?}"),
+                _ => {}
+            }
+        }
+    }
+
+    /// Sends `CancelTurn`; the turn's responses up to its `TurnComplete`, and that.
+    pub async fn cancel_turn(
+        &mut self,
+    ) -> (Vec<proto::session_response::Response>, proto::TurnComplete) {
+        self.send(proto::session_request::Request::CancelTurn(
+            proto::CancelTurn {
+                reason: "test".into(),
+            },
+        ))
+        .await;
+        until_complete(self).await
+    }
+
     /// Waits for the server to close the stream.
     pub async fn closed(&mut self) -> Result<(), tonic::Status> {
         loop {
