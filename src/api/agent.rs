@@ -124,12 +124,15 @@ async fn read_client(
         };
         let Some(proto::session_request::Request::Start(start)) = &request.request else {
             let answer = session::before_start(&convert::client_event(request));
-            if local_out
-                .send(session::ServerEvent::Error(answer))
-                .await
-                .is_err()
-            {
-                return;
+            // A client that does not read its answers must not hold the
+            // shutdown either.
+            tokio::select! {
+                sent = local_out.send(session::ServerEvent::Error(answer)) => {
+                    if sent.is_err() {
+                        return;
+                    }
+                }
+                () = ctx.shutdown.cancelled() => return,
             }
             continue;
         };
