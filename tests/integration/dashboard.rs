@@ -133,12 +133,22 @@ async fn chromium_drives_the_dashboard() {
         .await
         .expect("the browser test finishes")
         .expect("run python (scripts/test.sh installs selenium, chromium, chromium-driver)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "dashboard.py failed:\n{stdout}\n{stderr}"
-    );
+    if !out.status.success() {
+        // The whole output goes to a file; the panic carries its last lines
+        // (dashboard.py's last says which step failed), so a log that keeps
+        // only its tail still tells why.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let log = shots.join("dashboard-failure.log");
+        let _ = std::fs::write(&log, format!("{stdout}\n{stderr}"));
+        let lines: Vec<&str> = stderr.lines().collect();
+        let tail = lines[lines.len().saturating_sub(12)..].join("\n");
+        panic!(
+            "dashboard.py failed ({}); all of its output is in {}; its last lines:\n{tail}",
+            out.status,
+            log.display()
+        );
+    }
     assert!(shots.join("dashboard.png").exists());
 
     // Over REST: the approved command was applied (audited), and the stop is latched.

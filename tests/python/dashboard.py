@@ -12,6 +12,7 @@ a bounded wait for a condition; exit status 0 only if every check passed.
 
 import json
 import sys
+import traceback
 import urllib.request
 
 from selenium import webdriver
@@ -21,6 +22,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 WITHIN = 30  # seconds: a bound on a hang, not a synchronisation
+
+
+def click(element):
+    element.click()
+    return True
 
 
 def rest(base, token, path):
@@ -39,9 +45,11 @@ def main():
     driver = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
     # The page re-renders its tables with every event: an element may go stale between look-up and read.
     wait = WebDriverWait(driver, WITHIN, ignored_exceptions=[StaleElementReferenceException, NoSuchElementException])
+    step = "loading the page"
     try:
         driver.get(base + "/ui")
         # Tokens are configured: the page asks once.
+        step = "entering the token"
         token_input = wait.until(lambda d: d.find_element(By.ID, "token-input"))
         wait.until(lambda d: token_input.is_displayed())
         token_input.send_keys(token)
@@ -52,25 +60,31 @@ def main():
         print("page live:", driver.find_element(By.ID, "host-name").text, flush=True)
 
         # A sensor's value changes on the page.
+        step = "a sensor's value changing"
         value = lambda d: d.find_element(By.CSS_SELECTOR, '[data-sensor="wave"] .value').text
         first = wait.until(lambda d: value(d) if value(d) not in ("", "—") else False)
         changed = wait.until(lambda d: value(d) if value(d) != first else False)
         print("wave:", first, "->", changed, flush=True)
 
         # The pending approval, with tool, parameters and who asks; approve it.
-        card = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".approval"))
+        step = "the pending approval"
         text = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".approval").text)
         assert "drive_speed" in text, text
         assert '"value": 0.3' in text, text
         assert task_id + ":w0" in text, text
-        card.find_element(By.CSS_SELECTOR, "button.approve").click()
+        # Every change of the task list re-renders the cards: the button is
+        # looked up and clicked in one step, again if it went stale between.
+        step = "approving from the page"
+        wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, ".approval button.approve")))
         speed = lambda d: d.find_element(By.CSS_SELECTOR, '[data-actuator="drive_speed"] .value').text
+        step = "the approved command on the page"
         wait.until(lambda d: speed(d).startswith("0.3"))
         print("drive_speed on the page:", speed(driver), flush=True)
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, ".approval"))
         driver.save_screenshot(shots + "/dashboard.png")
 
         # STOP: one click latches the stop; REST says so and the page shows it.
+        step = "the STOP button"
         driver.find_element(By.ID, "stop-button").click()
         safety = wait.until(lambda d: (lambda s: s if s["estop_active"] else False)(rest(base, token, "/v1/safety")))
         assert safety and safety["estop_active"], safety
@@ -79,12 +93,18 @@ def main():
         wait.until(lambda d: "dashboard STOP button" in d.find_element(By.ID, "stop-causes").text)
         driver.save_screenshot(shots + "/dashboard-stopped.png")
         print("stopped:", safety["causes"], flush=True)
-    except Exception:
+    except Exception as error:
+        # The page and the browser's log go to files; the last line says
+        # which step failed and why, short enough to survive a log's tail.
         driver.save_screenshot(shots + "/dashboard-failure.png")
-        print(driver.page_source[:4000], file=sys.stderr)
+        with open(shots + "/dashboard-failure.html", "w") as page:
+            page.write(driver.page_source)
         for entry in driver.get_log("browser") if hasattr(driver, "get_log") else []:
             print("browser:", entry, file=sys.stderr)
-        raise
+        traceback.print_exc()
+        why = next((line for line in str(error).splitlines() if line.strip()), "")
+        print(f"FAILED at {step}: {type(error).__name__}: {why[:300]}", file=sys.stderr)
+        sys.exit(1)
     finally:
         driver.quit()
 
