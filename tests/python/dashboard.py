@@ -78,8 +78,9 @@ def main():
         wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, ".approval button.approve")))
         speed = lambda d: d.find_element(By.CSS_SELECTOR, '[data-actuator="drive_speed"] .value').text
         step = "the approved command on the page"
-        wait.until(lambda d: speed(d).startswith("0.3"))
-        print("drive_speed on the page:", speed(driver), flush=True)
+        # Read inside the wait: the value's element is replaced with every Observation.
+        shown = wait.until(lambda d: (lambda v: v if v.startswith("0.3") else False)(speed(d)))
+        print("drive_speed on the page:", shown, flush=True)
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, ".approval"))
         driver.save_screenshot(shots + "/dashboard.png")
 
