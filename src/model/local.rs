@@ -76,13 +76,12 @@ impl Model for LocalModel {
 }
 
 /// Splits on newlines and on `;` outside JSON braces and strings.
-fn split_commands(text: &str) -> Vec<String> {
+fn split_commands(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
-    let mut current = String::new();
+    let mut start = 0;
     let (mut depth, mut in_string, mut escaped) = (0i32, false, false);
-    for c in text.chars() {
+    for (at, c) in text.char_indices() {
         if in_string {
-            current.push(c);
             match (escaped, c) {
                 (true, _) => escaped = false,
                 (false, '\\') => escaped = true,
@@ -95,19 +94,16 @@ fn split_commands(text: &str) -> Vec<String> {
             '"' => in_string = true,
             '{' | '[' => depth += 1,
             '}' | ']' => depth -= 1,
+            ';' | '\n' if depth <= 0 => {
+                out.push(text[start..at].trim());
+                start = at + c.len_utf8();
+            }
             _ => {}
         }
-        if (c == ';' || c == '\n') && depth <= 0 {
-            out.push(std::mem::take(&mut current));
-        } else {
-            current.push(c);
-        }
     }
-    out.push(current);
-    out.into_iter()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect()
+    out.push(text[start..].trim());
+    out.retain(|s| !s.is_empty());
+    out
 }
 
 fn parse_command(line: &str, tools: &[&str]) -> Command {
@@ -116,7 +112,13 @@ fn parse_command(line: &str, tools: &[&str]) -> Command {
         None => (line, ""),
     };
     let has = |name: &str| tools.contains(&name);
-    match verb.to_ascii_lowercase().as_str() {
+    // Borrowed unless it has capitals: this runs for every command on every model call.
+    let verb = if verb.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(verb.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(verb)
+    };
+    match verb.as_ref() {
         "help" => Command::Help,
         "status" if has("observe") => Command::Call {
             tool: "observe".into(),
@@ -317,7 +319,7 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
     );
     if let Some((tool, input)) = calls.get(results.len()) {
         let text = format!("Calling {tool}.");
-        let id = format!("toolu_local_{}", uuid::Uuid::new_v4().simple());
+        let id = call_id();
         let call = ModelEvent::ToolUse {
             id,
             name: (*tool).clone(),
@@ -389,7 +391,8 @@ fn finish(
     call: Option<ModelEvent>,
 ) -> Vec<ModelEvent> {
     let budget = request.max_output_tokens;
-    let mut events = Vec::new();
+    // Thinking, text in pieces of a few words, the call, usage and stop.
+    let mut events = Vec::with_capacity(4 + text.len() / 8);
     let mut output: u32 = 0;
     let mut stop = if call.is_some() {
         ModelStop::ToolUse
@@ -426,6 +429,17 @@ fn finish(
     }));
     events.push(ModelEvent::Stop(stop));
     events
+}
+
+/// A tool call id unique in this process and, by its random prefix (drawn
+/// once), across restarts: `toolu_local_` and 32 hex digits, as a UUID's
+/// simple form was (one getrandom call per id was a tenth of a call's work).
+fn call_id() -> String {
+    static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let prefix = PREFIX.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("toolu_local_{prefix:016x}{n:016x}")
 }
 
 /// Splits text into pieces of a few words, keeping every character.
@@ -480,6 +494,18 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn call_ids_are_distinct_and_keep_their_shape() {
+        let ids: Vec<String> = (0..1000).map(|_| call_id()).collect();
+        let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        for id in &ids {
+            let hex = id.strip_prefix("toolu_local_").expect("prefix");
+            assert_eq!(hex.len(), 32, "{id}");
+            assert!(hex.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+        }
     }
 
     #[test]

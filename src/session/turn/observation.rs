@@ -45,9 +45,7 @@ fn describe(
         let v = &s.sensor;
         let _ = write!(text, "\n- sensor {} = ", v.name);
         match v.value {
-            Some(x) => {
-                let _ = write!(text, "{x:.4}");
-            }
+            Some(x) => push_fixed4(&mut text, x),
             None => text.push_str("no value"),
         }
         let unit = v.unit.as_deref().unwrap_or("");
@@ -85,6 +83,35 @@ fn describe(
         );
     }
     (text, alarms)
+}
+
+/// Appends `x` as `format!("{x:.4}")` does, without the exact float
+/// formatter where the result is sure to be the same (most of the text's
+/// cost was that formatter). Below 10^9 ten-thousandths, `x * 10^4` is off
+/// from the exact product by less than 10^-7, so unless that product is
+/// within 10^-6 of a tie its nearest integer is the exact one's; ties,
+/// large values, NaN and infinities go to the formatter.
+fn push_fixed4(text: &mut String, x: f64) {
+    let scaled = (x * 10_000.0).abs();
+    if scaled < 1e9 && (scaled.fract() - 0.5).abs() > 1e-6 {
+        // In range: the cast is exact, and the sign stays (`-0.0000`).
+        let units = scaled.round() as u64;
+        if x.is_sign_negative() {
+            text.push('-');
+        }
+        let _ = write!(text, "{}.", units / 10_000);
+        let fraction = units % 10_000;
+        for digit in [
+            fraction / 1000,
+            fraction / 100 % 10,
+            fraction / 10 % 10,
+            fraction % 10,
+        ] {
+            text.push(char::from(b'0' + digit as u8));
+        }
+    } else {
+        let _ = write!(text, "{x:.4}");
+    }
 }
 
 #[cfg(test)]
@@ -139,6 +166,58 @@ mod tests {
             ],
             sources: Vec::new(),
             sim: None,
+        }
+    }
+
+    fn fixed4(x: f64) -> String {
+        let mut text = String::new();
+        push_fixed4(&mut text, x);
+        text
+    }
+
+    #[test]
+    fn four_decimals_as_the_formatter_writes_them() {
+        for x in [
+            0.0,
+            -0.0,
+            1.25,
+            -1.25,
+            81.123456,
+            0.03125,
+            -0.03125,
+            0.00005,
+            -0.00001,
+            0.99995,
+            9.99995,
+            12345.6789,
+            99_999.99995,
+            1e5,
+            1e9,
+            -1e12,
+            1e300,
+            f64::MIN_POSITIVE,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ] {
+            assert_eq!(fixed4(x), format!("{x:.4}"), "{x:e}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_value_has_the_formatters_four_decimals(
+            x in proptest::num::f64::ANY,
+            small in -2e5f64..2e5,
+            ties in -2_000_000i64..2_000_000,
+        ) {
+            proptest::prop_assert_eq!(fixed4(x), format!("{x:.4}"));
+            proptest::prop_assert_eq!(fixed4(small), format!("{small:.4}"));
+            // Values at and next to a tie of the fifth decimal.
+            let tie = (ties as f64 + 0.5) / 10_000.0;
+            for y in [tie, tie.next_up(), tie.next_down()] {
+                proptest::prop_assert_eq!(fixed4(y), format!("{y:.4}"));
+            }
         }
     }
 
