@@ -713,7 +713,7 @@ mod properties {
             let tools = ["observe", "read_sensor", "speed", "spawn_worker", "await_workers"];
             for line in split_commands(&text) {
                 prop_assert!(!line.is_empty());
-                let _ = parse_command(&line, &tools);
+                let _ = parse_command(line, &tools);
             }
         }
     }
