@@ -29,6 +29,16 @@ def click(element):
     return True
 
 
+def text_when(wait, selector, good):
+    """Waits until the text of `selector` is good and returns it. The page
+    re-renders with every event: the element is looked up and read in one
+    step of the wait, again if it went stale between."""
+    def read(driver):
+        text = driver.find_element(By.CSS_SELECTOR, selector).text
+        return text if good(text) else False
+    return wait.until(read)
+
+
 def rest(base, token, path):
     request = urllib.request.Request(base + path, headers={"Authorization": "Bearer " + token})
     with urllib.request.urlopen(request, timeout=10) as reply:
@@ -56,30 +66,27 @@ def main():
         driver.find_element(By.ID, "token-submit").click()
         assert driver.execute_script("return sessionStorage.getItem('rozd-token')") == token
         assert token not in driver.current_url, "the token must never be in a URL"
-        wait.until(lambda d: d.find_element(By.ID, "link").text.startswith("live"))
+        text_when(wait, "#link", lambda t: t.startswith("live"))
         print("page live:", driver.find_element(By.ID, "host-name").text, flush=True)
 
         # A sensor's value changes on the page.
         step = "a sensor's value changing"
-        value = lambda d: d.find_element(By.CSS_SELECTOR, '[data-sensor="wave"] .value').text
-        first = wait.until(lambda d: value(d) if value(d) not in ("", "—") else False)
-        changed = wait.until(lambda d: value(d) if value(d) != first else False)
+        wave = '[data-sensor="wave"] .value'
+        first = text_when(wait, wave, lambda t: t not in ("", "—"))
+        changed = text_when(wait, wave, lambda t: t != first)
         print("wave:", first, "->", changed, flush=True)
 
         # The pending approval, with tool, parameters and who asks; approve it.
         step = "the pending approval"
-        text = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".approval").text)
+        text = text_when(wait, ".approval", bool)
         assert "drive_speed" in text, text
         assert '"value": 0.3' in text, text
         assert task_id + ":w0" in text, text
-        # Every change of the task list re-renders the cards: the button is
-        # looked up and clicked in one step, again if it went stale between.
+        # Every change of the task list re-renders the cards: looked up and clicked in one step.
         step = "approving from the page"
         wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, ".approval button.approve")))
-        speed = lambda d: d.find_element(By.CSS_SELECTOR, '[data-actuator="drive_speed"] .value').text
         step = "the approved command on the page"
-        # Read inside the wait: the value's element is replaced with every Observation.
-        shown = wait.until(lambda d: (lambda v: v if v.startswith("0.3") else False)(speed(d)))
+        shown = text_when(wait, '[data-actuator="drive_speed"] .value', lambda t: t.startswith("0.3"))
         print("drive_speed on the page:", shown, flush=True)
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, ".approval"))
         driver.save_screenshot(shots + "/dashboard.png")
@@ -90,8 +97,8 @@ def main():
         safety = wait.until(lambda d: (lambda s: s if s["estop_active"] else False)(rest(base, token, "/v1/safety")))
         assert safety and safety["estop_active"], safety
         assert any(c["source"] == "rest" for c in safety["causes"]), safety
-        wait.until(lambda d: d.find_element(By.ID, "stop-state").text == "PROTECTIVE STOP")
-        wait.until(lambda d: "dashboard STOP button" in d.find_element(By.ID, "stop-causes").text)
+        text_when(wait, "#stop-state", lambda t: t == "PROTECTIVE STOP")
+        text_when(wait, "#stop-causes", lambda t: "dashboard STOP button" in t)
         driver.save_screenshot(shots + "/dashboard-stopped.png")
         print("stopped:", safety["causes"], flush=True)
     except Exception as error:

@@ -99,16 +99,7 @@ fn push_fixed4(text: &mut String, x: f64) {
         if x.is_sign_negative() {
             text.push('-');
         }
-        let _ = write!(text, "{}.", units / 10_000);
-        let fraction = units % 10_000;
-        for digit in [
-            fraction / 1000,
-            fraction / 100 % 10,
-            fraction / 10 % 10,
-            fraction % 10,
-        ] {
-            text.push(char::from(b'0' + digit as u8));
-        }
+        let _ = write!(text, "{}.{:04}", units / 10_000, units % 10_000);
     } else {
         let _ = write!(text, "{x:.4}");
     }
