@@ -9,7 +9,7 @@
 //! client or a model could make up. Never a session, task or call id.
 
 use std::collections::BTreeSet;
-use std::sync::{LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -44,19 +44,19 @@ struct StopReasonLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EndpointLabels {
-    endpoint: String,
+    endpoint: Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EndpointResultLabels {
-    endpoint: String,
-    result: String,
+    endpoint: Arc<str>,
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TokenLabels {
-    endpoint: String,
-    kind: String,
+    endpoint: Arc<str>,
+    kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -162,7 +162,8 @@ struct Events {
     stop_triggers: Family<SourceLabels, Counter>,
     store_writes: Histograms<KindLabels>,
     /// Model names seen in configuration; others are labelled `other`.
-    models: Mutex<BTreeSet<String>>,
+    /// Shared, not copied: every model call labels six series with one.
+    models: Mutex<BTreeSet<Arc<str>>>,
 }
 
 static EVENTS: LazyLock<Events> = LazyLock::new(|| Events {
@@ -180,7 +181,7 @@ static EVENTS: LazyLock<Events> = LazyLock::new(|| Events {
     actuator_commands: Family::default(),
     stop_triggers: Family::default(),
     store_writes: Family::new_with_constructor(store_histogram),
-    models: Mutex::new(BTreeSet::from(["local".to_string()])),
+    models: Mutex::new(BTreeSet::from([Arc::from("local"), Arc::from(OTHER_MODEL)])),
 });
 
 /// One tick of the loop: how late it woke after its deadline, how long its work took.
@@ -217,17 +218,20 @@ pub fn known_models<'a>(names: impl IntoIterator<Item = &'a str>) {
         if known.len() >= MAX_MODEL_LABELS {
             break;
         }
-        known.insert(name.to_string());
+        known.insert(Arc::from(name));
     }
 }
 
-fn model_label(name: &str) -> String {
+/// The label of models configuration does not name.
+const OTHER_MODEL: &str = "other";
+
+fn model_label(name: &str) -> Arc<str> {
     let known = EVENTS.models.lock().unwrap_or_else(PoisonError::into_inner);
-    if known.contains(name) {
-        name.to_string()
-    } else {
-        "other".to_string()
-    }
+    known
+        .get(name)
+        .or_else(|| known.get(OTHER_MODEL))
+        .cloned()
+        .unwrap_or_else(|| Arc::from(OTHER_MODEL))
 }
 
 /// Token counts of one model call, by kind.
@@ -259,7 +263,7 @@ pub fn model_call(model: &str, took: Duration, result: ModelResult, tokens: Toke
         .model_calls
         .get_or_create(&EndpointResultLabels {
             endpoint: endpoint.clone(),
-            result: word.to_string(),
+            result: word,
         })
         .inc();
     EVENTS
@@ -286,7 +290,7 @@ pub fn model_call(model: &str, took: Duration, result: ModelResult, tokens: Toke
             .model_tokens
             .get_or_create(&TokenLabels {
                 endpoint: endpoint.clone(),
-                kind: kind.to_string(),
+                kind,
             })
             .inc_by(n);
     }
@@ -765,9 +769,9 @@ mod tests {
     #[test]
     fn unconfigured_model_names_are_other() {
         known_models(["configured-model"]);
-        assert_eq!(model_label("configured-model"), "configured-model");
-        assert_eq!(model_label("local"), "local");
-        assert_eq!(model_label("claude-made-up-by-a-client"), "other");
+        assert_eq!(&*model_label("configured-model"), "configured-model");
+        assert_eq!(&*model_label("local"), "local");
+        assert_eq!(&*model_label("claude-made-up-by-a-client"), "other");
     }
 
     #[test]

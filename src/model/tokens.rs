@@ -4,26 +4,65 @@
 
 /// Estimated tokens in `text`.
 pub fn count(text: &str) -> u32 {
-    let mut tokens: u32 = 0;
-    let mut word_len: u32 = 0;
-    let flush = |len: &mut u32, tokens: &mut u32| {
-        if *len > 0 {
-            *tokens = tokens.saturating_add(len.div_ceil(4));
-            *len = 0;
-        }
-    };
-    for c in text.chars() {
-        if c.is_alphanumeric() || c == '_' {
-            word_len += 1;
+    // Runs over the system prompt, the Observation and every new message
+    // before each model call: ASCII, nearly all of that text, is classified
+    // a byte at a time; other characters are decoded as they come.
+    let mut counter = Counter::default();
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    while let Some(&byte) = bytes.get(at) {
+        if byte.is_ascii() {
+            counter.push(byte.is_ascii_alphanumeric() || byte == b'_', is_space(byte));
+            at += 1;
         } else {
-            flush(&mut word_len, &mut tokens);
-            if !c.is_whitespace() {
-                tokens = tokens.saturating_add(1);
+            // `at` is a char boundary: it only ever moves by whole characters.
+            let Some(c) = text.get(at..).and_then(|rest| rest.chars().next()) else {
+                break;
+            };
+            counter.push(c.is_alphanumeric(), c.is_whitespace());
+            at += c.len_utf8();
+        }
+    }
+    counter.finish()
+}
+
+/// `char::is_whitespace` for an ASCII byte (which, unlike
+/// `u8::is_ascii_whitespace`, includes the vertical tab).
+fn is_space(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t'..=b'\r')
+}
+
+/// A word's characters count a token per four; any other character that
+/// is not whitespace is a token of its own.
+#[derive(Default)]
+struct Counter {
+    tokens: u32,
+    word_len: u32,
+}
+
+impl Counter {
+    fn push(&mut self, in_word: bool, space: bool) {
+        if in_word {
+            self.word_len += 1;
+        } else {
+            self.end_word();
+            if !space {
+                self.tokens = self.tokens.saturating_add(1);
             }
         }
     }
-    flush(&mut word_len, &mut tokens);
-    tokens
+
+    fn end_word(&mut self) {
+        if self.word_len > 0 {
+            self.tokens = self.tokens.saturating_add(self.word_len.div_ceil(4));
+            self.word_len = 0;
+        }
+    }
+
+    fn finish(mut self) -> u32 {
+        self.end_word();
+        self.tokens
+    }
 }
 
 #[cfg(test)]
@@ -38,5 +77,40 @@ mod tests {
         assert_eq!(count("set gripper 0.5"), 1 + 2 + 3); // "0", ".", "5"
         assert_eq!(count("  \n\t "), 0);
         assert_eq!(count("{\"a\":1}"), 7);
+        assert_eq!(count("a\u{b}b"), 2); // a vertical tab separates words
+        assert_eq!(count("größe 3 µm"), 2 + 1 + 1);
+        assert_eq!(count("日本語、テスト"), 1 + 1 + 1);
+    }
+
+    /// The count as first written: a char at a time.
+    fn count_by_char(text: &str) -> u32 {
+        let mut tokens: u32 = 0;
+        let mut word_len: u32 = 0;
+        for c in text.chars() {
+            if c.is_alphanumeric() || c == '_' {
+                word_len += 1;
+            } else {
+                if word_len > 0 {
+                    tokens += word_len.div_ceil(4);
+                    word_len = 0;
+                }
+                if !c.is_whitespace() {
+                    tokens += 1;
+                }
+            }
+        }
+        tokens + word_len.div_ceil(4)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn counts_as_a_char_at_a_time(text in "(?s).{0,200}") {
+            proptest::prop_assert_eq!(count(&text), count_by_char(&text));
+        }
+
+        #[test]
+        fn counts_ascii_as_a_char_at_a_time(text in "[\\x00-\\x7f]{0,200}") {
+            proptest::prop_assert_eq!(count(&text), count_by_char(&text));
+        }
     }
 }

@@ -455,6 +455,16 @@ impl Ooda {
     /// now, alarm levels as of the last tick. What a host tool returns, so a
     /// command is visible to the next `observe` without waiting for a tick.
     pub fn observe_now(&self) -> Observation {
+        Observation {
+            sim: self.sim_world(),
+            sources: self.world.sources(),
+            ..self.observe_now_brief()
+        }
+    }
+
+    /// [`Ooda::observe_now`] without the simulated world and the sources'
+    /// health: what the model's text shows, read before every model call.
+    pub fn observe_now_brief(&self) -> Observation {
         let latest = self.observation();
         let now = Instant::now();
         let sensors = self
@@ -477,8 +487,8 @@ impl Ooda {
             protective_stop_causes: stop.causes,
             sensors,
             actuators: self.actuators.views(now),
-            sim: self.sim_world(),
-            sources: self.world.sources(),
+            sim: None,
+            sources: Vec::new(),
         }
     }
 

@@ -14,7 +14,7 @@ impl Turn {
     pub(super) fn describe_observation(&mut self, ooda: &Ooda) -> String {
         // Sensors and actuators as they are now (alarm levels as of the last
         // tick), not as last published: the model sees its own last command.
-        let obs = ooda.observe_now();
+        let obs = ooda.observe_now_brief();
         let (text, alarms) = describe(&obs, &self.seen_alarms, self.cycle > 1);
         self.seen_alarms = alarms;
         text
@@ -40,18 +40,26 @@ fn describe(
         };
         let _ = write!(text, "ACTIVE, {}):", causes.describe());
     }
+    // Names and numbers are pushed, not formatted: `write!` was most of
+    // the text's cost, and this runs before every model call.
     let mut alarms = Vec::new();
     for s in &obs.sensors {
         let v = &s.sensor;
-        let _ = write!(text, "\n- sensor {} = ", v.name);
+        text.push_str("\n- sensor ");
+        text.push_str(&v.name);
+        text.push_str(" = ");
         match v.value {
             Some(x) => push_fixed4(&mut text, x),
             None => text.push_str("no value"),
         }
-        let unit = v.unit.as_deref().unwrap_or("");
-        let _ = write!(text, " {unit} ({}", v.health);
+        text.push(' ');
+        text.push_str(v.unit.as_deref().unwrap_or(""));
+        text.push_str(" (");
+        text.push_str(v.health);
         if let Some(age) = v.age_ms {
-            let _ = write!(text, ", age {age} ms");
+            text.push_str(", age ");
+            text.push_str(itoa::Buffer::new().format(age));
+            text.push_str(" ms");
         }
         if s.alarm != AlarmLevel::Ok {
             let at = text.len();
@@ -62,12 +70,15 @@ fn describe(
         text.push(')');
     }
     for a in &obs.actuators {
-        let _ = write!(text, "\n- actuator {} = {}", a.name, a.value);
+        text.push_str("\n- actuator ");
+        text.push_str(&a.name);
+        let _ = write!(text, " = {}", a.value);
         if a.at_safe_value {
             text.push_str(" (safe)");
         }
         if let Some(owner) = a.owner.as_deref() {
-            let _ = write!(text, ", held by {owner}");
+            text.push_str(", held by ");
+            text.push_str(owner);
         }
     }
     let new: Vec<String> = alarms
@@ -99,7 +110,12 @@ fn push_fixed4(text: &mut String, x: f64) {
         if x.is_sign_negative() {
             text.push('-');
         }
-        let _ = write!(text, "{}.{:04}", units / 10_000, units % 10_000);
+        text.push_str(itoa::Buffer::new().format(units / 10_000));
+        text.push('.');
+        // The fraction is 0-9999; 10_000 + it has five digits, the first 1.
+        let mut digits = itoa::Buffer::new();
+        let fraction = digits.format(10_000 + units % 10_000);
+        text.push_str(&fraction[1..]);
     } else {
         let _ = write!(text, "{x:.4}");
     }
