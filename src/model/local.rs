@@ -38,15 +38,17 @@ const WORDS_PER_DELTA: usize = 3;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LocalModel;
 
+/// A command of the prompt; names and text are slices of it (parsed again
+/// on every model call of the turn, so nothing is copied that need not be).
 #[derive(Debug, Clone, PartialEq)]
-enum Command {
+enum Command<'a> {
     Help,
     Status,
-    Echo(String),
+    Echo(&'a str),
     Context,
     Wait(u64),
     Call {
-        tool: String,
+        tool: &'a str,
         input: Value,
     },
     /// A command that cannot run, with the reason shown to the user.
@@ -106,7 +108,7 @@ fn split_commands(text: &str) -> Vec<&str> {
     out
 }
 
-fn parse_command(line: &str, tools: &[&str]) -> Command {
+fn parse_command<'a>(line: &'a str, tools: &[&str]) -> Command<'a> {
     let (verb, rest) = match line.split_once(char::is_whitespace) {
         Some((v, r)) => (v, r.trim()),
         None => (line, ""),
@@ -121,11 +123,11 @@ fn parse_command(line: &str, tools: &[&str]) -> Command {
     match verb.as_ref() {
         "help" => Command::Help,
         "status" if has("observe") => Command::Call {
-            tool: "observe".into(),
+            tool: "observe",
             input: json!({}),
         },
         "status" => Command::Status,
-        "echo" => Command::Echo(rest.to_string()),
+        "echo" => Command::Echo(rest),
         "context" => Command::Context,
         "wait" => match rest.parse::<u64>() {
             Ok(ms) => Command::Wait(ms),
@@ -136,7 +138,7 @@ fn parse_command(line: &str, tools: &[&str]) -> Command {
         "await" if has("await_workers") => {
             let ids: Vec<&str> = rest.split_whitespace().collect();
             Command::Call {
-                tool: "await_workers".into(),
+                tool: "await_workers",
                 input: if ids.is_empty() {
                     json!({})
                 } else {
@@ -147,7 +149,7 @@ fn parse_command(line: &str, tools: &[&str]) -> Command {
         "await" => Command::Invalid("only a task's lead can `await` workers".into()),
         "read" if rest.is_empty() => Command::Invalid("`read` needs a sensor name".into()),
         "read" if has("read_sensor") => Command::Call {
-            tool: "read_sensor".into(),
+            tool: "read_sensor",
             input: json!({ "name": rest }),
         },
         "read" => Command::Invalid("this session has no `read_sensor` tool".into()),
@@ -166,12 +168,12 @@ fn parse_command(line: &str, tools: &[&str]) -> Command {
                 .unwrap_or_else(|| Value::String(raw.to_string()));
             if has(actuator) {
                 Command::Call {
-                    tool: actuator.to_string(),
+                    tool: actuator,
                     input: json!({ "value": value }),
                 }
             } else if has("actuate") {
                 Command::Call {
-                    tool: "actuate".into(),
+                    tool: "actuate",
                     input: json!({ "actuator": actuator, "value": value }),
                 }
             } else {
@@ -194,10 +196,7 @@ fn parse_command(line: &str, tools: &[&str]) -> Command {
                 serde_json::from_str::<Value>(params)
             };
             match input {
-                Ok(v @ Value::Object(_)) => Command::Call {
-                    tool: tool.to_string(),
-                    input: v,
-                },
+                Ok(v @ Value::Object(_)) => Command::Call { tool, input: v },
                 Ok(_) => Command::Invalid(format!("parameters for `{tool}` must be a JSON object")),
                 Err(e) => {
                     Command::Invalid(format!("parameters for `{tool}` are not valid JSON: {e}"))
@@ -211,7 +210,7 @@ fn parse_command(line: &str, tools: &[&str]) -> Command {
 }
 
 /// `spawn [react|ooda_re_act] <prompt>`; the prompt may be a JSON string.
-fn parse_spawn(rest: &str) -> Command {
+fn parse_spawn(rest: &str) -> Command<'static> {
     let (mode, prompt) = match rest.split_once(char::is_whitespace) {
         Some((m @ ("react" | "ooda_re_act"), p)) => (Some(m), p.trim()),
         _ => (None, rest),
@@ -234,7 +233,7 @@ fn parse_spawn(rest: &str) -> Command {
         map.insert("ai_mode".into(), json!(mode));
     }
     Command::Call {
-        tool: "spawn_worker".into(),
+        tool: "spawn_worker",
         input,
     }
 }
@@ -304,10 +303,10 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
             }
         }
     }
-    let calls: Vec<(&String, &Value)> = commands
+    let calls: Vec<(&str, &Value)> = commands
         .iter()
         .filter_map(|c| match c {
-            Command::Call { tool, input } => Some((tool, input)),
+            Command::Call { tool, input } => Some((*tool, input)),
             _ => None,
         })
         .collect();
@@ -322,7 +321,7 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
         let id = call_id();
         let call = ModelEvent::ToolUse {
             id,
-            name: (*tool).clone(),
+            name: (*tool).to_string(),
             input: (*input).clone(),
         };
         return (delay, finish(request, thinking, text, Some(call)));
@@ -341,7 +340,7 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
                     tools.join(", ")
                 }
             )),
-            Command::Echo(text) => lines.push(text.clone()),
+            Command::Echo(text) => lines.push((*text).to_string()),
             Command::Context => lines.push(describe_context(request, prompt_index)),
             Command::Wait(_) => {}
             Command::Invalid(why) => lines.push(format!("Cannot do that: {why}.")),
@@ -540,21 +539,21 @@ mod tests {
         assert_eq!(
             parse_command(r#"spawn react "read a; read b""#, &lead),
             Command::Call {
-                tool: "spawn_worker".into(),
+                tool: "spawn_worker",
                 input: json!({"prompt": "read a; read b", "ai_mode": "react"}),
             }
         );
         assert_eq!(
             parse_command("spawn read temp", &lead),
             Command::Call {
-                tool: "spawn_worker".into(),
+                tool: "spawn_worker",
                 input: json!({"prompt": "read temp"}),
             }
         );
         assert_eq!(
             parse_command("await x:w1 x:w2", &lead),
             Command::Call {
-                tool: "await_workers".into(),
+                tool: "await_workers",
                 input: json!({"worker_ids": ["x:w1", "x:w2"]}),
             }
         );

@@ -655,6 +655,18 @@ impl Turn {
     }
 
     async fn send(&self, event: ServerEvent) -> Result<(), Interrupt> {
+        // The queue to the client nearly always has room: then the event
+        // goes in at once, without registering a wait on the cancellation
+        // and the queue (two locks each way, five events a step). The
+        // order of the checks is the select's below.
+        if self.cancel.is_cancelled() {
+            return Err(Interrupt::Cancelled);
+        }
+        let event = match self.out.try_send(event) {
+            Ok(()) => return Ok(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(Interrupt::ClientGone),
+            Err(mpsc::error::TrySendError::Full(event)) => event,
+        };
         tokio::select! {
             biased;
             () = self.cancel.cancelled() => Err(Interrupt::Cancelled),
