@@ -75,7 +75,8 @@ pub struct HostContext {
     /// Host tools generated from the sensors and actuators.
     pub host_tools: Arc<tools::HostTools>,
     /// The host tools' schemas, compiled for validation.
-    pub host_registry: session::tools::ToolRegistry,
+    /// Shared with every turn (they do not change while the daemon runs).
+    pub host_registry: Arc<session::tools::ToolRegistry>,
     /// The fleet registry (just this host without `[fleet]`) and routing by host id.
     pub fleet: Arc<fleet::Fleet>,
     /// MCP sessions and the calls waiting for an operator's approval.
@@ -140,7 +141,7 @@ impl HostContext {
             fleet,
             mcp: Arc::new(mcp::Mcp::new(ooda.clone())),
             host_tools,
-            host_registry,
+            host_registry: Arc::new(host_registry),
             models: model::ModelRegistry::from_config(&config.model),
             permissions: Arc::new(session::permissions::PermissionPolicy::new(
                 config.permissions.clone(),

@@ -130,12 +130,17 @@ impl ModelRequest {
 
 /// Estimated tokens of tool definitions as a request carries them.
 pub fn estimate_tools_tokens(tools: &[ToolDef]) -> u32 {
-    tools.iter().fold(0u32, |total, t| {
-        total
-            .saturating_add(tokens::count(&t.name))
-            .saturating_add(tokens::count(&t.description))
-            .saturating_add(tokens::count(&t.input_schema.to_string()))
-    })
+    tools
+        .iter()
+        .map(estimate_tool_tokens)
+        .fold(0u32, u32::saturating_add)
+}
+
+/// Estimated tokens of one tool definition.
+pub fn estimate_tool_tokens(tool: &ToolDef) -> u32 {
+    tokens::count(&tool.name)
+        .saturating_add(tokens::count(&tool.description))
+        .saturating_add(tokens::count(&tool.input_schema.to_string()))
 }
 
 /// Estimated tokens of one message.

@@ -86,6 +86,51 @@ pub fn estimate(messages: &[Message]) -> u32 {
         .fold(0u32, u32::saturating_add)
 }
 
+/// A session's conversation and its estimated size ([`estimate`]), kept
+/// together so that a turn does not count the whole conversation again:
+/// it grows with every turn, and a turn starts with its size.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct History {
+    messages: Vec<Message>,
+    tokens: u32,
+}
+
+impl History {
+    pub fn new(messages: Vec<Message>) -> History {
+        History {
+            tokens: estimate(&messages),
+            messages,
+        }
+    }
+
+    /// `messages` with their size already counted (by whoever changed
+    /// them last, as a turn does); equal to `estimate(&messages)`.
+    pub(super) fn counted(messages: Vec<Message>, tokens: u32) -> History {
+        debug_assert_eq!(tokens, estimate(&messages), "a history's count");
+        History { messages, tokens }
+    }
+
+    pub fn push(&mut self, message: Message) {
+        self.tokens = self
+            .tokens
+            .saturating_add(model::estimate_message_tokens(&message));
+        self.messages.push(message);
+    }
+
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// Estimated tokens of the messages.
+    pub fn tokens(&self) -> u32 {
+        self.tokens
+    }
+
+    pub fn into_parts(self) -> (Vec<Message>, u32) {
+        (self.messages, self.tokens)
+    }
+}
+
 /// Whether a message starts a turn: a user message with the user's own text
 /// (not only tool results).
 pub fn starts_turn(m: &Message) -> bool {

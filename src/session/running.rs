@@ -105,7 +105,7 @@ mod tests {
 
     fn outcome() -> TurnOutcome {
         TurnOutcome {
-            conversation: Vec::new(),
+            conversation: crate::session::context::History::default(),
             added: Vec::new(),
             usage: Usage::default(),
             stop_reason: StopReason::EndTurn,

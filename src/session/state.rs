@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::config::types::{AiMode, HostConfig};
 use crate::model::{self, Block, Message, Model, ModelRegistry};
 
-use super::context::ContextMeter;
+use super::context::{ContextMeter, History};
 use super::tools::{RegisterSummary, ToolRegistry};
 use super::{
     ContextBlock, ErrorCode, HistoryMessage, HistoryPart, SessionError, StartRequest, ToolSpec,
@@ -107,7 +107,7 @@ pub struct Session {
     /// `RegisterTools.system_context` by source ("" when no source was given).
     guidance: BTreeMap<String, String>,
     project_context: Vec<String>,
-    pub conversation: Vec<Message>,
+    pub conversation: History,
     /// `max_context_tokens` of this session, capped by the model's window.
     pub context_budget: u32,
     pub turns_done: u32,
@@ -177,13 +177,8 @@ impl Session {
         let context_budget = model
             .max_context_tokens()
             .map_or(context_budget, |window| context_budget.min(window));
-        let conversation = convert_history(request.history)?;
-        let live_tokens = Arc::new(AtomicU32::new(
-            conversation
-                .iter()
-                .map(model::estimate_message_tokens)
-                .fold(0u32, u32::saturating_add),
-        ));
+        let conversation = History::new(convert_history(request.history)?);
+        let live_tokens = Arc::new(AtomicU32::new(conversation.tokens()));
         Ok(Session {
             id: uuid::Uuid::new_v4().to_string(),
             environment_id: if request.environment_id.is_empty() {
@@ -570,8 +565,8 @@ mod tests {
         }];
         let s = start(r).unwrap();
         assert_eq!(
-            s.conversation,
-            vec![Message::user(vec![Block::Text("earlier".into())])]
+            s.conversation.messages(),
+            [Message::user(vec![Block::Text("earlier".into())])]
         );
         let plan = s
             .plan_turn(

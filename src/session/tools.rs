@@ -15,6 +15,9 @@ use crate::model::ToolDef;
 pub struct Tool {
     pub spec: ToolSpec,
     schema: Arc<Schema>,
+    /// Estimated tokens of its definition in a model request, counted once:
+    /// every turn needs the sum, and counting serialises the schema.
+    tokens: u32,
 }
 
 impl Tool {
@@ -33,10 +36,13 @@ impl Tool {
                 spec.name
             )
         })?;
-        Ok(Tool {
+        let mut tool = Tool {
             spec,
             schema: Arc::new(schema),
-        })
+            tokens: 0,
+        };
+        tool.tokens = crate::model::estimate_tool_tokens(&tool.definition());
+        Ok(tool)
     }
 
     /// Checks parameters against the schema; the message lists what is wrong.
@@ -132,6 +138,16 @@ impl ToolRegistry {
 
     pub fn definitions(&self) -> Vec<ToolDef> {
         self.tools.iter().map(Tool::definition).collect()
+    }
+
+    /// Estimated tokens of [`ToolRegistry::definitions`]
+    /// ([`crate::model::estimate_tools_tokens`]), counted when the tools
+    /// were added.
+    pub fn tokens(&self) -> u32 {
+        self.tools
+            .iter()
+            .map(|t| t.tokens)
+            .fold(0u32, u32::saturating_add)
     }
 
     pub fn len(&self) -> usize {

@@ -21,7 +21,7 @@ use crate::HostContext;
 use crate::config::types::{AiMode, ToolCategory};
 use crate::model::{Block, Message};
 use crate::ooda::act::Origin;
-use crate::session::context::ContextMeter;
+use crate::session::context::{ContextMeter, History};
 use crate::session::tools::ToolRegistry;
 use crate::session::turn::{self, HostAccess, TurnInput, TurnLimits, TurnNote, TurnSetup};
 use crate::session::{Activity, ErrorCode, ServerEvent, StopReason, ToolOutcome, ToolSpec};
@@ -150,7 +150,9 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
         message_id: plan.worker_id.clone(),
         system: system_prompt(ctx, task, plan),
         tools,
-        conversation: vec![Message::user(vec![Block::Text(plan.prompt.clone())])],
+        conversation: History::new(vec![Message::user(vec![Block::Text(
+            plan.prompt.clone(),
+        )])]),
         permissions: ctx.permissions.clone(),
         limits: TurnLimits::new(
             &config.session,

@@ -38,6 +38,7 @@ impl Turn {
             return Ok(estimate);
         }
         // Compaction (rare): measure the conversation afresh after each step.
+        conversation.uncounted = true;
         let full = |c: &Conversation| fixed_tokens.saturating_add(context::estimate(&c.messages));
         let size = |turn: &Turn, c: &Conversation| (c.messages.len(), turn.meter.scaled(full(c)));
         let target = self.meter.unscaled(at(limits.target));
@@ -115,6 +116,7 @@ impl Turn {
             }
         }
         conversation.tokens = context::estimate(&conversation.messages);
+        conversation.uncounted = false;
         let estimate = fixed_tokens.saturating_add(conversation.tokens);
         let tokens = self.meter.scaled(estimate);
         if tokens > budget {

@@ -37,7 +37,7 @@ use tool_call::error_result;
 use crate::config::types::{AiMode, SessionConfig};
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
 
-use super::context::{self, CompactionLimits, ContextMeter};
+use super::context::{CompactionLimits, ContextMeter, History};
 use super::permissions::PermissionPolicy;
 use super::tools::ToolRegistry;
 use super::{Activity, ErrorCode, Presence, ServerEvent, SessionError, StopReason, ToolOutcome};
@@ -62,7 +62,7 @@ pub struct HostAccess {
     /// call; sessions leave it unset.
     pub notes: Option<mpsc::UnboundedSender<TurnNote>>,
     pub tools: Arc<HostTools>,
-    pub registry: ToolRegistry,
+    pub registry: Arc<ToolRegistry>,
     pub store: Store,
     /// Set in `ooda_re_act` mode: the latest Observation goes into the
     /// model's context before every model call.
@@ -180,7 +180,7 @@ pub struct TurnSetup {
     pub system: String,
     pub tools: ToolRegistry,
     /// The conversation so far, ending with this turn's user message.
-    pub conversation: Vec<Message>,
+    pub conversation: History,
     pub permissions: Arc<PermissionPolicy>,
     pub limits: TurnLimits,
     pub meter: ContextMeter,
@@ -192,7 +192,7 @@ pub struct TurnSetup {
 #[derive(Debug)]
 pub struct TurnOutcome {
     /// The conversation after the turn (compacted where the budget required).
-    pub conversation: Vec<Message>,
+    pub conversation: History,
     /// This turn's own messages as they were produced, from its user message
     /// on, uncompacted: what is recorded. A model answer that broke off is
     /// not among them.
@@ -253,15 +253,20 @@ struct Conversation {
     messages: Arc<Vec<Message>>,
     turn_start: usize,
     tokens: u32,
+    /// Compaction changed the messages and has not counted them yet (it
+    /// counts once it is done; an interruption can come in between).
+    uncounted: bool,
 }
 
 impl Conversation {
-    /// `messages` ends with this turn's user message.
-    fn new(messages: Vec<Message>) -> Conversation {
+    /// `history` ends with this turn's user message.
+    fn new(history: History) -> Conversation {
+        let (messages, tokens) = history.into_parts();
         Conversation {
             turn_start: messages.len().saturating_sub(1),
-            tokens: context::estimate(&messages),
+            tokens,
             messages: Arc::new(messages),
+            uncounted: false,
         }
     }
 
@@ -271,6 +276,15 @@ impl Conversation {
         self.tokens = self.tokens.saturating_add(tokens);
         Arc::make_mut(&mut self.messages).push(message);
         tokens
+    }
+
+    fn into_history(self) -> History {
+        let messages = Arc::unwrap_or_clone(self.messages);
+        if self.uncounted {
+            History::new(messages)
+        } else {
+            History::counted(messages, self.tokens)
+        }
     }
 }
 
@@ -292,7 +306,7 @@ pub async fn run(
         live_tokens,
         host,
     } = setup;
-    let added = conversation.last().cloned().into_iter().collect();
+    let added = conversation.messages().last().cloned().into_iter().collect();
     let mut turn = Turn {
         message_id,
         tools,
@@ -330,7 +344,7 @@ pub async fn run(
     };
     crate::metrics::turn_ended(stop_reason.as_str());
     TurnOutcome {
-        conversation: Arc::unwrap_or_clone(conversation.messages),
+        conversation: conversation.into_history(),
         added: turn.added,
         usage: turn.usage,
         stop_reason,
@@ -362,7 +376,12 @@ impl Turn {
         // estimate is counted once.
         let mut tools = self.host.registry.definitions();
         tools.extend(self.tools.definitions());
-        let tools_tokens = model::estimate_tools_tokens(&tools);
+        let tools_tokens = self
+            .host
+            .registry
+            .tokens()
+            .saturating_add(self.tools.tokens());
+        debug_assert_eq!(tools_tokens, model::estimate_tools_tokens(&tools));
         let tools = Arc::new(tools);
         // Neither does the system prompt; the Observation added to it in
         // `ooda_re_act` mode is counted on its own (a count is additive
