@@ -306,7 +306,8 @@ fn step_preamble(n: u64) -> Vec<Resp> {
         activity("thinking", format!("ooda cycle {n}")),
         Resp::ThinkingDelta(proto::ThinkingDelta {
             message_id: "echo".into(),
-            content: "Offline command model. Parsed 11 command(s) from the prompt; 11 tool call(s), 1 done.".into(),
+            content: "Offline command model. 11 command(s) in the prompt; 1 tool call(s) done."
+                .into(),
         }),
         Resp::TextDelta(proto::TextDelta {
             message_id: "echo".into(),

@@ -23,6 +23,7 @@
 //! Tool calls run one per model call, in order; when all have results, the
 //! final answer lists each result.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -108,18 +109,33 @@ fn split_commands(text: &str) -> Vec<&str> {
     out
 }
 
-fn parse_command<'a>(line: &'a str, tools: &[&str]) -> Command<'a> {
+/// A command's verb (lower case) and the rest of its line.
+fn verb_and_rest(line: &str) -> (Cow<'_, str>, &str) {
     let (verb, rest) = match line.split_once(char::is_whitespace) {
         Some((v, r)) => (v, r.trim()),
         None => (line, ""),
     };
-    let has = |name: &str| tools.contains(&name);
     // Borrowed unless it has capitals: this runs for every command on every model call.
     let verb = if verb.bytes().any(|b| b.is_ascii_uppercase()) {
-        std::borrow::Cow::Owned(verb.to_ascii_lowercase())
+        Cow::Owned(verb.to_ascii_lowercase())
     } else {
-        std::borrow::Cow::Borrowed(verb)
+        Cow::Borrowed(verb)
     };
+    (verb, rest)
+}
+
+/// The delay of a `wait` command, without parsing any other command.
+fn wait_of(line: &str) -> Option<Duration> {
+    let (verb, rest) = verb_and_rest(line);
+    (verb == "wait")
+        .then(|| rest.parse::<u64>().ok())
+        .flatten()
+        .map(Duration::from_millis)
+}
+
+fn parse_command<'a>(line: &'a str, tools: &[&str]) -> Command<'a> {
+    let (verb, rest) = verb_and_rest(line);
+    let has = |name: &str| tools.contains(&name);
     match verb.as_ref() {
         "help" => Command::Help,
         "status" if has("observe") => Command::Call {
@@ -278,18 +294,12 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
             finish(request, String::new(), help_text(&tools), None),
         );
     };
-    let commands: Vec<Command> = split_commands(prompt)
-        .iter()
-        .map(|l| parse_command(l, &tools))
-        .collect();
+    let lines = split_commands(prompt);
     // Saturating: `wait` takes any u64, and several may add up past
     // Duration::MAX (`sum` would panic).
-    let delay = commands
+    let delay = lines
         .iter()
-        .filter_map(|c| match c {
-            Command::Wait(ms) => Some(Duration::from_millis(*ms)),
-            _ => None,
-        })
+        .filter_map(|l| wait_of(l))
         .fold(Duration::ZERO, Duration::saturating_add);
     // Results of the tool calls made since the prompt, in call order.
     let mut results: Vec<(&str, bool)> = Vec::new();
@@ -303,35 +313,40 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
             }
         }
     }
-    let calls: Vec<(&str, &Value)> = commands
-        .iter()
-        .filter_map(|c| match c {
-            Command::Call { tool, input } => Some((*tool, input)),
-            _ => None,
-        })
-        .collect();
-    let thinking = format!(
-        "Offline command model. Parsed {} command(s) from the prompt; {} tool call(s), {} done.",
-        commands.len(),
-        calls.len(),
-        results.len()
-    );
-    if let Some((tool, input)) = calls.get(results.len()) {
-        let text = format!("Calling {tool}.");
-        let id = call_id();
+    // Written without the formatter: this runs on every model call.
+    let thinking = [
+        "Offline command model. ",
+        itoa::Buffer::new().format(lines.len()),
+        " command(s) in the prompt; ",
+        itoa::Buffer::new().format(results.len()),
+        " tool call(s) done.",
+    ]
+    .concat();
+    // Commands are parsed up to the next call only: the model is asked
+    // again after every call, with the same prompt.
+    let mut calls_before = 0;
+    for line in &lines {
+        let Command::Call { tool, input } = parse_command(line, &tools) else {
+            continue;
+        };
+        if calls_before < results.len() {
+            calls_before += 1;
+            continue;
+        }
+        let text = ["Calling ", tool, "."].concat();
         let call = ModelEvent::ToolUse {
-            id,
-            name: (*tool).to_string(),
-            input: (*input).clone(),
+            id: call_id(),
+            name: tool.to_string(),
+            input,
         };
         return (delay, finish(request, thinking, text, Some(call)));
     }
     let mut results = results.into_iter();
-    let mut lines = Vec::new();
-    for command in &commands {
+    let mut answer = Vec::new();
+    for command in lines.iter().map(|l| parse_command(l, &tools)) {
         match command {
-            Command::Help => lines.push(help_text(&tools)),
-            Command::Status => lines.push(format!(
+            Command::Help => answer.push(help_text(&tools)),
+            Command::Status => answer.push(format!(
                 "Offline command model; {} tool(s) in this session: {}.",
                 tools.len(),
                 if tools.is_empty() {
@@ -340,21 +355,21 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
                     tools.join(", ")
                 }
             )),
-            Command::Echo(text) => lines.push((*text).to_string()),
-            Command::Context => lines.push(describe_context(request, prompt_index)),
+            Command::Echo(text) => answer.push(text.to_string()),
+            Command::Context => answer.push(describe_context(request, prompt_index)),
             Command::Wait(_) => {}
-            Command::Invalid(why) => lines.push(format!("Cannot do that: {why}.")),
+            Command::Invalid(why) => answer.push(format!("Cannot do that: {why}.")),
             Command::Call { tool, .. } => match results.next() {
-                Some((content, false)) => lines.push(format!("{tool} returned: {content}")),
-                Some((content, true)) => lines.push(format!("{tool} failed: {content}")),
-                None => lines.push(format!("{tool} returned nothing.")),
+                Some((content, false)) => answer.push(format!("{tool} returned: {content}")),
+                Some((content, true)) => answer.push(format!("{tool} failed: {content}")),
+                None => answer.push(format!("{tool} returned nothing.")),
             },
         }
     }
-    let text = if lines.is_empty() {
+    let text = if answer.is_empty() {
         help_text(&tools)
     } else {
-        lines.join("\n")
+        answer.join("\n")
     };
     (delay, finish(request, thinking, text, None))
 }
@@ -438,7 +453,11 @@ fn call_id() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let prefix = PREFIX.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("toolu_local_{prefix:016x}{n:016x}")
+    let mut digits = uuid::Uuid::encode_buffer();
+    let digits = uuid::Uuid::from_u64_pair(*prefix, n)
+        .simple()
+        .encode_lower(&mut digits);
+    ["toolu_local_", digits].concat()
 }
 
 /// Splits text into pieces of a few words, keeping every character.
@@ -504,6 +523,17 @@ mod tests {
             let hex = id.strip_prefix("toolu_local_").expect("prefix");
             assert_eq!(hex.len(), 32, "{id}");
             assert!(hex.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+        }
+        // The random prefix, then the counter (other tests draw ids too).
+        let split = |id: &str| {
+            let hex = &id["toolu_local_".len()..];
+            let number = |digits: &str| u64::from_str_radix(digits, 16).expect("hex");
+            (number(&hex[..16]), number(&hex[16..]))
+        };
+        for pair in ids.windows(2) {
+            let (a, b) = (split(&pair[0]), split(&pair[1]));
+            assert_eq!(a.0, b.0, "{pair:?}");
+            assert!(a.1 < b.1, "{pair:?}");
         }
     }
 

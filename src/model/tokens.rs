@@ -11,8 +11,8 @@ pub fn count(text: &str) -> u32 {
     let bytes = text.as_bytes();
     let mut at = 0;
     while let Some(&byte) = bytes.get(at) {
-        if byte.is_ascii() {
-            counter.push(byte.is_ascii_alphanumeric() || byte == b'_', is_space(byte));
+        if let Some(&class) = ASCII.get(usize::from(byte)) {
+            counter.push(class == WORD, class == SPACE);
             at += 1;
         } else {
             // `at` is a char boundary: it only ever moves by whole characters.
@@ -26,11 +26,27 @@ pub fn count(text: &str) -> u32 {
     counter.finish()
 }
 
-/// `char::is_whitespace` for an ASCII byte (which, unlike
-/// `u8::is_ascii_whitespace`, includes the vertical tab).
-fn is_space(byte: u8) -> bool {
-    matches!(byte, b' ' | b'\t'..=b'\r')
-}
+const WORD: u8 = 0;
+const SPACE: u8 = 1;
+const OTHER: u8 = 2;
+
+/// The class of each ASCII byte: a word character (alphanumeric or `_`),
+/// whitespace as `char::is_whitespace` has it (which, unlike
+/// `u8::is_ascii_whitespace`, includes the vertical tab), or other.
+const ASCII: [u8; 128] = {
+    let mut classes = [OTHER; 128];
+    let mut byte = 0;
+    while byte < 128 {
+        let b = byte as u8;
+        if b.is_ascii_alphanumeric() || b == b'_' {
+            classes[byte] = WORD;
+        } else if matches!(b, b' ' | b'\t'..=b'\r') {
+            classes[byte] = SPACE;
+        }
+        byte += 1;
+    }
+    classes
+};
 
 /// A word's characters count a token per four; any other character that
 /// is not whitespace is a token of its own.

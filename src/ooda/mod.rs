@@ -471,9 +471,15 @@ impl Ooda {
             .world
             .sensors(now)
             .into_iter()
-            .map(|sensor| {
+            .enumerate()
+            .map(|(i, sensor)| {
+                // Both lists are in the world's order: look at the same
+                // place first, by name only if it is not there.
                 let alarm = latest
-                    .sensor(&sensor.name)
+                    .sensors
+                    .get(i)
+                    .filter(|s| s.sensor.name == sensor.name)
+                    .or_else(|| latest.sensor(&sensor.name))
                     .map(|s| s.alarm)
                     .unwrap_or_default();
                 SensorObservation { sensor, alarm }

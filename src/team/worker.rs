@@ -150,9 +150,7 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
         message_id: plan.worker_id.clone(),
         system: system_prompt(ctx, task, plan),
         tools,
-        conversation: History::new(vec![Message::user(vec![Block::Text(
-            plan.prompt.clone(),
-        )])]),
+        conversation: History::new(vec![Message::user(vec![Block::Text(plan.prompt.clone())])]),
         permissions: ctx.permissions.clone(),
         limits: TurnLimits::new(
             &config.session,

@@ -306,7 +306,12 @@ pub async fn run(
         live_tokens,
         host,
     } = setup;
-    let added = conversation.messages().last().cloned().into_iter().collect();
+    let added = conversation
+        .messages()
+        .last()
+        .cloned()
+        .into_iter()
+        .collect();
     let mut turn = Turn {
         message_id,
         tools,
