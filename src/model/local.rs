@@ -111,7 +111,7 @@ fn split_commands(text: &str) -> Vec<&str> {
 
 /// A command's verb (lower case) and the rest of its line.
 fn verb_and_rest(line: &str) -> (Cow<'_, str>, &str) {
-    let (verb, rest) = match line.split_once(char::is_whitespace) {
+    let (verb, rest) = match split_at_whitespace(line) {
         Some((v, r)) => (v, r.trim()),
         None => (line, ""),
     };
@@ -124,8 +124,27 @@ fn verb_and_rest(line: &str) -> (Cow<'_, str>, &str) {
     (verb, rest)
 }
 
+/// `line.split_once(char::is_whitespace)`, a byte at a time while the
+/// line is ASCII (as commands nearly always are).
+fn split_at_whitespace(line: &str) -> Option<(&str, &str)> {
+    let at = line
+        .bytes()
+        .position(|b| !b.is_ascii() || matches!(b, b' ' | b'\t'..=b'\r'))?;
+    match line.as_bytes().get(at) {
+        Some(b) if b.is_ascii() => Some((&line[..at], &line[at + 1..])),
+        _ => line.split_once(char::is_whitespace),
+    }
+}
+
 /// The delay of a `wait` command, without parsing any other command.
 fn wait_of(line: &str) -> Option<Duration> {
+    // Most lines are not waits: look at the verb only if it could be one.
+    if !line
+        .get(..4)
+        .is_some_and(|verb| verb.eq_ignore_ascii_case("wait"))
+    {
+        return None;
+    }
     let (verb, rest) = verb_and_rest(line);
     (verb == "wait")
         .then(|| rest.parse::<u64>().ok())
@@ -744,6 +763,36 @@ mod properties {
                 prop_assert!(!line.is_empty());
                 let _ = parse_command(line, &tools);
             }
+        }
+
+        #[test]
+        fn splits_any_line_as_split_once_does(line in "(?s).{0,40}") {
+            prop_assert_eq!(
+                split_at_whitespace(&line),
+                line.split_once(char::is_whitespace)
+            );
+        }
+    }
+
+    #[test]
+    fn splits_at_the_first_whitespace_as_split_once_does() {
+        for line in [
+            "call tool {}",
+            "wait\t10",
+            "set\u{b}x 1",
+            "echo\u{a0}non-breaking space",
+            "größe\u{2003}em space",
+            "verb",
+            "",
+            " leading",
+            "é x",
+            "x\u{85}next line",
+        ] {
+            assert_eq!(
+                split_at_whitespace(line),
+                line.split_once(char::is_whitespace),
+                "{line:?}"
+            );
         }
     }
 }

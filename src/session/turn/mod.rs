@@ -544,10 +544,14 @@ impl Turn {
             stop: ModelStop::EndTurn,
         };
         let mut stopped = false;
+        // One wait on the cancellation for the whole answer, not one
+        // registered and dropped again for every event of it.
+        let cancelled = self.cancel.clone().cancelled_owned();
+        tokio::pin!(cancelled);
         loop {
             let event = tokio::select! {
                 biased;
-                () = self.cancel.cancelled() => return Err(Interrupt::Cancelled.into()),
+                () = &mut cancelled => return Err(Interrupt::Cancelled.into()),
                 event = stream.next() => event,
             };
             match event {
