@@ -59,7 +59,7 @@ struct Counter {
 impl Counter {
     fn push(&mut self, in_word: bool, space: bool) {
         if in_word {
-            self.word_len += 1;
+            self.word_len = self.word_len.saturating_add(1);
         } else {
             self.end_word();
             if !space {
