@@ -164,6 +164,8 @@ struct Events {
     /// Model names seen in configuration; others are labelled `other`.
     /// Shared, not copied: every model call labels six series with one.
     models: Mutex<BTreeSet<Arc<str>>>,
+    /// The label of models configuration does not name.
+    other_model: Arc<str>,
 }
 
 static EVENTS: LazyLock<Events> = LazyLock::new(|| Events {
@@ -181,7 +183,8 @@ static EVENTS: LazyLock<Events> = LazyLock::new(|| Events {
     actuator_commands: Family::default(),
     stop_triggers: Family::default(),
     store_writes: Family::new_with_constructor(store_histogram),
-    models: Mutex::new(BTreeSet::from([Arc::from("local"), Arc::from(OTHER_MODEL)])),
+    models: Mutex::new(BTreeSet::from([Arc::from("local")])),
+    other_model: Arc::from("other"),
 });
 
 /// One tick of the loop: how late it woke after its deadline, how long its work took.
@@ -222,16 +225,12 @@ pub fn known_models<'a>(names: impl IntoIterator<Item = &'a str>) {
     }
 }
 
-/// The label of models configuration does not name.
-const OTHER_MODEL: &str = "other";
-
 fn model_label(name: &str) -> Arc<str> {
     let known = EVENTS.models.lock().unwrap_or_else(PoisonError::into_inner);
     known
         .get(name)
-        .or_else(|| known.get(OTHER_MODEL))
         .cloned()
-        .unwrap_or_else(|| Arc::from(OTHER_MODEL))
+        .unwrap_or_else(|| EVENTS.other_model.clone())
 }
 
 /// Token counts of one model call, by kind.

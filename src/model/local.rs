@@ -679,6 +679,45 @@ mod tests {
     }
 
     #[test]
+    fn the_next_call_skips_commands_that_are_not_calls_and_calls_done() {
+        let tools = ["gripper", "read_sensor"];
+        let prompt = Message::user(vec![Block::Text(
+            "call t [1]; wait 5; set gripper 0.5; frobnicate; read temp; wait 7".into(),
+        )]);
+        let history = vec![
+            prompt,
+            Message::assistant(vec![Block::ToolUse {
+                id: "a".into(),
+                name: "gripper".into(),
+                input: json!({"value": 0.5}),
+            }]),
+            Message::user(vec![Block::ToolResult {
+                tool_use_id: "a".into(),
+                name: "gripper".into(),
+                content: "ok".into(),
+                is_error: false,
+            }]),
+        ];
+        let (delay, events) = respond(&request(history, &tools));
+        // Every wait of the prompt counts, also those after the next call.
+        assert_eq!(delay, Duration::from_millis(12));
+        assert_eq!(
+            events.first(),
+            Some(&ModelEvent::ThinkingDelta(
+                "Offline command model. 6 command(s) in the prompt; 1 tool call(s) done.".into()
+            ))
+        );
+        let calls: Vec<(&str, &Value)> = events
+            .iter()
+            .filter_map(|e| match e {
+                ModelEvent::ToolUse { name, input, .. } => Some((name.as_str(), input)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls, [("read_sensor", &json!({"name": "temp"}))]);
+    }
+
+    #[test]
     fn bad_commands_are_explained_not_called() {
         let (_, events) = respond(&request(
             vec![Message::user(vec![Block::Text(
