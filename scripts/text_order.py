@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Writes link/<target>.order: the functions rozd runs while it starts, idles
+and stops, for the linker to put first and together in .text (build.rs).
+
+Why: an idle daemon's resident memory is mostly its own code pages, and the
+kernel maps a binary's pages 64 KiB around each fault. Start-up touches
+functions from every crate, spread over the whole 16 MiB of .text, so most
+of it ends up resident although start-up runs about 2 MiB of it. Linked
+together, those functions take a few contiguous pages (BENCHMARKS.md,
+"Start-up code together").
+
+How: builds the release binary with the linker's map (ROZD_LINK_MAP), runs it
+on the built-in host under callgrind (every executed instruction's address),
+lets it idle, stops it with SIGTERM, and lists the first symbol of every .text
+input section that ran, in their present order. Then builds again so the
+release binary is linked with the new order.
+
+Names are the build's mangled symbols; code changes rename some (generic
+instances, LTO-local functions), which the linker then skips: re-run this
+after large changes (the bench's idle RSS shows when it is due).
+
+Usage: scripts/text_order.py [--idle SECONDS]   (needs valgrind)
+"""
+
+import argparse
+import bisect
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TARGET = "x86_64-unknown-linux-gnu"
+READY = "serving gRPC and REST"
+
+
+def build(env_extra):
+    env = dict(os.environ, **env_extra)
+    subprocess.run(
+        ["cargo", "build", "--locked", "--release", "--bin", "rozd"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
+
+
+def builtin_config(directory):
+    text = (ROOT / "src/config/builtin.toml").read_text()
+    text = text.replace('listen = "127.0.0.1:8080"', 'listen = "127.0.0.1:0"')
+    text += f'\n[store]\npath = "{directory / "rozd.db"}"\n'
+    path = directory / "rozd.toml"
+    path.write_text(text)
+    return path
+
+
+def run_under_callgrind(binary, config, out, idle):
+    """Start, wait for READY in the log, idle, SIGTERM: as the bench measures."""
+    log = out.with_suffix(".log")
+    with open(log, "w") as log_file:
+        process = subprocess.Popen(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--dump-instr=yes",
+                f"--callgrind-out-file={out}",
+                str(binary),
+                "run",
+                "--config",
+                str(config),
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 300
+        while READY not in log.read_text():
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                sys.exit(f"rozd did not become ready under valgrind; see {log}")
+            time.sleep(0.5)
+        time.sleep(idle)
+        process.send_signal(signal.SIGTERM)
+        if process.wait(timeout=300) != 0:
+            sys.exit(f"rozd under valgrind exited {process.returncode}; see {log}")
+
+
+def executed_addresses(callgrind_out, binary):
+    """Addresses of executed instructions in `binary` (callgrind, --dump-instr=yes).
+
+    Cost lines start with the instruction's address: absolute (0x...), relative
+    to the previous one (+n, -n) or the same (*); the object is named by ob=/cob=
+    lines, and a call's cost line (after calls=) belongs to the caller."""
+    objects = {}
+    current_object = None
+    in_binary = False
+    address = 0
+    addresses = set()
+    name = str(binary)
+    for line in open(callgrind_out):
+        line = line.rstrip("\n")
+        match = re.match(r"^(c?ob)=\((\d+)\)(?: (.*))?$", line)
+        if match:
+            kind, number, path = match.groups()
+            if path:
+                objects[number] = path
+            if kind == "ob":
+                current_object = number
+                in_binary = objects.get(current_object) == name
+            continue
+        if not line or not (line[0] in "0123456789+-*"):
+            continue
+        first = line.split()[0]
+        if first.startswith("0x"):
+            address = int(first, 16)
+        elif first[0] in "+-":
+            address += int(first)
+        elif first != "*":
+            continue
+        if in_binary:
+            addresses.add(address)
+    return addresses
+
+
+def text_sections(map_file):
+    """(start, size, first symbol) of each .text input section, from lld's map.
+
+    Its lines: VMA, LMA, size, alignment, then the name indented by what it
+    is: an output section (0), an input section (8), a symbol (16)."""
+    line_format = re.compile(r"^\s*([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)\s+\d+ (.*)$")
+    sections = []
+    in_text = False
+    for line in open(map_file):
+        match = line_format.match(line.rstrip("\n"))
+        if not match:
+            continue
+        start, size, name = match.groups()
+        depth = len(name) - len(name.lstrip(" "))
+        if depth == 0:
+            in_text = name == ".text"
+        elif in_text and depth == 8:
+            sections.append([int(start, 16), int(size, 16), None])
+        elif in_text and depth == 16 and sections and sections[-1][2] is None:
+            sections[-1][2] = name.strip()
+    return [(start, size, symbol) for start, size, symbol in sections if symbol and size]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds idle after READY")
+    args = parser.parse_args()
+    order = ROOT / "link" / f"{TARGET}.order"
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = pathlib.Path(scratch)
+        map_file = directory / "rozd.map"
+        build({"ROZD_LINK_MAP": str(map_file)})
+        binary = ROOT / "target/release/rozd"
+        callgrind_out = directory / "callgrind.out"
+        run_under_callgrind(binary, builtin_config(directory), callgrind_out, args.idle)
+        addresses = sorted(executed_addresses(callgrind_out, binary.resolve()))
+        sections = text_sections(map_file)
+        ran = []
+        for start, size, symbol in sections:
+            at = bisect.bisect_left(addresses, start)
+            if at < len(addresses) and addresses[at] < start + size:
+                ran.append((start, size, symbol))
+        total = sum(size for _, size, _ in sections)
+        ran_size = sum(size for _, size, _ in ran)
+        print(
+            f"{len(ran)} of {len(sections)} .text sections ran: "
+            f"{ran_size / 2**20:.2f} of {total / 2**20:.2f} MiB"
+        )
+        order.parent.mkdir(exist_ok=True)
+        order.write_text("".join(f"{symbol}\n" for _, _, symbol in ran))
+    build({})
+    print(f"wrote {order.relative_to(ROOT)}; target/release/rozd is linked with it")
+
+
+if __name__ == "__main__":
+    main()
