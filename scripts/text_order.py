@@ -12,8 +12,9 @@ together, those functions take a few contiguous pages (BENCHMARKS.md,
 How: builds the release binary with the linker's map (ROZD_LINK_MAP), runs it
 on the built-in host under callgrind (every executed instruction's address),
 lets it idle, stops it with SIGTERM, and lists the first symbol of every .text
-input section that ran, in their present order. Then builds again so the
-release binary is linked with the new order.
+input section that ran, in their present order; the same for the bench's
+build of the binary. Then builds the release binary again, linked with the
+new order.
 
 Names are the build's mangled symbols; code changes rename some (generic
 instances, LTO-local functions), which the linker then skips: re-run this
@@ -38,14 +39,19 @@ TARGET = "x86_64-unknown-linux-gnu"
 READY = "serving gRPC and REST"
 
 
-def build(env_extra):
+# The binaries whose functions the order lists. Both leave target/release/rozd.
+# The bench's is built with the dev-dependencies' features (tokio's test-util,
+# serde_json's float_roundtrip), so its symbols have other names than the
+# shipped build's: listed too, so that the bench measures what ships.
+BUILDS = {
+    "release": ["cargo", "build", "--locked", "--release", "--bin", "rozd"],
+    "bench": ["cargo", "bench", "--locked", "--bench", "rozd", "--no-run"],
+}
+
+
+def build(command, env_extra):
     env = dict(os.environ, **env_extra)
-    subprocess.run(
-        ["cargo", "build", "--locked", "--release", "--bin", "rozd"],
-        cwd=ROOT,
-        env=env,
-        check=True,
-    )
+    subprocess.run(command, cwd=ROOT, env=env, check=True)
 
 
 def builtin_config(directory):
@@ -147,34 +153,40 @@ def text_sections(map_file):
     return [(start, size, symbol) for start, size, symbol in sections if symbol and size]
 
 
+def functions_run(command, directory, idle):
+    """Mangled names of the functions the binary `command` builds runs."""
+    map_file = directory / "rozd.map"
+    build(command, {"ROZD_LINK_MAP": str(map_file)})
+    binary = (ROOT / "target/release/rozd").resolve()
+    callgrind_out = directory / "callgrind.out"
+    run_under_callgrind(binary, builtin_config(directory), callgrind_out, idle)
+    addresses = sorted(executed_addresses(callgrind_out, binary))
+    sections = text_sections(map_file)
+    ran = []
+    for start, size, symbol in sections:
+        at = bisect.bisect_left(addresses, start)
+        if at < len(addresses) and addresses[at] < start + size:
+            ran.append((size, symbol))
+    total = sum(size for _, size, _ in sections)
+    print(
+        f"{' '.join(command)}: {len(ran)} of {len(sections)} .text sections ran, "
+        f"{sum(size for size, _ in ran) / 2**20:.2f} of {total / 2**20:.2f} MiB"
+    )
+    return [symbol for _, symbol in ran]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--idle", type=float, default=5.0, help="seconds idle after READY")
     args = parser.parse_args()
     order = ROOT / "link" / f"{TARGET}.order"
-    with tempfile.TemporaryDirectory() as scratch:
-        directory = pathlib.Path(scratch)
-        map_file = directory / "rozd.map"
-        build({"ROZD_LINK_MAP": str(map_file)})
-        binary = ROOT / "target/release/rozd"
-        callgrind_out = directory / "callgrind.out"
-        run_under_callgrind(binary, builtin_config(directory), callgrind_out, args.idle)
-        addresses = sorted(executed_addresses(callgrind_out, binary.resolve()))
-        sections = text_sections(map_file)
-        ran = []
-        for start, size, symbol in sections:
-            at = bisect.bisect_left(addresses, start)
-            if at < len(addresses) and addresses[at] < start + size:
-                ran.append((start, size, symbol))
-        total = sum(size for _, size, _ in sections)
-        ran_size = sum(size for _, size, _ in ran)
-        print(
-            f"{len(ran)} of {len(sections)} .text sections ran: "
-            f"{ran_size / 2**20:.2f} of {total / 2**20:.2f} MiB"
-        )
-        order.parent.mkdir(exist_ok=True)
-        order.write_text("".join(f"{symbol}\n" for _, _, symbol in ran))
-    build({})
+    names = []
+    for name, command in BUILDS.items():
+        with tempfile.TemporaryDirectory(prefix=f"text-order-{name}-") as scratch:
+            names += functions_run(command, pathlib.Path(scratch), args.idle)
+    order.parent.mkdir(exist_ok=True)
+    order.write_text("".join(f"{symbol}\n" for symbol in dict.fromkeys(names)))
+    build(BUILDS["release"], {})
     print(f"wrote {order.relative_to(ROOT)}; target/release/rozd is linked with it")
 
 
