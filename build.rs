@@ -27,32 +27,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The order file in `link/` (written by `scripts/text-order.sh`) lists the
-/// functions the daemon runs while it starts and idles. Linked first and
-/// together, they fill a few contiguous pages of `.text` instead of touching
-/// (and, through the kernel's fault-around, mapping) pages all over it: the
-/// idle daemon's resident memory is mostly its own code pages (BENCHMARKS.md,
-/// "Start-up code together"). A name the build no longer has is skipped.
+/// The order file in `link/` (written by `scripts/text_order.py`) lists the
+/// functions the daemon runs while it starts, idles and stops. Linked first
+/// and together, they fill a few contiguous pages of `.text` instead of
+/// touching (and, through the kernel's fault-around, mapping) pages all over
+/// it: the idle daemon's resident memory is mostly its own code pages
+/// (BENCHMARKS.md, "Start-up code together"). A name the build no longer has
+/// is skipped.
 ///
 /// Only where rustc links with its own lld, which reads such a file:
 /// x86_64-unknown-linux-gnu. `ROZD_TEXT_ORDER=off` leaves it out (a build with
 /// another linker); `ROZD_LINK_MAP=<file>` writes the linker's map, which
-/// `scripts/text-order.sh` reads.
+/// `scripts/text_order.py` reads.
 fn link_text_order() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-env-changed=ROZD_TEXT_ORDER");
     println!("cargo:rerun-if-env-changed=ROZD_LINK_MAP");
-    let target = std::env::var("TARGET")?;
     if let Ok(map) = std::env::var("ROZD_LINK_MAP") {
         println!("cargo:rustc-link-arg-bin=rozd=-Wl,-Map={map}");
         // The order file takes symbols as the object files name them.
         println!("cargo:rustc-link-arg-bin=rozd=-Wl,--no-demangle");
     }
+    let target = std::env::var("TARGET")?;
+    let off = matches!(std::env::var("ROZD_TEXT_ORDER").as_deref(), Ok("off"));
+    if off || target != "x86_64-unknown-linux-gnu" {
+        return Ok(());
+    }
     let order = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?)
         .join("link")
         .join(format!("{target}.order"));
     println!("cargo:rerun-if-changed={}", order.display());
-    let wanted = std::env::var("ROZD_TEXT_ORDER").map_or(true, |value| value != "off");
-    if wanted && target == "x86_64-unknown-linux-gnu" && order.is_file() {
+    if order.is_file() {
         println!(
             "cargo:rustc-link-arg-bin=rozd=-Wl,--symbol-ordering-file={}",
             order.display()
