@@ -35,9 +35,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// (BENCHMARKS.md, "Start-up code together"). A name the build no longer has
 /// is skipped.
 ///
-/// Only where rustc links with its own lld, which reads such a file:
-/// x86_64-unknown-linux-gnu. `ROZD_TEXT_ORDER=off` leaves it out (a build with
-/// another linker); `ROZD_LINK_MAP=<file>` writes the linker's map, which
+/// lld reads such a file. rustc links x86_64-unknown-linux-gnu with its own
+/// lld already; the Pi's build (aarch64-unknown-linux-gnu, linked by a gcc)
+/// is pointed at the same lld, which rustc ships (`gcc-ld/ld.lld`). Other
+/// targets link as before. `ROZD_TEXT_ORDER=off` leaves the order out (a build
+/// with another linker); `ROZD_LINK_MAP=<file>` writes the linker's map, which
 /// `scripts/text_order.py` reads.
 fn link_text_order() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-env-changed=ROZD_TEXT_ORDER");
@@ -49,19 +51,51 @@ fn link_text_order() -> Result<(), Box<dyn std::error::Error>> {
     }
     let target = std::env::var("TARGET")?;
     let off = matches!(std::env::var("ROZD_TEXT_ORDER").as_deref(), Ok("off"));
-    if off || target != "x86_64-unknown-linux-gnu" {
+    let select_lld = match target.as_str() {
+        "x86_64-unknown-linux-gnu" => false,
+        "aarch64-unknown-linux-gnu" => true,
+        _ => return Ok(()),
+    };
+    if off {
         return Ok(());
     }
     let order = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?)
         .join("link")
         .join(format!("{target}.order"));
     println!("cargo:rerun-if-changed={}", order.display());
-    if order.is_file() {
-        println!(
-            "cargo:rustc-link-arg-bin=rozd=-Wl,--symbol-ordering-file={}",
-            order.display()
-        );
-        println!("cargo:rustc-link-arg-bin=rozd=-Wl,--no-warn-symbol-ordering");
+    if !order.is_file() {
+        return Ok(());
     }
+    if select_lld {
+        let Some(gcc_ld) = rustc_gcc_ld()? else {
+            println!(
+                "cargo:warning=no gcc-ld/ld.lld in rustc's sysroot: {target} is linked without the start-up order"
+            );
+            return Ok(());
+        };
+        println!("cargo:rustc-link-arg-bin=rozd=-B{}", gcc_ld.display());
+        println!("cargo:rustc-link-arg-bin=rozd=-fuse-ld=lld");
+    }
+    println!(
+        "cargo:rustc-link-arg-bin=rozd=-Wl,--symbol-ordering-file={}",
+        order.display()
+    );
+    println!("cargo:rustc-link-arg-bin=rozd=-Wl,--no-warn-symbol-ordering");
     Ok(())
+}
+
+/// The directory of the `ld.lld` that rustc ships for gcc to call
+/// (`<sysroot>/lib/rustlib/<host>/bin/gcc-ld`), if this toolchain has it.
+fn rustc_gcc_ld() -> Result<Option<PathBuf>, Box<dyn std::error::Error>> {
+    let rustc = std::env::var("RUSTC")?;
+    let host = std::env::var("HOST")?;
+    let output = std::process::Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()?;
+    if !output.status.success() {
+        return Ok(None);
+    }
+    let sysroot = PathBuf::from(String::from_utf8(output.stdout)?.trim());
+    let gcc_ld = sysroot.join("lib/rustlib").join(host).join("bin/gcc-ld");
+    Ok(gcc_ld.join("ld.lld").is_file().then_some(gcc_ld))
 }

@@ -20,7 +20,14 @@ Names are the build's mangled symbols; code changes rename some (generic
 instances, LTO-local functions), which the linker then skips: re-run this
 after large changes (the bench's idle RSS shows when it is due).
 
+The Pi's build (aarch64-unknown-linux-gnu) cannot run under callgrind here:
+`--target aarch64-unknown-linux-gnu` lists the functions of its build whose
+names, demangled without their hashes, the x86_64 order has (the same code
+runs at start-up on both; the hashes differ by target). Run it after the
+x86_64 order.
+
 Usage: scripts/text_order.py [--idle SECONDS]   (needs valgrind)
+       scripts/text_order.py --target aarch64-unknown-linux-gnu   (needs aarch64-linux-gnu-gcc)
 """
 
 import argparse
@@ -36,6 +43,8 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TARGET = "x86_64-unknown-linux-gnu"
+CROSS_TARGET = "aarch64-unknown-linux-gnu"
+CROSS_GCC = "aarch64-linux-gnu-gcc"
 READY = "serving gRPC and REST"
 
 
@@ -149,7 +158,9 @@ def text_sections(map_file):
         elif in_text and depth == 8:
             sections.append([int(start, 16), int(size, 16), None])
         elif in_text and depth == 16 and sections and sections[-1][2] is None:
-            sections[-1][2] = name.strip()
+            # Not AArch64's mapping symbols ($x: code follows, $d: data).
+            if not name.strip().startswith("$"):
+                sections[-1][2] = name.strip()
     return [(start, size, symbol) for start, size, symbol in sections if symbol and size]
 
 
@@ -175,10 +186,48 @@ def functions_run(command, directory, idle):
     return [symbol for _, symbol in ran]
 
 
+def demangled(names):
+    """Each name demangled without hashes (c++filt; Rust's legacy and v0 names)."""
+    output = subprocess.run(
+        ["c++filt", "--no-verbose"], input="".join(f"{name}\n" for name in names), capture_output=True,
+        text=True, check=True,
+    ).stdout
+    return output.splitlines()
+
+
+def cross_order():
+    """The Pi build's functions whose hash-free names the x86_64 order lists."""
+    native = (ROOT / "link" / f"{TARGET}.order").read_text().split()
+    wanted = set(demangled(native))
+    order = ROOT / "link" / f"{CROSS_TARGET}.order"
+    if not order.exists():
+        order.write_text("")  # so that this build links with lld, whose map is read
+    variable = CROSS_TARGET.replace("-", "_")
+    command = ["cargo", "build", "--locked", "--release", "--target", CROSS_TARGET, "--bin", "rozd"]
+    cross = {f"CC_{variable}": CROSS_GCC, f"CARGO_TARGET_{variable.upper()}_LINKER": CROSS_GCC}
+    with tempfile.TemporaryDirectory(prefix="text-order-cross-") as scratch:
+        map_file = pathlib.Path(scratch) / "rozd.map"
+        build(command, dict(cross, ROZD_LINK_MAP=str(map_file)))
+        sections = text_sections(map_file)
+    names = demangled(symbol for _, _, symbol in sections)
+    ran = [(size, symbol) for (_, size, symbol), name in zip(sections, names) if name in wanted]
+    print(
+        f"{CROSS_TARGET}: {len(ran)} of {len(sections)} .text sections named in the "
+        f"{TARGET} order ({len(native)} names), {sum(size for size, _ in ran) / 2**20:.2f} MiB"
+    )
+    order.write_text("".join(f"{symbol}\n" for symbol in dict.fromkeys(s for _, s in ran)))
+    build(command, cross)
+    print(f"wrote {order.relative_to(ROOT)}; target/{CROSS_TARGET}/release/rozd is linked with it")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--idle", type=float, default=5.0, help="seconds idle after READY")
+    parser.add_argument("--target", default=TARGET, choices=[TARGET, CROSS_TARGET])
     args = parser.parse_args()
+    if args.target == CROSS_TARGET:
+        cross_order()
+        return
     order = ROOT / "link" / f"{TARGET}.order"
     names = []
     for name, command in BUILDS.items():
