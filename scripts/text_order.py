@@ -161,7 +161,10 @@ def text_sections(map_file):
             # Not AArch64's mapping symbols ($x: code follows, $d: data).
             if not name.strip().startswith("$"):
                 sections[-1][2] = name.strip()
-    return [(start, size, symbol) for start, size, symbol in sections if symbol and size]
+    sections = [(start, size, symbol) for start, size, symbol in sections if symbol and size]
+    if not sections:
+        sys.exit(f"no .text input sections in {map_file}: was the binary linked by lld?")
+    return sections
 
 
 def functions_run(command, directory, idle):
@@ -188,9 +191,9 @@ def functions_run(command, directory, idle):
 
 def demangled(names):
     """Each name demangled without hashes (c++filt; Rust's legacy and v0 names)."""
+    text = "".join(f"{name}\n" for name in names)
     output = subprocess.run(
-        ["c++filt", "--no-verbose"], input="".join(f"{name}\n" for name in names), capture_output=True,
-        text=True, check=True,
+        ["c++filt", "--no-verbose"], input=text, capture_output=True, text=True, check=True
     ).stdout
     return output.splitlines()
 
