@@ -35,10 +35,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// (BENCHMARKS.md, "Start-up code together"). A name the build no longer has
 /// is skipped.
 ///
-/// lld reads such a file. rustc links x86_64-unknown-linux-gnu with its own
-/// lld already; the Pi's build (aarch64-unknown-linux-gnu, linked by a gcc)
-/// is pointed at the same lld, which rustc ships (`gcc-ld/ld.lld`). Other
-/// targets link as before. `ROZD_TEXT_ORDER=off` leaves the order out (a build
+/// lld reads such a file, so the linker (a gcc) is pointed at the lld rustc
+/// ships (`gcc-ld/ld.lld`): what rustc does itself on x86_64-unknown-linux-gnu,
+/// and what the Pi's build (aarch64-unknown-linux-gnu), linked by GNU ld
+/// before, now does too. Other targets link as before. `ROZD_TEXT_ORDER=off` leaves the order out (a build
 /// with another linker); `ROZD_LINK_MAP=<file>` writes the linker's map, which
 /// `scripts/text_order.py` reads.
 fn link_text_order() -> Result<(), Box<dyn std::error::Error>> {
@@ -51,12 +51,8 @@ fn link_text_order() -> Result<(), Box<dyn std::error::Error>> {
     }
     let target = std::env::var("TARGET")?;
     let off = matches!(std::env::var("ROZD_TEXT_ORDER").as_deref(), Ok("off"));
-    let select_lld = match target.as_str() {
-        "x86_64-unknown-linux-gnu" => false,
-        "aarch64-unknown-linux-gnu" => true,
-        _ => return Ok(()),
-    };
-    if off {
+    if off || !["x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"].contains(&target.as_str())
+    {
         return Ok(());
     }
     let order = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?)
@@ -66,16 +62,14 @@ fn link_text_order() -> Result<(), Box<dyn std::error::Error>> {
     if !order.is_file() {
         return Ok(());
     }
-    if select_lld {
-        let Some(gcc_ld) = rustc_gcc_ld()? else {
-            println!(
-                "cargo:warning=no gcc-ld/ld.lld in rustc's sysroot: {target} is linked without the start-up order"
-            );
-            return Ok(());
-        };
-        println!("cargo:rustc-link-arg-bin=rozd=-B{}", gcc_ld.display());
-        println!("cargo:rustc-link-arg-bin=rozd=-fuse-ld=lld");
-    }
+    let Some(gcc_ld) = rustc_gcc_ld()? else {
+        println!(
+            "cargo:warning=no gcc-ld/ld.lld in rustc's sysroot: {target} is linked without the start-up order"
+        );
+        return Ok(());
+    };
+    println!("cargo:rustc-link-arg-bin=rozd=-B{}", gcc_ld.display());
+    println!("cargo:rustc-link-arg-bin=rozd=-fuse-ld=lld");
     println!(
         "cargo:rustc-link-arg-bin=rozd=-Wl,--symbol-ordering-file={}",
         order.display()
