@@ -42,6 +42,7 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+TARGET_DIR = ROOT / os.environ.get("CARGO_TARGET_DIR", "target")
 TARGET = "x86_64-unknown-linux-gnu"
 CROSS_TARGET = "aarch64-unknown-linux-gnu"
 CROSS_GCC = "aarch64-linux-gnu-gcc"
@@ -171,7 +172,7 @@ def functions_run(command, directory, idle):
     """Mangled names of the functions the binary `command` builds runs."""
     map_file = directory / "rozd.map"
     build(command, {"ROZD_LINK_MAP": str(map_file)})
-    binary = (ROOT / "target/release/rozd").resolve()
+    binary = (TARGET_DIR / "release/rozd").resolve()
     callgrind_out = directory / "callgrind.out"
     run_under_callgrind(binary, builtin_config(directory), callgrind_out, idle)
     addresses = sorted(executed_addresses(callgrind_out, binary))
@@ -220,7 +221,7 @@ def cross_order():
     )
     order.write_text("".join(f"{symbol}\n" for symbol in dict.fromkeys(s for _, s in ran)))
     build(command, cross)
-    print(f"wrote {order.relative_to(ROOT)}; target/{CROSS_TARGET}/release/rozd is linked with it")
+    print(f"wrote {order.relative_to(ROOT)}; {TARGET_DIR / CROSS_TARGET / 'release/rozd'} is linked with it")
 
 
 def main():
@@ -239,7 +240,7 @@ def main():
     order.parent.mkdir(exist_ok=True)
     order.write_text("".join(f"{symbol}\n" for symbol in dict.fromkeys(names)))
     build(BUILDS["release"], {})
-    print(f"wrote {order.relative_to(ROOT)}; target/release/rozd is linked with it")
+    print(f"wrote {order.relative_to(ROOT)}; {TARGET_DIR / 'release/rozd'} is linked with it")
 
 
 if __name__ == "__main__":

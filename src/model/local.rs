@@ -129,7 +129,7 @@ fn verb_and_rest(line: &str) -> (Cow<'_, str>, &str) {
 fn split_at_whitespace(line: &str) -> Option<(&str, &str)> {
     let at = line
         .bytes()
-        .position(|b| !b.is_ascii() || matches!(b, b' ' | b'\t'..=b'\r'))?;
+        .position(|b| !b.is_ascii() || tokens::is_ascii_whitespace_char(b))?;
     match line.as_bytes().get(at) {
         Some(b) if b.is_ascii() => Some((&line[..at], &line[at + 1..])),
         _ => line.split_once(char::is_whitespace),

@@ -31,8 +31,7 @@ const SPACE: u8 = 1;
 const OTHER: u8 = 2;
 
 /// The class of each ASCII byte: a word character (alphanumeric or `_`),
-/// whitespace as `char::is_whitespace` has it (which, unlike
-/// `u8::is_ascii_whitespace`, includes the vertical tab), or other.
+/// whitespace ([`is_ascii_whitespace_char`]), or other.
 const ASCII: [u8; 128] = {
     let mut classes = [OTHER; 128];
     let mut byte = 0;
@@ -40,13 +39,19 @@ const ASCII: [u8; 128] = {
         let b = byte as u8;
         if b.is_ascii_alphanumeric() || b == b'_' {
             classes[byte] = WORD;
-        } else if matches!(b, b' ' | b'\t'..=b'\r') {
+        } else if is_ascii_whitespace_char(b) {
             classes[byte] = SPACE;
         }
         byte += 1;
     }
     classes
 };
+
+/// Whether an ASCII byte is whitespace as `char::is_whitespace` has it:
+/// unlike `u8::is_ascii_whitespace`, that includes the vertical tab.
+pub const fn is_ascii_whitespace_char(b: u8) -> bool {
+    matches!(b, b' ' | b'\t'..=b'\r')
+}
 
 /// A word's characters count a token per four; any other character that
 /// is not whitespace is a token of its own.
