@@ -27,30 +27,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The order file in `link/` (written by `scripts/text_order.py`) lists the
+/// The order file in `link/` (written by `scripts/text_order.py`) names the
 /// functions the daemon runs while it starts, idles and stops. Linked first
-/// and together, they fill a few contiguous pages of `.text` instead of
+/// and together, they fill a few contiguous pages of code instead of
 /// touching (and, through the kernel's fault-around, mapping) pages all over
 /// it: the idle daemon's resident memory is mostly its own code pages
-/// (BENCHMARKS.md, "Start-up code together"). A name the build no longer has
-/// is skipped.
+/// (BENCHMARKS.md, "Start-up code together"). It lists section-name patterns
+/// for a linker script, with `*` where names change with unrelated code, so
+/// that it survives most changes; a function it does not name is linked in
+/// the usual place.
 ///
-/// lld reads such a file, so the linker (a gcc) is pointed at the lld rustc
-/// ships (`gcc-ld/ld.lld`): what rustc does itself on x86_64-unknown-linux-gnu,
-/// and what the Pi's build (aarch64-unknown-linux-gnu), linked by GNU ld
-/// before, now does too. Other targets link as before. `ROZD_TEXT_ORDER=off` leaves the order out (a build
-/// with another linker); `ROZD_LINK_MAP=<file>` writes the linker's map, which
+/// The script is read by the lld rustc ships (`gcc-ld/ld.lld`), which the
+/// linker (a gcc) is pointed at: what rustc does itself on
+/// x86_64-unknown-linux-gnu, and what the Pi's build
+/// (aarch64-unknown-linux-gnu), linked by GNU ld before, now does too. Other
+/// targets, and unoptimised builds (tests), link as before.
+/// `ROZD_TEXT_ORDER=off` leaves the order out (a build with another linker);
+/// `ROZD_LINK_MAP=<file>` writes the linker's map, which
 /// `scripts/text_order.py` reads.
 fn link_text_order() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-env-changed=ROZD_TEXT_ORDER");
     println!("cargo:rerun-if-env-changed=ROZD_LINK_MAP");
     if let Ok(map) = std::env::var("ROZD_LINK_MAP") {
         println!("cargo:rustc-link-arg-bin=rozd=-Wl,-Map={map}");
-        // The order file takes symbols as the object files name them.
+        // text_order.py matches the names the object files have.
         println!("cargo:rustc-link-arg-bin=rozd=-Wl,--no-demangle");
     }
     let target = std::env::var("TARGET")?;
-    let off = matches!(std::env::var("ROZD_TEXT_ORDER").as_deref(), Ok("off"));
+    let off = matches!(std::env::var("ROZD_TEXT_ORDER").as_deref(), Ok("off"))
+        || std::env::var("PROFILE")? == "debug";
     if off || !["x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"].contains(&target.as_str())
     {
         return Ok(());
@@ -70,12 +75,34 @@ fn link_text_order() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!("cargo:rustc-link-arg-bin=rozd=-B{}", gcc_ld.display());
     println!("cargo:rustc-link-arg-bin=rozd=-fuse-ld=lld");
-    println!(
-        "cargo:rustc-link-arg-bin=rozd=-Wl,--symbol-ordering-file={}",
-        order.display()
-    );
-    println!("cargo:rustc-link-arg-bin=rozd=-Wl,--no-warn-symbol-ordering");
+    let script = PathBuf::from(std::env::var("OUT_DIR")?).join("start-up.ld");
+    std::fs::write(&script, start_up_script(&std::fs::read_to_string(&order)?))?;
+    println!("cargo:rustc-link-arg-bin=rozd=-Wl,-T,{}", script.display());
     Ok(())
+}
+
+/// A linker script that puts the input sections the order names, in its
+/// order, at the start of `.text`. The rest of `.text` follows them (lld adds
+/// the other `.text.*` input sections to the output section of that name),
+/// and `INSERT` keeps lld's default layout for everything else. One `.text`
+/// output section, because tools (valgrind) take code outside it for
+/// another object's.
+/// Each line of the order is a section-name pattern (`*` for the parts of a
+/// name that change from build to build); a line that is not one (blank,
+/// or with a character that would end the pattern early) is skipped.
+fn start_up_script(order: &str) -> String {
+    let mut script = String::from("SECTIONS\n{\n  .text :\n  {\n");
+    for pattern in order.lines().map(str::trim) {
+        let usable = pattern.starts_with(".text.")
+            && !pattern.contains(|c: char| c.is_whitespace() || "()\"\\;{}".contains(c));
+        if usable {
+            script.push_str("    *(");
+            script.push_str(pattern);
+            script.push_str(")\n");
+        }
+    }
+    script.push_str("  }\n}\nINSERT BEFORE .init;\n");
+    script
 }
 
 /// The directory of the `ld.lld` that rustc ships for gcc to call

@@ -11,20 +11,21 @@ together, those functions take a few contiguous pages (BENCHMARKS.md,
 
 How: builds the release binary with the linker's map (ROZD_LINK_MAP), runs it
 on the built-in host under callgrind (every executed instruction's address),
-lets it idle, stops it with SIGTERM, and lists the first symbol of every .text
-input section that ran, in their present order; the same for the bench's
-build of the binary. Then builds the release binary again, linked with the
-new order.
+lets it idle, stops it with SIGTERM, and lists every .text input section
+that ran, in their present order; the same for the bench's build of the
+binary. Then builds the release binary again, linked with the new order.
 
-Names are the build's mangled symbols; code changes rename some (generic
-instances, LTO-local functions), which the linker then skips: re-run this
-after large changes (the bench's idle RSS shows when it is due).
+The order lists section names as linker-script patterns: the parts of a name
+that change with unrelated code are `*` (see `generalised`), so the order
+survives most changes. Functions renamed or added since it was written are
+linked in the usual place: re-run this after large changes (the bench's idle
+RSS shows when it is due).
 
 The Pi's build (aarch64-unknown-linux-gnu) cannot run under callgrind here:
 `--target aarch64-unknown-linux-gnu` lists the functions of its build whose
-names, demangled without their hashes, the x86_64 order has (the same code
-runs at start-up on both; the hashes differ by target). Run it after the
-x86_64 order.
+names, demangled without their hashes, are those of the x86_64 build's
+sections the x86_64 order selects (the same code runs at start-up on both;
+the hashes differ by target). Run it after the x86_64 order.
 
 Usage: scripts/text_order.py [--idle SECONDS]   (needs valgrind)
        scripts/text_order.py --target aarch64-unknown-linux-gnu   (needs aarch64-linux-gnu-gcc)
@@ -32,6 +33,7 @@ Usage: scripts/text_order.py [--idle SECONDS]   (needs valgrind)
 
 import argparse
 import bisect
+import fnmatch
 import os
 import pathlib
 import re
@@ -141,10 +143,12 @@ def executed_addresses(callgrind_out, binary):
 
 
 def text_sections(map_file):
-    """(start, size, first symbol) of each .text input section, from lld's map.
+    """(start, size, section name, first symbol) of each code input section,
+    from lld's map.
 
     Its lines: VMA, LMA, size, alignment, then the name indented by what it
-    is: an output section (0), an input section (8), a symbol (16)."""
+    is: an output section (0), an input section (8, `file:(section)`), a
+    symbol (16)."""
     line_format = re.compile(r"^\s*([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)\s+\d+ (.*)$")
     sections = []
     in_text = False
@@ -157,19 +161,47 @@ def text_sections(map_file):
         if depth == 0:
             in_text = name == ".text"
         elif in_text and depth == 8:
-            sections.append([int(start, 16), int(size, 16), None])
-        elif in_text and depth == 16 and sections and sections[-1][2] is None:
+            section = name.strip()
+            if section.endswith(")") and ":(" in section:
+                section = section[section.rindex(":(") + 2 : -1]
+            sections.append([int(start, 16), int(size, 16), section, None])
+        elif in_text and depth == 16 and sections and sections[-1][3] is None:
             # Not AArch64's mapping symbols ($x: code follows, $d: data).
             if not name.strip().startswith("$"):
-                sections[-1][2] = name.strip()
-    sections = [(start, size, symbol) for start, size, symbol in sections if symbol and size]
+                sections[-1][3] = name.strip()
+    sections = [tuple(section) for section in sections if section[3] and section[1]]
     if not sections:
         sys.exit(f"no .text input sections in {map_file}: was the binary linked by lld?")
     return sections
 
 
+def generalised(section):
+    """A section name as a pattern that still matches after unrelated changes.
+
+    - `.llvm.<n>` ends the name of a function thin LTO exported from its
+      module: n is a hash of that module's code, which any change to the
+      module changes.
+    - `Cs<base62>_` in a v0-mangled name is a crate's disambiguator, a hash of
+      its cargo metadata (features, profile, toolchain): the bench's build and
+      the release build differ in it.
+    Sections named `.text` alone (assembly without a section per function)
+    would match every object's: None."""
+    if not section.startswith(".text."):
+        return None
+    section = re.sub(r"\.llvm\.\d+$", ".llvm.*", section)
+    if "._R" in section:
+        section = re.sub(r"Cs[0-9A-Za-z]*_(?=\d)", "Cs*_", section)
+    return section
+
+
+def selected(sections, patterns):
+    """The sections a list of the order's patterns selects (as the linker does)."""
+    matcher = re.compile("|".join(fnmatch.translate(p) for p in patterns))
+    return [section for section in sections if matcher.match(section[2])]
+
+
 def functions_run(command, directory, idle):
-    """Mangled names of the functions the binary `command` builds runs."""
+    """Section names of the functions the binary `command` builds runs."""
     map_file = directory / "rozd.map"
     build(command, {"ROZD_LINK_MAP": str(map_file)})
     binary = (TARGET_DIR / "release/rozd").resolve()
@@ -178,21 +210,22 @@ def functions_run(command, directory, idle):
     addresses = sorted(executed_addresses(callgrind_out, binary))
     sections = text_sections(map_file)
     ran = []
-    for start, size, symbol in sections:
+    for start, size, section, _ in sections:
         at = bisect.bisect_left(addresses, start)
         if at < len(addresses) and addresses[at] < start + size:
-            ran.append((size, symbol))
-    total = sum(size for _, size, _ in sections)
+            ran.append((size, section))
+    total = sum(section[1] for section in sections)
     print(
         f"{' '.join(command)}: {len(ran)} of {len(sections)} .text sections ran, "
         f"{sum(size for size, _ in ran) / 2**20:.2f} of {total / 2**20:.2f} MiB"
     )
-    return [symbol for _, symbol in ran]
+    return [section for _, section in ran]
 
 
 def demangled(names):
-    """Each name demangled without hashes (c++filt; Rust's legacy and v0 names)."""
-    text = "".join(f"{name}\n" for name in names)
+    """Each name demangled without hashes and thin LTO's `.llvm.<n>` (c++filt;
+    Rust's legacy and v0 names)."""
+    text = "".join(f"{re.sub(r'[.]llvm[.][0-9]+$', '', name)}\n" for name in names)
     output = subprocess.run(
         ["c++filt", "--no-verbose"], input=text, capture_output=True, text=True, check=True
     ).stdout
@@ -200,9 +233,14 @@ def demangled(names):
 
 
 def cross_order():
-    """The Pi build's functions whose hash-free names the x86_64 order lists."""
-    native = (ROOT / "link" / f"{TARGET}.order").read_text().split()
-    wanted = set(demangled(native))
+    """The Pi build's functions whose hash-free names are those of the x86_64
+    build's functions the x86_64 order selects."""
+    patterns = (ROOT / "link" / f"{TARGET}.order").read_text().split()
+    with tempfile.TemporaryDirectory(prefix="text-order-native-") as scratch:
+        map_file = pathlib.Path(scratch) / "rozd.map"
+        build(BUILDS["release"], {"ROZD_LINK_MAP": str(map_file)})
+        native = selected(text_sections(map_file), patterns)
+    wanted = set(demangled(symbol for _, _, _, symbol in native))
     order = ROOT / "link" / f"{CROSS_TARGET}.order"
     if not order.exists():
         order.write_text("")  # so that this build links with lld, whose map is read
@@ -213,15 +251,21 @@ def cross_order():
         map_file = pathlib.Path(scratch) / "rozd.map"
         build(command, dict(cross, ROZD_LINK_MAP=str(map_file)))
         sections = text_sections(map_file)
-    names = demangled(symbol for _, _, symbol in sections)
-    ran = [(size, symbol) for (_, size, symbol), name in zip(sections, names) if name in wanted]
+    names = demangled(symbol for _, _, _, symbol in sections)
+    ran = [section for section, name in zip(sections, names) if name in wanted]
     print(
-        f"{CROSS_TARGET}: {len(ran)} of {len(sections)} .text sections named in the "
-        f"{TARGET} order ({len(native)} names), {sum(size for size, _ in ran) / 2**20:.2f} MiB"
+        f"{CROSS_TARGET}: {len(ran)} of {len(sections)} .text sections named like the "
+        f"{len(native)} the {TARGET} order selects, {sum(s[1] for s in ran) / 2**20:.2f} MiB"
     )
-    order.write_text("".join(f"{symbol}\n" for symbol in dict.fromkeys(s for _, s in ran)))
+    write_order(order, (section for _, _, section, _ in ran))
     build(command, cross)
     print(f"wrote {order.relative_to(ROOT)}; {TARGET_DIR / CROSS_TARGET / 'release/rozd'} is linked with it")
+
+
+def write_order(path, sections):
+    patterns = dict.fromkeys(p for p in map(generalised, sections) if p is not None)
+    path.write_text("".join(f"{pattern}\n" for pattern in patterns))
+    print(f"{path.relative_to(ROOT)}: {len(patterns)} patterns")
 
 
 def main():
@@ -238,7 +282,7 @@ def main():
         with tempfile.TemporaryDirectory(prefix=f"text-order-{name}-") as scratch:
             names += functions_run(command, pathlib.Path(scratch), args.idle)
     order.parent.mkdir(exist_ok=True)
-    order.write_text("".join(f"{symbol}\n" for symbol in dict.fromkeys(names)))
+    write_order(order, names)
     build(BUILDS["release"], {})
     print(f"wrote {order.relative_to(ROOT)}; {TARGET_DIR / 'release/rozd'} is linked with it")
 
