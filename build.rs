@@ -87,6 +87,7 @@ fn link_text_order() -> Result<(), Box<dyn std::error::Error>> {
 /// and `INSERT` keeps lld's default layout for everything else. One `.text`
 /// output section, because tools (valgrind) take code outside it for
 /// another object's.
+///
 /// Each line of the order is a section-name pattern (`*` for the parts of a
 /// name that change from build to build); a line that is not one (blank,
 /// or with a character that would end the pattern early) is skipped.
