@@ -49,6 +49,9 @@ TARGET = "x86_64-unknown-linux-gnu"
 CROSS_TARGET = "aarch64-unknown-linux-gnu"
 CROSS_GCC = "aarch64-linux-gnu-gcc"
 READY = "serving gRPC and REST"
+# What thin LTO appends to the name of a local function it exports from its
+# module: a hash of that module's code.
+LTO_SUFFIX = re.compile(r"\.llvm\.\d+$")
 
 
 # The binaries whose functions the order lists. Both leave target/release/rozd.
@@ -68,7 +71,10 @@ def build(command, env_extra):
 
 def builtin_config(directory):
     text = (ROOT / "src/config/builtin.toml").read_text()
-    text = text.replace('listen = "127.0.0.1:8080"', 'listen = "127.0.0.1:0"')
+    listen = 'listen = "127.0.0.1:8080"'
+    if listen not in text:
+        sys.exit(f"src/config/builtin.toml has no `{listen}` to move to port 0")
+    text = text.replace(listen, 'listen = "127.0.0.1:0"')
     text += f'\n[store]\npath = "{directory / "rozd.db"}"\n'
     path = directory / "rozd.toml"
     path.write_text(text)
@@ -188,7 +194,7 @@ def generalised(section):
     would match every object's: None."""
     if not section.startswith(".text."):
         return None
-    section = re.sub(r"\.llvm\.\d+$", ".llvm.*", section)
+    section = LTO_SUFFIX.sub(".llvm.*", section)
     if "._R" in section:
         section = re.sub(r"Cs[0-9A-Za-z]*_(?=\d)", "Cs*_", section)
     return section
@@ -225,7 +231,7 @@ def functions_run(command, directory, idle):
 def demangled(names):
     """Each name demangled without hashes and thin LTO's `.llvm.<n>` (c++filt;
     Rust's legacy and v0 names)."""
-    text = "".join(f"{re.sub(r'[.]llvm[.][0-9]+$', '', name)}\n" for name in names)
+    text = "".join(f"{LTO_SUFFIX.sub('', name)}\n" for name in names)
     output = subprocess.run(
         ["c++filt", "--no-verbose"], input=text, capture_output=True, text=True, check=True
     ).stdout
