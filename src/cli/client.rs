@@ -12,6 +12,20 @@ use tokio::net::{TcpStream, UnixStream};
 
 use crate::proto::CLI_USER_AGENT_PREFIX;
 
+/// What [`url_part`] leaves as it is: RFC 3986's unreserved characters.
+const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// `s` as one path segment or query value: every byte but the unreserved
+/// ones as `%XX`, so that a `/`, `?` or `#` in a user's argument (a task id,
+/// an environment) cannot reach another route.
+pub fn url_part(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("invalid address {0:?}: expected host:port, http://host:port or https://host:port")]
@@ -322,6 +336,14 @@ pub async fn get(addr: &str, path: &str, token: Option<&str>) -> Result<Reply, C
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn url_parts_keep_only_unreserved_characters() {
+        assert_eq!(url_part("lab:5f0c-a_b.c~d"), "lab%3A5f0c-a_b.c~d");
+        assert_eq!(url_part("a/b?c#d e&f=g%"), "a%2Fb%3Fc%23d%20e%26f%3Dg%25");
+        assert_eq!(url_part("ü"), "%C3%BC");
+        assert_eq!(url_part(""), "");
+    }
 
     #[test]
     fn socket_settings_are_read_leniently() {

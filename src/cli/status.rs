@@ -23,7 +23,7 @@ pub fn hosts(addr: &str, token: Option<&str>, environment: Option<&str>, raw: bo
     let mut path = format!("/v1/hosts?limit={}", crate::api::MAX_HOSTS_LIMIT);
     if let Some(env) = environment {
         path.push_str("&environment_id=");
-        path.push_str(&percent_encode(env));
+        path.push_str(&super::client::url_part(env));
     }
     show_json("hosts", addr, None, &path, token, raw, format::hosts)
 }
@@ -91,17 +91,4 @@ fn show_json(
             FAILURE
         }
     }
-}
-
-/// `%XX` for everything but unreserved URL characters.
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }

@@ -131,10 +131,14 @@ pub async fn run(
             format!("/v1/tasks?limit={limit}&offset={offset}"),
             None,
         ),
-        TaskCommand::Show { id } => (http::Method::GET, format!("/v1/tasks/{id}"), None),
+        TaskCommand::Show { id } => (
+            http::Method::GET,
+            format!("/v1/tasks/{}", client::url_part(&id)),
+            None,
+        ),
         TaskCommand::Cancel { id } => (
             http::Method::POST,
-            format!("/v1/tasks/{id}/cancel"),
+            format!("/v1/tasks/{}/cancel", client::url_part(&id)),
             Some(json!({})),
         ),
         TaskCommand::Approve {
@@ -143,7 +147,7 @@ pub async fn run(
             deny,
         } => (
             http::Method::POST,
-            format!("/v1/tasks/{id}/approvals"),
+            format!("/v1/tasks/{}/approvals", client::url_part(&id)),
             Some(json!({ "tool_call_id": tool_call_id, "approved": !deny })),
         ),
     };

@@ -952,6 +952,14 @@ async fn the_task_cli_creates_approves_watches_lists_and_reports_refusals() {
     let (code, _, err) = rozd_cli(&["task", "show", "not-a-uuid", "--addr", &addr]).await;
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("is not <host id>:<uuid>"), "{err}");
+    // An id with URL syntax in it reaches the task routes whole: not
+    // another route (`/v1/tasks/<id>/cancel` for `show`), not a query.
+    for odd in ["lab:x/cancel", "lab:x?limit=1", "lab:x#y", "../status"] {
+        let (code, _, err) = rozd_cli(&["task", "show", odd, "--addr", &addr]).await;
+        assert_eq!(code, Some(3), "{odd}: {err}");
+        assert!(err.contains("is not <host id>:<uuid>"), "{odd}: {err}");
+        assert!(err.contains(&format!("{odd:?}")), "{odd}: {err}");
+    }
 
     // A task that fails makes `watch` exit 4.
     let (code, out, _) =
