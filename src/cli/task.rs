@@ -133,12 +133,12 @@ pub async fn run(
         ),
         TaskCommand::Show { id } => (
             http::Method::GET,
-            format!("/v1/tasks/{}", client::url_part(&id)),
+            format!("/v1/tasks/{}", client::url_part(id)),
             None,
         ),
         TaskCommand::Cancel { id } => (
             http::Method::POST,
-            format!("/v1/tasks/{}/cancel", client::url_part(&id)),
+            format!("/v1/tasks/{}/cancel", client::url_part(id)),
             Some(json!({})),
         ),
         TaskCommand::Approve {
@@ -147,7 +147,7 @@ pub async fn run(
             deny,
         } => (
             http::Method::POST,
-            format!("/v1/tasks/{}/approvals", client::url_part(&id)),
+            format!("/v1/tasks/{}/approvals", client::url_part(id)),
             Some(json!({ "tool_call_id": tool_call_id, "approved": !deny })),
         ),
     };

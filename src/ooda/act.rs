@@ -1,17 +1,24 @@
 //! Act: the one path every actuator command takes.
 //!
-//! validate (finite, within limits, rate) -> apply through the driver under
-//! the actuator's deadline -> record -> schedule the hold expiry. A refused
-//! command is never clamped. Any failure or expiry drives the safe value.
+//! admit (the pure rules of [`super::admission`]: stop, finite, within
+//! limits, rate, owner) -> apply through the driver under the actuator's
+//! deadline -> record -> set the hold's deadline, which one expiry task
+//! drives safe. A refused command is never clamped. Any failure or expiry
+//! drives the safe value.
+//!
+//! Each actuator has a driver lock: one command or safe drive at a time,
+//! and every change of its state happens under it, so what the audit hears
+//! is in the order the device saw it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::admission::{Admission, HoldDeadlines, Refusal};
 use crate::hw::config::ActuatorSpec;
 use crate::hw::{ActuatorDriver, HwError};
 use crate::safety::ProtectiveStop;
@@ -63,22 +70,12 @@ pub enum ActError {
     Closed { actuator: String },
 }
 
-#[derive(Debug, Clone)]
-struct State {
-    value: f64,
-    /// Who commanded the current (non-safe) value.
-    owner: Option<Origin>,
-    since: Instant,
-    hold_until: Option<Instant>,
-    last_command: Option<Instant>,
-    /// Bumped on every change, so a stale hold-expiry timer does nothing.
-    generation: u64,
-}
-
 struct Entry {
+    /// Its place in [`Actuators::entries`] (and in the hold deadlines).
+    index: usize,
     spec: ActuatorSpec,
     driver: Arc<dyn ActuatorDriver>,
-    state: Mutex<State>,
+    state: Mutex<Admission>,
     /// Serialises driver access: one command at a time per actuator.
     io: tokio::sync::Mutex<()>,
 }
@@ -131,6 +128,17 @@ pub struct Actuators {
     tap: std::sync::OnceLock<Arc<dyn ActuatorTap>>,
     /// Set by [`Actuators::close`] at shutdown: no command after the last safe drive.
     closed: std::sync::atomic::AtomicBool,
+    /// When each held value goes back to safe (see [`expire_holds`]).
+    holds: Mutex<HoldDeadlines>,
+    /// Wakes the expiry task: a deadline came earlier, or we are gone.
+    holds_changed: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Actuators {
+    fn drop(&mut self) {
+        // The expiry task holds only a weak reference: let it see we are gone.
+        self.holds_changed.notify_one();
+    }
 }
 
 impl std::fmt::Debug for Actuators {
@@ -146,6 +154,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Actuators {
+    /// Starts the hold expiry task, so it must be called within a tokio runtime.
     pub fn new(
         actuators: Vec<(ActuatorSpec, Arc<dyn ActuatorDriver>)>,
         estop: ProtectiveStop,
@@ -158,28 +167,28 @@ impl Actuators {
             .collect();
         let entries = actuators
             .into_iter()
-            .map(|(spec, driver)| Entry {
-                state: Mutex::new(State {
-                    value: spec.safe_value,
-                    owner: None,
-                    since: now,
-                    hold_until: None,
-                    last_command: None,
-                    generation: 0,
-                }),
+            .enumerate()
+            .map(|(index, (spec, driver))| Entry {
+                index,
+                state: Mutex::new(Admission::new(spec.safe_value, now)),
                 spec,
                 driver,
                 io: tokio::sync::Mutex::new(()),
             })
             .collect();
-        Arc::new(Actuators {
+        let holds_changed = Arc::new(tokio::sync::Notify::new());
+        let actuators = Arc::new(Actuators {
             entries,
             index,
             estop,
             audit: std::sync::OnceLock::new(),
             tap: std::sync::OnceLock::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
-        })
+            holds: Mutex::new(HoldDeadlines::default()),
+            holds_changed: holds_changed.clone(),
+        });
+        tokio::spawn(expire_holds(Arc::downgrade(&actuators), holds_changed));
+        actuators
     }
 
     /// Where every actuator change is reported (once; later calls are ignored).
@@ -232,7 +241,7 @@ impl Actuators {
 
     /// The current value of an actuator.
     pub fn value(&self, name: &str) -> Option<f64> {
-        self.entry(name).ok().map(|e| lock(&e.state).value)
+        self.entry(name).ok().map(|e| lock(&e.state).value())
     }
 
     /// Commands `value` on behalf of `origin`. `hold` shortens (never
@@ -286,144 +295,108 @@ impl Actuators {
         caller: CancellationToken,
     ) -> Result<Applied, ActError> {
         let entry = self.entry(name)?;
-        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(ActError::Closed {
-                actuator: name.to_string(),
-            });
-        }
-        let spec = &entry.spec;
-        let violation = |reason: String| ActError::SafetyViolation {
-            actuator: name.to_string(),
-            reason,
-        };
-        if !matches!(origin, Origin::Safety(_))
-            && let Some(stop) = self.estop.active()
-        {
-            return Err(ActError::EStop {
-                actuator: name.to_string(),
-                reason: stop.reason,
-            });
-        }
-        if !value.is_finite() {
-            return Err(violation(format!("{value} is not a finite number")));
-        }
-        if !spec.values.contains(value) {
-            return Err(violation(format!(
-                "{value} is outside the allowed values {}",
-                spec.values
-            )));
-        }
+        // A refusal need not wait for the driver; the same checks are made
+        // again, authoritatively, under its lock.
+        self.admit(entry, value, &origin, Instant::now())?;
         let _io = entry.io.lock().await;
-        // Under the lock, before the driver: a caller that left while this
-        // command waited, or a shutdown that closed the actuators, applies nothing.
+        // A caller that left while this command waited applies nothing; nor
+        // does one that a stop or a shutdown overtook meanwhile (the stop
+        // has driven the actuator safe, and it must stay there).
         if caller.is_cancelled() {
             return Err(ActError::Abandoned {
                 actuator: name.to_string(),
             });
         }
-        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(ActError::Closed {
-                actuator: name.to_string(),
-            });
-        }
-        // Again under the lock: a stop that latched while this command waited
-        // has already driven the actuator safe, and it must stay there.
-        if !matches!(origin, Origin::Safety(_))
-            && let Some(stop) = self.estop.active()
-        {
-            return Err(ActError::EStop {
-                actuator: name.to_string(),
-                reason: stop.reason,
-            });
-        }
         let now = Instant::now();
-        {
-            let state = lock(&entry.state);
-            if let (Some(hz), Some(last)) = (spec.max_rate_hz, state.last_command) {
-                let min_gap = Duration::from_secs_f64(1.0 / hz);
-                if now.duration_since(last) < min_gap && !matches!(origin, Origin::Safety(_)) {
-                    return Err(violation(format!("rate limit of {hz} commands/s exceeded")));
-                }
-            }
-            if let (Origin::Session(_), Some(owner @ Origin::Session(_))) = (&origin, &state.owner)
-                && owner != &origin
-                && !spec.shared
-            {
-                return Err(ActError::Held {
-                    actuator: name.to_string(),
-                    holder: owner.to_string(),
-                });
-            }
-        }
-        let result = tokio::time::timeout(spec.timeout, entry.driver.apply(value)).await;
-        let failure = match result {
-            Ok(Ok(())) => None,
-            // The driver's own deadline (e.g. a serial reply timeout shorter
-            // than the command's) is a timeout too, not a generic failure.
-            Ok(Err(HwError::Timeout(timeout_ms))) => Some(ActError::Timeout {
-                actuator: name.to_string(),
-                timeout_ms,
-            }),
-            Ok(Err(error)) => Some(ActError::Driver {
-                actuator: name.to_string(),
-                error,
-            }),
-            Err(_) => Some(ActError::Timeout {
-                actuator: name.to_string(),
-                timeout_ms: ms(spec.timeout),
-            }),
-        };
-        if let Some(failure) = failure {
+        self.admit(entry, value, &origin, now)?;
+        if let Err(failure) = apply_within_deadline(entry, value).await {
             tracing::warn!(actuator = name, %origin, error = %failure, "command failed; driving the safe value");
-            drop(_io);
-            self.drive_safe(entry, &format!("command failed: {failure}"))
+            self.drive_safe_locked(entry, &format!("command failed: {failure}"))
                 .await;
             return Err(failure);
         }
-        let hold = match (spec.hold, hold) {
-            (Some(configured), Some(asked)) => Some(configured.min(asked)),
-            (configured, asked) => configured.or(asked),
-        };
-        let is_safe = (value - spec.safe_value).abs() < 1e-12;
-        let (previous, generation) = {
-            let mut state = lock(&entry.state);
-            let previous = state.value;
-            state.value = value;
-            state.owner = (!is_safe).then(|| origin.clone());
-            state.since = now;
-            state.last_command = Some(now);
-            // `hold_ms` may come from a model: an absurd one must not overflow.
-            state.hold_until = hold.filter(|_| !is_safe).and_then(|h| now.checked_add(h));
-            state.generation += 1;
-            (previous, state.generation)
-        };
+        let change = lock(&entry.state).applied(&entry.spec, value, &origin, hold, now);
+        self.set_hold_deadline(entry.index, change.hold_until);
+        let previous = change.previous;
         tracing::info!(actuator = name, value, previous, %origin, "actuator commanded");
         let session = match &origin {
             Origin::Session(id) => Some(id.clone()),
             _ => None,
         };
         self.report(name, value, &origin, session, None);
-        if let Some(hold) = hold.filter(|_| !is_safe) {
-            let me = self.clone();
-            let name = name.to_string();
-            tokio::spawn(async move {
-                tokio::time::sleep(hold).await;
-                me.expire(&name, generation).await;
-            });
-        }
         Ok(Applied {
             actuator: name.to_string(),
             value,
             previous,
-            hold_ms: hold.map(ms),
+            hold_ms: change.hold.map(ms),
         })
     }
 
-    async fn expire(&self, name: &str, generation: u64) {
-        let Ok(entry) = self.entry(name) else { return };
-        if lock(&entry.state).generation == generation {
-            self.drive_safe(entry, "hold_ms expired").await;
+    /// The admission rules for `origin` commanding `value` now, as the
+    /// command's error.
+    fn admit(
+        &self,
+        entry: &Entry,
+        value: f64,
+        origin: &Origin,
+        now: Instant,
+    ) -> Result<(), ActError> {
+        let actuator = || entry.spec.name.clone();
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ActError::Closed {
+                actuator: actuator(),
+            });
         }
+        let stop = self.estop.active().map(|s| s.reason);
+        let refusal =
+            match lock(&entry.state).admit(&entry.spec, value, origin, stop.as_deref(), now) {
+                Ok(()) => return Ok(()),
+                Err(refusal) => refusal,
+            };
+        let violation = |reason: String| ActError::SafetyViolation {
+            actuator: actuator(),
+            reason,
+        };
+        Err(match refusal {
+            Refusal::Stopped(reason) => ActError::EStop {
+                actuator: actuator(),
+                reason,
+            },
+            Refusal::NotFinite(v) => violation(format!("{v} is not a finite number")),
+            Refusal::OutOfRange { value, allowed } => {
+                violation(format!("{value} is outside the allowed values {allowed}"))
+            }
+            Refusal::RateLimited { max_rate_hz } => {
+                violation(format!("rate limit of {max_rate_hz} commands/s exceeded"))
+            }
+            Refusal::Held(holder) => ActError::Held {
+                actuator: actuator(),
+                holder: holder.to_string(),
+            },
+        })
+    }
+
+    /// Sets (or clears) when actuator `index` goes back to safe, waking the
+    /// expiry task if it now has to wake earlier.
+    fn set_hold_deadline(&self, index: usize, deadline: Option<Instant>) {
+        if lock(&self.holds).set(index, deadline) {
+            self.holds_changed.notify_one();
+        }
+    }
+
+    /// Drives safe every actuator whose hold has run out by `now`.
+    async fn expire_due(&self, now: Instant) {
+        let due = lock(&self.holds).take_due(now);
+        futures_util::future::join_all(due.into_iter().map(|i| async move {
+            let entry = &self.entries[i];
+            let _io = entry.io.lock().await;
+            // Under the driver lock: a command that came meanwhile has
+            // renewed or ended the hold, and stands.
+            if lock(&entry.state).hold_expired(Instant::now()) {
+                self.drive_safe_locked(entry, "hold_ms expired").await;
+            }
+        }))
+        .await;
     }
 
     /// Drives one actuator to its safe value. Never refused: no estop, rate
@@ -437,9 +410,11 @@ impl Actuators {
     async fn drive_safe_locked(&self, entry: &Entry, reason: &str) {
         let safe = entry.spec.safe_value;
         let result = tokio::time::timeout(entry.spec.timeout, entry.driver.apply(safe)).await;
-        let mut state = lock(&entry.state);
-        let session = match &state.owner {
-            Some(Origin::Session(id)) => Some(id.clone()),
+        // The value rozd wants is safe, whether or not the device confirmed it.
+        let previous_owner = lock(&entry.state).went_safe(&entry.spec, Instant::now());
+        self.set_hold_deadline(entry.index, None);
+        let session = match previous_owner {
+            Some(Origin::Session(id)) => Some(id),
             _ => None,
         };
         crate::metrics::actuator_safe(&entry.spec.name, matches!(result, Ok(Ok(()))));
@@ -455,11 +430,6 @@ impl Actuators {
             session,
             error,
         );
-        state.value = safe;
-        state.owner = None;
-        state.since = Instant::now();
-        state.hold_until = None;
-        state.generation += 1;
         match result {
             Ok(Ok(())) => {
                 tracing::info!(actuator = %entry.spec.name, safe, reason, "actuator at safe value")
@@ -501,7 +471,7 @@ impl Actuators {
     pub async fn release(&self, origin: &Origin, reason: &str) -> Vec<String> {
         let released = futures_util::future::join_all(self.entries.iter().map(|e| async move {
             let _io = e.io.lock().await;
-            let owned = lock(&e.state).owner.as_ref() == Some(origin);
+            let owned = lock(&e.state).owner() == Some(origin);
             if owned {
                 self.drive_safe_locked(e, reason).await;
             }
@@ -519,18 +489,230 @@ impl Actuators {
                 ActuatorView {
                     name: e.spec.name.clone(),
                     unit: e.spec.unit.clone(),
-                    value: s.value,
+                    value: s.value(),
                     safe_value: e.spec.safe_value,
-                    at_safe_value: (s.value - e.spec.safe_value).abs() < 1e-12,
-                    owner: s.owner.as_ref().map(ToString::to_string),
-                    since_ms: ms(now.saturating_duration_since(s.since)),
-                    hold_remaining_ms: s.hold_until.map(|t| ms(t.saturating_duration_since(now))),
+                    at_safe_value: s.at_safe_value(&e.spec),
+                    owner: s.owner().map(ToString::to_string),
+                    since_ms: ms(now.saturating_duration_since(s.since())),
+                    hold_remaining_ms: s.hold_until().map(|t| ms(t.saturating_duration_since(now))),
                 }
             })
             .collect()
     }
 }
 
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+/// The driver takes `value` within the actuator's deadline, or the error
+/// that the command reports (the caller drives the safe value then).
+async fn apply_within_deadline(entry: &Entry, value: f64) -> Result<(), ActError> {
+    let actuator = || entry.spec.name.clone();
+    match tokio::time::timeout(entry.spec.timeout, entry.driver.apply(value)).await {
+        Ok(Ok(())) => Ok(()),
+        // The driver's own deadline (e.g. a serial reply timeout shorter
+        // than the command's) is a timeout too, not a generic failure.
+        Ok(Err(HwError::Timeout(timeout_ms))) => Err(ActError::Timeout {
+            actuator: actuator(),
+            timeout_ms,
+        }),
+        Ok(Err(error)) => Err(ActError::Driver {
+            actuator: actuator(),
+            error,
+        }),
+        Err(_) => Err(ActError::Timeout {
+            actuator: actuator(),
+            timeout_ms: ms(entry.spec.timeout),
+        }),
+    }
+}
+
+/// The one task that returns held values to safe: it sleeps until the
+/// earliest hold deadline (or until one comes earlier) and drives what is
+/// due. It holds the actuators only weakly, and ends when they are dropped.
+async fn expire_holds(actuators: Weak<Actuators>, changed: Arc<tokio::sync::Notify>) {
+    loop {
+        let next = match actuators.upgrade() {
+            Some(a) => lock(&a.holds).next(),
+            None => return,
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    () = changed.notified() => continue,
+                }
+            }
+            None => {
+                changed.notified().await;
+                continue;
+            }
+        }
+        let Some(a) = actuators.upgrade() else { return };
+        a.expire_due(Instant::now()).await;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hw::sim::SimActuator;
+    use crate::ooda::admission::tests::test_spec as spec;
+
+    fn two(stop: ProtectiveStop) -> (Arc<Actuators>, Arc<SimActuator>, Arc<SimActuator>) {
+        let (a, b) = (SimActuator::new(), SimActuator::new());
+        let actuators = Actuators::new(
+            vec![
+                (spec("a", Some(1000)), a.clone() as Arc<dyn ActuatorDriver>),
+                (spec("b", Some(3000)), b.clone() as Arc<dyn ActuatorDriver>),
+            ],
+            stop,
+        );
+        (actuators, a, b)
+    }
+
+    fn session(id: &str) -> Origin {
+        Origin::Session(id.into())
+    }
+
+    /// Lets the expiry task run what is due at the (paused) clock's now.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_task_returns_each_held_value_to_safe_at_its_own_deadline() {
+        let (actuators, a, b) = two(ProtectiveStop::default());
+        actuators
+            .command("a", 0.5, session("s"), None)
+            .await
+            .unwrap();
+        actuators
+            .command("b", 0.7, session("s"), None)
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(999)).await;
+        settle().await;
+        assert_eq!(actuators.value("a"), Some(0.5));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        settle().await;
+        assert_eq!(actuators.value("a"), Some(0.0));
+        assert_eq!(a.value(), Some(0.0));
+        assert_eq!(actuators.value("b"), Some(0.7));
+        tokio::time::advance(Duration::from_millis(2000)).await;
+        settle().await;
+        assert_eq!(b.value(), Some(0.0));
+        assert_eq!(actuators.value("b"), Some(0.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_command_renews_the_hold_and_a_shorter_one_wakes_the_task_earlier() {
+        let (actuators, _, b) = two(ProtectiveStop::default());
+        actuators
+            .command("b", 0.5, session("s"), None)
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(2500)).await;
+        actuators
+            .command("b", 0.6, session("s"), None)
+            .await
+            .unwrap();
+        // The first deadline (3000) passes: the renewed value stands.
+        tokio::time::advance(Duration::from_millis(600)).await;
+        settle().await;
+        assert_eq!(b.value(), Some(0.6));
+        // A command asking a shorter hold than the one pending is honoured.
+        actuators
+            .command("b", 0.4, session("s"), Some(Duration::from_millis(10)))
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        settle().await;
+        assert_eq!(b.value(), Some(0.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_reach_no_driver() {
+        let stop = ProtectiveStop::default();
+        let (actuators, a, _) = two(stop.clone());
+        let refused = actuators.command("a", 2.0, session("s"), None).await;
+        assert!(
+            matches!(&refused, Err(ActError::SafetyViolation { reason, .. }) if reason.contains("outside the allowed values [-1, 1]")),
+            "{refused:?}"
+        );
+        actuators
+            .command("a", 0.5, session("s"), None)
+            .await
+            .unwrap();
+        let held = actuators.command("a", 0.1, session("t"), None).await;
+        assert!(matches!(held, Err(ActError::Held { .. })), "{held:?}");
+        assert!(stop.trigger("test", "bumper"));
+        let stopped = actuators.command("a", 0.1, session("s"), None).await;
+        assert!(
+            matches!(&stopped, Err(ActError::EStop { reason, .. }) if reason == "bumper"),
+            "{stopped:?}"
+        );
+        assert!(matches!(
+            actuators.command("zz", 0.1, session("s"), None).await,
+            Err(ActError::Unknown(_))
+        ));
+        assert_eq!(a.history(), vec![0.5]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_drives_safe_only_what_the_session_owns_and_ends_its_hold() {
+        let (actuators, a, b) = two(ProtectiveStop::default());
+        actuators
+            .command("a", 0.5, session("s"), None)
+            .await
+            .unwrap();
+        actuators
+            .command("b", 0.5, Origin::Rule("r".into()), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            actuators.release(&session("s"), "deadman").await,
+            vec!["a".to_string()]
+        );
+        assert_eq!(a.value(), Some(0.0));
+        assert_eq!(b.value(), Some(0.5));
+        let views = actuators.views(Instant::now());
+        assert_eq!(views[0].hold_remaining_ms, None);
+        assert_eq!(views[1].hold_remaining_ms, Some(3000));
+        // The released actuator's old deadline drives nothing again.
+        tokio::time::advance(Duration::from_millis(1000)).await;
+        settle().await;
+        assert_eq!(a.history(), vec![0.5, 0.0]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_close_every_command_is_refused_and_everything_is_safe() {
+        let (actuators, a, b) = two(ProtectiveStop::default());
+        actuators
+            .command("a", 0.5, session("s"), None)
+            .await
+            .unwrap();
+        actuators.close("shutdown").await;
+        assert_eq!((a.value(), b.value()), (Some(0.0), Some(0.0)));
+        assert!(matches!(
+            actuators.command("a", 0.5, session("s"), None).await,
+            Err(ActError::Closed { .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_expiry_task_does_not_keep_the_actuators_alive() {
+        let (actuators, _, _) = two(ProtectiveStop::default());
+        actuators
+            .command("a", 0.5, session("s"), None)
+            .await
+            .unwrap();
+        let weak = Arc::downgrade(&actuators);
+        drop(actuators);
+        settle().await;
+        assert!(weak.upgrade().is_none());
+    }
 }

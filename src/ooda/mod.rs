@@ -4,6 +4,7 @@
 //! [`rules`], and acts through [`act::Actuators`].
 
 pub mod act;
+pub(crate) mod admission;
 pub mod orient;
 pub mod rules;
 pub mod stats;
