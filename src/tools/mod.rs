@@ -15,6 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::config::types::ToolCategory;
@@ -263,19 +264,17 @@ impl HostTools {
         let obs = self.ooda.observe_now();
         match name {
             OBSERVE => {
-                let wanted: Option<Vec<&str>> = input
-                    .get("sensors")
-                    .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(Value::as_str).collect());
+                let input: ObserveInput = parse(input)?;
                 let mut v =
                     serde_json::to_value(&obs).map_err(|e| ToolError::Failed(e.to_string()))?;
-                if let (Some(wanted), Some(sensors)) =
-                    (wanted, v.get_mut("sensors").and_then(Value::as_array_mut))
-                {
+                if let (Some(wanted), Some(sensors)) = (
+                    input.sensors,
+                    v.get_mut("sensors").and_then(Value::as_array_mut),
+                ) {
                     sensors.retain(|s| {
                         s.get("name")
                             .and_then(Value::as_str)
-                            .is_some_and(|n| wanted.contains(&n))
+                            .is_some_and(|n| wanted.iter().any(|w| w == n))
                     });
                 }
                 if let Some(map) = v.as_object_mut() {
@@ -284,20 +283,18 @@ impl HostTools {
                 Ok(v.to_string())
             }
             READ_SENSOR => {
-                let sensor = input
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
+                let ReadSensorInput { name: sensor } = parse(input)?;
                 let (view, history) = self
                     .ooda
                     .world()
-                    .sensor(sensor, tokio::time::Instant::now())
+                    .sensor(&sensor, tokio::time::Instant::now())
                     .ok_or_else(|| ToolError::Invalid(format!("no sensor named {sensor:?}")))?;
-                let alarm = obs.sensor(sensor).map(|s| s.alarm).unwrap_or_default();
+                let alarm = obs.sensor(&sensor).map(|s| s.alarm).unwrap_or_default();
                 let recent: Vec<_> = history.iter().rev().take(READ_HISTORY).rev().collect();
                 Ok(json!({"sensor": view, "alarm": alarm, "history": recent}).to_string())
             }
             STOP_ALL => {
+                // Going safe takes no parameters and is refused for none.
                 self.ooda
                     .actuators()
                     .safe_all(&format!("stop_all by session {session_id}"))
@@ -305,33 +302,28 @@ impl HostTools {
                 Ok(json!({"stopped": self.ooda.actuators().specs().map(|s| s.name.clone()).collect::<Vec<_>>()}).to_string())
             }
             SERIAL_QUERY => {
-                let port = input
-                    .get("port")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                if !self.raw_ports.iter().any(|p| p == port) {
+                let SerialQueryInput {
+                    port,
+                    command,
+                    expect,
+                    timeout_ms,
+                } = parse(input)?;
+                if !self.raw_ports.contains(&port) {
                     return Err(ToolError::Invalid(format!(
                         "port {port:?} does not allow raw queries"
                     )));
                 }
                 let handle = self
                     .ooda
-                    .serial_port(port)
+                    .serial_port(&port)
                     .ok_or_else(|| ToolError::Invalid(format!("no serial port {port:?}")))?;
-                let command = input
-                    .get("command")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                let expect = input
-                    .get("expect")
-                    .and_then(Value::as_str)
+                let expect = expect
+                    .as_deref()
                     .map(regex::Regex::new)
                     .transpose()
                     .map_err(|e| ToolError::Invalid(format!("expect is not a valid regex: {e}")))?;
                 let timeout = Duration::from_millis(
-                    whole_number(input, "timeout_ms")?
-                        .unwrap_or(1_000)
-                        .min(SERIAL_QUERY_MAX_MS),
+                    timeout_ms.map_or(1_000, |n| n.0).min(SERIAL_QUERY_MAX_MS),
                 );
                 match handle
                     .command(command.as_bytes(), expect.as_ref(), timeout)
@@ -345,11 +337,7 @@ impl HostTools {
                 }
             }
             actuator => {
-                let value = input
-                    .get("value")
-                    .and_then(Value::as_f64)
-                    .ok_or_else(|| ToolError::Invalid("`value` must be a number".into()))?;
-                let hold = whole_number(input, "hold_ms")?.map(Duration::from_millis);
+                let ActuatorInput { value, hold_ms } = parse(input)?;
                 let applied = self
                     .ooda
                     .actuators()
@@ -357,7 +345,7 @@ impl HostTools {
                         actuator,
                         value,
                         Origin::Session(session_id.to_string()),
-                        hold,
+                        hold_ms.map(|n| Duration::from_millis(n.0)),
                     )
                     .await?;
                 Ok(
@@ -369,22 +357,67 @@ impl HostTools {
     }
 }
 
-/// An optional whole-number parameter. JSON Schema's `integer` admits
-/// `500.0` as well as `500`, so both are taken as 500; anything that is not
-/// a non-negative whole number is refused, never silently dropped.
-fn whole_number(input: &Value, key: &str) -> Result<Option<u64>, ToolError> {
-    let Some(value) = input.get(key) else {
-        return Ok(None);
-    };
-    if let Some(n) = value.as_u64() {
-        return Ok(Some(n));
-    }
-    match value.as_f64() {
-        // The cast saturates at u64::MAX; callers bound the value anyway.
-        Some(f) if f.is_finite() && f >= 0.0 && f.fract() == 0.0 => Ok(Some(f as u64)),
-        _ => Err(ToolError::Invalid(format!(
-            "`{key}` must be a non-negative whole number, got {value}"
-        ))),
+/// `observe`'s parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ObserveInput {
+    sensors: Option<Vec<String>>,
+}
+
+/// `read_sensor`'s parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadSensorInput {
+    name: String,
+}
+
+/// `serial_query`'s parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SerialQueryInput {
+    port: String,
+    command: String,
+    expect: Option<String>,
+    timeout_ms: Option<WholeNumber>,
+}
+
+/// An actuator tool's parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActuatorInput {
+    value: f64,
+    hold_ms: Option<WholeNumber>,
+}
+
+/// A tool's parameters as their type. The schema has already been checked,
+/// so this refuses only what the schema cannot say (a whole number written
+/// `500.5`); the message names the parameter.
+/// No parameters at all (`null`) are taken as none given (`{}`).
+fn parse<T: serde::de::DeserializeOwned>(input: &Value) -> Result<T, ToolError> {
+    let none = Value::Object(serde_json::Map::new());
+    let input = if input.is_null() { &none } else { input };
+    T::deserialize(input).map_err(|e| ToolError::Invalid(e.to_string()))
+}
+
+/// A non-negative whole number. JSON Schema's `integer` admits `500.0` as
+/// well as `500`, so both are taken as 500; anything else is refused,
+/// never silently dropped. Above `u64::MAX` it saturates (callers bound it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct WholeNumber(u64);
+
+impl<'de> Deserialize<'de> for WholeNumber {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        if let Some(n) = value.as_u64() {
+            return Ok(WholeNumber(n));
+        }
+        match value.as_f64() {
+            // The cast saturates at u64::MAX.
+            Some(f) if f.is_finite() && f >= 0.0 && f.fract() == 0.0 => Ok(WholeNumber(f as u64)),
+            _ => Err(serde::de::Error::custom(format!(
+                "must be a non-negative whole number, got {value}"
+            ))),
+        }
     }
 }
 
@@ -394,20 +427,41 @@ mod tests {
 
     #[test]
     fn whole_numbers_are_taken_in_either_json_spelling_and_others_refused() {
-        let get = |v: Value| whole_number(&json!({ "n": v }), "n");
-        assert_eq!(get(json!(500)).unwrap(), Some(500));
-        assert_eq!(get(json!(500.0)).unwrap(), Some(500));
-        assert_eq!(get(json!(0)).unwrap(), Some(0));
-        assert_eq!(get(json!(1e300)).unwrap(), Some(u64::MAX), "saturates");
-        for bad in [
-            json!(500.5),
-            json!(-1),
-            json!(-1.0),
-            json!("500"),
-            json!(null),
-        ] {
-            assert!(get(bad.clone()).is_err(), "{bad}");
+        let get = |v: Value| parse::<ActuatorInput>(&json!({ "value": 0.0, "hold_ms": v }));
+        let hold = |v: Value| get(v).unwrap().hold_ms.map(|n| n.0);
+        assert_eq!(hold(json!(500)), Some(500));
+        assert_eq!(hold(json!(500.0)), Some(500));
+        assert_eq!(hold(json!(0)), Some(0));
+        assert_eq!(hold(json!(1e300)), Some(u64::MAX), "saturates");
+        for bad in [json!(500.5), json!(-1), json!(-1.0), json!("500")] {
+            let err = get(bad.clone()).unwrap_err().to_string();
+            assert!(err.contains("non-negative whole number"), "{bad}: {err}");
         }
-        assert_eq!(whole_number(&json!({}), "n").unwrap(), None);
+        let absent = parse::<ActuatorInput>(&json!({ "value": 0.0 })).unwrap();
+        assert_eq!(absent.hold_ms, None);
+    }
+
+    #[test]
+    fn parameters_are_typed_and_unknown_ones_refused() {
+        let err = parse::<ActuatorInput>(&json!({ "value": 0.1, "speed": 1 }))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `speed`"), "{err}");
+        let err = parse::<ActuatorInput>(&json!({ "value": "fast" }))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid type"), "{err}");
+        let err = parse::<ReadSensorInput>(&json!({}))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing field `name`"), "{err}");
+        let q: SerialQueryInput =
+            parse(&json!({ "port": "p", "command": "c", "timeout_ms": 20.0 })).unwrap();
+        assert_eq!(q.timeout_ms, Some(WholeNumber(20)));
+        assert_eq!(q.expect, None);
+        let o: ObserveInput = parse(&json!({})).unwrap();
+        assert_eq!(o.sensors, None);
+        let o: ObserveInput = parse(&Value::Null).unwrap();
+        assert_eq!(o.sensors, None);
     }
 }
