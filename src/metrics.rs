@@ -534,7 +534,6 @@ fn counter(r: &mut Registry, name: &str, help: &str, value: u64) {
     r.register(name, help, c);
 }
 
-const SENSOR_HEALTH: [&str; 4] = ["ok", "stale", "disconnected", "error"];
 const FLEET_STATUS: [&str; 4] = ["online", "stale", "offline", "registered"];
 
 fn register_state(r: &mut Registry, ctx: &HostContext) {
@@ -604,11 +603,11 @@ fn register_state(r: &mut Registry, ctx: &HostContext) {
         if let Some(ms) = s.sensor.age_ms {
             age.get_or_create(&sensor()).set(ms as f64 / 1000.0);
         }
-        for h in SENSOR_HEALTH {
+        for h in crate::hw::HealthKind::ALL {
             health
                 .get_or_create(&SensorHealthLabels {
                     sensor: s.sensor.name.clone(),
-                    health: h.to_string(),
+                    health: h.as_str().to_string(),
                 })
                 .set(i64::from(s.sensor.health == h));
         }
@@ -645,11 +644,11 @@ fn register_state(r: &mut Registry, ctx: &HostContext) {
     let source_health: Family<SourceHealthLabels, Gauge> = Family::default();
     let rejected: Family<SourceLabels, Counter> = Family::default();
     for s in &observation.sources {
-        for h in SENSOR_HEALTH {
+        for h in crate::hw::HealthKind::ALL {
             source_health
                 .get_or_create(&SourceHealthLabels {
                     source: s.name.clone(),
-                    health: h.to_string(),
+                    health: h.as_str().to_string(),
                 })
                 .set(i64::from(s.health == h));
         }

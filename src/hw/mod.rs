@@ -29,13 +29,52 @@ pub enum Health {
 }
 
 impl Health {
-    pub fn as_str(&self) -> &'static str {
+    pub fn kind(&self) -> HealthKind {
         match self {
-            Health::Ok => "ok",
-            Health::Stale => "stale",
-            Health::Disconnected => "disconnected",
-            Health::Error(_) => "error",
+            Health::Ok => HealthKind::Ok,
+            Health::Stale => HealthKind::Stale,
+            Health::Disconnected => HealthKind::Disconnected,
+            Health::Error(_) => HealthKind::Error,
         }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        self.kind().as_str()
+    }
+}
+
+/// [`Health`] without its message: what Observations, metrics and the
+/// model's text show (`ok`, `stale`, `disconnected`, `error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthKind {
+    Ok,
+    Stale,
+    Disconnected,
+    Error,
+}
+
+impl HealthKind {
+    pub const ALL: [HealthKind; 4] = [
+        HealthKind::Ok,
+        HealthKind::Stale,
+        HealthKind::Disconnected,
+        HealthKind::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthKind::Ok => "ok",
+            HealthKind::Stale => "stale",
+            HealthKind::Disconnected => "disconnected",
+            HealthKind::Error => "error",
+        }
+    }
+}
+
+impl std::fmt::Display for HealthKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

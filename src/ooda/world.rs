@@ -10,7 +10,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::hw::config::{SensorSource, SensorSpec};
-use crate::hw::{Health, Readings};
+use crate::hw::{Health, HealthKind, Readings};
 
 /// Samples kept per sensor for `read_sensor` and `/v1/sensors/{name}`.
 pub const HISTORY: usize = 128;
@@ -85,8 +85,8 @@ pub struct SensorView {
     pub unit: Option<String>,
     pub value: Option<f64>,
     pub age_ms: Option<u64>,
-    /// `ok`, `stale`, `disconnected` or `error` (the source's, or stale by age).
-    pub health: &'static str,
+    /// The source's health, or stale by age.
+    pub health: HealthKind,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -94,7 +94,7 @@ pub struct SensorView {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SourceView {
     pub name: String,
-    pub health: &'static str,
+    pub health: HealthKind,
     pub error: Option<String>,
     pub rejected: u64,
     pub last_rejection: Option<String>,
@@ -188,7 +188,7 @@ impl World {
             .iter()
             .map(|(name, s)| SourceView {
                 name: name.clone(),
-                health: s.health.as_str(),
+                health: s.health.kind(),
                 error: match &s.health {
                     Health::Error(e) => Some(e.clone()),
                     _ => None,
@@ -207,22 +207,22 @@ fn health<'a>(
     state: &SensorState,
     inner: &'a Inner,
     now: Instant,
-) -> (&'static str, Option<&'a String>) {
+) -> (HealthKind, Option<&'a String>) {
     let age = state
         .latest
         .map(|(_, at)| now.saturating_duration_since(at));
     match inner.sources.get(&state.source).map(|s| &s.health) {
-        Some(Health::Error(e)) => ("error", Some(e)),
-        Some(Health::Disconnected) => ("disconnected", None),
-        _ if state.latest.is_none() => ("stale", None),
+        Some(Health::Error(e)) => (HealthKind::Error, Some(e)),
+        Some(Health::Disconnected) => (HealthKind::Disconnected, None),
+        _ if state.latest.is_none() => (HealthKind::Stale, None),
         _ if spec
             .stale_after
             .zip(age)
             .is_some_and(|(limit, age)| age > limit) =>
         {
-            ("stale", None)
+            (HealthKind::Stale, None)
         }
-        _ => ("ok", None),
+        _ => (HealthKind::Ok, None),
     }
 }
 
@@ -261,7 +261,7 @@ impl World {
                 age_ms: state
                     .latest
                     .map(|(_, at)| ms(now.saturating_duration_since(at))),
-                healthy: health(spec, state, &inner, now).0 == "ok",
+                healthy: health(spec, state, &inner, now).0 == HealthKind::Ok,
             });
         }
     }

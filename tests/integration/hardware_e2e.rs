@@ -37,19 +37,20 @@ fn sensor<'a>(obs: &'a Observation, name: &str) -> &'a rozd::ooda::SensorObserva
 
 /// Whether sensor `name` reads `want`, fresh.
 fn value_is(obs: &Observation, name: &str, want: f64) -> bool {
-    obs.sensor(name)
-        .is_some_and(|s| s.sensor.value == Some(want) && s.sensor.health == "ok")
+    obs.sensor(name).is_some_and(|s| {
+        s.sensor.value == Some(want) && s.sensor.health == rozd::hw::HealthKind::Ok
+    })
 }
 
 fn health_is(obs: &Observation, name: &str, want: &str) -> bool {
-    obs.sensor(name).is_some_and(|s| s.sensor.health == want)
+    obs.sensor(name).is_some_and(|s| s.sensor.health.as_str() == want)
 }
 
 fn source_health(obs: &Observation, source: &str) -> Option<&'static str> {
     obs.sources
         .iter()
         .find(|s| s.name == source)
-        .map(|s| s.health)
+        .map(|s| s.health.as_str())
 }
 
 fn actuator<'a>(obs: &'a Observation, name: &str) -> &'a rozd::ooda::act::ActuatorView {

@@ -345,7 +345,8 @@ async fn a_sensor_that_stops_sending_goes_stale_and_a_rule_reacts() {
     let daemon = robot_on_paused_clock("[[rules]]\nname = \"door_silent\"\nwhen = \"stale(door)\"\nfor_ms = 100\nthen = { estop = true, reason = \"door sensor silent\" }\n").await;
     let ooda = daemon.ctx.ooda.clone();
     let obs = until(&ooda, LONG, |o| {
-        o.sensor("door").is_some_and(|s| s.sensor.health == "ok")
+        o.sensor("door")
+            .is_some_and(|s| s.sensor.health == rozd::hw::HealthKind::Ok)
     })
     .await;
     let fresh_at = tokio::time::Instant::now();
@@ -356,7 +357,10 @@ async fn a_sensor_that_stops_sending_goes_stale_and_a_rule_reacts() {
     );
     let obs = until(&ooda, LONG, |o| o.protective_stop.is_some()).await;
     assert!(fresh_at.elapsed() >= Duration::from_millis(5000));
-    assert_eq!(obs.sensor("door").unwrap().sensor.health, "stale");
+    assert_eq!(
+        obs.sensor("door").unwrap().sensor.health,
+        rozd::hw::HealthKind::Stale
+    );
     let stop = obs.protective_stop.clone().unwrap();
     assert_eq!(
         (stop.source.as_str(), stop.reason.as_str()),

@@ -55,7 +55,7 @@ fn describe(
         text.push(' ');
         text.push_str(v.unit.as_deref().unwrap_or(""));
         text.push_str(" (");
-        text.push_str(v.health);
+        text.push_str(v.health.as_str());
         if let Some(age) = v.age_ms {
             text.push_str(", age ");
             text.push_str(itoa::Buffer::new().format(age));
@@ -124,6 +124,7 @@ fn push_fixed4(text: &mut String, x: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hw::HealthKind;
     use crate::ooda::SensorObservation;
     use crate::ooda::act::ActuatorView;
     use crate::ooda::world::SensorView;
@@ -136,7 +137,11 @@ mod tests {
                 unit: value.map(|_| "m".into()),
                 value,
                 age_ms: value.map(|_| 12),
-                health: if value.is_some() { "ok" } else { "stale" },
+                health: if value.is_some() {
+                    HealthKind::Ok
+                } else {
+                    HealthKind::Stale
+                },
                 error: None,
             },
             alarm,
