@@ -1,7 +1,11 @@
-//! Where the daemon's logs go (`[log]`).
+//! Where the daemon's logs go (`[log]`), and the one rate limiter for log
+//! lines about input from outside (garbage on a line, rejected messages).
 
 use std::io::IsTerminal as _;
 use std::path::Path;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::config::{LogConfig, LogFormat};
 
@@ -33,5 +37,66 @@ pub fn init(log: &LogConfig) {
             .with(fmt.json())
             .init(),
         LogFormat::Text => tracing_subscriber::registry().with(filter).with(fmt).init(),
+    }
+}
+
+/// How often a log line about rejected input may repeat: a device or a
+/// publisher spewing garbage must not flood the journal.
+pub const REJECT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Allows one log line per period and counts what it held back.
+#[derive(Debug, Clone)]
+pub struct LogLimiter {
+    every: Duration,
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl LogLimiter {
+    pub fn new(every: Duration) -> LogLimiter {
+        LogLimiter {
+            every,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(n)`: log now, mentioning the `n` held back since the last
+    /// line; `None`: stay quiet (counted).
+    pub fn allow(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.saturating_duration_since(last) < self.every => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+impl Default for LogLimiter {
+    fn default() -> Self {
+        LogLimiter::new(REJECT_LOG_EVERY)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_limiter_allows_one_line_per_period_and_counts_the_rest() {
+        const SEC: Duration = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let mut l = LogLimiter::new(10 * SEC);
+        assert_eq!(l.allow(t0), Some(0));
+        assert_eq!(l.allow(t0 + SEC), None);
+        assert_eq!(l.allow(t0 + 9 * SEC), None);
+        assert_eq!(l.allow(t0 + 10 * SEC), Some(2));
+        assert_eq!(l.allow(t0 + 11 * SEC), None);
+        assert_eq!(l.allow(t0 + 30 * SEC), Some(1));
     }
 }

@@ -275,38 +275,7 @@ impl FleetView {
     }
 }
 
-/// Allows one log line per period and counts what it held back.
-#[derive(Debug, Clone)]
-pub struct LogLimiter {
-    every: Duration,
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
-impl LogLimiter {
-    pub fn new(every: Duration) -> LogLimiter {
-        LogLimiter {
-            every,
-            last: None,
-            suppressed: 0,
-        }
-    }
-
-    /// `Some(n)`: log now, mentioning the `n` held back since the last
-    /// line; `None`: stay quiet (counted).
-    pub fn allow(&mut self, now: Instant) -> Option<u64> {
-        match self.last {
-            Some(last) if now.saturating_duration_since(last) < self.every => {
-                self.suppressed += 1;
-                None
-            }
-            _ => {
-                self.last = Some(now);
-                Some(std::mem::take(&mut self.suppressed))
-            }
-        }
-    }
-}
+pub use crate::logging::LogLimiter;
 
 #[cfg(test)]
 mod tests {
@@ -493,17 +462,5 @@ mod tests {
         assert_eq!(v.prune_older_than(reconnected), ["r"]);
         let ids: Vec<&str> = v.entries().map(|e| e.record.id.as_str()).collect();
         assert_eq!(ids, ["b", "c"]);
-    }
-
-    #[test]
-    fn log_limiter_allows_one_line_per_period_and_counts_the_rest() {
-        let t0 = Instant::now();
-        let mut l = LogLimiter::new(10 * SEC);
-        assert_eq!(l.allow(t0), Some(0));
-        assert_eq!(l.allow(t0 + SEC), None);
-        assert_eq!(l.allow(t0 + 9 * SEC), None);
-        assert_eq!(l.allow(t0 + 10 * SEC), Some(2));
-        assert_eq!(l.allow(t0 + 11 * SEC), None);
-        assert_eq!(l.allow(t0 + 30 * SEC), Some(1));
     }
 }

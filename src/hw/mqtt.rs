@@ -52,7 +52,6 @@ use rumqttc::v5::mqttbytes::v5::{Filter, Packet, Publish, Subscribe, SubscribeRe
 use rumqttc::v5::{AsyncClient, ClientError, Event, EventLoop, MqttOptions, Request};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::mqtt_link::{
@@ -75,8 +74,6 @@ pub const STOP_CLIENT_SUFFIX: &str = "-estop";
 pub const STOP_MAX_PACKET: u32 = 16 * 1024;
 /// Requests (publishes, subscriptions) queued for the event loop.
 const REQUEST_QUEUE: usize = 64;
-/// Rejected payloads are logged at most this often.
-const REJECT_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Sensors fed by one topic.
 type Topics = HashMap<String, Vec<(String, LineParser)>>;
@@ -375,8 +372,6 @@ impl Link {
                 Duration::from_millis(cfg.reconnect_max_ms.max(cfg.reconnect_min_ms).max(1)),
             ),
             health: None,
-            reject_log: None,
-            rejects_suppressed: 0,
         };
         *lock(&link.task) = Some(tokio::spawn(task.run()));
         link
@@ -431,8 +426,6 @@ struct EventTask {
     shutdown: CancellationToken,
     backoff: Backoff,
     health: Option<Health>,
-    reject_log: Option<Instant>,
-    rejects_suppressed: u64,
 }
 
 impl EventTask {
@@ -633,28 +626,10 @@ impl EventTask {
         self.report(why);
     }
 
-    /// Reports a message that was not used to the source's rejections and
-    /// the log (at most once every [`REJECT_LOG_EVERY`]).
+    /// Reports a message that was not used to the source's rejections
+    /// (counted and logged, rate-limited, by the world).
     fn report(&mut self, why: String) {
         self.readings.rejected(self.source, &why);
-        let now = Instant::now();
-        match self.reject_log {
-            Some(last) if now.duration_since(last) < REJECT_LOG_EVERY => {
-                self.rejects_suppressed += 1
-            }
-            _ => {
-                let suppressed = std::mem::take(&mut self.rejects_suppressed);
-                if suppressed > 0 {
-                    tracing::warn!(
-                        source = self.source,
-                        "mqtt: rejected message: {why} ({suppressed} more rejected since the last report)"
-                    );
-                } else {
-                    tracing::warn!(source = self.source, "mqtt: rejected message: {why}");
-                }
-                self.reject_log = Some(now);
-            }
-        }
     }
 }
 

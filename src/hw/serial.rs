@@ -35,8 +35,6 @@ use crate::hw::config::{
 use crate::hw::parse::{Line, ParseError, render_template};
 use crate::hw::{ActuatorDriver, DriverFuture, Health, HwError, Readings};
 
-/// Rejected input is logged at most this often per port.
-const REJECT_LOG_EVERY: Duration = Duration::from_secs(10);
 /// Longest a periodic query may take to write before the port counts as lost.
 const QUERY_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Commands queued per port before `command` waits for room.
@@ -96,7 +94,6 @@ impl SerialPorts {
                 connected,
                 shutdown: shutdown.clone(),
                 health: None,
-                reject_log: RejectLog::default(),
                 waiters: Vec::new(),
                 first_attempt: Some(attempted),
             };
@@ -216,12 +213,6 @@ struct Waiter {
     reply: oneshot::Sender<Result<Option<String>, HwError>>,
 }
 
-#[derive(Debug, Default)]
-struct RejectLog {
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
 /// Why a connected session ended.
 enum End {
     Shutdown,
@@ -238,7 +229,6 @@ struct PortTask {
     connected: Arc<AtomicBool>,
     shutdown: CancellationToken,
     health: Option<Health>,
-    reject_log: RejectLog,
     waiters: Vec<Waiter>,
     /// Fired after the first attempt to open the device.
     first_attempt: Option<oneshot::Sender<()>>,
@@ -516,23 +506,9 @@ impl PortTask {
         }
     }
 
+    /// Counted and logged (rate-limited) by the world, per source.
     fn reject(&mut self, why: String) {
         self.readings.rejected(&self.source, &why);
-        let now = Instant::now();
-        match self.reject_log.last {
-            Some(last) if now.duration_since(last) < REJECT_LOG_EVERY => {
-                self.reject_log.suppressed += 1
-            }
-            _ => {
-                let suppressed = std::mem::take(&mut self.reject_log.suppressed);
-                if suppressed > 0 {
-                    tracing::warn!(port = %self.cfg.name, "rejected input: {why} ({suppressed} more rejected since the last report)");
-                } else {
-                    tracing::warn!(port = %self.cfg.name, "rejected input: {why}");
-                }
-                self.reject_log.last = Some(now);
-            }
-        }
     }
 }
 

@@ -11,11 +11,11 @@ use tokio::time::Instant;
 
 use crate::hw::config::{SensorSource, SensorSpec};
 use crate::hw::{Health, HealthKind, Readings};
+use crate::logging::LogLimiter;
 
 /// Samples kept per sensor for `read_sensor` and `/v1/sensors/{name}`.
 pub const HISTORY: usize = 128;
 /// Minimum spacing of log lines about rejected input from one source.
-const REJECT_LOG_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 struct SensorState {
@@ -29,8 +29,7 @@ struct SourceState {
     health: Health,
     rejected: u64,
     last_rejection: Option<String>,
-    last_logged: Option<Instant>,
-    suppressed: u64,
+    log: LogLimiter,
 }
 
 impl Default for SourceState {
@@ -39,8 +38,7 @@ impl Default for SourceState {
             health: Health::Ok,
             rejected: 0,
             last_rejection: None,
-            last_logged: None,
-            suppressed: 0,
+            log: LogLimiter::default(),
         }
     }
 }
@@ -313,21 +311,14 @@ impl Readings for World {
         entry.rejected += 1;
         entry.last_rejection = Some(why.chars().take(200).collect());
         // Rate-limited: a device spewing garbage must not flood the journal.
-        if entry
-            .last_logged
-            .is_none_or(|t| now.duration_since(t) >= REJECT_LOG_EVERY)
-        {
+        if let Some(suppressed) = entry.log.allow(now) {
             tracing::warn!(
                 source,
                 why,
-                suppressed = entry.suppressed,
+                suppressed,
                 total = entry.rejected,
                 "input rejected"
             );
-            entry.last_logged = Some(now);
-            entry.suppressed = 0;
-        } else {
-            entry.suppressed += 1;
         }
     }
 }

@@ -306,7 +306,7 @@ async fn watch_mqtt(
     ooda: Arc<Ooda>,
     shutdown: CancellationToken,
 ) {
-    let mut ignored_log = crate::fleet::view::LogLimiter::new(IGNORED_LOG_EVERY);
+    let mut ignored_log = crate::logging::LogLimiter::new(IGNORED_LOG_EVERY);
     loop {
         let payload = tokio::select! {
             message = messages.recv() => match message {

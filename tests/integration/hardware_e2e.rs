@@ -43,7 +43,8 @@ fn value_is(obs: &Observation, name: &str, want: f64) -> bool {
 }
 
 fn health_is(obs: &Observation, name: &str, want: &str) -> bool {
-    obs.sensor(name).is_some_and(|s| s.sensor.health.as_str() == want)
+    obs.sensor(name)
+        .is_some_and(|s| s.sensor.health.as_str() == want)
 }
 
 fn source_health(obs: &Observation, source: &str) -> Option<&'static str> {
