@@ -10,6 +10,7 @@
 //! - [`api`]: tonic services and axum REST on one listener, auth, reflection, health
 //! - [`session`]: one agent session: state machine and turn loop
 //! - [`model`]: language models behind one streaming trait (offline `local` model)
+//! - [`observe`]: observers of domain events, given to each core when it is built
 //! - [`store`]: SQLite store of sessions, turns and feedback
 //! - [`ooda`]: the observe–orient–decide–act loop: world, alarms, reflex rules, actuators
 //! - [`hw`]: drivers (sim, system, GPIO, serial, MQTT) and hardware config
@@ -36,6 +37,7 @@ pub mod logging;
 pub mod mcp;
 pub mod metrics;
 pub mod model;
+pub mod observe;
 pub mod ooda;
 pub mod proto;
 pub mod record;

@@ -21,7 +21,6 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::HostContext;
-use crate::ooda::act::{ActError, Applied, Origin};
 
 /// The `Content-Type` of the OpenMetrics text answer.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
@@ -329,42 +328,9 @@ pub fn approval_wait(took: Duration, result: &'static str) {
         .observe(took.as_secs_f64());
 }
 
-/// The kind of an [`Origin`]: `session`, `rule`, `operator` or `safety`.
-pub fn origin_kind(origin: &Origin) -> &'static str {
-    match origin {
-        Origin::Session(_) => "session",
-        Origin::Rule(_) => "rule",
-        Origin::Operator(_) => "operator",
-        Origin::Safety(_) => "safety",
-    }
-}
-
-/// One actuator command and its result (`applied`, or why it was not).
-pub fn actuator_command(actuator: &str, origin: &'static str, result: &Result<Applied, ActError>) {
-    let result = match result {
-        Ok(_) => "applied",
-        Err(ActError::Unknown(_)) => "unknown",
-        Err(ActError::SafetyViolation { .. }) => "safety_violation",
-        Err(ActError::EStop { .. }) => "e_stop",
-        Err(ActError::Held { .. }) => "held",
-        Err(ActError::Timeout { .. }) => "timeout",
-        Err(ActError::Driver { .. }) => "driver_error",
-        Err(ActError::Abandoned { .. }) => "abandoned",
-        Err(ActError::Closed { .. }) => "closed",
-    };
-    safe_or_command(actuator, origin, result);
-}
-
-/// A drive to the safe value (origin `safety`); `ok` whether the driver confirmed it.
-pub fn actuator_safe(actuator: &str, ok: bool) {
-    safe_or_command(
-        actuator,
-        "safety",
-        if ok { "applied" } else { "driver_error" },
-    );
-}
-
-fn safe_or_command(actuator: &str, origin: &str, result: &str) {
+/// One actuator command or safe drive: `origin` the kind of who asked
+/// (`session`, `rule`, `operator`, `safety`), `result` `applied` or why not.
+pub fn actuator_command(actuator: &str, origin: &str, result: &str) {
     EVENTS
         .actuator_commands
         .get_or_create(&CommandLabels {
@@ -375,13 +341,13 @@ fn safe_or_command(actuator: &str, origin: &str, result: &str) {
         .inc();
 }
 
-/// A cause was added to the protective stop. `rule:<name>` counts as `rule`.
-pub fn stop_triggered(source: &str) {
-    let source = source.split(':').next().unwrap_or(source);
+/// A cause was added to the protective stop; `kind`: the kind of its
+/// source (`rule`, not `rule:<name>`: see `safety::source_kind`).
+pub fn stop_triggered(kind: &str) {
     EVENTS
         .stop_triggers
         .get_or_create(&SourceLabels {
-            source: source.to_string(),
+            source: kind.to_string(),
         })
         .inc();
 }
@@ -774,7 +740,16 @@ mod tests {
 
     #[test]
     fn rule_sources_lose_their_name() {
-        stop_triggered("rule:too_hot");
+        use crate::safety::StopObserver as _;
+        crate::safety::StopMetrics.stop_changed(
+            &crate::safety::StopEvent::Triggered {
+                source: "rule:too_hot".into(),
+                reason: "hot".into(),
+                by: None,
+                credential: None,
+            },
+            &[],
+        );
         let counted = EVENTS
             .stop_triggers
             .get(&SourceLabels {

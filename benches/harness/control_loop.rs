@@ -161,6 +161,7 @@ pub async fn control_loop(scale: &Scale) -> Result<Group> {
             &config.ooda.loop_config(),
             "bench",
             ProtectiveStop::default(),
+            Default::default(),
         )
         .await?;
         let thread = std::thread::spawn({

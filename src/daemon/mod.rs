@@ -1,8 +1,9 @@
 //! Start order, serving, shutdown order, and systemd notification.
 //!
-//! Start: validated config -> store -> recordings (unfinished files
-//! recovered) -> bind the listener and the control socket -> hardware ->
-//! build the router -> `READY=1`. Stop (SIGTERM/SIGINT): `STOPPING=1` ->
+//! Start: validated config -> recordings (unfinished files recovered) ->
+//! the observers of every core, composed once (`observers.rs`) -> store ->
+//! bind the listener and the control socket -> hardware -> build the
+//! router -> `READY=1`. Stop (SIGTERM/SIGINT): `STOPPING=1` ->
 //! health NOT_SERVING -> stop accepting -> sessions end their streams ->
 //! connections drain within `server.shutdown_grace_secs` -> actuators safe
 //! -> fleet offline -> the recording finished -> exit 0.
@@ -38,6 +39,7 @@ use crate::config::Config;
 use crate::tls::{PeerIdentity, ServerTls};
 
 mod listen;
+mod observers;
 use listen::*;
 
 /// Connections the control socket holds at once (its own table: the TCP cap
@@ -104,18 +106,22 @@ impl Daemon {
         config: Config,
         hooks: Arc<dyn crate::session::SessionHooks>,
     ) -> Result<Daemon, DaemonError> {
+        // Recordings: what a crash left unfinished is recovered first.
+        let recorder = start_recorder(&config).await?;
+        // Who hears of what the store, the stop and the loop do, composed
+        // once: every core below is built with its observers.
+        let (observers, audit_writer) = observers::compose(&recorder);
         let store_path = config.store.resolved_path();
-        let store = tokio::task::spawn_blocking(move || crate::store::Store::open(&store_path))
-            .await
-            .map_err(|e| crate::store::StoreError::Task(e.to_string()))??;
+        let store_observers = observers.store;
+        let store = tokio::task::spawn_blocking(move || {
+            crate::store::Store::open(&store_path, store_observers)
+        })
+        .await
+        .map_err(|e| crate::store::StoreError::Task(e.to_string()))??;
+        audit_writer.start(&store);
         store.set_hard_cap_mb(config.store.hard_cap_mb).await?;
         // Before anything can start a task: no task resumes by itself.
         crate::team::recover(&store).await?;
-        // Recordings: what a crash left unfinished is recovered first.
-        let recorder = start_recorder(&config).await?;
-        if recorder.enabled() {
-            store.set_tap(recorder.clone());
-        }
         // The retention policy, now and then hourly (see `keep_store_pruned`).
         let retention = crate::store::Retention {
             retain_days: config.store.retain_days,
@@ -143,63 +149,29 @@ impl Daemon {
         // last ran (a crash or a kill does not clear it).
         let stop_file =
             crate::safety::persist::StopFile::beside_store(&config.store.resolved_path());
-        let protective_stop =
-            tokio::task::spawn_blocking(move || crate::safety::ProtectiveStop::restore(stop_file))
-                .await
-                .map_err(|e| crate::store::StoreError::Task(e.to_string()))?;
-        // The recording hears every value and actuator change from the
-        // first one on (drivers and the start-up safe drive included).
-        let taps = if recorder.enabled() {
-            crate::ooda::Taps {
-                sensors: Some(recorder.clone()),
-                actuators: Some(recorder.clone()),
-            }
-        } else {
-            crate::ooda::Taps::default()
-        };
-        let ooda = crate::ooda::Ooda::start_tapped(
+        let stop_observers = observers.stop;
+        let protective_stop = tokio::task::spawn_blocking(move || {
+            crate::safety::ProtectiveStop::restore(stop_file, stop_observers)
+        })
+        .await
+        .map_err(|e| crate::store::StoreError::Task(e.to_string()))?;
+        // The audit, the recording and the metrics hear every value and
+        // actuator change from the first one on (drivers and the start-up
+        // safe drive included).
+        let ooda = crate::ooda::Ooda::start(
             &config.hardware,
             config.reflex_rules.clone(),
             &config.ooda.loop_config(),
             &config.host.id,
             protective_stop,
-            taps,
+            observers.ooda,
         )
         .await?;
-        // Every trigger and clear of the protective stop goes to the audit
-        // (set up before the stop inputs, which may latch it at once).
-        if recorder.enabled() {
-            ooda.protective_stop().set_tap(recorder.clone());
-        }
-        audit_protective_stop(store.clone(), ooda.protective_stop());
         // The GPIO and MQTT protective-stop inputs of `[safety]`.
         if let Err(e) = crate::safety::inputs::start(&config.safety, &ooda) {
             ooda.stop().await;
             return Err(e.into());
         }
-        // Every actuator change goes to the audit in the store.
-        let (audit_tx, mut audit_rx) = tokio::sync::mpsc::unbounded_channel();
-        ooda.actuators().set_audit(audit_tx);
-        let audit_store = store.clone();
-        tokio::spawn(async move {
-            while let Some(event) = audit_rx.recv().await {
-                let now = crate::clock::now_ms();
-                let record = crate::store::AuditRecord {
-                    at_ms: now,
-                    kind: "actuator".into(),
-                    session_id: event.session_id,
-                    actuator: Some(event.actuator),
-                    result: Some(event.value.to_string()),
-                    error: event.error,
-                    origin: Some(event.origin),
-                    ended_at_ms: Some(now),
-                    ..Default::default()
-                };
-                if let Err(e) = audit_store.audit(record).await {
-                    tracing::error!(error = %e, "cannot write the audit record of an actuator change");
-                }
-            }
-        });
         let ctx = HostContext::new(Arc::new(config), local, store, hooks, ooda, recorder);
         ctx.recorder
             .sample_observations(ctx.ooda.clone(), ctx.shutdown.clone());
@@ -423,90 +395,6 @@ async fn keep_store_pruned(ctx: Arc<HostContext>, retention: crate::store::Reten
             _ = every.tick() => prune_store(&ctx.store, retention).await,
         }
     }
-}
-
-/// Writes every trigger, clear and refused clear of the protective stop to
-/// the audit, as rows of kind `protective_stop` (one per added cause),
-/// `protective_stop_cleared` (one per removed cause),
-/// `protective_stop_clear_refused` and `protective_stop_restored` (latched
-/// again at start-up); `origin`: the source, or who cleared; `credential`:
-/// the credential that asked (for a fleet stop over MQTT, the host that
-/// signed it).
-fn audit_protective_stop(store: crate::store::Store, stop: &crate::safety::ProtectiveStop) {
-    let (stop_tx, mut stop_rx) = tokio::sync::mpsc::unbounded_channel();
-    stop.set_audit(stop_tx);
-    tokio::spawn(async move {
-        use crate::safety::StopEvent;
-        while let Some(event) = stop_rx.recv().await {
-            let now = crate::clock::now_ms();
-            let (kind, origin, result, error, credential) = match event {
-                StopEvent::Triggered {
-                    source,
-                    reason,
-                    by,
-                    credential,
-                } => {
-                    let origin = match &by {
-                        Some(by) => format!("{source} ({by})"),
-                        None => source,
-                    };
-                    // A fleet stop over MQTT has no credential: its signer.
-                    (
-                        "protective_stop",
-                        origin,
-                        Some(reason),
-                        None,
-                        credential.or(by),
-                    )
-                }
-                StopEvent::Cleared {
-                    by,
-                    source,
-                    credential,
-                } => (
-                    "protective_stop_cleared",
-                    by,
-                    Some(format!("cleared cause {source}")),
-                    None,
-                    credential,
-                ),
-                StopEvent::Restored { causes } => (
-                    "protective_stop_restored",
-                    "start-up".to_string(),
-                    Some(format!(
-                        "latched at start-up as before the restart: {}",
-                        crate::safety::StopState { causes }.describe()
-                    )),
-                    None,
-                    None,
-                ),
-                StopEvent::ClearRefused {
-                    by,
-                    input,
-                    credential,
-                } => (
-                    "protective_stop_clear_refused",
-                    by,
-                    None,
-                    Some(format!("stop input {input} still asserts the stop")),
-                    credential,
-                ),
-            };
-            let record = crate::store::AuditRecord {
-                at_ms: now,
-                kind: kind.into(),
-                result,
-                error,
-                origin: Some(origin),
-                credential,
-                ended_at_ms: Some(now),
-                ..Default::default()
-            };
-            if let Err(e) = store.audit(record).await {
-                tracing::error!(error = %e, "cannot write the audit record of a protective stop change");
-            }
-        }
-    });
 }
 
 /// The recorder of `[record]` (recovering unfinished files first, off the

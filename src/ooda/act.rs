@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::admission::{Admission, HoldDeadlines, Refusal};
 use crate::hw::config::ActuatorSpec;
 use crate::hw::{ActuatorDriver, HwError};
+use crate::observe::Observers;
 use crate::safety::ProtectiveStop;
 
 /// Who asked for a command.
@@ -32,6 +33,26 @@ pub enum Origin {
     Operator(String),
     /// rozd itself: start-up, shutdown, hold expiry, protective stop, deadman.
     Safety(String),
+}
+
+impl Origin {
+    /// `session`, `rule`, `operator` or `safety`: the metrics' label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Origin::Session(_) => "session",
+            Origin::Rule(_) => "rule",
+            Origin::Operator(_) => "operator",
+            Origin::Safety(_) => "safety",
+        }
+    }
+
+    /// The session that asked, if one did.
+    pub fn session(&self) -> Option<&str> {
+        match self {
+            Origin::Session(id) => Some(id),
+            _ => None,
+        }
+    }
 }
 
 impl std::fmt::Display for Origin {
@@ -70,6 +91,22 @@ pub enum ActError {
     Closed { actuator: String },
 }
 
+impl ActError {
+    /// Why a command was not applied, as the metrics' `result` label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ActError::Unknown(_) => "unknown",
+            ActError::SafetyViolation { .. } => "safety_violation",
+            ActError::EStop { .. } => "e_stop",
+            ActError::Held { .. } => "held",
+            ActError::Timeout { .. } => "timeout",
+            ActError::Driver { .. } => "driver_error",
+            ActError::Abandoned { .. } => "abandoned",
+            ActError::Closed { .. } => "closed",
+        }
+    }
+}
+
 struct Entry {
     /// Its place in [`Actuators::entries`] (and in the hold deadlines).
     index: usize,
@@ -102,30 +139,40 @@ pub struct Applied {
     pub hold_ms: Option<u64>,
 }
 
-/// One change of an actuator, for the audit.
+/// One change of an actuator's value: a command applied, or a drive to
+/// the safe value (origin [`Origin::Safety`], with `error` when the device
+/// did not confirm it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ActuatorEvent {
     pub actuator: String,
     pub value: f64,
-    /// Who: `session <id>`, `rule <name>`, `operator ...`, `safety (...)`.
-    pub origin: String,
-    /// The session that owned it, for filtering.
+    pub origin: Origin,
+    /// The session that owned it (for a safe drive: the one that had
+    /// commanded the value it replaced), for filtering.
     pub session_id: Option<String>,
     pub error: Option<String>,
 }
 
-/// Told of every actuator change as it happens, in order (a recording taps
-/// here). Must not block.
-pub trait ActuatorTap: Send + Sync + std::fmt::Debug {
-    fn actuator_changed(&self, event: &ActuatorEvent);
+/// Told of what the actuators do, as it happens, in order (the audit, a
+/// recording, the metrics). Must not block (see [`crate::observe`]).
+pub trait ActuatorObserver: Send + Sync + std::fmt::Debug {
+    /// Every change of a value, under the actuator's driver lock.
+    fn actuator_changed(&self, _event: &ActuatorEvent) {}
+    /// The outcome of every command: applied, or why not.
+    fn command_finished(
+        &self,
+        _actuator: &str,
+        _origin: &Origin,
+        _result: &Result<Applied, ActError>,
+    ) {
+    }
 }
 
 pub struct Actuators {
     entries: Vec<Entry>,
     index: HashMap<String, usize>,
     estop: ProtectiveStop,
-    audit: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<ActuatorEvent>>,
-    tap: std::sync::OnceLock<Arc<dyn ActuatorTap>>,
+    observers: Observers<dyn ActuatorObserver>,
     /// Set by [`Actuators::close`] at shutdown: no command after the last safe drive.
     closed: std::sync::atomic::AtomicBool,
     /// When each held value goes back to safe (see [`expire_holds`]).
@@ -154,10 +201,12 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Actuators {
-    /// Starts the hold expiry task, so it must be called within a tokio runtime.
+    /// Starts the hold expiry task, so it must be called within a tokio
+    /// runtime. `observers` hear every change and command from the first.
     pub fn new(
         actuators: Vec<(ActuatorSpec, Arc<dyn ActuatorDriver>)>,
         estop: ProtectiveStop,
+        observers: Observers<dyn ActuatorObserver>,
     ) -> Arc<Actuators> {
         let now = Instant::now();
         let index = actuators
@@ -181,8 +230,7 @@ impl Actuators {
             entries,
             index,
             estop,
-            audit: std::sync::OnceLock::new(),
-            tap: std::sync::OnceLock::new(),
+            observers,
             closed: std::sync::atomic::AtomicBool::new(false),
             holds: Mutex::new(HoldDeadlines::default()),
             holds_changed: holds_changed.clone(),
@@ -191,36 +239,23 @@ impl Actuators {
         actuators
     }
 
-    /// Where every actuator change is reported (once; later calls are ignored).
-    pub fn set_audit(&self, sink: tokio::sync::mpsc::UnboundedSender<ActuatorEvent>) {
-        let _ = self.audit.set(sink);
-    }
-
-    /// Where every actuator change is also reported, synchronously (once).
-    pub fn set_tap(&self, tap: Arc<dyn ActuatorTap>) {
-        let _ = self.tap.set(tap);
-    }
-
     fn report(
         &self,
         actuator: &str,
         value: f64,
-        origin: &Origin,
+        origin: Origin,
         session_id: Option<String>,
         error: Option<String>,
     ) {
         let event = ActuatorEvent {
             actuator: actuator.to_string(),
             value,
-            origin: origin.to_string(),
+            origin,
             session_id,
             error,
         };
-        if let Some(tap) = self.tap.get() {
-            tap.actuator_changed(&event);
-        }
-        if let Some(sink) = self.audit.get() {
-            let _ = sink.send(event);
+        for observer in self.observers.iter() {
+            observer.actuator_changed(&event);
         }
     }
 
@@ -259,7 +294,7 @@ impl Actuators {
         origin: Origin,
         hold: Option<Duration>,
     ) -> Result<Applied, ActError> {
-        let origin_kind = crate::metrics::origin_kind(&origin);
+        let asked_by = origin.clone();
         let caller = CancellationToken::new();
         let _caller_present = caller.clone().drop_guard();
         let me = self.clone();
@@ -282,7 +317,9 @@ impl Actuators {
                 })
             }
         };
-        crate::metrics::actuator_command(name, origin_kind, &result);
+        for observer in self.observers.iter() {
+            observer.command_finished(name, &asked_by, &result);
+        }
         result
     }
 
@@ -319,11 +356,8 @@ impl Actuators {
         self.set_hold_deadline(entry.index, change.hold_until);
         let previous = change.previous;
         tracing::info!(actuator = name, value, previous, %origin, "actuator commanded");
-        let session = match &origin {
-            Origin::Session(id) => Some(id.clone()),
-            _ => None,
-        };
-        self.report(name, value, &origin, session, None);
+        let session = origin.session().map(str::to_string);
+        self.report(name, value, origin, session, None);
         Ok(Applied {
             actuator: name.to_string(),
             value,
@@ -417,7 +451,6 @@ impl Actuators {
             Some(Origin::Session(id)) => Some(id),
             _ => None,
         };
-        crate::metrics::actuator_safe(&entry.spec.name, matches!(result, Ok(Ok(()))));
         let error = match &result {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e.to_string()),
@@ -426,7 +459,7 @@ impl Actuators {
         self.report(
             &entry.spec.name,
             safe,
-            &Origin::Safety(reason.to_string()),
+            Origin::Safety(reason.to_string()),
             session,
             error,
         );
@@ -568,6 +601,7 @@ mod tests {
                 (spec("b", Some(3000)), b.clone() as Arc<dyn ActuatorDriver>),
             ],
             stop,
+            Observers::default(),
         );
         (actuators, a, b)
     }

@@ -5,6 +5,7 @@
 
 pub mod act;
 pub(crate) mod admission;
+pub mod metered;
 pub mod orient;
 pub mod rules;
 pub mod stats;
@@ -28,6 +29,7 @@ use crate::hw::serial::{SerialActuator, SerialPortHandle, SerialPorts};
 use crate::hw::sim::SimActuator;
 use crate::hw::sim_world::{Quantity, SharedWorld, SimWorld, WorldView};
 use crate::hw::{ActuatorDriver, HwError, Readings};
+use crate::observe::Observers;
 use crate::safety::{ProtectiveStop, StopInfo};
 use act::{ActuatorView, Actuators};
 use orient::AlarmLevel;
@@ -167,50 +169,30 @@ impl std::fmt::Debug for Ooda {
     }
 }
 
-/// Who else is told of every sensor value and actuator change (a
-/// recording), set before any driver starts so nothing is missed.
+/// Who is told of every sensor value and actuator change (the audit, a
+/// recording, the metrics), given before any driver starts so nothing is
+/// missed.
 #[derive(Debug, Clone, Default)]
-pub struct Taps {
-    pub sensors: Option<Arc<dyn world::SensorTap>>,
-    pub actuators: Option<Arc<dyn act::ActuatorTap>>,
+pub struct LoopObservers {
+    pub sensors: Observers<dyn world::SensorObserver>,
+    pub actuators: Observers<dyn act::ActuatorObserver>,
 }
 
 impl Ooda {
-    /// Builds the world and actuators from validated config, starts the
-    /// serial ports and the MQTT client, drives every actuator to its safe
-    /// value, starts the sensor tasks and the tick loop.
+    /// Builds the world and actuators from validated config (with their
+    /// observers), starts the serial ports and the MQTT client, drives
+    /// every actuator to its safe value, starts the sensor tasks and the
+    /// tick loop.
     pub async fn start(
         hardware: &HardwareSpec,
         rules: Vec<Rule>,
         loop_config: &LoopConfig,
         host_id: &str,
         estop: ProtectiveStop,
-    ) -> Result<Arc<Ooda>, OodaError> {
-        Self::start_tapped(
-            hardware,
-            rules,
-            loop_config,
-            host_id,
-            estop,
-            Taps::default(),
-        )
-        .await
-    }
-
-    /// [`Ooda::start`] with `taps` in place before anything is read or driven.
-    pub async fn start_tapped(
-        hardware: &HardwareSpec,
-        rules: Vec<Rule>,
-        loop_config: &LoopConfig,
-        host_id: &str,
-        estop: ProtectiveStop,
-        taps: Taps,
+        observers: LoopObservers,
     ) -> Result<Arc<Ooda>, OodaError> {
         let gpio = gpio::open_backend(hardware.gpio_backend).map_err(OodaError::Gpio)?;
-        let world = Arc::new(World::new(hardware.sensors.clone()));
-        if let Some(tap) = taps.sensors {
-            world.set_tap(tap);
-        }
+        let world = Arc::new(World::new(hardware.sensors.clone(), observers.sensors));
         let shutdown = CancellationToken::new();
         let readings: Arc<dyn Readings> = world.clone();
         let mut serial = SerialPorts::start(
@@ -287,10 +269,7 @@ impl Ooda {
             };
             drivers.push((spec.clone(), driver));
         }
-        let actuators = Actuators::new(drivers, estop.clone());
-        if let Some(tap) = taps.actuators {
-            actuators.set_tap(tap);
-        }
+        let actuators = Actuators::new(drivers, estop.clone(), observers.actuators);
         // The start-up safe values must reach the devices, not a port that
         // is not open yet: let each serial port try to open its device and
         // the MQTT client try to connect first (bounded; absent devices and

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use crate::hw::config::{SensorSource, SensorSpec};
 use crate::hw::{Health, HealthKind, Readings};
 use crate::logging::LogLimiter;
+use crate::observe::Observers;
 
 /// Samples kept per sensor for `read_sensor` and `/v1/sensors/{name}`.
 pub const HISTORY: usize = 128;
@@ -49,10 +50,10 @@ struct Inner {
     sources: BTreeMap<String, SourceState>,
 }
 
-/// Told of every sensor value the world takes, as it arrives (a recording
-/// taps here, so drivers need not know of it). Must not block: it runs on
-/// drivers' tasks and the control loop's thread.
-pub trait SensorTap: Send + Sync + std::fmt::Debug {
+/// Told of every sensor value the world takes, as it arrives (a
+/// recording, so drivers need not know of it). Must not block: it runs on
+/// drivers' tasks and the control loop's thread (see [`crate::observe`]).
+pub trait SensorObserver: Send + Sync + std::fmt::Debug {
     fn sensor_value(&self, sensor: &str, value: f64);
 }
 
@@ -61,7 +62,7 @@ pub struct World {
     specs: Vec<SensorSpec>,
     index: HashMap<String, usize>,
     inner: Mutex<Inner>,
-    tap: std::sync::OnceLock<std::sync::Arc<dyn SensorTap>>,
+    observers: Observers<dyn SensorObserver>,
 }
 
 /// The source key a sensor belongs to (its health is that source's health).
@@ -109,7 +110,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl World {
-    pub fn new(specs: Vec<SensorSpec>) -> World {
+    pub fn new(specs: Vec<SensorSpec>, observers: Observers<dyn SensorObserver>) -> World {
         let index = specs
             .iter()
             .enumerate()
@@ -133,13 +134,8 @@ impl World {
             specs,
             index,
             inner: Mutex::new(Inner { sensors, sources }),
-            tap: std::sync::OnceLock::new(),
+            observers,
         }
-    }
-
-    /// Where every accepted value is also reported (once; later calls are ignored).
-    pub fn set_tap(&self, tap: std::sync::Arc<dyn SensorTap>) {
-        let _ = self.tap.set(tap);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -286,8 +282,8 @@ impl Readings for World {
             }
             state.history.push_back((value, now));
         }
-        if let Some(tap) = self.tap.get() {
-            tap.sensor_value(sensor, value);
+        for observer in self.observers.iter() {
+            observer.sensor_value(sensor, value);
         }
     }
 

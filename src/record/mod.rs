@@ -1,10 +1,10 @@
 //! Recordings: what the robot saw and did, in MCAP files Foxglove opens
 //! (JSON messages, JSON-Schema schemas), and their replay.
 //!
-//! The [`Recorder`] is the one handle the taps call: the world's sensor
-//! tap, the store's tap (audit, sessions, tasks), the daemon's actuator and
-//! protective-stop audit tasks, a turn's start, and a sampler of the
-//! Observation. Each call only `try_send`s onto a bounded queue: a full
+//! The [`Recorder`] is an observer of every core ([`crate::observe`]): the
+//! world's sensor values, the actuators' changes, the protective stop, the
+//! store's writes (audit, sessions, tasks); besides, a turn's start and a
+//! sampler of the Observation call it. Each call only `try_send`s onto a bounded queue: a full
 //! queue drops the event and counts it, so recording never blocks the
 //! control loop or a session. The writer runs on its own thread.
 //!
@@ -29,10 +29,10 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::ooda::act::{ActuatorEvent, ActuatorTap};
-use crate::ooda::world::SensorTap;
-use crate::safety::{StopEvent, StopInfo, StopTap};
-use crate::store::{AuditRecord, SessionRecord, StoreTap, TurnRecord};
+use crate::ooda::act::{ActuatorEvent, ActuatorObserver};
+use crate::ooda::world::SensorObserver;
+use crate::safety::{StopEvent, StopInfo, StopObserver};
+use crate::store::{AuditRecord, SessionRecord, StoreObserver, TurnRecord};
 use config::RecordConfig;
 use schema::Event;
 use writer::{Item, Shared};
@@ -67,7 +67,7 @@ fn now_ns() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-/// The handle every tap calls; disabled without `[record]`.
+/// The recording's handle, an observer of every core; disabled without `[record]`.
 #[derive(Debug)]
 pub struct Recorder {
     active: Option<Active>,
@@ -289,7 +289,7 @@ impl Recorder {
     }
 }
 
-impl ActuatorTap for Recorder {
+impl ActuatorObserver for Recorder {
     fn actuator_changed(&self, event: &ActuatorEvent) {
         self.push(Stream::Actuators, || {
             Event::Actuator(Box::new(event.clone()))
@@ -297,7 +297,7 @@ impl ActuatorTap for Recorder {
     }
 }
 
-impl StopTap for Recorder {
+impl StopObserver for Recorder {
     fn stop_changed(&self, event: &StopEvent, causes: &[StopInfo]) {
         self.push(Stream::ProtectiveStop, || Event::Stop {
             event: Box::new(event.clone()),
@@ -306,7 +306,7 @@ impl StopTap for Recorder {
     }
 }
 
-impl SensorTap for Recorder {
+impl SensorObserver for Recorder {
     fn sensor_value(&self, sensor: &str, value: f64) {
         self.push(Stream::Sensors, || Event::Sensor {
             name: Arc::from(sensor),
@@ -315,7 +315,7 @@ impl SensorTap for Recorder {
     }
 }
 
-impl StoreTap for Recorder {
+impl StoreObserver for Recorder {
     fn audit(&self, record: &AuditRecord) {
         self.push(Stream::Audit, || Event::Audit(Box::new(record.clone())));
     }

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::ooda::Observation;
-use crate::ooda::act::ActuatorEvent;
+use crate::ooda::act::{ActuatorEvent, Origin};
 use crate::safety::{StopEvent, StopInfo};
 use crate::store::AuditRecord;
 
@@ -217,15 +217,15 @@ pub fn message(event: &Event, at_ns: u64) -> Message {
             }),
         ),
         Event::Actuator(a) => {
-            let reason = a
-                .origin
-                .strip_prefix("safety (")
-                .and_then(|r| r.strip_suffix(')'));
+            let reason = match &a.origin {
+                Origin::Safety(reason) => Some(reason),
+                _ => None,
+            };
             let body = json!({
                 "actuator": a.actuator,
                 "value": a.value,
                 "kind": if reason.is_some() { "safe" } else { "command" },
-                "origin": a.origin,
+                "origin": a.origin.to_string(),
                 "reason": reason,
                 "session_id": a.session_id,
                 "error": a.error,
@@ -324,21 +324,21 @@ mod tests {
 
     #[test]
     fn a_safe_drive_is_told_apart_from_a_command() {
-        let event = |origin: &str| {
+        let event = |origin: Origin| {
             Event::Actuator(Box::new(ActuatorEvent {
                 actuator: "motor".into(),
                 value: 0.0,
-                origin: origin.into(),
+                origin,
                 session_id: None,
                 error: None,
             }))
         };
-        let safe = message(&event("safety (hold_ms expired)"), 1);
+        let safe = message(&event(Origin::Safety("hold_ms expired".into())), 1);
         let body: Value = serde_json::from_slice(&safe.body).unwrap_or_default();
         assert_eq!(safe.topic, "/actuators/motor");
         assert_eq!(body["kind"], "safe");
         assert_eq!(body["reason"], "hold_ms expired");
-        let command = message(&event("rule too_close"), 1);
+        let command = message(&event(Origin::Rule("too_close".into())), 1);
         let body: Value = serde_json::from_slice(&command.body).unwrap_or_default();
         assert_eq!(body["kind"], "command");
         assert_eq!(body["reason"], Value::Null);

@@ -111,7 +111,7 @@ fn streams_not_configured_are_not_recorded() {
     }
     recorder.sensor_value("temp", 1.0);
     recorder.session(|| json!({"event": "turn_started", "session_id": "s"}));
-    StoreTap::audit(&recorder, &AuditRecord::default());
+    StoreObserver::audit(&recorder, &AuditRecord::default());
     let queued: Vec<Item> = receiver.try_iter().collect();
     assert_eq!(queued.len(), 1);
     assert!(matches!(&queued[0], Item::Record(_, Event::Audit(_))));

@@ -26,10 +26,12 @@ pub mod persist;
 pub mod status;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
+
+use crate::observe::Observers;
 
 /// `StopInfo.source` of a stop latched because the stop file could not be
 /// read or written at start-up.
@@ -122,9 +124,40 @@ pub enum StopEvent {
 }
 
 /// Told of every change of the latch as it happens, under the latch's
-/// lock (a recording taps here). Must not block.
-pub trait StopTap: Send + Sync + std::fmt::Debug {
+/// lock, with the causes after it (the audit, a recording, the metrics).
+/// Must not block (see [`crate::observe`]).
+pub trait StopObserver: Send + Sync + std::fmt::Debug {
     fn stop_changed(&self, event: &StopEvent, causes: &[StopInfo]);
+}
+
+/// The part of a stop source that names its kind, as the metrics' label:
+/// `rule:<name>` is `rule`; the other sources are one word already.
+pub fn source_kind(source: &str) -> &str {
+    source.split_once(':').map_or(source, |(kind, _)| kind)
+}
+
+/// Sends each event down a channel, to a task of its own (the daemon's
+/// audit writer). A closed channel means that task is gone: nothing is
+/// left to record.
+#[derive(Debug)]
+pub struct StopEventChannel(pub mpsc::UnboundedSender<StopEvent>);
+
+impl StopObserver for StopEventChannel {
+    fn stop_changed(&self, event: &StopEvent, _causes: &[StopInfo]) {
+        let _ = self.0.send(event.clone());
+    }
+}
+
+/// Counts each cause added, by the kind of its source.
+#[derive(Debug, Default)]
+pub struct StopMetrics;
+
+impl StopObserver for StopMetrics {
+    fn stop_changed(&self, event: &StopEvent, _causes: &[StopInfo]) {
+        if let StopEvent::Triggered { source, .. } = event {
+            crate::metrics::stop_triggered(source_kind(source));
+        }
+    }
 }
 
 /// An input that asserts the stop now.
@@ -142,8 +175,6 @@ struct Latch {
     held: BTreeMap<String, Held>,
     /// Bumped by every change of `causes`; the stop file records up to which.
     generation: u64,
-    /// Causes restored at start-up, reported to the audit once it is set.
-    restored: Option<Vec<StopInfo>>,
 }
 
 /// The latch. Cheap to clone; all clones share one state.
@@ -153,12 +184,10 @@ pub struct ProtectiveStop {
     /// an input becoming active (or two triggers) cannot interleave.
     latch: Arc<Mutex<Latch>>,
     state: Arc<watch::Sender<StopState>>,
-    /// Where each change goes (the daemon writes it to the audit).
-    audit: Arc<OnceLock<mpsc::UnboundedSender<StopEvent>>>,
-    /// Told of each change synchronously, in order (a recording).
-    tap: Arc<OnceLock<Arc<dyn StopTap>>>,
+    /// Told of each change synchronously, in order.
+    observers: Observers<dyn StopObserver>,
     /// Where each change is made durable (none in unit tests).
-    file: Arc<OnceLock<persist::StopFile>>,
+    file: Option<Arc<persist::StopFile>>,
 }
 
 impl Default for ProtectiveStop {
@@ -166,9 +195,8 @@ impl Default for ProtectiveStop {
         ProtectiveStop {
             latch: Arc::default(),
             state: Arc::new(watch::Sender::new(StopState::default())),
-            audit: Arc::default(),
-            tap: Arc::default(),
-            file: Arc::default(),
+            observers: Observers::default(),
+            file: None,
         }
     }
 }
@@ -176,9 +204,16 @@ impl Default for ProtectiveStop {
 impl ProtectiveStop {
     /// A latch backed by the stop file at `file`: latched with the causes
     /// the file holds (a file that cannot be read latches with source
-    /// `restore`, failing safe). Reported to the audit once one is set.
-    pub fn restore(file: persist::StopFile) -> ProtectiveStop {
-        let stop = ProtectiveStop::default();
+    /// `restore`, failing safe). `observers` hear of a restored stop first,
+    /// then of every change.
+    pub fn restore(
+        file: persist::StopFile,
+        observers: Observers<dyn StopObserver>,
+    ) -> ProtectiveStop {
+        let mut stop = ProtectiveStop {
+            observers,
+            ..ProtectiveStop::default()
+        };
         let restore_cause = |reason: String| StopInfo {
             source: RESTORE_SOURCE.into(),
             reason,
@@ -209,41 +244,21 @@ impl ProtectiveStop {
                 causes = %StopState { causes: causes.clone() }.describe(),
                 "PROTECTIVE STOP restored from before the restart; it stays latched until cleared"
             );
-            let mut latch = stop.lock();
-            latch.causes = causes.clone();
-            latch.restored = Some(causes.clone());
-            stop.state.send_replace(StopState { causes });
+            stop.lock().causes = causes.clone();
+            stop.state.send_replace(StopState {
+                causes: causes.clone(),
+            });
+            stop.report(StopEvent::Restored { causes });
         }
-        let _ = stop.file.set(file);
+        stop.file = Some(Arc::new(file));
         stop
     }
 
-    /// Sends every later trigger, clear and refused clear to `sink`; a stop
-    /// restored at start-up is reported first.
-    pub fn set_audit(&self, sink: mpsc::UnboundedSender<StopEvent>) {
-        let mut latch = self.lock();
-        if self.audit.set(sink).is_ok()
-            && let Some(causes) = latch.restored.take()
-        {
-            self.report(StopEvent::Restored { causes });
-        }
-    }
-
-    /// Where every change is also reported, as it happens (once; later
-    /// calls are ignored). Set it before [`ProtectiveStop::set_audit`] to be
-    /// told of a stop restored at start-up too.
-    pub fn set_tap(&self, tap: Arc<dyn StopTap>) {
-        let _ = self.tap.set(tap);
-    }
-
     fn report(&self, event: StopEvent) {
-        if let Some(tap) = self.tap.get() {
-            // Published already (`changed` runs first): the causes after it.
-            tap.stop_changed(&event, &self.state.borrow().causes);
-        }
-        if let Some(sink) = self.audit.get() {
-            // A closed sink means the daemon is gone; nothing left to record.
-            let _ = sink.send(event);
+        // Published already (`changed` runs first): the causes after it.
+        let state = self.state.borrow();
+        for observer in self.observers.iter() {
+            observer.stop_changed(&event, &state.causes);
         }
     }
 
@@ -258,7 +273,7 @@ impl ProtectiveStop {
         self.state.send_replace(StopState {
             causes: latch.causes.clone(),
         });
-        if let Some(file) = self.file.get() {
+        if let Some(file) = &self.file {
             file.save(latch.generation, latch.causes.clone());
         }
     }
@@ -311,7 +326,6 @@ impl ProtectiveStop {
             by: by.map(str::to_string),
         });
         self.changed(&mut latch);
-        crate::metrics::stop_triggered(source);
         if was_active {
             tracing::warn!(source, reason, "PROTECTIVE STOP: another cause");
         } else {
@@ -462,7 +476,7 @@ impl ProtectiveStop {
     /// Waits (bounded by [`persist::DURABLE_WITHIN`]) until the latch as it is
     /// now is on disk. `true` once it is, or when there is no stop file.
     pub async fn persisted(&self) -> bool {
-        let Some(file) = self.file.get() else {
+        let Some(file) = &self.file else {
             return true;
         };
         let generation = self.lock().generation;
@@ -471,13 +485,20 @@ impl ProtectiveStop {
 
     /// Whether the stop file could not be written (the last attempt failed).
     pub fn persist_failed(&self) -> bool {
-        self.file.get().is_some_and(persist::StopFile::failed)
+        self.file.as_deref().is_some_and(persist::StopFile::failed)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_source_is_counted_by_its_kind() {
+        assert_eq!(source_kind("rule:too_close"), "rule");
+        assert_eq!(source_kind("rest"), "rest");
+        assert_eq!(source_kind("control-socket"), "control-socket");
+    }
 
     #[test]
     fn a_source_keeps_its_first_cause_until_cleared() {
@@ -493,9 +514,11 @@ mod tests {
 
     #[test]
     fn every_source_adds_a_cause_and_a_source_clear_removes_only_its_own() {
-        let stop = ProtectiveStop::default();
         let (tx, mut rx) = mpsc::unbounded_channel();
-        stop.set_audit(tx);
+        let stop = ProtectiveStop {
+            observers: Observers::new(vec![Arc::new(StopEventChannel(tx))]),
+            ..ProtectiveStop::default()
+        };
         assert!(stop.trigger_by("fleet", "drill", Some("host-a")));
         assert!(stop.trigger("rest", "person in cell"));
         assert!(stop.trigger("rule:too_close", "front_distance < 0.2"));

@@ -251,10 +251,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = StopFile::beside_store(&dir.path().join("rozd.db"));
         file.write_now(&[cause("rest")]).unwrap();
-        let stop = super::super::ProtectiveStop::restore(file.clone());
-        assert_eq!(stop.state().causes, [cause("rest")]);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        stop.set_audit(tx);
+        let observers =
+            crate::observe::Observers::new(vec![
+                std::sync::Arc::new(super::super::StopEventChannel(tx))
+                    as std::sync::Arc<dyn super::super::StopObserver>,
+            ]);
+        let stop = super::super::ProtectiveStop::restore(file.clone(), observers);
+        assert_eq!(stop.state().causes, [cause("rest")]);
         assert_eq!(
             rx.try_recv().unwrap(),
             super::super::StopEvent::Restored {
@@ -266,7 +270,7 @@ mod tests {
         assert_eq!(file.load().unwrap(), Vec::new());
 
         std::fs::write(file.path(), b"garbage").unwrap();
-        let stop = super::super::ProtectiveStop::restore(file);
+        let stop = super::super::ProtectiveStop::restore(file, Default::default());
         assert_eq!(stop.active().unwrap().source, "restore");
     }
 }

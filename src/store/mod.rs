@@ -6,6 +6,7 @@
 //! blocking pool behind one connection mutex (writes are a few per turn).
 
 use crate::clock::now_ms;
+use crate::observe::Observers;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -192,9 +193,10 @@ pub struct AuditRecord {
     pub credential: Option<String>,
 }
 
-/// Told of what the store writes, as it is asked to write it (a recording
-/// taps here). Calls must not block: they run on the writer's task.
-pub trait StoreTap: Send + Sync + std::fmt::Debug {
+/// Told of what the store writes, as it is asked to write it (a
+/// recording). Calls must not block: they run on the writer's task (see
+/// [`crate::observe`]).
+pub trait StoreObserver: Send + Sync + std::fmt::Debug {
     fn audit(&self, _record: &AuditRecord) {}
     fn session_started(&self, _session: &SessionRecord) {}
     fn session_ended(&self, _id: &str, _reason: &str) {}
@@ -207,8 +209,8 @@ pub trait StoreTap: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Clone)]
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
-    /// Shared by every clone; set once.
-    tap: Arc<std::sync::OnceLock<Arc<dyn StoreTap>>>,
+    /// Shared by every clone.
+    observers: Observers<dyn StoreObserver>,
     /// One call on the blocking pool at a time: the others wait here, as
     /// tasks, instead of each taking a pool thread to queue on `conn`
     /// (with many sessions that was a thread and a futex wake per write).
@@ -222,8 +224,9 @@ impl Store {
     /// Sessions left open by a previous run are closed as `daemon_restart`.
     /// The directory it creates is 0700 and the database 0600 whatever the
     /// umask (an existing database is made 0600 too): sessions and the
-    /// audit are the operator's business only.
-    pub fn open(path: &Path) -> Result<Store, StoreError> {
+    /// audit are the operator's business only. `observers` hear of every
+    /// write it is asked for.
+    pub fn open(path: &Path, observers: Observers<dyn StoreObserver>) -> Result<Store, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             private_dir(dir).map_err(|source| StoreError::CreateDir {
                 path: dir.to_path_buf(),
@@ -276,7 +279,7 @@ impl Store {
         .map_err(open_err)?;
         Ok(Store {
             conn: Arc::new(Mutex::new(conn)),
-            tap: Arc::default(),
+            observers,
             gate: Arc::new(tokio::sync::Semaphore::new(1)),
             path: path.to_path_buf(),
             health: Arc::default(),
@@ -287,13 +290,8 @@ impl Store {
         &self.path
     }
 
-    /// Where what is written is also reported (once; later calls are ignored).
-    pub fn set_tap(&self, tap: Arc<dyn StoreTap>) {
-        let _ = self.tap.set(tap);
-    }
-
-    pub(crate) fn tap(&self) -> Option<&Arc<dyn StoreTap>> {
-        self.tap.get()
+    pub(crate) fn observers(&self) -> impl Iterator<Item = &dyn StoreObserver> {
+        self.observers.iter()
     }
 
     async fn with_conn<T: Send + 'static>(
@@ -364,8 +362,8 @@ impl Store {
     }
 
     pub async fn session_started(&self, s: SessionRecord) -> Result<(), StoreError> {
-        if let Some(tap) = self.tap() {
-            tap.session_started(&s);
+        for observer in self.observers() {
+            observer.session_started(&s);
         }
         self.with_write("session", move |c| {
             c.execute(
@@ -378,8 +376,8 @@ impl Store {
     }
 
     pub async fn session_ended(&self, id: String, reason: String) -> Result<(), StoreError> {
-        if let Some(tap) = self.tap() {
-            tap.session_ended(&id, &reason);
+        for observer in self.observers() {
+            observer.session_ended(&id, &reason);
         }
         self.with_write("session", move |c| {
             c.execute(
@@ -392,8 +390,8 @@ impl Store {
     }
 
     pub async fn turn_completed(&self, t: TurnRecord) -> Result<(), StoreError> {
-        if let Some(tap) = self.tap() {
-            tap.turn_completed(&t);
+        for observer in self.observers() {
+            observer.turn_completed(&t);
         }
         self.with_write("turn", move |c| {
             c.execute(
@@ -502,8 +500,8 @@ impl Store {
 
     /// Appends one audit record.
     pub async fn audit(&self, r: AuditRecord) -> Result<(), StoreError> {
-        if let Some(tap) = self.tap() {
-            tap.audit(&r);
+        for observer in self.observers() {
+            observer.audit(&r);
         }
         self.with_write("audit", move |c| insert_audit(c, &r)).await
     }
@@ -523,8 +521,8 @@ impl Store {
     /// Completes the row `id` written by [`Store::audit_begin`] with the
     /// call's outcome (`r`'s fields replace the row's).
     pub async fn audit_finish(&self, id: i64, r: AuditRecord) -> Result<(), StoreError> {
-        if let Some(tap) = self.tap() {
-            tap.audit(&r);
+        for observer in self.observers() {
+            observer.audit(&r);
         }
         self.with_write("audit", move |c| {
             c.execute(
@@ -699,7 +697,7 @@ mod tests {
     async fn migrates_in_wal_mode_and_closes_sessions_left_open() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nested/rozd.db");
-        let store = Store::open(&path).unwrap();
+        let store = Store::open(&path, Default::default()).unwrap();
         store.session_started(record("s1")).await.unwrap();
         let mode: String = store
             .conn
@@ -709,7 +707,7 @@ mod tests {
             .unwrap();
         assert_eq!(mode, "wal");
         drop(store);
-        let store = Store::open(&path).unwrap();
+        let store = Store::open(&path, Default::default()).unwrap();
         let (s, turns) = store.session("s1".into()).await.unwrap().unwrap();
         assert_eq!(s.end_reason.as_deref(), Some("daemon_restart"));
         assert!(turns.is_empty());
@@ -725,7 +723,7 @@ mod tests {
     #[tokio::test]
     async fn a_full_store_refuses_the_audit_row_and_writes_again_when_the_cap_is_raised() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("rozd.db")).unwrap();
+        let store = Store::open(&dir.path().join("rozd.db"), Default::default()).unwrap();
         store.set_hard_cap_mb(1).await.unwrap();
         let big = "x".repeat(64 * 1024);
         let mut full = None;
@@ -781,7 +779,7 @@ mod tests {
         conn.pragma_update(None, "user_version", 99).unwrap();
         drop(conn);
         assert!(matches!(
-            Store::open(&path),
+            Store::open(&path, Default::default()),
             Err(StoreError::TooNew { found: 99, .. })
         ));
     }

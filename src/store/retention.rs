@@ -175,7 +175,7 @@ mod tests {
     #[tokio::test]
     async fn sessions_that_never_ended_and_young_audit_rows_stay() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("rozd.db")).unwrap();
+        let store = Store::open(&dir.path().join("rozd.db"), Default::default()).unwrap();
         let old = now_ms() - 100 * DAY_MS;
         let session = |id: &str, ended_at_ms: Option<i64>| SessionRecord {
             id: id.into(),

@@ -122,8 +122,8 @@ fn events(
 impl Store {
     /// Records a new task with its first status (log entry 1).
     pub async fn task_created(&self, task: TaskRow) -> Result<(), StoreError> {
-        if let Some(tap) = self.tap() {
-            tap.task(serde_json::json!({
+        for observer in self.observers() {
+            observer.task(serde_json::json!({
                 "event": "created", "task_id": task.id, "status": task.status,
                 "detail": task.detail, "prompt": task.prompt,
             }));
@@ -160,8 +160,8 @@ impl Store {
         status: String,
         detail: Option<String>,
     ) -> Result<i64, StoreError> {
-        if let Some(tap) = self.tap() {
-            tap.task(serde_json::json!({
+        for observer in self.observers() {
+            observer.task(serde_json::json!({
                 "event": "status", "task_id": task_id, "status": status, "detail": detail,
             }));
         }
@@ -182,8 +182,8 @@ impl Store {
         worker_id: Option<String>,
         body: serde_json::Value,
     ) -> Result<i64, StoreError> {
-        if let Some(tap) = self.tap() {
-            tap.task(serde_json::json!({
+        for observer in self.observers() {
+            observer.task(serde_json::json!({
                 "event": "team_event", "task_id": task_id, "kind": kind,
                 "worker_id": worker_id, "body": body,
             }));

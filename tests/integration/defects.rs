@@ -154,7 +154,7 @@ fn mode(path: &std::path::Path) -> u32 {
 async fn the_store_is_private_whatever_the_umask() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state/rozd/rozd.db");
-    let store = Store::open(&path).expect("open");
+    let store = Store::open(&path, Default::default()).expect("open");
     store.session_started(session("s", 0, None)).await.unwrap();
     assert_eq!(mode(path.parent().unwrap()), 0o700, "the store's directory");
     assert_eq!(mode(&path), 0o600, "the database");
@@ -167,7 +167,7 @@ async fn the_store_is_private_whatever_the_umask() {
     // An existing database that others could read is made private.
     drop(store);
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let _store = Store::open(&path).expect("reopen");
+    let _store = Store::open(&path, Default::default()).expect("reopen");
     assert_eq!(mode(&path), 0o600);
 }
 
@@ -231,7 +231,7 @@ async fn the_store_forgets_what_is_older_than_retain_days_but_keeps_the_rest() {
     let path = dir.path().join("rozd.db");
     let now = rozd::clock::now_ms();
     {
-        let store = Store::open(&path).unwrap();
+        let store = Store::open(&path, Default::default()).unwrap();
         for (id, age_days) in [("old", 40), ("young", 5)] {
             let at = now - age_days * DAY_MS;
             store
@@ -272,7 +272,7 @@ async fn the_size_cap_drops_the_oldest_sessions_never_a_young_audit_row_and_vacu
     let path = dir.path().join("rozd.db");
     let now = rozd::clock::now_ms();
     {
-        let store = Store::open(&path).unwrap();
+        let store = Store::open(&path, Default::default()).unwrap();
         for i in 0..200i64 {
             let id = format!("s{i:03}");
             let at = now - DAY_MS + i * 1000;

@@ -202,7 +202,7 @@ async fn a_recording_holds_what_the_observation_and_the_audit_reported() {
     let metrics = metrics.as_str().unwrap_or_default().to_string();
     assert!(metrics.contains("rozd_record_dropped_total 0"), "{metrics}");
     // The audit is written by its own task: poll it (bounded) until it
-    // holds the command and the stop's safe drive.
+    // holds the start-up safe drive, the command and the stop's safe drive.
     let audited = tokio::time::timeout(EXPECT_WITHIN, async {
         loop {
             let (status, audit) = get(&daemon, "/v1/audit", Some(TOKEN)).await;
@@ -219,7 +219,7 @@ async fn a_recording_holds_what_the_observation_and_the_audit_reported() {
                     )
                 })
                 .collect();
-            if audited.len() >= 2 {
+            if audited.len() >= 3 {
                 return audited;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -257,11 +257,12 @@ async fn a_recording_holds_what_the_observation_and_the_audit_reported() {
         temps.contains(&observed_temp),
         "{observed_temp} not among {temps:?}"
     );
-    // Every audited change of `arm`, in order, with its origin.
-    // The start-up drive precedes the audit's sink; it is recorded all the same.
+    // Every audited change of `arm`, in order, with its origin: the audit
+    // and the recording are observers of the same events from the first
+    // one on, the start-up safe drive included.
+    assert_eq!(audited[0], (0.0, "safety (start-up)".to_string()));
     let recorded: Vec<(f64, String)> = on(&file, "/actuators/arm")
         .iter()
-        .filter(|d| d["origin"] != "safety (start-up)")
         .map(|d| {
             (
                 d["value"].as_f64().unwrap(),

@@ -1,0 +1,190 @@
+//! The observers of the cores' events, composed once (DESIGN.md, "Events
+//! out, observers in"): the audit writer, the recording and the metrics.
+//! Each core is built with its list ([`Composed`]); nothing is attached
+//! afterwards.
+//!
+//! The audit rows are written by a task of their own, fed by a channel
+//! whose sending end is the observer: the channels exist before any core
+//! does, and the writer starts once the store is open, so nothing that
+//! happens in between (a stop restored at start-up, the start-up safe
+//! drive) is lost.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::observe::Observers;
+use crate::ooda::LoopObservers;
+use crate::ooda::act::{ActuatorEvent, ActuatorObserver};
+use crate::ooda::metered::ActuatorMetrics;
+use crate::record::Recorder;
+use crate::safety::{StopEvent, StopEventChannel, StopMetrics, StopObserver};
+use crate::store::{AuditRecord, Store, StoreObserver};
+
+/// Every core's observers.
+pub(super) struct Composed {
+    pub store: Observers<dyn StoreObserver>,
+    pub stop: Observers<dyn StopObserver>,
+    pub ooda: LoopObservers,
+}
+
+/// The receiving ends of the audit channels, until the store is open.
+pub(super) struct AuditWriter {
+    actuators: mpsc::UnboundedReceiver<ActuatorEvent>,
+    stops: mpsc::UnboundedReceiver<StopEvent>,
+}
+
+/// Sends each actuator change to the audit writer.
+#[derive(Debug)]
+struct ActuatorAudit(mpsc::UnboundedSender<ActuatorEvent>);
+
+impl ActuatorObserver for ActuatorAudit {
+    fn actuator_changed(&self, event: &ActuatorEvent) {
+        // A closed channel: the writer is gone with the daemon.
+        let _ = self.0.send(event.clone());
+    }
+}
+
+/// The observers of every core, and the audit writer to start once the
+/// store is open. The recording (disabled without `[record]`) hears
+/// everything; the audit, actuator changes and stop changes; the metrics,
+/// actuator commands and stop triggers.
+pub(super) fn compose(recorder: &Arc<Recorder>) -> (Composed, AuditWriter) {
+    let (actuator_tx, actuators) = mpsc::unbounded_channel();
+    let (stop_tx, stops) = mpsc::unbounded_channel();
+    let recording = recorder.enabled().then(|| recorder.clone());
+    let mut store: Vec<Arc<dyn StoreObserver>> = Vec::new();
+    let mut stop: Vec<Arc<dyn StopObserver>> = Vec::new();
+    let mut sensors: Vec<Arc<dyn crate::ooda::world::SensorObserver>> = Vec::new();
+    let mut actuators_observers: Vec<Arc<dyn ActuatorObserver>> = Vec::new();
+    if let Some(recording) = recording {
+        store.push(recording.clone());
+        stop.push(recording.clone());
+        sensors.push(recording.clone());
+        actuators_observers.push(recording);
+    }
+    stop.push(Arc::new(StopEventChannel(stop_tx)));
+    stop.push(Arc::new(StopMetrics));
+    actuators_observers.push(Arc::new(ActuatorAudit(actuator_tx)));
+    actuators_observers.push(Arc::new(ActuatorMetrics));
+    let composed = Composed {
+        store: store.into(),
+        stop: stop.into(),
+        ooda: LoopObservers {
+            sensors: sensors.into(),
+            actuators: actuators_observers.into(),
+        },
+    };
+    (composed, AuditWriter { actuators, stops })
+}
+
+impl AuditWriter {
+    /// Writes what the channels bring (and what they queued meanwhile) to
+    /// the store's audit, each kind in order, until the senders are gone.
+    pub(super) fn start(self, store: &Store) {
+        tokio::spawn(write_actuator_changes(store.clone(), self.actuators));
+        tokio::spawn(write_stop_changes(store.clone(), self.stops));
+    }
+}
+
+/// Every actuator change as an audit row of kind `actuator`: `result` the
+/// value, `origin` who (`session <id>`, `rule <name>`, `operator <who>`,
+/// `safety (<why>)`), `error` when the device did not confirm a safe drive.
+async fn write_actuator_changes(store: Store, mut changes: mpsc::UnboundedReceiver<ActuatorEvent>) {
+    while let Some(event) = changes.recv().await {
+        let now = crate::clock::now_ms();
+        let record = AuditRecord {
+            at_ms: now,
+            kind: "actuator".into(),
+            session_id: event.session_id,
+            actuator: Some(event.actuator),
+            result: Some(event.value.to_string()),
+            error: event.error,
+            origin: Some(event.origin.to_string()),
+            ended_at_ms: Some(now),
+            ..Default::default()
+        };
+        if let Err(e) = store.audit(record).await {
+            tracing::error!(error = %e, "cannot write the audit record of an actuator change");
+        }
+    }
+}
+
+/// Every trigger, clear and refused clear of the protective stop, as audit
+/// rows of kind `protective_stop` (one per added cause),
+/// `protective_stop_cleared` (one per removed cause),
+/// `protective_stop_clear_refused` and `protective_stop_restored` (latched
+/// again at start-up); `origin`: the source, or who cleared; `credential`:
+/// the credential that asked (for a fleet stop over MQTT, the host that
+/// signed it).
+async fn write_stop_changes(store: Store, mut changes: mpsc::UnboundedReceiver<StopEvent>) {
+    while let Some(event) = changes.recv().await {
+        let now = crate::clock::now_ms();
+        let (kind, origin, result, error, credential) = match event {
+            StopEvent::Triggered {
+                source,
+                reason,
+                by,
+                credential,
+            } => {
+                let origin = match &by {
+                    Some(by) => format!("{source} ({by})"),
+                    None => source,
+                };
+                // A fleet stop over MQTT has no credential: its signer.
+                (
+                    "protective_stop",
+                    origin,
+                    Some(reason),
+                    None,
+                    credential.or(by),
+                )
+            }
+            StopEvent::Cleared {
+                by,
+                source,
+                credential,
+            } => (
+                "protective_stop_cleared",
+                by,
+                Some(format!("cleared cause {source}")),
+                None,
+                credential,
+            ),
+            StopEvent::Restored { causes } => (
+                "protective_stop_restored",
+                "start-up".to_string(),
+                Some(format!(
+                    "latched at start-up as before the restart: {}",
+                    crate::safety::StopState { causes }.describe()
+                )),
+                None,
+                None,
+            ),
+            StopEvent::ClearRefused {
+                by,
+                input,
+                credential,
+            } => (
+                "protective_stop_clear_refused",
+                by,
+                None,
+                Some(format!("stop input {input} still asserts the stop")),
+                credential,
+            ),
+        };
+        let record = crate::store::AuditRecord {
+            at_ms: now,
+            kind: kind.into(),
+            result,
+            error,
+            origin: Some(origin),
+            credential,
+            ended_at_ms: Some(now),
+            ..Default::default()
+        };
+        if let Err(e) = store.audit(record).await {
+            tracing::error!(error = %e, "cannot write the audit record of a protective stop change");
+        }
+    }
+}

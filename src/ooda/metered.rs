@@ -1,0 +1,38 @@
+//! The actuators' events as metrics: an observer that turns them into the
+//! plain labels of [`crate::metrics`] (which knows nothing of the loop).
+
+use super::act::{ActError, ActuatorEvent, ActuatorObserver, Applied, Origin};
+
+/// Counts every command by actuator, origin kind and result, and every safe
+/// drive (origin `safety`: `applied`, or `driver_error` when the device did
+/// not confirm it).
+#[derive(Debug, Default)]
+pub struct ActuatorMetrics;
+
+impl ActuatorObserver for ActuatorMetrics {
+    fn actuator_changed(&self, event: &ActuatorEvent) {
+        // Commands are counted with their outcome below; here only the safe
+        // drives, which are no command of anyone's.
+        if let Origin::Safety(_) = event.origin {
+            let result = if event.error.is_none() {
+                "applied"
+            } else {
+                "driver_error"
+            };
+            crate::metrics::actuator_command(&event.actuator, "safety", result);
+        }
+    }
+
+    fn command_finished(
+        &self,
+        actuator: &str,
+        origin: &Origin,
+        result: &Result<Applied, ActError>,
+    ) {
+        let result = match result {
+            Ok(_) => "applied",
+            Err(e) => e.kind(),
+        };
+        crate::metrics::actuator_command(actuator, origin.kind(), result);
+    }
+}
