@@ -13,7 +13,7 @@ impl Config {
                 "off (plaintext)".to_string()
             };
         };
-        match crate::tls::server::check(tls, 0) {
+        match crate::tls::server::check(tls) {
             Ok(report) => format!(
                 "{} ({}, until {}), client certificates: {}",
                 tls.cert_file.display(),
