@@ -139,7 +139,7 @@ impl HostContext {
         ));
         Arc::new(HostContext {
             fleet,
-            mcp: Arc::new(mcp::Mcp::new(ooda.clone())),
+            mcp: Arc::new(mcp::Mcp::new(ooda.clone(), &config.mcp)),
             host_tools,
             host_registry: Arc::new(host_registry),
             models: model::ModelRegistry::from_config(&config.model),

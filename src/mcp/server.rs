@@ -55,13 +55,11 @@ const UPDATE_PERIOD: Duration = Duration::from_secs(1);
 /// Longest client name the audit keeps.
 const MAX_CLIENT_NAME: usize = 64;
 
-/// The MCP service for `/mcp`: rmcp's streamable HTTP server with rozd's
-/// sessions, its Host and Origin allow-lists taken from the browser checks
-/// (`hosts`: `None` allows any host), and its streams ended at shutdown.
-pub fn service(
-    ctx: Arc<HostContext>,
-    hosts: Option<Vec<String>>,
-) -> StreamableHttpService<HostServer, Manager> {
+/// The route `/mcp`: rmcp's streamable HTTP server with rozd's
+/// sessions behind [`super::gate`] (bodies, the session cap, ownership),
+/// its Host and Origin allow-lists taken from the browser checks (`hosts`:
+/// `None` allows any host), and its streams ended at shutdown.
+pub fn router(ctx: Arc<HostContext>, hosts: Option<Vec<String>>) -> axum::Router {
     let mcp = &ctx.config.mcp;
     let local = {
         let mut local = LocalSessionManager::default();
@@ -73,7 +71,12 @@ pub fn service(
         local
     };
     let manager = Arc::new(Manager::new(local, ctx.mcp.sessions.clone()));
+    let gate = Arc::new(super::gate::Gate {
+        sessions: ctx.mcp.sessions.clone(),
+        manager: manager.clone(),
+    });
     let mut config = StreamableHttpServerConfig::default()
+        .with_max_request_body_bytes(super::gate::MAX_BODY_BYTES)
         .with_sse_keep_alive(Some(Duration::from_secs(mcp.keepalive_secs)))
         .with_cancellation_token(ctx.shutdown.child_token());
     config = match hosts {
@@ -97,7 +100,14 @@ pub fn service(
         }
         None => config.disable_allowed_hosts().disable_allowed_origins(),
     };
-    StreamableHttpService::new(move || Ok(HostServer::new(ctx.clone())), manager, config)
+    let service =
+        StreamableHttpService::new(move || Ok(HostServer::new(ctx.clone())), manager, config);
+    axum::Router::new()
+        .route_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(
+            gate,
+            super::gate::check,
+        ))
 }
 
 /// One MCP session's server.

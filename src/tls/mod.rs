@@ -131,7 +131,9 @@ pub fn expiry_warnings(path: &Path, now_secs: i64) -> Vec<String> {
             let at = |secs| server::rfc3339(secs);
             let what = format!("the certificate {} ({})", path.display(), info.subject);
             match info.validity(now_secs) {
-                x509::Validity::Expired => Some(format!("{what} expired at {}", at(info.not_after))),
+                x509::Validity::Expired => {
+                    Some(format!("{what} expired at {}", at(info.not_after)))
+                }
                 x509::Validity::NotYetValid => Some(format!(
                     "{what} is not valid before {} (is the clock right?)",
                     at(info.not_before)

@@ -357,7 +357,13 @@ pub fn served_validity(
     {
         let why: Vec<String> = client_cas
             .iter()
-            .filter_map(|ca| Some(format!("{} {}", ca.subject, outside_validity(ca, now_secs)?)))
+            .filter_map(|ca| {
+                Some(format!(
+                    "{} {}",
+                    ca.subject,
+                    outside_validity(ca, now_secs)?
+                ))
+            })
             .collect();
         return Err(format!(
             "no CA of server.tls.client_ca_file is valid now, no client certificate could be verified ({})",
@@ -446,19 +452,20 @@ mod tests {
     fn the_served_chain_must_be_valid_now_and_one_client_ca_is_enough() {
         let leaf = info("CN=leaf", 100, 200);
         let middle = info("CN=middle", 50, 150);
-        assert_eq!(served_validity(&[leaf.clone()], &[], 100), Ok(()));
-        assert_eq!(served_validity(&[leaf.clone()], &[], 200), Ok(()));
-        let expired = served_validity(&[leaf.clone()], &[], 201).unwrap_err();
+        let only_leaf = std::slice::from_ref(&leaf);
+        assert_eq!(served_validity(only_leaf, &[], 100), Ok(()));
+        assert_eq!(served_validity(only_leaf, &[], 200), Ok(()));
+        let expired = served_validity(only_leaf, &[], 201).unwrap_err();
         assert!(
             expired.starts_with("the certificate (CN=leaf) expired at 1970-01-01T00:03:20Z"),
             "{expired}"
         );
-        let early = served_validity(&[leaf.clone()], &[], 99).unwrap_err();
+        let early = served_validity(only_leaf, &[], 99).unwrap_err();
         assert!(
             early.contains("is not valid before 1970-01-01T00:01:40Z"),
             "{early}"
         );
-        let chain = served_validity(&[leaf.clone(), middle.clone()], &[], 160).unwrap_err();
+        let chain = served_validity(&[leaf.clone(), middle], &[], 160).unwrap_err();
         assert!(
             chain.starts_with("certificate 2 of its chain (CN=middle) expired"),
             "{chain}"
@@ -467,12 +474,13 @@ mod tests {
         let old_ca = info("CN=old CA", 0, 10);
         let new_ca = info("CN=new CA", 0, 1000);
         assert_eq!(
-            served_validity(&[leaf.clone()], &[old_ca.clone(), new_ca], 150),
+            served_validity(only_leaf, &[old_ca.clone(), new_ca], 150),
             Ok(())
         );
         let cas = served_validity(&[leaf], &[old_ca], 150).unwrap_err();
         assert!(
-            cas.contains("no CA of server.tls.client_ca_file is valid now") && cas.contains("CN=old CA expired"),
+            cas.contains("no CA of server.tls.client_ca_file is valid now")
+                && cas.contains("CN=old CA expired"),
             "{cas}"
         );
     }
@@ -494,7 +502,10 @@ mod tests {
         params.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = params.self_signed(&key).unwrap();
-        let (cert_path, key_path) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
+        let (cert_path, key_path) = (
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}.key")),
+        );
         std::fs::write(&cert_path, cert.pem()).unwrap();
         std::fs::write(&key_path, key.serialize_pem()).unwrap();
         (cert_path, key_path)
@@ -529,14 +540,23 @@ mod tests {
 
         replace("expired", (2020, 1, 1), (2024, 1, 1));
         let error = tls.reload_at(in_2025).unwrap_err().to_string();
-        assert!(error.contains("(CN=expired) expired at 2024-01-01T00:00:00Z"), "{error}");
-        assert!(Arc::ptr_eq(&served, &tls.current.load_full()), "the old one is served");
+        assert!(
+            error.contains("(CN=expired) expired at 2024-01-01T00:00:00Z"),
+            "{error}"
+        );
+        assert!(
+            Arc::ptr_eq(&served, &tls.current.load_full()),
+            "the old one is served"
+        );
         assert_eq!(tls.status().last_reload_error, Some(error));
         assert_eq!(tls.status().cert_subject.as_deref(), Some("CN=served"));
 
         replace("early", (2026, 1, 1), (2030, 1, 1));
         let error = tls.reload_at(in_2025).unwrap_err().to_string();
-        assert!(error.contains("(CN=early) is not valid before 2026-01-01T00:00:00Z"), "{error}");
+        assert!(
+            error.contains("(CN=early) is not valid before 2026-01-01T00:00:00Z"),
+            "{error}"
+        );
         assert!(Arc::ptr_eq(&served, &tls.current.load_full()));
 
         // A valid certificate with another certificate's key.
@@ -544,7 +564,10 @@ mod tests {
         let (_, other_key) = issue(dir.path(), "other", (2020, 1, 1), (2030, 1, 1));
         std::fs::rename(other_key, &key).unwrap();
         let error = tls.reload_at(in_2025).unwrap_err().to_string();
-        assert!(error.contains("does not belong to the certificate"), "{error}");
+        assert!(
+            error.contains("does not belong to the certificate"),
+            "{error}"
+        );
         assert!(Arc::ptr_eq(&served, &tls.current.load_full()));
         assert_eq!(tls.status().reloads, 0);
 

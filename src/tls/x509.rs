@@ -321,9 +321,18 @@ mod tests {
         let info = parse(cert.der()).unwrap();
         assert_eq!(info.not_before, days_from_civil(2001, 2, 3) * 86_400);
         assert_eq!(info.not_after, days_from_civil(2061, 4, 5) * 86_400);
-        assert_eq!(info.validity(days_from_civil(2000, 1, 1) * 86_400), Validity::NotYetValid);
-        assert_eq!(info.validity(days_from_civil(2030, 1, 1) * 86_400), Validity::Valid);
-        assert_eq!(info.validity(days_from_civil(2062, 1, 1) * 86_400), Validity::Expired);
+        assert_eq!(
+            info.validity(days_from_civil(2000, 1, 1) * 86_400),
+            Validity::NotYetValid
+        );
+        assert_eq!(
+            info.validity(days_from_civil(2030, 1, 1) * 86_400),
+            Validity::Valid
+        );
+        assert_eq!(
+            info.validity(days_from_civil(2062, 1, 1) * 86_400),
+            Validity::Expired
+        );
     }
 
     #[test]

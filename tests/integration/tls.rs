@@ -645,7 +645,8 @@ async fn a_reload_refuses_an_expired_or_not_yet_valid_certificate_and_keeps_the_
     let tls = tls_status(&service.addr(), &ca).await;
     let error = tls["last_reload_error"].as_str().unwrap_or_default();
     assert!(
-        error.contains("CN=rozd-expired,O=Lab") && error.contains("expired at 2020-01-01T00:00:00Z"),
+        error.contains("CN=rozd-expired,O=Lab")
+            && error.contains("expired at 2020-01-01T00:00:00Z"),
         "{tls}"
     );
     assert_eq!(tls["reloads"], 0, "{tls}");
@@ -704,7 +705,8 @@ async fn an_expired_certificate_at_start_up_is_served_and_reported() {
     let status: Value = serde_json::from_str(&out).expect("JSON");
     let problem = status["tls"]["cert_problem"].as_str().unwrap_or_default();
     assert!(
-        problem.contains("CN=rozd-old,O=Lab") && problem.contains("expired at 2020-01-01T00:00:00Z"),
+        problem.contains("CN=rozd-old,O=Lab")
+            && problem.contains("expired at 2020-01-01T00:00:00Z"),
         "{status}"
     );
     assert_eq!(status["tls"]["cert_not_before"], "2019-01-01T00:00:00Z");
@@ -782,17 +784,35 @@ async fn check_warns_about_every_configured_certificate_that_expires() {
     assert!(out.contains("configuration OK"), "{out}");
     let warnings: Vec<&str> = out.lines().filter(|l| l.starts_with("warning:")).collect();
     let has = |key: &str, cn: &str, what: &str| {
-        warnings
-            .iter()
-            .any(|w| w.starts_with(&format!("warning: {key}: ")) && w.contains(cn) && w.contains(what))
+        warnings.iter().any(|w| {
+            w.starts_with(&format!("warning: {key}: ")) && w.contains(cn) && w.contains(what)
+        })
     };
-    assert!(has("server.tls.client_ca_file", "CN=client-ca-old", "expired at"), "{out}");
-    assert!(has("mqtt.ca_file", "CN=mqtt-ca-future", "is not valid before"), "{out}");
-    assert!(has("mqtt.cert_file", "CN=mqtt-client-soon", "expires in"), "{out}");
-    assert!(has("fleet.cert_file", "CN=rover-1-old", "expired at"), "{out}");
+    assert!(
+        has(
+            "server.tls.client_ca_file",
+            "CN=client-ca-old",
+            "expired at"
+        ),
+        "{out}"
+    );
+    assert!(
+        has("mqtt.ca_file", "CN=mqtt-ca-future", "is not valid before"),
+        "{out}"
+    );
+    assert!(
+        has("mqtt.cert_file", "CN=mqtt-client-soon", "expires in"),
+        "{out}"
+    );
+    assert!(
+        has("fleet.cert_file", "CN=rover-1-old", "expired at"),
+        "{out}"
+    );
     // Valid certificates (the listener's, the fleet CA) are not warned about.
     assert!(
-        !warnings.iter().any(|w| w.contains("fleet-ca-fine") || w.contains("rozd-fine")),
+        !warnings
+            .iter()
+            .any(|w| w.contains("fleet-ca-fine") || w.contains("rozd-fine")),
         "{out}"
     );
     assert_eq!(warnings.len(), 4, "{out}");
