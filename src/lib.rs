@@ -145,6 +145,7 @@ impl HostContext {
             models: model::ModelRegistry::from_config(&config.model),
             permissions: Arc::new(session::permissions::PermissionPolicy::new(
                 config.permissions.clone(),
+                &config.approvals,
             )),
             config,
             started_at: Instant::now(),

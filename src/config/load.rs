@@ -86,6 +86,9 @@ pub struct Config {
     pub tasks: TasksConfig,
     #[serde(default)]
     pub permissions: Vec<PermissionRuleConfig>,
+    /// Who may answer approvals.
+    #[serde(default)]
+    pub approvals: super::types::ApprovalsConfig,
     #[serde(default)]
     pub model: ModelConfig,
     #[serde(default)]
@@ -292,6 +295,14 @@ impl Config {
         crate::record::config::validate_replay(&self.replay, &mut self.hardware)?;
         self.resolve_tokens()?;
         self.resolve_credentials()?;
+        if self.approvals.require_other_credential && !self.auth_required() {
+            return Err(Invalid::new(
+                "approvals.require_other_credential",
+                "needs credentials (server.auth_tokens, server.auth_token_file, [[server.tokens]] \
+                 or [[server.clients]]): without them every caller is the same anonymous one, \
+                 and nothing could ever be approved",
+            ));
+        }
         if !self.server.listen.ip().is_loopback()
             && !self.auth_required()
             && !self.server.allow_unauthenticated_remote

@@ -136,7 +136,15 @@ impl Config {
                 ""
             },
         ));
-        line(format!("permissions:   {} rule(s)", self.permissions.len()));
+        line(format!(
+            "permissions:   {} rule(s); approvals by {}",
+            self.permissions.len(),
+            if self.approvals.require_other_credential {
+                "another credential than the caller's"
+            } else {
+                "any credential with operate"
+            }
+        ));
         line(format!(
             "stop inputs:   {}",
             crate::safety::inputs::describe(&self.safety)

@@ -45,7 +45,7 @@ use super::sessions::{self, Manager};
 use crate::HostContext;
 use crate::clock::now_ms;
 use crate::config::types::{AiMode, ToolCategory};
-use crate::session::host_call::{self, CallSite, Outcome};
+use crate::session::host_call::{self, Answer, CallSite, Outcome};
 use crate::session::turn::HostAccess;
 
 /// The latest Observation, as a resource.
@@ -295,9 +295,13 @@ impl ServerHandler for HostServer {
         let id = uuid::Uuid::new_v4().to_string();
         let owner = sessions::owner(&session);
         let origin = format!("mcp:{}", client_name(&context.peer));
+        let credential = credential(&context.extensions);
         let host = HostAccess::new(ctx, &owner, origin.clone(), AiMode::React, None)
-            .with_credential(credential(&context.extensions));
+            .with_credential(credential.clone());
+        // The client's user answers as the client's own credential: not
+        // asked when a credential may not approve its own calls.
         let elicit = ctx.config.mcp.elicitation
+            && ctx.permissions.caller_may_approve()
             && context
                 .peer
                 .supported_elicitation_modes()
@@ -310,6 +314,7 @@ impl ServerHandler for HostServer {
             request: context.ct.clone(),
             owner,
             origin,
+            credential,
         };
         let physical = tool.spec.category == ToolCategory::Physical;
         let mut deadman = Deadman {
@@ -527,6 +532,8 @@ struct McpCall<'a> {
     request: CancellationToken,
     owner: String,
     origin: String,
+    /// The credential of the MCP session (who answers by elicitation).
+    credential: Option<String>,
 }
 
 impl McpCall<'_> {
@@ -593,7 +600,7 @@ impl CallSite for McpCall<'_> {
         name: &str,
         input: &Value,
         category: ToolCategory,
-    ) -> Result<Result<(), String>, Abandoned> {
+    ) -> Result<Answer, Abandoned> {
         let secs = self.ctx.config.session.approval_timeout_secs;
         let since = now_ms();
         let mut waiting = self.ctx.mcp.approvals.ask(ApprovalView {
@@ -603,29 +610,39 @@ impl CallSite for McpCall<'_> {
             parameters: input.clone(),
             session_id: self.owner.clone(),
             origin: self.origin.clone(),
+            credential: self.credential.clone(),
             since_unix_ms: since,
             expires_unix_ms: since.saturating_add(i64::try_from(secs * 1000).unwrap_or(i64::MAX)),
         });
         tracing::info!(tool_call_id = id, tool = name, origin = %self.origin, "MCP call waits for approval");
-        let decision = tokio::select! {
+        let answer = tokio::select! {
             biased;
             () = self.present.cancelled() => return Err(Abandoned),
             () = self.request.cancelled() => return Err(Abandoned),
-            approved = waiting.decided() => if approved {
-                Ok(())
-            } else {
-                Err(format!("an operator denied `{name}`"))
+            answered = waiting.decided() => Answer {
+                verdict: if answered.approve {
+                    Ok(())
+                } else {
+                    Err(format!("an operator denied `{name}`"))
+                },
+                by: answered.by,
             },
-            approved = self.elicited(id, name, input) => if approved {
-                Ok(())
-            } else {
-                Err(format!("the user declined `{name}`"))
+            approved = self.elicited(id, name, input) => Answer {
+                verdict: if approved {
+                    Ok(())
+                } else {
+                    Err(format!("the user declined `{name}`"))
+                },
+                by: self.credential.clone(),
             },
-            () = tokio::time::sleep(Duration::from_secs(secs)) => Err(format!(
-                "`{name}` was not approved within {secs} s (session.approval_timeout_secs): denied"
-            )),
+            () = tokio::time::sleep(Duration::from_secs(secs)) => Answer {
+                verdict: Err(format!(
+                    "`{name}` was not approved within {secs} s (session.approval_timeout_secs): denied"
+                )),
+                by: None,
+            },
         };
-        Ok(decision)
+        Ok(answer)
     }
 
     async fn running(&mut self, _name: &str, _category: ToolCategory) -> Result<(), Abandoned> {
