@@ -100,6 +100,11 @@ struct State {
     /// What is served now, for [`ServerTls::status`]'s `cert_problem`.
     chain: Vec<x509::CertInfo>,
     client_cas: Vec<x509::CertInfo>,
+    /// The last reload refused files only because they are not valid yet:
+    /// from this moment (Unix seconds) they would be, and the watcher
+    /// tries again then (a certificate issued "now" by a CA whose clock is
+    /// ahead of this host's is taken once this host catches up).
+    retry_at: Option<i64>,
 }
 
 /// The listener's TLS, reloadable.
@@ -151,6 +156,7 @@ impl ServerTls {
                 stamps,
                 chain: loaded.chain,
                 client_cas: loaded.client_cas,
+                retry_at: None,
             }),
         })
     }
@@ -186,17 +192,22 @@ impl ServerTls {
     /// make a certificate clients would accept at that moment are refused.
     pub fn reload_at(&self, now_secs: i64) -> Result<(), TlsError> {
         let stamps = stamps(&self.settings);
+        let mut retry_at = None;
         let result = build(&self.settings).and_then(|loaded| {
             match served_validity(&loaded.chain, &loaded.client_cas, now_secs) {
                 Ok(()) => Ok(loaded),
-                Err(message) => Err(TlsError::Certificate {
-                    path: self.settings.cert_file.clone(),
-                    message: format!("not loaded: {message}"),
-                }),
+                Err(message) => {
+                    retry_at = valid_from(&loaded.chain, &loaded.client_cas, now_secs);
+                    Err(TlsError::Certificate {
+                        path: self.settings.cert_file.clone(),
+                        message: format!("not loaded: {message}"),
+                    })
+                }
             }
         });
         let mut state = self.lock();
         state.stamps = stamps;
+        state.retry_at = retry_at;
         match result {
             Ok(loaded) => {
                 self.current.store(loaded.config.clone());
@@ -228,6 +239,11 @@ impl ServerTls {
         self.lock().stamps != stamps(&self.settings)
     }
 
+    /// Whether files refused as not valid yet have become valid by `now_secs`.
+    pub fn retry_due(&self, now_secs: i64) -> bool {
+        self.lock().retry_at.is_some_and(|at| now_secs >= at)
+    }
+
     /// Reloads whenever the files change (checked every
     /// `reload_check_secs`), until `stop`.
     pub async fn watch(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
@@ -242,7 +258,7 @@ impl ServerTls {
                 _ = ticker.tick() => {}
                 () = stop.cancelled() => return,
             }
-            if self.files_changed() {
+            if self.files_changed() || self.retry_due(now_secs()) {
                 let tls = self.clone();
                 // Reading files: off the runtime's threads.
                 let _ = tokio::task::spawn_blocking(move || tls.reload()).await;
@@ -371,6 +387,24 @@ pub fn served_validity(
         ));
     }
     Ok(())
+}
+
+/// The first moment from `now_secs` on at which what would be served is
+/// valid, if it only is not valid yet (`None` when something expired): the
+/// latest `notBefore` of the chain, and of the earliest client CA.
+fn valid_from(
+    chain: &[x509::CertInfo],
+    client_cas: &[x509::CertInfo],
+    now_secs: i64,
+) -> Option<i64> {
+    let from = chain
+        .iter()
+        .map(|c| c.not_before)
+        .chain(client_cas.iter().map(|c| c.not_before).min())
+        .fold(now_secs, i64::max);
+    served_validity(chain, client_cas, from)
+        .is_ok()
+        .then_some(from)
 }
 
 /// Why `cert` is not valid at `now_secs`, or `None`.
@@ -551,6 +585,11 @@ mod tests {
         assert_eq!(tls.status().last_reload_error, Some(error));
         assert_eq!(tls.status().cert_subject.as_deref(), Some("CN=served"));
 
+        assert!(
+            !tls.retry_due(x509_secs(2100, 1, 1)),
+            "an expired one is not retried"
+        );
+
         replace("early", (2026, 1, 1), (2030, 1, 1));
         let error = tls.reload_at(in_2025).unwrap_err().to_string();
         assert!(
@@ -558,6 +597,10 @@ mod tests {
             "{error}"
         );
         assert!(Arc::ptr_eq(&served, &tls.current.load_full()));
+        // Once it is valid, the watcher tries again (no file changed).
+        assert!(!tls.files_changed());
+        assert!(!tls.retry_due(x509_secs(2025, 12, 31)));
+        assert!(tls.retry_due(x509_secs(2026, 1, 1)));
 
         // A valid certificate with another certificate's key.
         replace("mine", (2020, 1, 1), (2030, 1, 1));
