@@ -141,12 +141,13 @@ impl HostContext {
         ));
         Arc::new(HostContext {
             fleet,
-            mcp: Arc::new(mcp::Mcp::new(ooda.clone())),
+            mcp: Arc::new(mcp::Mcp::new(ooda.clone(), &config.mcp)),
             host_tools,
             host_registry: Arc::new(host_registry),
             models: model::ModelRegistry::from_config(&config.model),
             permissions: Arc::new(session::permissions::PermissionPolicy::new(
                 config.permissions.clone(),
+                &config.approvals,
             )),
             config,
             started_at: Instant::now(),

@@ -99,10 +99,10 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
     if ctx.config.mcp.enabled {
         // Behind the same token and browser checks as every route; rmcp's
         // own Host and Origin checks get the same names.
-        router = router.route_service(
-            "/mcp",
-            crate::mcp::server::service(ctx.clone(), allowed_hosts.as_list(ctx.listen_addr)),
-        );
+        router = router.merge(crate::mcp::server::router(
+            ctx.clone(),
+            allowed_hosts.as_list(ctx.listen_addr),
+        ));
     }
     let router = router
         .fallback(rest::fallback)

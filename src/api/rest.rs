@@ -185,10 +185,16 @@ pub(super) fn status_json(
         "recording": ctx.recorder.status(),
         // Whether the store writes: PHYSICAL calls are refused while it does not.
         "store": ctx.store.health(),
-        "mcp": ctx.config.mcp.enabled.then(|| json!({
-            "sessions": ctx.mcp.sessions.count(),
-            "pending_approvals": ctx.mcp.approvals.list().len(),
-        })),
+        "mcp": ctx.config.mcp.enabled.then(|| {
+            let sessions = ctx.mcp.sessions.stats();
+            json!({
+                "sessions": sessions.sessions,
+                "max_sessions": sessions.max_sessions,
+                "sessions_evicted": sessions.sessions_evicted,
+                "sessions_refused": sessions.sessions_refused,
+                "pending_approvals": ctx.mcp.approvals.list().len(),
+            })
+        }),
     })
 }
 

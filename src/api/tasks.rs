@@ -58,6 +58,7 @@ pub fn status_of(e: TaskError) -> Status {
         TaskError::NotFound(m) => Status::not_found(m),
         TaskError::FailedPrecondition(m) => Status::failed_precondition(m),
         TaskError::ResourceExhausted(m) => Status::resource_exhausted(m),
+        TaskError::PermissionDenied(m) => Status::permission_denied(m),
         TaskError::Internal(m) => Status::internal(m),
         TaskError::Store(e) => {
             tracing::error!(error = %e, "task store failure");
@@ -351,6 +352,10 @@ impl TaskService for TaskApi {
                 .approve_tool_use(request.into_inner())
                 .await;
         }
+        let by = request
+            .extensions()
+            .get::<Caller>()
+            .and_then(|c| c.named().map(str::to_string));
         let r = request.into_inner();
         if r.modifier.as_ref().is_some_and(|m| !m.fields.is_empty()) {
             return Err(Status::invalid_argument(
@@ -361,9 +366,16 @@ impl TaskService for TaskApi {
         if r.tool_call_id.is_empty() {
             return Err(Status::invalid_argument("tool_call_id must not be empty"));
         }
-        let view = team::approve(&self.ctx, &r.task_id, &r.tool_call_id, r.approved)
-            .await
-            .map_err(status_of)?;
+        let view = team::approve(
+            &self.ctx,
+            &r.task_id,
+            &r.tool_call_id,
+            r.approved,
+            by,
+            team::AnsweredVia::Grpc,
+        )
+        .await
+        .map_err(status_of)?;
         Ok(GrpcResponse::new(task_proto(view)))
     }
 
@@ -413,6 +425,7 @@ fn rest_error(e: TaskError) -> Response {
         TaskError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
         TaskError::FailedPrecondition(_) => (StatusCode::CONFLICT, "failed_precondition"),
         TaskError::ResourceExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "resource_exhausted"),
+        TaskError::PermissionDenied(_) => (StatusCode::FORBIDDEN, "permission_denied"),
         TaskError::Store(_) | TaskError::Internal(_) => {
             (StatusCode::INTERNAL_SERVER_ERROR, "internal")
         }
@@ -585,6 +598,7 @@ async fn cancel_rest(State(ctx): State<Arc<HostContext>>, Path(id): Path<String>
 /// `POST /v1/tasks/{id}/approvals` `{"tool_call_id", "approved"}`.
 async fn approve_rest(
     State(ctx): State<Arc<HostContext>>,
+    caller: Option<Extension<Caller>>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
@@ -608,7 +622,8 @@ async fn approve_rest(
         Ok(p) => p,
         Err(e) => return rest_error(e),
     };
-    match team::approve(&ctx, &id, &call, approved).await {
+    let by = caller.as_ref().and_then(|c| c.named().map(str::to_string));
+    match team::approve(&ctx, &id, &call, approved, by, team::AnsweredVia::Rest).await {
         Ok(view) => Json(view).into_response(),
         Err(e) => rest_error(e),
     }

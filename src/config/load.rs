@@ -86,6 +86,9 @@ pub struct Config {
     pub tasks: TasksConfig,
     #[serde(default)]
     pub permissions: Vec<PermissionRuleConfig>,
+    /// Who may answer approvals.
+    #[serde(default)]
+    pub approvals: super::types::ApprovalsConfig,
     #[serde(default)]
     pub model: ModelConfig,
     #[serde(default)]
@@ -292,6 +295,14 @@ impl Config {
         crate::record::config::validate_replay(&self.replay, &mut self.hardware)?;
         self.resolve_tokens()?;
         self.resolve_credentials()?;
+        if self.approvals.require_other_credential && !self.auth_required() {
+            return Err(Invalid::new(
+                "approvals.require_other_credential",
+                "needs credentials (server.auth_tokens, server.auth_token_file, [[server.tokens]] \
+                 or [[server.clients]]): without them every caller is the same anonymous one, \
+                 and nothing could ever be approved",
+            ));
+        }
         if !self.server.listen.ip().is_loopback()
             && !self.auth_required()
             && !self.server.allow_unauthenticated_remote
@@ -614,16 +625,40 @@ impl Config {
     }
 
     /// What an operator should know that does not stop rozd from starting:
-    /// a certificate that expires within 30 days (or has expired).
+    /// any configured certificate (the listener's and its client CAs, the
+    /// MQTT and fleet connections' CAs and client certificates) that has
+    /// expired, is not valid yet, or expires within 30 days.
     pub fn warnings(&self) -> Vec<String> {
-        let now = crate::clock::now_ms() / 1000;
-        let mut warnings = Vec::new();
-        if let Some(tls) = &self.server.tls
-            && let Ok(report) = crate::tls::server::check(tls, now)
-        {
-            warnings.extend(report.warning.map(|w| format!("server.tls: {w}")));
+        self.warnings_at(crate::clock::now_ms().div_euclid(1000))
+    }
+
+    /// [`Config::warnings`] at `now_secs` (Unix seconds).
+    pub fn warnings_at(&self, now_secs: i64) -> Vec<String> {
+        let mut files: Vec<(&str, &Path)> = Vec::new();
+        if let Some(tls) = &self.server.tls {
+            files.push(("server.tls.cert_file", &tls.cert_file));
+            files.extend(
+                tls.client_ca_file
+                    .as_deref()
+                    .map(|p| ("server.tls.client_ca_file", p)),
+            );
         }
-        warnings
+        if let Some(mqtt) = &self.mqtt {
+            files.extend(mqtt.ca_file.as_deref().map(|p| ("mqtt.ca_file", p)));
+            files.extend(mqtt.cert_file.as_deref().map(|p| ("mqtt.cert_file", p)));
+        }
+        if let Some(fleet) = &self.fleet {
+            files.extend(fleet.ca_file.as_deref().map(|p| ("fleet.ca_file", p)));
+            files.extend(fleet.cert_file.as_deref().map(|p| ("fleet.cert_file", p)));
+        }
+        files
+            .into_iter()
+            .flat_map(|(key, path)| {
+                crate::tls::expiry_warnings(path, now_secs)
+                    .into_iter()
+                    .map(move |w| format!("{key}: {w}"))
+            })
+            .collect()
     }
 
     /// `[[server.tokens]]` (secrets read from their variable or file) and
@@ -762,7 +797,7 @@ fn validate_server_tls(tls: &super::types::ServerTlsConfig) -> Result<(), Invali
             ),
         ));
     }
-    crate::tls::server::check(tls, 0).map_err(|e| {
+    crate::tls::server::check(tls).map_err(|e| {
         let key = match &e {
             crate::tls::TlsError::Read { path, .. }
             | crate::tls::TlsError::Pem { path, .. }

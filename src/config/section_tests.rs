@@ -255,3 +255,35 @@ fn max_packet_size_is_configured_and_validated_naming_the_key() {
         }
     }
 }
+
+#[test]
+fn mcp_max_sessions_is_bounded_and_named_in_errors() {
+    assert_eq!(parse("").unwrap().mcp.max_sessions, 64);
+    assert_eq!(
+        parse("[mcp]\nmax_sessions = 3\n").unwrap().mcp.max_sessions,
+        3
+    );
+    for bad in ["0", "10001"] {
+        let (line, key, message) = invalid(&format!("[mcp]\nmax_sessions = {bad}\n"));
+        assert_eq!((line, key.as_str()), (Some(2), "mcp.max_sessions"), "{bad}");
+        assert!(message.contains("between 1 and 10000"), "{message}");
+    }
+}
+
+#[test]
+fn require_other_credential_needs_credentials_to_tell_apart() {
+    assert!(!parse("").unwrap().approvals.require_other_credential);
+    let (line, key, message) = invalid("[approvals]\nrequire_other_credential = true\n");
+    assert_eq!(
+        (line, key.as_str()),
+        (Some(2), "approvals.require_other_credential")
+    );
+    assert!(message.contains("needs credentials"), "{message}");
+    let c = parse(
+        "[server]\nauth_tokens = [\"t0ken-one\"]\n[approvals]\nrequire_other_credential = true\n",
+    )
+    .unwrap();
+    assert!(c.approvals.require_other_credential);
+    let (_, key, _) = invalid("[approvals]\nrequire_other = true\n");
+    assert_eq!(key, "approvals.require_other");
+}

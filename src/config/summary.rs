@@ -13,7 +13,7 @@ impl Config {
                 "off (plaintext)".to_string()
             };
         };
-        match crate::tls::server::check(tls, 0) {
+        match crate::tls::server::check(tls) {
             Ok(report) => format!(
                 "{} ({}, until {}), client certificates: {}",
                 tls.cert_file.display(),
@@ -136,7 +136,15 @@ impl Config {
                 ""
             },
         ));
-        line(format!("permissions:   {} rule(s)", self.permissions.len()));
+        line(format!(
+            "permissions:   {} rule(s); approvals by {}",
+            self.permissions.len(),
+            if self.approvals.require_other_credential {
+                "another credential than the caller's"
+            } else {
+                "any credential with operate"
+            }
+        ));
         line(format!(
             "stop inputs:   {}",
             crate::safety::inputs::describe(&self.safety)

@@ -563,6 +563,17 @@ pub struct PermissionRuleConfig {
     pub reason: Option<String>,
 }
 
+/// `[approvals]`: who may answer a `require_confirmation` call.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsConfig {
+    /// A credential cannot approve a call it made itself (an MCP call, a
+    /// task it created, a call of its own session): another credential must.
+    /// Denying is always allowed.
+    #[serde(default)]
+    pub require_other_credential: bool,
+}
+
 /// `[tasks]`: jobs the host runs without a client (TaskService).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -23,15 +23,25 @@ pub struct ApprovalView {
     pub session_id: String,
     /// Who asks (`mcp:<client name>`), as the audit names it.
     pub origin: String,
+    /// The credential of the MCP session that asks (the audit's
+    /// `credential`; `None` on a daemon without credentials).
+    pub credential: Option<String>,
     pub since_unix_ms: i64,
     /// Unanswered by then, the call is denied.
     pub expires_unix_ms: i64,
 }
 
+/// An answer, and the credential that gave it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answered {
+    pub approve: bool,
+    pub by: Option<String>,
+}
+
 #[derive(Debug)]
 struct Entry {
     view: ApprovalView,
-    answer: oneshot::Sender<bool>,
+    answer: oneshot::Sender<Answered>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -81,8 +91,18 @@ impl Approvals {
         views
     }
 
-    /// Answers call `id`; it stops waiting at once.
-    pub fn answer(&self, id: &str, approve: bool) -> Result<ApprovalView, ApprovalError> {
+    /// Call `id`, if it waits.
+    pub fn get(&self, id: &str) -> Option<ApprovalView> {
+        self.lock().get(id).map(|e| e.view.clone())
+    }
+
+    /// Answers call `id` as credential `by`; it stops waiting at once.
+    pub fn answer(
+        &self,
+        id: &str,
+        approve: bool,
+        by: Option<String>,
+    ) -> Result<ApprovalView, ApprovalError> {
         let entry = self
             .lock()
             .remove(id)
@@ -91,7 +111,7 @@ impl Approvals {
         // A call that stopped waiting in between has dropped its receiver;
         // its `Waiting` already took it off the list, so this cannot happen
         // while the entry was still listed.
-        let _ = entry.answer.send(approve);
+        let _ = entry.answer.send(Answered { approve, by });
         Ok(entry.view)
     }
 
@@ -119,15 +139,15 @@ impl Approvals {
 pub struct Waiting {
     approvals: Arc<Approvals>,
     id: String,
-    decision: oneshot::Receiver<bool>,
+    decision: oneshot::Receiver<Answered>,
 }
 
 impl Waiting {
-    /// The operator's answer (`true`: approved). Never resolves if the entry
-    /// is withdrawn otherwise; callers bound it with their own deadline.
-    pub async fn decided(&mut self) -> bool {
+    /// The operator's answer. Never resolves if the entry is withdrawn
+    /// otherwise; callers bound it with their own deadline.
+    pub async fn decided(&mut self) -> Answered {
         match (&mut self.decision).await {
-            Ok(approved) => approved,
+            Ok(answered) => answered,
             // The sender lives in the list until answered or withdrawn, and
             // withdrawing needs this value: unreachable, but never approve.
             Err(_) => std::future::pending().await,
@@ -153,6 +173,7 @@ mod tests {
             parameters: serde_json::json!({"value": 0.5}),
             session_id: "mcp:s".into(),
             origin: "mcp:test".into(),
+            credential: Some("alice".into()),
             since_unix_ms: since,
             expires_unix_ms: since + 1000,
         }
@@ -165,10 +186,27 @@ mod tests {
         let _other = approvals.ask(view("a", 1));
         let ids: Vec<String> = approvals.list().into_iter().map(|v| v.id).collect();
         assert_eq!(ids, ["a", "b"], "oldest first");
-        assert_eq!(approvals.answer("b", true).unwrap().tool, "motor");
-        assert!(waiting.decided().await);
         assert_eq!(
-            approvals.answer("b", false),
+            approvals.get("b").unwrap().credential.as_deref(),
+            Some("alice")
+        );
+        assert_eq!(
+            approvals
+                .answer("b", true, Some("bob".into()))
+                .unwrap()
+                .tool,
+            "motor"
+        );
+        assert_eq!(
+            waiting.decided().await,
+            Answered {
+                approve: true,
+                by: Some("bob".into())
+            }
+        );
+        assert!(approvals.get("b").is_none());
+        assert_eq!(
+            approvals.answer("b", false, None),
             Err(ApprovalError::NotFound("b".into()))
         );
         assert_eq!(approvals.list().len(), 1);
@@ -181,7 +219,7 @@ mod tests {
         let waiting = approvals.ask(view("x", 1));
         drop(waiting);
         assert!(approvals.list().is_empty());
-        assert!(approvals.answer("x", true).is_err());
+        assert!(approvals.answer("x", true, None).is_err());
         assert_eq!(*changes.borrow(), 2, "listed, then withdrawn");
     }
 }

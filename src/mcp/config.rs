@@ -24,6 +24,11 @@ pub struct McpConfig {
     /// operator over REST (`/v1/approvals`) can approve.
     #[serde(default = "default_elicitation")]
     pub elicitation: bool,
+    /// At most this many MCP sessions exist at once. When all are taken, an
+    /// idle one (no request in flight) is ended to seat a newcomer; when
+    /// none is idle, `initialize` is refused with 503.
+    #[serde(default = "default_max_sessions")]
+    pub max_sessions: usize,
 }
 
 impl Default for McpConfig {
@@ -33,6 +38,7 @@ impl Default for McpConfig {
             session_idle_secs: default_session_idle_secs(),
             keepalive_secs: default_keepalive_secs(),
             elicitation: default_elicitation(),
+            max_sessions: default_max_sessions(),
         }
     }
 }
@@ -44,7 +50,8 @@ impl McpConfig {
             return "off".into();
         }
         format!(
-            "/mcp (sessions end after {} s idle, keep-alive every {} s, approvals by {})",
+            "/mcp (at most {} sessions, ended after {} s idle, keep-alive every {} s, approvals by {})",
+            self.max_sessions,
             self.session_idle_secs,
             self.keepalive_secs,
             if self.elicitation {
@@ -68,6 +75,12 @@ fn default_keepalive_secs() -> u64 {
 fn default_elicitation() -> bool {
     true
 }
+/// About 54 KiB each while idle: 64 sessions are about 3.5 MiB.
+fn default_max_sessions() -> usize {
+    64
+}
+/// The largest `max_sessions` taken.
+pub const MAX_MAX_SESSIONS: usize = 10_000;
 
 /// Checks the section; an error names the key (`mcp.<key>`) and why.
 pub fn validate(mcp: &McpConfig) -> Result<(), Invalid> {
@@ -75,6 +88,12 @@ pub fn validate(mcp: &McpConfig) -> Result<(), Invalid> {
         return Err(Invalid::new(
             "mcp.session_idle_secs",
             "must be between 10 and 86400",
+        ));
+    }
+    if !(1..=MAX_MAX_SESSIONS).contains(&mcp.max_sessions) {
+        return Err(Invalid::new(
+            "mcp.max_sessions",
+            format!("must be between 1 and {MAX_MAX_SESSIONS}"),
         ));
     }
     if !(1..=3600).contains(&mcp.keepalive_secs) {

@@ -6,8 +6,10 @@
 //!   categories and limits sessions get, and the latest Observation as a
 //!   resource. Every call takes the host call path sessions take
 //!   ([`crate::session::host_call`]).
-//! - [`sessions`]: which MCP session owns what, and the deadman when it
+//! - [`sessions`]: which MCP sessions exist (at most `mcp.max_sessions`),
+//!   which credential opened each, what they own, and the deadman when one
 //!   ends or its client disconnects.
+//! - [`gate`]: in front of rmcp: request bodies, the session cap, ownership.
 //! - [`approvals`]: calls waiting for an operator (`/v1/approvals`).
 //! - [`config`]: the `[mcp]` section.
 //!
@@ -16,6 +18,7 @@
 
 pub mod approvals;
 pub mod config;
+pub mod gate;
 pub mod server;
 pub mod sessions;
 
@@ -31,10 +34,10 @@ pub struct Mcp {
 }
 
 impl Mcp {
-    pub fn new(ooda: Arc<crate::ooda::Ooda>) -> Mcp {
+    pub fn new(ooda: Arc<crate::ooda::Ooda>, config: &McpConfig) -> Mcp {
         Mcp {
             approvals: Arc::default(),
-            sessions: Arc::new(sessions::Sessions::new(ooda)),
+            sessions: Arc::new(sessions::Sessions::new(ooda, config.max_sessions)),
         }
     }
 }

@@ -45,7 +45,7 @@ use super::sessions::{self, Manager};
 use crate::HostContext;
 use crate::clock::now_ms;
 use crate::config::types::{AiMode, ToolCategory};
-use crate::session::host_call::{self, CallSite, Outcome};
+use crate::session::host_call::{self, Answer, CallSite, Outcome};
 use crate::session::turn::HostAccess;
 
 /// The latest Observation, as a resource.
@@ -55,13 +55,11 @@ const UPDATE_PERIOD: Duration = Duration::from_secs(1);
 /// Longest client name the audit keeps.
 const MAX_CLIENT_NAME: usize = 64;
 
-/// The MCP service for `/mcp`: rmcp's streamable HTTP server with rozd's
-/// sessions, its Host and Origin allow-lists taken from the browser checks
-/// (`hosts`: `None` allows any host), and its streams ended at shutdown.
-pub fn service(
-    ctx: Arc<HostContext>,
-    hosts: Option<Vec<String>>,
-) -> StreamableHttpService<HostServer, Manager> {
+/// The route `/mcp`: rmcp's streamable HTTP server with rozd's
+/// sessions behind [`super::gate`] (bodies, the session cap, ownership),
+/// its Host and Origin allow-lists taken from the browser checks (`hosts`:
+/// `None` allows any host), and its streams ended at shutdown.
+pub fn router(ctx: Arc<HostContext>, hosts: Option<Vec<String>>) -> axum::Router {
     let mcp = &ctx.config.mcp;
     let local = {
         let mut local = LocalSessionManager::default();
@@ -73,7 +71,12 @@ pub fn service(
         local
     };
     let manager = Arc::new(Manager::new(local, ctx.mcp.sessions.clone()));
+    let gate = Arc::new(super::gate::Gate {
+        sessions: ctx.mcp.sessions.clone(),
+        manager: manager.clone(),
+    });
     let mut config = StreamableHttpServerConfig::default()
+        .with_max_request_body_bytes(super::gate::MAX_BODY_BYTES)
         .with_sse_keep_alive(Some(Duration::from_secs(mcp.keepalive_secs)))
         .with_cancellation_token(ctx.shutdown.child_token());
     config = match hosts {
@@ -97,7 +100,14 @@ pub fn service(
         }
         None => config.disable_allowed_hosts().disable_allowed_origins(),
     };
-    StreamableHttpService::new(move || Ok(HostServer::new(ctx.clone())), manager, config)
+    let service =
+        StreamableHttpService::new(move || Ok(HostServer::new(ctx.clone())), manager, config);
+    axum::Router::new()
+        .route_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(
+            gate,
+            super::gate::check,
+        ))
 }
 
 /// One MCP session's server.
@@ -285,9 +295,13 @@ impl ServerHandler for HostServer {
         let id = uuid::Uuid::new_v4().to_string();
         let owner = sessions::owner(&session);
         let origin = format!("mcp:{}", client_name(&context.peer));
+        let credential = credential(&context.extensions);
         let host = HostAccess::new(ctx, &owner, origin.clone(), AiMode::React, None)
-            .with_credential(credential(&context.extensions));
+            .with_credential(credential.clone());
+        // The client's user answers as the client's own credential: not
+        // asked when a credential may not approve its own calls.
         let elicit = ctx.config.mcp.elicitation
+            && ctx.permissions.caller_may_approve()
             && context
                 .peer
                 .supported_elicitation_modes()
@@ -300,6 +314,7 @@ impl ServerHandler for HostServer {
             request: context.ct.clone(),
             owner,
             origin,
+            credential,
         };
         let physical = tool.spec.category == ToolCategory::Physical;
         let mut deadman = Deadman {
@@ -517,6 +532,8 @@ struct McpCall<'a> {
     request: CancellationToken,
     owner: String,
     origin: String,
+    /// The credential of the MCP session (who answers by elicitation).
+    credential: Option<String>,
 }
 
 impl McpCall<'_> {
@@ -583,7 +600,7 @@ impl CallSite for McpCall<'_> {
         name: &str,
         input: &Value,
         category: ToolCategory,
-    ) -> Result<Result<(), String>, Abandoned> {
+    ) -> Result<Answer, Abandoned> {
         let secs = self.ctx.config.session.approval_timeout_secs;
         let since = now_ms();
         let mut waiting = self.ctx.mcp.approvals.ask(ApprovalView {
@@ -593,29 +610,39 @@ impl CallSite for McpCall<'_> {
             parameters: input.clone(),
             session_id: self.owner.clone(),
             origin: self.origin.clone(),
+            credential: self.credential.clone(),
             since_unix_ms: since,
             expires_unix_ms: since.saturating_add(i64::try_from(secs * 1000).unwrap_or(i64::MAX)),
         });
         tracing::info!(tool_call_id = id, tool = name, origin = %self.origin, "MCP call waits for approval");
-        let decision = tokio::select! {
+        let answer = tokio::select! {
             biased;
             () = self.present.cancelled() => return Err(Abandoned),
             () = self.request.cancelled() => return Err(Abandoned),
-            approved = waiting.decided() => if approved {
-                Ok(())
-            } else {
-                Err(format!("an operator denied `{name}`"))
+            answered = waiting.decided() => Answer {
+                verdict: if answered.approve {
+                    Ok(())
+                } else {
+                    Err(format!("an operator denied `{name}`"))
+                },
+                by: answered.by,
             },
-            approved = self.elicited(id, name, input) => if approved {
-                Ok(())
-            } else {
-                Err(format!("the user declined `{name}`"))
+            approved = self.elicited(id, name, input) => Answer {
+                verdict: if approved {
+                    Ok(())
+                } else {
+                    Err(format!("the user declined `{name}`"))
+                },
+                by: self.credential.clone(),
             },
-            () = tokio::time::sleep(Duration::from_secs(secs)) => Err(format!(
-                "`{name}` was not approved within {secs} s (session.approval_timeout_secs): denied"
-            )),
+            () = tokio::time::sleep(Duration::from_secs(secs)) => Answer {
+                verdict: Err(format!(
+                    "`{name}` was not approved within {secs} s (session.approval_timeout_secs): denied"
+                )),
+                by: None,
+            },
         };
-        Ok(decision)
+        Ok(answer)
     }
 
     async fn running(&mut self, _name: &str, _category: ToolCategory) -> Result<(), Abandoned> {

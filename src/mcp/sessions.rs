@@ -1,5 +1,6 @@
-//! MCP sessions as the host sees them: who owns what they command, whether
-//! their client is still there, and the deadman when it is not.
+//! MCP sessions as the host sees them: who opened them, how many there may
+//! be, who owns what they command, whether their client is still there,
+//! and the deadman when it is not.
 //!
 //! Streamable HTTP has no connection that lasts as long as a session, so
 //! "the client is there" means: it holds its standalone SSE stream (the GET
@@ -9,15 +10,30 @@
 //! on it (a silent peer), the session's actuators go to their safe values
 //! and its calls in flight are abandoned; a client that comes back may go
 //! on, with its actuators safe. When the session ends (`DELETE /mcp`, or
-//! `mcp.session_idle_secs` without any event) the same happens. A client
-//! that never opens the stream is covered by the end of its session only.
+//! `mcp.session_idle_secs` without any event, or it is evicted to seat a
+//! newcomer) the same happens. A client that never opens the stream is
+//! covered by the end of its session only.
 //!
-//! [`Manager`] is rmcp's in-memory session manager with these hooks around it.
+//! **Bounds and ownership** ([`Table`], pure): at most `mcp.max_sessions`
+//! sessions exist, `initialize`s on their way counted. When all seats are
+//! taken, an idle session (no request in flight) makes room for the
+//! newcomer; only when none is idle is the newcomer refused. The idle
+//! session evicted is chosen so that one credential opening sessions in a
+//! loop displaces its own, not everyone else's: from the credential that
+//! holds the most sessions (on a tie, the newcomer's own), one without an
+//! open event stream before one with, the least recently active first. A
+//! session belongs to the credential that opened it: to every other one it
+//! does not exist (`404`).
+//!
+//! [`Manager`] is rmcp's in-memory session manager with these hooks around
+//! it; [`super::gate`] admits requests in front of rmcp.
 
+use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use futures_util::Stream;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
@@ -27,6 +43,7 @@ use rmcp::transport::streamable_http_server::session::local::{
 use rmcp::transport::streamable_http_server::session::{
     ServerSseMessage, SessionId, SessionManager,
 };
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::ooda::Ooda;
@@ -37,25 +54,217 @@ pub fn owner(session_id: &str) -> String {
     format!("mcp:{session_id}")
 }
 
+/// A seat held for an `initialize` on its way to creating a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Reservation(u64);
+
 #[derive(Debug)]
 struct Entry {
+    /// The credential that opened the session (its name; `anonymous` on a
+    /// daemon without credentials).
+    credential: Arc<str>,
     /// Standalone streams open now.
     streams: usize,
+    /// Requests (POSTs) whose answers are not finished.
+    in_flight: usize,
+    /// The last request began or ended (or the session was created).
+    last_active: Instant,
     /// Cancelled when the client goes away or the session ends.
     present: CancellationToken,
+}
+
+/// A session taken out of the table to make room: its calls are
+/// abandoned (none was in flight), its actuators go safe, rmcp closes it.
+#[derive(Debug)]
+pub struct Evicted {
+    pub id: String,
+    pub credential: Arc<str>,
+}
+
+/// What [`Table::admit`] decided for a newcomer.
+#[derive(Debug)]
+pub enum Admission {
+    /// A seat is held for the newcomer, made by evicting `evicted` if the
+    /// table was full.
+    Seated {
+        reservation: Reservation,
+        evicted: Option<Evicted>,
+    },
+    /// Every seat is held by a session with a request in flight (or an
+    /// `initialize` on its way): the newcomer is refused.
+    Full { max: usize },
+}
+
+/// Counters for `/v1/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TableStats {
+    pub sessions: usize,
+    pub max_sessions: usize,
+    /// Idle sessions ended to seat a newcomer, since start.
+    pub sessions_evicted: u64,
+    /// `initialize`s refused because every session was busy, since start.
+    pub sessions_refused: u64,
+}
+
+/// The MCP sessions and the seats held for new ones; no I/O, no clock:
+/// every change takes the moment it happens at.
+#[derive(Debug)]
+pub struct Table {
+    max: usize,
+    entries: HashMap<String, Entry>,
+    pending: HashMap<Reservation, Arc<str>>,
+    next: u64,
+    evicted: u64,
+    refused: u64,
+}
+
+impl Table {
+    /// A table of at most `max` sessions (at least one).
+    pub fn new(max: usize) -> Table {
+        Table {
+            max: max.max(1),
+            entries: HashMap::new(),
+            pending: HashMap::new(),
+            next: 0,
+            evicted: 0,
+            refused: 0,
+        }
+    }
+
+    pub fn stats(&self) -> TableStats {
+        TableStats {
+            sessions: self.entries.len(),
+            max_sessions: self.max,
+            sessions_evicted: self.evicted,
+            sessions_refused: self.refused,
+        }
+    }
+
+    /// Holds a seat for a new session of `credential`, evicting an idle
+    /// session if every seat is taken (see the module doc for which).
+    pub fn admit(&mut self, credential: &Arc<str>) -> Admission {
+        let mut evicted = None;
+        if self.entries.len() + self.pending.len() >= self.max {
+            let Some(victim) = self.victim(credential) else {
+                self.refused += 1;
+                return Admission::Full { max: self.max };
+            };
+            if let Some(entry) = self.entries.remove(&victim) {
+                entry.present.cancel();
+                self.evicted += 1;
+                evicted = Some(Evicted {
+                    id: victim,
+                    credential: entry.credential,
+                });
+            }
+        }
+        let reservation = Reservation(self.next);
+        self.next = self.next.wrapping_add(1);
+        self.pending.insert(reservation, credential.clone());
+        Admission::Seated {
+            reservation,
+            evicted,
+        }
+    }
+
+    /// The idle session to end for a newcomer of `newcomer`'s credential.
+    fn victim(&self, newcomer: &Arc<str>) -> Option<String> {
+        let mut held: HashMap<&str, usize> = HashMap::new();
+        for credential in self
+            .entries
+            .values()
+            .map(|e| &e.credential)
+            .chain(self.pending.values())
+        {
+            *held.entry(credential).or_default() += 1;
+        }
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.in_flight == 0)
+            .max_by_key(|(id, e)| {
+                (
+                    held.get(&*e.credential).copied().unwrap_or(0),
+                    e.credential == *newcomer,
+                    e.streams == 0,
+                    Reverse(e.last_active),
+                    Reverse(id.as_str()),
+                )
+            })
+            .map(|(id, _)| id.clone())
+    }
+
+    /// Session `id` was created for `reservation`: the seat becomes the
+    /// session, opened by the reservation's credential. `false` for a
+    /// reservation that is not held (nothing is seated then).
+    pub fn seat(&mut self, reservation: Reservation, id: &str, now: Instant) -> bool {
+        let Some(credential) = self.pending.remove(&reservation) else {
+            return false;
+        };
+        self.entries.insert(
+            id.to_string(),
+            Entry {
+                credential,
+                streams: 0,
+                in_flight: 0,
+                last_active: now,
+                present: CancellationToken::new(),
+            },
+        );
+        true
+    }
+
+    /// The `initialize` of `reservation` ended without a session (or with
+    /// one, already seated): the seat is free again.
+    pub fn release(&mut self, reservation: Reservation) {
+        self.pending.remove(&reservation);
+    }
+
+    /// A request of `credential` for session `id` arrives: whether the
+    /// session exists and is that credential's (another's is not there, to
+    /// it). `in_flight`: a POST, whose answer keeps the session busy until
+    /// [`Table::end`].
+    pub fn begin(&mut self, id: &str, credential: &str, in_flight: bool, now: Instant) -> bool {
+        match self.entries.get_mut(id) {
+            Some(entry) if &*entry.credential == credential => {
+                entry.last_active = now;
+                if in_flight {
+                    entry.in_flight += 1;
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The answer to a request begun with `in_flight` is finished.
+    pub fn end(&mut self, id: &str, now: Instant) {
+        if let Some(entry) = self.entries.get_mut(id) {
+            entry.in_flight = entry.in_flight.saturating_sub(1);
+            entry.last_active = now;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
 }
 
 /// The open MCP sessions.
 #[derive(Debug)]
 pub struct Sessions {
-    entries: Mutex<HashMap<String, Entry>>,
+    table: Mutex<Table>,
     ooda: Arc<Ooda>,
 }
 
 impl Sessions {
-    pub fn new(ooda: Arc<Ooda>) -> Sessions {
+    /// At most `max` sessions (`mcp.max_sessions`).
+    pub fn new(ooda: Arc<Ooda>, max: usize) -> Sessions {
         Sessions {
-            entries: Mutex::default(),
+            table: Mutex::new(Table::new(max)),
             ooda,
         }
     }
@@ -65,13 +274,43 @@ impl Sessions {
         self.lock().len()
     }
 
+    pub fn stats(&self) -> TableStats {
+        self.lock().stats()
+    }
+
+    /// [`Table::admit`]; an evicted session's deadman is the caller's to
+    /// run (with rmcp's close, see [`Manager::evict`]).
+    pub fn admit(&self, credential: &Arc<str>) -> Admission {
+        self.lock().admit(credential)
+    }
+
+    pub fn release(&self, reservation: Reservation) {
+        self.lock().release(reservation);
+    }
+
+    /// [`Table::begin`]; the guard ends an in-flight request when dropped
+    /// (when its answer is finished or abandoned).
+    pub fn begin(
+        self: &Arc<Self>,
+        id: &str,
+        credential: &str,
+        in_flight: bool,
+    ) -> Option<RequestGuard> {
+        self.lock()
+            .begin(id, credential, in_flight, Instant::now())
+            .then(|| RequestGuard {
+                sessions: in_flight.then(|| self.clone()),
+                id: id.to_string(),
+            })
+    }
+
     /// For a call of session `id` that arrives now: cancelled once the
     /// client goes away or the session ends; `None` for an unknown session.
     /// A request proves the client is there now, even after it was found
     /// gone (what it commanded before is safe by then).
     pub fn presence(&self, id: &str) -> Option<CancellationToken> {
-        let mut entries = self.lock();
-        let entry = entries.get_mut(id)?;
+        let mut table = self.lock();
+        let entry = table.entries.get_mut(id)?;
         if entry.present.is_cancelled() {
             entry.present = CancellationToken::new();
         }
@@ -82,6 +321,7 @@ impl Sessions {
     /// been found gone since: the one a ping can reach.
     pub fn listening(&self, id: &str) -> bool {
         self.lock()
+            .entries
             .get(id)
             .is_some_and(|e| e.streams > 0 && !e.present.is_cancelled())
     }
@@ -89,7 +329,7 @@ impl Sessions {
     /// Session `id`'s client holds its stream but did not answer: it is gone
     /// (a silent peer, e.g. a cut network). Whether the session still exists.
     pub async fn unresponsive(&self, id: &str) -> bool {
-        let present = match self.lock().get(id) {
+        let present = match self.lock().entries.get(id) {
             None => return false,
             Some(e) if e.present.is_cancelled() => return true,
             Some(e) => e.present.clone(),
@@ -99,20 +339,15 @@ impl Sessions {
         true
     }
 
-    fn created(&self, id: &str) {
-        self.lock().insert(
-            id.to_string(),
-            Entry {
-                streams: 0,
-                present: CancellationToken::new(),
-            },
-        );
+    /// rmcp created session `id` for the `initialize` that holds `reservation`.
+    fn created(&self, reservation: Reservation, id: &str) -> bool {
+        self.lock().seat(reservation, id, Instant::now())
     }
 
     /// A standalone stream of session `id` opened; the guard notes its end.
     fn stream_opened(self: &Arc<Self>, id: &str) -> Option<StreamGuard> {
-        let mut entries = self.lock();
-        let entry = entries.get_mut(id)?;
+        let mut table = self.lock();
+        let entry = table.entries.get_mut(id)?;
         entry.streams += 1;
         // The client is back after it had gone: its calls from now on are
         // not abandoned (what it commanded before is already safe).
@@ -127,8 +362,8 @@ impl Sessions {
 
     fn stream_closed(&self, id: &str) {
         let gone = {
-            let mut entries = self.lock();
-            let Some(entry) = entries.get_mut(id) else {
+            let mut table = self.lock();
+            let Some(entry) = table.entries.get_mut(id) else {
                 return;
             };
             entry.streams = entry.streams.saturating_sub(1);
@@ -147,16 +382,34 @@ impl Sessions {
         }
     }
 
+    /// Session `id` ended (or was evicted, and is out of the table already):
+    /// its calls are abandoned and what it commands goes safe.
     async fn closed(&self, id: &str) {
-        let Some(entry) = self.lock().remove(id) else {
-            return;
-        };
-        entry.present.cancel();
+        if let Some(entry) = self.lock().entries.remove(id) {
+            entry.present.cancel();
+        }
         deadman(&self.ooda, id, "MCP session ended").await;
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A request of a session under way; dropped when its answer is finished
+/// (or abandoned), ending it in the table.
+#[derive(Debug)]
+pub struct RequestGuard {
+    /// Set for a request that counts as in flight.
+    sessions: Option<Arc<Sessions>>,
+    id: String,
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        if let Some(sessions) = self.sessions.take() {
+            sessions.lock().end(&self.id, Instant::now());
+        }
     }
 }
 
@@ -204,6 +457,17 @@ impl Stream for Guarded {
     }
 }
 
+/// Why [`Manager`] did not do what rmcp asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error(transparent)]
+    Local(#[from] LocalSessionManagerError),
+    /// A session would be created without a seat held for it by
+    /// [`super::gate`] (it would escape the cap): a bug, refused.
+    #[error("no seat is held for this MCP session (the request did not pass rozd's gate)")]
+    Unseated,
+}
+
 /// rmcp's in-memory session manager, telling [`Sessions`] when sessions
 /// begin and end and when their standalone streams open and close.
 pub struct Manager {
@@ -215,15 +479,37 @@ impl Manager {
     pub fn new(inner: LocalSessionManager, sessions: Arc<Sessions>) -> Manager {
         Manager { inner, sessions }
     }
+
+    /// Ends a session [`Table::admit`] evicted: rmcp closes it (its
+    /// streams end), and what it commands goes safe.
+    pub async fn evict(&self, evicted: &Evicted) {
+        tracing::warn!(
+            session_id = %owner(&evicted.id),
+            credential = %evicted.credential,
+            "MCP session evicted: mcp.max_sessions reached and it was idle"
+        );
+        let id: SessionId = evicted.id.as_str().into();
+        if let Err(e) = self.close_session(&id).await {
+            tracing::info!(session_id = %owner(&evicted.id), error = %e, "closing the evicted MCP session");
+        }
+    }
 }
 
 impl SessionManager for Manager {
-    type Error = LocalSessionManagerError;
+    type Error = ManagerError;
     type Transport = <LocalSessionManager as SessionManager>::Transport;
 
+    /// Only for an `initialize` that [`super::gate`] holds a seat for.
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let Some(reservation) = super::gate::held_seat() else {
+            tracing::error!("an MCP session was about to be created without a seat; refused");
+            return Err(ManagerError::Unseated);
+        };
         let (id, transport) = self.inner.create_session().await?;
-        self.sessions.created(&id);
+        if !self.sessions.created(reservation, &id) {
+            let _ = self.inner.close_session(&id).await;
+            return Err(ManagerError::Unseated);
+        }
         tracing::info!(session_id = %owner(&id), "MCP session created");
         Ok((id, transport))
     }
@@ -233,19 +519,19 @@ impl SessionManager for Manager {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<ServerJsonRpcMessage, Self::Error> {
-        self.inner.initialize_session(id, message).await
+        Ok(self.inner.initialize_session(id, message).await?)
     }
 
     async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
-        self.inner.has_session(id).await
+        Ok(self.inner.has_session(id).await?)
     }
 
-    /// `DELETE /mcp`, and the end of the session's worker (idle timeout,
-    /// shutdown) both come here.
+    /// `DELETE /mcp`, an eviction, and the end of the session's worker
+    /// (idle timeout, shutdown) all come here.
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
         let closed = self.inner.close_session(id).await;
         self.sessions.closed(id).await;
-        closed
+        Ok(closed?)
     }
 
     async fn create_stream(
@@ -253,7 +539,7 @@ impl SessionManager for Manager {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.inner.create_stream(id, message).await
+        Ok(self.inner.create_stream(id, message).await?)
     }
 
     async fn accept_message(
@@ -261,7 +547,7 @@ impl SessionManager for Manager {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<(), Self::Error> {
-        self.inner.accept_message(id, message).await
+        Ok(self.inner.accept_message(id, message).await?)
     }
 
     async fn create_standalone_stream(
@@ -293,5 +579,138 @@ impl SessionManager for Manager {
                 None
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn who(name: &str) -> Arc<str> {
+        Arc::from(name)
+    }
+
+    /// Admits and seats a session `id` of `credential` at `now`.
+    fn open(table: &mut Table, credential: &str, id: &str, now: Instant) -> Option<Evicted> {
+        match table.admit(&who(credential)) {
+            Admission::Seated {
+                reservation,
+                evicted,
+            } => {
+                assert!(table.seat(reservation, id, now));
+                evicted
+            }
+            Admission::Full { max } => panic!("full at {max} seating {id}"),
+        }
+    }
+
+    #[test]
+    fn a_full_table_evicts_the_least_recently_active_idle_session() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut table = Table::new(2);
+        assert!(open(&mut table, "a", "s1", at(0)).is_none());
+        assert!(open(&mut table, "a", "s2", at(1)).is_none());
+        // s1 is used after s2: s2 is the least recently active.
+        assert!(table.begin("s1", "a", true, at(2)));
+        table.end("s1", at(3));
+        let evicted = open(&mut table, "a", "s3", at(4)).expect("one evicted");
+        assert_eq!(evicted.id, "s2");
+        assert_eq!(&*evicted.credential, "a");
+        assert!(!table.begin("s2", "a", false, at(5)), "gone");
+        assert_eq!(table.len(), 2);
+        assert_eq!(table.stats().sessions_evicted, 1);
+    }
+
+    #[test]
+    fn a_session_with_a_request_in_flight_is_never_evicted_and_a_newcomer_is_refused() {
+        let t0 = Instant::now();
+        let mut table = Table::new(2);
+        open(&mut table, "a", "s1", t0);
+        open(&mut table, "a", "s2", t0);
+        assert!(table.begin("s1", "a", true, t0));
+        assert!(table.begin("s2", "a", true, t0));
+        assert!(matches!(table.admit(&who("b")), Admission::Full { max: 2 }));
+        assert_eq!(table.stats().sessions_refused, 1);
+        // A GET (no request in flight) does not make a session busy.
+        table.end("s2", t0);
+        assert!(table.begin("s2", "a", false, t0));
+        let evicted = open(&mut table, "b", "s3", t0).expect("s2 is idle");
+        assert_eq!(evicted.id, "s2");
+    }
+
+    #[test]
+    fn an_initialize_on_its_way_holds_its_seat_until_seated_or_released() {
+        let t0 = Instant::now();
+        let mut table = Table::new(1);
+        let Admission::Seated { reservation, .. } = table.admit(&who("a")) else {
+            panic!("room for one")
+        };
+        // The seat is held: nothing idle to evict, the next is refused.
+        assert!(matches!(table.admit(&who("a")), Admission::Full { .. }));
+        table.release(reservation);
+        assert!(
+            !table.seat(reservation, "late", t0),
+            "a released seat seats nothing"
+        );
+        assert!(table.is_empty());
+        let Admission::Seated { reservation, .. } = table.admit(&who("a")) else {
+            panic!("free again")
+        };
+        assert!(table.seat(reservation, "s1", t0));
+        table.release(reservation);
+        assert_eq!(
+            table.len(),
+            1,
+            "releasing a seated reservation changes nothing"
+        );
+    }
+
+    #[test]
+    fn the_credential_holding_the_most_sessions_gives_up_one_of_its_own() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut table = Table::new(3);
+        open(&mut table, "bob", "b1", at(0));
+        open(&mut table, "alice", "a1", at(1));
+        open(&mut table, "alice", "a2", at(2));
+        // Bob's session is the oldest, but alice holds more.
+        assert_eq!(open(&mut table, "bob", "b2", at(3)).unwrap().id, "a1");
+        // Now bob holds two: his oldest makes room for alice.
+        assert_eq!(open(&mut table, "alice", "a3", at(4)).unwrap().id, "b1");
+        // A tie (one each): the newcomer's own goes first.
+        let mut tie = Table::new(2);
+        open(&mut tie, "bob", "b1", at(0));
+        open(&mut tie, "alice", "a1", at(1));
+        assert_eq!(open(&mut tie, "alice", "a2", at(2)).unwrap().id, "a1");
+    }
+
+    #[test]
+    fn an_idle_session_without_an_event_stream_goes_before_one_with() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut table = Table::new(2);
+        open(&mut table, "a", "listening", at(0));
+        open(&mut table, "a", "silent", at(1));
+        table.entries.get_mut("listening").unwrap().streams = 1;
+        assert_eq!(open(&mut table, "a", "new", at(2)).unwrap().id, "silent");
+    }
+
+    #[test]
+    fn a_session_is_only_its_credentials() {
+        let t0 = Instant::now();
+        let mut table = Table::new(4);
+        open(&mut table, "alice", "s1", t0);
+        assert!(!table.begin("s1", "bob", true, t0));
+        assert!(!table.begin("s1", "bob", false, t0));
+        assert!(table.begin("s1", "alice", false, t0));
+        assert!(!table.begin("nope", "alice", false, t0));
+        // Bob's attempt left nothing in flight: s1 is idle and can make room.
+        let mut full = Table::new(1);
+        open(&mut full, "alice", "s1", t0);
+        assert!(!full.begin("s1", "bob", true, t0));
+        assert_eq!(open(&mut full, "alice", "s2", t0).unwrap().id, "s1");
     }
 }

@@ -143,7 +143,8 @@ impl Kind {
                     "result": {"type": ["string", "null"]},
                     "error": {"type": ["string", "null"]},
                     "origin": {"type": ["string", "null"]},
-                    "credential": {"type": ["string", "null"]}
+                    "credential": {"type": ["string", "null"]},
+                    "approved_by": {"type": ["string", "null"], "description": "the credential that answered the call's approval"}
                 },
                 "required": ["at_ms", "kind"]
             }),

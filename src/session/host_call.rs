@@ -29,15 +29,14 @@ pub trait CallSite {
     type Interrupt;
 
     /// Asks whoever decides for this caller about a `require_confirmation`
-    /// call: `Ok(())` approved, `Err(message)` denied or not answered in
-    /// time (the message says which, for the caller).
+    /// call, and says who answered.
     fn approve(
         &mut self,
         id: &str,
         name: &str,
         input: &Value,
         category: ToolCategory,
-    ) -> impl Future<Output = Result<Result<(), String>, Self::Interrupt>> + Send;
+    ) -> impl Future<Output = Result<Answer, Self::Interrupt>> + Send;
 
     /// The call passed its gate and runs now.
     fn running(
@@ -52,6 +51,18 @@ pub trait CallSite {
     /// What the gate decided (`allowed`, `approved`, `denied`, `blocked`),
     /// for a caller that counts its calls.
     fn gated(&mut self, _decision: &'static str) {}
+}
+
+/// The answer to an approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// `Ok(())` approved; `Err(message)` denied or not answered in time
+    /// (the message says which, for the caller).
+    pub verdict: Result<(), String>,
+    /// The credential that answered (the audit's `approved_by`); `None`
+    /// when nobody did (the approval timed out) or the daemon has no
+    /// credentials.
+    pub by: Option<String>,
 }
 
 /// Why a host tool call did not run, or failed.
@@ -158,15 +169,18 @@ impl Outcome {
     }
 }
 
-/// What the gate decided; `decision` is the audit's word for it.
+/// What the gate decided; `decision` is the audit's word for it, and
+/// `approved_by` the credential that answered an approval.
 pub enum Gate {
     Pass {
         decision: &'static str,
+        approved_by: Option<String>,
     },
     Refused {
         decision: &'static str,
         message: String,
         failure: Failure,
+        approved_by: Option<String>,
     },
 }
 
@@ -186,25 +200,30 @@ pub async fn gate<S: CallSite>(
             decision: "blocked",
             message: format!("`{name}` is blocked by policy: {}", verdict.reason),
             failure: Failure::Blocked,
+            approved_by: None,
         },
         Policy::RequireConfirmation => {
-            match approve_timed(site, id, name, input, category).await? {
+            let answer = approve_timed(site, id, name, input, category).await?;
+            match answer.verdict {
                 Ok(()) => Gate::Pass {
                     decision: "approved",
+                    approved_by: answer.by,
                 },
                 Err(message) => Gate::Refused {
                     decision: "denied",
                     message,
                     failure: Failure::Denied,
+                    approved_by: answer.by,
                 },
             }
         }
         Policy::Allow => Gate::Pass {
             decision: "allowed",
+            approved_by: None,
         },
     };
     site.gated(match &gate {
-        Gate::Pass { decision } | Gate::Refused { decision, .. } => decision,
+        Gate::Pass { decision, .. } | Gate::Refused { decision, .. } => decision,
     });
     Ok(gate)
 }
@@ -216,12 +235,16 @@ async fn approve_timed<S: CallSite>(
     name: &str,
     input: &Value,
     category: ToolCategory,
-) -> Result<Result<(), String>, S::Interrupt> {
+) -> Result<Answer, S::Interrupt> {
     let asked = std::time::Instant::now();
     let answer = site.approve(id, name, input, category).await;
     let result = match &answer {
-        Ok(Ok(())) => "approved",
-        Ok(Err(_)) => "denied",
+        Ok(Answer {
+            verdict: Ok(()), ..
+        }) => "approved",
+        Ok(Answer {
+            verdict: Err(_), ..
+        }) => "denied",
         Err(_) => "cancelled",
     };
     crate::metrics::approval_wait(asked.elapsed(), result);
@@ -254,7 +277,7 @@ pub async fn run<S: CallSite>(
         }
         // The host never applies a value outside its limits: say so plainly.
         let message = format!("`{name}` refused: {why}");
-        audit(host, id, name, input, "refused", Err(&message), started).await;
+        audit(host, id, name, input, &REFUSED, Err(&message), started).await;
         return Ok(Outcome::failed(Failure::SafetyViolation, message));
     }
     let stop = host.tools.protective_stop();
@@ -263,22 +286,34 @@ pub async fn run<S: CallSite>(
             "`{name}` refused: protective stop is active ({})",
             stop.describe()
         );
-        audit(host, id, name, input, "refused", Err(&message), started).await;
+        audit(host, id, name, input, &REFUSED, Err(&message), started).await;
         return Ok(Outcome::failed(Failure::EStop, message));
     }
     let decision = match gate(site, permissions, id, name, input, category).await? {
-        Gate::Pass { decision } => decision,
+        Gate::Pass {
+            decision,
+            approved_by,
+        } => Decided {
+            decision,
+            approved_by,
+        },
         Gate::Refused {
             decision,
             message,
             failure,
+            approved_by,
         } => {
             if physical {
-                audit(host, id, name, input, decision, Err(&message), started).await;
+                let decided = Decided {
+                    decision,
+                    approved_by,
+                };
+                audit(host, id, name, input, &decided, Err(&message), started).await;
             }
             return Ok(Outcome::failed(failure, message));
         }
     };
+    let decision = &decision;
     // Audit first: a PHYSICAL command whose row cannot be written is not
     // sent (the actuator does not move); the row is completed afterwards.
     let row = if physical {
@@ -337,6 +372,20 @@ pub async fn run<S: CallSite>(
     Ok(outcome)
 }
 
+/// What the gate decided for a call, as the audit writes it.
+struct Decided {
+    /// `allowed`, `approved`, `denied`, `blocked`, `refused`.
+    decision: &'static str,
+    /// The credential that answered the approval.
+    approved_by: Option<String>,
+}
+
+/// A call refused before any gate (limits, the protective stop).
+const REFUSED: Decided = Decided {
+    decision: "refused",
+    approved_by: None,
+};
+
 /// Completes the audit row `row` of a PHYSICAL call with its outcome
 /// (awaited: the record is complete before the caller hears the result).
 #[allow(clippy::too_many_arguments)]
@@ -346,7 +395,7 @@ async fn finish(
     id: &str,
     tool: &str,
     input: &Value,
-    decision: &str,
+    decision: &Decided,
     result: Result<&str, &str>,
     started: i64,
 ) {
@@ -361,7 +410,7 @@ fn audit_record(
     id: &str,
     tool: &str,
     input: &Value,
-    decision: &str,
+    decided: &Decided,
     result: Result<&str, &str>,
     started: i64,
 ) -> AuditRecord {
@@ -373,7 +422,8 @@ fn audit_record(
         tool_call_id: Some(id.to_string()),
         tool: Some(tool.to_string()),
         parameters: Some(input.clone()),
-        decision: Some(decision.to_string()),
+        decision: Some(decided.decision.to_string()),
+        approved_by: decided.approved_by.clone(),
         result: result.ok().map(str::to_string),
         error: result.err().map(str::to_string),
         origin: Some(host.label.clone()),
@@ -381,6 +431,34 @@ fn audit_record(
         started_at_ms: Some(started),
         ended_at_ms: Some(ended),
         duration_ms: Some(ended - started),
+        ..Default::default()
+    }
+}
+
+/// The audit row of an answer refused because the credential answering
+/// made the call itself (`approvals.require_other_credential`): `kind`
+/// `approval`, `decision` `refused`, `credential` the one that tried,
+/// `origin` the way it tried (`POST /v1/approvals`, `ApproveToolUse`, ...).
+pub fn own_approval_refused(
+    session_id: &str,
+    tool_call_id: &str,
+    tool: &str,
+    parameters: &Value,
+    origin: &str,
+    credential: Option<&str>,
+    why: &str,
+) -> AuditRecord {
+    AuditRecord {
+        at_ms: now_ms(),
+        kind: "approval".into(),
+        session_id: Some(session_id.to_string()),
+        tool_call_id: Some(tool_call_id.to_string()),
+        tool: Some(tool.to_string()),
+        parameters: Some(parameters.clone()),
+        decision: Some("refused".into()),
+        error: Some(why.to_string()),
+        origin: Some(origin.to_string()),
+        credential: credential.map(str::to_string),
         ..Default::default()
     }
 }
@@ -393,7 +471,7 @@ async fn audit(
     id: &str,
     tool: &str,
     input: &Value,
-    decision: &str,
+    decision: &Decided,
     result: Result<&str, &str>,
     started: i64,
 ) {

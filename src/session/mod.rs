@@ -248,9 +248,12 @@ impl Runner {
                 approved,
             } => match &self.turn {
                 Some(turn) => {
+                    // A session's approvals come over its own stream: the
+                    // credential that opened it answers.
                     let input = TurnInput::Decision {
                         tool_call_id,
                         approved,
+                        by: self.credential.clone(),
                     };
                     self.forward(turn, input).await?;
                 }

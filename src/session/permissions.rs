@@ -1,8 +1,9 @@
 //! Which tools may run without asking: `stop_all` always (going safe is
 //! never gated by an approval), then configured `[[permissions]]` rules,
-//! first match wins, then the defaults (PHYSICAL asks, PURE runs).
+//! first match wins, then the defaults (PHYSICAL asks, PURE runs). And who
+//! may answer when one asks (`[approvals]`, [`PermissionPolicy::may_answer`]).
 
-use crate::config::types::{PermissionRuleConfig, Policy, ToolCategory};
+use crate::config::types::{ApprovalsConfig, PermissionRuleConfig, Policy, ToolCategory};
 
 use super::PermissionView;
 
@@ -15,6 +16,18 @@ pub struct Verdict {
 #[derive(Debug, Clone, Default)]
 pub struct PermissionPolicy {
     rules: Vec<PermissionRuleConfig>,
+    /// `approvals.require_other_credential`.
+    require_other_credential: bool,
+}
+
+/// Why a credential may not answer an approval.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "credential {credential:?} cannot approve its own call (approvals.require_other_credential): \
+     another credential must approve it; it may still deny it"
+)]
+pub struct OwnApproval {
+    pub credential: String,
 }
 
 const PHYSICAL_DEFAULT: &str = "default: PHYSICAL tools move hardware and need confirmation";
@@ -22,8 +35,36 @@ const PURE_DEFAULT: &str = "default: PURE tools only read";
 const GOING_SAFE: &str = "going safe is never gated by an approval";
 
 impl PermissionPolicy {
-    pub fn new(rules: Vec<PermissionRuleConfig>) -> Self {
-        PermissionPolicy { rules }
+    pub fn new(rules: Vec<PermissionRuleConfig>, approvals: &ApprovalsConfig) -> Self {
+        PermissionPolicy {
+            rules,
+            require_other_credential: approvals.require_other_credential,
+        }
+    }
+
+    /// Whether `approver` may answer `approve` to a call made by `caller`
+    /// (credential names; `None`: anonymous). Denying is always allowed;
+    /// with `approvals.require_other_credential`, approving one's own call
+    /// is not. (The configuration requires credentials for that rule, so
+    /// two anonymous callers cannot meet here.)
+    pub fn may_answer(
+        &self,
+        caller: Option<&str>,
+        approver: Option<&str>,
+        approve: bool,
+    ) -> Result<(), OwnApproval> {
+        if approve && self.require_other_credential && caller == approver {
+            return Err(OwnApproval {
+                credential: approver.unwrap_or("anonymous").to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a call's own client may approve it (elicitation, a session's
+    /// `PermissionDecision`): not with `approvals.require_other_credential`.
+    pub fn caller_may_approve(&self) -> bool {
+        !self.require_other_credential
     }
 
     pub fn decide(&self, tool: &str, category: ToolCategory) -> Verdict {
@@ -145,11 +186,14 @@ mod tests {
 
     #[test]
     fn defaults_first_match_and_category_filter() {
-        let p = PermissionPolicy::new(vec![
-            rule("arm_*", Policy::Block, None),
-            rule("*", Policy::Allow, Some(ToolCategory::Physical)),
-            rule("arm_*", Policy::Allow, None),
-        ]);
+        let p = PermissionPolicy::new(
+            vec![
+                rule("arm_*", Policy::Block, None),
+                rule("*", Policy::Allow, Some(ToolCategory::Physical)),
+                rule("arm_*", Policy::Allow, None),
+            ],
+            &ApprovalsConfig::default(),
+        );
         assert_eq!(
             p.decide("arm_move", ToolCategory::Physical).policy,
             Policy::Block
@@ -164,11 +208,43 @@ mod tests {
             Policy::RequireConfirmation
         );
         assert_eq!(empty.decide("x", ToolCategory::Pure).policy, Policy::Allow);
-        let strict = PermissionPolicy::new(vec![rule("*", Policy::Block, None)]);
+        let strict = PermissionPolicy::new(
+            vec![rule("*", Policy::Block, None)],
+            &ApprovalsConfig::default(),
+        );
         for p in [&strict, &empty] {
             let going_safe = p.decide("stop_all", ToolCategory::Physical);
             assert_eq!(going_safe.policy, Policy::Allow, "{going_safe:?}");
         }
         assert_eq!(p.views().len(), 5);
+    }
+
+    #[test]
+    fn with_require_other_credential_nobody_approves_their_own_call() {
+        let open = PermissionPolicy::default();
+        assert_eq!(open.may_answer(Some("alice"), Some("alice"), true), Ok(()));
+        assert!(open.caller_may_approve());
+        let strict = PermissionPolicy::new(
+            Vec::new(),
+            &ApprovalsConfig {
+                require_other_credential: true,
+            },
+        );
+        assert!(!strict.caller_may_approve());
+        let own = strict
+            .may_answer(Some("alice"), Some("alice"), true)
+            .unwrap_err();
+        assert_eq!(own.credential, "alice");
+        assert!(
+            own.to_string()
+                .contains("approvals.require_other_credential")
+        );
+        assert_eq!(
+            strict.may_answer(Some("alice"), Some("alice"), false),
+            Ok(()),
+            "denying is fine"
+        );
+        assert_eq!(strict.may_answer(Some("alice"), Some("bob"), true), Ok(()));
+        assert_eq!(strict.may_answer(None, Some("bob"), true), Ok(()));
     }
 }

@@ -149,6 +149,7 @@ mod tests {
         let input = |id: &str| TurnInput::Decision {
             tool_call_id: id.into(),
             approved: true,
+            by: None,
         };
         assert_eq!(turn.offer(input("a")), Ok(()));
         assert_eq!(turn.offer(input("b")), Err(InboxFull(input("b"))));

@@ -136,6 +136,9 @@ const MIGRATIONS: &[&str] = &[
     // 4: the credential (token name or certificate subject) behind an
     // audited action; never the secret
     "ALTER TABLE audit ADD COLUMN credential TEXT;",
+    // 5: the credential that answered an approval (approved or denied);
+    // rows written before read it as NULL
+    "ALTER TABLE audit ADD COLUMN approved_by TEXT;",
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -191,6 +194,10 @@ pub struct AuditRecord {
     /// The credential (a token's name, a certificate subject) that asked
     /// for the action, where one did; never a secret.
     pub credential: Option<String>,
+    /// The credential that answered the call's approval (`approved` or
+    /// `denied` by someone; `None` for a call that needed none, or one
+    /// denied because nobody answered in time).
+    pub approved_by: Option<String>,
 }
 
 /// Told of what the store writes, as it is asked to write it (a
@@ -528,8 +535,9 @@ impl Store {
             c.execute(
                 "UPDATE audit SET at_ms = ?1, kind = ?2, session_id = ?3, tool_call_id = ?4, tool = ?5,
                     actuator = ?6, parameters = ?7, decision = ?8, result = ?9, error = ?10, origin = ?11,
-                    started_at_ms = ?12, ended_at_ms = ?13, duration_ms = ?14, credential = ?15
-                 WHERE id = ?16",
+                    started_at_ms = ?12, ended_at_ms = ?13, duration_ms = ?14, credential = ?15,
+                    approved_by = ?16
+                 WHERE id = ?17",
                 params![
                     r.at_ms,
                     r.kind,
@@ -546,6 +554,7 @@ impl Store {
                     r.ended_at_ms,
                     r.duration_ms,
                     r.credential,
+                    r.approved_by,
                     id
                 ],
             )
@@ -564,7 +573,7 @@ impl Store {
         self.with_conn(move |c| {
             let mut stmt = c.prepare(
                 "SELECT id, at_ms, kind, session_id, tool_call_id, tool, actuator, parameters, decision, result,
-                        error, origin, started_at_ms, ended_at_ms, duration_ms, credential
+                        error, origin, started_at_ms, ended_at_ms, duration_ms, credential, approved_by
                  FROM audit WHERE at_ms >= ?1 AND (?2 IS NULL OR session_id = ?2)
                  ORDER BY id LIMIT ?3",
             )?;
@@ -587,6 +596,7 @@ impl Store {
                     ended_at_ms: r.get(13)?,
                     duration_ms: r.get(14)?,
                     credential: r.get(15)?,
+                    approved_by: r.get(16)?,
                 })
             })?;
             rows.collect()
@@ -609,8 +619,8 @@ impl Store {
 fn insert_audit(c: &Connection, r: &AuditRecord) -> Result<(), rusqlite::Error> {
     c.execute(
         "INSERT INTO audit (at_ms, kind, session_id, tool_call_id, tool, actuator, parameters, decision,
-            result, error, origin, started_at_ms, ended_at_ms, duration_ms, credential)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+            result, error, origin, started_at_ms, ended_at_ms, duration_ms, credential, approved_by)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
         params![
             r.at_ms,
             r.kind,
@@ -626,7 +636,8 @@ fn insert_audit(c: &Connection, r: &AuditRecord) -> Result<(), rusqlite::Error> 
             r.started_at_ms,
             r.ended_at_ms,
             r.duration_ms,
-            r.credential
+            r.credential,
+            r.approved_by
         ],
     )
     .map(drop)
@@ -769,6 +780,49 @@ mod tests {
         let rows = store.audit_records(None, None, 1000).await.unwrap();
         let last = rows.last().unwrap();
         assert_eq!((last.id, last.result.as_deref()), (id, Some("done")));
+    }
+
+    /// A store written before `approved_by` existed (schema 4) opens, its
+    /// rows read with `approved_by` null, and new rows carry it.
+    #[tokio::test]
+    async fn an_audit_row_from_before_approved_by_reads_and_new_ones_carry_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rozd.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for sql in &MIGRATIONS[..4] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 4).unwrap();
+            conn.execute(
+                "INSERT INTO audit (at_ms, kind, tool, decision, credential)
+                 VALUES (1, 'tool_call', 'arm', 'approved', 'alice')",
+                [],
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        store
+            .audit(AuditRecord {
+                at_ms: 2,
+                kind: "tool_call".into(),
+                decision: Some("approved".into()),
+                credential: Some("alice".into()),
+                approved_by: Some("bob".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let rows = store.audit_records(None, None, 10).await.unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            (
+                rows[0].credential.as_deref(),
+                rows[0].approved_by.as_deref()
+            ),
+            (Some("alice"), None)
+        );
+        assert_eq!(rows[1].approved_by.as_deref(), Some("bob"));
     }
 
     #[test]

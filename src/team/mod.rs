@@ -48,6 +48,10 @@ pub enum TaskError {
     FailedPrecondition(String),
     #[error("{0}")]
     ResourceExhausted(String),
+    /// The caller may not do this (a credential approving a call of a task
+    /// it created, with `approvals.require_other_credential`).
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("store: {0}")]
     Store(#[from] StoreError),
     /// Something rozd should have recorded is missing (see the daemon log).
@@ -504,12 +508,36 @@ pub async fn cancel(ctx: &HostContext, id: &str) -> Result<(), TaskError> {
     }
 }
 
-/// Answers a tool call waiting for approval.
+/// How an answer to a task's call arrived (the audit's `origin` of a
+/// refused one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnsweredVia {
+    /// `TaskService.ApproveToolUse`.
+    Grpc,
+    /// `POST /v1/tasks/{id}/approvals`.
+    Rest,
+}
+
+impl AnsweredVia {
+    fn as_str(self) -> &'static str {
+        match self {
+            AnsweredVia::Grpc => "ApproveToolUse",
+            AnsweredVia::Rest => "POST /v1/tasks/{id}/approvals",
+        }
+    }
+}
+
+/// Answers a tool call waiting for approval, as credential `by`. With
+/// `approvals.require_other_credential`, the credential that created the
+/// task may deny its calls but not approve them (refused and audited; the
+/// call keeps waiting).
 pub async fn approve(
     ctx: &HostContext,
     task_id: &str,
     tool_call_id: &str,
     approved: bool,
+    by: Option<String>,
+    via: AnsweredVia,
 ) -> Result<TaskView, TaskError> {
     let row = load_row(ctx, task_id).await?;
     let Some(task) = ctx.tasks.get(task_id) else {
@@ -518,6 +546,33 @@ pub async fn approve(
             row.status
         )));
     };
+    let waiting = lock(&task.state).approvals.get(tool_call_id).cloned();
+    if let Some(call) = waiting
+        && let Err(own) =
+            ctx.permissions
+                .may_answer(task.credential.as_deref(), by.as_deref(), approved)
+    {
+        let why = own.to_string();
+        tracing::warn!(
+            task_id,
+            tool_call_id,
+            credential = by.as_deref().unwrap_or(""),
+            "refused: a credential approving a call of its own task"
+        );
+        let record = crate::session::host_call::own_approval_refused(
+            &call.worker_id,
+            &call.call_id,
+            &call.tool,
+            &call.parameters,
+            via.as_str(),
+            by.as_deref(),
+            &why,
+        );
+        if let Err(e) = ctx.store.audit(record).await {
+            tracing::error!(error = %e, "cannot write the audit record of a refused approval");
+        }
+        return Err(TaskError::PermissionDenied(why));
+    }
     let pending = lock(&task.state).approvals.remove(tool_call_id);
     let inbox = lock(&task.approval_inboxes).remove(tool_call_id);
     let (Some(pending), Some(inbox)) = (pending, inbox) else {
@@ -525,10 +580,11 @@ pub async fn approve(
             "no tool call {tool_call_id:?} waits for approval in task {task_id}"
         )));
     };
-    tracing::info!(task_id, tool_call_id, tool = %pending.tool, worker_id = %pending.worker_id, approved, "tool use decided");
+    tracing::info!(task_id, tool_call_id, tool = %pending.tool, worker_id = %pending.worker_id, approved, approved_by = by.as_deref().unwrap_or(""), "tool use decided");
     let decision = TurnInput::Decision {
         tool_call_id: pending.call_id.clone(),
         approved,
+        by,
     };
     if inbox.send(decision).await.is_err() {
         return Err(TaskError::FailedPrecondition(format!(

@@ -112,6 +112,45 @@ pub fn read_roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
     Ok(roots)
 }
 
+/// `rozd check` warns when a certificate ends within this.
+pub const EXPIRY_WARNING_SECS: i64 = 30 * 86_400;
+
+/// What `rozd check` says of the certificates in the PEM file `path` at
+/// `now_secs` (Unix seconds): a line for each one that has expired, is not
+/// valid yet, or ends within [`EXPIRY_WARNING_SECS`]; a line saying why
+/// when the file cannot be read.
+pub fn expiry_warnings(path: &Path, now_secs: i64) -> Vec<String> {
+    let certs = match read_certs(path) {
+        Ok(certs) => certs,
+        Err(e) => return vec![e.to_string()],
+    };
+    certs
+        .iter()
+        .filter_map(|der| {
+            let info = x509::parse(der.as_ref()).ok()?;
+            let at = |secs| server::rfc3339(secs);
+            let what = format!("the certificate {} ({})", path.display(), info.subject);
+            match info.validity(now_secs) {
+                x509::Validity::Expired => {
+                    Some(format!("{what} expired at {}", at(info.not_after)))
+                }
+                x509::Validity::NotYetValid => Some(format!(
+                    "{what} is not valid before {} (is the clock right?)",
+                    at(info.not_before)
+                )),
+                x509::Validity::Valid if info.not_after - now_secs < EXPIRY_WARNING_SECS => {
+                    Some(format!(
+                        "{what} expires in {} day(s), at {}",
+                        (info.not_after - now_secs) / 86_400,
+                        at(info.not_after)
+                    ))
+                }
+                x509::Validity::Valid => None,
+            }
+        })
+        .collect()
+}
+
 /// A certificate chain and its key, checked to belong together.
 pub fn certified_key(
     cert_file: &Path,

@@ -1,8 +1,8 @@
-//! The two things rozd reads from a certificate itself: the subject (to
-//! name a client by its certificate) and the end of its validity (for
-//! `/v1/status` and `rozd check`). A small DER walk of the fields in front of
-//! them; rustls and webpki have already verified (or will verify) the
-//! certificate, this only reads it.
+//! What rozd reads from a certificate itself: the subject (to name a client
+//! by its certificate) and its validity period (for `/v1/status`, `rozd
+//! check`, and a reload that refuses a certificate clients would refuse). A
+//! small DER walk of the fields in front of them; rustls and webpki have
+//! already verified (or will verify) the certificate, this only reads it.
 
 use std::fmt::Write as _;
 
@@ -14,8 +14,34 @@ pub struct CertInfo {
     pub subject: String,
     /// The subject's first common name (`CN`), if any.
     pub common_name: Option<String>,
+    /// `notBefore`, seconds since the Unix epoch.
+    pub not_before: i64,
     /// `notAfter`, seconds since the Unix epoch.
     pub not_after: i64,
+}
+
+/// Where a moment falls in a certificate's validity period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Validity {
+    /// `notBefore <= now <= notAfter` (RFC 5280 4.1.2.5: both ends included).
+    Valid,
+    /// Before `notBefore`.
+    NotYetValid,
+    /// After `notAfter`.
+    Expired,
+}
+
+impl CertInfo {
+    /// Where `now_secs` (Unix seconds) falls in this certificate's validity.
+    pub fn validity(&self, now_secs: i64) -> Validity {
+        if now_secs < self.not_before {
+            Validity::NotYetValid
+        } else if now_secs > self.not_after {
+            Validity::Expired
+        } else {
+            Validity::Valid
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,7 +84,7 @@ fn expect(input: &[u8], tag: u8) -> Result<(&[u8], &[u8]), X509Error> {
     }
 }
 
-/// Reads the subject and `notAfter` of a DER certificate.
+/// Reads the subject and validity of a DER certificate.
 pub fn parse(der: &[u8]) -> Result<CertInfo, X509Error> {
     let (certificate, _) = expect(der, SEQUENCE)?;
     let (tbs, _) = expect(certificate, SEQUENCE)?;
@@ -72,13 +98,15 @@ pub fn parse(der: &[u8]) -> Result<CertInfo, X509Error> {
     let (_issuer, rest) = expect(rest, SEQUENCE)?;
     let (validity, rest) = expect(rest, SEQUENCE)?;
     let (subject, _) = expect(rest, SEQUENCE)?;
-    let (_, _, after_not_before) = element(validity)?;
+    let (tag, time, after_not_before) = element(validity)?;
+    let not_before = parse_time(tag, time)?;
     let (tag, time, _) = element(after_not_before)?;
     let not_after = parse_time(tag, time)?;
     let (subject, common_name) = parse_name(subject)?;
     Ok(CertInfo {
         subject,
         common_name,
+        not_before,
         not_after,
     })
 }
@@ -241,7 +269,7 @@ fn parse_time(tag: u8, text: &[u8]) -> Result<i64, X509Error> {
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+pub(crate) fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let y = if month <= 2 { year - 1 } else { year };
     let era = y.div_euclid(400);
     let yoe = y - era * 400;
@@ -266,6 +294,45 @@ mod tests {
         );
         assert!(parse_time(UTC_TIME, b"700101000001").is_err());
         assert!(parse_time(UTC_TIME, b"701301000001Z").is_err());
+    }
+
+    #[test]
+    fn validity_includes_both_ends() {
+        let info = CertInfo {
+            subject: "CN=x".into(),
+            common_name: Some("x".into()),
+            not_before: 100,
+            not_after: 200,
+        };
+        assert_eq!(info.validity(99), Validity::NotYetValid);
+        assert_eq!(info.validity(100), Validity::Valid);
+        assert_eq!(info.validity(200), Validity::Valid);
+        assert_eq!(info.validity(201), Validity::Expired);
+    }
+
+    /// rcgen certificates with set validity periods read back as written.
+    #[test]
+    fn reads_the_validity_period_of_a_real_certificate() {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2001, 2, 3);
+        params.not_after = rcgen::date_time_ymd(2061, 4, 5);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let info = parse(cert.der()).unwrap();
+        assert_eq!(info.not_before, days_from_civil(2001, 2, 3) * 86_400);
+        assert_eq!(info.not_after, days_from_civil(2061, 4, 5) * 86_400);
+        assert_eq!(
+            info.validity(days_from_civil(2000, 1, 1) * 86_400),
+            Validity::NotYetValid
+        );
+        assert_eq!(
+            info.validity(days_from_civil(2030, 1, 1) * 86_400),
+            Validity::Valid
+        );
+        assert_eq!(
+            info.validity(days_from_civil(2062, 1, 1) * 86_400),
+            Validity::Expired
+        );
     }
 
     #[test]

@@ -336,6 +336,7 @@ const TABLES: &[(&str, &str)] = &[
     ("[session]", "[session]\nZZZ\n"),
     ("[tasks]", "[tasks]\nZZZ\n"),
     ("[[permissions]]", "[[permissions]]\nZZZ\n"),
+    ("[approvals]", "[approvals]\nZZZ\n"),
     ("[mcp]", "[mcp]\nZZZ\n"),
     ("[record]", "[record]\nZZZ\n"),
     ("[replay]", "[replay]\nZZZ\n"),

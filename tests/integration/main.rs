@@ -8,6 +8,7 @@ mod common;
 mod hw_support;
 
 mod api_surface;
+mod approvals;
 mod bounds;
 mod chat;
 mod cli;

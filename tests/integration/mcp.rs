@@ -371,7 +371,8 @@ async fn scenario(transport: Transport) {
     let (_, status) = rest(&daemon, reqwest::Method::GET, "/v1/status", None).await;
     assert_eq!(
         status["mcp"],
-        json!({"sessions": 1, "pending_approvals": 0}),
+        json!({"sessions": 1, "max_sessions": 64, "sessions_evicted": 0,
+            "sessions_refused": 0, "pending_approvals": 0}),
         "{status}"
     );
 
@@ -655,42 +656,64 @@ offset = 21.0
 
 /// An MCP session driven by hand over HTTP/1.1 (no SDK): what a client
 /// that misbehaves, or a second client, does.
+#[derive(Clone)]
 struct RawSession {
     url: String,
     id: String,
+    token: String,
 }
 
 impl RawSession {
     async fn open(daemon: &TestDaemon, name: &str) -> RawSession {
-        let url = format!("{}/mcp", daemon.url());
-        let initialized = Self::post(
-            &url,
+        Self::open_as(daemon, name, TOKEN).await
+    }
+
+    /// `initialize` with `token`: the answer (not read).
+    async fn initialize(daemon: &TestDaemon, name: &str, token: &str) -> reqwest::Response {
+        Self::post_as(
+            &format!("{}/mcp", daemon.url()),
+            token,
             None,
             json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                 "protocolVersion": "2025-11-25", "capabilities": {},
                 "clientInfo": {"name": name, "version": "1"}}}),
         )
-        .await;
+        .await
+    }
+
+    async fn open_as(daemon: &TestDaemon, name: &str, token: &str) -> RawSession {
+        let url = format!("{}/mcp", daemon.url());
+        let initialized = Self::initialize(daemon, name, token).await;
         assert_eq!(initialized.status(), 200);
         let id = initialized.headers()["mcp-session-id"]
             .to_str()
             .expect("session id")
             .to_string();
         initialized.bytes().await.expect("initialize answer");
-        let accepted = Self::post(
+        let accepted = Self::post_as(
             &url,
+            token,
             Some(&id),
             json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
         )
         .await;
         assert_eq!(accepted.status(), 202);
-        RawSession { url, id }
+        RawSession {
+            url,
+            id,
+            token: token.to_string(),
+        }
     }
 
-    async fn post(url: &str, session: Option<&str>, body: Value) -> reqwest::Response {
+    async fn post_as(
+        url: &str,
+        token: &str,
+        session: Option<&str>,
+        body: Value,
+    ) -> reqwest::Response {
         let mut request = http()
             .post(url)
-            .bearer_auth(TOKEN)
+            .bearer_auth(token)
             .header("accept", "application/json, text/event-stream")
             .json(&body);
         if let Some(session) = session {
@@ -699,11 +722,22 @@ impl RawSession {
         request.send().await.expect("POST /mcp")
     }
 
+    /// `tools/list` in this session: the answer (not read).
+    async fn list_tools(&self) -> reqwest::Response {
+        Self::post_as(
+            &self.url,
+            &self.token,
+            Some(&self.id),
+            json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}),
+        )
+        .await
+    }
+
     /// Opens the session's event stream; it stays open while held.
     async fn events(&self) -> reqwest::Response {
         let events = http()
             .get(&self.url)
-            .bearer_auth(TOKEN)
+            .bearer_auth(&self.token)
             .header("accept", "text/event-stream")
             .header("mcp-session-id", &self.id)
             .send()
@@ -715,8 +749,9 @@ impl RawSession {
 
     /// Calls a tool; its result (from the answer's event stream).
     async fn call(&self, tool: &str, arguments: Value) -> Value {
-        let answer = Self::post(
+        let answer = Self::post_as(
             &self.url,
+            &self.token,
             Some(&self.id),
             json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
                 "params": {"name": tool, "arguments": arguments}}),
@@ -733,7 +768,7 @@ impl RawSession {
     async fn delete(self) {
         let deleted = http()
             .delete(&self.url)
-            .bearer_auth(TOKEN)
+            .bearer_auth(&self.token)
             .header("mcp-session-id", &self.id)
             .send()
             .await
@@ -780,5 +815,309 @@ async fn what_an_mcp_session_commands_is_its_own_until_the_session_ends() {
     owner.delete().await;
     wait_arm_safe(&daemon).await;
     other.delete().await;
+    daemon.shutdown().await;
+}
+
+const ALICE: &str = "alice-operate-secret-0123";
+const BOB: &str = "bob-operate-secret-4567";
+
+/// [`daemon`] with two more credentials, `alice` and `bob` (operate), whose
+/// token files live in `dir`.
+async fn daemon_with_operators(dir: &std::path::Path, extra: &str) -> TestDaemon {
+    let file = |name: &str, secret: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{secret}\n")).unwrap();
+        path.display().to_string()
+    };
+    let server = format!(
+        "auth_tokens = [\"{TOKEN}\"]\n\
+         [[server.tokens]]\nname = \"alice\"\ntoken_file = {alice:?}\nscopes = [\"read\", \"operate\"]\n\
+         [[server.tokens]]\nname = \"bob\"\ntoken_file = {bob:?}\nscopes = [\"read\", \"operate\"]\n",
+        alice = file("alice.token", ALICE),
+        bob = file("bob.token", BOB),
+    );
+    let robot = format!(
+        "{extra}\n[[actuators]]\nname = \"arm\"\nkind = \"sim\"\nmin = -1.0\nmax = 1.0\nsafe_value = 0.0\n"
+    );
+    TestDaemon::start_server(
+        &server,
+        &robot,
+        |_| {},
+        std::sync::Arc::new(rozd::session::LogHooks),
+    )
+    .await
+}
+
+/// An answer that must be a JSON-RPC error: its status and error object.
+async fn jsonrpc_error(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap_or_default().to_string())
+        .unwrap_or_default();
+    let text = response.text().await.expect("body");
+    let body: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{status}: not JSON ({e}): {text}"));
+    assert!(
+        content_type.starts_with("application/json"),
+        "{content_type}"
+    );
+    assert_eq!(body["jsonrpc"], "2.0", "{body}");
+    assert!(body["error"]["code"].is_i64(), "{body}");
+    (status, body)
+}
+
+async fn mcp_status(daemon: &TestDaemon) -> Value {
+    let (status, body) = rest(daemon, reqwest::Method::GET, "/v1/status", None).await;
+    assert_eq!(status, 200, "{body}");
+    body["mcp"].clone()
+}
+
+/// Issue 32, item 10: a body nested deeper than the parser's limit (and
+/// any body that is not a JSON-RPC message) is a bad request, 400 with a
+/// JSON-RPC error, not 415 (its content type was right); nothing is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_nested_deeper_than_the_limit_is_400_with_a_json_rpc_error() {
+    let daemon = daemon("").await;
+    let session = RawSession::open(&daemon, "first").await;
+    let url = format!("{}/mcp", daemon.url());
+    let raw = |body: String, session: Option<&str>| {
+        let mut request = http()
+            .post(&url)
+            .bearer_auth(TOKEN)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session.to_string());
+        }
+        request.send()
+    };
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let nested = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{{}},"clientInfo":{{"name":"deep","version":"1"}},"x":{deep}}}}}"#
+    );
+    for in_session in [None, Some(session.id.as_str())] {
+        let (status, body) = jsonrpc_error(raw(nested.clone(), in_session).await.unwrap()).await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["code"], -32700, "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("recursion limit exceeded"), "{body}");
+    }
+    let (status, body) = jsonrpc_error(raw("{\"jsonrpc\":".into(), None).await.unwrap()).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (400, &json!(-32700)),
+        "{body}"
+    );
+    let (status, body) = jsonrpc_error(raw("{\"hello\":1}".into(), None).await.unwrap()).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (400, &json!(-32600)),
+        "{body}"
+    );
+    assert_eq!(daemon.ctx.mcp.sessions.count(), 1, "no session was created");
+    // The session that was there still works.
+    assert_eq!(session.list_tools().await.status(), 200);
+    daemon.shutdown().await;
+}
+
+/// Issue 32, item 8: at most `mcp.max_sessions` MCP sessions. When all are
+/// taken, the least recently active idle one makes room (its client hears
+/// 404 and may start again); when every one has a request in flight, the
+/// next `initialize` is refused with 503 and a JSON-RPC error naming the
+/// cap; `/v1/status` counts them beside the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_sessions_are_capped_idle_ones_make_room_and_busy_ones_refuse_the_newcomer() {
+    let daemon = daemon("[mcp]\nmax_sessions = 2").await;
+    let first = RawSession::open(&daemon, "first").await;
+    let second = RawSession::open(&daemon, "second").await;
+    let status = mcp_status(&daemon).await;
+    assert_eq!(
+        (&status["sessions"], &status["max_sessions"]),
+        (&json!(2), &json!(2)),
+        "{status}"
+    );
+    // Touch the first after the second: the second is now the least recently active.
+    assert_eq!(first.list_tools().await.status(), 200);
+    let third = RawSession::open(&daemon, "third").await;
+    let (status, body) = jsonrpc_error(second.list_tools().await).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (404, &json!(-32001)),
+        "{body}"
+    );
+    assert_eq!(
+        first.list_tools().await.status(),
+        200,
+        "the more recent one stays"
+    );
+    let status = mcp_status(&daemon).await;
+    assert_eq!(
+        (&status["sessions"], &status["sessions_evicted"]),
+        (&json!(2), &json!(1)),
+        "{status}"
+    );
+
+    // Both busy: each has a call waiting for an operator's approval.
+    let calls: Vec<_> = [first.clone(), third.clone()]
+        .into_iter()
+        .map(|s| tokio::spawn(async move { s.call("arm", json!({"value": 0.5})).await }))
+        .collect();
+    let approvals = &daemon.ctx.mcp.approvals;
+    let mut changes = approvals.subscribe();
+    tokio::time::timeout(
+        EXPECT_WITHIN,
+        changes.wait_for(|_| approvals.list().len() == 2),
+    )
+    .await
+    .expect("both calls wait for approval")
+    .expect("approvals alive");
+    let (status, body) =
+        jsonrpc_error(RawSession::initialize(&daemon, "fourth", TOKEN).await).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["id"], 1, "{body}");
+    assert_eq!(body["error"]["code"], -32000, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("mcp.max_sessions") && message.contains('2'),
+        "{body}"
+    );
+    let status = mcp_status(&daemon).await;
+    assert_eq!(
+        (&status["sessions"], &status["sessions_refused"]),
+        (&json!(2), &json!(1)),
+        "{status}"
+    );
+    // The busy sessions were left alone.
+    for entry in approvals.list() {
+        let (code, _) = rest(
+            &daemon,
+            reqwest::Method::POST,
+            &format!("/v1/approvals/{}", entry.id),
+            Some(json!({"approve": false})),
+        )
+        .await;
+        assert_eq!(code, 200);
+    }
+    for call in calls {
+        let result = tokio::time::timeout(EXPECT_WITHIN, call)
+            .await
+            .expect("call answered")
+            .expect("call task");
+        assert_eq!(
+            result["structuredContent"]["error"]["code"], "denied",
+            "{result}"
+        );
+    }
+    // Idle again once the answers are finished (the server notes that just
+    // after the client has read them): a newcomer gets a seat.
+    let deadline = tokio::time::Instant::now() + EXPECT_WITHIN;
+    loop {
+        let answer = RawSession::initialize(&daemon, "fourth", TOKEN).await;
+        if answer.status() == 200 {
+            break;
+        }
+        assert_eq!(answer.status(), 503);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no seat after the calls ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(daemon.ctx.mcp.sessions.count(), 2);
+    daemon.shutdown().await;
+}
+
+/// Issue 32, item 8: when the sessions are full, a credential that opens
+/// sessions in a loop displaces its own, not another credential's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_opening_many_sessions_evicts_its_own_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = daemon_with_operators(dir.path(), "[mcp]\nmax_sessions = 3").await;
+    let bob = RawSession::open_as(&daemon, "bob", BOB).await;
+    let mut alice = Vec::new();
+    for i in 0..10 {
+        alice.push(RawSession::open_as(&daemon, &format!("alice-{i}"), ALICE).await);
+    }
+    assert_eq!(
+        bob.list_tools().await.status(),
+        200,
+        "bob's session survives alice's loop"
+    );
+    let alive: Vec<u16> = futures_util::future::join_all(
+        alice
+            .iter()
+            .map(|s| async { s.list_tools().await.status().as_u16() }),
+    )
+    .await;
+    assert_eq!(
+        alive,
+        [404, 404, 404, 404, 404, 404, 404, 404, 200, 200],
+        "alice keeps her two newest"
+    );
+    daemon.shutdown().await;
+}
+
+/// Issue 32, item 8: an MCP session is the credential's that opened it:
+/// another credential using, listening to or deleting it gets 404, as for
+/// a session that does not exist, and the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_session_is_not_there_for_another_credential() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = daemon_with_operators(
+        dir.path(),
+        "[[permissions]]\ntool_pattern = \"arm\"\npolicy = \"allow\"",
+    )
+    .await;
+    let alice = RawSession::open_as(&daemon, "alice", ALICE).await;
+    let as_bob = RawSession {
+        token: BOB.to_string(),
+        ..alice.clone()
+    };
+    let (status, body) = jsonrpc_error(as_bob.list_tools().await).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (404, &json!(-32001)),
+        "{body}"
+    );
+    let call = RawSession::post_as(
+        &alice.url,
+        BOB,
+        Some(&alice.id),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "arm", "arguments": {"value": 0.5}}}),
+    )
+    .await;
+    assert_eq!(call.status(), 404);
+    assert_eq!(
+        arm(&daemon),
+        Some(0.0),
+        "bob moved nothing through alice's session"
+    );
+    let events = http()
+        .get(&alice.url)
+        .bearer_auth(BOB)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &alice.id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 404);
+    let deleted = http()
+        .delete(&alice.url)
+        .bearer_auth(BOB)
+        .header("mcp-session-id", &alice.id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 404);
+    // Still alice's, and alive.
+    let result = alice.call("arm", json!({"value": 0.5})).await;
+    assert_eq!(result["isError"], false, "{result}");
+    assert_eq!(arm(&daemon), Some(0.5));
+    alice.delete().await;
+    wait_arm_safe(&daemon).await;
     daemon.shutdown().await;
 }

@@ -58,6 +58,17 @@ impl Pki {
     /// `not_after` (year, month, day). Written by rename, as a deployment
     /// tool would.
     fn issue(&self, file: &str, cn: &str, not_after: (i32, u8, u8)) -> (PathBuf, PathBuf) {
+        self.issue_period(file, cn, (2000, 1, 1), not_after)
+    }
+
+    /// [`Pki::issue`], valid from `not_before`.
+    fn issue_period(
+        &self,
+        file: &str,
+        cn: &str,
+        not_before: (i32, u8, u8),
+        not_after: (i32, u8, u8),
+    ) -> (PathBuf, PathBuf) {
         let mut params =
             rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
                 .unwrap();
@@ -72,6 +83,7 @@ impl Pki {
             rcgen::ExtendedKeyUsagePurpose::ServerAuth,
             rcgen::ExtendedKeyUsagePurpose::ClientAuth,
         ];
+        params.not_before = rcgen::date_time_ymd(not_before.0, not_before.1, not_before.2);
         params.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.ca).unwrap();
@@ -585,7 +597,7 @@ async fn check_reports_the_certificate_warns_before_it_expires_and_refuses_a_wro
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("CN=rozd-soon,O=Lab"), "{out}");
     assert!(
-        out.contains("warning: server.tls: the certificate"),
+        out.contains("warning: server.tls.cert_file: the certificate"),
         "{out}"
     );
     assert!(
@@ -605,6 +617,205 @@ async fn check_reports_the_certificate_warns_before_it_expires_and_refuses_a_wro
     assert_eq!(code, Some(78), "{err}");
     assert!(err.contains("server.tls.key_file"), "{err}");
     assert!(err.contains("does not belong to the certificate"), "{err}");
+}
+
+/// Issue 32, item 7: `systemctl reload` (SIGHUP to the rozd binary) with an
+/// expired, then a not yet valid certificate on disk: each reload is
+/// refused, the previous certificate is still what a checking client is
+/// served (its handshake succeeds), and `/v1/status` says why; a valid one
+/// is then taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_refuses_an_expired_or_not_yet_valid_certificate_and_keeps_the_old_one() {
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("rozd", "rozd-good", (2031, 1, 1));
+    let ca = pki.ca_file();
+    let mut service = Service::start(&tls_server(&cert, &key, "reload_check_secs = 0")).await;
+    assert_eq!(
+        served_subject(&service.addr(), &ca).await,
+        "CN=rozd-good,O=Lab"
+    );
+
+    pki.issue_period("rozd", "rozd-expired", (2019, 1, 1), (2020, 1, 1));
+    service.hangup().await;
+    assert_eq!(
+        served_subject(&service.addr(), &ca).await,
+        "CN=rozd-good,O=Lab",
+        "the expired certificate must not be served"
+    );
+    let tls = tls_status(&service.addr(), &ca).await;
+    let error = tls["last_reload_error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("CN=rozd-expired,O=Lab")
+            && error.contains("expired at 2020-01-01T00:00:00Z"),
+        "{tls}"
+    );
+    assert_eq!(tls["reloads"], 0, "{tls}");
+    assert_eq!(tls["cert_subject"], "CN=rozd-good,O=Lab", "{tls}");
+    assert_eq!(tls["cert_problem"], Value::Null, "{tls}");
+
+    pki.issue_period("rozd", "rozd-future", (2090, 1, 1), (2091, 1, 1));
+    service.hangup().await;
+    assert_eq!(
+        served_subject(&service.addr(), &ca).await,
+        "CN=rozd-good,O=Lab",
+        "a certificate not valid yet must not be served"
+    );
+    let tls = tls_status(&service.addr(), &ca).await;
+    let error = tls["last_reload_error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("CN=rozd-future,O=Lab")
+            && error.contains("not valid before 2090-01-01T00:00:00Z"),
+        "{tls}"
+    );
+    assert_eq!(tls["reloads"], 0, "{tls}");
+
+    // A valid certificate is taken, and the error is gone.
+    pki.issue("rozd", "rozd-next", (2032, 1, 1));
+    service.hangup().await;
+    assert_eq!(
+        served_subject(&service.addr(), &ca).await,
+        "CN=rozd-next,O=Lab"
+    );
+    let tls = tls_status(&service.addr(), &ca).await;
+    assert_eq!(tls["last_reload_error"], Value::Null, "{tls}");
+    assert_eq!(tls["reloads"], 1, "{tls}");
+}
+
+/// Issue 32, item 7, start-up: an expired listener certificate does not
+/// keep rozd down (the daemon runs the stop inputs and the safe drives);
+/// it is served, and `/v1/status` says that checking clients will refuse it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_certificate_at_start_up_is_served_and_reported() {
+    let pki = Pki::new();
+    let (cert, key) = pki.issue_period("rozd", "rozd-old", (2019, 1, 1), (2020, 1, 1));
+    let daemon = start_tls(&tls_server(&cert, &key, "reload_check_secs = 0"), "").await;
+    let url = format!("https://localhost:{}/v1/status", daemon.addr.port());
+    let auth = format!("authorization: Bearer {TOKEN}");
+    // A client that checks refuses it (curl: 60, certificate problem).
+    let (code, _, _) = run(
+        Path::new("curl"),
+        &["-sS", "--cacert", &s(&pki.ca_file()), "-H", &auth, &url],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(60));
+    // One told not to check (what an operator does to look) reads the status.
+    let (code, out, err) = run(Path::new("curl"), &["-sSk", "-H", &auth, &url], &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let status: Value = serde_json::from_str(&out).expect("JSON");
+    let problem = status["tls"]["cert_problem"].as_str().unwrap_or_default();
+    assert!(
+        problem.contains("CN=rozd-old,O=Lab")
+            && problem.contains("expired at 2020-01-01T00:00:00Z"),
+        "{status}"
+    );
+    assert_eq!(status["tls"]["cert_not_before"], "2019-01-01T00:00:00Z");
+    daemon.shutdown().await;
+}
+
+/// A self-signed certificate `<name>.pem` (and `<name>.key`) in `dir`,
+/// valid from `not_before` to `not_after` (Unix seconds).
+fn lone_cert(dir: &Path, name: &str, not_before: i64, not_after: i64) -> (PathBuf, PathBuf) {
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    let at = |secs: i64| {
+        let day = rozd::tls::server::rfc3339(secs);
+        let n = |r: std::ops::Range<usize>| day[r].parse::<u32>().unwrap();
+        rcgen::date_time_ymd(n(0..4) as i32, n(5..7) as u8, n(8..10) as u8)
+    };
+    params.not_before = at(not_before);
+    params.not_after = at(not_after);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let (cert_path, key_path) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    (cert_path, key_path)
+}
+
+/// Issue 32, item 7: `rozd check` warns of every configured certificate
+/// that expired, is not valid yet or expires soon (the listener's client
+/// CAs, the MQTT and fleet connections'), not only the listener's; and
+/// still says the configuration is OK (none of them stops rozd).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_warns_about_every_configured_certificate_that_expires() {
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("rozd", "rozd-fine", (2031, 1, 1));
+    let dir = pki.dir.path();
+    let now = rozd::clock::now_ms() / 1000;
+    let day = 86_400;
+    let (client_ca, _) = lone_cert(dir, "client-ca-old", now - 400 * day, now - 30 * day);
+    let (mqtt_ca, _) = lone_cert(dir, "mqtt-ca-future", now + 30 * day, now + 400 * day);
+    let (mqtt_cert, mqtt_key) = lone_cert(dir, "mqtt-client-soon", now - day, now + 10 * day);
+    let (fleet_ca, _) = lone_cert(dir, "fleet-ca-fine", now - day, now + 400 * day);
+    let (fleet_cert, fleet_key) = lone_cert(dir, "rover-1-old", now - 400 * day, now - 2 * day);
+    let token = dir.join("fleet.token");
+    std::fs::write(&token, "fleet-secret\n").unwrap();
+    let config = pki.path("rozd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[host]\nid = \"rover-1\"\n[server]\nlisten = \"127.0.0.1:8443\"\n{}\
+             client_auth = \"optional\"\nclient_ca_file = {:?}\n\
+             [mqtt]\nurl = \"mqtts://127.0.0.1:8883\"\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n\
+             [fleet]\nurl = \"mqtts://127.0.0.1:8884\"\ntoken_file = {:?}\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n\
+             advertise = \"https://127.0.0.1:8443\"\n",
+            tls_server(&cert, &key, ""),
+            s(&client_ca),
+            s(&mqtt_ca),
+            s(&mqtt_cert),
+            s(&mqtt_key),
+            s(&token),
+            s(&fleet_ca),
+            s(&fleet_cert),
+            s(&fleet_key),
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = rozd_cli(&["check", "--config", &s(&config)]).await;
+    assert_eq!(code, Some(0), "{err}\n{out}");
+    assert!(out.contains("configuration OK"), "{out}");
+    let warnings: Vec<&str> = out.lines().filter(|l| l.starts_with("warning:")).collect();
+    let has = |key: &str, cn: &str, what: &str| {
+        warnings.iter().any(|w| {
+            w.starts_with(&format!("warning: {key}: ")) && w.contains(cn) && w.contains(what)
+        })
+    };
+    assert!(
+        has(
+            "server.tls.client_ca_file",
+            "CN=client-ca-old",
+            "expired at"
+        ),
+        "{out}"
+    );
+    assert!(
+        has("mqtt.ca_file", "CN=mqtt-ca-future", "is not valid before"),
+        "{out}"
+    );
+    assert!(
+        has("mqtt.cert_file", "CN=mqtt-client-soon", "expires in"),
+        "{out}"
+    );
+    assert!(
+        has("fleet.cert_file", "CN=rover-1-old", "expired at"),
+        "{out}"
+    );
+    // Valid certificates (the listener's, the fleet CA) are not warned about.
+    assert!(
+        !warnings
+            .iter()
+            .any(|w| w.contains("fleet-ca-fine") || w.contains("rozd-fine")),
+        "{out}"
+    );
+    assert_eq!(warnings.len(), 4, "{out}");
 }
 
 /// Runs the fleet guide's certificate recipe (docs/guides/fleet.md), exactly, in `dir`.

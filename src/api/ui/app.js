@@ -301,7 +301,7 @@ async function loadAudit() {
     const rows = r.data.slice(-30).reverse();
     $("audit").tBodies[0].replaceChildren(...rows.map((a) => el("tr", {},
       el("td", {}, time(a.at_ms || a.started_at_ms)), el("td", {}, a.kind),
-      el("td", {}, a.tool || a.actuator || "", a.parameters ? " " + JSON.stringify(a.parameters) : "", a.decision ? " (" + a.decision + ")" : ""),
+      el("td", {}, a.tool || a.actuator || "", a.parameters ? " " + JSON.stringify(a.parameters) : "", a.decision ? " (" + a.decision + (a.approved_by ? " by " + a.approved_by : "") + ")" : ""),
       el("td", {}, a.error ? el("span", { class: "error" }, a.error) : (a.result || "")),
       el("td", {}, a.origin || ""))));
   } catch (_) { /* shown by the link state */ }

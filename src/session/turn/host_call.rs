@@ -9,7 +9,7 @@ use super::tool_call::presence_for;
 use super::{Interrupt, Turn};
 use crate::config::types::ToolCategory;
 use crate::model::Block;
-use crate::session::host_call::{self, CallSite};
+use crate::session::host_call::{self, Answer, CallSite};
 use crate::session::tools::Tool;
 use crate::session::{Activity, ServerEvent};
 
@@ -50,13 +50,19 @@ impl CallSite for Turn {
         &mut self,
         id: &str,
         name: &str,
-        _input: &Value,
+        input: &Value,
         category: ToolCategory,
-    ) -> Result<Result<(), String>, Interrupt> {
-        Ok(if self.approval(id, name, presence_for(category)).await? {
-            Ok(())
-        } else {
-            Err(format!("the user denied `{name}`"))
+    ) -> Result<Answer, Interrupt> {
+        let (approved, by) = self
+            .approval(id, name, input, presence_for(category))
+            .await?;
+        Ok(Answer {
+            verdict: if approved {
+                Ok(())
+            } else {
+                Err(format!("the user denied `{name}`"))
+            },
+            by,
         })
     }
 

@@ -119,6 +119,9 @@ pub enum TurnInput {
     Decision {
         tool_call_id: String,
         approved: bool,
+        /// The credential that answered: a session's own stream credential,
+        /// or whoever answered a task's call (`None`: anonymous).
+        by: Option<String>,
     },
 }
 

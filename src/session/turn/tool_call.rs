@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::{Interrupt, Turn, TurnInput, TurnNote};
 use crate::config::types::ToolCategory;
 use crate::model::Block;
-use crate::session::host_call::{Gate, gate};
+use crate::session::host_call::{Gate, gate, own_approval_refused};
 use crate::session::{Activity, ErrorCode, Presence, ServerEvent, SessionError, ToolOutcome};
 
 impl Turn {
@@ -111,44 +111,95 @@ impl Turn {
         }
     }
 
-    /// Asks the client for a decision; `false` on denial or timeout.
+    /// Asks the client for a decision; `false` on denial or timeout, with
+    /// the credential that answered (`None` on timeout). An approval the
+    /// rules do not let its credential give (its own call, with
+    /// `approvals.require_other_credential`) is refused, told to the
+    /// client, audited, and the call keeps waiting.
     pub(super) async fn approval(
         &mut self,
         id: &str,
         name: &str,
+        input: &Value,
         presence: Presence,
-    ) -> Result<bool, Interrupt> {
+    ) -> Result<(bool, Option<String>), Interrupt> {
         let reason = format!("`{name}` needs your approval");
         self.state(Activity::WaitingApproval, id, presence, &reason)
             .await?;
         let deadline = Instant::now() + self.limits.approval_timeout;
         loop {
-            let input = tokio::select! {
+            let received = tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => return Err(Interrupt::Cancelled),
                 input = self.inbox.recv() => input,
                 () = tokio::time::sleep_until(deadline) => {
                     tracing::info!(tool_call_id = id, tool = name, "approval timed out; treated as denied");
-                    return Ok(false);
+                    return Ok((false, None));
                 }
             };
-            match input {
+            match received {
                 Some(TurnInput::Decision {
                     tool_call_id,
                     approved,
+                    by,
                 }) if tool_call_id == id => {
+                    if let Err(own) = self.permissions.may_answer(
+                        self.host.credential.as_deref(),
+                        by.as_deref(),
+                        approved,
+                    ) {
+                        self.own_approval_refused(id, name, input, by.as_deref(), &own.to_string())
+                            .await?;
+                        continue;
+                    }
                     tracing::info!(
                         tool_call_id = id,
                         tool = name,
                         approved,
+                        approved_by = by.as_deref().unwrap_or(""),
                         "permission decision"
                     );
-                    return Ok(approved);
+                    return Ok((approved, by));
                 }
                 Some(other) => self.ignore(other, id),
                 None => return Err(Interrupt::Cancelled),
             }
         }
+    }
+
+    /// Tells the client its approval of call `id` was refused (its own
+    /// call, `approvals.require_other_credential`) and audits the attempt.
+    async fn own_approval_refused(
+        &mut self,
+        id: &str,
+        name: &str,
+        input: &Value,
+        by: Option<&str>,
+        why: &str,
+    ) -> Result<(), Interrupt> {
+        tracing::warn!(
+            tool_call_id = id,
+            tool = name,
+            credential = by.unwrap_or(""),
+            "refused: a credential approving its own call"
+        );
+        let record = own_approval_refused(
+            &self.host.session_id,
+            id,
+            name,
+            input,
+            "PermissionDecision",
+            by,
+            why,
+        );
+        if let Err(e) = self.host.store.audit(record).await {
+            tracing::error!(error = %e, "cannot write the audit record of a refused approval");
+        }
+        self.send(ServerEvent::Error(SessionError::new(
+            ErrorCode::PermissionDenied,
+            format!("PermissionDecision for {id}: {why}"),
+        )))
+        .await
     }
 
     pub(super) fn ignore(&self, input: TurnInput, awaited: &str) {
