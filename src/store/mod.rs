@@ -801,7 +801,7 @@ mod tests {
             )
             .unwrap();
         }
-        let store = Store::open(&path).unwrap();
+        let store = Store::open(&path, Default::default()).unwrap();
         store
             .audit(AuditRecord {
                 at_ms: 2,
