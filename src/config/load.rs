@@ -144,32 +144,26 @@ pub struct Config {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct OodaConfig {
     /// Rate of the orient/decide tick.
-    #[serde(default = "default_tick_hz")]
     pub tick_hz: f64,
     /// Rate the Observation is published at; absent: min(tick_hz, 50).
-    #[serde(default)]
     pub publish_hz: Option<f64>,
     /// `thread` (its own OS thread, absolute deadlines) or `runtime`.
-    #[serde(default)]
     pub timer: crate::ooda::timer::Timer,
     /// SCHED_FIFO priority (1-99) of the loop's thread.
-    #[serde(default)]
     pub realtime_priority: Option<u8>,
     /// CPUs the loop's thread is pinned to.
-    #[serde(default)]
     pub cpu_affinity: Option<Vec<usize>>,
     /// mlockall(MCL_CURRENT | MCL_FUTURE) at start-up.
-    #[serde(default)]
     pub lock_memory: bool,
 }
 
 impl Default for OodaConfig {
     fn default() -> Self {
         OodaConfig {
-            tick_hz: default_tick_hz(),
+            tick_hz: 50.0,
             publish_hz: None,
             timer: crate::ooda::timer::Timer::default(),
             realtime_priority: None,
@@ -193,10 +187,6 @@ impl OodaConfig {
             },
         }
     }
-}
-
-fn default_tick_hz() -> f64 {
-    50.0
 }
 
 // ------------------------------------------------------------------ loading

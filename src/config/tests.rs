@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::types::{default_listen, default_store_path};
+use super::types::{ServerConfig, default_store_path};
 use super::*;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
@@ -108,7 +108,7 @@ fn one_parser_for_every_ai_mode_spelling() {
 #[test]
 fn builtin_config_is_a_valid_simulated_host() {
     let c = Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn).unwrap();
-    assert_eq!(c.server.listen, default_listen());
+    assert_eq!(c.server.listen, ServerConfig::default().listen);
     assert!(!c.auth_required());
     // No hardware needed: only simulated and host-system sources.
     assert!(

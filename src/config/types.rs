@@ -65,23 +65,20 @@ impl<'de> Deserialize<'de> for Secret {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct HostConfig {
     /// Stable identifier of this host; defaults to the machine's hostname.
-    #[serde(default = "default_host_id")]
     pub id: String,
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default = "default_environment")]
     pub environment_id: String,
 }
 
 impl Default for HostConfig {
     fn default() -> Self {
         HostConfig {
-            id: default_host_id(),
+            id: machine_hostname().unwrap_or_else(|| "rozd-host".to_string()),
             name: None,
-            environment_id: default_environment(),
+            environment_id: "default".to_string(),
         }
     }
 }
@@ -93,59 +90,43 @@ impl HostConfig {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
-    #[serde(default = "default_listen")]
     pub listen: SocketAddr,
-    #[serde(default)]
     pub auth_tokens: Vec<Secret>,
-    #[serde(default)]
     pub auth_token_file: Option<PathBuf>,
-    #[serde(default)]
     pub allow_unauthenticated_remote: bool,
     /// Lets a non-loopback listener serve without TLS (tokens and sessions
     /// then cross the network in cleartext).
-    #[serde(default)]
     pub allow_plaintext_remote: bool,
     /// `[server.tls]`: the listener serves TLS (absent: plaintext).
-    #[serde(default)]
     pub tls: Option<ServerTlsConfig>,
     /// How long open streams get to finish after SIGTERM before they are cut.
-    #[serde(default = "default_shutdown_grace_secs")]
     pub shutdown_grace_secs: u64,
     /// Bound within which a silently vanished client is detected (HTTP/2
     /// pings every half of it, each answered within the other half); 0 disables.
-    #[serde(default = "default_http2_keepalive_secs")]
     pub http2_keepalive_secs: u64,
     /// Most TCP connections open at once; a new one beyond it evicts the
     /// oldest connection that has not completed an authenticated request,
     /// else the longest-idle one.
-    #[serde(default = "default_max_connections")]
     pub max_connections: u32,
     /// Bound on receiving an HTTP/1 request head (also on the wait for the
     /// next request on a keep-alive connection).
-    #[serde(default = "default_header_read_timeout_secs")]
     pub header_read_timeout_secs: u64,
     /// A connection (HTTP/1 or HTTP/2, TCP or the control socket) with no
     /// request in flight for this long is closed.
-    #[serde(default = "default_idle_timeout_secs")]
     pub idle_timeout_secs: u64,
     /// Host names (besides the daemon's own) that requests may name in
     /// `Host` / `:authority`; `"*"` accepts any.
-    #[serde(default)]
     pub allowed_hosts: Vec<String>,
     /// The local control socket; `""` disables it. Default: see
     /// [`ServerConfig::control_socket_path`].
-    #[serde(default)]
     pub control_socket: Option<PathBuf>,
     /// Named bearer tokens with scopes.
-    #[serde(default)]
     pub tokens: Vec<TokenConfig>,
     /// Client certificate subjects with scopes.
-    #[serde(default)]
     pub clients: Vec<ClientConfig>,
     /// HTTP/2 streams one connection may have open at once.
-    #[serde(default = "default_max_concurrent_streams")]
     pub max_concurrent_streams: u32,
 }
 
@@ -208,22 +189,22 @@ pub fn parse_scopes(scopes: &[String]) -> Result<Scope, String> {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            listen: default_listen(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             auth_tokens: Vec::new(),
             auth_token_file: None,
             allow_unauthenticated_remote: false,
             allow_plaintext_remote: false,
             tls: None,
-            shutdown_grace_secs: default_shutdown_grace_secs(),
-            http2_keepalive_secs: default_http2_keepalive_secs(),
-            max_connections: default_max_connections(),
-            header_read_timeout_secs: default_header_read_timeout_secs(),
-            idle_timeout_secs: default_idle_timeout_secs(),
+            shutdown_grace_secs: 5,
+            http2_keepalive_secs: 5,
+            max_connections: 1024,
+            header_read_timeout_secs: 10,
+            idle_timeout_secs: 120,
             allowed_hosts: Vec::new(),
             control_socket: None,
             tokens: Vec::new(),
             clients: Vec::new(),
-            max_concurrent_streams: default_max_concurrent_streams(),
+            max_concurrent_streams: 32,
         }
     }
 }
@@ -326,42 +307,36 @@ pub enum LogFormat {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
-    #[serde(default = "default_log_level")]
     pub level: String,
-    #[serde(default)]
     pub format: LogFormat,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
-            level: default_log_level(),
+            level: "info".to_string(),
             format: LogFormat::Text,
         }
     }
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     /// SQLite database file. Default: `$STATE_DIRECTORY/rozd.db` under systemd,
     /// else `$XDG_STATE_HOME/rozd/rozd.db` (or `~/.local/state/rozd/rozd.db`).
-    #[serde(default)]
     pub path: Option<PathBuf>,
     /// Sessions, tasks and audit rows older than this many days are
     /// deleted; 0 keeps everything.
-    #[serde(default = "default_retain_days")]
     pub retain_days: u32,
     /// Above this size (MiB) the oldest sessions and tasks go first (never
     /// an audit row younger than `retain_days`); 0: no cap.
-    #[serde(default = "default_max_size_mb")]
     pub max_size_mb: u32,
     /// The size (MiB) the database never grows beyond (SQLite's
     /// `max_page_count`): a write that needs more fails as on a full disk,
     /// and PHYSICAL calls are refused until it can write again. 0: none.
-    #[serde(default)]
     pub hard_cap_mb: u32,
 }
 
@@ -369,8 +344,8 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             path: None,
-            retain_days: default_retain_days(),
-            max_size_mb: default_max_size_mb(),
+            retain_days: 90,
+            max_size_mb: 512,
             hard_cap_mb: 0,
         }
     }
@@ -407,67 +382,54 @@ pub(super) fn default_store_path(
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct SessionConfig {
     /// Seconds between `Keepalive` messages on an open session stream.
-    #[serde(default = "default_keepalive_secs")]
     pub keepalive_secs: u64,
     /// Timeout for a client tool that declares `timeout_ms = 0`.
-    #[serde(default = "default_tool_timeout_ms")]
     pub default_tool_timeout_ms: u32,
     /// How long a `require_confirmation` call waits for a `PermissionDecision`.
-    #[serde(default = "default_approval_timeout_secs")]
     pub approval_timeout_secs: u64,
     /// Upper bound of model calls in one turn (stop reason `max_cycles`).
-    #[serde(default = "default_max_cycles")]
     pub max_cycles: u32,
     /// Context budget when `StartSession.max_context_tokens` is absent.
-    #[serde(default = "default_max_context_tokens")]
     pub default_max_context_tokens: u32,
     /// Tokens one session may spend in total (input, cached input and output
     /// of every model call); 0 = unlimited. Then `budget_exceeded`.
-    #[serde(default)]
     pub max_session_tokens: u64,
     /// Compaction brings the context down to this fraction of the budget.
-    #[serde(default = "default_compact_target")]
     pub compact_target: f64,
     /// Above this fraction of the budget, old tool results are elided.
-    #[serde(default = "default_compact_tool_results_at")]
     pub compact_tool_results_at: f64,
     /// Above this fraction, old thinking is removed.
-    #[serde(default = "default_compact_thinking_at")]
     pub compact_thinking_at: f64,
     /// Above this fraction, the oldest turns are summarised by the model.
-    #[serde(default = "default_compact_summary_at")]
     pub compact_summary_at: f64,
     /// Sessions open at once; a `StartSession` beyond it is `rate_limited`.
-    #[serde(default = "default_max_sessions")]
     pub max_sessions: u32,
     /// Bytes of client data one session may hold: history, project
     /// context, registered tools and their system contexts.
-    #[serde(default = "default_max_session_bytes")]
     pub max_session_bytes: u64,
     /// Client tools one session may have registered at once.
-    #[serde(default = "default_max_session_tools")]
     pub max_session_tools: u32,
 }
 
 impl Default for SessionConfig {
     fn default() -> Self {
         SessionConfig {
-            keepalive_secs: default_keepalive_secs(),
-            default_tool_timeout_ms: default_tool_timeout_ms(),
-            approval_timeout_secs: default_approval_timeout_secs(),
-            max_cycles: default_max_cycles(),
-            default_max_context_tokens: default_max_context_tokens(),
+            keepalive_secs: 10,
+            default_tool_timeout_ms: 30_000,
+            approval_timeout_secs: 120,
+            max_cycles: 25,
+            default_max_context_tokens: 200_000,
             max_session_tokens: 0,
-            compact_target: default_compact_target(),
-            compact_tool_results_at: default_compact_tool_results_at(),
-            compact_thinking_at: default_compact_thinking_at(),
-            compact_summary_at: default_compact_summary_at(),
-            max_sessions: default_max_sessions(),
-            max_session_bytes: default_max_session_bytes(),
-            max_session_tools: default_max_session_tools(),
+            compact_target: 0.4,
+            compact_tool_results_at: 0.5,
+            compact_thinking_at: 0.6,
+            compact_summary_at: 0.75,
+            max_sessions: 16,
+            max_session_bytes: 2 * 1024 * 1024,
+            max_session_tools: 256,
         }
     }
 }
@@ -576,80 +538,56 @@ pub struct ApprovalsConfig {
 
 /// `[tasks]`: jobs the host runs without a client (TaskService).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct TasksConfig {
     /// Tasks running at once; `CreateTask` beyond that is refused.
-    #[serde(default = "default_tasks_max_concurrent")]
     pub max_concurrent: u32,
     /// Workers one task's lead may start with `spawn_worker` (the lead itself not counted).
-    #[serde(default = "default_tasks_max_workers")]
     pub max_workers: u32,
     /// `timeout_secs` of a task that does not give one.
-    #[serde(default = "default_tasks_timeout_secs")]
     pub default_timeout_secs: u32,
     /// Largest `timeout_secs` a task may ask for.
-    #[serde(default = "default_tasks_max_timeout_secs")]
     pub max_timeout_secs: u32,
     /// Agent mode of a task's lead and of workers that do not name one.
-    #[serde(default)]
     pub ai_mode: AiMode,
     /// Model of the task agents; absent = `model.default`.
-    #[serde(default)]
     pub model: Option<String>,
 }
 
 impl Default for TasksConfig {
     fn default() -> Self {
         TasksConfig {
-            max_concurrent: default_tasks_max_concurrent(),
-            max_workers: default_tasks_max_workers(),
-            default_timeout_secs: default_tasks_timeout_secs(),
-            max_timeout_secs: default_tasks_max_timeout_secs(),
+            max_concurrent: 4,
+            max_workers: 8,
+            default_timeout_secs: 600,
+            max_timeout_secs: 86_400,
             ai_mode: AiMode::default(),
             model: None,
         }
     }
 }
 
-fn default_tasks_max_concurrent() -> u32 {
-    4
-}
-fn default_tasks_max_workers() -> u32 {
-    8
-}
-fn default_tasks_timeout_secs() -> u32 {
-    600
-}
-fn default_tasks_max_timeout_secs() -> u32 {
-    86_400
-}
-
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct SafetyConfig {
     /// Deadline for a PHYSICAL call on an actuator without its own `timeout_ms`.
-    #[serde(default = "default_physical_timeout_ms")]
     pub default_timeout_ms: u32,
     /// A GPIO input (BCM number) that triggers the protective stop while it
     /// is at `estop_gpio_active`.
-    #[serde(default)]
     pub estop_gpio_pin: Option<u8>,
     /// The stop input's active level; default `low`.
-    #[serde(default)]
     pub estop_gpio_active: Option<Level>,
     /// The stop input's bias; default `up` when active low, `down` when active high.
-    #[serde(default)]
     pub estop_gpio_pull: Option<Pull>,
     /// An MQTT topic whose messages `1`, `true` or `stop` trigger the
     /// protective stop (needs `[mqtt]`).
-    #[serde(default)]
     pub estop_mqtt_topic: Option<String>,
 }
 
 impl Default for SafetyConfig {
     fn default() -> Self {
         SafetyConfig {
-            default_timeout_ms: default_physical_timeout_ms(),
+            default_timeout_ms: 5_000,
             estop_gpio_pin: None,
             estop_gpio_active: None,
             estop_gpio_pull: None,
@@ -671,92 +609,6 @@ pub enum Pull {
 pub enum Level {
     High,
     Low,
-}
-
-fn default_host_id() -> String {
-    machine_hostname().unwrap_or_else(|| "rozd-host".to_string())
-}
-fn default_environment() -> String {
-    "default".to_string()
-}
-pub(crate) fn default_listen() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 8080))
-}
-fn default_shutdown_grace_secs() -> u64 {
-    5
-}
-fn default_http2_keepalive_secs() -> u64 {
-    5
-}
-fn default_max_connections() -> u32 {
-    1024
-}
-/// Streams per connection: a CLI or IDE holds a session stream and a few
-/// calls; 32 leaves room for a relaying host's multiplexed sessions while a
-/// single connection cannot make rozd hold hundreds of stream buffers.
-fn default_max_concurrent_streams() -> u32 {
-    32
-}
-fn default_header_read_timeout_secs() -> u64 {
-    10
-}
-fn default_idle_timeout_secs() -> u64 {
-    120
-}
-fn default_log_level() -> String {
-    "info".to_string()
-}
-fn default_keepalive_secs() -> u64 {
-    10
-}
-fn default_tool_timeout_ms() -> u32 {
-    30_000
-}
-fn default_approval_timeout_secs() -> u64 {
-    120
-}
-fn default_max_cycles() -> u32 {
-    25
-}
-fn default_max_context_tokens() -> u32 {
-    200_000
-}
-fn default_compact_target() -> f64 {
-    0.4
-}
-fn default_compact_tool_results_at() -> f64 {
-    0.5
-}
-fn default_compact_thinking_at() -> f64 {
-    0.6
-}
-fn default_compact_summary_at() -> f64 {
-    0.75
-}
-/// 16 sessions of at most `max_session_bytes` each is 32 MiB of client data
-/// on a Pi 4 with 1 GiB, beside each session's context (bounded by its token
-/// budget).
-fn default_max_sessions() -> u32 {
-    16
-}
-/// 2 MiB: a long history or several large project files, not a dump.
-fn default_max_session_bytes() -> u64 {
-    2 * 1024 * 1024
-}
-fn default_max_session_tools() -> u32 {
-    256
-}
-/// 90 days of sessions and audit; about 100 MB at the rate observed
-/// (45 MB after ~4 000 sessions).
-fn default_retain_days() -> u32 {
-    90
-}
-/// 512 MiB: well inside an SD card, far above what 90 days usually take.
-fn default_max_size_mb() -> u32 {
-    512
-}
-fn default_physical_timeout_ms() -> u32 {
-    5_000
 }
 
 /// The machine's hostname, as the kernel reports it.

@@ -5,40 +5,35 @@ use serde::Deserialize;
 use crate::config::types::Invalid;
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct McpConfig {
     /// Serve MCP at `/mcp` on the server's listener.
-    #[serde(default = "default_enabled")]
     pub enabled: bool,
     /// An MCP session without any request or open stream event for this long
     /// ends (its actuators go to their safe values).
-    #[serde(default = "default_session_idle_secs")]
     pub session_idle_secs: u64,
     /// Seconds between SSE keep-alive comments on MCP streams and between
     /// pings to a client holding its event stream; a ping unanswered for as
     /// long means the client is gone.
-    #[serde(default = "default_keepalive_secs")]
     pub keepalive_secs: u64,
     /// Ask a client that supports elicitation to approve a
     /// `require_confirmation` call (its user answers); `false`: only an
     /// operator over REST (`/v1/approvals`) can approve.
-    #[serde(default = "default_elicitation")]
     pub elicitation: bool,
     /// At most this many MCP sessions exist at once. When all are taken, an
     /// idle one (no request in flight) is ended to seat a newcomer; when
     /// none is idle, `initialize` is refused with 503.
-    #[serde(default = "default_max_sessions")]
     pub max_sessions: usize,
 }
 
 impl Default for McpConfig {
     fn default() -> Self {
         McpConfig {
-            enabled: default_enabled(),
-            session_idle_secs: default_session_idle_secs(),
-            keepalive_secs: default_keepalive_secs(),
-            elicitation: default_elicitation(),
-            max_sessions: default_max_sessions(),
+            enabled: true,
+            session_idle_secs: 300,
+            keepalive_secs: 15,
+            elicitation: true,
+            max_sessions: 64,
         }
     }
 }
@@ -63,22 +58,6 @@ impl McpConfig {
     }
 }
 
-fn default_enabled() -> bool {
-    true
-}
-fn default_session_idle_secs() -> u64 {
-    300
-}
-fn default_keepalive_secs() -> u64 {
-    15
-}
-fn default_elicitation() -> bool {
-    true
-}
-/// About 54 KiB each while idle: 64 sessions are about 3.5 MiB.
-fn default_max_sessions() -> usize {
-    64
-}
 /// The largest `max_sessions` taken.
 pub const MAX_MAX_SESSIONS: usize = 10_000;
 

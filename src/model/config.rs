@@ -62,46 +62,38 @@ impl MaxTokensField {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
     /// Model of a session whose `StartSession.model` is absent: `local`, an
     /// endpoint name, an endpoint's model id, or a `claude-*` model id.
-    #[serde(default = "default_model")]
     pub default: String,
     /// Most tokens one model call may produce (stop reason `max_tokens`).
-    #[serde(default = "default_max_output_tokens")]
     pub max_output_tokens: u32,
     /// Time to establish a connection to a provider.
-    #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
     /// Longest silence allowed while waiting for response headers or between
     /// two pieces of a streamed answer.
-    #[serde(default = "default_idle_timeout_ms")]
     pub idle_timeout_ms: u64,
     /// Total time one model call may spend retrying failures that happened
     /// before any answer arrived (connection errors, 429, 5xx, overload).
-    #[serde(default = "default_retry_budget_ms")]
     pub retry_budget_ms: u64,
     /// First retry delay; it doubles per attempt, with jitter.
-    #[serde(default = "default_retry_initial_backoff_ms")]
     pub retry_initial_backoff_ms: u64,
     /// Upper bound of one retry delay (a longer `retry-after` is still honoured).
-    #[serde(default = "default_retry_max_backoff_ms")]
     pub retry_max_backoff_ms: u64,
-    #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig {
-            default: default_model(),
-            max_output_tokens: default_max_output_tokens(),
-            connect_timeout_ms: default_connect_timeout_ms(),
-            idle_timeout_ms: default_idle_timeout_ms(),
-            retry_budget_ms: default_retry_budget_ms(),
-            retry_initial_backoff_ms: default_retry_initial_backoff_ms(),
-            retry_max_backoff_ms: default_retry_max_backoff_ms(),
+            default: LOCAL.to_string(),
+            max_output_tokens: 4096,
+            connect_timeout_ms: 10_000,
+            idle_timeout_ms: 120_000,
+            retry_budget_ms: 60_000,
+            retry_initial_backoff_ms: 500,
+            retry_max_backoff_ms: 16_000,
             endpoints: Vec::new(),
         }
     }
@@ -441,27 +433,6 @@ fn valid_name(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/'))
 }
 
-fn default_model() -> String {
-    LOCAL.to_string()
-}
-fn default_max_output_tokens() -> u32 {
-    4096
-}
-fn default_connect_timeout_ms() -> u64 {
-    10_000
-}
-fn default_idle_timeout_ms() -> u64 {
-    120_000
-}
-fn default_retry_budget_ms() -> u64 {
-    60_000
-}
-fn default_retry_initial_backoff_ms() -> u64 {
-    500
-}
-fn default_retry_max_backoff_ms() -> u64 {
-    16_000
-}
 fn default_true() -> bool {
     true
 }
