@@ -1,8 +1,8 @@
 //! What rozd reads from a certificate itself: the subject (to name a client
 //! by its certificate) and its validity period (for `/v1/status`, `rozd
-//! check`, and a reload that refuses a certificate clients would refuse). A
-//! small DER walk of the fields in front of them; rustls and webpki have
-//! already verified (or will verify) the certificate, this only reads it.
+//! check`, and a reload that refuses a certificate clients would refuse).
+//! x509-parser reads the DER; rustls and webpki have already verified (or
+//! will verify) the certificate, this only reads it.
 
 use std::fmt::Write as _;
 
@@ -46,87 +46,39 @@ impl CertInfo {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("not an X.509 certificate this reader understands: {0}")]
-pub struct X509Error(&'static str);
+pub struct X509Error(String);
 
-const SEQUENCE: u8 = 0x30;
-const SET: u8 = 0x31;
-const OID: u8 = 0x06;
-const UTC_TIME: u8 = 0x17;
-const GENERALIZED_TIME: u8 = 0x18;
-
-/// One DER element: its tag, its content and what follows it.
-fn element(input: &[u8]) -> Result<(u8, &[u8], &[u8]), X509Error> {
-    let [tag, first, rest @ ..] = input else {
-        return Err(X509Error("truncated element"));
-    };
-    let (len, rest) = if first & 0x80 == 0 {
-        (usize::from(*first), rest)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || rest.len() < n {
-            return Err(X509Error("bad length"));
-        }
-        let len = rest[..n]
-            .iter()
-            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
-        (len, &rest[n..])
-    };
-    if rest.len() < len {
-        return Err(X509Error("element longer than its input"));
-    }
-    Ok((*tag, &rest[..len], &rest[len..]))
-}
-
-fn expect(input: &[u8], tag: u8) -> Result<(&[u8], &[u8]), X509Error> {
-    match element(input)? {
-        (t, content, rest) if t == tag => Ok((content, rest)),
-        _ => Err(X509Error("unexpected element")),
-    }
-}
-
-/// Reads the subject and validity of a DER certificate.
+/// Reads the subject and validity of a DER certificate (x509-parser does
+/// the DER; the subject's string form is rozd's own, below).
 pub fn parse(der: &[u8]) -> Result<CertInfo, X509Error> {
-    let (certificate, _) = expect(der, SEQUENCE)?;
-    let (tbs, _) = expect(certificate, SEQUENCE)?;
-    let mut rest = tbs;
-    // version [0] EXPLICIT, optional
-    if rest.first() == Some(&0xa0) {
-        rest = element(rest)?.2;
-    }
-    let (_serial, rest) = expect(rest, 0x02)?;
-    let (_signature, rest) = expect(rest, SEQUENCE)?;
-    let (_issuer, rest) = expect(rest, SEQUENCE)?;
-    let (validity, rest) = expect(rest, SEQUENCE)?;
-    let (subject, _) = expect(rest, SEQUENCE)?;
-    let (tag, time, after_not_before) = element(validity)?;
-    let not_before = parse_time(tag, time)?;
-    let (tag, time, _) = element(after_not_before)?;
-    let not_after = parse_time(tag, time)?;
-    let (subject, common_name) = parse_name(subject)?;
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(der).map_err(|e| X509Error(e.to_string()))?;
+    let validity = cert.validity();
+    let (subject, common_name) = subject_string(cert.subject());
     Ok(CertInfo {
         subject,
         common_name,
-        not_before,
-        not_after,
+        not_before: validity.not_before.timestamp(),
+        not_after: validity.not_after.timestamp(),
     })
 }
 
-/// A `Name`'s RFC 4514 string, and its first common name.
-fn parse_name(mut rdns: &[u8]) -> Result<(String, Option<String>), X509Error> {
+/// A `Name`'s RFC 4514 string (most specific RDN first, multi-valued RDNs
+/// joined by `+`), and its first common name. These strings are what
+/// `[[server.clients]]` subjects are matched against: keep them stable
+/// (`subject_strings_are_pinned`).
+fn subject_string(name: &x509_parser::x509::X509Name<'_>) -> (String, Option<String>) {
     let mut parts = Vec::new();
     let mut common_name = None;
-    while !rdns.is_empty() {
-        let (set, rest) = expect(rdns, SET)?;
-        rdns = rest;
+    for rdn in name.iter() {
         let mut attributes = Vec::new();
-        let mut set = set;
-        while !set.is_empty() {
-            let (pair, rest) = expect(set, SEQUENCE)?;
-            set = rest;
-            let (oid, value) = expect(pair, OID)?;
-            let (tag, value, _) = element(value)?;
-            let oid = oid_string(oid);
-            let text = string_value(tag, value);
+        for attribute in rdn.iter() {
+            let oid = attribute.attr_type().to_id_string();
+            let value = attribute.attr_value();
+            let tag = value.tag().0;
+            let text = u8::try_from(tag)
+                .ok()
+                .and_then(|tag| string_value(tag, value.data));
             if oid == "2.5.4.3" && common_name.is_none() {
                 common_name = text.clone();
             }
@@ -148,31 +100,34 @@ fn parse_name(mut rdns: &[u8]) -> Result<(String, Option<String>), X509Error> {
                 Some(text) => escape(&text),
                 // RFC 4514: an attribute without a string form is `#` and
                 // the hex of its whole BER encoding.
-                None => {
-                    let mut hex = format!("#{tag:02x}");
-                    let len = value.len();
-                    if len < 0x80 {
-                        let _ = write!(hex, "{len:02x}");
-                    } else {
-                        let bytes = len.to_be_bytes();
-                        let skip = bytes.iter().take_while(|b| **b == 0).count();
-                        let _ = write!(hex, "{:02x}", 0x80 | (bytes.len() - skip));
-                        for b in &bytes[skip..] {
-                            let _ = write!(hex, "{b:02x}");
-                        }
-                    }
-                    for b in value {
-                        let _ = write!(hex, "{b:02x}");
-                    }
-                    hex
-                }
+                None => ber_hex(tag, value.data),
             };
             attributes.push(format!("{name}={value}"));
         }
         parts.push(attributes.join("+"));
     }
     parts.reverse();
-    Ok((parts.join(","), common_name))
+    (parts.join(","), common_name)
+}
+
+/// `#` and the hex of a (primitive, universal) element's BER encoding.
+fn ber_hex(tag: u32, content: &[u8]) -> String {
+    let mut hex = format!("#{tag:02x}");
+    let len = content.len();
+    if len < 0x80 {
+        let _ = write!(hex, "{len:02x}");
+    } else {
+        let bytes = len.to_be_bytes();
+        let skip = bytes.iter().take_while(|b| **b == 0).count();
+        let _ = write!(hex, "{:02x}", 0x80 | (bytes.len() - skip));
+        for b in &bytes[skip..] {
+            let _ = write!(hex, "{b:02x}");
+        }
+    }
+    for b in content {
+        let _ = write!(hex, "{b:02x}");
+    }
+    hex
 }
 
 /// The text of a directory string; `None` for other types.
@@ -214,86 +169,16 @@ fn escape(value: &str) -> String {
     out
 }
 
-fn oid_string(oid: &[u8]) -> String {
-    let mut arcs: Vec<u64> = Vec::new();
-    let mut value = 0u64;
-    for (i, b) in oid.iter().enumerate() {
-        value = (value << 7) | u64::from(b & 0x7f);
-        if b & 0x80 == 0 {
-            if arcs.is_empty() && i < oid.len() {
-                let first = (value / 40).min(2);
-                arcs.push(first);
-                arcs.push(value - first * 40);
-            } else {
-                arcs.push(value);
-            }
-            value = 0;
-        }
-    }
-    arcs.iter()
-        .map(u64::to_string)
-        .collect::<Vec<_>>()
-        .join(".")
-}
-
-/// UTCTime (`YYMMDDHHMMSSZ`) or GeneralizedTime (`YYYYMMDDHHMMSSZ`) to Unix seconds.
-fn parse_time(tag: u8, text: &[u8]) -> Result<i64, X509Error> {
-    let bad = X509Error("bad validity time");
-    // ASCII only: the digits are sliced by byte position below.
-    if !text.is_ascii() {
-        return Err(bad);
-    }
-    let text = std::str::from_utf8(text).map_err(|_| bad.clone())?;
-    let text = text.strip_suffix('Z').ok_or(bad.clone())?;
-    let (year, rest) = match tag {
-        UTC_TIME if text.len() == 12 => {
-            let yy: i64 = text[..2].parse().map_err(|_| bad.clone())?;
-            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &text[2..])
-        }
-        GENERALIZED_TIME if text.len() == 14 => {
-            (text[..4].parse().map_err(|_| bad.clone())?, &text[4..])
-        }
-        _ => return Err(bad),
-    };
-    let field = |i: usize| -> Result<i64, X509Error> {
-        rest.get(i..i + 2)
-            .and_then(|s| s.parse().ok())
-            .ok_or(bad.clone())
-    };
-    let (month, day, hour, minute, second) =
-        (field(0)?, field(2)?, field(4)?, field(6)?, field(8)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
-        return Err(bad);
-    }
-    Ok(days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
-pub(crate) fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
-    fn dates_and_times() {
-        assert_eq!(days_from_civil(1970, 1, 1), 0);
-        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
-        assert_eq!(parse_time(UTC_TIME, b"700101000001Z"), Ok(1));
-        assert_eq!(
-            parse_time(GENERALIZED_TIME, b"20380119031408Z"),
-            Ok(2_147_483_648)
-        );
-        assert!(parse_time(UTC_TIME, b"700101000001").is_err());
-        assert!(parse_time(UTC_TIME, b"701301000001Z").is_err());
+    /// Unix seconds at the start of a (UTC) day.
+    pub(crate) fn unix_secs(year: i32, month: u32, day: u32) -> i64 {
+        chrono::NaiveDate::from_ymd_opt(year, month, day)
+            .and_then(|d| d.and_hms_opt(0, 0, 0))
+            .map(|t| t.and_utc().timestamp())
+            .unwrap()
     }
 
     #[test]
@@ -319,32 +204,83 @@ mod tests {
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = params.self_signed(&key).unwrap();
         let info = parse(cert.der()).unwrap();
-        assert_eq!(info.not_before, days_from_civil(2001, 2, 3) * 86_400);
-        assert_eq!(info.not_after, days_from_civil(2061, 4, 5) * 86_400);
-        assert_eq!(
-            info.validity(days_from_civil(2000, 1, 1) * 86_400),
-            Validity::NotYetValid
-        );
-        assert_eq!(
-            info.validity(days_from_civil(2030, 1, 1) * 86_400),
-            Validity::Valid
-        );
-        assert_eq!(
-            info.validity(days_from_civil(2062, 1, 1) * 86_400),
-            Validity::Expired
-        );
+        assert_eq!(info.not_before, unix_secs(2001, 2, 3));
+        assert_eq!(info.not_after, unix_secs(2061, 4, 5));
+        assert_eq!(info.validity(unix_secs(2000, 1, 1)), Validity::NotYetValid);
+        assert_eq!(info.validity(unix_secs(2030, 1, 1)), Validity::Valid);
+        assert_eq!(info.validity(unix_secs(2062, 1, 1)), Validity::Expired);
     }
 
     #[test]
-    fn oids_and_escaping() {
-        assert_eq!(oid_string(&[0x55, 0x04, 0x03]), "2.5.4.3");
-        assert_eq!(
-            oid_string(&[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x09, 0x01]),
-            "1.2.840.113549.1.9.1"
-        );
+    fn escaping() {
         assert_eq!(escape("a,b+c"), "a\\,b\\+c");
         assert_eq!(escape(" x "), "\\ x\\ ");
         assert_eq!(escape("#1"), "\\#1");
+    }
+
+    /// The subject strings that configured clients (`[[server.clients]]`
+    /// `subject`) are matched against, pinned: a change of reader must not
+    /// change them.
+    #[test]
+    fn subject_strings_are_pinned() {
+        use rcgen::{DnType, DnValue};
+        let subject = |entries: Vec<(DnType, DnValue)>| {
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.distinguished_name = rcgen::DistinguishedName::new();
+            for (t, v) in entries {
+                params.distinguished_name.push(t, v);
+            }
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = params.self_signed(&key).unwrap();
+            let info = parse(cert.der()).unwrap();
+            (info.subject, info.common_name)
+        };
+        let utf8 = |s: &str| DnValue::Utf8String(s.into());
+        assert_eq!(
+            subject(vec![(DnType::CommonName, utf8("rover-1"))]),
+            ("CN=rover-1".to_string(), Some("rover-1".to_string()))
+        );
+        assert_eq!(
+            subject(vec![
+                (
+                    DnType::CountryName,
+                    DnValue::PrintableString("DE".try_into().unwrap())
+                ),
+                (DnType::OrganizationName, utf8("Lab, Inc.")),
+                (DnType::OrganizationalUnitName, utf8("Fleet+Ops")),
+                (DnType::CommonName, utf8(" rover #2 ")),
+            ]),
+            (
+                "CN=\\ rover #2\\ ,OU=Fleet\\+Ops,O=Lab\\, Inc.,C=DE".to_string(),
+                Some(" rover #2 ".to_string())
+            )
+        );
+        assert_eq!(
+            subject(vec![
+                (
+                    DnType::LocalityName,
+                    DnValue::Ia5String("Munich".try_into().unwrap())
+                ),
+                (
+                    DnType::StateOrProvinceName,
+                    DnValue::BmpString("Bayern".try_into().unwrap())
+                ),
+                (
+                    DnType::CustomDnType(vec![0, 9, 2342, 19200300, 100, 1, 25]),
+                    utf8("lab")
+                ),
+                (DnType::CustomDnType(vec![2, 5, 4, 99]), utf8("x")),
+                (
+                    DnType::CommonName,
+                    DnValue::UniversalString("ü".try_into().unwrap())
+                ),
+            ]),
+            // No string form (UniversalString): `#` and the hex of its BER.
+            (
+                "CN=#1c04000000fc,2.5.4.99=x,DC=lab,ST=Bayern,L=Munich".to_string(),
+                None
+            )
+        );
     }
 
     #[test]
@@ -357,18 +293,5 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn a_validity_time_that_is_not_ascii_is_an_error_not_a_panic() {
-        // The lengths each form takes (12 and 14 bytes before the Z), with
-        // a two-byte character across the year's slice.
-        for (tag, text) in [
-            (UTC_TIME, "1\u{e9}010100000Z"),
-            (GENERALIZED_TIME, "202\u{e9}010100000Z"),
-        ] {
-            assert!(parse_time(tag, text.as_bytes()).is_err(), "{text}");
-        }
-        assert!(parse_time(UTC_TIME, b"300101000000Z").is_ok());
     }
 }
