@@ -44,26 +44,14 @@ enum Command {
     Status {
         #[command(flatten)]
         reach: Reach,
-        /// Bearer token, when the daemon requires one (not sent over the
-        /// control socket).
-        #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-        #[command(flatten)]
-        tls: TlsArgs,
         /// Print the raw JSON.
         #[arg(long)]
         json: bool,
     },
     /// List the hosts a running daemon knows (GET /v1/hosts): its fleet registry.
     Hosts {
-        /// Address of the daemon.
-        #[arg(long, default_value = cli::connect::DEFAULT_ADDR, env = "ROZD_ADDR")]
-        addr: String,
-        /// Bearer token, when the daemon requires one.
-        #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
-        token: Option<String>,
         #[command(flatten)]
-        tls: TlsArgs,
+        daemon: DaemonArgs,
         /// Only the hosts of this environment.
         #[arg(long, value_name = "ENV")]
         environment: Option<String>,
@@ -86,14 +74,8 @@ enum Command {
     /// An MCP server on stdin/stdout relaying to a running daemon's /mcp
     /// (for Claude Desktop and other stdio MCP clients).
     Mcp {
-        /// Address of the daemon (host:port or http://host:port).
-        #[arg(long, default_value = cli::connect::DEFAULT_ADDR, env = "ROZD_ADDR")]
-        addr: String,
-        /// Bearer token, when the daemon requires one.
-        #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
-        token: Option<String>,
         #[command(flatten)]
-        tls: TlsArgs,
+        daemon: DaemonArgs,
     },
     /// Trigger the protective stop of a running daemon, or clear it (--clear).
     #[command(
@@ -110,12 +92,6 @@ enum Command {
     Estop {
         #[command(flatten)]
         reach: Reach,
-        /// Bearer token, when the daemon requires one (not sent over the
-        /// control socket).
-        #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-        #[command(flatten)]
-        tls: TlsArgs,
         /// Why: recorded as the stop's reason, or logged with the clear.
         #[arg(long, value_name = "TEXT")]
         reason: Option<String>,
@@ -146,19 +122,8 @@ enum Command {
         after_help = cli::task::TASK_EXIT_HELP
     )]
     Task {
-        /// Address of the daemon.
-        #[arg(
-            long,
-            global = true,
-            default_value = cli::connect::DEFAULT_ADDR,
-            env = "ROZD_ADDR"
-        )]
-        addr: String,
-        /// Bearer token, when the daemon requires one.
-        #[arg(long, global = true, env = "ROZD_TOKEN", hide_env_values = true)]
-        token: Option<String>,
         #[command(flatten)]
-        tls: TlsArgs,
+        daemon: DaemonArgs,
         /// Print the daemon's JSON answer.
         #[arg(long, global = true)]
         json: bool,
@@ -218,16 +183,45 @@ struct TlsArgs {
 
 impl TlsArgs {
     /// Used by every `https://` connection of this command.
-    fn apply(self) {
+    fn apply(&self) {
         cli::connect::set_client_tls(rozd::tls::client::ClientTlsFiles {
-            ca_file: self.cacert,
-            cert_file: self.cert,
-            key_file: self.key,
+            ca_file: self.cacert.clone(),
+            cert_file: self.cert.clone(),
+            key_file: self.key.clone(),
         });
     }
 }
 
-/// Where `rozd status` and `rozd estop` send their request.
+/// How a client command reaches a running daemon over TCP: the flags of
+/// every client command (`--addr`, `--token`, the TLS ones), declared once.
+#[derive(Args)]
+struct DaemonArgs {
+    /// Address of the daemon (host:port, http://host:port, or
+    /// https://host:port for TLS).
+    #[arg(
+        long,
+        global = true,
+        default_value = cli::connect::DEFAULT_ADDR,
+        env = "ROZD_ADDR"
+    )]
+    addr: String,
+    /// Bearer token, when the daemon requires one.
+    #[arg(long, global = true, env = "ROZD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+impl DaemonArgs {
+    /// The address and token, with the TLS flags put in force.
+    fn connect(self) -> (String, Option<String>) {
+        self.tls.apply();
+        (self.addr, self.token)
+    }
+}
+
+/// Where `rozd status` and `rozd estop` send their request: the control
+/// socket first, else TCP.
 #[derive(Args)]
 struct Reach {
     /// Address of the daemon over TCP [default: 127.0.0.1:8080].
@@ -237,6 +231,12 @@ struct Reach {
     /// Default: from the configuration (see below).
     #[arg(long, env = "ROZD_SOCKET", value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// Bearer token, when the daemon requires one (not sent over the
+    /// control socket).
+    #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 impl Reach {
@@ -278,15 +278,8 @@ Exit status:
 
 #[derive(Args)]
 struct ChatArgs {
-    /// Address of the daemon (host:port, http://host:port, or
-    /// https://host:port for TLS).
-    #[arg(long, default_value = cli::connect::DEFAULT_ADDR, env = "ROZD_ADDR")]
-    addr: String,
-    /// Bearer token, when the daemon requires one.
-    #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
-    token: Option<String>,
     #[command(flatten)]
-    tls: TlsArgs,
+    daemon: DaemonArgs,
     /// Model for the session (default: the daemon's `model.default`).
     #[arg(long)]
     model: Option<String>,
@@ -312,35 +305,28 @@ fn main() -> ExitCode {
     match parsed.command.unwrap_or(Command::Run) {
         Command::Run => run(config),
         Command::Check => check(config),
-        Command::Status {
-            reach,
-            token,
-            tls,
-            json,
-        } => ExitCode::from({
-            tls.apply();
+        Command::Status { reach, json } => ExitCode::from({
+            reach.tls.apply();
             cli::status::status(
                 reach.addr(),
                 reach.socket(config).as_deref(),
-                token.as_deref(),
+                reach.token.as_deref(),
                 json,
             )
         }),
         Command::Hosts {
-            addr,
-            token,
-            tls,
+            daemon,
             environment,
             json,
         } => ExitCode::from({
-            tls.apply();
+            let (addr, token) = daemon.connect();
             cli::status::hosts(&addr, token.as_deref(), environment.as_deref(), json)
         }),
         Command::Chat(args) => ExitCode::from({
-            args.tls.apply();
+            let (addr, token) = args.daemon.connect();
             cli::chat::exec(cli::chat::ChatOptions {
-                addr: args.addr,
-                token: args.token,
+                addr,
+                token,
                 model: args.model,
                 host_id: args.host_id,
                 environment: args.environment,
@@ -348,23 +334,21 @@ fn main() -> ExitCode {
                 allow_shell: args.allow_shell,
             })
         }),
-        Command::Mcp { addr, token, tls } => ExitCode::from({
-            tls.apply();
+        Command::Mcp { daemon } => ExitCode::from({
+            let (addr, token) = daemon.connect();
             cli::mcp::exec(cli::mcp::Options { addr, token })
         }),
         Command::Estop {
             reach,
-            token,
-            tls,
             reason,
             clear,
             json,
         } => ExitCode::from({
-            tls.apply();
+            reach.tls.apply();
             cli::estop::estop(
                 reach.addr(),
                 reach.socket(config).as_deref(),
-                token.as_deref(),
+                reach.token.as_deref(),
                 reason.as_deref(),
                 clear,
                 json,
@@ -372,13 +356,11 @@ fn main() -> ExitCode {
         }),
         Command::Record { command } => record(config, command),
         Command::Task {
-            addr,
-            token,
-            tls,
+            daemon,
             json,
             command,
         } => ExitCode::from({
-            tls.apply();
+            let (addr, token) = daemon.connect();
             cli::task::exec(&addr, token.as_deref(), command, json)
         }),
     }
