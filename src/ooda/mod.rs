@@ -124,7 +124,7 @@ pub struct Ooda {
     /// Where the tick hands actions off to (it may run on its own thread).
     runtime: tokio::runtime::Handle,
     latest: watch::Sender<Arc<Observation>>,
-    recorder: Mutex<stats::Recorder>,
+    tick_history: Mutex<stats::TickHistory>,
     gpio: Arc<dyn GpioBackend>,
     sim_actuators: HashMap<String, Arc<SimActuator>>,
     sim: Option<SimLoop>,
@@ -366,7 +366,7 @@ impl Ooda {
             timer: loop_config.timer,
             realtime: loop_config.realtime.clone(),
             runtime: tokio::runtime::Handle::current(),
-            recorder: Mutex::new(stats::Recorder::default()),
+            tick_history: Mutex::new(stats::TickHistory::default()),
             gpio,
             sim_actuators,
             sim,
@@ -544,7 +544,7 @@ impl Ooda {
     }
 
     pub fn stats(&self) -> LoopStats {
-        self.recorder
+        self.tick_history
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .stats(

@@ -44,9 +44,9 @@ pub struct RealtimeView {
     pub memory_locked: bool,
 }
 
-/// Collected by the loop, read by [`Recorder::stats`].
+/// Collected by the loop, read by [`TickHistory::stats`].
 #[derive(Debug, Default)]
-pub struct Recorder {
+pub struct TickHistory {
     ticks: u64,
     missed: u64,
     late_max_us: u64,
@@ -55,7 +55,7 @@ pub struct Recorder {
     exec: VecDeque<u64>,
 }
 
-impl Recorder {
+impl TickHistory {
     /// One tick: how late it woke, how long its work took, and how many
     /// deadlines before it were skipped.
     pub fn tick(&mut self, late_us: u64, exec_us: u64, skipped: u64) {
@@ -116,7 +116,7 @@ mod tests {
 
     #[test]
     fn percentiles_over_the_window_and_maxima_since_start() {
-        let mut r = Recorder::default();
+        let mut r = TickHistory::default();
         r.tick(10_000, 5, 0);
         for i in 1..=WINDOW as u64 {
             r.tick(i, i % 7, if i == 5 { 3 } else { 0 });
@@ -130,7 +130,7 @@ mod tests {
         assert_eq!(s.lateness_p999_us, 4092);
         assert_eq!(s.lateness_max_us, 10_000, "the max is since start");
         assert_eq!(s.tick_exec_max_us, 6);
-        let empty = Recorder::default().stats(50.0, "runtime", RealtimeView::default());
+        let empty = TickHistory::default().stats(50.0, "runtime", RealtimeView::default());
         assert_eq!((empty.lateness_p99_us, empty.window_ticks), (0, 0));
     }
 }

@@ -79,7 +79,7 @@ impl Ooda {
         }
         let exec = started.elapsed();
         crate::metrics::loop_tick(wake.late, exec);
-        self.recorder
+        self.tick_history
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .tick(micros(wake.late), micros(exec), wake.skipped);
