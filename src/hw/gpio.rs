@@ -195,7 +195,7 @@ impl RppalGpio {
 }
 
 fn rppal_err(pin: u8) -> impl Fn(rppal::gpio::Error) -> HwError {
-    move |e| HwError::Io(format!("GPIO {pin}: {e}"))
+    move |e| HwError::io(format!("GPIO {pin}"), e)
 }
 
 struct RppalInput {

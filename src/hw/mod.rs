@@ -18,6 +18,7 @@ pub mod system;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 /// Health of a sensor or a source (a serial port, the MQTT connection, ...).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,12 +96,64 @@ pub enum HwError {
     Disconnected(String),
     #[error("no reply within {0} ms")]
     Timeout(u64),
-    #[error("I/O error: {0}")]
-    Io(String),
+    /// The OS or the device failed (`context`: what rozd was doing); the
+    /// error itself is kept as the source.
+    #[error("I/O error: {context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: SourceError,
+    },
+    /// The driver cannot take the request now (a full queue, a closed link).
+    #[error("{0}")]
+    Busy(String),
     #[error("device answered {0:?}, which does not match the expected reply")]
     UnexpectedReply(String),
     #[error("{0}")]
     Unsupported(String),
+}
+
+/// An error kept whole (with its own sources), cheap to clone: a driver's
+/// error goes to the caller, the audit and the log. Two are equal when they
+/// say the same.
+#[derive(Debug, Clone)]
+pub struct SourceError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl SourceError {
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> SourceError {
+        SourceError(Arc::new(error))
+    }
+}
+
+impl fmt::Display for SourceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SourceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for SourceError {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+impl HwError {
+    /// An OS or device error while doing `context`.
+    pub fn io(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> HwError {
+        HwError::Io {
+            context: context.into(),
+            source: SourceError::new(source),
+        }
+    }
 }
 
 pub type DriverFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HwError>> + Send + 'a>>;

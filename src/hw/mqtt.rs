@@ -236,7 +236,7 @@ impl Mqtt {
             .try_publish(topic, qos, retain, payload)
             .map_err(|e| match e {
                 ClientError::TryRequest(_) | ClientError::Request(_) => {
-                    HwError::Io("the MQTT request queue is full or closed".to_string())
+                    HwError::Busy("the MQTT request queue is full or closed".to_string())
                 }
             })
     }

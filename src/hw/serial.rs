@@ -416,8 +416,11 @@ impl PortTask {
                 Ok(())
             }
             Ok(Err(e)) => {
-                let _ = cmd.reply.send(Err(HwError::Io(e.to_string())));
-                Err(format!("write failed: {e}"))
+                let failure = format!("write failed: {e}");
+                let _ = cmd
+                    .reply
+                    .send(Err(HwError::io("writing to the serial port", e)));
+                Err(failure)
             }
             Ok(Ok(())) => {
                 match cmd.expect {

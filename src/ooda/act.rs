@@ -313,7 +313,7 @@ impl Actuators {
                 }
                 Err(ActError::Driver {
                     actuator: name.to_string(),
-                    error: HwError::Io(format!("the command failed inside rozd: {e}")),
+                    error: HwError::io("the command failed inside rozd", e),
                 })
             }
         };
