@@ -146,6 +146,21 @@ impl Credentials {
         }
     }
 
+    /// Whether the request carries a credential this daemon issued: a valid
+    /// bearer token, or (without an `Authorization` header) a verified
+    /// client certificate of `server.clients`. For the browser guard: such a
+    /// request cannot be a cross-site forgery.
+    pub fn vouch_for(&self, headers: &http::HeaderMap, peer: Option<&PeerIdentity>) -> bool {
+        match presented(headers.get(http::header::AUTHORIZATION)) {
+            Presented::Bearer(token) => self.token(token).is_some(),
+            Presented::Malformed(_) => false,
+            Presented::Absent => peer.is_some_and(|p| {
+                self.identify(Identity::CertificateSubject(&p.subject))
+                    .is_some()
+            }),
+        }
+    }
+
     /// Compares against every token without short-circuiting: the time
     /// taken says nothing about which token (or how much of one) matched.
     fn token(&self, presented: &str) -> Option<Caller> {

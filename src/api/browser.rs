@@ -18,8 +18,17 @@
 //!   forms and multipart are what a page may send cross-site without a
 //!   preflight. Otherwise `415 unsupported_media_type`.
 //!
-//! Triggering the protective stop (`POST /v1/estop`, gRPC `TriggerEstop`) is
-//! exempt: anyone may stop, a browser page included.
+//! Triggering the protective stop (`POST /v1/estop`, `POST /v1/fleet/estop`,
+//! gRPC `TriggerEstop`) is exempt: anyone may stop, a browser page included,
+//! whatever its headers and content type.
+//!
+//! A request that carries a valid bearer token or a client certificate of
+//! `server.clients` is exempt from the Origin and content-type checks: a
+//! page cannot attach either to a cross-site form, so such a request is no
+//! forgery (`curl -d` sends a form content type with a token).
+//!
+//! Two `Host` headers are a bad request (RFC 9112 §3.2: `400`), before
+//! anything else but a stop.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -30,13 +39,18 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, Method, StatusCode, Uri};
 
+use super::auth::Credentials;
 use super::reply::json_error;
 use crate::config::Config;
 #[cfg(test)]
 use crate::config::check_allowed_host_entry;
 
 /// Paths anyone may call from anywhere: triggering the stop.
-const STOP_TRIGGERS: &[&str] = &["/v1/estop", "/roz.v1.SafetyService/TriggerEstop"];
+const STOP_TRIGGERS: &[&str] = &[
+    "/v1/estop",
+    "/v1/fleet/estop",
+    "/roz.v1.SafetyService/TriggerEstop",
+];
 
 /// The names a request may address this daemon by.
 #[derive(Debug, Clone)]
@@ -142,6 +156,8 @@ pub enum Refusal {
     CrossOrigin(String),
     /// A state-changing request whose body is not JSON.
     UnsupportedMediaType(String),
+    /// Not a valid HTTP request (two `Host` headers).
+    BadRequest(String),
 }
 
 impl Refusal {
@@ -150,6 +166,7 @@ impl Refusal {
             Refusal::HostNotAllowed(_) => StatusCode::MISDIRECTED_REQUEST,
             Refusal::CrossOrigin(_) => StatusCode::FORBIDDEN,
             Refusal::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Refusal::BadRequest(_) => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -158,6 +175,7 @@ impl Refusal {
             Refusal::HostNotAllowed(_) => "host_not_allowed",
             Refusal::CrossOrigin(_) => "cross_origin",
             Refusal::UnsupportedMediaType(_) => "unsupported_media_type",
+            Refusal::BadRequest(_) => "invalid_argument",
         }
     }
 
@@ -165,7 +183,8 @@ impl Refusal {
         match self {
             Refusal::HostNotAllowed(m)
             | Refusal::CrossOrigin(m)
-            | Refusal::UnsupportedMediaType(m) => m,
+            | Refusal::UnsupportedMediaType(m)
+            | Refusal::BadRequest(m) => m,
         }
     }
 }
@@ -178,6 +197,9 @@ pub struct Checked<'a> {
     /// The body is known to be empty (no `content-length`, `content-length:
     /// 0`, or an HTTP/2 request that ended with its headers).
     pub body_empty: bool,
+    /// The request carries a valid bearer token or a configured client
+    /// certificate (see the module doc).
+    pub credentialed: bool,
 }
 
 /// The host:port the request addresses: the URI's authority (HTTP/2
@@ -208,6 +230,16 @@ pub fn check(r: &Checked<'_>, allowed: &AllowedHosts) -> Result<(), Refusal> {
     if STOP_TRIGGERS.contains(&r.uri.path()) {
         return Ok(());
     }
+    if r.headers
+        .get_all(http::header::HOST)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        return Err(Refusal::BadRequest(
+            "a request with more than one Host header is invalid (RFC 9112 section 3.2)".into(),
+        ));
+    }
     let authority = request_authority(r).map_err(Refusal::HostNotAllowed)?;
     if let Some((host, _)) = &authority
         && !allowed.allows(host)
@@ -216,7 +248,7 @@ pub fn check(r: &Checked<'_>, allowed: &AllowedHosts) -> Result<(), Refusal> {
             "{host:?} is not a name of this daemon; add it to server.allowed_hosts if it is"
         )));
     }
-    if !changes_state(r.method) {
+    if !changes_state(r.method) || r.credentialed {
         return Ok(());
     }
     if let Some(origin) = r.headers.get(http::header::ORIGIN) {
@@ -282,16 +314,18 @@ fn same_origin(
 /// The middleware: refuses what [`check`] refuses, as JSON (REST) or a
 /// gRPC status.
 pub async fn guard(
-    State(allowed): State<Arc<AllowedHosts>>,
+    State((allowed, credentials)): State<(Arc<AllowedHosts>, Arc<Credentials>)>,
     request: Request,
     next: Next,
 ) -> Response {
     let body = request.body();
+    let peer = request.extensions().get::<crate::tls::PeerIdentity>();
     let checked = Checked {
         method: request.method(),
         uri: request.uri(),
         headers: request.headers(),
         body_empty: body.is_end_stream() || body.size_hint().exact() == Some(0),
+        credentialed: credentials.vouch_for(request.headers(), peer),
     };
     match check(&checked, &allowed) {
         Ok(()) => next.run(request).await,
@@ -337,7 +371,7 @@ mod tests {
         let uri: Uri = uri.parse().unwrap();
         let mut map = HeaderMap::new();
         for (k, v) in headers {
-            map.insert(
+            map.append(
                 http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
                 v.parse().unwrap(),
             );
@@ -348,9 +382,81 @@ mod tests {
                 uri: &uri,
                 headers: &map,
                 body_empty,
+                credentialed: false,
             },
             allowed,
         )
+    }
+
+    #[test]
+    fn a_credentialed_request_is_no_forgery_and_a_stop_is_never_refused() {
+        let a = allowed(&[]);
+        let uri: Uri = "/v1/fleet/estop/clear".parse().unwrap();
+        let mut form = HeaderMap::new();
+        form.insert(http::header::HOST, "127.0.0.1:8080".parse().unwrap());
+        form.insert(
+            http::header::CONTENT_TYPE,
+            "application/x-www-form-urlencoded".parse().unwrap(),
+        );
+        form.insert(http::header::ORIGIN, "http://evil.example".parse().unwrap());
+        let checked = |credentialed| Checked {
+            method: &Method::POST,
+            uri: &uri,
+            headers: &form,
+            body_empty: false,
+            credentialed,
+        };
+        assert!(matches!(
+            check(&checked(false), &a),
+            Err(Refusal::CrossOrigin(_))
+        ));
+        assert_eq!(check(&checked(true), &a), Ok(()));
+        // Every stop route, whatever the form, origin or host.
+        for stop in [
+            "/v1/estop",
+            "/v1/fleet/estop",
+            "/roz.v1.SafetyService/TriggerEstop",
+        ] {
+            let headers = [
+                ("host", "evil.example"),
+                ("host", "other.example"),
+                ("origin", "http://evil.example"),
+                ("content-type", "application/x-www-form-urlencoded"),
+            ];
+            assert_eq!(
+                run(Method::POST, stop, &headers, false, &a),
+                Ok(()),
+                "{stop}"
+            );
+        }
+    }
+
+    #[test]
+    fn two_host_headers_are_a_bad_request() {
+        let a = allowed(&[]);
+        for method in [Method::GET, Method::POST] {
+            let refused = run(
+                method.clone(),
+                "/v1/status",
+                &[("host", "127.0.0.1"), ("host", "127.0.0.1")],
+                true,
+                &a,
+            );
+            assert!(
+                matches!(refused, Err(Refusal::BadRequest(_))),
+                "{method}: {refused:?}"
+            );
+        }
+        assert_eq!(
+            run(
+                Method::GET,
+                "/v1/status",
+                &[("host", "127.0.0.1")],
+                true,
+                &a
+            ),
+            Ok(())
+        );
     }
 
     #[test]

@@ -4,17 +4,27 @@
 //! `daemon.rs` asks it and closes what it says (`T` is whatever closes a
 //! connection there).
 //!
-//! Shedding order, so that the protective stop and working clients stay
-//! reachable while someone floods the port:
+//! A connection is seated once it has shown its first bytes (see
+//! `daemon/listen.rs`: until then it waits in a [`Lobby`] of its own
+//! bound). When the table is full, a newcomer takes the place of:
 //! 1. the oldest connection that has not completed an authenticated request
-//!    (idle sockets, half-sent headers, refused requests);
-//! 2. else the longest-idle connection (no request in flight);
-//! 3. else the one whose last activity is oldest.
+//!    (half-sent headers, refused requests), with no request in flight;
+//! 2. else the longest-idle connection (no request in flight).
+//!
+//! A request in flight is never displaced by a newcomer: with no place to
+//! take, the newcomer is refused ([`Seat::Refused`]). A connection whose
+//! first request is a stop ([`Arrival::Stop`]) is never displaced before
+//! that request has started, and when the table has no place to free it is
+//! seated beyond the cap (at most [`STOP_OVERFLOW`] such): a stop never
+//! waits behind a full table.
+//!
+//! Out of file descriptors ([`ConnectionTable::shed`]) the same order
+//! applies, then the one whose last activity is oldest.
 //!
 //! A connection is idle while no request is in flight on it; it has been
 //! idle since its last request ended (or since it opened).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -26,10 +36,35 @@ pub const SHED_HEADROOM: usize = 8;
 /// Identifies a connection in its table; ids increase in opening order.
 pub type ConnectionId = u64;
 
+/// Connections whose first request is a stop that may be seated beyond the
+/// cap when it has no place to free.
+pub const STOP_OVERFLOW: usize = 64;
+
+/// What a connection's first bytes say it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// Its first request triggers the protective stop (`POST /v1/estop`,
+    /// `POST /v1/fleet/estop`).
+    Stop,
+    Other,
+}
+
+/// Where a newcomer ends up.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Seat<T> {
+    /// Seated; `evicted` are to be closed for it.
+    Seated { id: ConnectionId, evicted: Vec<T> },
+    /// No place: every connection has a request in flight (or a stop on
+    /// its way). The newcomer's closer, to close it.
+    Refused(T),
+}
+
 #[derive(Debug)]
 struct Entry<T> {
     closer: T,
     authenticated: bool,
+    /// Its first request is a stop that has not started yet: not displaced.
+    stop_pending: bool,
     in_flight: u32,
     /// When it last opened, started or ended a request.
     active_at: Instant,
@@ -75,16 +110,22 @@ impl<T> ConnectionTable<T> {
         self.closing.len()
     }
 
-    /// Registers a new connection. When the table is full, the victims
-    /// (see the module doc) are removed and returned, to be closed; the new
-    /// connection is always admitted.
-    pub fn open(&mut self, closer: T, now: Instant) -> (ConnectionId, Vec<T>) {
+    /// Seats a newcomer whose first bytes say `arrival`: in a free place,
+    /// else in the place of a victim (see the module doc), else (a stop)
+    /// beyond the cap, else it is refused.
+    pub fn open(&mut self, closer: T, arrival: Arrival, now: Instant) -> Seat<T> {
         let mut evicted = Vec::new();
         while self.entries.len() >= self.limit {
-            match self.evict() {
-                Some(closer) => evicted.push(closer),
+            match self.evict_for_newcomer() {
+                Some(victim) => evicted.push(victim),
                 None => break,
             }
+        }
+        let stop = arrival == Arrival::Stop;
+        let room = self.entries.len() < self.limit
+            || (stop && self.entries.len() < self.limit.saturating_add(STOP_OVERFLOW));
+        if !room {
+            return Seat::Refused(closer);
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -93,11 +134,12 @@ impl<T> ConnectionTable<T> {
             Entry {
                 closer,
                 authenticated: false,
+                stop_pending: stop,
                 in_flight: 0,
                 active_at: now,
             },
         );
-        (id, evicted)
+        Seat::Seated { id, evicted }
     }
 
     /// The connection ended (or was closed). Unknown ids are ignored.
@@ -108,6 +150,8 @@ impl<T> ConnectionTable<T> {
 
     pub fn request_started(&mut self, id: ConnectionId, now: Instant) {
         if let Some(e) = self.entries.get_mut(&id) {
+            // In flight now, which protects it as much.
+            e.stop_pending = false;
             e.in_flight = e.in_flight.saturating_add(1);
             e.active_at = now;
         }
@@ -165,37 +209,128 @@ impl<T> ConnectionTable<T> {
     }
 
     /// Removes and returns the next victim of the shedding order.
-    fn evict(&mut self) -> Option<T> {
-        let unauthenticated = self
-            .entries
-            .iter()
-            .find(|(_, e)| !e.authenticated)
-            .map(|(id, _)| *id);
-        let longest_idle = || {
-            self.entries
-                .iter()
-                .filter(|(_, e)| e.in_flight == 0)
-                .min_by_key(|(_, e)| e.active_at)
-                .map(|(id, _)| *id)
-        };
-        let least_active = || {
-            self.entries
-                .iter()
-                .min_by_key(|(_, e)| e.active_at)
-                .map(|(id, _)| *id)
-        };
-        let victim = unauthenticated
-            .or_else(longest_idle)
-            .or_else(least_active)?;
+    /// A place for a newcomer: never a request in flight, nor a stop on its
+    /// way.
+    fn evict_for_newcomer(&mut self) -> Option<T> {
+        let victim = self.displaceable()?;
         self.remove(victim)
     }
 
-    /// Takes a connection out of the table, to be closed.
+    /// The oldest unauthenticated connection, else the longest-idle one,
+    /// among those with nothing in flight and no stop on its way.
+    fn displaceable(&self) -> Option<ConnectionId> {
+        let free = |e: &Entry<T>| e.in_flight == 0 && !e.stop_pending;
+        self.entries
+            .iter()
+            .find(|(_, e)| !e.authenticated && free(e))
+            .map(|(id, _)| *id)
+            .or_else(|| {
+                self.entries
+                    .iter()
+                    .filter(|(_, e)| free(e))
+                    .min_by_key(|(_, e)| e.active_at)
+                    .map(|(id, _)| *id)
+            })
+    }
+
+    /// Out of descriptors something must go: as for a newcomer, else the
+    /// one whose last activity is oldest (a stop on its way last of all).
+    fn evict(&mut self) -> Option<T> {
+        let least_active = || {
+            self.entries
+                .iter()
+                .min_by_key(|(_, e)| (e.stop_pending, e.active_at))
+                .map(|(id, _)| *id)
+        };
+        let victim = self.displaceable().or_else(least_active)?;
+        self.remove(victim)
+    }
+
     fn remove(&mut self, id: ConnectionId) -> Option<T> {
         let entry = self.entries.remove(&id)?;
         self.closing.insert(id);
         Some(entry.closer)
     }
+}
+
+/// Identifies a connection in the [`Lobby`].
+pub type LobbyId = u64;
+
+/// Connections accepted that have not shown their first bytes yet (or,
+/// with TLS, finished the handshake): at most `limit`. When it is full, the
+/// oldest is dropped for a newcomer once it has waited [`LOBBY_GRACE`] (it
+/// had its chance); before that the newcomer is refused, so that a
+/// connection whose request is on its way is not crowded out by a flood.
+/// Bare connections opened to crowd the table wait here, not in it.
+#[derive(Debug)]
+pub struct Lobby<T> {
+    limit: usize,
+    next_id: LobbyId,
+    waiting: VecDeque<(LobbyId, Instant, T)>,
+}
+
+/// How long a connection in a full lobby keeps its place.
+pub const LOBBY_GRACE: Duration = Duration::from_secs(1);
+
+impl<T> Lobby<T> {
+    pub fn new(limit: usize) -> Self {
+        Lobby {
+            limit: limit.max(1),
+            next_id: 0,
+            waiting: VecDeque::new(),
+        }
+    }
+
+    /// A newcomer waits: its id and, when the lobby was full, the closer of
+    /// the oldest, dropped for it. `Err`: full of connections still within
+    /// their grace; the newcomer's closer, to close it.
+    pub fn enter(&mut self, closer: T, now: Instant) -> Result<(LobbyId, Option<T>), T> {
+        let mut dropped = None;
+        if self.waiting.len() >= self.limit {
+            match self.waiting.front() {
+                Some((_, since, _)) if now.saturating_duration_since(*since) >= LOBBY_GRACE => {
+                    dropped = self.waiting.pop_front().map(|(_, _, c)| c);
+                }
+                _ => return Err(closer),
+            }
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back((id, now, closer));
+        Ok((id, dropped))
+    }
+
+    /// It left (seated, refused, closed or timed out). Unknown ids are ignored.
+    pub fn leave(&mut self, id: LobbyId) {
+        if let Some(at) = self.waiting.iter().position(|(i, _, _)| *i == id) {
+            self.waiting.remove(at);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+}
+
+/// What the first bytes of a connection say, or `None` while they could
+/// still be the start of a stop's request line.
+pub fn classify(first: &[u8]) -> Option<Arrival> {
+    const STOPS: [&[u8]; 2] = [b"POST /v1/estop", b"POST /v1/fleet/estop"];
+    for stop in STOPS {
+        if first.len() <= stop.len() {
+            if stop.starts_with(first) {
+                // A prefix of a stop (or the path without what follows).
+                return None;
+            }
+        } else if first.starts_with(stop) && matches!(first[stop.len()], b' ' | b'?') {
+            return Some(Arrival::Stop);
+        }
+    }
+    Some(Arrival::Other)
 }
 
 #[cfg(test)]
@@ -206,60 +341,76 @@ mod tests {
         Duration::from_secs(n)
     }
 
+    /// Seats an ordinary newcomer, which must find a place.
+    fn open<T: std::fmt::Debug>(
+        table: &mut ConnectionTable<T>,
+        closer: T,
+        now: Instant,
+    ) -> (ConnectionId, Vec<T>) {
+        match table.open(closer, Arrival::Other, now) {
+            Seat::Seated { id, evicted } => (id, evicted),
+            Seat::Refused(c) => panic!("{c:?} refused"),
+        }
+    }
+
     #[test]
     fn a_full_table_sheds_the_oldest_unauthenticated_first() {
         let t0 = Instant::now();
         let mut table = ConnectionTable::new(3);
-        let (a, _) = table.open("a", t0);
-        let (_b, _) = table.open("b", t0 + secs(1));
-        let (c, _) = table.open("c", t0 + secs(2));
+        let (a, _) = open(&mut table, "a", t0);
+        let (_b, _) = open(&mut table, "b", t0 + secs(1));
+        let (c, _) = open(&mut table, "c", t0 + secs(2));
         table.request_started(a, t0 + secs(3));
         table.request_ended(a, t0 + secs(3));
         table.authenticated(a);
         // a is older but authenticated: b goes.
-        let (_d, evicted) = table.open("d", t0 + secs(4));
+        let (_d, evicted) = open(&mut table, "d", t0 + secs(4));
         assert_eq!(evicted, ["b"]);
         assert_eq!(table.len(), 3);
-        // then c (older than d), then d.
+        // c has a request in flight: d goes, then e.
         table.request_started(c, t0 + secs(5));
-        assert_eq!(table.open("e", t0 + secs(6)).1, ["c"]);
-        assert_eq!(table.open("f", t0 + secs(7)).1, ["d"]);
+        assert_eq!(open(&mut table, "e", t0 + secs(6)).1, ["d"]);
+        assert_eq!(open(&mut table, "f", t0 + secs(7)).1, ["e"]);
     }
 
     #[test]
     fn with_everyone_authenticated_the_longest_idle_goes_then_the_least_active() {
         let t0 = Instant::now();
         let mut table = ConnectionTable::new(2);
-        let (a, _) = table.open("a", t0);
-        let (b, _) = table.open("b", t0);
+        let (a, _) = open(&mut table, "a", t0);
+        let (b, _) = open(&mut table, "b", t0);
         for (id, at) in [(a, 5), (b, 3)] {
             table.request_started(id, t0 + secs(at));
             table.request_ended(id, t0 + secs(at));
             table.authenticated(id);
         }
-        let (c, evicted) = table.open("c", t0 + secs(6));
+        let (c, evicted) = open(&mut table, "c", t0 + secs(6));
         assert_eq!(evicted, ["b"], "b idle since 3, a since 5");
         table.authenticated(c);
-        // Both busy: a (active at 5) is older than c (active at 6).
+        // Both busy: nothing in flight is displaced; the newcomer is refused.
         table.request_started(a, t0 + secs(7));
         table.request_started(c, t0 + secs(8));
-        assert_eq!(table.open("d", t0 + secs(9)).1, ["a"]);
+        assert_eq!(
+            table.open("d", Arrival::Other, t0 + secs(9)),
+            Seat::Refused("d")
+        );
+        assert_eq!(table.len(), 2);
     }
 
     #[test]
     fn closing_frees_a_place_and_unknown_ids_are_ignored() {
         let t0 = Instant::now();
         let mut table = ConnectionTable::new(1);
-        let (a, _) = table.open("a", t0);
+        let (a, _) = open(&mut table, "a", t0);
         table.close(a);
         table.close(a);
         table.request_started(a, t0);
         table.authenticated(a);
         assert!(table.is_empty());
-        let (b, shed) = table.open("b", t0);
+        let (b, shed) = open(&mut table, "b", t0);
         assert!(shed.is_empty());
         // Shed connections count as closing until their end is reported.
-        let (c, shed) = table.open("c", t0);
+        let (c, shed) = open(&mut table, "c", t0);
         assert_eq!((shed, table.closing()), (vec!["b"], 1));
         table.close(b);
         table.close(b);
@@ -274,9 +425,9 @@ mod tests {
     fn idle_connections_expire_busy_ones_do_not() {
         let t0 = Instant::now();
         let mut table = ConnectionTable::new(10);
-        let (a, _) = table.open("a", t0);
-        let (b, _) = table.open("b", t0);
-        let (_c, _) = table.open("c", t0 + secs(5));
+        let (a, _) = open(&mut table, "a", t0);
+        let (b, _) = open(&mut table, "b", t0);
+        let (_c, _) = open(&mut table, "c", t0 + secs(5));
         table.request_started(a, t0 + secs(1));
         table.request_started(b, t0 + secs(1));
         table.request_ended(b, t0 + secs(2));
@@ -292,21 +443,108 @@ mod tests {
         let t0 = Instant::now();
         let mut table = ConnectionTable::new(100);
         for i in 0..20 {
-            table.open(i, t0);
+            open(&mut table, i, t0);
         }
         assert_eq!(table.shed(), (0..SHED_HEADROOM).collect::<Vec<_>>());
         assert_eq!(table.limit(), 20 - SHED_HEADROOM);
         assert_eq!(table.len(), 20 - SHED_HEADROOM);
         // Now a newcomer evicts instead of growing the table.
-        assert_eq!(table.open(20, t0).1, [SHED_HEADROOM]);
+        assert_eq!(open(&mut table, 20, t0).1, [SHED_HEADROOM]);
         assert_eq!(table.len(), 20 - SHED_HEADROOM);
         // Small tables shed down to one, then that one.
         let mut small = ConnectionTable::new(5);
-        small.open(0u8, t0);
-        small.open(1, t0);
+        open(&mut small, 0u8, t0);
+        open(&mut small, 1, t0);
         assert_eq!(small.shed(), [0]);
         assert_eq!(small.shed(), [1]);
         let mut empty: ConnectionTable<u8> = ConnectionTable::new(5);
         assert!(empty.shed().is_empty());
+    }
+
+    #[test]
+    fn a_stop_on_its_way_is_never_displaced_and_finds_a_place_beyond_the_cap() {
+        let t0 = Instant::now();
+        let mut table = ConnectionTable::new(2);
+        let (held, _) = open(&mut table, "held", t0);
+        table.request_started(held, t0);
+        let Seat::Seated { id: stop, .. } = table.open("stop", Arrival::Stop, t0) else {
+            panic!("the stop has a free place");
+        };
+        // Bare newcomers cannot displace the stop before its request starts,
+        // nor the request in flight.
+        for i in 0..10 {
+            assert_eq!(
+                table.open("bare", Arrival::Other, t0 + secs(i)),
+                Seat::Refused("bare")
+            );
+        }
+        // A second stop finds no place to free: seated beyond the cap.
+        let Seat::Seated { evicted, .. } = table.open("stop 2", Arrival::Stop, t0 + secs(1)) else {
+            panic!("a stop is never refused while the overflow has room");
+        };
+        assert!(evicted.is_empty());
+        assert_eq!(table.len(), 3);
+        // Once the first stop's request has run, its connection is ordinary
+        // (the second's stop is still on its way).
+        table.request_started(stop, t0 + secs(2));
+        table.request_ended(stop, t0 + secs(2));
+        table.close(held);
+        assert_eq!(open(&mut table, "next", t0 + secs(3)).1, ["stop"]);
+    }
+
+    #[test]
+    fn the_stop_overflow_is_bounded() {
+        let t0 = Instant::now();
+        let mut table = ConnectionTable::new(1);
+        let seated = (0..=STOP_OVERFLOW)
+            .filter(|_| matches!(table.open(0u8, Arrival::Stop, t0), Seat::Seated { .. }))
+            .count();
+        assert_eq!(seated, 1 + STOP_OVERFLOW);
+        assert_eq!(table.open(1u8, Arrival::Stop, t0), Seat::Refused(1));
+    }
+
+    #[test]
+    fn a_full_lobby_drops_its_oldest_after_its_grace_else_refuses_the_newcomer() {
+        let t0 = Instant::now();
+        let mut lobby = Lobby::new(2);
+        let (a, dropped) = lobby.enter("a", t0).unwrap();
+        assert_eq!(dropped, None);
+        let (_b, _) = lobby.enter("b", t0 + secs(1)).unwrap();
+        assert_eq!(lobby.enter("early", t0 + LOBBY_GRACE / 2), Err("early"));
+        let (_c, dropped) = lobby.enter("c", t0 + LOBBY_GRACE).unwrap();
+        assert_eq!(dropped, Some("a"));
+        lobby.leave(a);
+        assert_eq!(lobby.len(), 2);
+        let (_d, dropped) = lobby.enter("d", t0 + secs(5)).unwrap();
+        assert_eq!(dropped, Some("b"));
+    }
+
+    #[test]
+    fn first_bytes_say_whether_a_stop_is_coming() {
+        for stop in [
+            &b"POST /v1/estop HTTP/1.1\r\n"[..],
+            b"POST /v1/estop?x=1 HTTP/1.1",
+            b"POST /v1/fleet/estop HTTP/1.1",
+        ] {
+            assert_eq!(classify(stop), Some(Arrival::Stop), "{stop:?}");
+        }
+        for undecided in [
+            &b""[..],
+            b"P",
+            b"POST /v1/es",
+            b"POST /v1/estop",
+            b"POST /v1/fleet/",
+        ] {
+            assert_eq!(classify(undecided), None, "{undecided:?}");
+        }
+        for other in [
+            &b"GET /v1/estop HTTP/1.1"[..],
+            b"POST /v1/estop/clear HTTP/1.1",
+            b"POST /v1/fleet/estop/clear HTTP/1.1",
+            b"PRI * HTTP/2.0\r\n",
+            b"\x16\x03\x01",
+        ] {
+            assert_eq!(classify(other), Some(Arrival::Other), "{other:?}");
+        }
     }
 }

@@ -19,7 +19,7 @@ use tonic::{Request, Status};
 
 use super::auth::Caller;
 use super::reply::json_error;
-use super::safety::{clean_reason, parse_body, read_stop_body, rest_source};
+use super::safety::{StopBody, clean_reason, parse_body, rest_source};
 use crate::HostContext;
 use crate::fleet::record::RecordStatus;
 use crate::fleet::{FLEET_SOURCE, FleetError, HostView};
@@ -388,7 +388,27 @@ async fn fleet_stop(
     body: axum::body::Body,
 ) -> Response {
     let own = ctx.fleet.environment_id().to_string();
-    let (command, body_error) = match read_stop_body(body)
+    let body = StopBody::start(body).await;
+    // This host first: a body that is not all there yet (it stalls,
+    // trickles, or waits for `100 Continue`) must not hold up its stop.
+    let latched_first = match body {
+        StopBody::Ready(_) => false,
+        StopBody::Pending(_) => {
+            ctx.ooda
+                .trigger_stop_as(
+                    FLEET_SOURCE,
+                    &format!(
+                        "fleet stop of environment {own} from {} ({}): its request's body had not arrived",
+                        ctx.fleet.own_id(),
+                        rest_source(&headers, None)
+                    ),
+                    caller.as_ref().and_then(|c| c.named()),
+                )
+                .await
+        }
+    };
+    let (command, body_error) = match body
+        .finish()
         .await
         .and_then(|bytes| FleetCommand::from_body(&bytes, &own))
     {
@@ -398,7 +418,12 @@ async fn fleet_stop(
             (FleetCommand::default_for(&own), Some(why))
         }
     };
-    match fleet_command(ctx, caller.map(|c| c.0), headers, command, true).await {
+    // A body that did not come (or broke off) leaves this host's reason as
+    // it latched.
+    let stop = Stop::Fleet {
+        latched_first: latched_first && body_error.is_none(),
+    };
+    match fleet_command(ctx, caller.map(|c| c.0), headers, command, stop).await {
         Ok(mut answer) => {
             if let (Some(why), Some(object)) = (body_error, answer.as_object_mut()) {
                 object.insert("body_error".into(), why.into());
@@ -419,13 +444,25 @@ async fn fleet_clear(
     body: Bytes,
 ) -> Response {
     match FleetCommand::from_body(&body, ctx.fleet.environment_id()) {
-        Ok(command) => match fleet_command(ctx, caller.map(|c| c.0), headers, command, false).await
-        {
-            Ok(answer) => Json(answer).into_response(),
-            Err(refused) => refused,
-        },
+        Ok(command) => {
+            match fleet_command(ctx, caller.map(|c| c.0), headers, command, Stop::Clear).await {
+                Ok(answer) => Json(answer).into_response(),
+                Err(refused) => refused,
+            }
+        }
         Err(why) => invalid_argument(&why),
     }
+}
+
+/// What a fleet command asks.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// Stop the environment; `latched_first`: this request already latched
+    /// this host (before its body came), so this host's cause takes the
+    /// command's reason instead of being added.
+    Fleet { latched_first: bool },
+    /// Withdraw the fleet's stop.
+    Clear,
 }
 
 async fn fleet_command(
@@ -433,8 +470,9 @@ async fn fleet_command(
     caller: Option<Caller>,
     headers: HeaderMap,
     command: FleetCommand,
-    stop: bool,
+    kind: Stop,
 ) -> Result<Value, Response> {
+    let stop = matches!(kind, Stop::Fleet { .. });
     let FleetCommand {
         environment,
         reason,
@@ -455,17 +493,38 @@ async fn fleet_command(
     if stop {
         // This host first: its stop must not wait for the broker.
         if here {
-            ctx.ooda
-                .trigger_stop_as(
-                    FLEET_SOURCE,
-                    &format!(
-                        "fleet stop of environment {environment} from {} ({source}): {reason}",
-                        fleet.own_id()
-                    ),
-                    caller.as_ref().and_then(Caller::named),
-                )
+            let why = format!(
+                "fleet stop of environment {environment} from {} ({source}): {reason}",
+                fleet.own_id()
+            );
+            let credential = caller.as_ref().and_then(Caller::named);
+            let added = ctx
+                .ooda
+                .trigger_stop_as(FLEET_SOURCE, &why, credential)
                 .await;
+            if !added
+                && matches!(
+                    kind,
+                    Stop::Fleet {
+                        latched_first: true
+                    }
+                )
+            {
+                let latch = ctx.ooda.protective_stop();
+                if latch.give_reason(FLEET_SOURCE, &why, credential) && !latch.persisted().await {
+                    tracing::error!("the fleet stop's reason could not be written to disk in time");
+                }
+            }
             local_note = "this host was stopped";
+        } else if matches!(
+            kind,
+            Stop::Fleet {
+                latched_first: true
+            }
+        ) {
+            // Stopping too much is the safe mistake; a person clears it.
+            local_note = "this host is not in that environment, but it was stopped before the \
+                          request's body named the environment, and stays stopped until cleared";
         } else {
             local_note = "this host is not in that environment and was not stopped";
         }

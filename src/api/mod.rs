@@ -96,6 +96,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .merge(recordings::routes().with_state(ctx.clone()))
         .merge(ui::routes().with_state(ctx.clone()));
     let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
+    let credentials = Arc::new(auth::Credentials::from_config(&ctx.config));
     if ctx.config.mcp.enabled {
         // Behind the same token and browser checks as every route; rmcp's
         // own Host and Origin checks get the same names.
@@ -111,13 +112,13 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         // (413, a path that does not decode) becomes the JSON error body.
         .layer(axum::middleware::from_fn(reply::json_errors))
         .layer(axum::middleware::from_fn_with_state(
-            Arc::new(auth::Credentials::from_config(&ctx.config)),
+            credentials.clone(),
             auth::require_credential,
         ))
         // Outermost: a request for another host or from another origin
         // learns nothing, not even whether it would need a token.
         .layer(axum::middleware::from_fn_with_state(
-            allowed_hosts,
+            (allowed_hosts, credentials),
             browser::guard,
         ));
     Ok((router, health_reporter))

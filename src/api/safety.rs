@@ -216,9 +216,13 @@ async fn get_status(State(ctx): State<Arc<HostContext>>) -> Json<SafetyStatus> {
 /// larger body must not delay (or be able to refuse) the stop.
 const STOP_BODY_READ: usize = 64 * 1024;
 
+/// How long a stop request's body is waited for once the stop has latched
+/// without it (a body that stalls, trickles, or waits for `100 Continue`).
+pub(super) const STOP_BODY_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// A stop request's body, at most [`STOP_BODY_READ`] of it; `Err` says why
 /// it cannot be used (the stop goes ahead without it).
-pub(super) async fn read_stop_body(body: axum::body::Body) -> Result<Bytes, String> {
+async fn read_stop_body(body: axum::body::Body) -> Result<Bytes, String> {
     use http_body_util::BodyExt as _;
     match http_body_util::Limited::new(body, STOP_BODY_READ)
         .collect()
@@ -232,13 +236,53 @@ pub(super) async fn read_stop_body(body: axum::body::Body) -> Result<Bytes, Stri
     }
 }
 
+/// A stop request's body, as far as it has come: `Ready` when all of it
+/// was there at once (the usual case: it came with the head), else the
+/// rest of the read, which the caller awaits (bounded) only after it has
+/// latched the stop.
+pub(super) enum StopBody {
+    Ready(Result<Bytes, String>),
+    Pending(std::pin::Pin<Box<dyn std::future::Future<Output = Result<Bytes, String>> + Send>>),
+}
+
+impl StopBody {
+    /// Reads what is there now, without waiting.
+    pub(super) async fn start(body: axum::body::Body) -> StopBody {
+        let mut read = Box::pin(read_stop_body(body));
+        tokio::select! {
+            biased;
+            result = &mut read => StopBody::Ready(result),
+            () = std::future::ready(()) => StopBody::Pending(read),
+        }
+    }
+
+    /// The rest of the body, waited for at most [`STOP_BODY_WITHIN`].
+    pub(super) async fn finish(self) -> Result<Bytes, String> {
+        match self {
+            StopBody::Ready(result) => result,
+            StopBody::Pending(read) => tokio::time::timeout(STOP_BODY_WITHIN, read)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "the body did not arrive within {} s of the stop",
+                        STOP_BODY_WITHIN.as_secs()
+                    ))
+                }),
+        }
+    }
+}
+
 /// `POST /v1/estop`: latches the stop (adding this source's cause); answers
 /// once every actuator was driven to its safe value and the latch is on disk.
-/// `triggered` says whether this added a cause. Going safe is never gated by
-/// the request's form: a body that is not a valid request (malformed JSON,
-/// wrong types, over [`STOP_BODY_READ`], a broken upload) still stops, with
-/// the default reason, and the answer says why the body was ignored
-/// (`body_error`).
+/// `triggered` says whether this added a cause. The stop never waits for
+/// its request's body: a body that is not all there when the head arrives
+/// (it stalls, trickles, or waits for `100 Continue`) is read after the
+/// stop has latched with the default reason, for at most
+/// [`STOP_BODY_WITHIN`], and its reason then replaces the default. Going
+/// safe is never gated by the request's form: a body that is not a valid
+/// request (malformed JSON, wrong types, over [`STOP_BODY_READ`], a broken
+/// or missing upload) still stops, with the default reason, and the answer
+/// says why the body was ignored (`body_error`).
 async fn trigger(
     State(ctx): State<Arc<HostContext>>,
     control: Option<Extension<ControlSocket>>,
@@ -246,23 +290,52 @@ async fn trigger(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    let request = read_stop_body(body)
-        .await
-        .and_then(|bytes| parse_body::<StopRequest>(&bytes));
     let source = rest_source(&headers, control.as_deref());
     let default_reason = if source == "rest" {
         "POST /v1/estop"
     } else {
         "rozd estop"
     };
-    let (reason, body_error) = match &request {
-        Ok(r) => (clean_reason(r.reason.as_deref(), default_reason), None),
-        Err(why) => (default_reason.to_string(), Some(why.clone())),
-    };
     let credential = caller.as_ref().and_then(|c| c.named());
-    let added = ctx.ooda.trigger_stop_as(source, &reason, credential).await;
+    let body = StopBody::start(body).await;
+    let (added, request) = match body {
+        StopBody::Ready(read) => {
+            let request = read.and_then(|bytes| parse_body::<StopRequest>(&bytes));
+            let reason = match &request {
+                Ok(r) => clean_reason(r.reason.as_deref(), default_reason),
+                Err(_) => default_reason.to_string(),
+            };
+            let added = ctx.ooda.trigger_stop_as(source, &reason, credential).await;
+            (added, request)
+        }
+        pending => {
+            // Latch first; the body, if it comes, names the reason.
+            let added = ctx
+                .ooda
+                .trigger_stop_as(source, default_reason, credential)
+                .await;
+            let request = pending
+                .finish()
+                .await
+                .and_then(|bytes| parse_body::<StopRequest>(&bytes));
+            if added
+                && let Ok(StopRequest {
+                    reason: Some(reason),
+                }) = &request
+            {
+                let reason = clean_reason(Some(reason), default_reason);
+                let latch = ctx.ooda.protective_stop();
+                if latch.give_reason(source, &reason, credential) && !latch.persisted().await {
+                    tracing::error!(
+                        "the protective stop's reason could not be written to disk in time"
+                    );
+                }
+            }
+            (added, request)
+        }
+    };
     let mut reply = status_value(status(&ctx), ("triggered", added));
-    if let (Some(why), Some(object)) = (body_error, reply.as_object_mut()) {
+    if let (Err(why), Some(object)) = (request, reply.as_object_mut()) {
         tracing::warn!(%why, "protective stop triggered; its request body was ignored");
         object.insert(
             "body_error".into(),

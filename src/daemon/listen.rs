@@ -108,6 +108,8 @@ pub(super) trait Acceptor: Send + 'static {
     /// wait for them).
     const URGENT: bool;
     fn accept(&self) -> impl Future<Output = std::io::Result<Self::Io>> + Send;
+    /// What `io` has received already, without waiting (into `buf`).
+    fn received(io: &Self::Io, buf: &mut [u8]) -> usize;
 }
 
 impl Acceptor for TcpListener {
@@ -120,6 +122,9 @@ impl Acceptor for TcpListener {
         let _ = stream.set_nodelay(true);
         Ok(stream)
     }
+    fn received(io: &Self::Io, buf: &mut [u8]) -> usize {
+        io.try_read(buf).unwrap_or(0)
+    }
 }
 
 impl Acceptor for UnixListener {
@@ -128,6 +133,9 @@ impl Acceptor for UnixListener {
     const URGENT: bool = true;
     async fn accept(&self) -> std::io::Result<Self::Io> {
         UnixListener::accept(self).await.map(|(stream, _)| stream)
+    }
+    fn received(io: &Self::Io, buf: &mut [u8]) -> usize {
+        io.try_read(buf).unwrap_or(0)
     }
 }
 
@@ -141,6 +149,8 @@ pub(super) struct Shared {
     /// Told whenever a connection ends (a descriptor came free).
     pub(super) closed: Arc<Notify>,
     pub(super) idle_timeout: Duration,
+    /// How long a new connection may take to show its first bytes.
+    pub(super) first_bytes_within: Duration,
     /// Cancelled at shutdown: every connection closes gracefully.
     pub(super) drain: CancellationToken,
     /// Held by every connection task (see `serve`).
@@ -203,12 +213,24 @@ pub(super) async fn accept_loop<A: Acceptor>(
     reap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_warning: Option<tokio::time::Instant> = None;
     let mut unreported = 0u64;
+    // This listener's own (a flood of one never crowds the other's), as
+    // large as its table.
+    let lobby_limit = tracked::lock(&table).limit().max(MIN_LOBBY);
+    let lobby = Arc::new(Mutex::new(Lobby::new(lobby_limit)));
     loop {
         tokio::select! {
             accepted = acceptor.accept() => match accepted {
                 Ok(io) => {
                     let _ = shared.reserve.restore();
-                    serve_connection(io, &router, &table, &shared, tls.as_deref());
+                    // A request that came with its connection (a stop's,
+                    // usually) is seen at once, and skips the lobby.
+                    let mut first = Vec::new();
+                    if tls.is_none() {
+                        let mut buf = [0u8; rewind::FIRST_BYTES_MOST];
+                        let n = A::received(&io, &mut buf);
+                        first.extend_from_slice(&buf[..n]);
+                    }
+                    serve_connection(io, first, &router, &table, &lobby, &shared, tls.as_deref());
                 }
                 Err(e) if out_of_descriptors(&e) => {
                     // Logged at most every 10 s: a flood must not fill the journal.
@@ -289,63 +311,183 @@ pub(super) fn shed_tcp(table: &SharedTable) {
     }
 }
 
-/// Registers `io` in `table` (dropping whatever it sheds for it) and serves
-/// it on its own task until it ends, is shed (dropped at once), idles out
-/// (closed gracefully, within [`IDLE_CLOSE_BOUND`]) or the daemon drains.
-/// With `tls`, the handshake runs on that task too (bounded by
-/// `server.tls.handshake_timeout_secs`): a slow client holds up no one, and
-/// the connection counts against the cap (and is shed first) meanwhile.
+/// Connections of one listener that may wait at once to show their first
+/// bytes (see [`Lobby`]): as many as its table holds, and at least this.
+pub(super) const MIN_LOBBY: usize = 256;
+
+/// A listener's lobby.
+pub(super) type SharedLobby = Arc<Mutex<Lobby<Closer>>>;
+
+fn lock_lobby(lobby: &SharedLobby) -> std::sync::MutexGuard<'_, Lobby<Closer>> {
+    lobby.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Serves `io` on its own task. It waits in `lobby` (whose oldest is
+/// dropped when it is full) until it has shown its first bytes, within
+/// `server.header_read_timeout_secs` (with `tls`, the handshake first,
+/// within `server.tls.handshake_timeout_secs`): those say whether its first
+/// request is a stop. Then it is seated in `table` (a stop is never
+/// refused a place; see `ConnectionTable::open`), or refused and dropped,
+/// and served until it ends, is shed (dropped at once), idles out (closed
+/// gracefully, within [`IDLE_CLOSE_BOUND`]) or the daemon drains.
 pub(super) fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     io: I,
+    first: Vec<u8>,
     router: &axum::Router,
     table: &SharedTable,
+    lobby: &SharedLobby,
     shared: &Shared,
     tls: Option<&ServerTls>,
 ) {
     let closer = Closer::default();
-    let (id, shed) = tracked::lock(table).open(closer.clone(), tokio::time::Instant::now());
-    for victim in shed {
-        victim.shed();
-    }
-    let connection = Connection {
-        router: router.clone(),
-        tracked: tracked::Connection::new(id, table.clone()),
-        builder: shared.builder.clone(),
-        closer,
-        drain: shared.drain.clone(),
+    // Known already (plaintext only): no wait in the lobby.
+    let known = crate::api::connections::classify(&first).filter(|_| tls.is_none());
+    let waiting = match known {
+        Some(_) => None,
+        None => match lock_lobby(lobby).enter(closer.clone(), tokio::time::Instant::now()) {
+            Ok((waiting, dropped)) => {
+                if let Some(dropped) = dropped {
+                    dropped.shed();
+                }
+                Some(waiting)
+            }
+            Err(_) => {
+                tracing::debug!("connection refused: the lobby is full of newer ones");
+                return;
+            }
+        },
     };
     let handshake = tls.map(|tls| (tls.acceptor(), tls.handshake_timeout()));
-    let table = table.clone();
+    let first_within = shared.first_bytes_within;
+    let seating = Seating {
+        router: router.clone(),
+        table: table.clone(),
+        lobby: lobby.clone(),
+        waiting,
+        closer,
+        builder: shared.builder.clone(),
+        drain: shared.drain.clone(),
+    };
     let closed = shared.closed.clone();
     let alive = shared.alive.clone();
     tokio::spawn(async move {
         let _alive = alive;
         match handshake {
-            None => connection.serve(io, None).await,
+            None => seating.serve(arrive(io, first, None, first_within)).await,
             Some((acceptor, timeout)) => {
-                let accepted = tokio::select! {
-                    accepted = tokio::time::timeout(timeout, acceptor.accept(io)) => accepted,
-                    () = connection.closer.shed_requested() => Ok(Err(std::io::Error::other("shed"))),
-                    () = connection.drain.cancelled() => Ok(Err(std::io::Error::other("draining"))),
-                };
-                match accepted {
-                    Ok(Ok(stream)) => {
-                        let peer = stream
-                            .get_ref()
-                            .1
-                            .peer_certificates()
-                            .and_then(|chain| chain.first())
-                            .and_then(|leaf| PeerIdentity::from_der(leaf.as_ref()));
-                        connection.serve(stream, peer).await;
-                    }
-                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(?timeout, "TLS handshake timed out"),
-                }
+                seating
+                    .serve(async move {
+                        match tokio::time::timeout(timeout, acceptor.accept(io)).await {
+                            Ok(Ok(stream)) => {
+                                let peer = stream
+                                    .get_ref()
+                                    .1
+                                    .peer_certificates()
+                                    .and_then(|chain| chain.first())
+                                    .and_then(|leaf| PeerIdentity::from_der(leaf.as_ref()));
+                                arrive(stream, Vec::new(), peer, first_within).await
+                            }
+                            Ok(Err(e)) => {
+                                tracing::debug!(error = %e, "TLS handshake failed");
+                                None
+                            }
+                            Err(_) => {
+                                tracing::debug!(?timeout, "TLS handshake timed out");
+                                None
+                            }
+                        }
+                    })
+                    .await
             }
         }
-        tracked::lock(&table).close(id);
         closed.notify_waiters();
     });
+}
+
+/// What a connection needs from its arrival to its end.
+struct Seating {
+    router: axum::Router,
+    table: SharedTable,
+    lobby: SharedLobby,
+    /// Its place in the lobby (none: its first bytes were there already).
+    waiting: Option<crate::api::connections::LobbyId>,
+    closer: Closer,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    drain: CancellationToken,
+}
+
+impl Seating {
+    /// Waits in the lobby for `arrival` (unless dropped from it, or the
+    /// daemon drains), then takes a seat and serves, or is refused.
+    async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        self,
+        arrival: impl Future<Output = Option<Arrived<S>>>,
+    ) {
+        let arrived = tokio::select! {
+            arrived = arrival => arrived,
+            () = self.closer.shed_requested() => None,
+            () = self.drain.cancelled() => None,
+        };
+        if let Some(waiting) = self.waiting {
+            lock_lobby(&self.lobby).leave(waiting);
+        }
+        let Some(Arrived { io, peer, arrival }) = arrived else {
+            return;
+        };
+        let seat = tracked::lock(&self.table).open(
+            self.closer.clone(),
+            arrival,
+            tokio::time::Instant::now(),
+        );
+        match seat {
+            Seat::Seated { id, evicted } => {
+                for victim in evicted {
+                    victim.shed();
+                }
+                let table = self.table.clone();
+                let connection = Connection {
+                    router: self.router,
+                    tracked: tracked::Connection::new(id, self.table),
+                    builder: self.builder,
+                    closer: self.closer,
+                    drain: self.drain,
+                };
+                connection.serve(io, peer).await;
+                tracked::lock(&table).close(id);
+            }
+            Seat::Refused(_) => {
+                tracing::debug!("connection refused: every place has a request in flight");
+            }
+        }
+    }
+}
+
+/// A connection that has shown its first bytes.
+struct Arrived<I> {
+    io: rewind::Rewind<I>,
+    peer: Option<PeerIdentity>,
+    arrival: crate::api::connections::Arrival,
+}
+
+/// Waits (at most `within`) for `io`'s first bytes; `None` when none came.
+async fn arrive<I: AsyncRead + Unpin>(
+    mut io: I,
+    first: Vec<u8>,
+    peer: Option<PeerIdentity>,
+    within: Duration,
+) -> Option<Arrived<I>> {
+    match tokio::time::timeout(within, rewind::first_bytes(&mut io, first)).await {
+        Ok(Some((first, arrival))) => Some(Arrived {
+            io: rewind::Rewind::new(first, io),
+            peer,
+            arrival,
+        }),
+        Ok(None) => None,
+        Err(_) => {
+            tracing::debug!(?within, "no request began in time; connection closed");
+            None
+        }
+    }
 }
 
 /// What serves one accepted connection.

@@ -33,13 +33,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::HostContext;
 use crate::api;
-use crate::api::connections::ConnectionTable;
+use crate::api::connections::{ConnectionTable, Lobby, Seat};
 use crate::api::tracked::{self, Closer, SharedTable};
 use crate::config::Config;
 use crate::tls::{PeerIdentity, ServerTls};
 
 mod listen;
 mod observers;
+mod rewind;
 use listen::*;
 
 /// Connections the control socket holds at once (its own table: the TCP cap
@@ -236,6 +237,7 @@ impl Daemon {
             reserve: Arc::new(FdReserve::new()),
             closed: Arc::new(Notify::new()),
             idle_timeout: Duration::from_secs(server.idle_timeout_secs),
+            first_bytes_within: Duration::from_secs(server.header_read_timeout_secs),
             drain: drain.clone(),
             alive: alive_tx,
         };

@@ -113,8 +113,10 @@ async fn write_actuator_changes(store: Store, mut changes: mpsc::UnboundedReceiv
 /// Every trigger, clear and refused clear of the protective stop, as audit
 /// rows of kind `protective_stop` (one per added cause),
 /// `protective_stop_cleared` (one per removed cause),
-/// `protective_stop_clear_refused` and `protective_stop_restored` (latched
-/// again at start-up); `origin`: the source, or who cleared; `credential`:
+/// `protective_stop_clear_refused`, `protective_stop_restored` (latched
+/// again at start-up) and `protective_stop_reason` (the reason of a stop
+/// that latched before its request's body arrived); `origin`: the source,
+/// or who cleared; `credential`:
 /// the credential that asked (for a fleet stop over MQTT, the host that
 /// signed it).
 async fn write_stop_changes(store: Store, mut changes: mpsc::UnboundedReceiver<StopEvent>) {
@@ -160,6 +162,17 @@ async fn write_stop_changes(store: Store, mut changes: mpsc::UnboundedReceiver<S
                 )),
                 None,
                 None,
+            ),
+            StopEvent::ReasonGiven {
+                source,
+                reason,
+                credential,
+            } => (
+                "protective_stop_reason",
+                source,
+                Some(reason),
+                None,
+                credential,
             ),
             StopEvent::ClearRefused {
                 by,

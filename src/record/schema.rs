@@ -118,7 +118,7 @@ impl Kind {
                 "type": "object",
                 "description": "A change of the protective-stop latch",
                 "properties": {
-                    "event": {"enum": ["triggered", "cleared", "clear_refused", "restored"]},
+                    "event": {"enum": ["triggered", "cleared", "clear_refused", "restored", "reason_given"]},
                     "source": {"type": ["string", "null"]},
                     "reason": {"type": ["string", "null"]},
                     "by": {"type": ["string", "null"]},
@@ -259,6 +259,12 @@ pub fn message(event: &Event, at_ns: u64) -> Message {
                 } => json!({"event": "clear_refused", "source": input, "by": by,
                             "credential": credential,
                             "reason": format!("stop input {input} still asserts the stop")}),
+                StopEvent::ReasonGiven {
+                    source,
+                    reason,
+                    credential,
+                } => json!({"event": "reason_given", "source": source, "reason": reason,
+                            "credential": credential}),
                 StopEvent::Restored { .. } => {
                     json!({"event": "restored", "reason": "latched at start-up as before the restart"})
                 }

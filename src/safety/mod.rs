@@ -121,6 +121,13 @@ pub enum StopEvent {
     },
     /// The latch came back from the stop file at start-up with these causes.
     Restored { causes: Vec<StopInfo> },
+    /// The request that added `source`'s cause gave its reason after it
+    /// latched (the stop did not wait for the request's body).
+    ReasonGiven {
+        source: String,
+        reason: String,
+        credential: Option<String>,
+    },
 }
 
 /// Told of every change of the latch as it happens, under the latch's
@@ -335,6 +342,29 @@ impl ProtectiveStop {
             source: source.to_string(),
             reason: reason.to_string(),
             by: by.map(str::to_string),
+            credential: credential.map(str::to_string),
+        });
+        true
+    }
+
+    /// `source`'s cause, latched already (by [`ProtectiveStop::trigger_as`]
+    /// with a default reason, before the request's body arrived), takes the
+    /// reason the body gave. `false` when `source` holds no cause (it was
+    /// cleared meanwhile): a late reason never latches by itself.
+    pub fn give_reason(&self, source: &str, reason: &str, credential: Option<&str>) -> bool {
+        let mut latch = self.lock();
+        let Some(cause) = latch.causes.iter_mut().find(|c| c.source == source) else {
+            return false;
+        };
+        if cause.reason == reason {
+            return true;
+        }
+        cause.reason = reason.to_string();
+        self.changed(&mut latch);
+        tracing::warn!(source, reason, "PROTECTIVE STOP: its reason arrived");
+        self.report(StopEvent::ReasonGiven {
+            source: source.to_string(),
+            reason: reason.to_string(),
             credential: credential.map(str::to_string),
         });
         true

@@ -37,6 +37,7 @@ mod scopes;
 mod serial;
 mod session;
 mod sim_world;
+mod stop_requests;
 mod systemd_unit;
 mod tasks;
 mod tls;
