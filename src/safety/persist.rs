@@ -93,11 +93,39 @@ impl StopFile {
             path: path.clone(),
             source,
         };
-        let file = match std::fs::File::open(path) {
-            Ok(f) => f,
+        // Only no file at all is a fresh install (not latched). Anything
+        // else must be a plain file that reads as a valid state: a symlink
+        // (dangling or not), a FIFO (which would hang start-up), a
+        // directory or a device is corrupt, and the caller latches.
+        let corrupt = |why: &str| PersistError::Corrupt {
+            path: path.clone(),
+            why: why.to_string(),
+        };
+        match std::fs::symlink_metadata(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(io(e)),
+            Ok(meta) if meta.file_type().is_symlink() => {
+                return Err(corrupt("it is a symbolic link, not the file rozd writes"));
+            }
+            Ok(meta) if !meta.file_type().is_file() => {
+                return Err(corrupt("it is not a regular file"));
+            }
+            Ok(_) => {}
+        }
+        // O_NOFOLLOW and O_NONBLOCK: a file swapped for a link or a FIFO
+        // after the check above fails here instead of being followed or
+        // waited on.
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(path)
+                .map_err(io)?
         };
+        if !file.metadata().map_err(io)?.file_type().is_file() {
+            return Err(corrupt("it is not a regular file"));
+        }
         let mut text = Vec::new();
         std::io::Read::read_to_end(
             &mut std::io::Read::take(file, MAX_FILE_BYTES + 1),

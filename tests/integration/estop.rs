@@ -1251,3 +1251,57 @@ async fn a_stop_request_with_a_bad_body_still_stops() {
     }
     assert_stopped(&daemon, "rest").await;
 }
+
+/// Only a readable, valid "not latched" stop file starts rozd unlatched (or
+/// none at all, a fresh install): a dangling symlink, a symlink even to a
+/// valid file, a FIFO (which must not hang start-up) and a directory each
+/// start the real binary latched (source `restore`).
+#[tokio::test]
+async fn a_stop_file_that_is_not_a_plain_readable_file_starts_the_binary_latched() {
+    let kinds: [(&str, fn(&std::path::Path, &std::path::Path)); 4] = [
+        ("dangling symlink", |dir, stop| {
+            std::os::unix::fs::symlink(dir.join("nowhere.json"), stop).unwrap()
+        }),
+        ("symlink to a valid unlatched file", |dir, stop| {
+            let target = dir.join("elsewhere.json");
+            std::fs::write(
+                &target,
+                br#"{"version":1,"causes":[],"written_at_unix_ms":0}"#,
+            )
+            .unwrap();
+            std::os::unix::fs::symlink(target, stop).unwrap()
+        }),
+        ("FIFO", |_, stop| {
+            let made = std::process::Command::new("mkfifo").arg(stop).status();
+            assert!(made.unwrap().success(), "mkfifo");
+        }),
+        ("directory", |_, stop| std::fs::create_dir(stop).unwrap()),
+    ];
+    for (what, make) in kinds {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("rozd.db");
+        make(dir.path(), &dir.path().join("rozd.db-stop.json"));
+        let port = common::broker::free_port();
+        let config = dir.path().join("rozd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:{port}\"\ncontrol_socket = \"\"\n[store]\npath = {:?}\n{}",
+                store.display().to_string(),
+                robot_toml("")
+            ),
+        )
+        .unwrap();
+        let _rozd = common::spawn_rozd(dir.path(), &config).await;
+        let body: Value = http()
+            .get(format!("http://127.0.0.1:{port}/v1/safety"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(body["estop_active"], true, "{what}: {body}");
+        assert_eq!(body["stop"]["source"], "restore", "{what}: {body}");
+    }
+}
