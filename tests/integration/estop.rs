@@ -1258,7 +1258,9 @@ async fn a_stop_request_with_a_bad_body_still_stops() {
 /// start the real binary latched (source `restore`).
 #[tokio::test]
 async fn a_stop_file_that_is_not_a_plain_readable_file_starts_the_binary_latched() {
-    let kinds: [(&str, fn(&std::path::Path, &std::path::Path)); 4] = [
+    /// Makes the stop file (the second path) in the directory (the first).
+    type Make = fn(&std::path::Path, &std::path::Path);
+    let kinds: [(&str, Make); 4] = [
         ("dangling symlink", |dir, stop| {
             std::os::unix::fs::symlink(dir.join("nowhere.json"), stop).unwrap()
         }),
