@@ -978,7 +978,10 @@ fn fleet_host(d: &Path, id: &str, port: u16) -> (String, String) {
 async fn until(what: &str, check: impl Fn() -> bool) {
     let deadline = tokio::time::Instant::now() + EXPECT_WITHIN * 3;
     while !check() {
-        assert!(tokio::time::Instant::now() < deadline, "not in time: {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not in time: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -1047,7 +1050,10 @@ async fn the_example_broker_acl_keeps_the_retained_fleet_stop_from_anyone_but_th
     let topic = "roz/v1/estop/lab";
     let (server, fleet) = fleet_host(d, "rover-1", port);
     let rover1 = start_tls(&server, &fleet).await;
-    until("rover-1 joins the fleet", || rover1.ctx.fleet.is_connected()).await;
+    until("rover-1 joins the fleet", || {
+        rover1.ctx.fleet.is_connected()
+    })
+    .await;
     rover1
         .ctx
         .fleet
@@ -1113,7 +1119,10 @@ async fn the_example_broker_acl_keeps_the_retained_fleet_stop_from_anyone_but_th
         .fleet
         .publish_estop("lab", false, "drill over")
         .expect("rover-1 publishes the clear");
-    until("rover-2 cleared by the fleet", || !latch.state().is_active()).await;
+    until("rover-2 cleared by the fleet", || {
+        !latch.state().is_active()
+    })
+    .await;
     rover2.shutdown().await;
     rover1.shutdown().await;
 }
