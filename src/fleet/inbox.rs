@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
-use super::record::{self, EstopCommand, RecordStatus, Rejected};
-use super::stop::{self, StopKind, Verdict};
+use super::record::{self, RecordStatus, Rejected};
+use super::stop::{self, Defect, Message, StopKind, Verdict};
 use super::view::{Applied, Presence};
 use super::{Fleet, lock, seal};
 
@@ -17,8 +17,10 @@ use super::{Fleet, lock, seal};
 pub struct Ignored {
     /// Host records without a valid MAC.
     pub unauthenticated_records: u64,
-    /// Stop-topic messages without a valid MAC. Those that ask to stop
-    /// still latched (anyone may stop); nothing else of them was applied.
+    /// Stop-topic messages without a valid MAC (the empty message that
+    /// deletes the retained command among them). Each latched (everything
+    /// on the stop topic but the fleet's clear stops); nothing else of them
+    /// was applied.
     pub unauthenticated_commands: u64,
     /// Authentic host records older than one already taken from that
     /// host, or written ahead of this host's clock.
@@ -28,7 +30,9 @@ pub struct Ignored {
     /// that is not fresh (it still latched).
     pub stale_commands: u64,
     /// Authentic or not, messages that are oversized, malformed, on the
-    /// wrong topic or otherwise invalid.
+    /// wrong topic or otherwise invalid. On the stop topic: those too
+    /// large to read, and sealed ones that are not a valid command; each
+    /// latched.
     pub invalid: u64,
 }
 
@@ -79,11 +83,62 @@ pub(crate) enum OwnTopic {
     Replace,
 }
 
-/// A command on this host's stop topic and what to do with it.
+/// A message on this host's stop topic and what to do with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct JudgedCommand {
-    pub command: EstopCommand,
+    pub message: Message,
     pub verdict: Verdict,
+}
+
+impl JudgedCommand {
+    /// The fleet member that sent it: only for an authentic command.
+    pub fn sender(&self) -> Option<&str> {
+        match &self.message {
+            Message::Authentic(command) => command.by.as_deref(),
+            Message::Untrusted(_) => None,
+        }
+    }
+
+    /// The reason a stop from it latches with on this host (its audit
+    /// row): who sent it only when the command is authentic, else what is
+    /// wrong with it (never anything it says).
+    pub fn stop_reason(&self, environment_id: &str) -> String {
+        let (from, detail) = match &self.message {
+            Message::Authentic(command) => {
+                let by = command.by.as_deref().unwrap_or("an unnamed fleet member");
+                let from = if self.verdict == Verdict::Stop(StopKind::Replayed) {
+                    format!("a replayed or late command first issued by host {by}")
+                } else {
+                    format!("host {by}")
+                };
+                (from, command.reason.clone())
+            }
+            // The everyday anonymous stop: nothing to add.
+            Message::Untrusted(Defect::UnsealedStop(_)) => (
+                "an unauthenticated MQTT publisher".to_string(),
+                String::new(),
+            ),
+            Message::Untrusted(defect) => (defect.sender().to_string(), defect.to_string()),
+        };
+        if detail.is_empty() {
+            format!("fleet stop of environment {environment_id} from {from}")
+        } else {
+            format!("fleet stop of environment {environment_id} from {from}: {detail}")
+        }
+    }
+
+    /// What it is, for the log, when it latches without being the fleet's
+    /// fresh stop.
+    pub fn describe(&self) -> String {
+        match &self.message {
+            Message::Authentic(_) => {
+                "a stop command that is not fresh (a replay or a late delivery)".to_string()
+            }
+            Message::Untrusted(defect) => {
+                format!("a message that is not the fleet's valid command ({defect})")
+            }
+        }
+    }
 }
 
 impl Fleet {
@@ -189,91 +244,42 @@ impl Fleet {
         OwnTopic::Replace
     }
 
-    /// Judges a message on this host's stop topic: `Ok(None)` for an empty
-    /// one (a cleared retained command). `fleet_latched_since`: when this
-    /// host's stop from the fleet latched, if it holds one.
+    /// Judges a message on this host's stop topic: every message but an
+    /// authentic, valid command latches (see [`stop`]).
+    /// `fleet_latched_since`: when this host's stop from the fleet
+    /// latched, if it holds one. Counts what it does not take as it asks.
     pub(crate) fn command_received(
         &self,
         payload: &[u8],
         fleet_latched_since: Option<i64>,
-    ) -> Result<Option<JudgedCommand>, Rejected> {
-        let judged = self.judge_command(payload, fleet_latched_since);
-        match &judged {
-            Err(Rejected::Unauthenticated(_)) => {
-                IgnoredCounters::count(&self.ignored.unauthenticated_commands);
+    ) -> JudgedCommand {
+        let topic = self.topics.estop(&self.own.environment_id);
+        let message = stop::read(self.key.as_ref(), &topic, payload);
+        let verdict =
+            lock(&self.gate).decide(&message, crate::clock::now_ms(), fleet_latched_since);
+        match &message {
+            Message::Untrusted(defect) => {
+                match defect {
+                    Defect::Oversized { .. } => self.link.oversized(),
+                    Defect::Malformed { .. } => self.link.rejected(),
+                    _ => {}
+                }
+                let counter = if defect.is_sealed() || matches!(defect, Defect::Oversized { .. }) {
+                    &self.ignored.invalid
+                } else {
+                    &self.ignored.unauthenticated_commands
+                };
+                IgnoredCounters::count(counter);
             }
-            Err(_) => IgnoredCounters::count(&self.ignored.invalid),
-            Ok(Some(j)) => {
+            Message::Authentic(_) => {
                 if matches!(
-                    j.verdict,
-                    Verdict::Refused(stop::Refusal::Unauthenticated)
-                        | Verdict::Stop(StopKind::Unauthenticated)
-                ) {
-                    IgnoredCounters::count(&self.ignored.unauthenticated_commands);
-                } else if matches!(
-                    j.verdict,
+                    verdict,
                     Verdict::Refused(_) | Verdict::Stop(StopKind::Replayed)
                 ) {
                     IgnoredCounters::count(&self.ignored.stale_commands);
                 }
             }
-            Ok(None) => {}
         }
-        judged
-    }
-
-    fn judge_command(
-        &self,
-        payload: &[u8],
-        fleet_latched_since: Option<i64>,
-    ) -> Result<Option<JudgedCommand>, Rejected> {
-        if payload.len() > record::MAX_COMMAND_BYTES {
-            return Err(Rejected::Oversized {
-                len: payload.len(),
-                max: record::MAX_COMMAND_BYTES,
-            });
-        }
-        if payload.iter().all(u8::is_ascii_whitespace) {
-            return Ok(None);
-        }
-        let topic = self.topics.estop(&self.own.environment_id);
-        let (command, authentic) = match self.open(&topic, payload) {
-            Ok(body) => match record::parse_command(body.as_bytes())? {
-                Some(command) => (command, true),
-                None => return Ok(None),
-            },
-            Err(why) => match record::parse_command(&seal::content(payload)) {
-                // Read only to see whether it asks to stop.
-                Ok(Some(command)) => (command, false),
-                Ok(None) | Err(_) => return Err(Rejected::Unauthenticated(why)),
-            },
-        };
-        let verdict = lock(&self.gate).decide(
-            &command,
-            authentic,
-            crate::clock::now_ms(),
-            fleet_latched_since,
-        );
-        Ok(Some(JudgedCommand { command, verdict }))
-    }
-}
-
-/// The reason a fleet stop latches with on this host (its audit row):
-/// who sent it only when the command is authentic.
-pub(crate) fn stop_reason(environment_id: &str, command: &EstopCommand, kind: StopKind) -> String {
-    let by = command.by.as_deref().unwrap_or("an unnamed fleet member");
-    let (from, reason) = match kind {
-        StopKind::Authentic => (format!("host {by}"), command.reason.as_str()),
-        StopKind::Replayed => (
-            format!("a replayed or late command first issued by host {by}"),
-            command.reason.as_str(),
-        ),
-        // Nothing in it is trusted: not who it claims to be, not its reason.
-        StopKind::Unauthenticated => ("an unauthenticated MQTT publisher".to_string(), ""),
-    };
-    if reason.is_empty() {
-        format!("fleet stop of environment {environment_id} from {from}")
-    } else {
-        format!("fleet stop of environment {environment_id} from {from}: {reason}")
+        JudgedCommand { message, verdict }
     }
 }

@@ -3,8 +3,9 @@
 //! - **Authenticity.** Everything a rozd publishes on the broker (records,
 //!   stop commands) is sealed with an HMAC under a key derived from the
 //!   fleet token ([`seal`]); what is not sealed with it is ignored and
-//!   counted ([`Ignored`]), except that a stop command latches whoever sent
-//!   it ([`stop`]: anyone may stop, only the fleet clears).
+//!   counted ([`Ignored`]), except on the stop topic, where every message
+//!   but the fleet's valid command latches, whoever sent it and whatever
+//!   its form ([`stop`]: anyone may stop, only the fleet clears).
 //! - **Presence.** Each rozd publishes its [`record::HostRecord`] as a
 //!   retained message on `<prefix>/hosts/<host_id>`, refreshes it every
 //!   `heartbeat_secs` and whenever its protective stop changes, and leaves a
@@ -23,8 +24,9 @@
 //!   relayed (one hop at most), and never to this host's own endpoint.
 //! - **Fleet stop.** A retained command on `<prefix>/estop/<environment_id>`
 //!   latches the protective stop of every host of that environment (source
-//!   `fleet`); an authentic, fresh withdrawal clears the latches that came
-//!   from the fleet.
+//!   `fleet`), as does any other message there that is not an authentic,
+//!   valid command (with its defect in the reason); an authentic, fresh
+//!   withdrawal clears the latches that came from the fleet.
 //!
 //! Without `[fleet]` the registry holds only this host, routing to any other
 //! id is `NotFound`, and registering or fleet stops are refused.

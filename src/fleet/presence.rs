@@ -29,7 +29,7 @@ use rumqttc::v5::mqttbytes::v5::{Filter, LastWill, Packet, Publish};
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop};
 use tokio::time::Instant;
 
-use super::inbox::{JudgedCommand, OwnTopic, stop_reason};
+use super::inbox::OwnTopic;
 use super::record::{RecordStatus, Rejected};
 use super::stop::{StopKind, Verdict};
 use super::view::LogLimiter;
@@ -293,30 +293,21 @@ impl Presence {
             .iter()
             .find(|cause| cause.source == FLEET_SOURCE)
             .map(|cause| cause.since_unix_ms);
-        let JudgedCommand { command, verdict } =
-            match self.fleet().command_received(payload, fleet_latched_since) {
-                Ok(Some(judged)) => judged,
-                Ok(None) => return,
-                Err(why) => {
-                    self.count_link(&why);
-                    let topic = self.estop_topic.clone();
-                    self.reject(&topic, &why);
-                    return;
-                }
-            };
+        // Every message here but the fleet's valid command latches.
+        let judged = self.fleet().command_received(payload, fleet_latched_since);
         let env = self.fleet().environment_id().to_string();
-        let kind = match verdict {
+        let kind = match &judged.verdict {
             Verdict::AlreadyApplied => return,
             Verdict::Refused(why) => {
                 let topic = self.estop_topic.clone();
                 self.reject(&topic, &format!("not applied: {why}"));
                 return;
             }
-            Verdict::Stop(kind) => kind,
+            Verdict::Stop(kind) => *kind,
             Verdict::Clear => {
                 // Authentic and fresh: its `by` is a fleet member's host id.
                 // Only the fleet's cause goes: a stop from any other source stays.
-                let by = command.by.as_deref().unwrap_or("an unnamed fleet member");
+                let by = judged.sender().unwrap_or("an unnamed fleet member");
                 if let Err(refused) =
                     latch.clear_source(FLEET_SOURCE, &format!("fleet: stop withdrawn by host {by}"))
                 {
@@ -338,21 +329,18 @@ impl Presence {
         if kind != StopKind::Authentic
             && let Some(more) = self.rejects.allow(Instant::now())
         {
-            let what = if kind == StopKind::Replayed {
-                "not fresh (a replay or a late delivery)"
-            } else {
-                "not authenticated"
-            };
             tracing::warn!(
                 topic = %self.estop_topic,
-                "fleet: a stop command that is {what} latches this host's stop anyway (anyone may \
-                 stop; nothing else of it is trusted) ({more} more ignored since the last report)"
+                "fleet: {} latches this host's stop anyway (everything on the stop topic but the \
+                 fleet's clear stops; nothing else of it is trusted) ({more} more ignored since \
+                 the last report)",
+                judged.describe()
             );
         }
-        let reason = stop_reason(&env, &command, kind);
+        let reason = judged.stop_reason(&env);
         // Only an authentic command's `by` names who asked (a fleet host).
         let by = (kind == StopKind::Authentic)
-            .then(|| command.by.clone())
+            .then(|| judged.sender())
             .flatten()
             .map(|host| format!("host {host}"));
         // Beside the loop: driving actuators safe may take their deadline,

@@ -225,9 +225,12 @@ pub struct EstopCommand {
 }
 
 /// Parses a stop command: JSON `{"stop": bool, ...}`, or a bare `stop`,
-/// `true` or `1` (as an operator's `mosquitto_pub` would send). `None` for
-/// an empty payload (a cleared retained message).
-pub fn parse_command(payload: &[u8]) -> Result<Option<EstopCommand>, Rejected> {
+/// `true` or `1` (as an operator's `mosquitto_pub` would send). A clear
+/// (`"stop": false`) must carry its issue time `at_ms`. The error names the
+/// defect (`Rejected::Malformed`) without repeating anything of the
+/// message: nothing in a message that is not a valid command is trusted,
+/// and the defect goes into the audit.
+pub fn parse_command(payload: &[u8]) -> Result<EstopCommand, Rejected> {
     if payload.len() > MAX_COMMAND_BYTES {
         return Err(Rejected::Oversized {
             len: payload.len(),
@@ -235,20 +238,83 @@ pub fn parse_command(payload: &[u8]) -> Result<Option<EstopCommand>, Rejected> {
         });
     }
     if payload.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
+        return Err(Rejected::Malformed("a blank message".into()));
     }
     if crate::safety::inputs::is_stop_payload(payload) {
-        return Ok(Some(EstopCommand {
+        return Ok(EstopCommand {
             stop: true,
             reason: String::new(),
             by: None,
             id: None,
             at_ms: None,
-        }));
+        });
     }
-    serde_json::from_slice(payload)
-        .map(Some)
-        .map_err(|e| Rejected::Malformed(e.to_string()))
+    // Only an object: serde would also take the fields as an array.
+    let object = payload.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    let parsed = serde_json::from_slice(payload).and_then(|command: EstopCommand| {
+        if object {
+            Ok(command)
+        } else {
+            Err(serde::de::Error::custom("not an object"))
+        }
+    });
+    let command = parsed.map_err(|e| Rejected::Malformed(command_defect(payload, &e)))?;
+    if !command.stop && command.at_ms.is_none() {
+        return Err(Rejected::Malformed(
+            "a clear without its issue time `at_ms`".into(),
+        ));
+    }
+    Ok(command)
+}
+
+/// What is wrong with `payload`, which is not a valid command (`e`), in
+/// words that repeat nothing of it (serde's data errors quote values).
+fn command_defect(payload: &[u8], e: &serde_json::Error) -> String {
+    use serde_json::Value;
+    fn kind(v: &Value) -> &'static str {
+        match v {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Number(_) => "a number",
+            Value::String(_) => "a string",
+            Value::Array(_) => "an array",
+            Value::Object(_) => "an object",
+        }
+    }
+    if e.is_syntax() || e.is_eof() {
+        // Syntax errors name what was expected and where, never a value.
+        return format!("not JSON: {e}");
+    }
+    let Ok(value) = serde_json::from_slice::<Value>(payload) else {
+        return "not JSON".into();
+    };
+    let Some(fields) = value.as_object() else {
+        return format!("{}, not a JSON object", kind(&value));
+    };
+    let defect = |name: &str, ok: fn(&Value) -> bool, expected: &str| {
+        fields
+            .get(name)
+            .filter(|v| !ok(v))
+            .map(|v| format!("`{name}` is {}, not {expected}", kind(v)))
+    };
+    let optional_string = |v: &Value| v.is_string() || v.is_null();
+    let optional_integer = |v: &Value| v.is_i64() || v.is_null();
+    if !fields.contains_key("stop") {
+        return "no `stop` field".into();
+    }
+    defect("stop", Value::is_boolean, "true or false")
+        .or_else(|| defect("reason", Value::is_string, "a string"))
+        .or_else(|| defect("by", optional_string, "a string"))
+        .or_else(|| defect("id", optional_string, "a string"))
+        .or_else(|| {
+            defect(
+                "at_ms",
+                optional_integer,
+                "an integer (milliseconds since the epoch)",
+            )
+        })
+        // The fields are right, yet it did not parse: a field given twice.
+        .unwrap_or_else(|| format!("not a command (at line {} column {})", e.line(), e.column()))
 }
 
 /// The topics under the configured prefix.
@@ -375,17 +441,73 @@ mod tests {
 
     #[test]
     fn commands() {
-        assert_eq!(parse_command(b""), Ok(None));
-        assert!(parse_command(b"stop").unwrap().unwrap().stop);
-        assert!(parse_command(b" 1\n").unwrap().unwrap().stop);
-        let c = parse_command(br#"{"stop":false,"reason":"done","by":"a","id":"x"}"#)
-            .unwrap()
+        assert!(parse_command(b"stop").unwrap().stop);
+        assert!(parse_command(b" 1\n").unwrap().stop);
+        let c = parse_command(br#"{"stop":false,"reason":"done","by":"a","id":"x","at_ms":5}"#)
             .unwrap();
         assert!(!c.stop);
         assert_eq!((c.reason.as_str(), c.id.as_deref()), ("done", Some("x")));
-        assert!(parse_command(b"clear").is_err());
-        assert!(parse_command(br#"{"reason":"no stop field"}"#).is_err());
-        assert!(parse_command(&vec![b' '; MAX_COMMAND_BYTES + 1]).is_err());
+        let c =
+            parse_command(br#"{"stop":true,"by":null,"id":null,"at_ms":null,"new":1}"#).unwrap();
+        assert!(c.stop && c.by.is_none() && c.at_ms.is_none());
+        assert!(matches!(
+            parse_command(&vec![b' '; MAX_COMMAND_BYTES + 1]),
+            Err(Rejected::Oversized { .. })
+        ));
+    }
+
+    /// Every command that cannot be used is refused naming its defect, and
+    /// nothing of its content (serde's own messages quote values).
+    #[test]
+    fn bad_commands_name_their_defect_not_their_content() {
+        let defect = |payload: &[u8]| match parse_command(payload) {
+            Err(Rejected::Malformed(why)) => why,
+            other => panic!("{:?}: {other:?}", String::from_utf8_lossy(payload)),
+        };
+        for (payload, named) in [
+            (&b""[..], "blank"),
+            (b" \n", "blank"),
+            (b"clear", "not JSON: expected value"),
+            (b"0", "a number, not a JSON object"),
+            (b"[true]", "an array, not a JSON object"),
+            (br#"{"reason":"no stop field"}"#, "no `stop` field"),
+            (br#"{"stop":true,}"#, "not JSON: trailing comma"),
+            (
+                br#"{"stop":"SECRET"}"#,
+                "`stop` is a string, not true or false",
+            ),
+            (br#"{"stop":1}"#, "`stop` is a number, not true or false"),
+            (br#"{"stop":null}"#, "`stop` is null"),
+            (br#"{"stop":true,"reason":7}"#, "`reason` is a number"),
+            (br#"{"stop":true,"by":["SECRET"]}"#, "`by` is an array"),
+            (br#"{"stop":true,"id":{}}"#, "`id` is an object"),
+            (br#"{"stop":true,"at_ms":"SECRET"}"#, "`at_ms` is a string"),
+            (
+                br#"{"stop":true,"at_ms":1.5}"#,
+                "`at_ms` is a number, not an integer",
+            ),
+            (
+                br#"{"stop":true,"at_ms":1e30}"#,
+                "`at_ms` is a number, not an integer",
+            ),
+            (br#"{"stop":true,"stop":"SECRET"}"#, "`stop` is a string"),
+            (br#"{"stop":true,"stop":false}"#, "not a command (at line 1"),
+            (
+                br#"{"stop":false}"#,
+                "a clear without its issue time `at_ms`",
+            ),
+            (
+                br#"{"stop":false,"at_ms":null}"#,
+                "a clear without its issue time",
+            ),
+        ] {
+            let why = defect(payload);
+            assert!(
+                why.contains(named) && !why.contains("SECRET"),
+                "{:?}: {why}",
+                String::from_utf8_lossy(payload)
+            );
+        }
     }
 
     #[test]

@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use super::inbox::{OwnTopic, stop_reason};
+use super::inbox::{JudgedCommand, OwnTopic};
 use super::record::{EstopCommand, EstopState, HostRecord, RecordStatus, Rejected};
 use super::seal::{self, MessageKey};
-use super::stop::{self, StopKind, Verdict};
+use super::stop::{self, Defect, Message, StopKind, Verdict};
 use super::view::Presence;
 use super::*;
 use crate::config::types::{Secret, ServerConfig};
@@ -355,14 +355,13 @@ fn sealed_command(stop: bool, id: &str, at_ms: i64) -> Vec<u8> {
 }
 
 fn verdict(f: &Fleet, payload: &[u8]) -> Verdict {
-    f.command_received(payload, None).unwrap().unwrap().verdict
+    f.command_received(payload, None).verdict
 }
 
 #[test]
 fn stop_commands_anyone_may_stop_only_the_fleet_clears() {
     let f = fleet(FLEET);
     let now = crate::clock::now_ms();
-    assert_eq!(f.command_received(b"", None), Ok(None));
     assert_eq!(
         verdict(&f, &sealed_command(true, "s1", now)),
         Verdict::Stop(StopKind::Authentic)
@@ -371,12 +370,9 @@ fn stop_commands_anyone_may_stop_only_the_fleet_clears() {
         verdict(&f, &sealed_command(true, "s1", now)),
         Verdict::AlreadyApplied
     );
-    // forged clears: plain JSON, a sealed one altered, another key
+    // forged clears (plain JSON, a sealed one altered) are not clears: they stop
     let forged = br#"{"stop":false,"id":"x","by":"b","at_ms":99999999999999}"#;
-    assert_eq!(
-        verdict(&f, forged),
-        Verdict::Refused(stop::Refusal::Unauthenticated)
-    );
+    assert_eq!(verdict(&f, forged), Verdict::Stop(StopKind::Untrusted));
     let mut altered: serde_json::Value =
         serde_json::from_slice(&sealed_command(false, "c0", now + 1)).unwrap();
     altered["body"] = altered["body"]
@@ -386,27 +382,22 @@ fn stop_commands_anyone_may_stop_only_the_fleet_clears() {
         .into();
     assert_eq!(
         verdict(&f, &serde_json::to_vec(&altered).unwrap()),
-        Verdict::Refused(stop::Refusal::Unauthenticated)
+        Verdict::Stop(StopKind::Untrusted)
     );
     assert_eq!(f.ignored().unauthenticated_commands, 2);
     // a bare stop, or a stop sealed with the wrong key, latches
-    assert_eq!(
-        verdict(&f, b"stop"),
-        Verdict::Stop(StopKind::Unauthenticated)
-    );
+    assert_eq!(verdict(&f, b"stop"), Verdict::Stop(StopKind::Untrusted));
     let wrong_key = seal::seal(
         &MessageKey::from_token("old token"),
         "roz/v1/estop/lab",
         r#"{"stop":true,"by":"c"}"#,
     );
-    assert_eq!(
-        verdict(&f, &wrong_key),
-        Verdict::Stop(StopKind::Unauthenticated)
-    );
-    // garbage is counted and changes nothing
-    assert!(f.command_received(b"\xff\x00", None).is_err());
-    assert_eq!(f.ignored().unauthenticated_commands, 5);
-    // a sealed stop moved from another environment's topic is not authentic
+    assert_eq!(verdict(&f, &wrong_key), Verdict::Stop(StopKind::Untrusted));
+    // so does garbage, and the empty message that deletes the retained command
+    assert_eq!(verdict(&f, b"\xff\x00"), Verdict::Stop(StopKind::Untrusted));
+    assert_eq!(verdict(&f, b""), Verdict::Stop(StopKind::Untrusted));
+    assert_eq!(f.ignored().unauthenticated_commands, 6);
+    // a sealed clear moved from another environment's topic is not authentic
     let elsewhere = seal::seal(
         &key(),
         "roz/v1/estop/other",
@@ -419,17 +410,14 @@ fn stop_commands_anyone_may_stop_only_the_fleet_clears() {
         })
         .unwrap(),
     );
-    assert_eq!(
-        verdict(&f, &elsewhere),
-        Verdict::Refused(stop::Refusal::Unauthenticated)
-    );
+    assert_eq!(verdict(&f, &elsewhere), Verdict::Stop(StopKind::Untrusted));
     // the fleet's own clear, issued after the stops
     let clear_at = crate::clock::now_ms() + 1;
     assert_eq!(
         verdict(&f, &sealed_command(false, "c1", clear_at)),
         Verdict::Clear
     );
-    // replayed after a newer stop: refused
+    // replayed after a newer stop: refused, and not a stop either
     assert_eq!(
         verdict(&f, &sealed_command(true, "s2", clear_at + 1)),
         Verdict::Stop(StopKind::Authentic)
@@ -440,8 +428,103 @@ fn stop_commands_anyone_may_stop_only_the_fleet_clears() {
     ));
     assert_eq!(f.ignored().stale_commands, 1);
     let oversized = vec![b' '; record::MAX_COMMAND_BYTES + 1];
-    assert!(f.command_received(&oversized, None).is_err());
+    assert_eq!(verdict(&f, &oversized), Verdict::Stop(StopKind::Untrusted));
     assert_eq!(f.ignored().invalid, 1);
+    assert_eq!(f.link.stats().oversized, 1);
+}
+
+/// Issue 32, item 4: five odd messages that ask to stop did nothing, sealed
+/// with the fleet key or not. Every one of them latches now, naming its
+/// defect and nothing of its content; so do clears that are not valid
+/// clears of the fleet. The fleet's valid clear still clears.
+#[test]
+fn every_message_on_the_stop_topic_but_the_fleets_clear_latches_with_its_defect() {
+    let f = fleet(FLEET);
+    let topic = "roz/v1/estop/lab";
+    let big = format!(r#"{{"stop":true,"reason":"{}"}}"#, "x".repeat(9 * 1024));
+    let at = crate::clock::now_ms();
+    let bad_clear_at = format!(r#"{{"stop":false,"by":"b","id":"c","at_ms":"{at}"}}"#);
+    let odd = [
+        (big.as_str(), "more than the 8192 bytes a command may have"),
+        (r#"{"stop":true,"at_ms":"now"}"#, "`at_ms` is a string"),
+        (
+            r#"{"stop":"true"}"#,
+            "`stop` is a string, not true or false",
+        ),
+        (r#"{"stop":1}"#, "`stop` is a number, not true or false"),
+        (r#"{"stop":true,}"#, "trailing comma"),
+        // clears that are not valid: they do not clear, they stop
+        (bad_clear_at.as_str(), "`at_ms` is a string"),
+        (
+            r#"{"stop":false,"by":"b","id":"d"}"#,
+            "without its issue time",
+        ),
+        (
+            r#"{"stop":"false","by":"b","at_ms":1}"#,
+            "`stop` is a string",
+        ),
+    ];
+    let mut counted = f.ignored();
+    for (body, defect) in odd {
+        for sealed in [false, true] {
+            let payload = if sealed {
+                seal::seal(&key(), topic, body)
+            } else {
+                body.as_bytes().to_vec()
+            };
+            let what = format!("{} (sealed: {sealed})", &body[..body.len().min(40)]);
+            let judged = f.command_received(&payload, None);
+            assert_eq!(
+                judged.verdict,
+                Verdict::Stop(StopKind::Untrusted),
+                "{what}: {judged:?}"
+            );
+            let reason = judged.stop_reason("lab");
+            assert!(reason.contains(defect), "{what}: {reason}");
+            assert!(
+                !reason.contains("xxxx") && !reason.contains("now") && !reason.contains("host b"),
+                "{what}: nothing of it is believed: {reason}"
+            );
+            assert_eq!(judged.sender(), None, "{what}");
+            let oversized = payload.len() > record::MAX_COMMAND_BYTES;
+            if sealed || oversized {
+                counted.invalid += 1;
+                if sealed && !oversized {
+                    assert!(
+                        reason.contains("from a fleet member (sealed with the fleet key)"),
+                        "{what}: {reason}"
+                    );
+                }
+            } else {
+                counted.unauthenticated_commands += 1;
+                assert!(
+                    reason.contains("from an unauthenticated MQTT publisher"),
+                    "{what}: {reason}"
+                );
+            }
+            assert_eq!(f.ignored(), counted, "{what}");
+        }
+    }
+    // The empty message that deletes the retained command: not a clear.
+    let judged = f.command_received(b"", None);
+    assert_eq!(judged.message, Message::Untrusted(Defect::Empty));
+    assert_eq!(judged.verdict, Verdict::Stop(StopKind::Untrusted));
+    assert!(judged.stop_reason("lab").contains("an empty message"));
+    // An unsealed, well-formed clear: not a clear either.
+    let judged = f.command_received(
+        format!(r#"{{"stop":false,"by":"b","id":"e","at_ms":{at}}}"#).as_bytes(),
+        None,
+    );
+    assert!(
+        matches!(judged.message, Message::Untrusted(Defect::UnsealedClear(_))),
+        "{judged:?}"
+    );
+    assert!(judged.stop_reason("lab").contains("without a valid MAC"));
+    // The fleet's clear, issued after all of these latched, clears.
+    let clear_at = crate::clock::now_ms() + 1;
+    let judged = f.command_received(&sealed_command(false, "c1", clear_at), None);
+    assert_eq!(judged.verdict, Verdict::Clear);
+    assert_eq!(judged.sender(), Some("b"));
 }
 
 #[test]
@@ -453,16 +536,28 @@ fn the_audit_names_only_authentic_senders() {
         id: None,
         at_ms: None,
     };
+    let judged = |message: Message, kind: StopKind| JudgedCommand {
+        message,
+        verdict: Verdict::Stop(kind),
+    };
+    let unsealed = judged(
+        Message::Untrusted(Defect::UnsealedStop(seal::Unauthentic::NotSealed)),
+        StopKind::Untrusted,
+    );
     assert_eq!(
-        stop_reason("lab", &c, StopKind::Unauthenticated),
+        unsealed.stop_reason("lab"),
         "fleet stop of environment lab from an unauthenticated MQTT publisher"
     );
+    assert_eq!(unsealed.sender(), None);
     c.by = Some("b".into());
+    let authentic = judged(Message::Authentic(c.clone()), StopKind::Authentic);
     assert_eq!(
-        stop_reason("lab", &c, StopKind::Authentic),
+        authentic.stop_reason("lab"),
         "fleet stop of environment lab from host b: smoke"
     );
-    assert!(stop_reason("lab", &c, StopKind::Replayed).contains("replayed"));
+    assert_eq!(authentic.sender(), Some("b"));
+    let replayed = judged(Message::Authentic(c), StopKind::Replayed);
+    assert!(replayed.stop_reason("lab").contains("replayed"));
 }
 
 /// With host certificates (`fleet.cert_file`) the fleet token goes only

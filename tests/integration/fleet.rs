@@ -7,7 +7,8 @@
 //! approval, deadman) and ends with `host_unavailable` when that host dies.
 //! Messages that are not sealed with the fleet key (published with
 //! `mosquitto_pub`, as anyone with access to the broker could) latch a stop
-//! but never clear one and never route a session; a recorded authentic
+//! but never clear one and never route a session; every other message on
+//! the stop topic that is not a valid command latches too; a recorded authentic
 //! clear replayed later does not undo a newer stop; a relayed request is
 //! never relayed again.
 //!
@@ -1107,9 +1108,13 @@ async fn a_huge_retained_record_does_not_take_the_fleet_link_down() {
 /// key v1")`, `mac = base64(HMAC-SHA256(K, topic || 0x00 || body))`,
 /// envelope `{"v": 1, "body", "mac"}`.
 fn sealed(topic: &str, body: &Value) -> String {
+    sealed_text(topic, &body.to_string())
+}
+
+/// [`sealed`] for a body given as text (which need not be valid JSON).
+fn sealed_text(topic: &str, body: &str) -> String {
     use base64::Engine as _;
     use ring::hmac;
-    let body = body.to_string();
     let token_key = hmac::Key::new(hmac::HMAC_SHA256, TOKEN.as_bytes());
     let key = hmac::sign(&token_key, b"roz fleet message key v1");
     let key = hmac::Key::new(hmac::HMAC_SHA256, key.as_ref());
@@ -1253,6 +1258,7 @@ async fn a_fleet_stop_with_a_bad_body_still_stops_this_hosts_environment() {
 
 /// Defect 3: `mosquitto_pub -r -t roz/v1/estop/lab -m '{"stop":false,...}'`
 /// returned every host to `normal` and the audit named whoever `by` claimed.
+/// (Since issue 32 it is a stop: not the fleet's clear.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_clear_does_not_clear_a_fleet_stop_and_is_counted() {
     let dir = tempfile::tempdir().unwrap();
@@ -1352,6 +1358,115 @@ async fn an_unauthenticated_stop_still_latches_and_is_not_believed() {
         })
         .await;
     }
+}
+
+/// Issue 32, item 4: on the stop topic, every message but the fleet's
+/// authentic clear latches. Five odd requests to stop did nothing before
+/// (an oversized reason, a mistyped `at_ms`, `"stop"` as a string and as a
+/// number, a trailing comma), sealed with the fleet key or not; nor did a
+/// sealed clear with a defect, or the empty message that deletes the
+/// retained command. Each now latches the host (source `fleet`), with its
+/// defect in the stop's reason, the audit and `fleet.ignored`, and
+/// nothing of its content believed; the fleet's own clear still clears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_message_on_the_stop_topic_but_the_fleets_clear_latches_with_its_defect() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&mkdir(dir.path(), "broker")).await;
+    let a = Rozd::spawn("a", &broker).await;
+    view_is(&a, &[("a", "online")]).await;
+    let topic = "roz/v1/estop/lab";
+    let big = format!(r#"{{"stop":true,"reason":"{}"}}"#, "x".repeat(9 * 1024));
+    let odd = [
+        (big.as_str(), "more than the 8192 bytes"),
+        (r#"{"stop":true,"at_ms":"now"}"#, "`at_ms` is a string"),
+        (r#"{"stop":"true"}"#, "`stop` is a string"),
+        (r#"{"stop":1}"#, "`stop` is a number"),
+        (r#"{"stop":true,}"#, "trailing comma"),
+    ];
+    // (what, payload, the fleet.ignored counter, the defect named)
+    let mut messages: Vec<(String, Vec<u8>, &str, &str)> = Vec::new();
+    for (body, defect) in odd {
+        let what = &body[..body.len().min(32)];
+        let oversized = body.len() > 8192;
+        messages.push((
+            format!("{what} (unsealed)"),
+            body.as_bytes().to_vec(),
+            if oversized {
+                "invalid"
+            } else {
+                "unauthenticated_commands"
+            },
+            defect,
+        ));
+        messages.push((
+            format!("{what} (sealed)"),
+            sealed_text(topic, body).into_bytes(),
+            "invalid",
+            defect,
+        ));
+    }
+    let at = now_ms();
+    messages.push((
+        "a sealed clear with a mistyped at_ms".into(),
+        sealed_text(topic, r#"{"stop":false,"id":"c1","by":"b","at_ms":"now"}"#).into_bytes(),
+        "invalid",
+        "`at_ms` is a string",
+    ));
+    messages.push((
+        "a sealed clear without at_ms".into(),
+        sealed(topic, &json!({"stop": false, "id": "c2", "by": "b"})).into_bytes(),
+        "invalid",
+        "issue time",
+    ));
+    messages.push((
+        "an unsealed clear".into(),
+        json!({"stop": false, "id": "c3", "by": "b", "at_ms": at})
+            .to_string()
+            .into_bytes(),
+        "unauthenticated_commands",
+        "without a valid MAC",
+    ));
+    messages.push((
+        "the empty message that deletes the retained command".into(),
+        Vec::new(),
+        "unauthenticated_commands",
+        "empty message",
+    ));
+    for (what, payload, counter, defect) in &messages {
+        assert!(!stopped(&a).await, "latched before {what}");
+        let before = ignored(&a, counter).await;
+        let audited_before = audit_rows(&a, "protective_stop").await.len();
+        publish(broker.port, topic, payload, true).await;
+        eventually(&format!("{what} latches a"), || async {
+            stopped(&a).await.then_some(())
+        })
+        .await;
+        let safety = a.get("/v1/safety").await;
+        let reason = safety["stop"]["reason"].as_str().unwrap_or_default();
+        assert_eq!(safety["stop"]["source"], "fleet", "{what}: {safety}");
+        assert!(reason.contains(defect), "{what}: {safety}");
+        // Nothing in it is believed: neither its reason nor its sender.
+        assert!(
+            !reason.contains("xxxx") && !reason.contains("host b"),
+            "{what}: {safety}"
+        );
+        let audited = audit_rows(&a, "protective_stop").await;
+        assert_eq!(audited.len(), audited_before + 1, "{what}: {audited:?}");
+        assert!(
+            audited
+                .iter()
+                .any(|row| row["result"].as_str().unwrap_or_default() == reason),
+            "{what}: the audit has the reason {reason:?}: {audited:?}"
+        );
+        assert_eq!(
+            ignored(&a, counter).await,
+            before + 1,
+            "{what}: counted as {counter}"
+        );
+        // The fleet's authentic clear still clears.
+        fleet_command(&a, "/v1/fleet/estop/clear").await;
+    }
+    assert!(!stopped(&a).await);
 }
 
 /// A recorded authentic clear, republished after a newer fleet stop, does

@@ -959,8 +959,8 @@ async fn a_relay_sends_the_fleet_token_only_to_the_host_its_certificate_names() 
 
 /// mosquitto with the shipped example configuration and ACL (paths and
 /// port adapted), the fleet guide's certificates and a broker certificate for
-/// 127.0.0.1.
-async fn fleet_broker(d: &Path) -> (tokio::process::Child, u16) {
+/// 127.0.0.1; `extra` is appended to the configuration.
+async fn fleet_broker(d: &Path, extra: &str) -> (tokio::process::Child, u16) {
     let ext = d.join("broker.ext");
     std::fs::write(
         &ext,
@@ -999,7 +999,7 @@ async fn fleet_broker(d: &Path) -> (tokio::process::Child, u16) {
     let user = String::from_utf8_lossy(&user.stdout).trim().to_string();
     // `user`: mosquitto started as root would drop to `mosquitto`, which
     // cannot read the test's private directory.
-    let conf = format!("{conf}\nlog_dest stderr\npersistence false\nuser {user}\n");
+    let conf = format!("{conf}\nlog_dest stderr\npersistence false\nuser {user}\n{extra}\n");
     std::fs::write(d.join("mosquitto.conf"), conf).unwrap();
     let mut child = Command::new("mosquitto")
         .args(["-c", &s(&d.join("mosquitto.conf"))])
@@ -1093,7 +1093,7 @@ async fn the_example_broker_acl_keeps_each_host_to_its_own_record() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     fleet_certificates(d);
-    let (_broker, port) = fleet_broker(d).await;
+    let (_broker, port) = fleet_broker(d, "").await;
     mqtt_publish(
         d,
         port,
@@ -1161,6 +1161,180 @@ async fn the_example_broker_acl_keeps_each_host_to_its_own_record() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    rover1.shutdown().await;
+}
+
+/// `[server.tls]` and `[fleet]` of fleet host `id` on the broker at `port`,
+/// with the fleet guide's certificates in `d`.
+fn fleet_host(d: &Path, id: &str, port: u16) -> (String, String) {
+    let token = d.join("fleet-token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let server = format!(
+        "[server.tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+        s(&d.join(format!("{id}.pem"))),
+        s(&d.join(format!("{id}.key"))),
+    );
+    let fleet = format!(
+        "[host]\nid = \"{id}\"\nenvironment_id = \"lab\"\n[fleet]\nurl = \"mqtts://127.0.0.1:{port}\"\n\
+         ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\ntoken_file = {:?}\nkeep_alive_secs = 5\n",
+        s(&d.join("fleet-ca.pem")),
+        s(&d.join(format!("{id}.pem"))),
+        s(&d.join(format!("{id}.key"))),
+        s(&token),
+    );
+    (server, fleet)
+}
+
+/// Polls `check` until it holds, failing after a generous bound.
+async fn until(what: &str, check: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + EXPECT_WITHIN * 3;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not in time: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// [`retained`] (read as rover-2) until `check` holds for what it reads.
+async fn retained_until(
+    d: &Path,
+    port: u16,
+    filter: &str,
+    count: usize,
+    check: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + EXPECT_WITHIN * 3;
+    loop {
+        let lines = retained(d, port, "rover-2", filter, count).await;
+        if check(&lines) {
+            return lines;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not retained in time on {filter}: {lines:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `mosquitto_pub` of an empty retained message on `topic` (the broker's way
+/// of deleting the retained message) with `args` for the connection; whether
+/// the client says it published.
+async fn delete_retained(args: &[String], topic: &str) -> bool {
+    let out = tokio::time::timeout(
+        EXPECT_WITHIN,
+        Command::new("mosquitto_pub")
+            .args(args)
+            .args(["-q", "1", "-r", "-n", "-t", topic])
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("mosquitto_pub hung")
+    .unwrap();
+    out.status.success()
+}
+
+/// Issue 32, item 4: an empty retained message removes the retained fleet
+/// stop from the broker, and a host that joins later does not latch. The
+/// example ACL lets no one but the fleet's hosts write the fleet's topics.
+/// Here the broker also admits anonymous clients on a second, plain
+/// listener (as a broker shared with other devices might): the ACL keeps
+/// them off the stop topic. On the shipped TLS listener a client without a
+/// certificate, or with one from another CA, does not get in at all. After
+/// every attempt the retained stop is still there, and a host that joins
+/// later latches; the hosts' identities still publish their records, the
+/// stop and the clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_broker_acl_keeps_the_retained_fleet_stop_from_anyone_but_the_fleet() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fleet_certificates(d);
+    let plain = free_port();
+    let (_broker, port) = fleet_broker(
+        d,
+        &format!("allow_anonymous true\nlistener {plain} 127.0.0.1\n"),
+    )
+    .await;
+    let topic = "roz/v1/estop/lab";
+    let (server, fleet) = fleet_host(d, "rover-1", port);
+    let rover1 = start_tls(&server, &fleet).await;
+    until("rover-1 joins the fleet", || {
+        rover1.ctx.fleet.is_connected()
+    })
+    .await;
+    rover1
+        .ctx
+        .fleet
+        .publish_estop("lab", true, "drill")
+        .expect("rover-1 publishes the fleet stop");
+    let stop = retained_until(d, port, topic, 1, |lines| {
+        lines.iter().any(|l| l.contains("\\\"stop\\\":true"))
+    })
+    .await;
+
+    // An anonymous client on the plain listener: the broker takes the
+    // message (MQTT 3.1.1 has no way to say no) and drops it.
+    let anonymous: Vec<String> = ["-h", "127.0.0.1", "-p", &plain.to_string()]
+        .map(String::from)
+        .to_vec();
+    delete_retained(&anonymous, topic).await;
+    let forged_clear = Command::new("mosquitto_pub")
+        .args(&anonymous)
+        .args(["-q", "1", "-r", "-t", topic, "-m", r#"{"stop":false}"#])
+        .output()
+        .await
+        .unwrap();
+    assert!(forged_clear.status.success());
+    // On the TLS listener: no certificate, or one from another CA that
+    // names a fleet host.
+    let mut no_certificate = mqtt_tls_args(d, port, "rover-2");
+    no_certificate.truncate(6);
+    assert!(
+        !delete_retained(&no_certificate, topic).await,
+        "a client without a certificate got in"
+    );
+    let outsider = Pki::new();
+    let (cert, key) = outsider.issue("rover-2", "rover-2", (2099, 1, 1));
+    let mut foreign = no_certificate.clone();
+    foreign.extend(["--cert".into(), s(&cert), "--key".into(), s(&key)]);
+    assert!(
+        !delete_retained(&foreign, topic).await,
+        "a client with another CA's certificate got in"
+    );
+    assert_eq!(
+        retained(d, port, "rover-2", topic, 1).await,
+        stop,
+        "the retained stop was deleted or replaced"
+    );
+
+    // A host that joins now latches from the retained stop.
+    let (server, fleet) = fleet_host(d, "rover-2", port);
+    let rover2 = start_tls(&server, &fleet).await;
+    let latch = rover2.ctx.ooda.protective_stop().clone();
+    until("rover-2 latches the fleet stop", || {
+        latch.state().causes.iter().any(|c| c.source == "fleet")
+    })
+    .await;
+    // Its record is on its own topic; the fleet's clear gets through.
+    retained_until(d, port, "roz/v1/hosts/+", 2, |lines| {
+        lines.len() == 2
+            && lines[0].starts_with("roz/v1/hosts/rover-1 ")
+            && lines[1].starts_with("roz/v1/hosts/rover-2 ")
+    })
+    .await;
+    rover1
+        .ctx
+        .fleet
+        .publish_estop("lab", false, "drill over")
+        .expect("rover-1 publishes the clear");
+    until("rover-2 cleared by the fleet", || {
+        !latch.state().is_active()
+    })
+    .await;
+    rover2.shutdown().await;
     rover1.shutdown().await;
 }
 
