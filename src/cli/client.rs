@@ -209,7 +209,11 @@ pub async fn send_local(
     let body = json.map(|v| v.to_string().into_bytes());
     let mut socket_error = None;
     if let Some(socket) = socket {
-        match UnixStream::connect(socket).await {
+        let connected = match trusted_socket(socket) {
+            Ok(()) => UnixStream::connect(socket).await,
+            Err(e) => Err(e),
+        };
+        match connected {
             Ok(stream) => {
                 let name = socket.display().to_string();
                 let reply = exchange(stream, "localhost", &name, method, path, None, body).await?;
@@ -235,6 +239,37 @@ pub async fn send_local(
             },
             None => tcp,
         }),
+    }
+}
+
+/// The user the packaged daemon runs as (the systemd unit's `User=`).
+pub const DAEMON_USER: &str = "rozd";
+
+/// A control socket the CLI may believe: a socket owned by root, by the
+/// user running the CLI, or by the daemon's user ([`DAEMON_USER`]). Any
+/// other owner means someone else put it there (a squatted path in `/tmp`
+/// would answer "latched" for a stop that never happened). A missing path
+/// is `NotFound`, as from connecting.
+fn trusted_socket(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    let meta = std::fs::symlink_metadata(path)?;
+    if !meta.file_type().is_socket() {
+        return Err(std::io::Error::other(
+            "it is not a socket (a symbolic link or another kind of file)",
+        ));
+    }
+    let owner = meta.uid();
+    let daemon = nix::unistd::User::from_name(DAEMON_USER)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw());
+    let trusted = owner == 0 || owner == nix::unistd::geteuid().as_raw() || Some(owner) == daemon;
+    if trusted {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "it is owned by uid {owner}, not root, you or the {DAEMON_USER} user: anyone could have put it there"
+        )))
     }
 }
 

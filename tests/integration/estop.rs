@@ -1307,3 +1307,46 @@ async fn a_stop_file_that_is_not_a_plain_readable_file_starts_the_binary_latched
         assert_eq!(body["stop"]["source"], "restore", "{what}: {body}");
     }
 }
+
+/// `rozd estop` believes a control socket only when root, the user running
+/// it or the daemon's user (`rozd`) owns it: a socket squatted by another
+/// user (here uid 65534) that answers "latched" is refused, the CLI falls
+/// back to TCP (nothing listens there) and exits 1. The same socket owned
+/// by root is believed (the check refuses only foreign owners).
+#[tokio::test]
+async fn rozd_estop_refuses_a_control_socket_another_user_owns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("squatted.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let fake = r#"{"environment_id":"lab","estop_active":true,"level":"estop","active_guards":[],"causes":[{"source":"rest","reason":"fake","since_unix_ms":0,"by":null}],"inputs":[],"persisted":true,"stop":{"source":"rest","reason":"fake","since_unix_ms":0,"by":null},"triggered":true}"#;
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf).await;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{fake}",
+                fake.len()
+            );
+            let _ = stream.write_all(answer.as_bytes()).await;
+        }
+    });
+    let closed_port = common::broker::free_port();
+    let addr = format!("127.0.0.1:{closed_port}");
+    let socket = path.display().to_string();
+    let args = ["estop", "--socket", &socket, "--addr", &addr, "--reason", "x"];
+
+    std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+    let (code, out, err) = rozd_cli(&args).await;
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(err.contains("owned by uid 65534"), "{err}");
+    assert!(err.contains("NOT triggered"), "{err}");
+
+    std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();
+    let (code, out, err) = rozd_cli(&args).await;
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    server.abort();
+}
