@@ -32,6 +32,12 @@ pub enum FilesError {
     Read(#[from] read::ReadError),
     #[error("{path}: cannot write the recovered file: {message}")]
     Recover { path: String, message: String },
+    #[error("moved aside as {path}: {why}")]
+    MovedAside {
+        path: String,
+        #[source]
+        why: read::ReadError,
+    },
 }
 
 /// Creates `dir` (and its parents) mode 0700 if missing: recordings hold
@@ -258,9 +264,37 @@ pub fn recover_all(dir: &Path, library: &str) -> Vec<Result<Recovered, FilesErro
     listed
         .into_iter()
         .filter(|l| l.state == "unfinished")
-        .map(|l| recover(&dir.join(&l.name), library))
+        .map(|l| {
+            let path = dir.join(&l.name);
+            recover(&path, library).map_err(|e| match e {
+                FilesError::Read(why) => move_aside(&path, why),
+                other => other,
+            })
+        })
         .collect()
 }
+
+/// What cannot be read as a recording at all is renamed `<name>.corrupt`
+/// (kept for inspection, out of the listings, never read again); the error
+/// says so.
+fn move_aside(path: &Path, why: read::ReadError) -> FilesError {
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(CORRUPT);
+    let aside = PathBuf::from(aside);
+    match std::fs::rename(path, &aside) {
+        Ok(()) => FilesError::MovedAside {
+            path: aside.display().to_string(),
+            why,
+        },
+        Err(e) => FilesError::Read(read::ReadError::Corrupt {
+            path: path.display().to_string(),
+            why: format!("{why}; and it cannot be moved aside: {e}"),
+        }),
+    }
+}
+
+/// The suffix of a recording moved aside as unreadable.
+pub const CORRUPT: &str = ".corrupt";
 
 /// Rewrites one unfinished file in place (see [`recover_all`]).
 pub fn recover(path: &Path, library: &str) -> Result<Recovered, FilesError> {

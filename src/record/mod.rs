@@ -110,6 +110,9 @@ impl Recorder {
                     broken_off = r.broken_off.as_deref().unwrap_or(""),
                     "recovered a recording left unfinished by a crash (rewritten, finished, same name)"
                 ),
+                Err(e @ files::FilesError::MovedAside { .. }) => {
+                    tracing::error!(error = %e, "a recording that cannot be read at all was moved aside; rozd goes on")
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot recover an unfinished recording; left as it is")
                 }

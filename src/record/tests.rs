@@ -194,3 +194,44 @@ fn rotation_by_age_finishes_a_file_per_event_when_the_age_is_zero() {
     assert_eq!(counts, vec![1, 1, 1]);
     assert!(listed.iter().all(|l| l.state == "finished"));
 }
+
+/// The hostile files of the fuzz corpus (`fuzz/corpus/recording_recovery`):
+/// each is refused or read up to its break, never a panic, and start-up's
+/// recovery moves an unreadable one aside as `<name>.corrupt`.
+#[test]
+fn hostile_files_are_refused_or_read_up_to_their_break_never_a_panic() {
+    let corpus =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/recording_recovery");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&corpus).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        let scanned = read::scan(&path, &bytes);
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("seed-hostile-") {
+            assert!(
+                matches!(scanned, Err(read::ReadError::Corrupt { .. })),
+                "{name}: {scanned:?}"
+            );
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("rover-20261201T000000.000Z.mcap");
+            std::fs::write(&file, &bytes).unwrap();
+            let outcome = files::recover_all(dir.path(), "test");
+            assert!(
+                matches!(
+                    outcome.as_slice(),
+                    [Err(files::FilesError::MovedAside { .. })]
+                ),
+                "{name}: {outcome:?}"
+            );
+            assert!(!file.exists());
+            assert!(
+                dir.path()
+                    .join("rover-20261201T000000.000Z.mcap.corrupt")
+                    .exists()
+            );
+        }
+        seen += 1;
+    }
+    assert!(seen >= 4, "the corpus is there");
+}

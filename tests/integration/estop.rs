@@ -1337,7 +1337,9 @@ async fn rozd_estop_refuses_a_control_socket_another_user_owns() {
     let closed_port = common::broker::free_port();
     let addr = format!("127.0.0.1:{closed_port}");
     let socket = path.display().to_string();
-    let args = ["estop", "--socket", &socket, "--addr", &addr, "--reason", "x"];
+    let args = [
+        "estop", "--socket", &socket, "--addr", &addr, "--reason", "x",
+    ];
 
     std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
     let (code, out, err) = rozd_cli(&args).await;

@@ -753,3 +753,113 @@ async fn sessions_and_tasks_are_recorded_at_the_turn_level() {
         "{task_events:?}"
     );
 }
+
+/// Recordings that hostile or broken files (issue 32, item 5): the MCAP
+/// magic and one record whose length is 2^64-1, one whose string length is
+/// 2^32-1, a FIFO and `/dev/zero`.
+fn hostile_recording(kind: &str) -> Vec<u8> {
+    let mut file = b"\x89MCAP0\r\n".to_vec();
+    match kind {
+        "record length" => {
+            file.push(0x01); // Header
+            file.extend_from_slice(&u64::MAX.to_le_bytes());
+            file.extend_from_slice(b"xxxx");
+        }
+        _ => {
+            // A Header whose profile string claims 4 GiB.
+            file.push(0x01);
+            file.extend_from_slice(&8u64.to_le_bytes());
+            file.extend_from_slice(&u32::MAX.to_le_bytes());
+            file.extend_from_slice(b"abcd");
+        }
+    }
+    file
+}
+
+/// The real binary starts, serves and stops with a hostile file among its
+/// recordings (moved aside as `.mcap.corrupt`); `rozd record info` and
+/// `rozd check` (the file as a replay source) refuse such files, a FIFO and
+/// `/dev/zero` with a clear error instead of a panic, a hang or reading
+/// forever.
+#[tokio::test]
+async fn hostile_recordings_neither_panic_hang_nor_keep_the_daemon_down() {
+    for kind in ["record length", "string length"] {
+        let dir = tempfile::tempdir().unwrap();
+        let recordings = dir.path().join("recordings");
+        std::fs::create_dir(&recordings).unwrap();
+        let bad = recordings.join("rover-20261201T000000.000Z.mcap");
+        std::fs::write(&bad, hostile_recording(kind)).unwrap();
+
+        let (code, out, err) =
+            common::rozd_cli(&["record", "info", &bad.display().to_string()]).await;
+        assert_eq!(code, Some(1), "{kind}: {out}\n{err}");
+        assert!(!err.contains("panicked"), "{kind}: {err}");
+        assert!(
+            err.contains("rover-20261201T000000.000Z.mcap"),
+            "{kind}: {err}"
+        );
+
+        let port = common::broker::free_port();
+        let config = dir.path().join("rozd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:{port}\"\ncontrol_socket = \"\"\n\
+                 [store]\npath = {:?}\n[record]\ndirectory = {:?}\n",
+                dir.path().join("rozd.db").display().to_string(),
+                recordings.display().to_string(),
+            ),
+        )
+        .unwrap();
+        let _rozd = common::spawn_rozd(dir.path(), &config).await;
+        let (status, _) = rest_get_addr(port, "/v1/safety").await;
+        assert_eq!(status, 200, "{kind}");
+        assert!(!bad.exists(), "{kind}: the file was moved aside");
+        let mut aside = bad.clone().into_os_string();
+        aside.push(".corrupt");
+        assert!(std::path::Path::new(&aside).exists(), "{kind}: {aside:?}");
+    }
+
+    // As a replay source: refused at load, promptly, with the file named.
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.mcap");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let hostile = dir.path().join("hostile.mcap");
+    std::fs::write(&hostile, hostile_recording("record length")).unwrap();
+    for file in [
+        fifo.as_path(),
+        std::path::Path::new("/dev/zero"),
+        hostile.as_path(),
+    ] {
+        let config = dir.path().join("check.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[[sensors]]\nname = \"distance\"\nsource = \"replay\"\nfile = {:?}\n",
+                file.display().to_string()
+            ),
+        )
+        .unwrap();
+        let (code, out, err) =
+            common::rozd_cli(&["check", "--config", &config.display().to_string()]).await;
+        assert_eq!(code, Some(78), "{file:?}: {out}\n{err}");
+        assert!(!err.contains("panicked"), "{file:?}: {err}");
+        assert!(err.contains(&file.display().to_string()), "{file:?}: {err}");
+    }
+}
+
+async fn rest_get_addr(port: u16, path: &str) -> (u16, Value) {
+    let reply = rozd::cli::client::get(&format!("127.0.0.1:{port}"), path, None)
+        .await
+        .unwrap();
+    (
+        reply.status.as_u16(),
+        serde_json::from_str(&reply.body).unwrap_or(Value::Null),
+    )
+}
