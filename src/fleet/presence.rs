@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{Filter, LastWill, Packet, Publish};
+use rumqttc::v5::mqttbytes::v5::{LastWill, Packet, Publish, SubAck, SubscribeReasonCode};
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop};
 use tokio::time::Instant;
 
@@ -82,6 +82,7 @@ pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
         impostor_log: LogLimiter::new(REJECT_LOG_EVERY),
         resync_at: None,
         url: config.url.to_string(),
+        awaiting_stop_ack: false,
     };
     *lock(&fleet.task) = Some(tokio::spawn(task.run()));
     Ok(())
@@ -125,6 +126,8 @@ struct Presence {
     /// When the records not resent since the last new session are dropped.
     resync_at: Option<(Instant, Instant)>,
     url: String,
+    /// The fleet stop's subscription is not acknowledged yet (this session).
+    awaiting_stop_ack: bool,
 }
 
 impl Presence {
@@ -164,6 +167,7 @@ impl Presence {
                     self.connected();
                 }
                 Step::Event(Ok(Event::Incoming(Packet::Publish(p)))) => self.received(&p),
+                Step::Event(Ok(Event::Incoming(Packet::SubAck(ack)))) => self.subscribed(&ack),
                 Step::Event(Ok(_)) => {}
                 Step::Event(Err(e)) => {
                     let was_connected = self.fleet().link.take_connected();
@@ -200,19 +204,48 @@ impl Presence {
         self.leave().await;
     }
 
-    /// A new broker session: subscribe, announce ourselves.
+    /// A new broker session: subscribe to the fleet stop first, on its own
+    /// (the records follow once the broker acknowledged it: see
+    /// [`Presence::subscribed`]); announce ourselves.
     fn connected(&mut self) {
-        let filters = [
-            Filter::new(self.fleet().topics.all_hosts(), QoS::AtLeastOnce),
-            Filter::new(self.estop_topic.clone(), QoS::AtLeastOnce),
-        ];
-        if let Err(e) = self.client.try_subscribe_many(filters) {
-            tracing::error!("fleet: cannot subscribe: {e}");
+        if let Err(e) = self
+            .client
+            .try_subscribe(self.estop_topic.clone(), QoS::AtLeastOnce)
+        {
+            tracing::error!("fleet: cannot subscribe to the fleet stop: {e}");
         }
+        self.awaiting_stop_ack = true;
         self.publish_own();
         let now = Instant::now();
         self.resync_at = Some((now, now + RESYNC_GRACE));
         self.fleet().bump();
+    }
+
+    /// A SUBACK. The first of a session is the fleet stop's: only then are
+    /// the records asked for, at QoS 0. So the stop's retained command is
+    /// in the broker's queue for us before any record, and no burst of
+    /// records, however large, can crowd it out: a broker drops QoS 1
+    /// messages for a client whose queue is full (mosquitto's default
+    /// `max_queued_messages` is 1 000), and QoS 0 messages never enter
+    /// that queue. The stop keeps QoS 1 (redelivered until acknowledged).
+    fn subscribed(&mut self, ack: &SubAck) {
+        if !std::mem::take(&mut self.awaiting_stop_ack) {
+            return;
+        }
+        match ack.return_codes.first() {
+            Some(SubscribeReasonCode::Success(_)) => {}
+            other => tracing::error!(
+                topic = %self.estop_topic,
+                "fleet: the broker refused the subscription to the fleet stop ({other:?}); \
+                 this host does not hear fleet stops (check the broker's ACL)"
+            ),
+        }
+        if let Err(e) = self
+            .client
+            .try_subscribe(self.fleet().topics.all_hosts(), QoS::AtMostOnce)
+        {
+            tracing::error!("fleet: cannot subscribe to the host records: {e}");
+        }
     }
 
     fn publish_own(&self) {
