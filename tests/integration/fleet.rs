@@ -179,7 +179,7 @@ offset = 20
     }
 
     /// This host's view: host id -> (status, estop_active).
-    async fn view(&self) -> Vec<(String, String, bool)> {
+    pub(crate) async fn view(&self) -> Vec<(String, String, bool)> {
         self.get("/v1/hosts")
             .await
             .get("data")
@@ -221,7 +221,7 @@ offset = 20
     }
 
     /// Opens a session stream on this host (not started yet).
-    async fn session(&self) -> Session {
+    pub(crate) async fn session(&self) -> Session {
         self.session_on(self.channel().await).await
     }
 
