@@ -81,6 +81,9 @@ fn record(id: &str, status: RecordStatus, heartbeat_secs: u64) -> Vec<u8> {
         created_at_ms: 0,
         last_heartbeat_ms: Some(0),
         instance: None,
+        liveness: None,
+        cause: None,
+        keep_alive_secs: None,
     };
     let body = serde_json::to_string(&r).unwrap_or_default();
     seal::seal(
@@ -322,7 +325,11 @@ async fn main() -> Result<(), String> {
     );
 
     // 4. the view's own cost per record, without a broker
-    let mut view = rozd::fleet::view::FleetView::new("observer", Duration::from_secs(10));
+    let mut view = rozd::fleet::view::FleetView::new(
+        "observer",
+        Duration::from_secs(10),
+        Duration::from_secs(30),
+    );
     let payloads: Vec<(String, Vec<u8>)> = (0..args.presences)
         .map(|i| {
             let id = format!("sim-{i:05}");

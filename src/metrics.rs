@@ -500,8 +500,6 @@ fn counter(r: &mut Registry, name: &str, help: &str, value: u64) {
     r.register(name, help, c);
 }
 
-const FLEET_STATUS: [&str; 4] = ["online", "stale", "offline", "registered"];
-
 fn register_state(r: &mut Registry, ctx: &HostContext) {
     if let Some((written, dropped, lost)) = ctx.recorder.counts() {
         counter(
@@ -692,26 +690,28 @@ fn register_state(r: &mut Registry, ctx: &HostContext) {
         "1 while the fleet broker connection is up",
         i64::from(ctx.fleet.is_connected()),
     );
+    // Counts kept by the view as hosts come, go and age: no listing.
     let hosts: Family<StatusLabels, Gauge> = Family::default();
-    for status in FLEET_STATUS {
+    for (presence, n) in ctx.fleet.presence_counts() {
         hosts
             .get_or_create(&StatusLabels {
-                status: status.to_string(),
+                status: presence.as_str().to_string(),
             })
-            .set(0);
-    }
-    for host in ctx.fleet.list(None) {
-        hosts
-            .get_or_create(&StatusLabels {
-                status: host.presence.as_str().to_string(),
-            })
-            .inc();
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
     r.register(
         "fleet_hosts",
         "Hosts in the fleet view (this one included), by status",
         hosts,
     );
+    if let Some(dropped) = ctx.fleet.broker_dropped() {
+        counter(
+            r,
+            "fleet_broker_dropped_messages",
+            "Messages the fleet broker dropped (for any client, $SYS/broker/publish/messages/dropped) since this host first saw its count",
+            dropped,
+        );
+    }
 }
 
 #[cfg(test)]

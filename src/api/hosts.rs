@@ -80,6 +80,9 @@ fn host_proto(h: &HostView) -> proto::Host {
         }
         capabilities.insert("estop_active".into(), h.estop_active().to_string());
     }
+    if let Some(why) = h.why {
+        capabilities.insert("why".into(), why.as_str().to_string());
+    }
     proto::Host {
         id: r.id.clone(),
         name: r.name.clone(),
@@ -149,10 +152,9 @@ impl HostService for HostApi {
         let data = self
             .ctx
             .fleet
-            .list(environment)
+            .page(environment, offset, limit)
+            .hosts
             .iter()
-            .skip(offset)
-            .take(limit)
             .map(host_proto)
             .collect();
         Ok(tonic::Response::new(proto::ListHostsResponse { data }))
@@ -198,6 +200,8 @@ pub(super) fn host_json(h: &HostView) -> Value {
         "last_heartbeat_ms": r.last_heartbeat_ms,
         "heartbeat_secs": r.heartbeat_secs,
         "heard_ms_ago": h.heard_ago.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        "why": h.why,
+        "reported_by": h.reported_by,
     })
 }
 
@@ -209,6 +213,7 @@ pub(super) fn fleet_json(ctx: &HostContext) -> Value {
             "broker": c.url.as_str(),
             "topic_prefix": c.topic_prefix,
             "ignored": ctx.fleet.ignored(),
+            "broker_dropped_messages": ctx.fleet.broker_dropped(),
         }),
         None => json!({ "configured": false, "connected": false }),
     }
@@ -254,10 +259,10 @@ async fn list(
         Err(message) => return invalid_argument(&message),
     };
     let environment = query.environment_id.as_deref().filter(|e| !e.is_empty());
-    let hosts = ctx.fleet.list(environment);
+    let page = ctx.fleet.page(environment, offset, limit);
     Json(json!({
-        "data": hosts.iter().skip(offset).take(limit).map(host_json).collect::<Vec<_>>(),
-        "total": hosts.len(),
+        "data": page.hosts.iter().map(host_json).collect::<Vec<_>>(),
+        "total": page.total,
         "fleet": fleet_json(&ctx),
     }))
     .into_response()

@@ -33,6 +33,9 @@ pub const STREAM_MAX_HZ: u64 = 10;
 const SNAPSHOT_EVERY: Duration = Duration::from_secs(1);
 /// Tasks the stream's `tasks` event lists (newest first).
 const STREAM_TASKS: u32 = 20;
+/// Hosts the dashboard's stream shows (the first, by id; it says how many
+/// there are).
+const DASHBOARD_HOSTS: usize = 200;
 
 /// The page's files: path under `/ui/`, content type, bytes.
 const ASSETS: &[(&str, &str, &[u8])] = &[
@@ -234,8 +237,12 @@ async fn feed(ctx: Arc<HostContext>, after: u64, tx: mpsc::Sender<Result<Bytes, 
                     }
                     Err(e) => tracing::warn!(error = %e, "dashboard stream: cannot list tasks"),
                 }
+                // A page of the view: the dashboard of one host of a large
+                // fleet does not stream the whole fleet every second.
+                let page = ctx.fleet.page(None, 0, DASHBOARD_HOSTS);
                 let now = json!({
-                    "data": ctx.fleet.list(None).iter().map(super::hosts::host_json).collect::<Vec<_>>(),
+                    "data": page.hosts.iter().map(super::hosts::host_json).collect::<Vec<_>>(),
+                    "total": page.total,
                     "fleet": super::hosts::fleet_json(&ctx),
                 });
                 if now != hosts {

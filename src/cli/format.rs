@@ -62,6 +62,21 @@ pub fn status(v: &Value) -> String {
     )
 }
 
+/// Why a listed host is not live, in words (`why` of `/v1/hosts`).
+fn why_text(h: &Value) -> Option<String> {
+    Some(match h["why"].as_str()? {
+        "shutdown" => "shut down".to_string(),
+        "will" => "last will: connection lost".to_string(),
+        "unstated" => "no cause given".to_string(),
+        "silent" => "silent, no last will".to_string(),
+        "reported" => match h["reported_by"].as_str() {
+            Some(by) => format!("reported silent by {by}"),
+            None => "reported silent".to_string(),
+        },
+        other => other.to_string(),
+    })
+}
+
 /// The answer of `/v1/hosts` as a table.
 pub fn hosts(v: &Value) -> String {
     let text = |h: &Value, k: &str| h.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
@@ -101,7 +116,10 @@ pub fn hosts(v: &Value) -> String {
             text(h, "id"),
             text(h, "name"),
             text(h, "environment_id"),
-            text(h, "status"),
+            match (h["status"].as_str(), why_text(h)) {
+                (Some(status), Some(why)) => format!("{status} ({why})"),
+                (status, _) => status.unwrap_or("-").to_string(),
+            },
             if h["estop_active"].as_bool() == Some(true) {
                 "ACTIVE".to_string()
             } else {
@@ -127,6 +145,12 @@ pub fn hosts(v: &Value) -> String {
     let shown = rows.len() - 1;
     if total > shown as u64 {
         out.push_str(&format!("({shown} of {total} hosts shown)\n"));
+    }
+    if let Some(dropped) = fleet["broker_dropped_messages"].as_u64().filter(|n| *n > 0) {
+        out.push_str(&format!(
+            "the broker dropped {dropped} messages since this host joined (any client's; \
+             this host's view may miss hosts or changes)\n"
+        ));
     }
     // Messages that anyone with access to the broker can publish, and
     // that this host did not take: worth a look when they are not zero.

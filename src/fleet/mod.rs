@@ -46,6 +46,7 @@ mod registry;
 mod routing;
 pub mod seal;
 pub mod stop;
+mod subscriptions;
 #[cfg(test)]
 mod tests;
 pub mod view;
@@ -62,7 +63,7 @@ pub use config::FleetConfig;
 pub use inbox::Ignored;
 use inbox::IgnoredCounters;
 use record::{HostRecord, RecordStatus, Topics};
-pub use registry::HostView;
+pub use registry::{HostPage, HostView};
 pub use routing::{RemoteHost, Route, RouteError};
 use seal::MessageKey;
 use stop::StopGate;
@@ -126,6 +127,19 @@ pub struct Fleet {
     /// The stamp of the latest record published under this host's id:
     /// each new one is later (see [`Fleet::sealed_own_record`]).
     stamp_floor: Mutex<i64>,
+    /// The broker's count of dropped messages, as far as it publishes it.
+    dropped: Mutex<subscriptions::DroppedCount>,
+}
+
+/// The fleet connection's state and counters (`/v1/status`, `fleet`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FleetLinkStats {
+    #[serde(flatten)]
+    pub link: LinkStats,
+    /// Messages the broker dropped (for any client) since this host first
+    /// saw its count (`$SYS/broker/publish/messages/dropped`); `None` when
+    /// the broker does not publish it (or the ACL hides it).
+    pub broker_dropped_messages: Option<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -173,6 +187,7 @@ impl Fleet {
             None => format!("http://{bound}"),
         };
         let heartbeat = fleet.as_ref().map_or(10, |f| f.heartbeat_secs);
+        let keep_alive = fleet.as_ref().map_or(15, |f| f.keep_alive_secs);
         let max_packet_size = fleet
             .as_ref()
             .map_or(config::DEFAULT_MAX_PACKET, |f| f.max_packet_size);
@@ -193,9 +208,16 @@ impl Fleet {
             created_at_ms: crate::clock::now_ms(),
             last_heartbeat_ms: None,
             instance: Some(uuid::Uuid::new_v4().to_string()),
+            liveness: None,
+            cause: None,
+            keep_alive_secs: Some(keep_alive),
         };
         Fleet {
-            view: Mutex::new(FleetView::new(&host.id, Duration::from_secs(heartbeat))),
+            view: Mutex::new(FleetView::new(
+                &host.id,
+                Duration::from_secs(heartbeat),
+                Duration::from_secs(keep_alive),
+            )),
             topics: Topics::new(
                 fleet
                     .as_ref()
@@ -213,6 +235,7 @@ impl Fleet {
             gate: Mutex::new(StopGate::new()),
             ignored: IgnoredCounters::default(),
             stamp_floor: Mutex::new(0),
+            dropped: Mutex::new(subscriptions::DroppedCount::default()),
         }
     }
 
@@ -238,8 +261,18 @@ impl Fleet {
     }
 
     /// The broker connection's counters (`None` without `[fleet]`).
-    pub fn link_stats(&self) -> Option<LinkStats> {
-        self.config.as_ref().map(|_| self.link.stats())
+    pub fn link_stats(&self) -> Option<FleetLinkStats> {
+        self.config.as_ref().map(|_| FleetLinkStats {
+            link: self.link.stats(),
+            broker_dropped_messages: self.broker_dropped(),
+        })
+    }
+
+    /// Messages the broker dropped since this host first saw its count
+    /// (`None`: the broker does not say).
+    pub fn broker_dropped(&self) -> Option<u64> {
+        let dropped = lock(&self.dropped);
+        dropped.available().then(|| dropped.since_join())
     }
 
     /// How many hosts the registry holds (this one included).

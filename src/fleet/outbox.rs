@@ -2,7 +2,7 @@
 //! topic: its own record (with stamps that only grow) and fleet stop
 //! commands.
 
-use super::record::{self, EstopCommand, EstopState, HostRecord, RecordStatus};
+use super::record::{self, EstopCommand, EstopState, HostRecord, OfflineCause, RecordStatus};
 use super::{Fleet, FleetError, config, lock, seal};
 
 impl Fleet {
@@ -27,8 +27,13 @@ impl Fleet {
     /// published under this host's id before (by this process, or — as
     /// far as the broker's retained record shows — by an earlier one), and
     /// sealed for its topic.
-    pub(crate) fn sealed_own_record(&self, status: RecordStatus) -> Result<Vec<u8>, FleetError> {
+    pub(crate) fn sealed_own_record(
+        &self,
+        status: RecordStatus,
+        cause: Option<OfflineCause>,
+    ) -> Result<Vec<u8>, FleetError> {
         let mut record = self.own_record(status);
+        record.cause = cause;
         record.last_heartbeat_ms = Some(self.next_stamp());
         self.seal(&self.topics.host(&record.id), &record)
     }

@@ -25,14 +25,15 @@ use std::time::Duration;
 
 use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{Filter, LastWill, Packet, Publish};
+use rumqttc::v5::mqttbytes::v5::{LastWill, Packet, Publish, SubAck, SubscribeReasonCode};
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop};
 use tokio::time::Instant;
 
 use super::inbox::OwnTopic;
-use super::record::{RecordStatus, Rejected};
+use super::record::{OfflineCause, RecordStatus, Rejected};
 use super::stop::{StopKind, Verdict};
-use super::view::LogLimiter;
+use super::subscriptions::{self, Subscription, Subscriptions};
+use super::view::{LogLimiter, Transition};
 use super::{FLEET_SOURCE, Fleet, FleetError, lock};
 use crate::HostContext;
 
@@ -42,6 +43,12 @@ const REQUEST_QUEUE: usize = 256;
 const RESYNC_GRACE: Duration = Duration::from_secs(10);
 /// Rejected messages are logged at most this often.
 const REJECT_LOG_EVERY: Duration = Duration::from_secs(10);
+/// The broker's dropped messages are logged at most this often.
+const DROPPED_LOG_EVERY: Duration = Duration::from_secs(600);
+/// Presence changes logged one by one per event; beyond, one summary line.
+const CHANGES_LOGGED: usize = 10;
+/// Where mosquitto publishes how many messages it dropped (for any client).
+pub(super) const DROPPED_TOPIC: &str = "$SYS/broker/publish/messages/dropped";
 
 pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
     let fleet = &ctx.fleet;
@@ -82,13 +89,16 @@ pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
         impostor_log: LogLimiter::new(REJECT_LOG_EVERY),
         resync_at: None,
         url: config.url.to_string(),
+        subscriptions: Subscriptions::default(),
+        dropped_log: LogLimiter::new(DROPPED_LOG_EVERY),
+        stop_applied: None,
     };
     *lock(&fleet.task) = Some(tokio::spawn(task.run()));
     Ok(())
 }
 
 fn set_will(eventloop: &mut EventLoop, fleet: &Fleet) {
-    match fleet.sealed_own_record(RecordStatus::Offline) {
+    match fleet.sealed_own_record(RecordStatus::Offline, Some(OfflineCause::Will)) {
         Ok(payload) => {
             eventloop.options.set_last_will(LastWill::new(
                 fleet.topics.host(fleet.own_id()),
@@ -110,6 +120,8 @@ enum Step {
     Heartbeat,
     StopChanged,
     Resync,
+    /// A host in the view turns stale or lost now.
+    Due,
 }
 
 struct Presence {
@@ -125,6 +137,11 @@ struct Presence {
     /// When the records not resent since the last new session are dropped.
     resync_at: Option<(Instant, Instant)>,
     url: String,
+    subscriptions: Subscriptions,
+    dropped_log: LogLimiter,
+    /// The latest message on the stop topic this broker session took
+    /// (a retained copy of it, sent again, is not applied again).
+    stop_applied: Option<Vec<u8>>,
 }
 
 impl Presence {
@@ -140,6 +157,7 @@ impl Presence {
         let mut failures: u32 = 0;
         loop {
             let resync = self.resync_at.map(|(_, at)| at);
+            let due = lock(&self.fleet().view).next_due();
             let step = tokio::select! {
                 () = shutdown.cancelled() => break,
                 event = self.eventloop.poll() => Step::Event(event),
@@ -150,6 +168,7 @@ impl Presence {
                     Err(_) => break,
                 },
                 () = sleep_until(resync), if resync.is_some() => Step::Resync,
+                () = sleep_until(due), if due.is_some() => Step::Due,
             };
             match step {
                 Step::Event(Ok(Event::Incoming(Packet::ConnAck(ack)))) => {
@@ -164,6 +183,10 @@ impl Presence {
                     self.connected();
                 }
                 Step::Event(Ok(Event::Incoming(Packet::Publish(p)))) => self.received(&p),
+                Step::Event(Ok(Event::Incoming(Packet::SubAck(ack)))) => self.subscribed(&ack),
+                Step::Event(Ok(Event::Outgoing(Outgoing::Subscribe(pkid)))) => {
+                    self.subscriptions.sent(pkid);
+                }
                 Step::Event(Ok(_)) => {}
                 Step::Event(Err(e)) => {
                     let was_connected = self.fleet().link.take_connected();
@@ -181,10 +204,20 @@ impl Presence {
                         () = tokio::time::sleep(delay) => {}
                     }
                 }
-                Step::Heartbeat => self.publish_own(),
+                Step::Heartbeat => {
+                    self.publish_own();
+                    self.ask_for_the_stop_again();
+                }
                 Step::StopChanged => {
                     self.publish_own();
                     self.fleet().bump();
+                }
+                Step::Due => {
+                    let changed = lock(&self.fleet().view).advance(Instant::now());
+                    if !changed.is_empty() {
+                        log_changes(&changed);
+                        self.fleet().bump();
+                    }
                 }
                 Step::Resync => {
                     if let Some((since, _)) = self.resync_at.take() {
@@ -200,26 +233,120 @@ impl Presence {
         self.leave().await;
     }
 
-    /// A new broker session: subscribe, announce ourselves.
+    /// A new broker session: subscribe to the fleet stop first, on its own
+    /// (the records follow once the broker acknowledged it: see
+    /// [`Presence::subscribed`]); announce ourselves.
     fn connected(&mut self) {
-        let filters = [
-            Filter::new(self.fleet().topics.all_hosts(), QoS::AtLeastOnce),
-            Filter::new(self.estop_topic.clone(), QoS::AtLeastOnce),
-        ];
-        if let Err(e) = self.client.try_subscribe_many(filters) {
-            tracing::error!("fleet: cannot subscribe: {e}");
-        }
+        self.subscriptions.new_session();
+        self.stop_applied = None;
+        self.subscribe(Subscription::Stop);
         self.publish_own();
         let now = Instant::now();
         self.resync_at = Some((now, now + RESYNC_GRACE));
         self.fleet().bump();
     }
 
+    /// Subscribes to the fleet stop again (not the records): the broker
+    /// sends its retained command anew. A broker can lose a message it
+    /// queued for a congested connection (mosquitto 2.0.11 was seen to log
+    /// sending a QoS 1 message queued behind a connection whose outgoing
+    /// queue had overflowed, which the client never received); asked for
+    /// every heartbeat, a retained stop lost that way latches one heartbeat
+    /// later. What this session took already is not applied again (see
+    /// [`Presence::received`]); without a retained command this costs a
+    /// SUBSCRIBE and its SUBACK.
+    fn ask_for_the_stop_again(&mut self) {
+        if self.fleet().is_connected() {
+            self.subscribe(Subscription::StopAgain);
+        }
+    }
+
+    fn subscribe(&mut self, what: Subscription) {
+        let (filter, qos) = match what {
+            Subscription::Stop | Subscription::StopAgain => {
+                (self.estop_topic.clone(), QoS::AtLeastOnce)
+            }
+            Subscription::Records => (self.fleet().topics.all_hosts(), QoS::AtMostOnce),
+            Subscription::Dropped => (DROPPED_TOPIC.to_string(), QoS::AtMostOnce),
+        };
+        match self.client.try_subscribe(filter.clone(), qos) {
+            Ok(()) => self.subscriptions.asked(what),
+            Err(e) => tracing::error!(%filter, "fleet: cannot subscribe: {e}"),
+        }
+    }
+
+    /// A SUBACK. Once the fleet stop's subscription is acknowledged, the
+    /// records are asked for, at QoS 0 (and the broker's count of dropped
+    /// messages). So the stop's retained command is in the broker's queue
+    /// for us before any record, and no burst of records, however large,
+    /// can crowd it out: a broker drops QoS 1 messages for a client whose
+    /// queue is full (mosquitto's default `max_queued_messages` is 1 000),
+    /// and QoS 0 messages never enter that queue. The stop keeps QoS 1
+    /// (redelivered until acknowledged).
+    fn subscribed(&mut self, ack: &SubAck) {
+        let Some(what) = self.subscriptions.acked(ack.pkid) else {
+            return;
+        };
+        let granted = matches!(
+            ack.return_codes.first(),
+            Some(SubscribeReasonCode::Success(_))
+        );
+        match what {
+            Subscription::Stop => {
+                if !granted {
+                    tracing::error!(
+                        topic = %self.estop_topic,
+                        "fleet: the broker refused the subscription to the fleet stop ({:?}); \
+                         this host does not hear fleet stops (check the broker's ACL)",
+                        ack.return_codes
+                    );
+                }
+                self.subscribe(Subscription::Records);
+                self.subscribe(Subscription::Dropped);
+            }
+            Subscription::Records if !granted => tracing::error!(
+                "fleet: the broker refused the subscription to the host records ({:?}); \
+                 this host's view stays empty (check the broker's ACL)",
+                ack.return_codes
+            ),
+            Subscription::Dropped if !granted => tracing::debug!(
+                "fleet: the broker does not let us read {DROPPED_TOPIC}; messages it drops for \
+                 this host go unnoticed"
+            ),
+            Subscription::StopAgain | Subscription::Records | Subscription::Dropped => {}
+        }
+    }
+
+    /// The broker's count of dropped messages grew: say so (it may have
+    /// dropped host records for us: the view may miss hosts or changes).
+    fn broker_dropped(&mut self, payload: &[u8]) {
+        let Some(count) = subscriptions::parse_count(payload) else {
+            return;
+        };
+        let (grew, total) = {
+            let mut dropped = lock(&self.fleet().dropped);
+            let grew = dropped.seen(count);
+            (grew, dropped.since_join())
+        };
+        if grew > 0
+            && let Some(more) = self.dropped_log.allow(Instant::now())
+        {
+            tracing::warn!(
+                dropped = grew,
+                since_joining = total,
+                "fleet: the broker dropped messages ({DROPPED_TOPIC}); some may have been host \
+                 records for this host, whose view can then miss hosts or their changes until \
+                 they publish again. Raise the broker's max_queued_messages (see \
+                 packaging/mosquitto/rozd-fleet.conf) ({more} more such reports not logged)"
+            );
+        }
+    }
+
     fn publish_own(&self) {
         if !self.fleet().is_connected() {
             return;
         }
-        match self.fleet().sealed_own_record(RecordStatus::Online) {
+        match self.fleet().sealed_own_record(RecordStatus::Online, None) {
             Ok(payload) => {
                 // A publish the broker cannot take would fail the connection
                 // on every reconnection (QoS 1 is retried): refuse it here.
@@ -250,7 +377,15 @@ impl Presence {
         };
         if topic == self.own_topic {
             self.own_record_seen(&p.payload);
+        } else if topic == DROPPED_TOPIC {
+            self.broker_dropped(&p.payload);
         } else if topic == self.estop_topic {
+            if p.retain && self.stop_applied.as_deref() == Some(&p.payload[..]) {
+                // The retained command again, as asked for every heartbeat:
+                // this session took it already.
+                return;
+            }
+            self.stop_applied = Some(p.payload.to_vec());
             self.command(&p.payload);
         } else if let Some(id) = self.fleet().topics.host_of(topic) {
             let id = id.to_string();
@@ -378,7 +513,7 @@ impl Presence {
             tracing::debug!("fleet: not connected at shutdown; the last will marks us offline");
             return;
         }
-        let offline = fleet.sealed_own_record(RecordStatus::Offline);
+        let offline = fleet.sealed_own_record(RecordStatus::Offline, Some(OfflineCause::Shutdown));
         let published = match offline {
             Ok(payload) => self
                 .client
@@ -405,6 +540,27 @@ impl Presence {
             tracing::warn!("fleet: could not say goodbye; the broker's last will marks us offline");
         }
     }
+}
+
+/// Logs presence changes: each of a few, a summary of many (a mass
+/// disconnect must not flood the log).
+pub(super) fn log_changes(changed: &[Transition]) {
+    if changed.len() <= CHANGES_LOGGED {
+        for t in changed {
+            tracing::info!(
+                host_id = %t.id,
+                from = t.from.as_str(),
+                to = t.to.as_str(),
+                "fleet: host presence changed"
+            );
+        }
+        return;
+    }
+    let mut to: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for t in changed {
+        *to.entry(t.to.as_str()).or_default() += 1;
+    }
+    tracing::info!(hosts = changed.len(), now = ?to, "fleet: host presences changed");
 }
 
 async fn sleep_until(at: Option<Instant>) {

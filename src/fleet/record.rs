@@ -35,6 +35,37 @@ pub enum RecordStatus {
     Registered,
 }
 
+/// How the other hosts learn that a rozd is still alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Liveness {
+    /// It republishes its record every `heartbeat_secs` (every rozd before
+    /// publish-on-change; a record without `liveness` means this): a record
+    /// that stops coming ages to `stale`, then `lost`.
+    Heartbeat,
+    /// Its record is republished only when it changes; its last will (the
+    /// broker's keep-alive) says when it is gone, and it says it is alive
+    /// on its liveness topic every `heartbeat_secs` for those who watch.
+    Will,
+    /// A kind a newer rozd may add: judged like `heartbeat` (it ages).
+    #[serde(other)]
+    Unknown,
+}
+
+/// Why an `offline` record is offline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OfflineCause {
+    /// The rozd shut down cleanly and said so.
+    Shutdown,
+    /// Its last will: the broker lost its connection (a crash, `kill -9`,
+    /// a network failure, a silent host after 1.5 × its keep-alive).
+    Will,
+    /// A cause a newer rozd may add.
+    #[serde(other)]
+    Unknown,
+}
+
 /// A host's protective-stop state, as it reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct EstopState {
@@ -76,6 +107,17 @@ pub struct HostRecord {
     /// Random per rozd process: tells our own record from an older one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
+    /// How its liveness is known (absent: [`Liveness::Heartbeat`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness: Option<Liveness>,
+    /// Why it is offline (an `offline` record; absent from older rozds').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<OfflineCause>,
+    /// The publisher's MQTT keep-alive: how long the broker may take to
+    /// publish its last will after it fell silent (the bound after which a
+    /// silent host is `lost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_alive_secs: Option<u64>,
 }
 
 fn version_one() -> u32 {
@@ -88,6 +130,12 @@ impl HostRecord {
     /// records only move forward in this (see `view`).
     pub fn stamp_ms(&self) -> i64 {
         self.last_heartbeat_ms.unwrap_or(self.created_at_ms)
+    }
+
+    /// Whether it is republished every heartbeat (and so ages when it is
+    /// not), as opposed to only on change.
+    pub fn refreshed_every_heartbeat(&self) -> bool {
+        self.liveness != Some(Liveness::Will)
     }
 }
 
@@ -202,6 +250,11 @@ pub fn parse_record(topic_id: &str, payload: &[u8]) -> Result<HostRecord, Reject
         && !(1..=3600).contains(&secs)
     {
         return Err(invalid("heartbeat_secs", "must be between 1 and 3600"));
+    }
+    if let Some(secs) = record.keep_alive_secs
+        && !(1..=65_535).contains(&secs)
+    {
+        return Err(invalid("keep_alive_secs", "must be between 1 and 65535"));
     }
     Ok(record)
 }
@@ -370,6 +423,9 @@ mod tests {
             created_at_ms: 1,
             last_heartbeat_ms: Some(2),
             instance: Some("i".into()),
+            liveness: Some(Liveness::Will),
+            cause: None,
+            keep_alive_secs: Some(15),
         }
     }
 
@@ -382,6 +438,23 @@ mod tests {
         value["from_the_future"] = serde_json::json!({"x": 1});
         let newer = serde_json::to_vec(&value).unwrap();
         assert_eq!(parse_record("b", &newer).unwrap(), r);
+        // an older rozd's record: no liveness (it heartbeats), no cause
+        value["liveness"] = serde_json::Value::Null;
+        let mut old = value.clone();
+        old.as_object_mut().unwrap().remove("liveness");
+        old.as_object_mut().unwrap().remove("keep_alive_secs");
+        let old = parse_record("b", &serde_json::to_vec(&old).unwrap()).unwrap();
+        assert!(old.refreshed_every_heartbeat());
+        assert_eq!((old.liveness, old.cause), (None, None));
+        // a newer rozd's kinds are taken, judged on the safe side
+        let mut newer = value.clone();
+        newer["liveness"] = serde_json::json!("gossip");
+        newer["cause"] = serde_json::json!("meteor");
+        newer["status"] = serde_json::json!("offline");
+        let newer = parse_record("b", &serde_json::to_vec(&newer).unwrap()).unwrap();
+        assert_eq!(newer.liveness, Some(Liveness::Unknown));
+        assert!(newer.refreshed_every_heartbeat());
+        assert_eq!(newer.cause, Some(OfflineCause::Unknown));
     }
 
     #[test]

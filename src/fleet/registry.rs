@@ -2,28 +2,55 @@
 //! and the hosts that are not rozds, registered and deregistered by hand.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::record::{self, HostRecord, RecordStatus};
-use super::view::Presence;
+use super::view::{Entry, FleetView, Presence, Why};
 use super::{Fleet, FleetError, lock};
 
-/// A host as listed: its record, its presence, and how long ago its record arrived.
+/// A host as listed: its record, its presence, and how long ago this host
+/// last heard from it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostView {
     pub record: HostRecord,
     pub presence: Presence,
     /// `true` for the host answering.
     pub this_host: bool,
-    /// Since its latest record arrived (`None` for this host).
+    /// Since this host last heard from it: its latest record, or its
+    /// liveness where watched (`None` for this host).
     pub heard_ago: Option<Duration>,
+    /// Why it is not live (offline: `shutdown`, `will`; lost: `silent`,
+    /// `reported`), `None` while it is.
+    pub why: Option<Why>,
+    /// The host that reported it lost (with [`Why::Reported`]).
+    pub reported_by: Option<String>,
 }
 
 impl HostView {
     pub fn estop_active(&self) -> bool {
         self.record.estop.as_ref().is_some_and(|e| e.active)
+    }
+}
+
+/// One page of a listing and the size of the whole.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostPage {
+    pub hosts: Vec<HostView>,
+    /// Hosts in the listing (of that environment), this one included.
+    pub total: usize,
+}
+
+fn entry_view(view: &FleetView, entry: &Entry, now: Instant) -> HostView {
+    HostView {
+        record: entry.record.clone(),
+        presence: view.presence_of(entry, now),
+        this_host: false,
+        heard_ago: Some(now.saturating_duration_since(entry.heard_at)),
+        why: view.why(entry, now),
+        reported_by: view.reported_by(&entry.record.id).map(str::to_string),
     }
 }
 
@@ -34,26 +61,54 @@ impl Fleet {
             presence: Presence::Online,
             this_host: true,
             heard_ago: None,
+            why: None,
+            reported_by: None,
         }
     }
 
     /// Every known host (this one included), ordered by id; only those of
     /// `environment_id` when given.
     pub fn list(&self, environment_id: Option<&str>) -> Vec<HostView> {
+        self.page(environment_id, 0, usize::MAX).hosts
+    }
+
+    /// `limit` hosts from `offset` of the listing of [`Fleet::list`]. It
+    /// walks the ordered view from the start of the environment to the end
+    /// of the page (no copy, no sort of the rest), so a page costs what
+    /// its hosts cost.
+    pub fn page(&self, environment_id: Option<&str>, offset: usize, limit: usize) -> HostPage {
         let now = Instant::now();
-        let mut hosts = vec![self.own_view()];
-        {
-            let view = lock(&self.view);
-            hosts.extend(view.entries().map(|e| HostView {
-                record: e.record.clone(),
-                presence: view.presence_of(e, now),
-                this_host: false,
-                heard_ago: Some(now.saturating_duration_since(e.received_at)),
-            }));
+        let own_id = self.own.id.as_str();
+        let own_listed = environment_id.is_none_or(|env| env == self.own.environment_id);
+        let view = lock(&self.view);
+        let total = view.count_in(environment_id) + usize::from(own_listed);
+        // This host, in its place among the others by id.
+        let below = view.range(environment_id, (Bound::Unbounded, Bound::Excluded(own_id)));
+        let above = view.range(environment_id, (Bound::Excluded(own_id), Bound::Unbounded));
+        let hosts = below
+            .map(Some)
+            .chain(own_listed.then_some(None))
+            .chain(above.map(Some))
+            .skip(offset)
+            .take(limit)
+            .map(|entry| match entry {
+                Some(entry) => entry_view(&view, entry, now),
+                None => self.own_view(),
+            })
+            .collect();
+        HostPage { hosts, total }
+    }
+
+    /// Hosts by presence (this one included), as of the view's latest
+    /// transition: kept as things change, no listing.
+    pub fn presence_counts(&self) -> [(Presence, usize); 5] {
+        let mut counts = lock(&self.view).counts();
+        for (presence, n) in &mut counts {
+            if *presence == Presence::Online {
+                *n += 1;
+            }
         }
-        hosts.retain(|h| environment_id.is_none_or(|env| h.record.environment_id == env));
-        hosts.sort_by(|a, b| a.record.id.cmp(&b.record.id));
-        hosts
+        counts
     }
 
     pub fn get(&self, id: &str) -> Option<HostView> {
@@ -62,12 +117,7 @@ impl Fleet {
         }
         let now = Instant::now();
         let view = lock(&self.view);
-        view.get(id).map(|e| HostView {
-            record: e.record.clone(),
-            presence: view.presence_of(e, now),
-            this_host: false,
-            heard_ago: Some(now.saturating_duration_since(e.received_at)),
-        })
+        view.get(id).map(|e| entry_view(&view, e, now))
     }
 
     /// Adds a host that is not a rozd: it gets an id and a retained record
@@ -101,6 +151,9 @@ impl Fleet {
             created_at_ms: crate::clock::now_ms(),
             last_heartbeat_ms: None,
             instance: None,
+            liveness: None,
+            cause: None,
+            keep_alive_secs: None,
         };
         let payload = self.seal(&self.topics.host(&record.id), &record)?;
         if payload.len() > record::MAX_RECORD_BYTES {
@@ -123,6 +176,8 @@ impl Fleet {
             presence: Presence::Registered,
             this_host: false,
             heard_ago: Some(Duration::ZERO),
+            why: None,
+            reported_by: None,
         })
     }
 

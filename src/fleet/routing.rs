@@ -87,6 +87,17 @@ impl Fleet {
             Presence::Offline => Err(RouteError::Unavailable(format!(
                 "host {host_id:?} is offline"
             ))),
+            Presence::Lost => Err(RouteError::Unavailable(match view.reported_by(host_id) {
+                Some(by) => format!(
+                    "host {host_id:?} is lost: host {by:?}, which watches its liveness, \
+                     reported it silent; it is a relay target again once it publishes"
+                ),
+                None => format!(
+                    "host {host_id:?} is lost: nothing heard from it for {} s and no last \
+                     will came; it is a relay target again once it publishes",
+                    now.saturating_duration_since(entry.heard_at).as_secs()
+                ),
+            })),
             Presence::Online | Presence::Stale => {
                 let Some(endpoint) = &entry.record.endpoint else {
                     return Err(RouteError::Unavailable(format!(

@@ -33,7 +33,9 @@
 //!   hour later).
 //! - Each authentic command is applied once (by its `id`): the broker's
 //!   redelivery of the retained command after a reconnection changes
-//!   nothing, so a host cleared locally does not latch again. An untrusted
+//!   nothing, so a host cleared locally does not latch again; nor does the
+//!   late echo of a stop this host published itself, even after it
+//!   published a newer command (a stop and at once its clear). An untrusted
 //!   message latches whenever it arrives (its `id` means nothing).
 
 use super::record::{self, EstopCommand, Rejected};
@@ -179,12 +181,23 @@ pub enum Verdict {
     Refused(Refusal),
 }
 
+/// How many of its own stops' ids a host remembers. The broker's echo of a
+/// stop this host published can arrive after the host published a newer
+/// command (a stop, then at once its clear: the stop comes back after the
+/// clear was applied). It is this host's own stop, already applied, not a
+/// late replay to latch again. (A late clear needs no such memory: one
+/// older than a command applied is refused and latches nothing.)
+pub const OWN_STOPS_REMEMBERED: usize = 32;
+
 /// The fleet stop's state on one host: what it applied and since when the
 /// fleet's stop holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StopGate {
     /// The `id` of the latest authentic command applied.
     last_id: Option<String>,
+    /// The `id`s of the latest stops this host published, newest last (at
+    /// most [`OWN_STOPS_REMEMBERED`]).
+    own_stop_ids: std::collections::VecDeque<String>,
     /// The issue time of the newest authentic command applied.
     newest_at_ms: Option<i64>,
     /// When the latest fleet stop was issued (or latched, for one whose
@@ -215,7 +228,8 @@ impl StopGate {
             }
         };
         if let Some(id) = &command.id
-            && self.last_id.as_deref() == Some(id.as_str())
+            && (self.last_id.as_deref() == Some(id.as_str())
+                || (command.stop && self.own_stop_ids.contains(id)))
         {
             return Verdict::AlreadyApplied;
         }
@@ -251,6 +265,14 @@ impl StopGate {
     /// This host published `command` (and applied it itself): its echo
     /// from the broker is [`Verdict::AlreadyApplied`].
     pub fn published(&mut self, command: &EstopCommand, now_ms: i64) {
+        if let Some(id) = &command.id
+            && command.stop
+        {
+            if self.own_stop_ids.len() == OWN_STOPS_REMEMBERED {
+                self.own_stop_ids.pop_front();
+            }
+            self.own_stop_ids.push_back(id.clone());
+        }
         let at_ms = command.at_ms.unwrap_or(now_ms);
         self.applied(command, at_ms);
         if command.stop {
@@ -330,6 +352,32 @@ mod tests {
             id: Some(id.into()),
             at_ms,
         }
+    }
+
+    #[test]
+    fn the_late_echo_of_this_hosts_own_stop_after_its_clear_does_not_latch_again() {
+        let mut g = StopGate::new();
+        let stop = cmd(true, "own-s", Some(T));
+        let clear = cmd(false, "own-c", Some(T + 10));
+        g.published(&stop, T);
+        g.published(&clear, T + 10);
+        // The broker hands the stop back after the clear was applied here.
+        assert_eq!(
+            g.decide_command(&stop, true, T + 12, None),
+            Verdict::AlreadyApplied
+        );
+        // The clear's own replay after a newer stop is refused (and
+        // counted), as anyone's.
+        g.published(&cmd(true, "own-s2", Some(T + 20)), T + 20);
+        assert!(matches!(
+            g.decide_command(&clear, true, T + 21, None),
+            Verdict::Refused(_)
+        ));
+        // Another member's stop of that age is still a replay that latches.
+        assert_eq!(
+            g.decide_command(&cmd(true, "other-s", Some(T)), true, T + 14, None),
+            Verdict::Stop(StopKind::Replayed)
+        );
     }
 
     #[test]

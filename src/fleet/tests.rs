@@ -103,7 +103,7 @@ fn without_a_fleet_only_this_host_is_known() {
         Err(FleetError::NotConfigured)
     ));
     assert!(matches!(
-        f.sealed_own_record(RecordStatus::Online),
+        f.sealed_own_record(RecordStatus::Online, None),
         Err(FleetError::NotConfigured)
     ));
 }
@@ -300,11 +300,11 @@ fn own_published(payload: &[u8]) -> HostRecord {
 #[test]
 fn own_records_are_sealed_and_their_stamps_only_grow() {
     let f = fleet(FLEET);
-    let first = own_published(&f.sealed_own_record(RecordStatus::Online).unwrap());
-    let second = own_published(&f.sealed_own_record(RecordStatus::Online).unwrap());
+    let first = own_published(&f.sealed_own_record(RecordStatus::Online, None).unwrap());
+    let second = own_published(&f.sealed_own_record(RecordStatus::Online, None).unwrap());
     assert!(second.stamp_ms() > first.stamp_ms());
     assert_eq!(
-        f.own_topic_message(&f.sealed_own_record(RecordStatus::Online).unwrap()),
+        f.own_topic_message(&f.sealed_own_record(RecordStatus::Online, None).unwrap()),
         OwnTopic::Current
     );
     // our previous run's record, published with a clock that was ahead:
@@ -317,7 +317,7 @@ fn own_records_are_sealed_and_their_stamps_only_grow() {
         f.own_topic_message(&sealed_record(&previous)),
         OwnTopic::Replace
     );
-    let next = own_published(&f.sealed_own_record(RecordStatus::Online).unwrap());
+    let next = own_published(&f.sealed_own_record(RecordStatus::Online, None).unwrap());
     assert!(next.stamp_ms() > previous.stamp_ms());
     // a forgery on our topic is replaced (and counted)
     let mut forged = first.clone();

@@ -36,13 +36,13 @@ use tonic::transport::Channel;
 
 const ROZD: &str = env!("CARGO_BIN_EXE_rozd");
 /// The fleet token every host accepts and presents.
-const TOKEN: &str = "fleet-test-token";
+pub(crate) const TOKEN: &str = "fleet-test-token";
 /// Bound on waiting for a condition: a hang, not a synchronisation.
-const DEADLINE: Duration = Duration::from_secs(30);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
 
 /// One `rozd run` process.
-struct Rozd {
-    id: String,
+pub(crate) struct Rozd {
+    pub(crate) id: String,
     port: u16,
     child: Child,
     dir: tempfile::TempDir,
@@ -52,7 +52,12 @@ impl Rozd {
     /// Starts host `id` of environment `lab` in the fleet of `broker` with a
     /// 1 s heartbeat, a 5 s MQTT keep-alive (MQTT 5's shortest), one simulated actuator `arm`, and
     /// waits until it answers.
-    async fn spawn(id: &str, broker: &Broker) -> Rozd {
+    pub(crate) async fn spawn(id: &str, broker: &Broker) -> Rozd {
+        Self::spawn_with(id, broker, "").await
+    }
+
+    /// [`Rozd::spawn`] with `fleet_extra` (lines of TOML) added to its `[fleet]`.
+    pub(crate) async fn spawn_with(id: &str, broker: &Broker, fleet_extra: &str) -> Rozd {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let token_file = dir.path().join("fleet-token");
@@ -81,6 +86,7 @@ keep_alive_secs = 5
 reconnect_min_ms = 50
 reconnect_max_ms = 500
 token_file = {token:?}
+{fleet_extra}
 
 [[actuators]]
 name = "arm"
@@ -141,15 +147,15 @@ offset = 20
         rozd
     }
 
-    fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("rozd.log")).unwrap_or_default()
     }
 
-    async fn get(&self, path: &str) -> Value {
+    pub(crate) async fn get(&self, path: &str) -> Value {
         let reply = rozd::cli::client::get(&self.addr(), path, Some(TOKEN))
             .await
             .unwrap_or_else(|e| panic!("GET {path} on {}: {e}", self.id));
@@ -174,7 +180,7 @@ offset = 20
     }
 
     /// This host's view: host id -> (status, estop_active).
-    async fn view(&self) -> Vec<(String, String, bool)> {
+    pub(crate) async fn view(&self) -> Vec<(String, String, bool)> {
         self.get("/v1/hosts")
             .await
             .get("data")
@@ -216,7 +222,7 @@ offset = 20
     }
 
     /// Opens a session stream on this host (not started yet).
-    async fn session(&self) -> Session {
+    pub(crate) async fn session(&self) -> Session {
         self.session_on(self.channel().await).await
     }
 
@@ -234,9 +240,20 @@ offset = 20
         }
     }
 
+    /// Sends `signal` (e.g. `STOP`, `CONT`) to the process.
+    pub(crate) async fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("rozd is running");
+        let status = Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()
+            .await
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
     /// `kill -9`: no goodbye, no DISCONNECT; the broker notices the
     /// connection is gone and publishes the last will.
-    async fn kill9(&mut self) {
+    pub(crate) async fn kill9(&mut self) {
         self.child.start_kill().expect("SIGKILL");
         let status = self.child.wait().await.expect("wait");
         assert_eq!(
@@ -268,7 +285,7 @@ impl tonic::service::Interceptor for Bearer {
 }
 
 /// Polls `check` until it returns `Some`, failing after [`DEADLINE`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -313,7 +330,7 @@ async fn view_is(host: &Rozd, want: &[(&str, &str)]) {
     }
 }
 
-fn mkdir(dir: &Path, name: &str) -> std::path::PathBuf {
+pub(crate) fn mkdir(dir: &Path, name: &str) -> std::path::PathBuf {
     let d = dir.join(name);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -1107,7 +1124,7 @@ async fn a_huge_retained_record_does_not_take_the_fleet_link_down() {
 /// independently of rozd's code: `K = HMAC-SHA256(token, "roz fleet message
 /// key v1")`, `mac = base64(HMAC-SHA256(K, topic || 0x00 || body))`,
 /// envelope `{"v": 1, "body", "mac"}`.
-fn sealed(topic: &str, body: &Value) -> String {
+pub(crate) fn sealed(topic: &str, body: &Value) -> String {
     sealed_text(topic, &body.to_string())
 }
 
@@ -1125,7 +1142,7 @@ fn sealed_text(topic: &str, body: &str) -> String {
     json!({ "v": 1, "body": body, "mac": mac }).to_string()
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     rozd::clock::now_ms()
 }
 
@@ -1146,7 +1163,7 @@ async fn ignored(host: &Rozd, kind: &str) -> u64 {
         .unwrap_or(0)
 }
 
-async fn stopped(host: &Rozd) -> bool {
+pub(crate) async fn stopped(host: &Rozd) -> bool {
     host.get("/v1/safety").await["estop_active"] == true
 }
 

@@ -531,7 +531,11 @@ async fn a_fleet_stop_posted_as_curl_posts_it_stops_and_forms_elsewhere_are_stil
     )
     .await;
     assert_eq!((status, &body["stop"]), (200, &json!(false)), "{body}");
-    assert!(!daemon.ctx.ooda.protective_stop().state().is_active());
+    assert!(
+        !daemon.ctx.ooda.protective_stop().state().is_active(),
+        "{:?}",
+        daemon.ctx.ooda.protective_stop().state()
+    );
     // An invalid token earns nothing: the guard refuses as before.
     let (status, body) = curl(
         "/v1/estop/clear",

@@ -309,12 +309,19 @@ async function loadAudit() {
 $("audit-filter").addEventListener("submit", (e) => { e.preventDefault(); loadAudit(); });
 
 // ---- fleet ----
+// Why a host is not live (`why` of /v1/hosts).
+const WHY = { shutdown: "shut down", will: "last will: connection lost", unstated: "no cause given",
+  silent: "silent, no last will", reported: "reported silent" };
 function showHosts(h) {
   const f = h.fleet || {};
-  $("fleet-facts").replaceChildren(fact("fleet", f.configured ? (f.connected ? "connected" : "not connected") + " to " + f.broker : "not configured (this host only)"));
+  const facts = [fact("fleet", f.configured ? (f.connected ? "connected" : "not connected") + " to " + f.broker : "not configured (this host only)")];
+  if (h.total > h.data.length) facts.push(fact("shown", h.data.length + " of " + h.total + " hosts"));
+  if (f.broker_dropped_messages) facts.push(fact("broker dropped", f.broker_dropped_messages + " messages (this view may miss hosts)"));
+  $("fleet-facts").replaceChildren(...facts);
   $("hosts").tBodies[0].replaceChildren(...h.data.map((x) => el("tr", {},
     el("td", {}, x.name || x.id, x.this_host ? " (this host)" : ""), el("td", {}, x.environment_id),
-    el("td", {}, el("span", { class: "badge " + (x.status === "online" ? "ok" : "warn") }, x.status)),
+    el("td", {}, el("span", { class: "badge " + (x.status === "online" ? "ok" : "warn") }, x.status),
+      x.why ? " " + (WHY[x.why] || x.why) + (x.reported_by ? " (by " + x.reported_by + ")" : "") : ""),
     el("td", {}, x.estop_active ? el("span", { class: "badge critical" }, "STOP " + (x.estop ? x.estop.source : "")) : "—"),
     el("td", {}, x.endpoint || ""))));
 }

@@ -4,6 +4,7 @@
 pub mod broker;
 pub mod control;
 pub mod pty;
+pub mod raw_mqtt;
 pub mod wire;
 
 use std::net::SocketAddr;
