@@ -193,6 +193,20 @@ pub struct ActuatorEvent {
     pub error: Option<String>,
 }
 
+/// The protective stop's source for a mismatch: `feedback:<actuator>`.
+pub const FEEDBACK_SOURCE: &str = "feedback:";
+
+/// What the loop finishes for `on_mismatch`: drive `actuator` safe, or
+/// drive everything safe under the stop (already latched) with `source`
+/// and `reason`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MismatchResponse {
+    pub actuator: String,
+    pub action: MismatchAction,
+    pub source: String,
+    pub reason: String,
+}
+
 /// A verdict on what an actuator did (see [`super::feedback`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct VerdictEvent {
@@ -656,14 +670,17 @@ impl Actuators {
     }
 
     /// Steps the feedback watch of actuator `index` with its sensor's
-    /// `sample` at `now` (once a tick). A verdict goes to the observers;
-    /// what `on_mismatch` asks for is returned, for the loop to do.
+    /// `sample` at `now` (once a tick). A verdict goes to the observers.
+    /// What `on_mismatch` asks for is returned, for the loop to finish: a
+    /// stop is latched here already, before anyone hears of the verdict, so
+    /// the call that waits for it fails with `e_stop` rather than reading a
+    /// verdict as if nothing followed.
     pub fn step_feedback(
         &self,
         index: usize,
         sample: Sample,
         now: Instant,
-    ) -> Option<(&str, &FeedbackSpec, MismatchAction, Verdict)> {
+    ) -> Option<MismatchResponse> {
         let entry = self.entries.get(index)?;
         let feedback = entry.feedback.as_ref()?;
         // Read before the watch is locked: the views lock the state first.
@@ -671,16 +688,31 @@ impl Actuators {
         let mut watched = lock(&feedback.watched);
         let verdict = watched.watch.step(&feedback.spec, sample, now)?;
         let action = Watch::action(&feedback.spec, &verdict, at_safe);
+        let response = action.map(|action| {
+            let measured = verdict
+                .measured
+                .map_or_else(|| "nothing".to_string(), |m| m.to_string());
+            let response = MismatchResponse {
+                actuator: entry.spec.name.clone(),
+                action,
+                source: format!("{FEEDBACK_SOURCE}{}", entry.spec.name),
+                reason: format!(
+                    "feedback mismatch: {} commanded {}, {} measured {measured} ({} ± {} expected)",
+                    entry.spec.name,
+                    verdict.commanded,
+                    feedback.spec.sensor,
+                    verdict.expected,
+                    feedback.spec.tolerance
+                ),
+            };
+            if action == MismatchAction::LatchStop {
+                self.estop.trigger(&response.source, &response.reason);
+            }
+            response
+        });
         let origin = watched.origin.clone();
-        self.publish_verdict(
-            entry,
-            feedback,
-            &watched.watch,
-            origin,
-            verdict.clone(),
-            action,
-        );
-        action.map(|a| (entry.spec.name.as_str(), &feedback.spec, a, verdict))
+        self.publish_verdict(entry, feedback, &watched.watch, origin, verdict, action);
+        response
     }
 
     /// The verdict on a command (what [`Applied::watch`] says it started),
@@ -1065,16 +1097,24 @@ mod tests {
             );
         }
         tokio::time::advance(Duration::from_millis(20)).await;
-        let (name, _, action, verdict) = actuators
+        let response = actuators
             .step_feedback(1, sample(0.0), Instant::now())
             .expect("on_mismatch acts");
-        assert_eq!((name, action), ("drive", MismatchAction::DriveSafe));
-        assert_eq!(verdict.status, FeedbackStatus::Mismatch);
+        assert_eq!(
+            (response.actuator.as_str(), response.action),
+            ("drive", MismatchAction::DriveSafe)
+        );
+        assert_eq!(
+            response.reason,
+            "feedback mismatch: drive commanded 0.3, wheel_speed measured 0 (0.3 ± 0.05 expected)"
+        );
         assert_eq!(actuators.mismatch("drive"), Some(1.0));
         let read = actuators
             .verdict("drive", applied.watch.as_ref().unwrap(), Duration::ZERO)
-            .await;
-        assert_eq!(read, Some(verdict));
+            .await
+            .unwrap();
+        assert_eq!(read.status, FeedbackStatus::Mismatch);
+        assert_eq!(lock(&verdicts.0).last().map(|e| &e.verdict), Some(&read));
         // The loop drives it safe; the stuck drive reads 0: confirmed, and
         // the alarm stays (rozd's own drive does not clear it).
         actuators.safe("drive", "feedback mismatch").await.unwrap();
@@ -1091,6 +1131,27 @@ mod tests {
         assert!(matches!(&last.origin, Origin::Safety(why) if why == "feedback mismatch"));
         assert!(last.alarm);
         assert_eq!(actuators.mismatch("drive"), Some(1.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_mismatch_stop_latches_the_stop_before_the_verdict_is_heard() {
+        use crate::hw::config::OnMismatch;
+        let (actuators, _) = with_feedback(OnMismatch::Stop);
+        actuators
+            .command("drive", 0.3, session("s"), None)
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let response = actuators
+            .step_feedback(1, sample(0.0), Instant::now())
+            .expect("on_mismatch acts");
+        assert_eq!(response.action, MismatchAction::LatchStop);
+        assert_eq!(response.source, "feedback:drive");
+        let stop = actuators.estop.active().expect("latched");
+        assert_eq!(
+            (stop.source, stop.reason),
+            (response.source, response.reason)
+        );
     }
 
     #[tokio::test(start_paused = true)]

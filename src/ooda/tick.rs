@@ -8,13 +8,13 @@ use std::sync::{Arc, PoisonError};
 
 use tokio::time::Instant;
 
-use super::feedback::{MISMATCH_SUFFIX, MismatchAction, Sample, Verdict};
+use super::act::MismatchResponse;
+use super::feedback::{MISMATCH_SUFFIX, MismatchAction, Sample};
 use super::orient::{self, AlarmLevel};
 use super::rules::{self, Action, RuleState};
 use super::timer::Wake;
 use super::world::Reading;
 use super::{Observation, Ooda, SensorObservation};
-use crate::hw::config::FeedbackSpec;
 use crate::ooda::act::Origin;
 
 /// What the loop carries from one tick to the next.
@@ -78,10 +78,8 @@ impl Ooda {
                         latest: r.value.zip(r.at),
                         healthy: r.healthy,
                     });
-            if let Some((name, spec, action, verdict)) =
-                self.actuators.step_feedback(actuator, sample, now)
-            {
-                self.on_mismatch(name, spec, action, &verdict);
+            if let Some(response) = self.actuators.step_feedback(actuator, sample, now) {
+                self.on_mismatch(response);
             }
         }
         let facts = TickFacts {
@@ -150,40 +148,24 @@ impl Ooda {
     }
 
     /// What `on_mismatch` asks for leaves the tick as a rule's action does:
-    /// the stop latches here and now, the safe drive runs as a task.
-    fn on_mismatch(
-        self: &Arc<Self>,
-        actuator: &str,
-        spec: &FeedbackSpec,
-        action: MismatchAction,
-        verdict: &Verdict,
-    ) {
-        let measured = verdict
-            .measured
-            .map_or_else(|| "nothing".to_string(), |m| m.to_string());
-        let what = format!(
-            "{actuator} commanded {}, measured {measured} ({} expected, tolerance {})",
-            verdict.commanded, verdict.expected, spec.tolerance
-        );
+    /// the stop is latched already (see `Actuators::step_feedback`); the
+    /// safe drives run as a task.
+    fn on_mismatch(self: &Arc<Self>, response: MismatchResponse) {
         let me = self.clone();
-        match action {
-            MismatchAction::DriveSafe => {
-                let actuator = actuator.to_string();
-                let reason = format!("feedback mismatch: {what}");
-                self.runtime.spawn(async move {
+        self.runtime.spawn(async move {
+            match response.action {
+                MismatchAction::DriveSafe => {
                     // An unknown name cannot come from the actuators' own list.
-                    let _ = me.actuators.safe(&actuator, &reason).await;
-                });
+                    let _ = me
+                        .actuators
+                        .safe(&response.actuator, &response.reason)
+                        .await;
+                }
+                MismatchAction::LatchStop => {
+                    me.trigger_stop(&response.source, &response.reason).await;
+                }
             }
-            MismatchAction::LatchStop => {
-                let source = format!("feedback:{actuator}");
-                let reason = format!("feedback mismatch: {what}");
-                self.estop.trigger(&source, &reason);
-                self.runtime.spawn(async move {
-                    me.trigger_stop(&source, &reason).await;
-                });
-            }
-        }
+        });
     }
 
     fn publish(&self, state: &TickState, now: Instant) {

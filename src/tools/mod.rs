@@ -264,15 +264,18 @@ impl HostTools {
                 latched.describe()
             )));
         }
+        // The stop first: a call that finishes as the stop latches (one
+        // whose own feedback mismatch latched it, say) fails with e_stop.
         tokio::select! {
-            result = run => result,
+            biased;
             () = async { let _ = stop.wait_for(crate::safety::StopState::is_active).await; } => {
-                // Its causes say why (a feedback mismatch of this very call, say).
+                // Its causes say why.
                 Err(ToolError::EStop(format!(
                     "a protective stop latched while the call was running ({})",
                     self.ooda.protective_stop().state().describe()
                 )))
             }
+            result = run => result,
             // Actuator commands bound their driver with the actuator's deadline
             // and then drive the safe value (bounded the same way), so they
             // finish within twice the deadline. This backstop is for anything
