@@ -586,3 +586,68 @@ async fn an_mqtt_valve_is_confirmed_when_its_device_follows_and_a_mismatch_when_
     drop(session);
     daemon.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serial_mcu_that_reports_its_speed_confirms_the_duty_cycle_it_was_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let pty = common::pty::PtyPair::start(dir.path()).await;
+    // The MCU: `M <duty>` sets the motor; it reports `rpm=<duty * 3000>`.
+    let mut mcu = pty.device();
+    tokio::spawn(async move {
+        loop {
+            let line = mcu.line().await;
+            if let Some(duty) = line.strip_prefix("M ").and_then(|d| d.parse::<f64>().ok()) {
+                mcu.send(format!("rpm={}\n", duty * 3000.0)).await;
+            }
+        }
+    });
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+http2_keepalive_secs = 0
+
+[store]
+path = {:?}
+
+[[serial]]
+name = "mcu"
+path = {:?}
+
+[[sensors]]
+name = "motor_speed"
+source = "serial"
+port = "mcu"
+parser = "kv"
+key = "rpm"
+unit = "rpm"
+stale_after_ms = 5000
+
+[[actuators]]
+name = "motor"
+kind = "serial"
+port = "mcu"
+template = "M {{value}}\n"
+unit = "duty"
+min = 0.0
+max = 1.0
+safe_value = 0.0
+feedback = {{ sensor = "motor_speed", tolerance = 50, settle_ms = 400, scale = 3000 }}
+{ALLOW}"#,
+        dir.path().join("rozd.db").display().to_string(),
+        pty.a.display().to_string()
+    );
+    let config = Config::parse(&text, ConfigSource::BuiltIn).unwrap_or_else(|e| panic!("{e}"));
+    let daemon = TestDaemon::start_with(config, tempfile::tempdir().unwrap()).await;
+    let mut session = session(&daemon).await;
+    let text = turn(&mut session, "set motor 0.5").await;
+    let result = returned(&text, "motor");
+    assert_eq!(result["status"], "confirmed", "{result}");
+    assert_eq!(
+        (&result["expected"], &result["measured"]),
+        (&json!(1500.0), &json!(1500.0)),
+        "{result}"
+    );
+    drop(session);
+    daemon.shutdown().await;
+}
