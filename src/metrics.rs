@@ -85,6 +85,12 @@ struct CommandLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerdictLabels {
+    actuator: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceLabels {
     source: String,
 }
@@ -158,6 +164,7 @@ struct Events {
     tool_duration: Histograms<ToolDurationLabels>,
     approval_wait: Histograms<ResultLabels>,
     actuator_commands: Family<CommandLabels, Counter>,
+    feedback_verdicts: Family<VerdictLabels, Counter>,
     stop_triggers: Family<SourceLabels, Counter>,
     store_writes: Histograms<KindLabels>,
     /// Model names seen in configuration; others are labelled `other`.
@@ -180,6 +187,7 @@ static EVENTS: LazyLock<Events> = LazyLock::new(|| Events {
     tool_duration: Family::new_with_constructor(call_histogram),
     approval_wait: Family::new_with_constructor(call_histogram),
     actuator_commands: Family::default(),
+    feedback_verdicts: Family::default(),
     stop_triggers: Family::default(),
     store_writes: Family::new_with_constructor(store_histogram),
     models: Mutex::new(BTreeSet::from([Arc::from("local")])),
@@ -341,6 +349,18 @@ pub fn actuator_command(actuator: &str, origin: &str, result: &str) {
         .inc();
 }
 
+/// A verdict of an actuator's feedback: `status` `confirmed`,
+/// `unconfirmed` or `mismatch`.
+pub fn feedback_verdict(actuator: &str, status: &str) {
+    EVENTS
+        .feedback_verdicts
+        .get_or_create(&VerdictLabels {
+            actuator: actuator.to_string(),
+            status: status.to_string(),
+        })
+        .inc();
+}
+
 /// A cause was added to the protective stop; `kind`: the kind of its
 /// source (`rule`, not `rule:<name>`: see `safety::source_kind`).
 pub fn stop_triggered(kind: &str) {
@@ -467,6 +487,11 @@ fn register_events(r: &mut Registry) {
         "actuator_commands",
         "Actuator commands, by actuator, origin kind and result",
         e.actuator_commands.clone(),
+    );
+    r.register(
+        "actuator_feedback_verdicts",
+        "Verdicts of actuators' feedback (commanded versus measured), by actuator and status",
+        e.feedback_verdicts.clone(),
     );
     r.register(
         "protective_stop_triggers",
@@ -654,6 +679,33 @@ fn register_state(r: &mut Registry, ctx: &HostContext) {
         "actuator_at_safe",
         "1 while the actuator is at its safe value",
         at_safe,
+    );
+    let mismatch: Family<ActuatorLabels, Gauge> = Family::default();
+    let measured: Family<ActuatorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> =
+        Family::default();
+    for a in &observation.actuators {
+        let Some(feedback) = &a.feedback else {
+            continue;
+        };
+        let labels = ActuatorLabels {
+            actuator: a.name.clone(),
+        };
+        mismatch
+            .get_or_create(&labels)
+            .set(i64::from(feedback.mismatch));
+        if let Some(m) = feedback.measured {
+            measured.get_or_create(&labels).set(m);
+        }
+    }
+    r.register(
+        "actuator_feedback_mismatch",
+        "1 while an actuator with feedback has its mismatch alarm raised",
+        mismatch,
+    );
+    r.register(
+        "actuator_feedback_measured",
+        "What an actuator's feedback sensor measures now",
+        measured,
     );
 
     if let Some(mqtt) = ctx.ooda.mqtt() {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::StatusCode;
 use serde::Deserialize;
@@ -31,6 +31,37 @@ pub fn routes() -> Router<Arc<HostContext>> {
         .route("/v1/sensors", get(sensors))
         .route("/v1/sensors/{name}", get(sensor))
         .route("/metrics", get(metrics))
+        .route("/v1/sim/faults", post(sim_faults))
+}
+
+/// `POST /v1/sim/faults` (admin): the simulated world's faults from now on,
+/// for demos and tests of actuator feedback. The body is the whole set
+/// (`stuck_drive`, `drive_slip`, `echo_wheel_speed`; left out: none).
+async fn sim_faults(State(ctx): State<Arc<HostContext>>, body: axum::body::Bytes) -> Response {
+    let invalid = |message: String| {
+        json_error(StatusCode::BAD_REQUEST, "invalid_argument", &message).into_response()
+    };
+    let faults: crate::hw::sim_world::SimFaults = if body.iter().all(u8::is_ascii_whitespace) {
+        Default::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(faults) => faults,
+            Err(e) => return invalid(format!("the body is not a set of faults: {e}")),
+        }
+    };
+    match ctx.ooda.set_sim_faults(faults) {
+        Some(Ok(())) => {
+            tracing::warn!(?faults, "simulated faults set");
+            Json(json!({ "faults": faults })).into_response()
+        }
+        Some(Err(why)) => invalid(why),
+        None => json_error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "this host runs no simulated world",
+        )
+        .into_response(),
+    }
 }
 
 /// `GET /metrics`: every metric, the daemon's state sampled now; OpenMetrics

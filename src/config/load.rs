@@ -267,7 +267,19 @@ impl Config {
                 format!("{:?} is the name of a host tool; choose another", a.name),
             ));
         }
-        let sensor_names = self.sensors.iter().map(|s| s.name.clone()).collect();
+        // Rules read sensors, and each actuator with feedback's alarm.
+        let sensor_names = self
+            .sensors
+            .iter()
+            .map(|s| s.name.clone())
+            .chain(
+                self.hardware
+                    .actuators
+                    .iter()
+                    .filter(|a| a.feedback.is_some())
+                    .map(|a| format!("{}{}", a.name, crate::ooda::feedback::MISMATCH_SUFFIX)),
+            )
+            .collect();
         let actuator_names = self.actuators.iter().map(|a| a.name.clone()).collect();
         self.reflex_rules = crate::ooda::rules::build_rules(
             &self.rules,

@@ -287,3 +287,115 @@ fn require_other_credential_needs_credentials_to_tell_apart() {
     let (_, key, _) = invalid("[approvals]\nrequire_other = true\n");
     assert_eq!(key, "approvals.require_other");
 }
+
+/// An actuator's `feedback`: a sensor that exists, units that fit (or a
+/// conversion), finite positive numbers; every error names its line and key.
+#[test]
+fn actuator_feedback_is_validated_naming_the_line_and_key() {
+    let with = |feedback: &str| {
+        format!(
+            "[[sensors]]\nname = \"rpm\"\nsource = \"sim\"\nunit = \"rpm\"\n\n\
+             [[sensors]]\nname = \"duty\"\nsource = \"sim\"\nunit = \"fraction\"\n\n\
+             [[actuators]]\nname = \"fan\"\nkind = \"sim\"\nunit = \"fraction\"\nmin = 0\nmax = 1\n\
+             safe_value = 0\nfeedback = {feedback}\n"
+        )
+    };
+    let ok = parse(&with(
+        "{ sensor = \"rpm\", tolerance = 50, settle_ms = 800, scale = 3000, offset = 100, on_mismatch = \"stop\" }",
+    ))
+    .unwrap();
+    let f = ok.hardware.actuators[0].feedback.as_ref().unwrap();
+    assert_eq!((f.sensor.as_str(), f.tolerance), ("rpm", 50.0));
+    assert_eq!(f.settle, std::time::Duration::from_millis(800));
+    assert_eq!(f.expected(0.5), 1600.0);
+    assert_eq!(f.on_mismatch, crate::hw::config::OnMismatch::Stop);
+    // Same units: no conversion needed; the defaults are 1, 0 and "alarm".
+    let plain = parse(&with(
+        "{ sensor = \"duty\", tolerance = 0.01, settle_ms = 100 }",
+    ))
+    .unwrap();
+    let f = plain.hardware.actuators[0].feedback.as_ref().unwrap();
+    assert_eq!((f.scale, f.offset), (1.0, 0.0));
+    assert_eq!(f.on_mismatch, crate::hw::config::OnMismatch::Alarm);
+    assert!(ok.hardware.actuators.iter().all(|a| a.name == "fan"));
+    for (feedback, key, needle) in [
+        (
+            "{ sensor = \"speed\", tolerance = 1, settle_ms = 100 }",
+            "actuators[0].feedback.sensor",
+            "no [[sensors]] named \"speed\"",
+        ),
+        (
+            "{ sensor = \"rpm\", tolerance = 1, settle_ms = 100 }",
+            "actuators[0].feedback.sensor",
+            "give `scale`",
+        ),
+        (
+            "{ sensor = \"duty\", tolerance = 0, settle_ms = 100 }",
+            "actuators[0].feedback.tolerance",
+            "finite positive",
+        ),
+        (
+            "{ sensor = \"duty\", tolerance = -0.1, settle_ms = 100 }",
+            "actuators[0].feedback.tolerance",
+            "finite positive",
+        ),
+        (
+            "{ sensor = \"duty\", tolerance = nan, settle_ms = 100 }",
+            "actuators[0].feedback.tolerance",
+            "finite positive",
+        ),
+        (
+            "{ sensor = \"duty\", tolerance = 0.1, settle_ms = 0 }",
+            "actuators[0].feedback.settle_ms",
+            "outside 1-60000",
+        ),
+        (
+            "{ sensor = \"rpm\", tolerance = 1, settle_ms = 100, scale = 0 }",
+            "actuators[0].feedback.scale",
+            "other than 0",
+        ),
+        (
+            "{ sensor = \"rpm\", tolerance = 1, settle_ms = 100, scale = inf }",
+            "actuators[0].feedback.scale",
+            "other than 0",
+        ),
+        (
+            "{ sensor = \"rpm\", tolerance = 1, settle_ms = 100, offset = -inf }",
+            "actuators[0].feedback.offset",
+            "not a finite number",
+        ),
+        (
+            "{ sensor = \"duty\", tolerance = 0.1, settle_ms = 100, on_mismatch = \"panic\" }",
+            "actuators[0].feedback.on_mismatch",
+            "unknown variant",
+        ),
+        (
+            "{ sensor = \"duty\", settle_ms = 100 }",
+            "actuators[0].feedback",
+            "missing field `tolerance`",
+        ),
+        (
+            "{ sensor = \"duty\", tolerance = 0.1, settle_ms = 100, within = 3 }",
+            "actuators[0].feedback",
+            "unknown field `within`",
+        ),
+    ] {
+        let text = with(feedback);
+        let (line, found, message) = invalid(&text);
+        assert_eq!(line, Some(18), "{feedback}: {message}");
+        assert!(
+            found.starts_with(key),
+            "{feedback}: key {found}, want {key}"
+        );
+        assert!(message.contains(needle), "{feedback}: {message}");
+    }
+    let err = parse(&with(
+        "{ sensor = \"speed\", tolerance = 1, settle_ms = 100 }",
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with("/etc/rozd/rozd.toml:18: key `actuators[0].feedback.sensor`"),
+        "{err}"
+    );
+}

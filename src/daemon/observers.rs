@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 
 use crate::observe::Observers;
 use crate::ooda::LoopObservers;
-use crate::ooda::act::{ActuatorEvent, ActuatorObserver};
+use crate::ooda::act::{ActuatorEvent, ActuatorObserver, VerdictEvent};
+use crate::ooda::feedback::FeedbackStatus;
 use crate::ooda::metered::ActuatorMetrics;
 use crate::record::Recorder;
 use crate::safety::{StopEvent, StopEventChannel, StopMetrics, StopObserver};
@@ -30,18 +31,29 @@ pub(super) struct Composed {
 
 /// The receiving ends of the audit channels, until the store is open.
 pub(super) struct AuditWriter {
-    actuators: mpsc::UnboundedReceiver<ActuatorEvent>,
+    actuators: mpsc::UnboundedReceiver<Audited>,
     stops: mpsc::UnboundedReceiver<StopEvent>,
 }
 
-/// Sends each actuator change to the audit writer.
+/// What the actuators' audit writes: a change of value, or a verdict of
+/// its feedback.
+enum Audited {
+    Changed(ActuatorEvent),
+    Verdict(Box<VerdictEvent>),
+}
+
+/// Sends each actuator change and feedback verdict to the audit writer.
 #[derive(Debug)]
-struct ActuatorAudit(mpsc::UnboundedSender<ActuatorEvent>);
+struct ActuatorAudit(mpsc::UnboundedSender<Audited>);
 
 impl ActuatorObserver for ActuatorAudit {
     fn actuator_changed(&self, event: &ActuatorEvent) {
         // A closed channel: the writer is gone with the daemon.
-        let _ = self.0.send(event.clone());
+        let _ = self.0.send(Audited::Changed(event.clone()));
+    }
+
+    fn feedback_verdict(&self, event: &VerdictEvent) {
+        let _ = self.0.send(Audited::Verdict(Box::new(event.clone())));
     }
 }
 
@@ -89,10 +101,20 @@ impl AuditWriter {
 
 /// Every actuator change as an audit row of kind `actuator`: `result` the
 /// value, `origin` who (`session <id>`, `rule <name>`, `operator <who>`,
-/// `safety (<why>)`), `error` when the device did not confirm a safe drive.
-async fn write_actuator_changes(store: Store, mut changes: mpsc::UnboundedReceiver<ActuatorEvent>) {
-    while let Some(event) = changes.recv().await {
+/// `safety (<why>)`), `error` when the device did not confirm a safe drive;
+/// every feedback verdict as one of kind `feedback` (see [`verdict_record`]).
+async fn write_actuator_changes(store: Store, mut changes: mpsc::UnboundedReceiver<Audited>) {
+    while let Some(audited) = changes.recv().await {
         let now = crate::clock::now_ms();
+        let event = match audited {
+            Audited::Changed(event) => event,
+            Audited::Verdict(verdict) => {
+                if let Err(e) = store.audit(verdict_record(&verdict, now)).await {
+                    tracing::error!(error = %e, "cannot write the audit record of a feedback verdict");
+                }
+                continue;
+            }
+        };
         let record = AuditRecord {
             at_ms: now,
             kind: "actuator".into(),
@@ -107,6 +129,50 @@ async fn write_actuator_changes(store: Store, mut changes: mpsc::UnboundedReceiv
         if let Err(e) = store.audit(record).await {
             tracing::error!(error = %e, "cannot write the audit record of an actuator change");
         }
+    }
+}
+
+/// A feedback verdict as an audit row of kind `feedback`: `result` the
+/// status (`confirmed`, `unconfirmed`, `mismatch`), `parameters` what was
+/// compared (`commanded`, `expected`, `measured`, `tolerance`, `settled_ms`,
+/// `stage`, `reason`, `alarm`, `on_mismatch` action), `origin` who commanded
+/// the value judged, `error` what a mismatch means.
+fn verdict_record(event: &VerdictEvent, now: i64) -> AuditRecord {
+    let v = &event.verdict;
+    let action = event.action.map(|a| match a {
+        crate::ooda::feedback::MismatchAction::DriveSafe => "safe",
+        crate::ooda::feedback::MismatchAction::LatchStop => "stop",
+    });
+    let error = (v.status == FeedbackStatus::Mismatch).then(|| {
+        let measured = v
+            .measured
+            .map_or_else(|| "nothing".to_string(), |m| m.to_string());
+        format!(
+            "measured {measured} where {} ± {} was expected: {}",
+            v.expected, v.tolerance, v.reason
+        )
+    });
+    AuditRecord {
+        at_ms: now,
+        kind: "feedback".into(),
+        session_id: event.session_id.clone(),
+        actuator: Some(event.actuator.clone()),
+        parameters: Some(serde_json::json!({
+            "commanded": v.commanded,
+            "expected": v.expected,
+            "measured": v.measured,
+            "tolerance": v.tolerance,
+            "settled_ms": v.settled_ms,
+            "stage": v.stage,
+            "reason": v.reason,
+            "alarm": event.alarm,
+            "action": action,
+        })),
+        result: Some(v.status.as_str().to_string()),
+        error,
+        origin: Some(event.origin.to_string()),
+        ended_at_ms: Some(now),
+        ..Default::default()
     }
 }
 

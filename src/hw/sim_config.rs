@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::sim_world::{BatterySpec, MotorSpec, Obstacle, Pose, WorldSpec};
+use super::sim_world::{BatterySpec, MotorSpec, Obstacle, Pose, SimFaults, WorldSpec};
 use crate::config::types::Invalid;
 
 /// The largest room side accepted, metres: a sanity bound, not physics.
@@ -36,6 +36,9 @@ pub struct SimWorldConfig {
     pub battery: Option<BatteryConfig>,
     #[serde(default)]
     pub motor: Option<MotorConfig>,
+    /// `[sim.faults]`: a stuck or slipping drive, an echoing speed sensor.
+    #[serde(default)]
+    pub faults: Option<SimFaults>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -171,6 +174,12 @@ pub fn world_spec(cfg: &SimWorldConfig) -> Result<WorldSpec, Invalid> {
     }
     if let Some(m) = &cfg.motor {
         spec.motor = motor(m, spec.motor)?;
+    }
+    if let Some(faults) = cfg.faults {
+        faults
+            .check()
+            .map_err(|why| invalid("faults.drive_slip", why))?;
+        spec.faults = faults;
     }
     Ok(spec)
 }
@@ -315,6 +324,7 @@ mod tests {
                 "sim.battery.empty_v",
             ),
             ("[motor]\ncooling_tau_s = 0", "sim.motor.cooling_tau_s"),
+            ("[faults]\ndrive_slip = 2", "sim.faults.drive_slip"),
         ] {
             let err = parse(text).expect_err(text);
             assert_eq!(err.key, key, "{text}: {}", err.message);

@@ -37,10 +37,14 @@ pub enum Quantity {
     Holding,
     /// Contacts with walls or obstacles so far.
     Collisions,
+    /// The rover's measured speed over ground, m/s (negative backwards):
+    /// what it actually moved in the last step, 0 against a wall; what a
+    /// stuck or slipping drive really does (see [`SimFaults`]).
+    WheelSpeed,
 }
 
 impl Quantity {
-    pub const ALL: [Quantity; 10] = [
+    pub const ALL: [Quantity; 11] = [
         Quantity::FrontDistance,
         Quantity::PoseX,
         Quantity::PoseY,
@@ -51,6 +55,7 @@ impl Quantity {
         Quantity::MotorTemperature,
         Quantity::Holding,
         Quantity::Collisions,
+        Quantity::WheelSpeed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -65,6 +70,7 @@ impl Quantity {
             Quantity::MotorTemperature => "motor_temperature",
             Quantity::Holding => "holding",
             Quantity::Collisions => "collisions",
+            Quantity::WheelSpeed => "wheel_speed",
         }
     }
 }
@@ -126,6 +132,38 @@ pub struct WorldSpec {
     pub object: Option<(f64, f64)>,
     pub battery: BatterySpec,
     pub motor: MotorSpec,
+    /// Faults of the drive and its sensor (none by default).
+    pub faults: SimFaults,
+}
+
+/// The faults that make a command differ from its effect, for demos and
+/// tests of the feedback verdicts (`[sim.faults]`, or set at run time).
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimFaults {
+    /// Commands are accepted, the rover does not move.
+    #[serde(default)]
+    pub stuck_drive: bool,
+    /// The fraction of the commanded speed lost to slip: 0 none, 0.5 half.
+    #[serde(default)]
+    pub drive_slip: f64,
+    /// `wheel_speed` reads the commanded speed instead of the motion (a
+    /// sensor that echoes the command).
+    #[serde(default)]
+    pub echo_wheel_speed: bool,
+}
+
+impl SimFaults {
+    /// `drive_slip` within [0, 1]; the message says what is wrong.
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.drive_slip.is_finite() && (0.0..=1.0).contains(&self.drive_slip)) {
+            return Err(format!(
+                "drive_slip {} is outside [0, 1] (the fraction of the commanded speed lost)",
+                self.drive_slip
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -185,6 +223,7 @@ impl Default for WorldSpec {
                 heat_per_speed_c_per_s: 0.5,
                 cooling_tau_s: 60.0,
             },
+            faults: SimFaults::default(),
         }
     }
 }
@@ -205,6 +244,8 @@ pub struct WorldView {
     pub holding: bool,
     /// Where the object lies (at the rover while held).
     pub object: Option<[f64; 2]>,
+    /// The faults in force (see [`SimFaults`]).
+    pub faults: SimFaults,
 }
 
 /// The world's state.
@@ -213,6 +254,9 @@ pub struct SimWorld {
     spec: WorldSpec,
     pose: Pose,
     speed: f64,
+    /// What the rover moved in the last step, per second (signed).
+    measured_speed: f64,
+    faults: SimFaults,
     turn_rate_deg: f64,
     gripper: f64,
     holding: bool,
@@ -236,6 +280,8 @@ impl SimWorld {
         SimWorld {
             pose: spec.start,
             speed: 0.0,
+            measured_speed: 0.0,
+            faults: spec.faults,
             turn_rate_deg: 0.0,
             gripper: 0.0,
             holding: false,
@@ -262,6 +308,15 @@ impl SimWorld {
         self.collisions
     }
 
+    pub fn faults(&self) -> SimFaults {
+        self.faults
+    }
+
+    /// Faults from now on (checked by the caller, see [`SimFaults::check`]).
+    pub fn set_faults(&mut self, faults: SimFaults) {
+        self.faults = faults;
+    }
+
     pub fn view(&self) -> WorldView {
         WorldView {
             x: self.pose.x,
@@ -272,6 +327,7 @@ impl SimWorld {
             collisions: self.collisions,
             holding: self.holding,
             object: self.object().map(|(x, y)| [x, y]),
+            faults: self.faults,
         }
     }
 
@@ -318,7 +374,13 @@ impl SimWorld {
         }
         self.pose.heading =
             (self.pose.heading + self.turn_rate_deg.to_radians() * secs).rem_euclid(TAU);
-        let wanted = self.speed * secs;
+        // A stuck drive turns nothing; a slipping one a fraction.
+        let effective = if self.faults.stuck_drive {
+            0.0
+        } else {
+            self.speed * (1.0 - self.faults.drive_slip.clamp(0.0, 1.0))
+        };
+        let wanted = effective * secs;
         let (dx, dy) = (self.pose.heading.cos(), self.pose.heading.sin());
         // Drive along the heading (backwards for a negative speed) up to
         // the first contact.
@@ -328,6 +390,7 @@ impl SimWorld {
         self.pose.x += dir_x * moved;
         self.pose.y += dir_y * moved;
         self.odometry += moved;
+        self.measured_speed = (if wanted >= 0.0 { moved } else { -moved }) / secs;
         let blocked = wanted.abs() > 0.0 && wanted.abs() > free - CONTACT;
         let touching = blocked || self.gap() <= CONTACT;
         if touching && !self.touching {
@@ -372,6 +435,8 @@ impl SimWorld {
             Quantity::MotorTemperature => self.motor_c,
             Quantity::Holding => f64::from(u8::from(self.holding)),
             Quantity::Collisions => self.collisions as f64,
+            Quantity::WheelSpeed if self.faults.echo_wheel_speed => self.speed,
+            Quantity::WheelSpeed => self.measured_speed,
         }
     }
 
@@ -643,6 +708,69 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(run(), run());
+    }
+
+    #[test]
+    fn wheel_speed_measures_the_motion_and_the_faults_make_it_differ_from_the_command() {
+        let mut w = SimWorld::new(open_room());
+        w.set_input(Input::DriveSpeed, 0.3);
+        w.step(ms(20));
+        assert!((w.read(Quantity::WheelSpeed) - 0.3).abs() < 1e-9);
+        w.set_input(Input::DriveSpeed, -0.2);
+        w.step(ms(20));
+        assert!((w.read(Quantity::WheelSpeed) + 0.2).abs() < 1e-9);
+        // Stuck: the command stands, nothing moves.
+        w.set_faults(SimFaults {
+            stuck_drive: true,
+            ..SimFaults::default()
+        });
+        let before = w.pose();
+        w.step(ms(20));
+        assert_eq!(w.pose(), before);
+        assert_eq!(w.read(Quantity::WheelSpeed), 0.0);
+        assert_eq!(w.view().speed, -0.2, "the command is still -0.2");
+        // Slipping: a fraction of the commanded speed.
+        w.set_faults(SimFaults {
+            drive_slip: 0.5,
+            ..SimFaults::default()
+        });
+        w.step(ms(20));
+        assert!((w.read(Quantity::WheelSpeed) + 0.1).abs() < 1e-9);
+        // An echoing sensor reads the command whatever the rover does.
+        w.set_faults(SimFaults {
+            stuck_drive: true,
+            echo_wheel_speed: true,
+            ..SimFaults::default()
+        });
+        w.step(ms(20));
+        assert_eq!(w.read(Quantity::WheelSpeed), -0.2);
+        assert!(
+            SimFaults {
+                drive_slip: 1.5,
+                ..SimFaults::default()
+            }
+            .check()
+            .is_err()
+        );
+        assert!(
+            SimFaults {
+                drive_slip: f64::NAN,
+                ..SimFaults::default()
+            }
+            .check()
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn against_a_wall_the_measured_speed_is_zero() {
+        let mut w = SimWorld::new(open_room());
+        w.set_input(Input::DriveSpeed, 0.5);
+        for _ in 0..2000 {
+            w.step(ms(20));
+        }
+        assert_eq!(w.read(Quantity::Bumper), 1.0);
+        assert_eq!(w.read(Quantity::WheelSpeed), 0.0);
     }
 
     #[test]

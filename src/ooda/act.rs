@@ -19,7 +19,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{Admission, HoldDeadlines, Refusal};
-use crate::hw::config::ActuatorSpec;
+use super::feedback::{FeedbackStatus, MismatchAction, Sample, Started, Verdict, Watch};
+use crate::hw::config::{ActuatorSpec, FeedbackSpec};
 use crate::hw::{ActuatorDriver, HwError};
 use crate::observe::Observers;
 use crate::safety::ProtectiveStop;
@@ -115,6 +116,22 @@ struct Entry {
     state: Mutex<Admission>,
     /// Serialises driver access: one command at a time per actuator.
     io: tokio::sync::Mutex<()>,
+    /// The watch over its feedback sensor, if it has one.
+    feedback: Option<Feedback>,
+}
+
+/// An actuator's feedback: its watch, and who commanded what it watches.
+struct Feedback {
+    spec: FeedbackSpec,
+    watched: Mutex<Watched>,
+    /// Counts the verdicts: wakes the callers waiting for theirs.
+    verdicts: tokio::sync::watch::Sender<u64>,
+}
+
+struct Watched {
+    watch: Watch,
+    /// Who commanded the value watched now.
+    origin: Origin,
 }
 
 /// One actuator as shown in an Observation.
@@ -128,6 +145,25 @@ pub struct ActuatorView {
     pub owner: Option<String>,
     pub since_ms: u64,
     pub hold_remaining_ms: Option<u64>,
+    /// Commanded versus measured, for an actuator with feedback.
+    #[serde(flatten)]
+    pub feedback: Option<ActuatorFeedback>,
+}
+
+/// What an Observation shows of an actuator's feedback.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ActuatorFeedback {
+    /// The sensor that measures it.
+    pub feedback_sensor: String,
+    /// `settling`, `confirmed`, `unconfirmed` or `mismatch`; `null` before
+    /// the first command.
+    pub feedback_status: Option<FeedbackStatus>,
+    /// The sensor's latest value.
+    pub measured: Option<f64>,
+    /// What the sensor should read for the current value.
+    pub expected: Option<f64>,
+    /// The mismatch alarm (`<actuator>.mismatch` in rules).
+    pub mismatch: bool,
 }
 
 /// What a successful command did.
@@ -137,6 +173,10 @@ pub struct Applied {
     pub value: f64,
     pub previous: f64,
     pub hold_ms: Option<u64>,
+    /// What its feedback watch started (see [`Actuators::verdict`]); `None`
+    /// without feedback.
+    #[serde(skip)]
+    pub watch: Option<Started>,
 }
 
 /// One change of an actuator's value: a command applied, or a drive to
@@ -153,6 +193,34 @@ pub struct ActuatorEvent {
     pub error: Option<String>,
 }
 
+/// The protective stop's source for a mismatch: `feedback:<actuator>`.
+pub const FEEDBACK_SOURCE: &str = "feedback:";
+
+/// What the loop finishes for `on_mismatch`: drive `actuator` safe, or
+/// drive everything safe under the stop (already latched) with `source`
+/// and `reason`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MismatchResponse {
+    pub actuator: String,
+    pub action: MismatchAction,
+    pub source: String,
+    pub reason: String,
+}
+
+/// A verdict on what an actuator did (see [`super::feedback`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerdictEvent {
+    pub actuator: String,
+    /// Who commanded the value judged.
+    pub origin: Origin,
+    pub session_id: Option<String>,
+    pub verdict: Verdict,
+    /// Whether the actuator's mismatch alarm is raised after it.
+    pub alarm: bool,
+    /// What `on_mismatch` does about it, if anything.
+    pub action: Option<MismatchAction>,
+}
+
 /// Told of what the actuators do, as it happens, in order (the audit, a
 /// recording, the metrics). Must not block (see [`crate::observe`]).
 pub trait ActuatorObserver: Send + Sync + std::fmt::Debug {
@@ -166,6 +234,8 @@ pub trait ActuatorObserver: Send + Sync + std::fmt::Debug {
         _result: &Result<Applied, ActError>,
     ) {
     }
+    /// Every verdict of a feedback watch, in order per actuator.
+    fn feedback_verdict(&self, _event: &VerdictEvent) {}
 }
 
 pub struct Actuators {
@@ -220,6 +290,14 @@ impl Actuators {
             .map(|(index, (spec, driver))| Entry {
                 index,
                 state: Mutex::new(Admission::new(spec.safe_value, now)),
+                feedback: spec.feedback.clone().map(|spec| Feedback {
+                    spec,
+                    watched: Mutex::new(Watched {
+                        watch: Watch::new(now),
+                        origin: Origin::Safety("start-up".into()),
+                    }),
+                    verdicts: tokio::sync::watch::Sender::new(0),
+                }),
                 spec,
                 driver,
                 io: tokio::sync::Mutex::new(()),
@@ -357,12 +435,14 @@ impl Actuators {
         let previous = change.previous;
         tracing::info!(actuator = name, value, previous, %origin, "actuator commanded");
         let session = origin.session().map(str::to_string);
+        let watch = self.watch_command(entry, value, &origin, now);
         self.report(name, value, origin, session, None);
         Ok(Applied {
             actuator: name.to_string(),
             value,
             previous,
             hold_ms: change.hold.map(ms),
+            watch,
         })
     }
 
@@ -445,8 +525,11 @@ impl Actuators {
         let safe = entry.spec.safe_value;
         let result = tokio::time::timeout(entry.spec.timeout, entry.driver.apply(safe)).await;
         // The value rozd wants is safe, whether or not the device confirmed it.
-        let previous_owner = lock(&entry.state).went_safe(&entry.spec, Instant::now());
+        let now = Instant::now();
+        let previous_owner = lock(&entry.state).went_safe(&entry.spec, now);
         self.set_hold_deadline(entry.index, None);
+        // Whether it really went safe is for its feedback to say.
+        self.watch_command(entry, safe, &Origin::Safety(reason.to_string()), now);
         let session = match previous_owner {
             Some(Origin::Session(id)) => Some(id),
             _ => None,
@@ -514,6 +597,160 @@ impl Actuators {
         released.into_iter().flatten().collect()
     }
 
+    /// Starts (or continues) the feedback watch of `entry` on `value`,
+    /// applied for `origin` at `now`; the verdict on a command it replaced
+    /// before that one settled goes to the observers. `None` without
+    /// feedback.
+    fn watch_command(
+        &self,
+        entry: &Entry,
+        value: f64,
+        origin: &Origin,
+        now: Instant,
+    ) -> Option<Started> {
+        let feedback = entry.feedback.as_ref()?;
+        let by_rozd = matches!(origin, Origin::Safety(_));
+        let mut watched = lock(&feedback.watched);
+        let (started, replaced) = watched.watch.command(&feedback.spec, value, by_rozd, now);
+        if let Some(verdict) = replaced {
+            let previous = watched.origin.clone();
+            self.publish_verdict(entry, feedback, &watched.watch, previous, verdict, None);
+        }
+        watched.origin = origin.clone();
+        Some(started)
+    }
+
+    /// Hands a verdict to the observers and wakes its waiting caller (under
+    /// the watch's lock, so each actuator's verdicts stay in order).
+    fn publish_verdict(
+        &self,
+        entry: &Entry,
+        feedback: &Feedback,
+        watch: &Watch,
+        origin: Origin,
+        verdict: Verdict,
+        action: Option<MismatchAction>,
+    ) {
+        let event = VerdictEvent {
+            actuator: entry.spec.name.clone(),
+            session_id: origin.session().map(str::to_string),
+            origin,
+            verdict,
+            alarm: watch.alarm(),
+            action,
+        };
+        match event.verdict.status {
+            FeedbackStatus::Mismatch => tracing::warn!(
+                actuator = %event.actuator,
+                commanded = event.verdict.commanded,
+                measured = ?event.verdict.measured,
+                expected = event.verdict.expected,
+                reason = event.verdict.reason,
+                "feedback mismatch"
+            ),
+            status => tracing::info!(
+                actuator = %event.actuator,
+                status = status.as_str(),
+                measured = ?event.verdict.measured,
+                "feedback verdict"
+            ),
+        }
+        for observer in self.observers.iter() {
+            observer.feedback_verdict(&event);
+        }
+        feedback.verdicts.send_modify(|n| *n += 1);
+    }
+
+    /// The actuators with feedback: (index, feedback sensor), for the loop
+    /// to step their watches with [`Actuators::step_feedback`].
+    pub fn feedback_sensors(&self) -> impl Iterator<Item = (usize, &str)> {
+        self.entries
+            .iter()
+            .filter_map(|e| Some((e.index, e.feedback.as_ref()?.spec.sensor.as_str())))
+    }
+
+    /// Steps the feedback watch of actuator `index` with its sensor's
+    /// `sample` at `now` (once a tick). A verdict goes to the observers.
+    /// What `on_mismatch` asks for is returned, for the loop to finish: a
+    /// stop is latched here already, before anyone hears of the verdict, so
+    /// the call that waits for it fails with `e_stop` rather than reading a
+    /// verdict as if nothing followed.
+    pub fn step_feedback(
+        &self,
+        index: usize,
+        sample: Sample,
+        now: Instant,
+    ) -> Option<MismatchResponse> {
+        let entry = self.entries.get(index)?;
+        let feedback = entry.feedback.as_ref()?;
+        // Read before the watch is locked: the views lock the state first.
+        let at_safe = lock(&entry.state).at_safe_value(&entry.spec);
+        let mut watched = lock(&feedback.watched);
+        let verdict = watched.watch.step(&feedback.spec, sample, now)?;
+        let action = Watch::action(&feedback.spec, &verdict, at_safe);
+        let response = action.map(|action| {
+            let measured = verdict
+                .measured
+                .map_or_else(|| "nothing".to_string(), |m| m.to_string());
+            let response = MismatchResponse {
+                actuator: entry.spec.name.clone(),
+                action,
+                source: format!("{FEEDBACK_SOURCE}{}", entry.spec.name),
+                reason: format!(
+                    "feedback mismatch: {} commanded {}, {} measured {measured} ({} ± {} expected)",
+                    entry.spec.name,
+                    verdict.commanded,
+                    feedback.spec.sensor,
+                    verdict.expected,
+                    feedback.spec.tolerance
+                ),
+            };
+            if action == MismatchAction::LatchStop {
+                self.estop.trigger(&response.source, &response.reason);
+            }
+            response
+        });
+        let origin = watched.origin.clone();
+        self.publish_verdict(entry, feedback, &watched.watch, origin, verdict, action);
+        response
+    }
+
+    /// The verdict on a command (what [`Applied::watch`] says it started),
+    /// waiting at most `wait` for it; `None` if none came.
+    pub async fn verdict(&self, name: &str, started: &Started, wait: Duration) -> Option<Verdict> {
+        let episode = match started {
+            Started::Standing(verdict) => return Some(verdict.clone()),
+            Started::Watching { episode } | Started::Settling { episode } => *episode,
+        };
+        let feedback = self.entry(name).ok()?.feedback.as_ref()?;
+        let mut changed = feedback.verdicts.subscribe();
+        let wait_for = async {
+            loop {
+                {
+                    let watched = lock(&feedback.watched);
+                    if let Some(verdict) = watched.watch.first_of(episode) {
+                        return Some(verdict.clone());
+                    }
+                    // Replaced and its verdict long gone (kept verdicts are few).
+                    if watched.watch.episode() > episode {
+                        return None;
+                    }
+                }
+                if changed.changed().await.is_err() {
+                    return None;
+                }
+            }
+        };
+        tokio::time::timeout(wait, wait_for).await.ok().flatten()
+    }
+
+    /// The mismatch alarm of an actuator with feedback: 1 raised, 0 not;
+    /// `None` for an unknown actuator or one without feedback.
+    pub fn mismatch(&self, name: &str) -> Option<f64> {
+        let feedback = self.entry(name).ok()?.feedback.as_ref()?;
+        Some(f64::from(u8::from(lock(&feedback.watched).watch.alarm())))
+    }
+
     pub fn views(&self, now: Instant) -> Vec<ActuatorView> {
         self.entries
             .iter()
@@ -528,6 +765,16 @@ impl Actuators {
                     owner: s.owner().map(ToString::to_string),
                     since_ms: ms(now.saturating_duration_since(s.since())),
                     hold_remaining_ms: s.hold_until().map(|t| ms(t.saturating_duration_since(now))),
+                    feedback: e.feedback.as_ref().map(|f| {
+                        let view = lock(&f.watched).watch.view();
+                        ActuatorFeedback {
+                            feedback_sensor: f.spec.sensor.clone(),
+                            feedback_status: view.status,
+                            measured: view.measured,
+                            expected: view.expected,
+                            mismatch: view.alarm,
+                        }
+                    }),
                 }
             })
             .collect()
@@ -735,6 +982,176 @@ mod tests {
             actuators.command("a", 0.5, session("s"), None).await,
             Err(ActError::Closed { .. })
         ));
+    }
+
+    /// Keeps every verdict it hears.
+    #[derive(Debug, Default)]
+    struct Verdicts(Mutex<Vec<VerdictEvent>>);
+
+    impl ActuatorObserver for Verdicts {
+        fn feedback_verdict(&self, event: &VerdictEvent) {
+            lock(&self.0).push(event.clone());
+        }
+    }
+
+    fn with_feedback(
+        on_mismatch: crate::hw::config::OnMismatch,
+    ) -> (Arc<Actuators>, Arc<Verdicts>) {
+        let verdicts = Arc::new(Verdicts::default());
+        let drive = ActuatorSpec {
+            feedback: Some(FeedbackSpec {
+                sensor: "wheel_speed".into(),
+                tolerance: 0.05,
+                settle: Duration::from_millis(500),
+                scale: 1.0,
+                offset: 0.0,
+                on_mismatch,
+            }),
+            ..spec("drive", Some(10_000))
+        };
+        let actuators = Actuators::new(
+            vec![
+                (
+                    spec("plain", None),
+                    SimActuator::new() as Arc<dyn ActuatorDriver>,
+                ),
+                (drive, SimActuator::new() as Arc<dyn ActuatorDriver>),
+            ],
+            ProtectiveStop::default(),
+            Observers::new(vec![verdicts.clone() as Arc<dyn ActuatorObserver>]),
+        );
+        (actuators, verdicts)
+    }
+
+    fn sample(value: f64) -> Sample {
+        Sample {
+            latest: Some((value, Instant::now())),
+            healthy: true,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_reads_the_verdict_on_its_own_command_and_the_observers_hear_it() {
+        use crate::hw::config::OnMismatch;
+        let (actuators, verdicts) = with_feedback(OnMismatch::Alarm);
+        assert_eq!(
+            actuators.feedback_sensors().collect::<Vec<_>>(),
+            [(1, "wheel_speed")]
+        );
+        let applied = actuators
+            .command("drive", 0.3, session("s"), None)
+            .await
+            .unwrap();
+        let started = applied.watch.clone().expect("drive has feedback");
+        let waiter = {
+            let actuators = actuators.clone();
+            tokio::spawn(async move {
+                actuators
+                    .verdict("drive", &started, Duration::from_secs(1))
+                    .await
+            })
+        };
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert!(
+            actuators
+                .step_feedback(1, sample(0.29), Instant::now())
+                .is_none()
+        );
+        let verdict = waiter.await.unwrap().expect("a verdict");
+        assert_eq!(verdict.status, FeedbackStatus::Confirmed);
+        assert_eq!((verdict.measured, verdict.settled_ms), (Some(0.29), 20));
+        let heard = lock(&verdicts.0).clone();
+        assert_eq!(heard.len(), 1);
+        assert_eq!(heard[0].actuator, "drive");
+        assert_eq!(heard[0].session_id.as_deref(), Some("s"));
+        assert_eq!(heard[0].verdict, verdict);
+        let view = &actuators.views(Instant::now())[1];
+        let feedback = view.feedback.as_ref().unwrap();
+        assert_eq!(feedback.feedback_status, Some(FeedbackStatus::Confirmed));
+        assert_eq!((feedback.measured, feedback.mismatch), (Some(0.29), false));
+        assert_eq!(actuators.views(Instant::now())[0].feedback, None);
+        assert_eq!(actuators.mismatch("drive"), Some(0.0));
+        assert_eq!(actuators.mismatch("plain"), None);
+        // Renewing the same value answers at once with the standing verdict.
+        let renewed = actuators
+            .command("drive", 0.3, session("s"), None)
+            .await
+            .unwrap();
+        assert_eq!(renewed.watch, Some(Started::Standing(verdict)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_mismatch_raises_the_alarm_and_asks_for_the_safe_drive_which_is_watched_too() {
+        use crate::hw::config::OnMismatch;
+        let (actuators, verdicts) = with_feedback(OnMismatch::Safe);
+        let applied = actuators
+            .command("drive", 0.3, session("s"), None)
+            .await
+            .unwrap();
+        for _ in 0..24 {
+            tokio::time::advance(Duration::from_millis(20)).await;
+            assert!(
+                actuators
+                    .step_feedback(1, sample(0.0), Instant::now())
+                    .is_none()
+            );
+        }
+        tokio::time::advance(Duration::from_millis(20)).await;
+        let response = actuators
+            .step_feedback(1, sample(0.0), Instant::now())
+            .expect("on_mismatch acts");
+        assert_eq!(
+            (response.actuator.as_str(), response.action),
+            ("drive", MismatchAction::DriveSafe)
+        );
+        assert_eq!(
+            response.reason,
+            "feedback mismatch: drive commanded 0.3, wheel_speed measured 0 (0.3 ± 0.05 expected)"
+        );
+        assert_eq!(actuators.mismatch("drive"), Some(1.0));
+        let read = actuators
+            .verdict("drive", applied.watch.as_ref().unwrap(), Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(read.status, FeedbackStatus::Mismatch);
+        assert_eq!(lock(&verdicts.0).last().map(|e| &e.verdict), Some(&read));
+        // The loop drives it safe; the stuck drive reads 0: confirmed, and
+        // the alarm stays (rozd's own drive does not clear it).
+        actuators.safe("drive", "feedback mismatch").await.unwrap();
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert!(
+            actuators
+                .step_feedback(1, sample(0.0), Instant::now())
+                .is_none()
+        );
+        let heard = lock(&verdicts.0).clone();
+        let last = heard.last().unwrap();
+        assert_eq!(last.verdict.status, FeedbackStatus::Confirmed);
+        assert_eq!(last.verdict.commanded, 0.0);
+        assert!(matches!(&last.origin, Origin::Safety(why) if why == "feedback mismatch"));
+        assert!(last.alarm);
+        assert_eq!(actuators.mismatch("drive"), Some(1.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_mismatch_stop_latches_the_stop_before_the_verdict_is_heard() {
+        use crate::hw::config::OnMismatch;
+        let (actuators, _) = with_feedback(OnMismatch::Stop);
+        actuators
+            .command("drive", 0.3, session("s"), None)
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let response = actuators
+            .step_feedback(1, sample(0.0), Instant::now())
+            .expect("on_mismatch acts");
+        assert_eq!(response.action, MismatchAction::LatchStop);
+        assert_eq!(response.source, "feedback:drive");
+        let stop = actuators.estop.active().expect("latched");
+        assert_eq!(
+            (stop.source, stop.reason),
+            (response.source, response.reason)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -251,6 +251,7 @@ pub(super) mod tests {
             timeout: Duration::from_millis(100),
             shared: false,
             target: ActuatorTarget::Sim { input: None },
+            feedback: None,
         }
     }
 

@@ -1,11 +1,11 @@
 //! The actuators' events as metrics: an observer that turns them into the
 //! plain labels of [`crate::metrics`] (which knows nothing of the loop).
 
-use super::act::{ActError, ActuatorEvent, ActuatorObserver, Applied, Origin};
+use super::act::{ActError, ActuatorEvent, ActuatorObserver, Applied, Origin, VerdictEvent};
 
-/// Counts every command by actuator, origin kind and result, and every safe
+/// Counts every command by actuator, origin kind and result, every safe
 /// drive (origin `safety`: `applied`, or `driver_error` when the device did
-/// not confirm it).
+/// not confirm it), and every feedback verdict by actuator and status.
 #[derive(Debug, Default)]
 pub struct ActuatorMetrics;
 
@@ -34,5 +34,9 @@ impl ActuatorObserver for ActuatorMetrics {
             Err(e) => e.kind(),
         };
         crate::metrics::actuator_command(actuator, origin.kind(), result);
+    }
+
+    fn feedback_verdict(&self, event: &VerdictEvent) {
+        crate::metrics::feedback_verdict(&event.actuator, event.verdict.status.as_str());
     }
 }

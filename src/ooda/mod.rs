@@ -5,6 +5,7 @@
 
 pub mod act;
 pub(crate) mod admission;
+pub mod feedback;
 pub mod metered;
 pub mod orient;
 pub mod rules;
@@ -381,6 +382,17 @@ impl Ooda {
         Ok(ooda)
     }
 
+    /// The loop's tick period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// How long after `settle` a feedback verdict may still come: the
+    /// watch judges at the first tick past it, which may be a little late.
+    pub fn verdict_grace(&self) -> Duration {
+        self.period.saturating_mul(2) + Duration::from_millis(100)
+    }
+
     pub fn world(&self) -> &Arc<World> {
         &self.world
     }
@@ -408,6 +420,17 @@ impl Ooda {
     pub fn sim_world(&self) -> Option<WorldView> {
         self.sim.as_ref().map(SimLoop::view)
     }
+    /// Sets the simulated world's faults (a stuck or slipping drive, an
+    /// echoing speed sensor) from now on. `None` without a world; `Err`
+    /// says what is wrong with `faults`.
+    pub fn set_sim_faults(
+        &self,
+        faults: crate::hw::sim_world::SimFaults,
+    ) -> Option<Result<(), String>> {
+        let sim = self.sim.as_ref()?;
+        Some(faults.check().map(|()| sim.lock().set_faults(faults)))
+    }
+
     /// The simulated world's room (when the host runs a world), and the
     /// sensor that reads its range straight ahead, if one does.
     pub fn sim_spec(&self) -> Option<(crate::hw::sim_world::WorldSpec, Option<String>)> {

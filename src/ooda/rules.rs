@@ -17,9 +17,11 @@
 //! func    := stale | alarm | age_ms
 //! ```
 //!
-//! A `name` is a sensor (its latest value) or an actuator (its current
-//! value). `stale(s)` is true when `s` has no fresh value; `alarm(s)` is
-//! 0 (ok), 1 (warn) or 2 (critical); `age_ms(s)` is the age of its value.
+//! A `name` is a sensor (its latest value), an actuator (its current
+//! value) or `<actuator>.mismatch` (1 while the mismatch alarm of an
+//! actuator with feedback is raised, else 0). `stale(s)` is true when `s`
+//! has no fresh value; `alarm(s)` is 0 (ok), 1 (warn) or 2 (critical);
+//! `age_ms(s)` is the age of its value.
 //! Expressions are type-checked at config load. A comparison with a missing
 //! value is unknown, and a rule only fires when its condition is true.
 
@@ -205,8 +207,13 @@ fn tokenize(src: &str) -> Result<Vec<Tok>, String> {
             ));
         } else if c.is_ascii_alphabetic() || c == '_' {
             let start = i;
+            // A '.' joins an actuator and its alarm: `arm.mismatch`.
             while i < chars.len()
-                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == '-')
+                && (chars[i].is_ascii_alphanumeric()
+                    || chars[i] == '_'
+                    || chars[i] == '-'
+                    || (chars[i] == '.'
+                        && chars.get(i + 1).is_some_and(|c| c.is_ascii_alphabetic())))
             {
                 i += 1;
             }
@@ -607,6 +614,23 @@ mod tests {
         assert_eq!(eval_bool(&e, &F(HashMap::new())), None);
         let e = parse_condition("stale(dist) or dist < 0.3", &names()).unwrap();
         assert_eq!(eval_bool(&e, &F(HashMap::new())), Some(true));
+    }
+
+    #[test]
+    fn an_actuators_mismatch_alarm_is_a_name_and_a_dot_elsewhere_is_not() {
+        let mut names = names();
+        names.insert("speed.mismatch".to_string());
+        let e = parse_condition("speed.mismatch == 1 and dist < .5", &names).unwrap();
+        let f = F([("speed.mismatch", 1.0), ("dist", 0.2)]
+            .into_iter()
+            .collect());
+        assert_eq!(eval_bool(&e, &f), Some(true));
+        let err = parse_condition("temp.mismatch == 1", &names).unwrap_err();
+        assert!(
+            err.contains("unknown sensor or actuator `temp.mismatch`"),
+            "{err}"
+        );
+        assert!(parse_condition("speed. == 1", &names).is_err());
     }
 
     #[test]

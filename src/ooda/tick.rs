@@ -8,6 +8,8 @@ use std::sync::{Arc, PoisonError};
 
 use tokio::time::Instant;
 
+use super::act::MismatchResponse;
+use super::feedback::{MISMATCH_SUFFIX, MismatchAction, Sample};
 use super::orient::{self, AlarmLevel};
 use super::rules::{self, Action, RuleState};
 use super::timer::Wake;
@@ -22,6 +24,8 @@ pub(super) struct TickState {
     alarms: Vec<AlarmLevel>,
     rules: Vec<RuleState>,
     readings: Vec<Reading>,
+    /// The actuators with feedback and their sensors' places in `readings`.
+    feedback: Vec<(usize, Option<usize>)>,
     until_publish: u64,
 }
 
@@ -32,6 +36,11 @@ impl TickState {
             alarms: vec![AlarmLevel::Ok; ooda.world.specs().len()],
             rules: vec![RuleState::default(); ooda.rules.len()],
             readings: Vec::with_capacity(ooda.world.specs().len()),
+            feedback: ooda
+                .actuators
+                .feedback_sensors()
+                .map(|(actuator, sensor)| (actuator, ooda.world.index_of(sensor)))
+                .collect(),
             until_publish: 0,
         }
     }
@@ -58,6 +67,19 @@ impl Ooda {
         {
             if let Some(v) = reading.value.filter(|_| reading.healthy) {
                 *level = orient::next_level(&spec.alarms, *level, v);
+            }
+        }
+        // Commanded versus measured, before the rules read the alarms.
+        for &(actuator, sensor) in &state.feedback {
+            let sample =
+                sensor
+                    .and_then(|i| state.readings.get(i))
+                    .map_or_else(Sample::default, |r| Sample {
+                        latest: r.value.zip(r.at),
+                        healthy: r.healthy,
+                    });
+            if let Some(response) = self.actuators.step_feedback(actuator, sample, now) {
+                self.on_mismatch(response);
             }
         }
         let facts = TickFacts {
@@ -125,6 +147,27 @@ impl Ooda {
         });
     }
 
+    /// What `on_mismatch` asks for leaves the tick as a rule's action does:
+    /// the stop is latched already (see `Actuators::step_feedback`); the
+    /// safe drives run as a task.
+    fn on_mismatch(self: &Arc<Self>, response: MismatchResponse) {
+        let me = self.clone();
+        self.runtime.spawn(async move {
+            match response.action {
+                MismatchAction::DriveSafe => {
+                    // An unknown name cannot come from the actuators' own list.
+                    let _ = me
+                        .actuators
+                        .safe(&response.actuator, &response.reason)
+                        .await;
+                }
+                MismatchAction::LatchStop => {
+                    me.trigger_stop(&response.source, &response.reason).await;
+                }
+            }
+        });
+    }
+
     fn publish(&self, state: &TickState, now: Instant) {
         let sensors = self
             .world
@@ -173,7 +216,11 @@ impl rules::Facts for TickFacts<'_> {
     fn value(&self, name: &str) -> Option<f64> {
         match self.reading(name) {
             Some((_, r)) => r.value,
-            None => self.ooda.actuators.value(name),
+            None => self.ooda.actuators.value(name).or_else(|| {
+                // `<actuator>.mismatch`: its feedback alarm.
+                name.strip_suffix(MISMATCH_SUFFIX)
+                    .and_then(|a| self.ooda.actuators.mismatch(a))
+            }),
         }
     }
     fn stale(&self, name: &str) -> bool {

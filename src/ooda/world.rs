@@ -238,6 +238,8 @@ fn view(spec: &SensorSpec, state: &SensorState, inner: &Inner, now: Instant) -> 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Reading {
     pub value: Option<f64>,
+    /// When the value arrived.
+    pub at: Option<Instant>,
     pub age_ms: Option<u64>,
     /// Health `ok`: a value that is fresh and whose source works.
     pub healthy: bool,
@@ -252,6 +254,7 @@ impl World {
         for (spec, state) in self.specs.iter().zip(&inner.sensors) {
             out.push(Reading {
                 value: state.latest.map(|(v, _)| v),
+                at: state.latest.map(|(_, at)| at),
                 age_ms: state
                     .latest
                     .map(|(_, at)| ms(now.saturating_duration_since(at))),

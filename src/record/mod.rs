@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::ooda::act::{ActuatorEvent, ActuatorObserver};
+use crate::ooda::act::{ActuatorEvent, ActuatorObserver, VerdictEvent};
 use crate::ooda::world::SensorObserver;
 use crate::safety::{StopEvent, StopInfo, StopObserver};
 use crate::store::{AuditRecord, SessionRecord, StoreObserver, TurnRecord};
@@ -296,6 +296,12 @@ impl ActuatorObserver for Recorder {
     fn actuator_changed(&self, event: &ActuatorEvent) {
         self.push(Stream::Actuators, || {
             Event::Actuator(Box::new(event.clone()))
+        });
+    }
+
+    fn feedback_verdict(&self, event: &VerdictEvent) {
+        self.push(Stream::Actuators, || {
+            Event::Verdict(Box::new(event.clone()))
         });
     }
 }

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::ooda::Observation;
-use crate::ooda::act::{ActuatorEvent, Origin};
+use crate::ooda::act::{ActuatorEvent, Origin, VerdictEvent};
 use crate::safety::{StopEvent, StopInfo};
 use crate::store::AuditRecord;
 
@@ -22,6 +22,8 @@ pub enum Event {
         value: f64,
     },
     Actuator(Box<ActuatorEvent>),
+    /// A verdict of an actuator's feedback, on its actuator's channel.
+    Verdict(Box<VerdictEvent>),
     Stop {
         event: Box<StopEvent>,
         /// The latch's causes after the change.
@@ -102,13 +104,20 @@ impl Kind {
             }),
             Kind::Actuator => json!({
                 "type": "object",
-                "description": "A command applied to an actuator, or a drive to its safe value",
+                "description": "A command applied to an actuator, a drive to its safe value, or a verdict of its feedback (commanded versus measured)",
                 "properties": {
                     "actuator": {"type": "string"},
                     "value": {"type": "number"},
-                    "kind": {"enum": ["command", "safe"]},
+                    "kind": {"enum": ["command", "safe", "verdict"]},
+                    "status": {"enum": ["confirmed", "unconfirmed", "mismatch"], "description": "verdict: what the feedback sensor measured"},
+                    "expected": {"type": "number", "description": "verdict: what the sensor should read"},
+                    "measured": {"type": ["number", "null"], "description": "verdict: what it read"},
+                    "tolerance": {"type": "number"},
+                    "settled_ms": {"type": "integer", "description": "verdict: from the command to the verdict"},
+                    "stage": {"enum": ["command", "hold"]},
+                    "alarm": {"type": "boolean", "description": "verdict: the actuator's mismatch alarm after it"},
                     "origin": {"type": "string", "description": "as in the audit: session <id>, rule <name>, operator <who>, safety (<reason>)"},
-                    "reason": {"type": ["string", "null"], "description": "why a safe value was driven"},
+                    "reason": {"type": ["string", "null"], "description": "why a safe value was driven; for a verdict, why it is what it is"},
                     "session_id": {"type": ["string", "null"]},
                     "error": {"type": ["string", "null"], "description": "the driver's failure, if any"}
                 },
@@ -237,6 +246,29 @@ pub fn message(event: &Event, at_ns: u64) -> Message {
                 serde_json::to_vec(&body),
             )
         }
+        Event::Verdict(v) => {
+            let verdict = &v.verdict;
+            let body = json!({
+                "actuator": v.actuator,
+                "value": verdict.commanded,
+                "kind": "verdict",
+                "origin": v.origin.to_string(),
+                "session_id": v.session_id,
+                "status": verdict.status,
+                "expected": verdict.expected,
+                "measured": verdict.measured,
+                "tolerance": verdict.tolerance,
+                "settled_ms": verdict.settled_ms,
+                "stage": verdict.stage,
+                "reason": verdict.reason,
+                "alarm": v.alarm,
+            });
+            (
+                Kind::Actuator,
+                format!("/actuators/{}", v.actuator),
+                serde_json::to_vec(&body),
+            )
+        }
         Event::Stop { event, causes } => {
             let mut body = match event.as_ref() {
                 StopEvent::Triggered {
@@ -349,5 +381,45 @@ mod tests {
         let body: Value = serde_json::from_slice(&command.body).unwrap_or_default();
         assert_eq!(body["kind"], "command");
         assert_eq!(body["reason"], Value::Null);
+    }
+
+    #[test]
+    fn a_verdict_is_on_its_actuators_channel_with_what_was_compared() {
+        use crate::ooda::feedback::{FeedbackStatus, Stage, Verdict};
+        let event = Event::Verdict(Box::new(VerdictEvent {
+            actuator: "motor".into(),
+            origin: Origin::Session("s1".into()),
+            session_id: Some("s1".into()),
+            verdict: Verdict {
+                episode: 3,
+                status: FeedbackStatus::Mismatch,
+                commanded: 0.3,
+                expected: 0.3,
+                measured: Some(0.0),
+                tolerance: 0.02,
+                settled_ms: 500,
+                stage: Stage::Command,
+                reason: "why",
+            },
+            alarm: true,
+            action: None,
+        }));
+        let m = message(&event, 1);
+        assert_eq!(
+            (m.kind, m.topic.as_str()),
+            (Kind::Actuator, "/actuators/motor")
+        );
+        let body: Value = serde_json::from_slice(&m.body).unwrap_or_default();
+        for required in ["actuator", "value", "kind", "origin"] {
+            assert!(body.get(required).is_some(), "{required}: {body}");
+        }
+        assert_eq!(body["kind"], "verdict");
+        assert_eq!(body["status"], "mismatch");
+        assert_eq!(
+            (body["value"].as_f64(), body["measured"].as_f64()),
+            (Some(0.3), Some(0.0))
+        );
+        assert_eq!(body["settled_ms"], 500);
+        assert_eq!(body["alarm"], true);
     }
 }

@@ -137,16 +137,37 @@ impl HostTools {
                 ),
                 None => " A command holds until changed.".to_string(),
             };
+            // A command is not a result: say what the answer proves.
+            let (verified, verdict_wait) = match &spec.feedback {
+                Some(f) => (
+                    format!(
+                        " After the command rozd watches sensor `{}` for up to {} ms and answers with \
+                         `commanded`, `measured`, `status` and `settled_ms`: only status `confirmed` means \
+                         the hardware did it; `mismatch` means the sensor measured something else \
+                         (it did not), `unconfirmed` that no fresh measurement came (nobody knows).",
+                        f.sensor,
+                        f.settle.as_millis()
+                    ),
+                    f.settle + ooda.verdict_grace(),
+                ),
+                None => (
+                    " Nothing measures this actuator: a result only means the command was sent; \
+                     check the sensors to see what it did."
+                        .to_string(),
+                    Duration::ZERO,
+                ),
+            };
             defs.push(ToolSpec {
                 name: spec.name.clone(),
                 description: format!(
-                    "Sets actuator `{}`{}{}. Allowed: {}; safe value {}.{}",
+                    "Sets actuator `{}`{}{}. Allowed: {}; safe value {}.{}{}",
                     spec.name,
                     spec.description.as_deref().map(|d| format!(" ({d})")).unwrap_or_default(),
                     unit,
                     spec.values,
                     spec.safe_value,
-                    hold
+                    hold,
+                    verified
                 ),
                 parameters_schema: json!({
                     "type": "object",
@@ -158,7 +179,8 @@ impl HostTools {
                     "additionalProperties": false
                 }),
                 category: ToolCategory::Physical,
-                timeout_ms: spec::millis(spec.timeout),
+                // The driver's deadline, then the wait for the verdict.
+                timeout_ms: spec::millis(spec.timeout + verdict_wait),
             });
         }
         let has_actuators = ooda.actuators().specs().next().is_some();
@@ -242,11 +264,18 @@ impl HostTools {
                 latched.describe()
             )));
         }
+        // The stop first: a call that finishes as the stop latches (one
+        // whose own feedback mismatch latched it, say) fails with e_stop.
         tokio::select! {
-            result = run => result,
+            biased;
             () = async { let _ = stop.wait_for(crate::safety::StopState::is_active).await; } => {
-                Err(ToolError::EStop("a protective stop latched while the call was running".into()))
+                // Its causes say why.
+                Err(ToolError::EStop(format!(
+                    "a protective stop latched while the call was running ({})",
+                    self.ooda.protective_stop().state().describe()
+                )))
             }
+            result = run => result,
             // Actuator commands bound their driver with the actuator's deadline
             // and then drive the safe value (bounded the same way), so they
             // finish within twice the deadline. This backstop is for anything
@@ -338,9 +367,8 @@ impl HostTools {
             }
             actuator => {
                 let ActuatorInput { value, hold_ms } = parse(input)?;
-                let applied = self
-                    .ooda
-                    .actuators()
+                let actuators = self.ooda.actuators();
+                let applied = actuators
                     .command(
                         actuator,
                         value,
@@ -348,12 +376,54 @@ impl HostTools {
                         hold_ms.map(|n| Duration::from_millis(n.0)),
                     )
                     .await?;
-                Ok(
-                    serde_json::to_string(&applied)
-                        .map_err(|e| ToolError::Failed(e.to_string()))?,
-                )
+                let mut result =
+                    serde_json::to_value(&applied).map_err(|e| ToolError::Failed(e.to_string()))?;
+                // The model reads what was measured in the same result.
+                if let (Some(started), Some(spec)) = (
+                    &applied.watch,
+                    actuators.spec(actuator).and_then(|s| s.feedback.as_ref()),
+                ) {
+                    let wait = spec.settle + self.ooda.verdict_grace();
+                    let verdict = actuators.verdict(actuator, started, wait).await;
+                    add_verdict(&mut result, spec, value, verdict);
+                }
+                Ok(result.to_string())
             }
         }
+    }
+}
+
+/// Adds the feedback verdict on `commanded` to an actuator tool's result:
+/// `commanded`, `expected`, `measured`, `status`, `settled_ms`, `reason`
+/// (`unconfirmed` when no verdict came within the wait).
+fn add_verdict(
+    result: &mut Value,
+    spec: &crate::hw::config::FeedbackSpec,
+    commanded: f64,
+    verdict: Option<crate::ooda::feedback::Verdict>,
+) {
+    let fields = match verdict {
+        Some(v) => json!({
+            "commanded": v.commanded,
+            "expected": v.expected,
+            "measured": v.measured,
+            "tolerance": v.tolerance,
+            "status": v.status,
+            "settled_ms": v.settled_ms,
+            "reason": v.reason,
+        }),
+        None => json!({
+            "commanded": commanded,
+            "expected": spec.expected(commanded),
+            "measured": null,
+            "tolerance": spec.tolerance,
+            "status": crate::ooda::feedback::FeedbackStatus::Unconfirmed,
+            "settled_ms": null,
+            "reason": "no verdict came in time",
+        }),
+    };
+    if let (Some(result), Value::Object(fields)) = (result.as_object_mut(), fields) {
+        result.extend(fields);
     }
 }
 

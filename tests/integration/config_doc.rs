@@ -81,6 +81,13 @@ fn every_hardware_key_is_documented_with_an_example() {
         &actuators,
         section("actuators", Some("reflex rules")),
     );
+    assert_documented(
+        "[[actuators]] feedback",
+        &accepted_keys(
+            "[[actuators]]\nname = \"a\"\nkind = \"sim\"\nmin = 0\nmax = 1\nsafe_value = 0\nfeedback = { ZZZ }\n",
+        ),
+        section("actuators", Some("reflex rules")),
+    );
     let rules = section("reflex rules", None);
     assert_documented(
         "[[rules]]",
@@ -111,11 +118,15 @@ fn every_hardware_key_is_documented_with_an_example() {
     // Its sub-tables are checked key by key below.
     let sim: Vec<String> = accepted_keys("[sim]\nZZZ\n")
         .into_iter()
-        .filter(|k| k != "battery" && k != "motor")
+        .filter(|k| k != "battery" && k != "motor" && k != "faults")
         .collect();
-    assert!(world.contains("[sim.battery]") && world.contains("[sim.motor]"));
+    assert!(
+        world.contains("[sim.battery]")
+            && world.contains("[sim.motor]")
+            && world.contains("[sim.faults]")
+    );
     assert_documented("[sim]", &sim, world);
-    for table in ["battery", "motor"] {
+    for table in ["battery", "motor", "faults"] {
         assert_documented(
             &format!("[sim.{table}]"),
             &accepted_keys(&format!("[sim.{table}]\nZZZ\n")),

@@ -354,6 +354,7 @@ const TABLES: &[(&str, &str)] = &[
     ("[sim]", "[sim]\nZZZ\n"),
     ("[sim.battery]", "[sim.battery]\nZZZ\n"),
     ("[sim.motor]", "[sim.motor]\nZZZ\n"),
+    ("[sim.faults]", "[sim.faults]\nZZZ\n"),
     ("[sim] start", "[sim]\nstart = { x = 1, y = 1, ZZZ }\n"),
     (
         "[sim] obstacles",
@@ -366,6 +367,10 @@ const TABLES: &[(&str, &str)] = &[
     (
         "[[actuators]]",
         "[[actuators]]\nname = \"a\"\nkind = \"sim\"\nmin = 0\nmax = 1\nsafe_value = 0\nZZZ\n",
+    ),
+    (
+        "[[actuators]] feedback",
+        "[[actuators]]\nname = \"a\"\nkind = \"sim\"\nmin = 0\nmax = 1\nsafe_value = 0\nfeedback = { ZZZ }\n",
     ),
     (
         "[[rules]]",

@@ -20,6 +20,7 @@ mod disk_full;
 mod docs;
 mod estop;
 mod external_clients;
+mod feedback;
 mod fleet;
 mod fleet_scale;
 mod hardware_e2e;

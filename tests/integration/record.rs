@@ -73,7 +73,7 @@ fn python() -> PathBuf {
 }
 
 /// One file as PyPI `mcap` read it.
-fn dump(path: &Path) -> Value {
+pub(crate) fn dump(path: &Path) -> Value {
     let out = std::process::Command::new(python())
         .arg("-c")
         .arg(DUMP)
@@ -91,7 +91,7 @@ fn dump(path: &Path) -> Value {
 }
 
 /// The recordings in `dir`, oldest first.
-fn files_in(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn files_in(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|entries| entries.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
@@ -101,7 +101,7 @@ fn files_in(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The data of every message on `topic`.
-fn on<'a>(file: &'a Value, topic: &str) -> Vec<&'a Value> {
+pub(crate) fn on<'a>(file: &'a Value, topic: &str) -> Vec<&'a Value> {
     file["messages"]
         .as_array()
         .map(|m| {

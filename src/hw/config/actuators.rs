@@ -6,13 +6,20 @@ use std::time::Duration;
 
 use super::super::sim_world::Input;
 use super::{
-    ActuatorConfig, ActuatorKind, ActuatorSpec, ActuatorTarget, Invalid, Level, Tables, ValueSet,
-    check_name, claim_pin, concrete_topic, misplaced, require,
+    ActuatorConfig, ActuatorKind, ActuatorSpec, ActuatorTarget, FeedbackConfig, FeedbackSpec,
+    Invalid, Level, SensorSpec, Tables, ValueSet, check_name, claim_pin, concrete_topic, misplaced,
+    require,
 };
 
+/// The longest `feedback.settle_ms`: a bound on how long a PHYSICAL call
+/// waits for its verdict.
+pub const MAX_SETTLE_MS: u64 = 60_000;
+
 /// Every actuator, in order, and whether one drives the simulated world.
+/// `sensors` are the validated sensors a `feedback` may name.
 pub(super) fn validate_actuators(
     actuators: &[ActuatorConfig],
+    sensors: &[SensorSpec],
     tables: &Tables<'_>,
     gpio_pins: &mut HashMap<u8, String>,
     default_timeout_ms: u32,
@@ -32,6 +39,11 @@ pub(super) fn validate_actuators(
             ActuatorKind::Serial => serial_target(a, &key, tables)?,
             ActuatorKind::Mqtt => mqtt_target(a, &key, tables)?,
         };
+        let feedback = a
+            .feedback
+            .as_ref()
+            .map(|f| feedback(a, f, sensors, &key))
+            .transpose()?;
         specs.push(ActuatorSpec {
             name: a.name.clone(),
             unit: a.unit.clone(),
@@ -43,6 +55,7 @@ pub(super) fn validate_actuators(
             timeout: Duration::from_millis(u64::from(a.timeout_ms.unwrap_or(default_timeout_ms))),
             shared: a.shared,
             target,
+            feedback,
         });
     }
     Ok((specs, !world_inputs.is_empty()))
@@ -147,6 +160,72 @@ fn values(a: &ActuatorConfig, key: &dyn Fn(&str) -> String) -> Result<ValueSet, 
         ));
     }
     Ok(values)
+}
+
+/// `feedback`: a configured sensor whose unit is the actuator's (or a
+/// `scale`/`offset` converts between them), finite positive tolerance and
+/// settle time, a finite non-zero scale and a finite offset.
+fn feedback(
+    a: &ActuatorConfig,
+    f: &FeedbackConfig,
+    sensors: &[SensorSpec],
+    key: &dyn Fn(&str) -> String,
+) -> Result<FeedbackSpec, Invalid> {
+    let fkey = |k: &str| key(&format!("feedback.{k}"));
+    let Some(sensor) = sensors.iter().find(|s| s.name == f.sensor) else {
+        return Err(Invalid::new(
+            fkey("sensor"),
+            format!("no [[sensors]] named {:?}", f.sensor),
+        ));
+    };
+    let converted = f.scale.is_some() || f.offset.is_some();
+    if !converted
+        && let (Some(command_unit), Some(sensor_unit)) = (&a.unit, &sensor.unit)
+        && command_unit != sensor_unit
+    {
+        return Err(Invalid::new(
+            fkey("sensor"),
+            format!(
+                "sensor {:?} reads {sensor_unit:?} but actuator {:?} takes {command_unit:?}: \
+                 give `scale` (and `offset`) from {command_unit} to {sensor_unit}",
+                f.sensor, a.name
+            ),
+        ));
+    }
+    if !(f.tolerance.is_finite() && f.tolerance > 0.0) {
+        return Err(Invalid::new(
+            fkey("tolerance"),
+            format!("{} is not a finite positive number", f.tolerance),
+        ));
+    }
+    if !(1..=MAX_SETTLE_MS).contains(&f.settle_ms) {
+        return Err(Invalid::new(
+            fkey("settle_ms"),
+            format!("{} is outside 1-{MAX_SETTLE_MS}", f.settle_ms),
+        ));
+    }
+    let scale = f.scale.unwrap_or(1.0);
+    if !(scale.is_finite() && scale != 0.0) {
+        return Err(Invalid::new(
+            fkey("scale"),
+            format!("{scale} is not a finite number other than 0"),
+        ));
+    }
+    let offset = f.offset.unwrap_or(0.0);
+    if !offset.is_finite() {
+        return Err(Invalid::new(
+            fkey("offset"),
+            format!("{offset} is not a finite number"),
+        ));
+    }
+    Ok(FeedbackSpec {
+        sensor: f.sensor.clone(),
+        tolerance: f.tolerance,
+        settle: Duration::from_millis(f.settle_ms),
+        scale,
+        offset,
+        on_mismatch: f.on_mismatch,
+    })
 }
 
 /// `sim`: records what it is told, and drives the world's `input` if set.

@@ -44,8 +44,13 @@ pub fn validate(
         have_mqtt: mqtt.is_some(),
     };
     let sensors = sensors::validate_sensors(sensors, &tables, &mut gpio_pins)?;
-    let (actuators, world_inputs) =
-        actuators::validate_actuators(actuators, &tables, &mut gpio_pins, default_timeout_ms)?;
+    let (actuators, world_inputs) = actuators::validate_actuators(
+        actuators,
+        &sensors,
+        &tables,
+        &mut gpio_pins,
+        default_timeout_ms,
+    )?;
     // A world sensor or actuator without `[sim]` acts on the built-in room.
     let uses_world = sensors
         .iter()

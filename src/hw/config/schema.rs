@@ -301,6 +301,55 @@ pub struct ActuatorConfig {
     /// it only records what it is told.
     #[serde(default)]
     pub input: Option<Input>,
+    /// The sensor that measures what the actuator did, and how closely and
+    /// how soon it must agree with the command (any kind of actuator).
+    #[serde(default)]
+    pub feedback: Option<FeedbackConfig>,
+}
+
+/// An actuator's `feedback = { sensor, tolerance, settle_ms, ... }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackConfig {
+    /// The sensor that measures the actuator's effect.
+    pub sensor: String,
+    /// How far the measured value may be from the expected one, in the
+    /// sensor's unit.
+    pub tolerance: f64,
+    /// How long after a command the measured value may take to come within
+    /// tolerance; also how long a held value may drift out of it.
+    pub settle_ms: u64,
+    /// From command units to sensor units: expected = value * scale + offset.
+    #[serde(default)]
+    pub scale: Option<f64>,
+    #[serde(default)]
+    pub offset: Option<f64>,
+    /// What a mismatch does besides raising the actuator's alarm.
+    #[serde(default)]
+    pub on_mismatch: OnMismatch,
+}
+
+/// What a mismatch between commanded and measured does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnMismatch {
+    /// Raise the actuator's alarm (`<actuator>.mismatch` in rules) only.
+    #[default]
+    Alarm,
+    /// Raise the alarm and drive the actuator to its safe value.
+    Safe,
+    /// Raise the alarm and latch the protective stop (source `feedback:<actuator>`).
+    Stop,
+}
+
+impl OnMismatch {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnMismatch::Alarm => "alarm",
+            OnMismatch::Safe => "safe",
+            OnMismatch::Stop => "stop",
+        }
+    }
 }
 
 fn default_mqtt_keep_alive() -> u64 {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::super::sim_world::{Input, Quantity, WorldSpec};
 use super::schema::{
-    GpioBackendChoice, Level, MqttConfig, NmeaField, Pull, SerialPortConfig, SimSignal,
+    GpioBackendChoice, Level, MqttConfig, NmeaField, OnMismatch, Pull, SerialPortConfig, SimSignal,
     SystemMetric,
 };
 
@@ -168,6 +168,30 @@ pub struct ActuatorSpec {
     pub timeout: Duration,
     pub shared: bool,
     pub target: ActuatorTarget,
+    /// What measures the actuator's effect, if anything does.
+    pub feedback: Option<FeedbackSpec>,
+}
+
+/// An actuator's validated `feedback`: the sensor (by name), and what counts as the actuator having done
+/// what it was told.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeedbackSpec {
+    pub sensor: String,
+    /// Finite and positive, in the sensor's unit.
+    pub tolerance: f64,
+    /// Positive.
+    pub settle: Duration,
+    /// Finite and not zero (a reversed encoder reads negative).
+    pub scale: f64,
+    pub offset: f64,
+    pub on_mismatch: OnMismatch,
+}
+
+impl FeedbackSpec {
+    /// What the sensor should read once `commanded` has taken effect.
+    pub fn expected(&self, commanded: f64) -> f64 {
+        commanded * self.scale + self.offset
+    }
 }
 
 /// Validated hardware configuration.

@@ -80,6 +80,22 @@ fn describe(
             text.push_str(", held by ");
             text.push_str(owner);
         }
+        if let Some(f) = &a.feedback {
+            // What was measured: only `confirmed` means the hardware did it.
+            text.push_str(", feedback ");
+            text.push_str(f.feedback_status.map_or("none yet", |s| s.as_str()));
+            text.push_str(" (");
+            text.push_str(&f.feedback_sensor);
+            text.push_str(" = ");
+            match f.measured {
+                Some(m) => push_fixed4(&mut text, m),
+                None => text.push_str("no value"),
+            }
+            text.push(')');
+            if f.mismatch {
+                text.push_str(", MISMATCH ALARM");
+            }
+        }
     }
     let new: Vec<String> = alarms
         .iter()
@@ -158,6 +174,7 @@ mod tests {
             owner: owner.map(str::to_string),
             since_ms: 0,
             hold_remaining_ms: None,
+            feedback: None,
         }
     }
 
@@ -246,6 +263,38 @@ mod tests {
              - actuator valve = 0 (safe)"
         );
         assert_eq!(alarms, [("temp".to_string(), AlarmLevel::Warn)]);
+    }
+
+    #[test]
+    fn an_actuator_with_feedback_shows_its_verdict_and_its_alarm() {
+        let mut obs = observation();
+        obs.actuators[0].feedback = Some(crate::ooda::act::ActuatorFeedback {
+            feedback_sensor: "wheel_speed".into(),
+            feedback_status: Some(crate::ooda::feedback::FeedbackStatus::Mismatch),
+            measured: Some(0.0),
+            expected: Some(0.5),
+            mismatch: true,
+        });
+        let (text, _) = describe(&obs, &[], false);
+        assert!(
+            text.contains(
+                "- actuator speed = 0.5, held by session s1, feedback mismatch \
+                 (wheel_speed = 0.0000), MISMATCH ALARM\n"
+            ),
+            "{text}"
+        );
+        obs.actuators[0].feedback = Some(crate::ooda::act::ActuatorFeedback {
+            feedback_sensor: "wheel_speed".into(),
+            feedback_status: None,
+            measured: None,
+            expected: None,
+            mismatch: false,
+        });
+        let (text, _) = describe(&obs, &[], false);
+        assert!(
+            text.contains("feedback none yet (wheel_speed = no value)\n"),
+            "{text}"
+        );
     }
 
     #[test]
