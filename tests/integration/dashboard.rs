@@ -1,9 +1,12 @@
 //! The dashboard (`/ui`) in a real headless Chromium driven by Selenium
 //! (`tests/python/dashboard.py`; `scripts/test.sh` installs chromium,
 //! chromium-driver and selenium): with tokens configured the page asks for
-//! one and streams live data; a sensor's value changes on the page; a task's
-//! pending approval is approved from the page and the actuator moves; the
-//! STOP button latches the stop. Screenshots go to `target/`. Also the
+//! one and streams live data; a sensor's value changes on the page; every
+//! waiting approval is listed, whoever asks (a gRPC session that never
+//! answers, as the published roz CLI does; an MCP client; a task), with its
+//! tool, parameters and asker, and is answered from the page; every open
+//! session (gRPC, MCP) is listed; the STOP button latches the stop.
+//! Screenshots go to `target/`. Also the
 //! stream's wire format (server-sent events over a plain response, resumed
 //! after `Last-Event-ID`) and the page's own headers.
 
@@ -13,7 +16,13 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use crate::common::{self, EXPECT_WITHIN, TestDaemon};
+use crate::approvals::{Token, mcp_call, mcp_open};
+use crate::common::{self, EXPECT_WITHIN, Session, TestDaemon};
+use rozd::api::proto;
+use rozd::api::proto::agent_service_client::AgentServiceClient;
+use rozd::api::proto::session_request::Request as Req;
+use rozd::api::proto::session_response::Response as Resp;
+use tokio_stream::wrappers::ReceiverStream;
 
 const TOKEN: &str = "dashboard-test-token";
 
@@ -101,6 +110,51 @@ async fn dashboard_daemon() -> TestDaemon {
     .await
 }
 
+/// A gRPC session that asks its model for `prompt` and, like the published
+/// roz CLI, never answers an approval: the id of its call that waits, and
+/// a task that reads the session to the end of its turn (the call's result).
+async fn silent_session(
+    daemon: &TestDaemon,
+    prompt: &str,
+) -> (String, tokio::task::JoinHandle<Vec<proto::SessionError>>) {
+    let mut client = AgentServiceClient::with_interceptor(daemon.channel().await, Token(TOKEN));
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let response = client
+        .stream_session(ReceiverStream::new(rx))
+        .await
+        .expect("StreamSession");
+    let mut session = Session {
+        tx,
+        rx: response.into_inner(),
+        wait_bound: Duration::from_secs(240),
+    };
+    session.start(proto::StartSession::default()).await;
+    session
+        .send(Req::UserMessage(proto::UserMessage {
+            content: prompt.into(),
+            ..Default::default()
+        }))
+        .await;
+    let id = loop {
+        match session.next().await {
+            Resp::ActivityUpdate(a) if a.state == "waiting_approval" => break a.detail,
+            Resp::Error(e) => panic!("{e:?}"),
+            _ => {}
+        }
+    };
+    let rest = tokio::spawn(async move {
+        let mut errors = Vec::new();
+        loop {
+            match session.next().await {
+                Resp::TurnComplete(_) => return errors,
+                Resp::Error(e) => errors.push(e),
+                _ => {}
+            }
+        }
+    });
+    (id, rest)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chromium_drives_the_dashboard() {
     let daemon = dashboard_daemon().await;
@@ -118,6 +172,16 @@ async fn chromium_drives_the_dashboard() {
     assert_eq!(created.status, 201, "{}", created.body);
     let task: serde_json::Value = serde_json::from_str(&created.body).expect("task JSON");
     let task_id = task["id"].as_str().expect("task id").to_string();
+    // A gRPC session's call the page approves, an MCP call it denies.
+    let (session_call, session_turn) = silent_session(&daemon, "set turn_rate 10").await;
+    let (mcp_url, mcp_session) = mcp_open(&daemon, TOKEN).await;
+    let mcp = mcp_call(
+        mcp_url,
+        TOKEN,
+        mcp_session,
+        "turn_rate",
+        serde_json::json!({"value": -20.0}),
+    );
 
     let shots = target_dir();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/dashboard.py");
@@ -127,6 +191,7 @@ async fn chromium_drives_the_dashboard() {
         .arg(TOKEN)
         .arg(&task_id)
         .arg(&shots)
+        .arg(&session_call)
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(240), run)
@@ -151,6 +216,21 @@ async fn chromium_drives_the_dashboard() {
     }
     assert!(shots.join("dashboard.png").exists());
 
+    // The session's call ran once approved from the page; the MCP call was denied.
+    let errors = tokio::time::timeout(EXPECT_WITHIN, session_turn)
+        .await
+        .expect("the session's turn completes")
+        .expect("session task");
+    assert!(errors.is_empty(), "{errors:?}");
+    let denied = tokio::time::timeout(EXPECT_WITHIN, mcp)
+        .await
+        .expect("the MCP call is answered")
+        .expect("MCP task");
+    assert_eq!(
+        denied["structuredContent"]["error"]["code"], "denied",
+        "{denied}"
+    );
+
     // Over REST: the approved command was applied (audited), and the stop is latched.
     let audit = rozd::cli::client::get(&addr, "/v1/audit", Some(TOKEN))
         .await
@@ -168,6 +248,26 @@ async fn chromium_drives_the_dashboard() {
         rows.iter().any(|r| r["kind"] == "actuator"
             && r["actuator"] == "drive_speed"
             && r["result"] == "0.3"),
+        "{rows:#?}"
+    );
+    let decided = |id: &str| {
+        rows.iter()
+            .find(|r| r["kind"] == "tool_call" && r["tool_call_id"] == id)
+            .map(|r| (r["decision"].clone(), r["approved_by"].clone()))
+    };
+    assert_eq!(
+        decided(&session_call),
+        Some((
+            serde_json::json!("approved"),
+            serde_json::json!("auth_tokens[0]")
+        )),
+        "{rows:#?}"
+    );
+    assert!(
+        rows.iter().any(|r| r["kind"] == "tool_call"
+            && r["tool"] == "turn_rate"
+            && r["decision"] == "denied"
+            && r["origin"].as_str().is_some_and(|o| o.starts_with("mcp:"))),
         "{rows:#?}"
     );
     let safety = rozd::cli::client::get(&addr, "/v1/safety", Some(TOKEN))

@@ -1,11 +1,14 @@
 """Drives rozd's dashboard (/ui) in a real headless Chromium with Selenium.
 
-Usage: dashboard.py BASE_URL TOKEN TASK_ID SCREENSHOT_DIR
+Usage: dashboard.py BASE_URL TOKEN TASK_ID SCREENSHOT_DIR SESSION_CALL_ID
 
 Checks, in order: the page asks for the token and loads with it; a sensor's
-value on the page changes over time; the task's pending approval shows the
-tool, its parameters and who asks, and approving it from the page moves the
-actuator (seen on the page); the STOP button latches the protective stop
+value on the page changes over time; every waiting approval is listed with
+its tool, its parameters and who asks: a gRPC session's call (SESSION_CALL_ID,
+whose client never answers), an MCP client's call and the task's call; the
+open sessions (gRPC, MCP) are listed; the page approves the session's call,
+denies the MCP call and approves the task's, and the task's command moves
+the actuator (seen on the page); the STOP button latches the protective stop
 (checked over REST) and the page shows it. Saves screenshots. Every wait is
 a bounded wait for a condition; exit status 0 only if every check passed.
 """
@@ -46,7 +49,7 @@ def rest(base, token, path):
 
 
 def main():
-    base, token, task_id, shots = sys.argv[1:5]
+    base, token, task_id, shots, session_call = sys.argv[1:6]
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1400",
@@ -76,15 +79,36 @@ def main():
         changed = text_when(wait, wave, lambda t: t != first)
         print("wave:", first, "->", changed, flush=True)
 
-        # The pending approval, with tool, parameters and who asks; approve it.
-        step = "the pending approval"
-        text = text_when(wait, ".approval", bool)
-        assert "drive_speed" in text, text
-        assert '"value": 0.3' in text, text
-        assert task_id + ":w0" in text, text
-        # Every change of the task list re-renders the cards: looked up and clicked in one step.
-        step = "approving from the page"
-        wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, ".approval button.approve")))
+        # Every waiting approval, whoever asks, with tool, parameters and asker.
+        step = "the waiting approvals"
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".approval")) == 3)
+        text = text_when(wait, '.approval[data-call="%s"]' % session_call, bool)
+        for want in ("gRPC session", "turn_rate", '"value": 10', "auth_tokens[0]"):
+            assert want in text, (want, text)
+        text = text_when(wait, '.approval[data-kind="mcp"]', bool)
+        for want in ("MCP client", "turn_rate", '"value": -20', "mcp:"):
+            assert want in text, (want, text)
+        text = text_when(wait, '.approval[data-kind="task"]', bool)
+        for want in ("drive_speed", '"value": 0.3', task_id + ":w0"):
+            assert want in text, (want, text)
+        print("approvals listed:", driver.find_element(By.ID, "approvals-count").text, flush=True)
+
+        # Every open session: the gRPC one (with its call waiting) and the MCP one.
+        step = "the open sessions"
+        text_when(wait, '[data-open-session="grpc"]', lambda t: "1 approval" in t and "auth_tokens[0]" in t)
+        text_when(wait, '[data-open-session="mcp"]', lambda t: "MCP" in t)
+        driver.save_screenshot(shots + "/dashboard-approvals.png")
+
+        # Answered from the page: every change of the list re-renders the
+        # cards, so each is looked up and clicked in one step.
+        step = "approving the gRPC session's call from the page"
+        wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, '.approval[data-call="%s"] button.approve' % session_call)))
+        wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '.approval[data-call="%s"]' % session_call))
+        step = "denying the MCP call from the page"
+        wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, '.approval[data-kind="mcp"] button.deny')))
+        wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '.approval[data-kind="mcp"]'))
+        step = "approving the task's call from the page"
+        wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, '.approval[data-kind="task"] button.approve')))
         step = "the approved command on the page"
         shown = text_when(wait, '[data-actuator="drive_speed"] .value', lambda t: t.startswith("0.3"))
         print("drive_speed on the page:", shown, flush=True)

@@ -119,7 +119,6 @@ function showStatus(s) {
     fact("loop", o.tick_hz + " Hz (" + o.timer + ")"),
     fact("lateness p50/p99", (o.lateness_p50_us ?? 0) + " / " + (o.lateness_p99_us ?? 0) + " µs"),
     fact("missed ticks", o.missed_ticks ?? 0));
-  $("sessions-active").replaceChildren(fact("active", s.sessions.active), fact("since start", s.sessions.total));
   if (changedSessions) loadSessions();
 }
 
@@ -249,29 +248,54 @@ async function showWorld(rover, observation) {
     fact("bumper", rover.bumper ? "pressed" : "free"));
 }
 
-// ---- tasks and approvals ----
+// ---- approvals: every call waiting, whoever asks (MCP, gRPC session, task) ----
+const ASKERS = { mcp: "MCP client", session: "gRPC session", task: "task" };
+
+function showApprovals(list) {
+  $("approvals-card").classList.toggle("waiting", list.length > 0);
+  $("approvals-count").textContent = list.length ? list.length + " waiting" : "";
+  if (!list.length) { $("approvals").replaceChildren(el("p", { class: "muted" }, "none waiting")); return; }
+  $("approvals").replaceChildren(...list.map((a) => el("div", { class: "approval", "data-call": a.id, "data-kind": a.kind },
+    el("div", {}, el("span", { class: "badge kind" }, ASKERS[a.kind] || a.kind), " ", el("b", { class: "tool" }, a.tool),
+      " ", el("span", { class: "muted" }, (a.category || "").toUpperCase())),
+    el("div", { class: "who" }, "asked by ", el("code", {}, a.origin), a.credential ? el("span", {}, " as ", el("b", {}, a.credential)) : ""),
+    el("pre", {}, JSON.stringify(a.parameters ?? {}, null, 1)),
+    el("div", { class: "muted" }, "since ", time(a.since_unix_ms), " · denied at ", time(a.expires_unix_ms), " unless answered"),
+    el("button", { type: "button", class: "approve", onclick: (e) => decide(e.target, a.id, true) }, "Approve"), " ",
+    el("button", { type: "button", class: "deny", onclick: (e) => decide(e.target, a.id, false) }, "Deny"))));
+}
+
+async function decide(button, id, approve) {
+  button.disabled = true;
+  try { await api("POST", "/v1/approvals/" + encodeURIComponent(id), { approve }); $("approvals-message").textContent = ""; }
+  catch (err) { if (!(err instanceof Unauthorized)) $("approvals-message").textContent = err.message; button.disabled = false; }
+}
+
+// ---- open sessions: gRPC (served here or relayed on), MCP ----
+const STREAMS = { grpc: "gRPC", relayed: "relayed", mcp: "MCP" };
+
+function showOpenSessions(r) {
+  const list = r.data || [];
+  $("sessions-active").replaceChildren(fact("open", list.length),
+    ...Object.keys(STREAMS).map((k) => fact(STREAMS[k], list.filter((x) => x.kind === k).length)),
+    fact("since start", lastStatus ? lastStatus.sessions.total : "—"));
+  $("open-sessions").tBodies[0].replaceChildren(...list.map((x) => el("tr", { "data-open-session": x.kind },
+    el("td", {}, el("span", { class: "badge" }, STREAMS[x.kind] || x.kind)),
+    el("td", {}, x.id ? el("code", { title: x.id }, x.id.slice(0, 8)) : el("span", { class: "muted" }, "starting")),
+    el("td", {}, x.credential || el("span", { class: "muted" }, "anonymous")),
+    el("td", {}, time(x.opened_unix_ms)),
+    el("td", {}, x.kind === "relayed" ? "to host " + x.host_id : x.kind === "mcp" ? (x.listening ? "client listening" : "client not listening") + (x.in_flight ? ", " + x.in_flight + " call(s) running" : "") : (x.model || "")),
+    el("td", {}, x.pending_approvals ? el("span", { class: "badge warn" }, x.pending_approvals + " approval(s)") : "—"))));
+}
+
+// ---- tasks ----
 function showTasks(tasks) {
   $("tasks").tBodies[0].replaceChildren(...tasks.map((t) => el("tr", { "data-task": t.id, class: t.id === watchedTask ? "mine" : "" },
     el("td", {}, el("code", {}, t.id.split(":").pop().slice(0, 8))), el("td", {}, el("span", { class: "badge" }, t.status)),
     el("td", {}, t.prompt), el("td", {}, t.detail || ""),
     el("td", {}, el("button", { type: "button", onclick: () => watchTask(t.id) }, "team")))));
-  const waiting = [];
-  for (const t of tasks) for (const p of t.pending_approvals || []) waiting.push([t, p]);
-  if (!waiting.length) { $("approvals").replaceChildren(el("p", { class: "muted" }, "none waiting")); }
-  else $("approvals").replaceChildren(...waiting.map(([t, p]) => el("div", { class: "approval", "data-call": p.tool_call_id },
-    el("div", {}, el("b", {}, p.tool), " asked by ", el("code", {}, p.worker_id)),
-    el("div", { class: "muted" }, "task: ", t.prompt),
-    el("pre", {}, JSON.stringify(p.parameters ?? {}, null, 1)),
-    el("button", { type: "button", class: "approve", "data-call": p.tool_call_id, onclick: (e) => decide(e.target, t.id, p.tool_call_id, true) }, "Approve"), " ",
-    el("button", { type: "button", class: "deny", "data-call": p.tool_call_id, onclick: (e) => decide(e.target, t.id, p.tool_call_id, false) }, "Deny"))));
   if (watchedTask && tasks.some((t) => t.id === watchedTask)) watchTask(watchedTask);
   scheduleAudit();
-}
-
-async function decide(button, taskId, callId, approved) {
-  button.disabled = true;
-  try { await api("POST", "/v1/tasks/" + encodeURIComponent(taskId) + "/approvals", { tool_call_id: callId, approved }); }
-  catch (err) { if (!(err instanceof Unauthorized)) alert(err.message); button.disabled = false; }
 }
 
 async function watchTask(id) {
@@ -341,6 +365,8 @@ function handle(event, data) {
     case "safety": showSafety(data); break;
     case "status": showStatus(data); break;
     case "tasks": showTasks(data); break;
+    case "approvals": showApprovals(data.data || []); break;
+    case "sessions": showOpenSessions(data); loadSessions(); break;
     case "hosts": showHosts(data); break;
   }
 }
