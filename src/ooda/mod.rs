@@ -103,6 +103,32 @@ pub struct SensorObservation {
     #[serde(flatten)]
     pub sensor: SensorView,
     pub alarm: AlarmLevel,
+    /// Since when the sensor is at this alarm level (unix ms); absent at `ok`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alarm_since_unix_ms: Option<i64>,
+    /// The limit crossed to reach this level (`limit`: its name, `value`);
+    /// absent at `ok`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alarm_limit: Option<orient::CrossedLimit>,
+}
+
+impl SensorObservation {
+    pub fn new(sensor: SensorView, alarm: AlarmLevel, mark: Option<orient::AlarmMark>) -> Self {
+        SensorObservation {
+            sensor,
+            alarm,
+            alarm_since_unix_ms: mark.map(|m| m.since_unix_ms),
+            alarm_limit: mark.and_then(|m| m.limit),
+        }
+    }
+
+    fn mark(&self) -> Option<orient::AlarmMark> {
+        self.alarm_since_unix_ms
+            .map(|since_unix_ms| orient::AlarmMark {
+                since_unix_ms,
+                limit: self.alarm_limit,
+            })
+    }
 }
 
 impl Observation {
@@ -455,14 +481,13 @@ impl Ooda {
             .map(|(i, sensor)| {
                 // Both lists are in the world's order: look at the same
                 // place first, by name only if it is not there.
-                let alarm = latest
+                let last = latest
                     .sensors
                     .get(i)
                     .filter(|s| s.sensor.name == sensor.name)
-                    .or_else(|| latest.sensor(&sensor.name))
-                    .map(|s| s.alarm)
-                    .unwrap_or_default();
-                SensorObservation { sensor, alarm }
+                    .or_else(|| latest.sensor(&sensor.name));
+                let alarm = last.map(|s| s.alarm).unwrap_or_default();
+                SensorObservation::new(sensor, alarm, last.and_then(SensorObservation::mark))
             })
             .collect();
         let stop = self.estop.state();

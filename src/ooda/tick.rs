@@ -8,7 +8,7 @@ use std::sync::{Arc, PoisonError};
 
 use tokio::time::Instant;
 
-use super::orient::{self, AlarmLevel};
+use super::orient::{self, AlarmLevel, AlarmMark};
 use super::rules::{self, Action, RuleState};
 use super::timer::Wake;
 use super::world::Reading;
@@ -20,6 +20,8 @@ use crate::ooda::act::Origin;
 pub(super) struct TickState {
     seq: u64,
     alarms: Vec<AlarmLevel>,
+    /// Since when each sensor is at its level, and the limit it crossed.
+    alarm_marks: Vec<Option<AlarmMark>>,
     rules: Vec<RuleState>,
     readings: Vec<Reading>,
     until_publish: u64,
@@ -30,6 +32,7 @@ impl TickState {
         TickState {
             seq: 0,
             alarms: vec![AlarmLevel::Ok; ooda.world.specs().len()],
+            alarm_marks: vec![None; ooda.world.specs().len()],
             rules: vec![RuleState::default(); ooda.rules.len()],
             readings: Vec::with_capacity(ooda.world.specs().len()),
             until_publish: 0,
@@ -50,14 +53,22 @@ impl Ooda {
             sim.step(self.period.saturating_mul(periods), self.world.as_ref());
         }
         self.world.readings_into(now, &mut state.readings);
-        for ((reading, spec), level) in state
+        for (((reading, spec), level), mark) in state
             .readings
             .iter()
             .zip(self.world.specs())
             .zip(state.alarms.iter_mut())
+            .zip(state.alarm_marks.iter_mut())
         {
             if let Some(v) = reading.value.filter(|_| reading.healthy) {
-                *level = orient::next_level(&spec.alarms, *level, v);
+                let next = orient::next_level(&spec.alarms, *level, v);
+                if next != *level {
+                    *mark = (next != AlarmLevel::Ok).then(|| AlarmMark {
+                        since_unix_ms: crate::clock::now_ms(),
+                        limit: orient::crossed(&spec.alarms, next, v),
+                    });
+                    *level = next;
+                }
             }
         }
         let facts = TickFacts {
@@ -131,10 +142,8 @@ impl Ooda {
             .sensors(now)
             .into_iter()
             .zip(&state.alarms)
-            .map(|(sensor, alarm)| SensorObservation {
-                sensor,
-                alarm: *alarm,
-            })
+            .zip(&state.alarm_marks)
+            .map(|((sensor, alarm), mark)| SensorObservation::new(sensor, *alarm, *mark))
             .collect();
         let stop = self.estop.state();
         self.latest.send_replace(Arc::new(Observation {

@@ -48,6 +48,17 @@ critical_min = 0.3
 name = "bumper"
 source = "sim"
 quantity = "bumper"
+critical_max = 0.5
+
+# Above its critical limit from the start: the page's alarm banner.
+[[sensors]]
+name = "coolant_temp"
+source = "sim"
+signal = "constant"
+offset = 91.0
+unit = "degC"
+warn_max = 80.0
+critical_max = 85.0
 
 [[sensors]]
 name = "battery_voltage"
@@ -393,6 +404,59 @@ async fn the_stream_needs_a_token_and_resumes_after_the_last_event() {
     assert_eq!(sim["width"], 6.0, "{sim}");
     assert_eq!(sim["range_sensor"], "front_distance");
     assert!(sim["rover"]["x"].is_number());
+    daemon.shutdown().await;
+}
+
+/// The Observation says since when a sensor is at its alarm level and
+/// which limit it crossed (what the page's banner shows).
+#[tokio::test]
+async fn a_critical_alarm_says_which_limit_it_crossed_and_since_when() {
+    let daemon = dashboard_daemon().await;
+    let addr = daemon.addr.to_string();
+    let deadline = tokio::time::Instant::now() + EXPECT_WITHIN;
+    let coolant = loop {
+        let reply = rozd::cli::client::get(&addr, "/v1/observation", Some(TOKEN))
+            .await
+            .expect("GET /v1/observation");
+        let observation: serde_json::Value =
+            serde_json::from_str(&reply.body).expect("observation JSON");
+        let coolant = observation["sensors"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["name"] == "coolant_temp"))
+            .cloned()
+            .expect("coolant_temp is observed");
+        if coolant["alarm"] == "critical" {
+            assert!(
+                coolant["alarm_since_unix_ms"]
+                    .as_i64()
+                    .is_some_and(|since| since <= observation["at_unix_ms"].as_i64().unwrap()),
+                "{coolant}"
+            );
+            break coolant;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{coolant}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        coolant["alarm_limit"],
+        serde_json::json!({"limit": "critical_max", "value": 85.0}),
+        "{coolant}"
+    );
+    // A sensor at `ok` carries neither.
+    let reply = rozd::cli::client::get(&addr, "/v1/observation", Some(TOKEN))
+        .await
+        .expect("GET /v1/observation");
+    let observation: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    let battery = observation["sensors"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == "battery_voltage"))
+        .cloned()
+        .unwrap();
+    assert_eq!(battery["alarm"], "ok", "{battery}");
+    assert!(
+        battery.get("alarm_since_unix_ms").is_none() && battery.get("alarm_limit").is_none(),
+        "{battery}"
+    );
     daemon.shutdown().await;
 }
 

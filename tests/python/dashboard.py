@@ -72,6 +72,19 @@ def main():
         text_when(wait, "#link", lambda t: t.startswith("live"))
         print("page live:", driver.find_element(By.ID, "host-name").text, flush=True)
 
+        # A critical alarm cannot be missed: a banner at the top names the
+        # sensor, its value, the limit crossed and since when; the tab's title
+        # says it too, and the sensor's card is framed in red.
+        step = "the critical alarm's banner"
+        banner = text_when(wait, '#alarm-banner [data-alarm="coolant_temp"]', lambda t: "since" in t)
+        for want in ("CRITICAL", "coolant_temp", "91 degC", "above critical_max 85 degC"):
+            assert want in banner, (want, banner)
+        assert driver.find_element(By.ID, "alarm-banner").is_displayed()
+        assert driver.find_element(By.ID, "alarm-banner").location["y"] < 200, "at the top of the page"
+        wait.until(lambda d: d.title.startswith("\u26a0 1 CRITICAL"))
+        wait.until(lambda d: "critical" in d.find_element(By.CSS_SELECTOR, '[data-sensor="coolant_temp"]').get_attribute("class"))
+        print("banner:", banner.replace("\n", " "), flush=True)
+
         # A sensor's value changes on the page.
         step = "a sensor's value changing"
         wave = '[data-sensor="wave"] .value'

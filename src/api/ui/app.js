@@ -110,7 +110,7 @@ function showStatus(s) {
   lastStatus = s;
   $("host-name").textContent = s.name || s.host_id;
   $("host-id").textContent = s.host_id;
-  document.title = "rozd · " + (s.name || s.host_id);
+  setTitle();
   const o = s.ooda || {};
   $("host-facts").replaceChildren(
     fact("environment", s.environment_id), fact("version", s.version), fact("up", dur(s.uptime_secs)),
@@ -185,11 +185,15 @@ function makePlot(box, s, limits) {
 function showSensor(entry, s) {
   if (entry.pill) {
     entry.pill.classList.toggle("on", s.value === 1);
+    entry.pill.classList.toggle("critical", s.alarm === "critical");
+    entry.pill.classList.toggle("warn", s.alarm === "warn");
     entry.pill.textContent = s.name + (s.value === null ? " —" : s.value === 1 ? " ON" : " off");
     entry.pill.title = s.health + (s.age_ms !== null ? ", " + s.age_ms + " ms old" : "");
     return;
   }
   if (!entry.card) return;
+  entry.card.classList.toggle("critical", s.alarm === "critical");
+  entry.card.classList.toggle("warn", s.alarm === "warn");
   entry.value.textContent = num(s.value) + (s.unit ? " " + s.unit : "");
   entry.badges.replaceChildren(
     el("span", { class: "badge " + s.health }, s.health), " ",
@@ -203,6 +207,39 @@ function showSensor(entry, s) {
     while (entry.xs.length && entry.xs[0] < cutoff) { entry.xs.shift(); entry.ys.shift(); }
     if (entry.plot) entry.plot.setData([entry.xs, entry.ys]);
   }
+}
+
+// ---- alarms: every sensor at warn or critical, impossible to miss ----
+let lastAlarmKey = "";
+let criticalCount = 0;
+
+function setTitle() {
+  const name = lastStatus ? lastStatus.name || lastStatus.host_id : "";
+  document.title = (criticalCount ? "\u26a0 " + criticalCount + " CRITICAL · " : "") + "rozd · " + name;
+}
+
+function showAlarms(sensorList) {
+  const alarmed = sensorList.filter((s) => s.alarm === "critical" || s.alarm === "warn")
+    .sort((a, b) => (a.alarm === b.alarm ? 0 : a.alarm === "critical" ? -1 : 1));
+  const key = alarmed.map((s) => [s.name, s.alarm, num(s.value), s.alarm_since_unix_ms].join("|")).join(",");
+  if (key === lastAlarmKey) return;
+  lastAlarmKey = key;
+  const banner = $("alarm-banner");
+  banner.hidden = !alarmed.length;
+  banner.classList.toggle("warn-only", !alarmed.some((s) => s.alarm === "critical"));
+  criticalCount = alarmed.filter((s) => s.alarm === "critical").length;
+  setTitle();
+  const unit = (s) => (s.unit ? " " + s.unit : "");
+  banner.replaceChildren(...alarmed.map((s) => {
+    const l = s.alarm_limit;
+    const side = l ? (l.limit.endsWith("_min") ? "below " : "above ") + l.limit + " " + num(l.value) + unit(s) : "";
+    return el("div", { class: "alarm " + s.alarm, "data-alarm": s.name },
+      el("span", { class: "level" }, s.alarm.toUpperCase()),
+      el("span", {}, el("b", {}, s.name), " ", num(s.value) + unit(s)),
+      side ? el("span", { class: "limit" }, side) : "",
+      s.alarm_since_unix_ms ? el("span", { class: "since" }, "since " + time(s.alarm_since_unix_ms)) : "",
+      s.health !== "ok" ? el("span", { class: "since" }, "(" + s.health + ")") : "");
+  }));
 }
 
 // ---- actuators ----
@@ -358,6 +395,7 @@ function handle(event, data) {
       $("link").textContent = "live · tick " + data.seq;
       showSafety({ active: !!data.protective_stop, causes: data.protective_stop_causes || (data.protective_stop ? [data.protective_stop] : []) });
       for (const s of data.sensors) ensureSensor(s).then((entry) => showSensor(entry, s));
+      showAlarms(data.sensors);
       showActuators(data.actuators);
       showWorld(data.sim, data);
       break;
