@@ -29,6 +29,7 @@ pub fn routes() -> Router<Arc<HostContext>> {
         .route("/v1/sessions/{id}", get(session))
         .route("/v1/observation", get(observation))
         .route("/v1/audit", get(audit))
+        .route("/v1/rules", get(rules))
         .route("/v1/sensors", get(sensors))
         .route("/v1/sensors/{name}", get(sensor))
         .route("/metrics", get(metrics))
@@ -273,6 +274,11 @@ async fn sessions(
         Ok(data) => Json(json!({ "data": data })).into_response(),
         Err(e) => store_failure("listing sessions", &e),
     }
+}
+
+/// `GET /v1/rules`: every reflex rule, its condition, action and state.
+async fn rules(State(ctx): State<Arc<HostContext>>) -> Json<Value> {
+    Json(json!({ "data": ctx.ooda.rules_view() }))
 }
 
 /// `GET /v1/sessions/open`: every session open now.

@@ -150,7 +150,8 @@ fn frame(event: &str, id: u64, data: &Value) -> Bytes {
 /// `observation` at most [`STREAM_MAX_HZ`] a second (only newer ticks than
 /// the last sent); `safety` at once on every change of the stop;
 /// `approvals` (every call waiting, as `GET /v1/approvals`) at once on every
-/// change of that list; `status`, `sessions` (as `GET /v1/sessions/open`),
+/// change of that list; `rules` (as `GET /v1/rules`) at the start and at
+/// most 10 times a second while rules change; `status`, `sessions` (as `GET /v1/sessions/open`),
 /// `tasks` and `hosts` at the start and whenever they change. Every event's
 /// id is the tick (`seq`) of the latest Observation sent, so a page that
 /// reconnects with `Last-Event-ID` gets no Observation it already had; the
@@ -188,6 +189,8 @@ async fn feed(ctx: Arc<HostContext>, after: u64, tx: mpsc::Sender<Result<Bytes, 
     stop.mark_changed();
     let mut approvals = ctx.approvals.subscribe();
     approvals.mark_changed();
+    let mut rules = ctx.ooda.subscribe_rules();
+    let mut rules_changed = true;
     let (mut status, mut tasks, mut hosts) = (Value::Null, Value::Null, Value::Null);
     let mut sessions = Value::Null;
     let send = |bytes: Bytes| {
@@ -227,14 +230,28 @@ async fn feed(ctx: Arc<HostContext>, after: u64, tx: mpsc::Sender<Result<Bytes, 
                 }
                 Err(_) => false,
             },
+            changed = rules.changed() => match changed {
+                // Sent at the next pace: a rule that flaps costs the page
+                // no more than the Observation does.
+                Ok(()) => {
+                    rules.borrow_and_update();
+                    rules_changed = true;
+                    true
+                }
+                Err(_) => false,
+            },
             _ = pace.tick() => {
+                let mut open = true;
+                if rules_changed {
+                    rules_changed = false;
+                    open &= send(frame("rules", last_seq, &json!({ "data": ctx.ooda.rules_view() }))).await;
+                }
                 let observation = ctx.ooda.observe_now();
                 if observation.seq > last_seq {
                     last_seq = observation.seq;
-                    send(frame("observation", last_seq, &json!(observation))).await
-                } else {
-                    true
+                    open &= send(frame("observation", last_seq, &json!(observation))).await;
                 }
+                open
             }
             _ = snapshots.tick() => {
                 let mut open = true;

@@ -150,6 +150,8 @@ pub struct Ooda {
     /// Where the tick hands actions off to (it may run on its own thread).
     runtime: tokio::runtime::Handle,
     latest: watch::Sender<Arc<Observation>>,
+    /// Each rule's phase, firings and last result, in `rules` order.
+    rule_status: watch::Sender<Vec<rules::RuleStatus>>,
     recorder: Mutex<stats::Recorder>,
     gpio: Arc<dyn GpioBackend>,
     sim_actuators: HashMap<String, Arc<SimActuator>>,
@@ -386,6 +388,13 @@ impl Ooda {
             world,
             actuators,
             estop,
+            rule_status: watch::Sender::new(vec![
+                rules::RuleStatus {
+                    phase: Some(rules::RulePhase::Armed),
+                    ..Default::default()
+                };
+                rules.len()
+            ]),
             rules,
             period,
             publish_every,
@@ -450,6 +459,22 @@ impl Ooda {
     /// Cancelled at shutdown; driver tasks started by the daemon watch it too.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
+    }
+
+    /// Every reflex rule: its condition, action, phase, firings and what
+    /// its last firing did.
+    pub fn rules_view(&self) -> Vec<rules::RuleView> {
+        let status = self.rule_status.borrow();
+        self.rules
+            .iter()
+            .zip(status.iter())
+            .map(|(rule, status)| rule.view(status))
+            .collect()
+    }
+
+    /// Changes whenever a rule's phase, firings or last result does.
+    pub fn subscribe_rules(&self) -> watch::Receiver<Vec<rules::RuleStatus>> {
+        self.rule_status.subscribe()
     }
 
     /// The latest Observation.

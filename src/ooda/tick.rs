@@ -9,7 +9,7 @@ use std::sync::{Arc, PoisonError};
 use tokio::time::Instant;
 
 use super::orient::{self, AlarmLevel, AlarmMark};
-use super::rules::{self, Action, RuleState};
+use super::rules::{self, Action, RulePhase, RuleState};
 use super::timer::Wake;
 use super::world::Reading;
 use super::{Observation, Ooda, SensorObservation};
@@ -23,6 +23,8 @@ pub(super) struct TickState {
     /// Since when each sensor is at its level, and the limit it crossed.
     alarm_marks: Vec<Option<AlarmMark>>,
     rules: Vec<RuleState>,
+    /// Each rule's phase as last told to [`Ooda::rules_view`].
+    rule_phases: Vec<RulePhase>,
     readings: Vec<Reading>,
     until_publish: u64,
 }
@@ -34,6 +36,7 @@ impl TickState {
             alarms: vec![AlarmLevel::Ok; ooda.world.specs().len()],
             alarm_marks: vec![None; ooda.world.specs().len()],
             rules: vec![RuleState::default(); ooda.rules.len()],
+            rule_phases: vec![RulePhase::Armed; ooda.rules.len()],
             readings: Vec::with_capacity(ooda.world.specs().len()),
             until_publish: 0,
         }
@@ -76,10 +79,29 @@ impl Ooda {
             readings: &state.readings,
             alarms: &state.alarms,
         };
-        for (rule, rule_state) in self.rules.iter().zip(state.rules.iter_mut()) {
-            if rule.step(rule_state, &facts, now) {
+        for (i, (rule, rule_state)) in self.rules.iter().zip(state.rules.iter_mut()).enumerate() {
+            let fired = rule.step(rule_state, &facts, now);
+            if fired {
                 tracing::info!(rule = %rule.name, action = ?rule.action, "reflex rule fired");
-                self.hand_off(rule);
+                self.hand_off(i, rule);
+            }
+            // Told only on a change: most ticks take no lock here.
+            let phase = rule_state.phase();
+            if fired || state.rule_phases.get(i) != Some(&phase) {
+                if let Some(known) = state.rule_phases.get_mut(i) {
+                    *known = phase;
+                }
+                let count = rule_state.fired;
+                self.rule_status.send_modify(|all| {
+                    if let Some(status) = all.get_mut(i) {
+                        status.phase = Some(phase);
+                        if fired {
+                            status.fired = count;
+                            status.last_fired_unix_ms = Some(crate::clock::now_ms());
+                            status.last_result = None;
+                        }
+                    }
+                });
             }
         }
         if state.until_publish == 0 {
@@ -99,7 +121,7 @@ impl Ooda {
     /// A fired rule's action leaves the tick: a stop latches here and now
     /// (so nothing can be commanded in between), everything that touches a
     /// driver or the network runs as a task.
-    fn hand_off(self: &Arc<Self>, rule: &rules::Rule) {
+    fn hand_off(self: &Arc<Self>, index: usize, rule: &rules::Rule) {
         let source = format!("rule:{}", rule.name);
         if let Action::Estop { reason } = &rule.action {
             self.estop.trigger(&source, reason);
@@ -107,32 +129,45 @@ impl Ooda {
         let me = self.clone();
         let rule = rule.clone();
         self.runtime.spawn(async move {
-            match &rule.action {
-                Action::Command { actuator, value } => {
-                    if let Err(e) = me
-                        .actuators
-                        .command(actuator, *value, Origin::Rule(rule.name.clone()), None)
-                        .await
-                    {
+            let result = match &rule.action {
+                Action::Command { actuator, value } => match me
+                    .actuators
+                    .command(actuator, *value, Origin::Rule(rule.name.clone()), None)
+                    .await
+                {
+                    Ok(_) => format!("{actuator} set to {value}"),
+                    Err(e) => {
                         tracing::warn!(rule = %rule.name, error = %e, "reflex command refused");
+                        format!("{actuator} not set: {e}")
                     }
-                }
+                },
                 Action::Estop { reason } => {
                     me.trigger_stop(&source, reason).await;
+                    "protective stop latched".to_string()
                 }
                 Action::Publish {
                     topic,
                     payload,
                     qos,
                 } => match &me.mqtt {
-                    Some(mqtt) => {
-                        if let Err(e) = mqtt.publish(topic, payload.clone(), *qos, false) {
+                    Some(mqtt) => match mqtt.publish(topic, payload.clone(), *qos, false) {
+                        Ok(()) => format!("published to {topic}"),
+                        Err(e) => {
                             tracing::warn!(rule = %rule.name, error = %e, "reflex publish failed");
+                            format!("not published to {topic}: {e}")
                         }
+                    },
+                    None => {
+                        tracing::warn!(rule = %rule.name, "no MQTT client to publish with");
+                        "not published: no MQTT client".to_string()
                     }
-                    None => tracing::warn!(rule = %rule.name, "no MQTT client to publish with"),
                 },
-            }
+            };
+            me.rule_status.send_modify(|all| {
+                if let Some(status) = all.get_mut(index) {
+                    status.last_result = Some(result);
+                }
+            });
         });
     }
 

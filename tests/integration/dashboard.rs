@@ -97,6 +97,19 @@ unit = "deg/s"
 min = -90.0
 max = 90.0
 safe_value = 0.0
+
+# Fires once turn_rate is commanded above 0 (while the coolant is hot).
+[[rules]]
+name = "no_turning_hot"
+when = "coolant_temp > 85 and turn_rate > 0"
+then = { actuator = "turn_rate", value = 0.0 }
+
+# Never fires here.
+[[rules]]
+name = "stop_before_obstacle"
+when = "front_distance < 0.3 and drive_speed > 0"
+for_ms = 100
+then = { actuator = "drive_speed", value = 0.0 }
 "#;
 
 fn python() -> PathBuf {
@@ -123,11 +136,15 @@ async fn dashboard_daemon() -> TestDaemon {
 
 /// A gRPC session that asks its model for `prompt` and, like the published
 /// roz CLI, never answers an approval: the id of its call that waits, and
-/// a task that reads the session to the end of its turn (the call's result).
+/// a task that reads the session to the end of its turn (the call's result)
+/// and gives back the errors on the way and the session, still open.
 async fn silent_session(
     daemon: &TestDaemon,
     prompt: &str,
-) -> (String, tokio::task::JoinHandle<Vec<proto::SessionError>>) {
+) -> (
+    String,
+    tokio::task::JoinHandle<(Vec<proto::SessionError>, Session)>,
+) {
     let mut client = AgentServiceClient::with_interceptor(daemon.channel().await, Token(TOKEN));
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let response = client
@@ -157,7 +174,7 @@ async fn silent_session(
         let mut errors = Vec::new();
         loop {
             match session.next().await {
-                Resp::TurnComplete(_) => return errors,
+                Resp::TurnComplete(_) => return (errors, session),
                 Resp::Error(e) => errors.push(e),
                 _ => {}
             }
@@ -228,7 +245,7 @@ async fn chromium_drives_the_dashboard() {
     assert!(shots.join("dashboard.png").exists());
 
     // The session's call ran once approved from the page; the MCP call was denied.
-    let errors = tokio::time::timeout(EXPECT_WITHIN, session_turn)
+    let (errors, _open) = tokio::time::timeout(EXPECT_WITHIN, session_turn)
         .await
         .expect("the session's turn completes")
         .expect("session task");
@@ -457,6 +474,80 @@ async fn a_critical_alarm_says_which_limit_it_crossed_and_since_when() {
         battery.get("alarm_since_unix_ms").is_none() && battery.get("alarm_limit").is_none(),
         "{battery}"
     );
+    daemon.shutdown().await;
+}
+
+/// `GET /v1/rules`: each rule's condition and action, its phase, how often
+/// it fired, when last and what that did.
+#[tokio::test]
+async fn rules_show_their_condition_state_and_what_their_last_firing_did() {
+    let daemon = dashboard_daemon().await;
+    let addr = daemon.addr.to_string();
+    let rules = |body: &str| -> Vec<serde_json::Value> {
+        let v: serde_json::Value = serde_json::from_str(body).expect("rules JSON");
+        v["data"].as_array().cloned().expect("data")
+    };
+    let listed = rozd::cli::client::get(&addr, "/v1/rules", Some(TOKEN))
+        .await
+        .expect("GET /v1/rules");
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    let listed = rules(&listed.body);
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(
+        listed[1],
+        serde_json::json!({
+            "name": "stop_before_obstacle",
+            "when": "front_distance < 0.3 and drive_speed > 0",
+            "for_ms": 100,
+            "cooldown_ms": 0,
+            "then": "set drive_speed to 0",
+            "phase": "armed",
+            "fired": 0,
+            "last_fired_unix_ms": null,
+            "last_result": null,
+        })
+    );
+    let before = rozd::clock::now_ms();
+    daemon
+        .ctx
+        .ooda
+        .actuators()
+        .command(
+            "turn_rate",
+            10.0,
+            rozd::ooda::act::Origin::Operator("test".into()),
+            None,
+        )
+        .await
+        .expect("turn_rate accepts 10");
+    let deadline = tokio::time::Instant::now() + EXPECT_WITHIN;
+    let fired = loop {
+        let reply = rozd::cli::client::get(&addr, "/v1/rules", Some(TOKEN))
+            .await
+            .expect("GET /v1/rules");
+        let rule = rules(&reply.body)[0].clone();
+        if rule["last_result"].is_string() && rule["phase"] == "armed" {
+            break rule;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{rule}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        (&fired["name"], &fired["fired"], &fired["last_result"]),
+        (
+            &serde_json::json!("no_turning_hot"),
+            &serde_json::json!(1),
+            &serde_json::json!("turn_rate set to 0")
+        ),
+        "{fired}"
+    );
+    assert!(
+        fired["last_fired_unix_ms"]
+            .as_i64()
+            .is_some_and(|t| t >= before),
+        "{fired}"
+    );
+    assert_eq!(daemon.ctx.ooda.actuators().value("turn_rate"), Some(0.0));
     daemon.shutdown().await;
 }
 

@@ -42,6 +42,15 @@ def text_when(wait, selector, good):
     return wait.until(read)
 
 
+def full_page(driver, path):
+    """Saves a screenshot of the whole page (the window grown to its height)."""
+    size = driver.get_window_size()
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(size["width"], max(size["height"], height))
+    driver.save_screenshot(path)
+    driver.set_window_size(size["width"], size["height"])
+
+
 def rest(base, token, path):
     request = urllib.request.Request(base + path, headers={"Authorization": "Bearer " + token})
     with urllib.request.urlopen(request, timeout=10) as reply:
@@ -120,6 +129,18 @@ def main():
         step = "denying the MCP call from the page"
         wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, '.approval[data-kind="mcp"] button.deny')))
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '.approval[data-kind="mcp"]'))
+        # The reflex rules: the session's turn_rate 10 made one fire, which
+        # set turn_rate back to 0 and re-armed; the other never fired.
+        step = "the reflex rules"
+        row = text_when(wait, '[data-rule="no_turning_hot"]', lambda t: "turn_rate set to 0" in t and "armed" in t)
+        assert "coolant_temp > 85 and turn_rate > 0" in row and "set turn_rate to 0" in row, row
+        assert driver.find_element(By.CSS_SELECTOR, '[data-rule="no_turning_hot"] .fired').text == "1", row
+        row = text_when(wait, '[data-rule="stop_before_obstacle"]', bool)
+        assert "front_distance < 0.3 and drive_speed > 0 for 100 ms" in row and "armed" in row, row
+        assert driver.find_element(By.CSS_SELECTOR, '[data-rule="stop_before_obstacle"] .fired').text == "0", row
+        print("rules:", row.replace("\n", " "), flush=True)
+        full_page(driver, shots + "/dashboard-full.png")
+
         step = "approving the task's call from the page"
         wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, '.approval[data-kind="task"] button.approve')))
         step = "the approved command on the page"

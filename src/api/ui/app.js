@@ -242,6 +242,23 @@ function showAlarms(sensorList) {
   }));
 }
 
+// ---- reflex rules ----
+const PHASES = { armed: ["armed", "ok"], holding: ["condition true, holding", "warn"], fired: ["fired, re-arms when false", "critical"] };
+
+function showRules(list) {
+  $("rules-none").hidden = list.length > 0;
+  $("rules").hidden = !list.length;
+  $("rules").tBodies[0].replaceChildren(...list.map((r) => {
+    const [label, cls] = PHASES[r.phase] || [r.phase, ""];
+    const when = r.when + (r.for_ms ? " for " + r.for_ms + " ms" : "") + (r.cooldown_ms ? ", cooldown " + r.cooldown_ms + " ms" : "");
+    return el("tr", { "data-rule": r.name },
+      el("td", {}, el("b", {}, r.name)), el("td", {}, el("code", {}, when)), el("td", {}, r.then),
+      el("td", { class: "phase" }, el("span", { class: "badge " + cls }, label)),
+      el("td", { class: "fired" }, r.fired), el("td", {}, time(r.last_fired_unix_ms)),
+      el("td", { class: "result" }, r.last_result || (r.fired ? "…" : "—")));
+  }));
+}
+
 // ---- actuators ----
 function showActuators(list) {
   $("actuators").tBodies[0].replaceChildren(...list.map((a) => el("tr", { "data-actuator": a.name },
@@ -404,6 +421,7 @@ function handle(event, data) {
     case "status": showStatus(data); break;
     case "tasks": showTasks(data); break;
     case "approvals": showApprovals(data.data || []); break;
+    case "rules": showRules(data.data || []); break;
     case "sessions": showOpenSessions(data); loadSessions(); break;
     case "hosts": showHosts(data); break;
   }
