@@ -94,6 +94,19 @@ def main():
         wait.until(lambda d: "critical" in d.find_element(By.CSS_SELECTOR, '[data-sensor="coolant_temp"]').get_attribute("class"))
         print("banner:", banner.replace("\n", " "), flush=True)
 
+        # The cards keep the configuration's order, load after load (each
+        # card used to be added when its own request answered).
+        step = "the sensor cards' order"
+        wanted = ["front_distance", "coolant_temp", "battery_voltage", "wave"]
+        for load in range(5):
+            if load:
+                driver.refresh()
+            wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "[data-sensor]")) == len(wanted))
+            order = [e.get_attribute("data-sensor") for e in driver.find_elements(By.CSS_SELECTOR, "[data-sensor]")]
+            assert order == wanted, (load, order)
+        text_when(wait, "#link", lambda t: t.startswith("live"))
+        print("sensor order kept over 5 loads:", order, flush=True)
+
         # A sensor's value changes on the page.
         step = "a sensor's value changing"
         wave = '[data-sensor="wave"] .value'

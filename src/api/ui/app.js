@@ -132,14 +132,22 @@ async function loadSessions() {
 }
 
 // ---- sensors ----
-async function ensureSensor(s) {
+// Cards and pills keep the configuration's order (the Observation's), not
+// the order in which each sensor's own request happens to answer.
+function placeInOrder(container, element, index) {
+  element.dataset.order = index;
+  const after = [...container.children].find((c) => +c.dataset.order > index);
+  container.insertBefore(element, after || null);
+}
+
+async function ensureSensor(s, index) {
   if (sensors.has(s.name)) return sensors.get(s.name);
   const entry = { xs: [], ys: [], detail: null, card: null, plot: null, pill: null };
   sensors.set(s.name, entry);
   try { entry.detail = await api("GET", "/v1/sensors/" + encodeURIComponent(s.name)); } catch (_) { entry.detail = {}; }
   if (entry.detail && entry.detail.digital) {
     entry.pill = el("span", { class: "pill", "data-input": s.name }, s.name);
-    $("inputs").append(entry.pill);
+    placeInOrder($("inputs"), entry.pill, index);
     return entry;
   }
   const value = el("span", { class: "value" }, "—");
@@ -148,7 +156,7 @@ async function ensureSensor(s) {
   entry.card = el("div", { class: "sensor", "data-sensor": s.name },
     el("div", { class: "head" }, el("b", {}, s.name), value), badges, plotBox);
   entry.value = value; entry.badges = badges;
-  $("sensors").append(entry.card);
+  placeInOrder($("sensors"), entry.card, index);
   for (const h of entry.detail.history || []) {
     entry.xs.push(Date.now() / 1000 - h.age_ms / 1000); entry.ys.push(h.value);
   }
@@ -411,7 +419,7 @@ function handle(event, data) {
     case "observation": {
       $("link").textContent = "live · tick " + data.seq;
       showSafety({ active: !!data.protective_stop, causes: data.protective_stop_causes || (data.protective_stop ? [data.protective_stop] : []) });
-      for (const s of data.sensors) ensureSensor(s).then((entry) => showSensor(entry, s));
+      data.sensors.forEach((s, i) => ensureSensor(s, i).then((entry) => showSensor(entry, s)));
       showAlarms(data.sensors);
       showActuators(data.actuators);
       showWorld(data.sim, data);
