@@ -30,6 +30,7 @@ pub fn routes() -> Router<Arc<HostContext>> {
         .route("/v1/observation", get(observation))
         .route("/v1/audit", get(audit))
         .route("/v1/rules", get(rules))
+        .route("/v1/actuators", get(actuators))
         .route("/v1/sensors", get(sensors))
         .route("/v1/sensors/{name}", get(sensor))
         .route("/metrics", get(metrics))
@@ -98,6 +99,7 @@ async fn sensor(State(ctx): State<Arc<HostContext>>, Path(name): Path<String>) -
                 })),
                 "digital": spec.is_some_and(|s| is_digital(&s.source)),
                 "history": history,
+                "trend": ctx.ooda.world().trend(&name, now).unwrap_or_default(),
             }))
             .into_response()
         }
@@ -274,6 +276,31 @@ async fn sessions(
         Ok(data) => Json(json!({ "data": data })).into_response(),
         Err(e) => store_failure("listing sessions", &e),
     }
+}
+
+/// `GET /v1/actuators`: every actuator as configured: what it accepts, its
+/// safe value, how long a command holds.
+async fn actuators(State(ctx): State<Arc<HostContext>>) -> Json<Value> {
+    let data: Vec<Value> = ctx
+        .config
+        .actuators
+        .iter()
+        .map(|a| {
+            json!({
+                "name": a.name,
+                "unit": a.unit,
+                "description": a.description,
+                "min": a.min,
+                "max": a.max,
+                "allowed": a.allowed,
+                "safe_value": a.safe_value,
+                "hold_ms": a.hold_ms,
+                "max_rate_hz": a.max_rate_hz,
+                "shared": a.shared,
+            })
+        })
+        .collect();
+    Json(json!({ "data": data }))
 }
 
 /// `GET /v1/rules`: every reflex rule, its condition, action and state.

@@ -551,6 +551,61 @@ async fn rules_show_their_condition_state_and_what_their_last_firing_did() {
     daemon.shutdown().await;
 }
 
+/// A sensor's trend reaches back further than its last 128 samples (what
+/// the page's plots start with), and each actuator's range is listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sensors_trend_reaches_back_beyond_its_samples_and_actuators_list_their_range() {
+    let daemon = dashboard_daemon().await;
+    let addr = daemon.addr.to_string();
+    let actuators = rozd::cli::client::get(&addr, "/v1/actuators", Some(TOKEN))
+        .await
+        .expect("GET /v1/actuators");
+    assert_eq!(actuators.status, 200, "{}", actuators.body);
+    let actuators: serde_json::Value = serde_json::from_str(&actuators.body).unwrap();
+    assert_eq!(
+        (
+            &actuators["data"][0]["name"],
+            &actuators["data"][0]["min"],
+            &actuators["data"][0]["max"],
+            &actuators["data"][0]["hold_ms"]
+        ),
+        (
+            &serde_json::json!("drive_speed"),
+            &serde_json::json!(-0.5),
+            &serde_json::json!(0.5),
+            &serde_json::json!(20000)
+        ),
+        "{actuators}"
+    );
+    // wave reports at 20 Hz: its 128 samples cover 6.4 s; the trend keeps
+    // every half second's extremes for 3 minutes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let reply = rozd::cli::client::get(&addr, "/v1/sensors/wave", Some(TOKEN))
+            .await
+            .expect("GET /v1/sensors/wave");
+        let wave: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        let oldest_sample = wave["history"][0]["age_ms"].as_u64().unwrap_or(0);
+        let trend = wave["trend"].as_array().cloned().unwrap_or_default();
+        let oldest_trend = trend
+            .first()
+            .and_then(|p| p["age_ms"].as_u64())
+            .unwrap_or(0);
+        if wave["history"].as_array().map_or(0, Vec::len) == 128
+            && oldest_trend > oldest_sample + 1000
+        {
+            assert!(
+                trend.iter().all(|p| p["min"].as_f64() <= p["max"].as_f64()),
+                "{trend:?}"
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{wave}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    daemon.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_page_needs_no_token_and_is_never_framed() {
     let daemon = dashboard_daemon().await;

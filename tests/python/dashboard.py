@@ -156,6 +156,26 @@ def main():
 
         step = "approving the task's call from the page"
         wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, '.approval[data-kind="task"] button.approve')))
+        # Each plot starts with the last minutes (the trend), not the last
+        # 128 samples (6.4 s of wave at 20 Hz): reloaded now, after the
+        # daemon has run for more than 8 s, wave's plot starts further back.
+        # Its limit lines have a legend; the actuator table shows ranges and
+        # fits its card.
+        step = "the plots' history, legend and the actuator table"
+        driver.refresh()
+        plotted = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, '[data-sensor="wave"] .plot').get_attribute("data-from"))
+        span = driver.execute_script("return Date.now() / 1000") - float(plotted)
+        assert span > 7.5, span
+        legend = text_when(wait, '[data-sensor="wave"] .legend', bool)
+        for want in ("critical max 0.95 V", "warn max 0.8 V"):
+            assert want in legend, (want, legend)
+        text_when(wait, '[data-actuator="drive_speed"] .range', lambda t: t == "-0.5 … 0.5")
+        text_when(wait, '[data-actuator="turn_rate"] .range', lambda t: t == "-90 … 90")
+        fits = driver.execute_script("const c = document.getElementById('actuators-card'); return c.scrollWidth <= c.clientWidth;")
+        assert fits, "the actuator table overflows its card"
+        text_when(wait, "#link", lambda t: t.startswith("live"))
+        print("wave's plot spans", round(span, 1), "s; legend:", legend.replace("\n", " "), flush=True)
+
         step = "the approved command on the page"
         shown = text_when(wait, '[data-actuator="drive_speed"] .value', lambda t: t.startswith("0.3"))
         print("drive_speed on the page:", shown, flush=True)

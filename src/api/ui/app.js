@@ -157,11 +157,39 @@ async function ensureSensor(s, index) {
     el("div", { class: "head" }, el("b", {}, s.name), value), badges, plotBox);
   entry.value = value; entry.badges = badges;
   placeInOrder($("sensors"), entry.card, index);
-  for (const h of entry.detail.history || []) {
-    entry.xs.push(Date.now() / 1000 - h.age_ms / 1000); entry.ys.push(h.value);
+  // The plot starts with the last 3 minutes: the trend (each half second's
+  // lowest and highest value) up to where the recent samples begin.
+  const now = Date.now() / 1000;
+  const history = entry.detail.history || [];
+  const recentFrom = history.length ? now - history[0].age_ms / 1000 : Infinity;
+  for (const p of entry.detail.trend || []) {
+    const t = now - p.age_ms / 1000;
+    if (t >= recentFrom) break;
+    const [a, b] = p.rising ? [p.min, p.max] : [p.max, p.min];
+    entry.xs.push(t); entry.ys.push(a);
+    if (p.max !== p.min) { entry.xs.push(t + 0.25); entry.ys.push(b); }
   }
-  entry.plot = makePlot(plotBox, s, entry.detail.limits || {});
+  for (const h of history) {
+    const t = now - h.age_ms / 1000;
+    if (!entry.xs.length || t > entry.xs[entry.xs.length - 1]) { entry.xs.push(t); entry.ys.push(h.value); }
+  }
+  const limits = entry.detail.limits || {};
+  entry.plot = makePlot(plotBox, s, limits);
+  entry.plot.setData([entry.xs, entry.ys]);
+  if (entry.xs.length) { plotBox.dataset.from = entry.xs[0]; plotBox.title = "plotted from " + time(entry.xs[0] * 1000); }
+  plotBox.className = "plot";
+  entry.card.append(limitLegend(limits, s.unit));
   return entry;
+}
+
+// What the dashed lines of a plot are.
+const LIMITS = [["critical_max", "critical"], ["warn_max", "warn"], ["warn_min", "warn"], ["critical_min", "critical"]];
+
+function limitLegend(limits, unit) {
+  const shown = LIMITS.filter(([k]) => limits[k] !== null && limits[k] !== undefined);
+  if (!shown.length) return el("div", { class: "legend muted" }, "no limits");
+  return el("div", { class: "legend" }, ...shown.map(([k, level]) =>
+    el("span", { class: "limit " + level, title: k }, el("i", {}), k.replace("_", " ") + " " + num(limits[k]) + (unit ? " " + unit : ""))));
 }
 
 function makePlot(box, s, limits) {
@@ -268,11 +296,31 @@ function showRules(list) {
 }
 
 // ---- actuators ----
+let actuatorSpecs = new Map();   // name -> GET /v1/actuators entry
+
+function range(spec) {
+  if (!spec) return "—";
+  if (spec.allowed) return "{" + spec.allowed.map(num).join(", ") + "}";
+  if (spec.min === null && spec.max === null) return "—";
+  return num(spec.min) + " … " + num(spec.max);
+}
+
+// "session 1f2e3d4c", "rule stop_before", "mcp:5a6b7c8d": the kind and a short id (the whole in the tooltip).
+function shortOwner(owner) {
+  if (!owner) return "—";
+  const [kind, ...rest] = owner.split(" ");
+  const id = rest.join(" ");
+  if (!id) return el("span", { title: owner }, owner.length > 18 ? owner.slice(0, 17) + "…" : owner);
+  const tail = id.split(":").pop();
+  return el("span", { title: owner }, kind + " " + (tail.length > 10 ? tail.slice(0, 8) + "…" : tail));
+}
+
 function showActuators(list) {
   $("actuators").tBodies[0].replaceChildren(...list.map((a) => el("tr", { "data-actuator": a.name },
     el("td", {}, a.name), el("td", { class: "value" }, num(a.value) + (a.unit ? " " + a.unit : "")),
+    el("td", { class: "range" }, range(actuatorSpecs.get(a.name))),
     el("td", {}, num(a.safe_value), " ", a.at_safe_value ? el("span", { class: "badge ok" }, "at safe") : el("span", { class: "badge warn" }, "moved")),
-    el("td", {}, a.owner || "—"), el("td", {}, a.hold_remaining_ms === null ? "—" : (a.hold_remaining_ms / 1000).toFixed(1) + " s"))));
+    el("td", { class: "owner" }, shortOwner(a.owner)), el("td", {}, a.hold_remaining_ms === null ? "—" : (a.hold_remaining_ms / 1000).toFixed(1) + " s"))));
   const key = list.map((a) => a.name + "=" + a.value + "@" + a.owner).join(",");
   if (key !== lastActuatorKey) { lastActuatorKey = key; scheduleAudit(); }
 }
@@ -481,6 +529,8 @@ async function run(gen) {
 async function start() {
   try { showStatus(await api("GET", "/v1/status")); }
   catch (err) { if (err instanceof Unauthorized) return; $("link").textContent = err.message; }
+  try { actuatorSpecs = new Map((await api("GET", "/v1/actuators")).data.map((a) => [a.name, a])); }
+  catch (_) { /* the table shows no range */ }
   loadAudit();
   streamGen += 1;
   run(streamGen);
