@@ -70,9 +70,32 @@ def main():
     step = "loading the page"
     try:
         driver.get(base + "/ui")
-        # Tokens are configured: the page asks once.
-        step = "entering the token"
+        # Tokens are configured: the page asks, without saying a token was
+        # refused before one was entered.
+        step = "the token dialog before anything was entered"
         token_input = wait.until(lambda d: d.find_element(By.ID, "token-input"))
+        wait.until(lambda d: token_input.is_displayed())
+        assert "needs a token" in driver.find_element(By.ID, "token-form").text
+        error = driver.find_element(By.ID, "token-error").text
+        assert error == "", error
+
+        # STOP stays in reach while the dialog is open; without a token this
+        # rozd cannot take it, and the page says so instead of failing quietly.
+        step = "STOP without a token"
+        driver.find_element(By.ID, "stop-button").click()
+        said = text_when(wait, "#safety-message", lambda t: "needs a token" in t)
+        assert "NOT sent" in said, said
+        assert "needs a token" in driver.find_element(By.ID, "token-error").text
+        assert not rest(base, token, "/v1/safety")["estop_active"], "no stop without a token"
+        print("STOP without a token:", said, flush=True)
+        driver.save_screenshot(shots + "/dashboard-token.png")
+
+        # A wrong token is said to be refused; then the right one.
+        step = "a wrong token"
+        token_input.send_keys("not-" + token)
+        driver.find_element(By.ID, "token-submit").click()
+        text_when(wait, "#token-error", lambda t: "refused" in t)
+        step = "entering the token"
         wait.until(lambda d: token_input.is_displayed())
         token_input.send_keys(token)
         driver.find_element(By.ID, "token-submit").click()

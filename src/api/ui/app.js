@@ -42,7 +42,7 @@ async function api(method, path, body) {
   const init = { method, headers: headers(body !== undefined), cache: "no-store" };
   if (body !== undefined) init.body = JSON.stringify(body);
   const r = await fetch(path, init);
-  if (r.status === 401) { askToken("The token was refused."); throw new Unauthorized(); }
+  if (r.status === 401) { askToken(refusedMessage()); throw new Unauthorized(); }
   let data = null;
   try { data = await r.json(); } catch (_) { /* empty */ }
   if (!r.ok) throw new Error((data && data.error && data.error.message) || ("HTTP " + r.status));
@@ -50,12 +50,19 @@ async function api(method, path, body) {
 }
 
 // ---- the token ----
+// Only a token that was sent can have been refused; without one the
+// dialog just asks. It is not modal: STOP stays in reach while it is open.
+function refusedMessage() {
+  return token ? "The token was refused: check it and enter it again." : "";
+}
+
 function askToken(message) {
   token = "";
   sessionStorage.removeItem(TOKEN_KEY);
   $("token-error").textContent = message || "";
+  $("link").textContent = "waiting for a token";
   const d = $("token-dialog");
-  if (!d.open) d.showModal();
+  if (!d.open) d.show();
   $("token-input").focus();
 }
 
@@ -73,9 +80,20 @@ $("stop-button").addEventListener("click", async () => {
   // One click, no confirmation: going safe is never gated.
   try {
     const s = await fetch("/v1/estop", { method: "POST", headers: headers(true), body: JSON.stringify({ reason: "dashboard STOP button" }) });
-    $("safety-message").textContent = s.ok ? "" : "stop request answered HTTP " + s.status;
-    if (s.ok) showSafety(await s.json());
-  } catch (err) { $("safety-message").textContent = "stop request failed: " + err.message; }
+    if (s.ok) { $("safety-message").textContent = ""; showSafety(await s.json()); return; }
+    if (s.status === 401) {
+      // Anyone who may talk to this rozd may stop it, but it must know who:
+      // it answers only callers with a token.
+      const why = token
+        ? "STOP was NOT sent: this rozd refused the token. Enter a valid token, then press STOP again."
+        : "STOP was NOT sent: this rozd needs a token (any valid token may stop it). Enter it, then press STOP again.";
+      $("safety-message").textContent = why;
+      askToken(why);
+      return;
+    }
+    const body = await s.json().catch(() => null);
+    $("safety-message").textContent = "STOP was NOT confirmed: HTTP " + s.status + ((body && body.error) ? ": " + body.error.message : "");
+  } catch (err) { $("safety-message").textContent = "STOP was NOT sent: " + err.message; }
 });
 
 $("clear-button").addEventListener("click", async () => {
@@ -487,7 +505,7 @@ async function stream(gen) {
   const h = headers(false);
   if (lastEventId) h["Last-Event-ID"] = lastEventId;
   const r = await fetch("/v1/observation/stream", { headers: h, cache: "no-store" });
-  if (r.status === 401) { askToken("The token was refused."); throw new Unauthorized(); }
+  if (r.status === 401) { askToken(refusedMessage()); throw new Unauthorized(); }
   if (!r.ok || !r.body) throw new Error("HTTP " + r.status);
   const reader = r.body.getReader();
   const decoder = new TextDecoder();
