@@ -21,6 +21,7 @@ mod docs;
 mod estop;
 mod external_clients;
 mod fleet;
+mod guides;
 mod hardware_e2e;
 mod host_tools;
 mod hosts_wire;

@@ -1,0 +1,320 @@
+//! The guides, followed as written, against the real `rozd` binary: their
+//! configuration blocks and commands are read from the Markdown itself, so
+//! a guide that drifts from what works fails here.
+//!
+//! - docs/guides/first-hardware.md, "A serial device" / "Without a device":
+//!   the fake microcontroller (`examples/fake_mcu.py`, started by the
+//!   guide's command), the guide's tables, `rozd check`, `rozd run`, the
+//!   sensor's first value, `rozd chat` setting the motor (answered `OK`
+//!   within `reply_timeout_ms`), and each simulated fault: overcurrent
+//!   latches the stop through the guide's rule, `rozd estop --clear`
+//!   clears it, silence makes the sensor stale, `noreply` fails a command
+//!   with `tool_timeout`, `quit` disconnects the sensor.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+
+use crate::common::{self, EXPECT_WITHIN, ROZD};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The text of `file` from heading `from` up to the next heading of the
+/// same level.
+fn section(file: &str, from: &str) -> String {
+    let text = std::fs::read_to_string(root().join(file)).expect("the guide");
+    let start = text
+        .find(from)
+        .unwrap_or_else(|| panic!("{file} has no heading {from:?}"));
+    let level = from.split(' ').next().unwrap_or("##");
+    let rest = &text[start + from.len()..];
+    let end = rest
+        .match_indices(&format!("\n{level} "))
+        .map(|(i, _)| i)
+        .next()
+        .unwrap_or(rest.len());
+    rest[..end].to_string()
+}
+
+/// The fenced code blocks of `text` in language `lang`, in order.
+fn blocks(text: &str, lang: &str) -> Vec<String> {
+    let fence = format!("```{lang}\n");
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(&fence) {
+        let body = &rest[start + fence.len()..];
+        let end = body.find("```").expect("a closed code block");
+        out.push(body[..end].to_string());
+        rest = &body[end..];
+    }
+    out
+}
+
+/// The guide's shell commands, one per line, without comments.
+fn commands(text: &str) -> Vec<String> {
+    blocks(text, "bash")
+        .iter()
+        .flat_map(|b| b.lines().map(str::to_string).collect::<Vec<_>>())
+        .map(|l| l.split(" #").next().unwrap_or("").trim().to_string())
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect()
+}
+
+/// A running fake MCU: its stdin (faults) and every line it printed.
+struct FakeMcu {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl FakeMcu {
+    /// Runs the guide's command `command` (`python3 examples/fake_mcu.py
+    /// /tmp/rozd-mcu`) with the link at `link`, from the source tree.
+    async fn start(command: &str, link: &Path) -> FakeMcu {
+        let words: Vec<String> = command
+            .split_whitespace()
+            .map(|w| w.replace("/tmp/rozd-mcu", &link.display().to_string()))
+            .collect();
+        let mut child = Command::new(&words[0])
+            .args(&words[1..])
+            .current_dir(root())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{command}: {e}"));
+        let stdin = child.stdin.take().expect("stdin");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+        let seen = lines.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = out.next_line().await {
+                seen.lock().unwrap().push(line);
+            }
+        });
+        let mcu = FakeMcu {
+            child,
+            stdin,
+            lines,
+        };
+        mcu.printed(|l| l.starts_with("fake MCU on")).await;
+        assert!(link.exists(), "{} was not made", link.display());
+        mcu
+    }
+
+    /// How many lines it printed so far.
+    fn mark(&self) -> usize {
+        self.lines.lock().unwrap().len()
+    }
+
+    /// Waits until it printed a line that `good` takes.
+    async fn printed(&self, good: impl Fn(&str) -> bool) -> String {
+        self.printed_after(0, good).await
+    }
+
+    /// Waits until it printed, after its first `from` lines, one that `good` takes.
+    async fn printed_after(&self, from: usize, good: impl Fn(&str) -> bool) -> String {
+        let deadline = tokio::time::Instant::now() + EXPECT_WITHIN;
+        loop {
+            if let Some(line) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .skip(from)
+                .find(|l| good(l))
+            {
+                return line.clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the fake MCU never printed that; it printed: {:?}",
+                self.lines.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn type_fault(&mut self, word: &str) {
+        let from = self.mark();
+        self.stdin
+            .write_all(format!("{word}\n").as_bytes())
+            .await
+            .expect("the fake MCU reads its input");
+        let said = format!("fault: {word}");
+        if word != "quit" {
+            self.printed_after(from, |l| l == said).await;
+        }
+    }
+}
+
+async fn get(addr: &str, path: &str) -> Value {
+    let reply = rozd::cli::client::get(addr, path, None)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    serde_json::from_str(&reply.body).unwrap_or_else(|e| panic!("{path}: {e}: {}", reply.body))
+}
+
+/// Polls `GET path` until `good` takes it.
+async fn until(addr: &str, path: &str, good: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + EXPECT_WITHIN;
+    loop {
+        let value = get(addr, path).await;
+        if good(&value) {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{path}: {value}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `rozd chat` with `input` typed, to its end: what it printed.
+async fn chat(addr: &str, input: &str) -> String {
+    let mut child = Command::new(ROZD)
+        .args(["chat", "--addr", addr])
+        .env_remove("ROZD_ADDR")
+        .env_remove("ROZD_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("rozd chat");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(input.as_bytes()).await.expect("type");
+    drop(stdin);
+    let out = tokio::time::timeout(EXPECT_WITHIN * 2, child.wait_with_output())
+        .await
+        .expect("rozd chat ends")
+        .expect("rozd chat runs");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_hardware_serial_walkthrough_works_with_the_fake_mcu() {
+    let guide = "docs/guides/first-hardware.md";
+    let serial = section(guide, "## A serial device");
+    let steps = commands(&section(guide, "### Without a device"));
+    let start_mcu = steps
+        .iter()
+        .find(|c| c.contains("examples/fake_mcu.py"))
+        .expect("the guide starts the fake MCU");
+    assert_eq!(start_mcu, "python3 examples/fake_mcu.py /tmp/rozd-mcu");
+    for step in [
+        "rozd check --config mcu.toml",
+        "rozd run --config mcu.toml",
+        "curl -s localhost:8080/v1/sensors/motor_current",
+        "rozd chat",
+    ] {
+        assert!(steps.iter().any(|c| c == step), "{step:?} in {steps:?}");
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("rozd-mcu");
+    let mut mcu = FakeMcu::start(start_mcu, &link).await;
+
+    // The guide's tables, its serial path pointing at the fake MCU; a free
+    // port and a store of its own instead of the defaults.
+    let tables = blocks(&serial, "toml").into_iter().next().expect("tables");
+    let path_line = tables
+        .lines()
+        .find(|l| l.starts_with("path = "))
+        .expect("a [[serial]] path");
+    let tables = tables.replace(
+        path_line,
+        &format!("path = {:?}", link.display().to_string()),
+    );
+    let addr = format!("127.0.0.1:{}", common::broker::free_port());
+    let config = dir.path().join("mcu.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{tables}\n[server]\nlisten = \"{addr}\"\ncontrol_socket = {:?}\n[store]\npath = {:?}\n",
+            dir.path().join("control.sock").display().to_string(),
+            dir.path().join("rozd.db").display().to_string()
+        ),
+    )
+    .unwrap();
+    let config_arg = config.display().to_string();
+    let (code, out, err) = common::rozd_cli(&["check", "--config", &config_arg]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("configuration OK"), "{out}");
+    let mut rozd = common::spawn_rozd(dir.path(), &config).await;
+
+    // The sensor's first values: 0.05 A at rest.
+    until(&addr, "/v1/sensors/motor_current", |s| {
+        s["sensor"]["value"] == 0.05 && s["sensor"]["health"] == "ok"
+    })
+    .await;
+
+    // rozd chat: set motor 0.4, approved; the fake MCU answers OK in time,
+    // and the hold expires back to the safe value.
+    let from = mcu.mark();
+    let said = chat(&addr, "set motor 0.4\ny\n").await;
+    assert!(said.contains("motor returned"), "{said}");
+    assert!(!said.contains("tool_timeout"), "{said}");
+    mcu.printed_after(from, |l| l == "<- M 0.4").await;
+    mcu.printed_after(from, |l| l == "-> OK").await;
+    mcu.printed_after(from, |l| l == "<- M 0").await;
+
+    // overcurrent: the guide's rule latches the stop; cleared on purpose.
+    mcu.type_fault("overcurrent").await;
+    let safety = until(&addr, "/v1/safety", |s| s["estop_active"] == true).await;
+    assert!(
+        safety["causes"].as_array().is_some_and(|c| c
+            .iter()
+            .any(|c| c["source"] == "rule:overcurrent" && c["reason"] == "motor overcurrent")),
+        "{safety}"
+    );
+    mcu.type_fault("ok").await;
+    until(&addr, "/v1/sensors/motor_current", |s| s["alarm"] == "ok").await;
+    let (code, out, err) = common::rozd_cli(&["estop", "--clear", "--config", &config_arg]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    until(&addr, "/v1/safety", |s| s["estop_active"] == false).await;
+
+    // silent: the sensor goes stale.
+    mcu.type_fault("silent").await;
+    until(&addr, "/v1/sensors/motor_current", |s| {
+        s["sensor"]["health"] == "stale"
+    })
+    .await;
+    mcu.type_fault("ok").await;
+
+    // noreply: a command fails with tool_timeout; the motor stays safe.
+    mcu.type_fault("noreply").await;
+    let said = chat(&addr, "set motor 0.4\ny\n").await;
+    assert!(said.contains("tool_timeout"), "{said}");
+    let observation = get(&addr, "/v1/observation").await;
+    let motor = observation["actuators"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["name"] == "motor"))
+        .cloned()
+        .expect("motor");
+    assert_eq!(motor["value"], 0.0, "{motor}");
+    mcu.type_fault("ok").await;
+
+    // quit: the port disappears, the sensor is disconnected.
+    mcu.type_fault("quit").await;
+    tokio::time::timeout(EXPECT_WITHIN, mcu.child.wait())
+        .await
+        .expect("the fake MCU quits")
+        .expect("wait");
+    assert!(!link.exists(), "the link is removed");
+    until(&addr, "/v1/sensors/motor_current", |s| {
+        s["sensor"]["health"] == "disconnected"
+    })
+    .await;
+    common::broker::terminate(&mut rozd).await;
+}
