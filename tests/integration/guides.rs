@@ -318,3 +318,192 @@ async fn first_hardware_serial_walkthrough_works_with_the_fake_mcu() {
     .await;
     common::broker::terminate(&mut rozd).await;
 }
+
+/// The fenced block between `<!-- name:begin -->` and `<!-- name:end -->`
+/// of `file`, without its fences.
+fn marked_block(file: &str, name: &str) -> String {
+    let text = std::fs::read_to_string(root().join(file)).expect("the guide");
+    let block = text
+        .split(&format!("<!-- {name}:begin -->"))
+        .nth(1)
+        .and_then(|rest| rest.split(&format!("<!-- {name}:end -->")).next())
+        .unwrap_or_else(|| panic!("{file} has no block {name}"));
+    block
+        .lines()
+        .filter(|l| !l.starts_with("```"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// Runs `script` with bash in `dir`, `PATH` finding rozd and the tests'
+/// Python tools (grpcurl) first: (exit code, stdout, stderr).
+async fn bash(dir: &Path, script: &str, env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let rozd_dir = Path::new(ROZD).parent().expect("rozd's directory");
+    let tools = common::pyenv_tool("grpcurl");
+    let tools = tools.parent().expect("the tools' directory");
+    let path = format!(
+        "{}:{}:{}",
+        rozd_dir.display(),
+        tools.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut command = Command::new("bash");
+    command
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(dir)
+        .env("PATH", path)
+        .env_remove("ROZD_ADDR")
+        .env_remove("ROZD_TOKEN")
+        .env_remove("ROZD_CONFIG")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = tokio::time::timeout(EXPECT_WITHIN * 3, command.output())
+        .await
+        .expect("the commands end")
+        .expect("bash runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// docs/guides/tls-and-credentials.md: the certificate recipe, run as
+/// written, makes a certificate the daemon serves and every client of the
+/// guide accepts (curl, rozd, grpcurl, by `localhost` and the host's name),
+/// with the token the recipe made; the plaintext commands need
+/// `-plaintext`; the forwarder for the roz CLI carries gRPC into TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_guide_recipe_and_client_commands_work_against_the_daemon() {
+    let guide = "docs/guides/tls-and-credentials.md";
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = bash(dir.path(), &marked_block(guide, "tls-certs"), &[]).await;
+    assert_eq!(code, Some(0), "the recipe failed: {err}");
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    let token = std::fs::read_to_string(dir.path().join("tokens")).unwrap();
+    let token = token.trim().to_string();
+    assert_eq!(token.len(), 64, "{token}");
+
+    let server = format!(
+        "auth_token_file = {:?}\n[server.tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+        file("tokens"),
+        file("rozd.pem"),
+        file("rozd.key")
+    );
+    let daemon = crate::common::TestDaemon::start_server(
+        &server,
+        "",
+        |_| {},
+        Arc::new(rozd::session::LogHooks),
+    )
+    .await;
+    let port = daemon.addr.port().to_string();
+
+    // The clients block, on this daemon's port: every command succeeds.
+    let clients = marked_block(guide, "tls-clients").replace("8443", &port);
+    for line in clients.lines().filter(|l| !l.trim().is_empty()) {
+        if line.starts_with("export ") {
+            continue;
+        }
+        let script = format!("export ROZD_TOKEN=$(head -n 1 tokens)\n{line}\n");
+        let (code, out, err) = bash(dir.path(), &script, &[]).await;
+        assert_eq!(code, Some(0), "{line}\n{out}{err}");
+        if line.starts_with("curl") {
+            let status: Value = serde_json::from_str(&out).expect("status JSON");
+            assert_eq!(status["tls"]["enabled"], true, "{status}");
+        } else if line.ends_with(" list") {
+            assert!(out.lines().any(|l| l == "roz.v1.AgentService"), "{out}");
+        } else if line.contains("GetSafetyStatus") {
+            let safety: Value = serde_json::from_str(&out).expect("GetSafetyStatus JSON");
+            assert!(safety.is_object(), "{out}");
+        } else if line.starts_with("rozd status") {
+            assert!(out.contains("stop:") && out.contains("listening:"), "{out}");
+        }
+    }
+    // The host's own name is in the certificate too.
+    let host = bash(dir.path(), "hostname", &[]).await.1.trim().to_string();
+    let (code, _, err) = bash(
+        dir.path(),
+        &format!(
+            "curl -sS --resolve {host}:{port}:127.0.0.1 --cacert ca.pem \
+             -H \"authorization: Bearer $ROZD_TOKEN\" https://{host}:{port}/v1/status"
+        ),
+        &[("ROZD_TOKEN", &token)],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    // Without the CA: refused in the handshake.
+    let (code, _, _) = bash(
+        dir.path(),
+        &format!("curl -sS https://localhost:{port}/v1/status"),
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(60), "an unknown CA is refused");
+    // grpcurl without -plaintext against a plaintext daemon: the guide's error.
+    let plain = crate::common::TestDaemon::start("").await;
+    let (code, _, err) = bash(
+        dir.path(),
+        &format!("grpcurl localhost:{} list", plain.addr.port()),
+        &[],
+    )
+    .await;
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("first record does not look like a TLS handshake"),
+        "{err}"
+    );
+    let section = section(guide, "### Clients");
+    for line in commands(&section)
+        .iter()
+        .filter(|l| l.contains("-plaintext"))
+    {
+        let line = line.replace("8080", &plain.addr.port().to_string());
+        let (code, out, err) = bash(dir.path(), &line, &[]).await;
+        assert_eq!(code, Some(0), "{line}\n{out}{err}");
+    }
+    plain.shutdown().await;
+
+    // The roz CLI's forwarder: plaintext gRPC on loopback into TLS.
+    let forwarded = common::broker::free_port();
+    let guide_text = std::fs::read_to_string(root().join(guide)).unwrap();
+    let forwarder = guide_text
+        .split('`')
+        .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+        .find(|s| s.starts_with("socat TCP-LISTEN:8080"))
+        .expect("the guide's forwarder")
+        .replace("TCP-LISTEN:8080", &format!("TCP-LISTEN:{forwarded}"))
+        .replace("OPENSSL:robot:8443", &format!("OPENSSL:localhost:{port}"));
+    let words: Vec<&str> = forwarder.split(' ').collect();
+    let mut socat = Command::new(words[0])
+        .args(&words[1..])
+        .current_dir(dir.path())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("socat");
+    let deadline = tokio::time::Instant::now() + EXPECT_WITHIN;
+    let listed = loop {
+        let (code, out, err) = bash(
+            dir.path(),
+            &format!(
+                "grpcurl -plaintext -H \"authorization: Bearer $ROZD_TOKEN\" 127.0.0.1:{forwarded} list"
+            ),
+            &[("ROZD_TOKEN", &token)],
+        )
+        .await;
+        if code == Some(0) {
+            break out;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{forwarder}: {err}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        listed.lines().any(|l| l == "roz.v1.AgentService"),
+        "{listed}"
+    );
+    socat.kill().await.ok();
+    daemon.shutdown().await;
+}
