@@ -126,6 +126,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The simulated GPIO backend's pins of a running daemon: list them, or
+    /// drive an input (rehearse a stop button without a Raspberry Pi).
+    #[command(after_help = GPIO_HELP)]
+    Gpio {
+        #[command(flatten)]
+        reach: Reach,
+        /// Bearer token (admin), when the daemon requires one (not sent over
+        /// the control socket).
+        #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[command(flatten)]
+        tls: TlsArgs,
+        /// Print the daemon's JSON answer.
+        #[arg(long)]
+        json: bool,
+        #[command(subcommand)]
+        command: GpioCommand,
+    },
     /// Recordings on this machine (MCAP files of `[record]`): list, info.
     #[command(
         long_about = "Lists the recordings in the directory of [record] (of --config, \
@@ -185,6 +203,19 @@ enum RecordCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum GpioCommand {
+    /// The pins in use, their levels, inputs and outputs.
+    List,
+    /// Drive input PIN (BCM number) to an electrical level, as a button or
+    /// switch wired to it would: 0 low, 1 high.
+    Set {
+        pin: u8,
+        #[arg(value_parser = clap::value_parser!(u8).range(0..=1))]
+        level: u8,
     },
 }
 
@@ -274,6 +305,20 @@ Exit status:
   2  bad arguments
   3  the daemon refused the request (e.g. 401: a missing or wrong token)
   4  --clear refused: a stop input (e.g. the GPIO stop button) still asserts the stop"
+);
+
+const GPIO_HELP: &str = concat!(
+    reach_help!(),
+    "
+
+Only a daemon on the sim GPIO backend ([gpio] backend = \"sim\", or \"auto\" off a Pi) \
+takes it; one on real pins answers 409.
+
+Exit status:
+  0  listed / set
+  1  no answer: cannot connect, no reply within 30 s, or a reply that is not understood
+  2  bad arguments
+  3  refused: not the sim backend, an output pin, a missing or wrong (admin) token"
 );
 
 #[derive(Args)]
@@ -367,6 +412,26 @@ fn main() -> ExitCode {
                 token.as_deref(),
                 reason.as_deref(),
                 clear,
+                json,
+            )
+        }),
+        Command::Gpio {
+            reach,
+            token,
+            tls,
+            json,
+            command,
+        } => ExitCode::from({
+            tls.apply();
+            let set = match command {
+                GpioCommand::List => None,
+                GpioCommand::Set { pin, level } => Some((pin, level)),
+            };
+            cli::gpio::gpio(
+                reach.addr(),
+                reach.socket(config).as_deref(),
+                token.as_deref(),
+                set,
                 json,
             )
         }),

@@ -27,20 +27,26 @@ fn root() -> PathBuf {
 }
 
 /// The text of `file` from heading `from` up to the next heading of the
-/// same level.
+/// same level or above (outside code blocks).
 fn section(file: &str, from: &str) -> String {
     let text = std::fs::read_to_string(root().join(file)).expect("the guide");
     let start = text
         .find(from)
         .unwrap_or_else(|| panic!("{file} has no heading {from:?}"));
-    let level = from.split(' ').next().unwrap_or("##");
-    let rest = &text[start + from.len()..];
-    let end = rest
-        .match_indices(&format!("\n{level} "))
-        .map(|(i, _)| i)
-        .next()
-        .unwrap_or(rest.len());
-    rest[..end].to_string()
+    let level = from.chars().take_while(|&c| c == '#').count();
+    let mut out = String::new();
+    let mut in_code = false;
+    for line in text[start + from.len()..].split_inclusive('\n') {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        }
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        if !in_code && hashes > 0 && hashes <= level && line[hashes..].starts_with(' ') {
+            break;
+        }
+        out.push_str(line);
+    }
+    out
 }
 
 /// The fenced code blocks of `text` in language `lang`, in order.
@@ -506,4 +512,81 @@ async fn tls_guide_recipe_and_client_commands_work_against_the_daemon() {
     );
     socat.kill().await.ok();
     daemon.shutdown().await;
+}
+
+/// docs/guides/first-hardware.md, "Rehearse it without a Pi": the guide's
+/// configuration and commands, as written, against the real daemon: the
+/// sim pin pressed latches the stop, a clear is refused while it is held,
+/// released it stays latched until cleared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_hardware_stop_button_rehearsal_works_on_the_sim_backend() {
+    let guide = "docs/guides/first-hardware.md";
+    let rehearsal = section(guide, "### Rehearse it without a Pi");
+    let tables = blocks(&rehearsal, "toml")
+        .into_iter()
+        .next()
+        .expect("button.toml");
+    let steps = commands(&rehearsal);
+    assert_eq!(steps.len(), 5, "{steps:?}");
+    assert!(rehearsal.contains("rozd run --config button.toml"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", common::broker::free_port());
+    let config = dir.path().join("button.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{tables}\n[server]\nlisten = \"{addr}\"\ncontrol_socket = {:?}\n[store]\npath = {:?}\n",
+            dir.path().join("control.sock").display().to_string(),
+            dir.path().join("rozd.db").display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut rozd = common::spawn_rozd(dir.path(), &config).await;
+    let safety = get(&addr, "/v1/safety").await;
+    assert_eq!(safety["estop_active"], false, "{safety}");
+
+    // Each step with its expected exit status and what then holds.
+    let expected = [0, 4, 0, 0, 0];
+    for (step, want) in steps.iter().zip(expected) {
+        let (code, out, err) = bash(dir.path(), step, &[]).await;
+        assert_eq!(code, Some(want), "{step}\n{out}{err}");
+        let safety = get(&addr, "/v1/safety").await;
+        match step.as_str() {
+            s if s.starts_with("rozd gpio set 26 0") => {
+                assert_eq!(safety["estop_active"], true, "{safety}");
+                assert_eq!(safety["causes"][0]["source"], "gpio", "{safety}");
+                assert_eq!(
+                    safety["inputs"][0],
+                    serde_json::json!({"name": "gpio:26", "asserted": true}),
+                    "{safety}"
+                );
+                assert!(out.contains("GPIO 26 set low (0)"), "{out}");
+            }
+            s if s.starts_with("rozd estop --clear") && want == 4 => {
+                assert!(err.contains("26"), "names the input: {err}");
+                assert_eq!(safety["estop_active"], true, "{safety}");
+            }
+            s if s.starts_with("rozd gpio set 26 1") => {
+                assert_eq!(
+                    safety["estop_active"], true,
+                    "released, still latched: {safety}"
+                );
+            }
+            s if s.starts_with("rozd estop --clear") => {
+                assert_eq!(safety["estop_active"], false, "{safety}");
+            }
+            s if s.starts_with("rozd gpio list") => {
+                assert!(out.contains("GPIO 26: high (1), input"), "{out}");
+            }
+            other => panic!("a step the test does not know: {other}"),
+        }
+    }
+    // An actuator's pin is not the operator's to drive.
+    let reply =
+        rozd::cli::client::post_json(&addr, "/v1/gpio/x", None, &serde_json::json!({"level": 1}))
+            .await
+            .unwrap();
+    assert_eq!(reply.status.as_u16(), 400, "{}", reply.body);
+    common::broker::terminate(&mut rozd).await;
 }
