@@ -56,9 +56,10 @@ enum Command {
     },
     /// List the hosts a running daemon knows (GET /v1/hosts): its fleet registry.
     Hosts {
-        /// Address of the daemon.
-        #[arg(long, default_value = cli::connect::DEFAULT_ADDR, env = "ROZD_ADDR")]
-        addr: String,
+        /// Address of the daemon [default: the listen address of --config,
+        /// else 127.0.0.1:8080].
+        #[arg(long, env = "ROZD_ADDR")]
+        addr: Option<String>,
         /// Bearer token, when the daemon requires one.
         #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
         token: Option<String>,
@@ -86,9 +87,10 @@ enum Command {
     /// An MCP server on stdin/stdout relaying to a running daemon's /mcp
     /// (for Claude Desktop and other stdio MCP clients).
     Mcp {
-        /// Address of the daemon (host:port or http://host:port).
-        #[arg(long, default_value = cli::connect::DEFAULT_ADDR, env = "ROZD_ADDR")]
-        addr: String,
+        /// Address of the daemon (host:port or http://host:port) [default:
+        /// the listen address of --config, else 127.0.0.1:8080].
+        #[arg(long, env = "ROZD_ADDR")]
+        addr: Option<String>,
         /// Bearer token, when the daemon requires one.
         #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
         token: Option<String>,
@@ -165,13 +167,8 @@ enum Command {
     )]
     Task {
         /// Address of the daemon.
-        #[arg(
-            long,
-            global = true,
-            default_value = cli::connect::DEFAULT_ADDR,
-            env = "ROZD_ADDR"
-        )]
-        addr: String,
+        #[arg(long, global = true, env = "ROZD_ADDR")]
+        addr: Option<String>,
         /// Bearer token, when the daemon requires one.
         #[arg(long, global = true, env = "ROZD_TOKEN", hide_env_values = true)]
         token: Option<String>,
@@ -248,20 +245,54 @@ struct TlsArgs {
 }
 
 impl TlsArgs {
-    /// Used by every `https://` connection of this command.
-    fn apply(self) {
+    /// Used by every `https://` connection of this command; `ca_file` is
+    /// trusted when `--cacert` is not given.
+    fn apply(self, ca_file: Option<PathBuf>) {
         cli::connect::set_client_tls(rozd::tls::client::ClientTlsFiles {
-            ca_file: self.cacert,
+            ca_file: self.cacert.or(ca_file),
             cert_file: self.cert,
             key_file: self.key,
         });
     }
 }
 
+/// The address client command `command` talks to: `--addr` (or
+/// `$ROZD_ADDR`), else the listen address of `--config` (or `$ROZD_CONFIG`)
+/// with `https://` for its `[server.tls]`, else 127.0.0.1:8080; applies
+/// `tls`. A configuration it cannot read is an error (exit 78): another
+/// daemon is not to be talked to instead, except by a stop, which tries the
+/// default address rather than not stopping.
+fn daemon_addr(
+    command: &str,
+    addr: Option<&str>,
+    config: Option<&Path>,
+    tls: TlsArgs,
+) -> Result<String, ExitCode> {
+    match cli::client::reach_for(addr, config) {
+        Ok(reach) => {
+            tls.apply(reach.ca_file);
+            Ok(reach.addr)
+        }
+        Err(why) if command == "estop" => {
+            eprintln!(
+                "rozd estop: {why}; trying {} over TCP",
+                cli::connect::DEFAULT_ADDR
+            );
+            tls.apply(None);
+            Ok(cli::connect::DEFAULT_ADDR.to_string())
+        }
+        Err(why) => {
+            eprintln!("rozd {command}: {why}");
+            Err(ExitCode::from(EXIT_CONFIG))
+        }
+    }
+}
+
 /// Where `rozd status` and `rozd estop` send their request.
 #[derive(Args)]
 struct Reach {
-    /// Address of the daemon over TCP [default: 127.0.0.1:8080].
+    /// Address of the daemon over TCP [default: the listen address of
+    /// --config, else 127.0.0.1:8080].
     #[arg(long, env = "ROZD_ADDR")]
     addr: Option<String>,
     /// The daemon's local control socket, tried before TCP ("" for none).
@@ -271,10 +302,6 @@ struct Reach {
 }
 
 impl Reach {
-    fn addr(&self) -> &str {
-        self.addr.as_deref().unwrap_or(cli::connect::DEFAULT_ADDR)
-    }
-
     /// The control socket to try first (see [`REACH_HELP`]).
     fn socket(&self, config: Option<&Path>) -> Option<PathBuf> {
         cli::client::socket_for(self.socket.as_deref(), config, self.addr.is_some())
@@ -285,7 +312,8 @@ impl Reach {
 macro_rules! reach_help {
     () => {
         "Order: the daemon's local control socket first (no token needed: its file \
-permissions admit root and the daemon's group), then TCP at --addr.
+permissions admit root and the daemon's group), then TCP at --addr (default: \
+server.listen of --config or $ROZD_CONFIG, https:// with its [server.tls]; else 127.0.0.1:8080).
 The socket: --socket; else server.control_socket of --config (or $ROZD_CONFIG), or its \
 default ($RUNTIME_DIRECTORY/control.sock, /run/rozd/control.sock for /etc/rozd/rozd.toml, \
 else control.sock beside the store); without --config and --addr the same for the \
@@ -324,9 +352,10 @@ Exit status:
 #[derive(Args)]
 struct ChatArgs {
     /// Address of the daemon (host:port, http://host:port, or
-    /// https://host:port for TLS).
-    #[arg(long, default_value = cli::connect::DEFAULT_ADDR, env = "ROZD_ADDR")]
-    addr: String,
+    /// https://host:port for TLS) [default: the listen address of --config,
+    /// https:// with its [server.tls]; else 127.0.0.1:8080].
+    #[arg(long, env = "ROZD_ADDR")]
+    addr: Option<String>,
     /// Bearer token, when the daemon requires one.
     #[arg(long, env = "ROZD_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -362,41 +391,47 @@ fn main() -> ExitCode {
             token,
             tls,
             json,
-        } => ExitCode::from({
-            tls.apply();
-            cli::status::status(
-                reach.addr(),
+        } => match daemon_addr("status", reach.addr.as_deref(), config, tls) {
+            Ok(addr) => ExitCode::from(cli::status::status(
+                &addr,
                 reach.socket(config).as_deref(),
                 token.as_deref(),
                 json,
-            )
-        }),
+            )),
+            Err(code) => code,
+        },
         Command::Hosts {
             addr,
             token,
             tls,
             environment,
             json,
-        } => ExitCode::from({
-            tls.apply();
-            cli::status::hosts(&addr, token.as_deref(), environment.as_deref(), json)
-        }),
-        Command::Chat(args) => ExitCode::from({
-            args.tls.apply();
-            cli::chat::exec(cli::chat::ChatOptions {
-                addr: args.addr,
+        } => match daemon_addr("hosts", addr.as_deref(), config, tls) {
+            Ok(addr) => ExitCode::from(cli::status::hosts(
+                &addr,
+                token.as_deref(),
+                environment.as_deref(),
+                json,
+            )),
+            Err(code) => code,
+        },
+        Command::Chat(args) => match daemon_addr("chat", args.addr.as_deref(), config, args.tls) {
+            Err(code) => code,
+            Ok(addr) => ExitCode::from(cli::chat::exec(cli::chat::ChatOptions {
+                addr,
                 token: args.token,
                 model: args.model,
                 host_id: args.host_id,
                 environment: args.environment,
                 prompt: args.prompt,
                 allow_shell: args.allow_shell,
-            })
-        }),
-        Command::Mcp { addr, token, tls } => ExitCode::from({
-            tls.apply();
-            cli::mcp::exec(cli::mcp::Options { addr, token })
-        }),
+            })),
+        },
+        Command::Mcp { addr, token, tls } => match daemon_addr("mcp", addr.as_deref(), config, tls)
+        {
+            Ok(addr) => ExitCode::from(cli::mcp::exec(cli::mcp::Options { addr, token })),
+            Err(code) => code,
+        },
         Command::Estop {
             reach,
             token,
@@ -405,9 +440,11 @@ fn main() -> ExitCode {
             clear,
             json,
         } => ExitCode::from({
-            tls.apply();
+            // Never fails: a stop tries the default address rather than none.
+            let addr = daemon_addr("estop", reach.addr.as_deref(), config, tls)
+                .unwrap_or_else(|_| cli::connect::DEFAULT_ADDR.to_string());
             cli::estop::estop(
-                reach.addr(),
+                &addr,
                 reach.socket(config).as_deref(),
                 token.as_deref(),
                 reason.as_deref(),
@@ -421,20 +458,22 @@ fn main() -> ExitCode {
             tls,
             json,
             command,
-        } => ExitCode::from({
-            tls.apply();
-            let set = match command {
-                GpioCommand::List => None,
-                GpioCommand::Set { pin, level } => Some((pin, level)),
-            };
-            cli::gpio::gpio(
-                reach.addr(),
-                reach.socket(config).as_deref(),
-                token.as_deref(),
-                set,
-                json,
-            )
-        }),
+        } => match daemon_addr("gpio", reach.addr.as_deref(), config, tls) {
+            Ok(addr) => {
+                let set = match command {
+                    GpioCommand::List => None,
+                    GpioCommand::Set { pin, level } => Some((pin, level)),
+                };
+                ExitCode::from(cli::gpio::gpio(
+                    &addr,
+                    reach.socket(config).as_deref(),
+                    token.as_deref(),
+                    set,
+                    json,
+                ))
+            }
+            Err(code) => code,
+        },
         Command::Record { command } => record(config, command),
         Command::Task {
             addr,
@@ -442,10 +481,10 @@ fn main() -> ExitCode {
             tls,
             json,
             command,
-        } => ExitCode::from({
-            tls.apply();
-            cli::task::exec(&addr, token.as_deref(), command, json)
-        }),
+        } => match daemon_addr("task", addr.as_deref(), config, tls) {
+            Ok(addr) => ExitCode::from(cli::task::exec(&addr, token.as_deref(), command, json)),
+            Err(code) => code,
+        },
     }
 }
 
