@@ -8,7 +8,7 @@
 //! - [`logging`]: the daemon's logs, to journald or stderr
 //! - [`metrics`]: Prometheus metrics: event counters and histograms, state sampled at scrape
 //! - [`api`]: tonic services and axum REST on one listener, auth, reflection, health
-//! - [`session`]: one agent session: state machine and turn loop
+//! - [`session`]: one agent session: state machine and turn loop; every call waiting for approval
 //! - [`model`]: language models behind one streaming trait (offline `local` model)
 //! - [`observe`]: observers of domain events, given to each core when it is built
 //! - [`store`]: SQLite store of sessions, turns and feedback
@@ -17,7 +17,7 @@
 //! - [`safety`]: the protective-stop latch
 //! - [`team`]: tasks, their workers and durable team events
 //! - [`tools`]: the host tools generated from sensors and actuators
-//! - [`mcp`]: the host tools over MCP (`/mcp`, `rozd mcp`) and operator approvals
+//! - [`mcp`]: the host tools over MCP (`/mcp`, `rozd mcp`)
 //! - [`fleet`]: hosts by `host_id` over an MQTT broker: presence, registry, routing, fleet stop
 //! - [`record`]: MCAP recordings (a bounded queue off the hot paths) and their replay
 //! - [`tls`]: rustls (ring) for the listener (reloadable), the CLI and relays
@@ -81,8 +81,11 @@ pub struct HostContext {
     pub host_registry: Arc<session::tools::ToolRegistry>,
     /// The fleet registry (just this host without `[fleet]`) and routing by host id.
     pub fleet: Arc<fleet::Fleet>,
-    /// MCP sessions and the calls waiting for an operator's approval.
+    /// MCP sessions.
     pub mcp: Arc<mcp::Mcp>,
+    /// Every call waiting for an approval (MCP, session, task): what
+    /// `/v1/approvals` lists and answers.
+    pub approvals: Arc<session::approvals::Approvals>,
     /// MCAP recordings (disabled without `[record]`).
     pub recorder: Arc<record::Recorder>,
     /// Cancelled when the daemon begins its shutdown.
@@ -142,6 +145,7 @@ impl HostContext {
         Arc::new(HostContext {
             fleet,
             mcp: Arc::new(mcp::Mcp::new(ooda.clone(), &config.mcp)),
+            approvals: Arc::default(),
             host_tools,
             host_registry: Arc::new(host_registry),
             models: model::ModelRegistry::from_config(&config.model),

@@ -102,6 +102,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The simulated GPIO backend's pins of a running daemon: list them, or
+    /// drive an input (rehearse a stop button without a Raspberry Pi).
+    #[command(after_help = GPIO_HELP)]
+    Gpio {
+        #[command(flatten)]
+        reach: Reach,
+        /// Print the daemon's JSON answer.
+        #[arg(long)]
+        json: bool,
+        #[command(subcommand)]
+        command: GpioCommand,
+    },
     /// Recordings on this machine (MCAP files of `[record]`): list, info.
     #[command(
         long_about = "Lists the recordings in the directory of [record] (of --config, \
@@ -129,6 +141,19 @@ enum Command {
         json: bool,
         #[command(subcommand)]
         command: cli::task::TaskCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum GpioCommand {
+    /// The pins in use, their levels, inputs and outputs.
+    List,
+    /// Drive input PIN (BCM number) to an electrical level, as a button or
+    /// switch wired to it would: 0 low, 1 high.
+    Set {
+        pin: u8,
+        #[arg(value_parser = clap::value_parser!(u8).range(0..=1))]
+        level: u8,
     },
 }
 
@@ -182,13 +207,46 @@ struct TlsArgs {
 }
 
 impl TlsArgs {
-    /// Used by every `https://` connection of this command.
-    fn apply(&self) {
+    /// Used by every `https://` connection of this command; `ca_file` is
+    /// trusted when `--cacert` is not given.
+    fn apply(&self, ca_file: Option<PathBuf>) {
         cli::connect::set_client_tls(rozd::tls::client::ClientTlsFiles {
-            ca_file: self.cacert.clone(),
+            ca_file: self.cacert.clone().or(ca_file),
             cert_file: self.cert.clone(),
             key_file: self.key.clone(),
         });
+    }
+}
+
+/// The address client command `command` talks to: `--addr` (or
+/// `$ROZD_ADDR`), else the listen address of `--config` (or `$ROZD_CONFIG`)
+/// with `https://` for its `[server.tls]`, else 127.0.0.1:8080; puts `tls`
+/// in force. A configuration it cannot read is an error (exit 78): another
+/// daemon is not to be talked to instead, except by a stop, which tries the
+/// default address rather than not stopping.
+fn daemon_addr(
+    command: &str,
+    addr: Option<&str>,
+    config: Option<&Path>,
+    tls: &TlsArgs,
+) -> Result<String, ExitCode> {
+    match cli::client::reach_for(addr, config) {
+        Ok(reach) => {
+            tls.apply(reach.ca_file);
+            Ok(reach.addr)
+        }
+        Err(why) if command == "estop" => {
+            eprintln!(
+                "rozd estop: {why}; trying {} over TCP",
+                cli::connect::DEFAULT_ADDR
+            );
+            tls.apply(None);
+            Ok(cli::connect::DEFAULT_ADDR.to_string())
+        }
+        Err(why) => {
+            eprintln!("rozd {command}: {why}");
+            Err(ExitCode::from(EXIT_CONFIG))
+        }
     }
 }
 
@@ -197,14 +255,10 @@ impl TlsArgs {
 #[derive(Args)]
 struct DaemonArgs {
     /// Address of the daemon (host:port, http://host:port, or
-    /// https://host:port for TLS).
-    #[arg(
-        long,
-        global = true,
-        default_value = cli::connect::DEFAULT_ADDR,
-        env = "ROZD_ADDR"
-    )]
-    addr: String,
+    /// https://host:port for TLS) [default: the listen address of --config,
+    /// https:// with its [server.tls]; else 127.0.0.1:8080].
+    #[arg(long, global = true, env = "ROZD_ADDR")]
+    addr: Option<String>,
     /// Bearer token, when the daemon requires one.
     #[arg(long, global = true, env = "ROZD_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -213,10 +267,15 @@ struct DaemonArgs {
 }
 
 impl DaemonArgs {
-    /// The address and token, with the TLS flags put in force.
-    fn connect(self) -> (String, Option<String>) {
-        self.tls.apply();
-        (self.addr, self.token)
+    /// The address and token for `command`, with the TLS flags put in
+    /// force (see [`daemon_addr`]).
+    fn connect(
+        self,
+        command: &str,
+        config: Option<&Path>,
+    ) -> Result<(String, Option<String>), ExitCode> {
+        let addr = daemon_addr(command, self.addr.as_deref(), config, &self.tls)?;
+        Ok((addr, self.token))
     }
 }
 
@@ -224,7 +283,8 @@ impl DaemonArgs {
 /// socket first, else TCP.
 #[derive(Args)]
 struct Reach {
-    /// Address of the daemon over TCP [default: 127.0.0.1:8080].
+    /// Address of the daemon over TCP [default: the listen address of
+    /// --config, else 127.0.0.1:8080].
     #[arg(long, env = "ROZD_ADDR")]
     addr: Option<String>,
     /// The daemon's local control socket, tried before TCP ("" for none).
@@ -240,8 +300,9 @@ struct Reach {
 }
 
 impl Reach {
-    fn addr(&self) -> &str {
-        self.addr.as_deref().unwrap_or(cli::connect::DEFAULT_ADDR)
+    /// The TCP address for `command` (see [`daemon_addr`]).
+    fn addr(&self, command: &str, config: Option<&Path>) -> Result<String, ExitCode> {
+        daemon_addr(command, self.addr.as_deref(), config, &self.tls)
     }
 
     /// The control socket to try first (see [`REACH_HELP`]).
@@ -254,7 +315,8 @@ impl Reach {
 macro_rules! reach_help {
     () => {
         "Order: the daemon's local control socket first (no token needed: its file \
-permissions admit root and the daemon's group), then TCP at --addr.
+permissions admit root and the daemon's group), then TCP at --addr (default: \
+server.listen of --config or $ROZD_CONFIG, https:// with its [server.tls]; else 127.0.0.1:8080).
 The socket: --socket; else server.control_socket of --config (or $ROZD_CONFIG), or its \
 default ($RUNTIME_DIRECTORY/control.sock, /run/rozd/control.sock for /etc/rozd/rozd.toml, \
 else control.sock beside the store); without --config and --addr the same for the \
@@ -263,6 +325,20 @@ configuration the daemon would find; with only --addr, no socket."
 }
 
 const REACH_HELP: &str = reach_help!();
+
+const GPIO_HELP: &str = concat!(
+    reach_help!(),
+    "
+
+Only a daemon on the sim GPIO backend ([gpio] backend = \"sim\", or \"auto\" off a Pi) \
+takes it; one on real pins answers 409.
+
+Exit status:
+  0  listed / set
+  1  no answer: cannot connect, no reply within 30 s, or a reply that is not understood
+  2  bad arguments
+  3  refused: not the sim backend, an output pin, a missing or wrong (admin) token"
+);
 
 const ESTOP_HELP: &str = concat!(
     reach_help!(),
@@ -305,26 +381,30 @@ fn main() -> ExitCode {
     match parsed.command.unwrap_or(Command::Run) {
         Command::Run => run(config),
         Command::Check => check(config),
-        Command::Status { reach, json } => ExitCode::from({
-            reach.tls.apply();
-            cli::status::status(
-                reach.addr(),
+        Command::Status { reach, json } => match reach.addr("status", config) {
+            Ok(addr) => ExitCode::from(cli::status::status(
+                &addr,
                 reach.socket(config).as_deref(),
                 reach.token.as_deref(),
                 json,
-            )
-        }),
+            )),
+            Err(code) => code,
+        },
         Command::Hosts {
             daemon,
             environment,
             json,
-        } => ExitCode::from({
-            let (addr, token) = daemon.connect();
-            cli::status::hosts(&addr, token.as_deref(), environment.as_deref(), json)
-        }),
-        Command::Chat(args) => ExitCode::from({
-            let (addr, token) = args.daemon.connect();
-            cli::chat::exec(cli::chat::ChatOptions {
+        } => match daemon.connect("hosts", config) {
+            Ok((addr, token)) => ExitCode::from(cli::status::hosts(
+                &addr,
+                token.as_deref(),
+                environment.as_deref(),
+                json,
+            )),
+            Err(code) => code,
+        },
+        Command::Chat(args) => match args.daemon.connect("chat", config) {
+            Ok((addr, token)) => ExitCode::from(cli::chat::exec(cli::chat::ChatOptions {
                 addr,
                 token,
                 model: args.model,
@@ -332,21 +412,25 @@ fn main() -> ExitCode {
                 environment: args.environment,
                 prompt: args.prompt,
                 allow_shell: args.allow_shell,
-            })
-        }),
-        Command::Mcp { daemon } => ExitCode::from({
-            let (addr, token) = daemon.connect();
-            cli::mcp::exec(cli::mcp::Options { addr, token })
-        }),
+            })),
+            Err(code) => code,
+        },
+        Command::Mcp { daemon } => match daemon.connect("mcp", config) {
+            Ok((addr, token)) => ExitCode::from(cli::mcp::exec(cli::mcp::Options { addr, token })),
+            Err(code) => code,
+        },
         Command::Estop {
             reach,
             reason,
             clear,
             json,
         } => ExitCode::from({
-            reach.tls.apply();
+            // Never fails: a stop tries the default address rather than none.
+            let addr = reach
+                .addr("estop", config)
+                .unwrap_or_else(|_| cli::connect::DEFAULT_ADDR.to_string());
             cli::estop::estop(
-                reach.addr(),
+                &addr,
                 reach.socket(config).as_deref(),
                 reach.token.as_deref(),
                 reason.as_deref(),
@@ -354,15 +438,37 @@ fn main() -> ExitCode {
                 json,
             )
         }),
+        Command::Gpio {
+            reach,
+            json,
+            command,
+        } => match reach.addr("gpio", config) {
+            Ok(addr) => {
+                let set = match command {
+                    GpioCommand::List => None,
+                    GpioCommand::Set { pin, level } => Some((pin, level)),
+                };
+                ExitCode::from(cli::gpio::gpio(
+                    &addr,
+                    reach.socket(config).as_deref(),
+                    reach.token.as_deref(),
+                    set,
+                    json,
+                ))
+            }
+            Err(code) => code,
+        },
         Command::Record { command } => record(config, command),
         Command::Task {
             daemon,
             json,
             command,
-        } => ExitCode::from({
-            let (addr, token) = daemon.connect();
-            cli::task::exec(&addr, token.as_deref(), command, json)
-        }),
+        } => match daemon.connect("task", config) {
+            Ok((addr, token)) => {
+                ExitCode::from(cli::task::exec(&addr, token.as_deref(), command, json))
+            }
+            Err(code) => code,
+        },
     }
 }
 

@@ -150,6 +150,8 @@ async fn read_client(
                 match relay::open_session(&remote, keepalive, request).await {
                     Ok(opened) => {
                         drop(local_out);
+                        // Listed among the open sessions while it relays.
+                        let _listed = ctx.sessions.relaying(&remote.id, credential.clone());
                         relay::relay_session(opened, incoming, relay_out, ctx.shutdown.clone())
                             .await;
                         return;

@@ -1,6 +1,9 @@
-//! `GET /v1/approvals` and `POST /v1/approvals/{id}`: MCP calls waiting for
-//! an operator's approval (see [`crate::mcp::approvals`]). Tasks answer
-//! their own at `/v1/tasks/{id}/approvals`.
+//! `GET /v1/approvals` and `POST /v1/approvals/{id}`: every call waiting
+//! for an approval, an MCP client's, a session's or a task's (see
+//! [`crate::session::approvals`]), listed and answered in one place, the
+//! dashboard's and `rozd approvals`'. The first answer wins, whether it comes
+//! from here or from the caller's own way (elicitation, `PermissionDecision`,
+//! `/v1/tasks/{id}/approvals`).
 
 use std::sync::Arc;
 
@@ -24,12 +27,13 @@ pub fn routes() -> Router<Arc<HostContext>> {
         .route("/v1/approvals/{id}", post(answer))
 }
 
-/// Every call waiting for approval, oldest first.
+/// Every call waiting for approval (MCP, session, task), oldest first.
 async fn list(State(ctx): State<Arc<HostContext>>) -> Json<Value> {
-    Json(json!({ "data": ctx.mcp.approvals.list() }))
+    Json(json!({ "data": ctx.approvals.list() }))
 }
 
-/// `{"approve": true|false}`: the call stops waiting at once. With
+/// `{"approve": true|false}` (or `{"approved": ...}`, the spelling of
+/// `/v1/tasks/{id}/approvals`): the call stops waiting at once. With
 /// `approvals.require_other_credential`, the credential that made the call
 /// may deny it but not approve it (403, audited).
 async fn answer(
@@ -39,16 +43,16 @@ async fn answer(
     body: Bytes,
 ) -> Response {
     let approve = match serde_json::from_slice::<Value>(&body) {
-        Ok(Value::Object(map)) => match (map.get("approve"), map.len()) {
-            (Some(Value::Bool(approve)), 1) => *approve,
-            _ => return invalid("the body must be {\"approve\": true} or {\"approve\": false}"),
+        Ok(Value::Object(map)) => match decision(&map) {
+            Some(approve) => approve,
+            None => return invalid("the body must be {\"approve\": true} or {\"approve\": false}"),
         },
         Ok(_) => return invalid("the body must be a JSON object"),
         Err(e) => return invalid(&format!("the body is not valid JSON: {e}")),
     };
     let by = caller.as_ref().and_then(|c| c.named().map(str::to_string));
-    let Some(call) = ctx.mcp.approvals.get(&id) else {
-        let e = crate::mcp::approvals::ApprovalError::NotFound(id);
+    let Some(call) = ctx.approvals.get(&id) else {
+        let e = crate::session::approvals::ApprovalError::NotFound(id);
         return json_error(StatusCode::NOT_FOUND, "not_found", &e.to_string()).into_response();
     };
     if let Err(own) = ctx
@@ -56,10 +60,10 @@ async fn answer(
         .may_answer(call.credential.as_deref(), by.as_deref(), approve)
     {
         let why = own.to_string();
-        tracing::warn!(tool_call_id = %call.id, tool = %call.tool, credential = by.as_deref().unwrap_or(""), "refused: a credential approving its own MCP call");
+        tracing::warn!(tool_call_id = %call.tool_call_id, tool = %call.tool, credential = by.as_deref().unwrap_or(""), "refused: a credential approving its own call");
         let record = own_approval_refused(
             &call.session_id,
-            &call.id,
+            &call.tool_call_id,
             &call.tool,
             &call.parameters,
             "POST /v1/approvals",
@@ -71,15 +75,48 @@ async fn answer(
         }
         return json_error(StatusCode::FORBIDDEN, "permission_denied", &why).into_response();
     }
-    match ctx.mcp.approvals.answer(&id, approve, by.clone()) {
+    match ctx.approvals.answer(&id, approve, by.clone()) {
         Ok(view) => {
-            tracing::info!(tool_call_id = %view.id, tool = %view.tool, origin = %view.origin, approve, approved_by = by.as_deref().unwrap_or(""), "an MCP call answered over REST");
+            tracing::info!(tool_call_id = %view.tool_call_id, kind = ?view.kind, tool = %view.tool, origin = %view.origin, approve, approved_by = by.as_deref().unwrap_or(""), "a call answered over REST");
             Json(json!({ "approved": approve, "call": view })).into_response()
         }
         Err(e) => json_error(StatusCode::NOT_FOUND, "not_found", &e.to_string()).into_response(),
     }
 }
 
+/// The answer in a body: `{"approve": bool}` or `{"approved": bool}`, and
+/// nothing else.
+pub fn decision(body: &serde_json::Map<String, Value>) -> Option<bool> {
+    match (body.get("approve"), body.get("approved"), body.len()) {
+        (Some(Value::Bool(approve)), None, 1) | (None, Some(Value::Bool(approve)), 1) => {
+            Some(*approve)
+        }
+        _ => None,
+    }
+}
+
 fn invalid(message: &str) -> Response {
     json_error(StatusCode::BAD_REQUEST, "invalid_argument", message).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(text: &str) -> serde_json::Map<String, Value> {
+        serde_json::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn both_spellings_of_an_answer_and_nothing_else() {
+        assert_eq!(decision(&body(r#"{"approve": true}"#)), Some(true));
+        assert_eq!(decision(&body(r#"{"approved": false}"#)), Some(false));
+        assert_eq!(decision(&body(r#"{"approve": "yes"}"#)), None);
+        assert_eq!(
+            decision(&body(r#"{"approve": true, "approved": true}"#)),
+            None
+        );
+        assert_eq!(decision(&body(r#"{"approve": true, "note": 1}"#)), None);
+        assert_eq!(decision(&body("{}")), None);
+    }
 }

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod browser;
 pub mod connections;
 pub mod convert;
+mod gpio;
 mod hosts;
 pub use hosts::MAX_HOSTS_LIMIT;
 mod recordings;
@@ -94,6 +95,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .merge(tasks::routes().with_state(ctx.clone()))
         .merge(hosts::routes().with_state(ctx.clone()))
         .merge(recordings::routes().with_state(ctx.clone()))
+        .merge(gpio::routes().with_state(ctx.clone()))
         .merge(ui::routes().with_state(ctx.clone()));
     let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
     let credentials = Arc::new(auth::Credentials::from_config(&ctx.config));
@@ -130,12 +132,14 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
 pub struct ControlSocket;
 
 /// What the local control socket serves: `GET /healthz`, `GET /v1/status`,
-/// `GET /v1/safety`, `POST /v1/estop` and `POST /v1/estop/clear`, without
+/// `GET /v1/safety`, `POST /v1/estop`, `POST /v1/estop/clear` and the sim
+/// GPIO's `GET /v1/gpio`, `POST /v1/gpio/{pin}`, without
 /// bearer tokens (only root and the daemon's group may open the socket) and
 /// without the browser checks (no browser can open a Unix socket).
 pub fn control_router(ctx: Arc<HostContext>) -> axum::Router {
     rest::control_routes()
         .merge(safety::routes())
+        .merge(gpio::routes())
         .with_state(ctx)
         .fallback(rest::fallback)
         .method_not_allowed_fallback(rest::method_not_allowed)

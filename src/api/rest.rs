@@ -9,7 +9,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::StatusCode;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::reply::{is_grpc, json_error};
 use crate::HostContext;
@@ -25,9 +25,12 @@ pub fn routes() -> Router<Arc<HostContext>> {
         .route("/healthz", get(healthz))
         .route("/v1/status", get(status))
         .route("/v1/sessions", get(sessions))
+        .route("/v1/sessions/open", get(open_sessions))
         .route("/v1/sessions/{id}", get(session))
         .route("/v1/observation", get(observation))
         .route("/v1/audit", get(audit))
+        .route("/v1/rules", get(rules))
+        .route("/v1/actuators", get(actuators))
         .route("/v1/sensors", get(sensors))
         .route("/v1/sensors/{name}", get(sensor))
         .route("/metrics", get(metrics))
@@ -127,6 +130,7 @@ async fn sensor(State(ctx): State<Arc<HostContext>>, Path(name): Path<String>) -
                 })),
                 "digital": spec.is_some_and(|s| is_digital(&s.source)),
                 "history": history,
+                "trend": ctx.ooda.world().trend(&name, now).unwrap_or_default(),
             }))
             .into_response()
         }
@@ -216,6 +220,8 @@ pub(super) fn status_json(
         "recording": ctx.recorder.status(),
         // Whether the store writes: PHYSICAL calls are refused while it does not.
         "store": ctx.store.health(),
+        // Every call waiting at /v1/approvals (MCP, sessions, tasks).
+        "pending_approvals": ctx.approvals.len(),
         "mcp": ctx.config.mcp.enabled.then(|| {
             let sessions = ctx.mcp.sessions.stats();
             json!({
@@ -223,7 +229,12 @@ pub(super) fn status_json(
                 "max_sessions": sessions.max_sessions,
                 "sessions_evicted": sessions.sessions_evicted,
                 "sessions_refused": sessions.sessions_refused,
-                "pending_approvals": ctx.mcp.approvals.list().len(),
+                "pending_approvals": ctx
+                    .approvals
+                    .list()
+                    .iter()
+                    .filter(|a| a.kind == crate::session::approvals::Asker::Mcp)
+                    .count(),
             })
         }),
     })
@@ -296,6 +307,83 @@ async fn sessions(
         Ok(data) => Json(json!({ "data": data })).into_response(),
         Err(e) => store_failure("listing sessions", &e),
     }
+}
+
+/// `GET /v1/actuators`: every actuator as configured: what it accepts, its
+/// safe value, how long a command holds.
+async fn actuators(State(ctx): State<Arc<HostContext>>) -> Json<Value> {
+    let data: Vec<Value> = ctx
+        .config
+        .actuators
+        .iter()
+        .map(|a| {
+            json!({
+                "name": a.name,
+                "unit": a.unit,
+                "description": a.description,
+                "min": a.min,
+                "max": a.max,
+                "allowed": a.allowed,
+                "safe_value": a.safe_value,
+                "hold_ms": a.hold_ms,
+                "max_rate_hz": a.max_rate_hz,
+                "shared": a.shared,
+            })
+        })
+        .collect();
+    Json(json!({ "data": data }))
+}
+
+/// `GET /v1/rules`: every reflex rule, its condition, action and state.
+async fn rules(State(ctx): State<Arc<HostContext>>) -> Json<Value> {
+    Json(json!({ "data": ctx.ooda.rules_view() }))
+}
+
+/// `GET /v1/sessions/open`: every session open now.
+async fn open_sessions(State(ctx): State<Arc<HostContext>>) -> Json<Value> {
+    Json(open_sessions_json(&ctx))
+}
+
+/// Every session open now, the oldest first within each kind: gRPC session
+/// streams served here (`grpc`), those relayed through here to another
+/// host (`relayed`), then MCP sessions (`mcp`); each with the calls it has
+/// waiting for approval.
+pub fn open_sessions_json(ctx: &HostContext) -> Value {
+    let waiting = ctx.approvals.list();
+    let waiting_for = |owner: &str| waiting.iter().filter(|a| a.session_id == owner).count();
+    let mut data: Vec<Value> = ctx
+        .sessions
+        .open()
+        .into_iter()
+        .map(|s| {
+            let approvals = s.id.as_deref().map_or(0, waiting_for);
+            json!({
+                "kind": s.kind,
+                "id": s.id,
+                "credential": s.credential,
+                "opened_unix_ms": s.opened_unix_ms,
+                "model": s.model,
+                "host_id": s.host_id,
+                "pending_approvals": approvals,
+            })
+        })
+        .collect();
+    if ctx.config.mcp.enabled {
+        for s in ctx.mcp.sessions.list() {
+            let owner = crate::mcp::sessions::owner(&s.id);
+            data.push(json!({
+                "kind": "mcp",
+                "id": s.id,
+                "credential": s.credential,
+                "opened_unix_ms": s.opened_unix_ms,
+                "last_active_unix_ms": s.last_active_unix_ms,
+                "listening": s.listening,
+                "in_flight": s.in_flight,
+                "pending_approvals": waiting_for(&owner),
+            }));
+        }
+    }
+    json!({ "data": data })
 }
 
 /// Query of `GET /v1/audit`; strings so bad values get a JSON 400.

@@ -151,7 +151,10 @@ fn frame(event: &str, id: u64, data: &Value) -> Bytes {
 
 /// `GET /v1/observation/stream`: server-sent events, one stream per page.
 /// `observation` at most [`STREAM_MAX_HZ`] a second (only newer ticks than
-/// the last sent); `safety` at once on every change of the stop; `status`,
+/// the last sent); `safety` at once on every change of the stop;
+/// `approvals` (every call waiting, as `GET /v1/approvals`) at once on every
+/// change of that list; `rules` (as `GET /v1/rules`) at the start and at
+/// most 10 times a second while rules change; `status`, `sessions` (as `GET /v1/sessions/open`),
 /// `tasks` and `hosts` at the start and whenever they change. Every event's
 /// id is the tick (`seq`) of the latest Observation sent, so a page that
 /// reconnects with `Last-Event-ID` gets no Observation it already had; the
@@ -187,7 +190,12 @@ async fn feed(ctx: Arc<HostContext>, after: u64, tx: mpsc::Sender<Result<Bytes, 
     snapshots.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let mut stop = ctx.ooda.protective_stop().subscribe();
     stop.mark_changed();
+    let mut approvals = ctx.approvals.subscribe();
+    approvals.mark_changed();
+    let mut rules = ctx.ooda.subscribe_rules();
+    let mut rules_changed = true;
     let (mut status, mut tasks, mut hosts) = (Value::Null, Value::Null, Value::Null);
+    let mut sessions = Value::Null;
     let send = |bytes: Bytes| {
         let tx = tx.clone();
         async move { tx.send(Ok(bytes)).await.is_ok() }
@@ -211,14 +219,42 @@ async fn feed(ctx: Arc<HostContext>, after: u64, tx: mpsc::Sender<Result<Bytes, 
                 }
                 Err(_) => false,
             },
+            changed = approvals.changed() => match changed {
+                Ok(()) => {
+                    approvals.borrow_and_update();
+                    let now = super::rest::open_sessions_json(&ctx);
+                    let open = if now == sessions {
+                        true
+                    } else {
+                        sessions = now;
+                        send(frame("sessions", last_seq, &sessions)).await
+                    };
+                    open && send(frame("approvals", last_seq, &json!({ "data": ctx.approvals.list() }))).await
+                }
+                Err(_) => false,
+            },
+            changed = rules.changed() => match changed {
+                // Sent at the next pace: a rule that flaps costs the page
+                // no more than the Observation does.
+                Ok(()) => {
+                    rules.borrow_and_update();
+                    rules_changed = true;
+                    true
+                }
+                Err(_) => false,
+            },
             _ = pace.tick() => {
+                let mut open = true;
+                if rules_changed {
+                    rules_changed = false;
+                    open &= send(frame("rules", last_seq, &json!({ "data": ctx.ooda.rules_view() }))).await;
+                }
                 let observation = ctx.ooda.observe_now();
                 if observation.seq > last_seq {
                     last_seq = observation.seq;
-                    send(frame("observation", last_seq, &json!(observation))).await
-                } else {
-                    true
+                    open &= send(frame("observation", last_seq, &json!(observation))).await;
                 }
+                open
             }
             _ = snapshots.tick() => {
                 let mut open = true;
@@ -226,6 +262,11 @@ async fn feed(ctx: Arc<HostContext>, after: u64, tx: mpsc::Sender<Result<Bytes, 
                 if now != status {
                     status = now;
                     open &= send(frame("status", last_seq, &status)).await;
+                }
+                let now = super::rest::open_sessions_json(&ctx);
+                if now != sessions {
+                    sessions = now;
+                    open &= send(frame("sessions", last_seq, &sessions)).await;
                 }
                 match crate::team::list(&ctx, STREAM_TASKS, 0).await {
                     Ok(list) => {

@@ -363,6 +363,89 @@ fn lenient_socket_settings(
     (server, store)
 }
 
+/// How a client command reaches the daemon of a configuration file: its
+/// listen address (an unspecified one, `0.0.0.0` or `[::]`, as loopback),
+/// `https://` when it has `[server.tls]`, and the CA to trust then
+/// (`[fleet] ca_file`, which signs the fleet's host certificates).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigReach {
+    pub addr: String,
+    pub ca_file: Option<PathBuf>,
+}
+
+/// The configuration file a client command was given: `config`
+/// (`--config`), else `$ROZD_CONFIG`.
+pub fn given_config(config: Option<&Path>) -> Option<PathBuf> {
+    config.map(Path::to_path_buf).or_else(|| {
+        std::env::var_os(crate::config::CONFIG_ENV)
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+    })
+}
+
+/// [`ConfigReach`] of the configuration text `text`, read leniently (only
+/// `server.listen`, `[server.tls]` and `fleet.ca_file`); `Err` says why not.
+pub fn config_reach(text: &str) -> Result<ConfigReach, String> {
+    let value = text
+        .parse::<toml::Table>()
+        .map_err(|e| format!("not valid TOML: {}", e.message()))?;
+    let server = value.get("server").and_then(toml::Value::as_table);
+    let listen = match server.and_then(|s| s.get("listen")) {
+        None => super::connect::DEFAULT_ADDR.to_string(),
+        Some(toml::Value::String(listen)) => listen.clone(),
+        Some(_) => return Err("server.listen is not a string".into()),
+    };
+    let mut socket: std::net::SocketAddr = listen
+        .parse()
+        .map_err(|_| format!("server.listen {listen:?} is not an address:port"))?;
+    if socket.ip().is_unspecified() {
+        socket.set_ip(match socket {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let tls = server.is_some_and(|s| s.contains_key("tls"));
+    let ca_file = value
+        .get("fleet")
+        .and_then(|f| f.get("ca_file"))
+        .and_then(toml::Value::as_str)
+        .filter(|_| tls)
+        .map(PathBuf::from);
+    Ok(ConfigReach {
+        addr: if tls {
+            format!("https://{socket}")
+        } else {
+            socket.to_string()
+        },
+        ca_file,
+    })
+}
+
+/// Where a client command talks to the daemon: `addr` when given
+/// (`--addr`, `$ROZD_ADDR`), else the configuration's ([`config_reach`] of
+/// `--config`, else `$ROZD_CONFIG`), else [`super::connect::DEFAULT_ADDR`].
+/// A configuration that cannot be read for it is an error: talking to some
+/// other daemon instead could stop or move the wrong robot.
+pub fn reach_for(addr: Option<&str>, config: Option<&Path>) -> Result<ConfigReach, String> {
+    if let Some(addr) = addr {
+        return Ok(ConfigReach {
+            addr: addr.to_string(),
+            ca_file: None,
+        });
+    }
+    match given_config(config) {
+        None => Ok(ConfigReach {
+            addr: super::connect::DEFAULT_ADDR.to_string(),
+            ca_file: None,
+        }),
+        Some(path) => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read {} for its address: {e}", path.display()))?;
+            config_reach(&text).map_err(|e| format!("{}: {e}", path.display()))
+        }
+    }
+}
+
 /// `GET path`.
 pub async fn get(addr: &str, path: &str, token: Option<&str>) -> Result<Reply, ClientError> {
     request(addr, http::Method::GET, path, token).await
@@ -371,6 +454,40 @@ pub async fn get(addr: &str, path: &str, token: Option<&str>) -> Result<Reply, C
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_configuration_gives_its_listen_address_scheme_and_fleet_ca() {
+        let reach = |text: &str| config_reach(text).map(|r| (r.addr, r.ca_file));
+        assert_eq!(reach(""), Ok(("127.0.0.1:8080".into(), None)));
+        assert_eq!(
+            reach("[server]\nlisten = \"127.0.0.1:18501\"\n"),
+            Ok(("127.0.0.1:18501".into(), None))
+        );
+        assert_eq!(
+            reach(
+                "[server]\nlisten = \"0.0.0.0:8443\"\n[server.tls]\ncert_file = \"c\"\n[fleet]\nca_file = \"/etc/rozd/fleet-ca.pem\"\n"
+            ),
+            Ok((
+                "https://127.0.0.1:8443".into(),
+                Some(PathBuf::from("/etc/rozd/fleet-ca.pem"))
+            ))
+        );
+        assert_eq!(
+            reach("[server]\nlisten = \"[::]:9000\"\n[fleet]\nca_file = \"x\"\n"),
+            Ok(("[::1]:9000".into(), None)),
+            "the fleet CA only for TLS"
+        );
+        assert!(
+            reach("[server]\nlisten = \"nowhere\"\n")
+                .unwrap_err()
+                .contains("server.listen")
+        );
+        assert!(reach("[server\n").unwrap_err().contains("TOML"));
+        // --addr wins over any configuration.
+        let given = reach_for(Some("10.0.0.2:8080"), Some(Path::new("/nonexistent.toml")));
+        assert_eq!(given.map(|r| r.addr), Ok("10.0.0.2:8080".to_string()));
+        assert!(reach_for(None, Some(Path::new("/nonexistent/rozd.toml"))).is_err());
+    }
 
     #[test]
     fn url_parts_keep_only_unreserved_characters() {

@@ -7,6 +7,7 @@
 //! - [`client`]: a small HTTP/1.1 client (TCP or the local control socket) and where that socket is
 //! - [`status`]: `rozd status` and `rozd hosts`, one `GET` each
 //! - [`estop`]: `rozd estop`, triggering or clearing the protective stop
+//! - [`gpio`](mod@gpio): `rozd gpio`, the simulated GPIO's pins (rehearsing a stop button)
 //! - [`task`]: `rozd task ...`, over REST and gRPC
 //! - [`chat`]: `rozd chat`, an interactive gRPC session
 //! - [`mcp`]: `rozd mcp`, a stdio MCP server relaying to the daemon's `/mcp`
@@ -24,6 +25,7 @@ pub mod client;
 pub mod connect;
 pub mod estop;
 pub mod format;
+pub mod gpio;
 pub mod mcp;
 pub mod record;
 pub mod status;

@@ -97,6 +97,28 @@ impl SimGpio {
         lock(&self.pins).get(&pin).map(|p| *p.level.borrow())
     }
 
+    /// Drives input `pin` from outside (an operator rehearsing a stop
+    /// button, `POST /v1/gpio/{pin}`): refused for a pin an actuator drives.
+    pub fn set_input(&self, pin: u8, high: bool) -> Result<(), HwError> {
+        if lock(&self.pins).get(&pin).is_some_and(|p| p.output) {
+            return Err(HwError::Unsupported(format!(
+                "GPIO {pin} is an output: an actuator drives it"
+            )));
+        }
+        self.set_level(pin, high);
+        Ok(())
+    }
+
+    /// Every pin in use: (pin, level, whether an actuator drives it), by pin.
+    pub fn pins(&self) -> Vec<(u8, bool, bool)> {
+        let mut pins: Vec<(u8, bool, bool)> = lock(&self.pins)
+            .iter()
+            .map(|(pin, p)| (*pin, *p.level.borrow(), p.output))
+            .collect();
+        pins.sort_unstable();
+        pins
+    }
+
     /// A PWM output's (frequency, duty), if PWM was set.
     pub fn pwm(&self, pin: u8) -> Option<(f64, f64)> {
         lock(&self.pins).get(&pin).and_then(|p| p.pwm)
@@ -398,6 +420,22 @@ mod tests {
             chip.input(5, Pull::None).is_err(),
             "an output is not an input"
         );
+    }
+
+    #[test]
+    fn an_operator_drives_sim_inputs_but_never_an_output() {
+        let gpio = SimGpio::default();
+        let input = gpio.input(26, Pull::Up).unwrap();
+        let _out = gpio.output(17).unwrap();
+        assert!(input.read(), "pulled up");
+        gpio.set_input(26, false).unwrap();
+        assert!(!input.read());
+        let refused = gpio.set_input(17, true).unwrap_err();
+        assert!(
+            refused.to_string().contains("an actuator drives it"),
+            "{refused}"
+        );
+        assert_eq!(gpio.pins(), [(17, false, true), (26, false, false)]);
     }
 
     #[test]

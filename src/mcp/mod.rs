@@ -10,13 +10,11 @@
 //!   which credential opened each, what they own, and the deadman when one
 //!   ends or its client disconnects.
 //! - [`gate`]: in front of rmcp: request bodies, the session cap, ownership.
-//! - [`approvals`]: calls waiting for an operator (`/v1/approvals`).
 //! - [`config`]: the `[mcp]` section.
 //!
 //! `rozd mcp`, the stdio server that relays to `/mcp`, is a command-line
 //! client: [`crate::cli::mcp`].
 
-pub mod approvals;
 pub mod config;
 pub mod gate;
 pub mod server;
@@ -26,17 +24,16 @@ use std::sync::Arc;
 
 pub use config::McpConfig;
 
-/// What the rest of the daemon shares with the MCP server.
+/// What the rest of the daemon shares with the MCP server (its calls wait
+/// for approval in the host's list, [`crate::session::approvals`]).
 #[derive(Debug)]
 pub struct Mcp {
-    pub approvals: Arc<approvals::Approvals>,
     pub sessions: Arc<sessions::Sessions>,
 }
 
 impl Mcp {
     pub fn new(ooda: Arc<crate::ooda::Ooda>, config: &McpConfig) -> Mcp {
         Mcp {
-            approvals: Arc::default(),
             sessions: Arc::new(sessions::Sessions::new(ooda, config.max_sessions)),
         }
     }

@@ -40,11 +40,11 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use serde_json::{Value, json};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::approvals::ApprovalView;
 use super::sessions::{self, Manager};
 use crate::HostContext;
 use crate::clock::now_ms;
 use crate::config::types::{AiMode, ToolCategory};
+use crate::session::approvals::{ApprovalView, Asker};
 use crate::session::host_call::{self, Answer, CallSite, Outcome};
 use crate::session::turn::HostAccess;
 
@@ -296,7 +296,7 @@ impl ServerHandler for HostServer {
         let owner = sessions::owner(&session);
         let origin = format!("mcp:{}", client_name(&context.peer));
         let credential = credential(&context.extensions);
-        let host = HostAccess::new(ctx, &owner, origin.clone(), AiMode::React, None)
+        let host = HostAccess::new(ctx, Asker::Mcp, &owner, origin.clone(), AiMode::React, None)
             .with_credential(credential.clone());
         // The client's user answers as the client's own credential: not
         // asked when a credential may not approve its own calls.
@@ -603,8 +603,10 @@ impl CallSite for McpCall<'_> {
     ) -> Result<Answer, Abandoned> {
         let secs = self.ctx.config.session.approval_timeout_secs;
         let since = now_ms();
-        let mut waiting = self.ctx.mcp.approvals.ask(ApprovalView {
+        let mut waiting = self.ctx.approvals.ask(ApprovalView {
             id: id.to_string(),
+            tool_call_id: id.to_string(),
+            kind: Asker::Mcp,
             tool: name.to_string(),
             category: category.as_str(),
             parameters: input.clone(),

@@ -69,6 +69,8 @@ struct Entry {
     in_flight: usize,
     /// The last request began or ended (or the session was created).
     last_active: Instant,
+    /// The session was created.
+    opened: Instant,
     /// Cancelled when the client goes away or the session ends.
     present: CancellationToken,
 }
@@ -104,6 +106,21 @@ pub struct TableStats {
     pub sessions_evicted: u64,
     /// `initialize`s refused because every session was busy, since start.
     pub sessions_refused: u64,
+}
+
+/// An open MCP session, as `GET /v1/sessions/open` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct McpSessionView {
+    pub id: String,
+    /// The credential that opened it (`anonymous` on a daemon without credentials).
+    pub credential: String,
+    pub opened_unix_ms: i64,
+    /// Its last request began or ended.
+    pub last_active_unix_ms: i64,
+    /// Its client holds its event stream and answers: it is there.
+    pub listening: bool,
+    /// Requests (calls) whose answers are not finished.
+    pub in_flight: usize,
 }
 
 /// The MCP sessions and the seats held for new ones; no I/O, no clock:
@@ -207,6 +224,7 @@ impl Table {
                 streams: 0,
                 in_flight: 0,
                 last_active: now,
+                opened: now,
                 present: CancellationToken::new(),
             },
         );
@@ -248,6 +266,27 @@ impl Table {
         self.entries.len()
     }
 
+    /// The open sessions, the oldest first, their moments in unix ms by
+    /// `unix_ms`.
+    pub fn list(&self, unix_ms: impl Fn(Instant) -> i64) -> Vec<McpSessionView> {
+        let mut views: Vec<McpSessionView> = self
+            .entries
+            .iter()
+            .map(|(id, e)| McpSessionView {
+                id: id.clone(),
+                credential: e.credential.to_string(),
+                opened_unix_ms: unix_ms(e.opened),
+                last_active_unix_ms: unix_ms(e.last_active),
+                listening: e.streams > 0 && !e.present.is_cancelled(),
+                in_flight: e.in_flight,
+            })
+            .collect();
+        views.sort_by(|a, b| {
+            (a.opened_unix_ms, a.id.as_str()).cmp(&(b.opened_unix_ms, b.id.as_str()))
+        });
+        views
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -258,6 +297,8 @@ impl Table {
 pub struct Sessions {
     table: Mutex<Table>,
     ooda: Arc<Ooda>,
+    /// A moment in both clocks: the table's instants as unix ms.
+    epoch: (Instant, i64),
 }
 
 impl Sessions {
@@ -266,6 +307,7 @@ impl Sessions {
         Sessions {
             table: Mutex::new(Table::new(max)),
             ooda,
+            epoch: (Instant::now(), crate::clock::now_ms()),
         }
     }
 
@@ -276,6 +318,15 @@ impl Sessions {
 
     pub fn stats(&self) -> TableStats {
         self.lock().stats()
+    }
+
+    /// The open sessions ([`Table::list`]).
+    pub fn list(&self) -> Vec<McpSessionView> {
+        let (at, at_ms) = self.epoch;
+        self.lock().list(|t| {
+            let since = i64::try_from(t.saturating_duration_since(at).as_millis());
+            at_ms.saturating_add(since.unwrap_or(i64::MAX))
+        })
     }
 
     /// [`Table::admit`]; an evicted session's deadman is the caller's to
@@ -622,6 +673,35 @@ mod tests {
         assert!(!table.begin("s2", "a", false, at(5)), "gone");
         assert_eq!(table.len(), 2);
         assert_eq!(table.stats().sessions_evicted, 1);
+    }
+
+    #[test]
+    fn the_list_says_since_when_each_session_is_open_and_whether_it_is_busy() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut table = Table::new(4);
+        open(&mut table, "alice", "s1", at(0));
+        open(&mut table, "bob", "s2", at(2));
+        assert!(table.begin("s2", "bob", true, at(3)));
+        let unix = |t: Instant| 1_000_000 + t.duration_since(t0).as_millis() as i64;
+        let list = table.list(unix);
+        assert_eq!(
+            list.iter()
+                .map(|v| (
+                    v.id.as_str(),
+                    v.credential.as_str(),
+                    v.opened_unix_ms,
+                    v.last_active_unix_ms,
+                    v.in_flight
+                ))
+                .collect::<Vec<_>>(),
+            [
+                ("s1", "alice", 1_000_000, 1_000_000, 0),
+                ("s2", "bob", 1_002_000, 1_003_000, 1)
+            ],
+            "oldest first"
+        );
+        assert!(!list[0].listening, "no event stream open");
     }
 
     #[test]

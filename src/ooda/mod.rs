@@ -104,6 +104,32 @@ pub struct SensorObservation {
     #[serde(flatten)]
     pub sensor: SensorView,
     pub alarm: AlarmLevel,
+    /// Since when the sensor is at this alarm level (unix ms); absent at `ok`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alarm_since_unix_ms: Option<i64>,
+    /// The limit crossed to reach this level (`limit`: its name, `value`);
+    /// absent at `ok`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alarm_limit: Option<orient::CrossedLimit>,
+}
+
+impl SensorObservation {
+    pub fn new(sensor: SensorView, alarm: AlarmLevel, mark: Option<orient::AlarmMark>) -> Self {
+        SensorObservation {
+            sensor,
+            alarm,
+            alarm_since_unix_ms: mark.map(|m| m.since_unix_ms),
+            alarm_limit: mark.and_then(|m| m.limit),
+        }
+    }
+
+    fn mark(&self) -> Option<orient::AlarmMark> {
+        self.alarm_since_unix_ms
+            .map(|since_unix_ms| orient::AlarmMark {
+                since_unix_ms,
+                limit: self.alarm_limit,
+            })
+    }
 }
 
 impl Observation {
@@ -125,6 +151,8 @@ pub struct Ooda {
     /// Where the tick hands actions off to (it may run on its own thread).
     runtime: tokio::runtime::Handle,
     latest: watch::Sender<Arc<Observation>>,
+    /// Each rule's phase, firings and last result, in `rules` order.
+    rule_status: watch::Sender<Vec<rules::RuleStatus>>,
     tick_history: Mutex<stats::TickHistory>,
     gpio: Arc<dyn GpioBackend>,
     sim_actuators: HashMap<String, Arc<SimActuator>>,
@@ -361,6 +389,13 @@ impl Ooda {
             world,
             actuators,
             estop,
+            rule_status: watch::Sender::new(vec![
+                rules::RuleStatus {
+                    phase: Some(rules::RulePhase::Armed),
+                    ..Default::default()
+                };
+                rules.len()
+            ]),
             rules,
             period,
             publish_every,
@@ -449,6 +484,22 @@ impl Ooda {
         self.shutdown.clone()
     }
 
+    /// Every reflex rule: its condition, action, phase, firings and what
+    /// its last firing did.
+    pub fn rules_view(&self) -> Vec<rules::RuleView> {
+        let status = self.rule_status.borrow();
+        self.rules
+            .iter()
+            .zip(status.iter())
+            .map(|(rule, status)| rule.view(status))
+            .collect()
+    }
+
+    /// Changes whenever a rule's phase, firings or last result does.
+    pub fn subscribe_rules(&self) -> watch::Receiver<Vec<rules::RuleStatus>> {
+        self.rule_status.subscribe()
+    }
+
     /// The latest Observation.
     pub fn observation(&self) -> Arc<Observation> {
         self.latest.borrow().clone()
@@ -478,14 +529,13 @@ impl Ooda {
             .map(|(i, sensor)| {
                 // Both lists are in the world's order: look at the same
                 // place first, by name only if it is not there.
-                let alarm = latest
+                let last = latest
                     .sensors
                     .get(i)
                     .filter(|s| s.sensor.name == sensor.name)
-                    .or_else(|| latest.sensor(&sensor.name))
-                    .map(|s| s.alarm)
-                    .unwrap_or_default();
-                SensorObservation { sensor, alarm }
+                    .or_else(|| latest.sensor(&sensor.name));
+                let alarm = last.map(|s| s.alarm).unwrap_or_default();
+                SensorObservation::new(sensor, alarm, last.and_then(SensorObservation::mark))
             })
             .collect();
         let stop = self.estop.state();

@@ -129,6 +129,8 @@ pub trait Facts {
 #[derive(Debug, Clone)]
 pub struct Rule {
     pub name: String,
+    /// The condition as configured (`when`), for people.
+    pub when: String,
     pub condition: Expr,
     pub hold: Duration,
     pub cooldown: Duration,
@@ -144,7 +146,82 @@ pub struct RuleState {
     pub fired: u64,
 }
 
+/// What a rule is doing, as the dashboard and `GET /v1/rules` show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RulePhase {
+    /// Its condition is not true: it fires once it holds for `for_ms`.
+    Armed,
+    /// Its condition is true, for less than `for_ms` (or within its
+    /// cooldown): it fires when that has passed.
+    Holding,
+    /// It fired and its condition is still true: it re-arms once the
+    /// condition turns false.
+    Fired,
+}
+
+impl RuleState {
+    pub fn phase(&self) -> RulePhase {
+        match (self.true_since, self.armed_fired) {
+            (None, _) => RulePhase::Armed,
+            (Some(_), false) => RulePhase::Holding,
+            (Some(_), true) => RulePhase::Fired,
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::Command { actuator, value } => write!(f, "set {actuator} to {value}"),
+            Action::Estop { reason } => write!(f, "protective stop ({reason})"),
+            Action::Publish { topic, payload, .. } => {
+                write!(f, "publish {payload:?} to {topic}")
+            }
+        }
+    }
+}
+
+/// A rule's state as it changes (the loop writes it; plain data).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RuleStatus {
+    pub phase: Option<RulePhase>,
+    pub fired: u64,
+    pub last_fired_unix_ms: Option<i64>,
+    /// What its last firing did: the command applied or refused, the stop,
+    /// the message published or not.
+    pub last_result: Option<String>,
+}
+
+/// One reflex rule as `GET /v1/rules` lists it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RuleView {
+    pub name: String,
+    pub when: String,
+    pub for_ms: u64,
+    pub cooldown_ms: u64,
+    pub then: String,
+    pub phase: RulePhase,
+    pub fired: u64,
+    pub last_fired_unix_ms: Option<i64>,
+    pub last_result: Option<String>,
+}
+
 impl Rule {
+    pub fn view(&self, status: &RuleStatus) -> RuleView {
+        RuleView {
+            name: self.name.clone(),
+            when: self.when.clone(),
+            for_ms: u64::try_from(self.hold.as_millis()).unwrap_or(u64::MAX),
+            cooldown_ms: u64::try_from(self.cooldown.as_millis()).unwrap_or(u64::MAX),
+            then: self.action.to_string(),
+            phase: status.phase.unwrap_or(RulePhase::Armed),
+            fired: status.fired,
+            last_fired_unix_ms: status.last_fired_unix_ms,
+            last_result: status.last_result.clone(),
+        }
+    }
+
     /// Advances the rule by one tick; `true` when it fires now.
     pub fn step(&self, state: &mut RuleState, facts: &dyn Facts, now: Instant) -> bool {
         if eval_bool(&self.condition, facts) != Some(true) {
@@ -509,6 +586,7 @@ pub fn build_rules(
         };
         rules.push(Rule {
             name: r.name.clone(),
+            when: r.when.clone(),
             condition,
             hold: Duration::from_millis(r.for_ms),
             cooldown: Duration::from_millis(r.cooldown_ms),
@@ -654,6 +732,7 @@ mod tests {
     async fn for_ms_cooldown_and_rearming() {
         let rule = Rule {
             name: "r".into(),
+            when: "dist < 1".into(),
             condition: parse_condition("dist < 1", &names()).unwrap(),
             hold: Duration::from_millis(100),
             cooldown: Duration::from_millis(1000),
@@ -678,6 +757,47 @@ mod tests {
         );
         assert!(rule.step(&mut s, &near, t0 + Duration::from_millis(1100)));
         assert_eq!(s.fired, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rule_is_armed_holding_then_fired_until_its_condition_clears() {
+        let rule = Rule {
+            name: "r".into(),
+            when: "dist < 1".into(),
+            condition: parse_condition("dist < 1", &names()).unwrap(),
+            hold: Duration::from_millis(100),
+            cooldown: Duration::ZERO,
+            action: Action::Command {
+                actuator: "speed".into(),
+                value: 0.0,
+            },
+        };
+        let near = F([("dist", 0.5)].into_iter().collect());
+        let far = F([("dist", 5.0)].into_iter().collect());
+        let mut s = RuleState::default();
+        let t0 = Instant::now();
+        assert_eq!(s.phase(), RulePhase::Armed);
+        rule.step(&mut s, &near, t0);
+        assert_eq!(s.phase(), RulePhase::Holding);
+        assert!(rule.step(&mut s, &near, t0 + Duration::from_millis(100)));
+        assert_eq!(s.phase(), RulePhase::Fired);
+        rule.step(&mut s, &far, t0 + Duration::from_millis(200));
+        assert_eq!(s.phase(), RulePhase::Armed);
+        let view = rule.view(&RuleStatus {
+            phase: Some(s.phase()),
+            fired: 1,
+            last_fired_unix_ms: Some(7),
+            last_result: Some("applied".into()),
+        });
+        assert_eq!(
+            (
+                view.when.as_str(),
+                view.then.as_str(),
+                view.for_ms,
+                view.phase
+            ),
+            ("dist < 1", "set speed to 0", 100, RulePhase::Armed)
+        );
     }
 }
 

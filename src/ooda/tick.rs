@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use super::act::MismatchResponse;
 use super::feedback::{MISMATCH_SUFFIX, MismatchAction, Sample};
-use super::orient::{self, AlarmLevel};
-use super::rules::{self, Action, RuleState};
+use super::orient::{self, AlarmLevel, AlarmMark};
+use super::rules::{self, Action, RulePhase, RuleState};
 use super::timer::Wake;
 use super::world::Reading;
 use super::{Observation, Ooda, SensorObservation};
@@ -22,7 +22,11 @@ use crate::ooda::act::Origin;
 pub(super) struct TickState {
     seq: u64,
     alarms: Vec<AlarmLevel>,
+    /// Since when each sensor is at its level, and the limit it crossed.
+    alarm_marks: Vec<Option<AlarmMark>>,
     rules: Vec<RuleState>,
+    /// Each rule's phase as last told to [`Ooda::rules_view`].
+    rule_phases: Vec<RulePhase>,
     readings: Vec<Reading>,
     /// The actuators with feedback and their sensors' places in `readings`.
     feedback: Vec<(usize, Option<usize>)>,
@@ -34,7 +38,9 @@ impl TickState {
         TickState {
             seq: 0,
             alarms: vec![AlarmLevel::Ok; ooda.world.specs().len()],
+            alarm_marks: vec![None; ooda.world.specs().len()],
             rules: vec![RuleState::default(); ooda.rules.len()],
+            rule_phases: vec![RulePhase::Armed; ooda.rules.len()],
             readings: Vec::with_capacity(ooda.world.specs().len()),
             feedback: ooda
                 .actuators
@@ -59,14 +65,22 @@ impl Ooda {
             sim.step(self.period.saturating_mul(periods), self.world.as_ref());
         }
         self.world.readings_into(now, &mut state.readings);
-        for ((reading, spec), level) in state
+        for (((reading, spec), level), mark) in state
             .readings
             .iter()
             .zip(self.world.specs())
             .zip(state.alarms.iter_mut())
+            .zip(state.alarm_marks.iter_mut())
         {
             if let Some(v) = reading.value.filter(|_| reading.healthy) {
-                *level = orient::next_level(&spec.alarms, *level, v);
+                let next = orient::next_level(&spec.alarms, *level, v);
+                if next != *level {
+                    *mark = (next != AlarmLevel::Ok).then(|| AlarmMark {
+                        since_unix_ms: crate::clock::now_ms(),
+                        limit: orient::crossed(&spec.alarms, next, v),
+                    });
+                    *level = next;
+                }
             }
         }
         // Commanded versus measured, before the rules read the alarms.
@@ -87,10 +101,29 @@ impl Ooda {
             readings: &state.readings,
             alarms: &state.alarms,
         };
-        for (rule, rule_state) in self.rules.iter().zip(state.rules.iter_mut()) {
-            if rule.step(rule_state, &facts, now) {
+        for (i, (rule, rule_state)) in self.rules.iter().zip(state.rules.iter_mut()).enumerate() {
+            let fired = rule.step(rule_state, &facts, now);
+            if fired {
                 tracing::info!(rule = %rule.name, action = ?rule.action, "reflex rule fired");
-                self.hand_off(rule);
+                self.hand_off(i, rule);
+            }
+            // Told only on a change: most ticks take no lock here.
+            let phase = rule_state.phase();
+            if fired || state.rule_phases.get(i) != Some(&phase) {
+                if let Some(known) = state.rule_phases.get_mut(i) {
+                    *known = phase;
+                }
+                let count = rule_state.fired;
+                self.rule_status.send_modify(|all| {
+                    if let Some(status) = all.get_mut(i) {
+                        status.phase = Some(phase);
+                        if fired {
+                            status.fired = count;
+                            status.last_fired_unix_ms = Some(crate::clock::now_ms());
+                            status.last_result = None;
+                        }
+                    }
+                });
             }
         }
         if state.until_publish == 0 {
@@ -110,7 +143,7 @@ impl Ooda {
     /// A fired rule's action leaves the tick: a stop latches here and now
     /// (so nothing can be commanded in between), everything that touches a
     /// driver or the network runs as a task.
-    fn hand_off(self: &Arc<Self>, rule: &rules::Rule) {
+    fn hand_off(self: &Arc<Self>, index: usize, rule: &rules::Rule) {
         let source = format!("rule:{}", rule.name);
         if let Action::Estop { reason } = &rule.action {
             self.estop.trigger(&source, reason);
@@ -118,32 +151,45 @@ impl Ooda {
         let me = self.clone();
         let rule = rule.clone();
         self.runtime.spawn(async move {
-            match &rule.action {
-                Action::Command { actuator, value } => {
-                    if let Err(e) = me
-                        .actuators
-                        .command(actuator, *value, Origin::Rule(rule.name.clone()), None)
-                        .await
-                    {
+            let result = match &rule.action {
+                Action::Command { actuator, value } => match me
+                    .actuators
+                    .command(actuator, *value, Origin::Rule(rule.name.clone()), None)
+                    .await
+                {
+                    Ok(_) => format!("{actuator} set to {value}"),
+                    Err(e) => {
                         tracing::warn!(rule = %rule.name, error = %e, "reflex command refused");
+                        format!("{actuator} not set: {e}")
                     }
-                }
+                },
                 Action::Estop { reason } => {
                     me.trigger_stop(&source, reason).await;
+                    "protective stop latched".to_string()
                 }
                 Action::Publish {
                     topic,
                     payload,
                     qos,
                 } => match &me.mqtt {
-                    Some(mqtt) => {
-                        if let Err(e) = mqtt.publish(topic, payload.clone(), *qos, false) {
+                    Some(mqtt) => match mqtt.publish(topic, payload.clone(), *qos, false) {
+                        Ok(()) => format!("published to {topic}"),
+                        Err(e) => {
                             tracing::warn!(rule = %rule.name, error = %e, "reflex publish failed");
+                            format!("not published to {topic}: {e}")
                         }
+                    },
+                    None => {
+                        tracing::warn!(rule = %rule.name, "no MQTT client to publish with");
+                        "not published: no MQTT client".to_string()
                     }
-                    None => tracing::warn!(rule = %rule.name, "no MQTT client to publish with"),
                 },
-            }
+            };
+            me.rule_status.send_modify(|all| {
+                if let Some(status) = all.get_mut(index) {
+                    status.last_result = Some(result);
+                }
+            });
         });
     }
 
@@ -174,10 +220,8 @@ impl Ooda {
             .sensors(now)
             .into_iter()
             .zip(&state.alarms)
-            .map(|(sensor, alarm)| SensorObservation {
-                sensor,
-                alarm: *alarm,
-            })
+            .zip(&state.alarm_marks)
+            .map(|((sensor, alarm), mark)| SensorObservation::new(sensor, *alarm, *mark))
             .collect();
         let stop = self.estop.state();
         self.latest.send_replace(Arc::new(Observation {

@@ -16,12 +16,18 @@ use crate::observe::Observers;
 
 /// Samples kept per sensor for `read_sensor` and `/v1/sensors/{name}`.
 pub const HISTORY: usize = 128;
+/// The trend of a sensor (`/v1/sensors/{name}`, the dashboard's plots):
+/// the lowest and highest value of each span this long, for [`TREND`] spans
+/// (3 minutes), however fast the sensor reports.
+pub const TREND_SPAN: Duration = Duration::from_millis(500);
+pub const TREND: usize = 360;
 /// Minimum spacing of log lines about rejected input from one source.
 
 #[derive(Debug)]
 struct SensorState {
     latest: Option<(f64, Instant)>,
     history: VecDeque<(f64, Instant)>,
+    trend: Trend,
     source: String,
 }
 
@@ -105,6 +111,69 @@ pub struct Sample {
     pub age_ms: u64,
 }
 
+/// The lowest and highest value of one span of a sensor's trend; `age_ms`
+/// is the age of the span's start.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TrendPoint {
+    pub age_ms: u64,
+    pub min: f64,
+    pub max: f64,
+    /// The span ended higher than it began (a plot draws its minimum
+    /// first, then its maximum; the other way round when falling).
+    pub rising: bool,
+}
+
+/// One span of a trend.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: Instant,
+    first: f64,
+    last: f64,
+    min: f64,
+    max: f64,
+}
+
+/// Spans of [`TREND_SPAN`], the newest last, at most [`TREND`]: plain data.
+#[derive(Debug, Default)]
+struct Trend {
+    spans: VecDeque<Span>,
+}
+
+impl Trend {
+    fn add(&mut self, value: f64, now: Instant) {
+        if let Some(span) = self.spans.back_mut()
+            && now.saturating_duration_since(span.start) < TREND_SPAN
+        {
+            span.min = span.min.min(value);
+            span.max = span.max.max(value);
+            span.last = value;
+            return;
+        }
+        if self.spans.len() == TREND {
+            self.spans.pop_front();
+        }
+        self.spans.push_back(Span {
+            start: now,
+            first: value,
+            last: value,
+            min: value,
+            max: value,
+        });
+    }
+
+    fn points(&self, now: Instant) -> Vec<TrendPoint> {
+        self.spans
+            .iter()
+            .map(|s| TrendPoint {
+                age_ms: ms(now.saturating_duration_since(s.start)),
+                min: s.min,
+                max: s.max,
+                rising: s.last >= s.first,
+            })
+            .collect()
+    }
+}
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -121,6 +190,7 @@ impl World {
             .map(|s| SensorState {
                 latest: None,
                 history: VecDeque::with_capacity(HISTORY),
+                trend: Trend::default(),
                 source: source_key(&s.source),
             })
             .collect();
@@ -174,6 +244,12 @@ impl World {
             })
             .collect();
         Some((view(&self.specs[i], state, &inner, now), history))
+    }
+
+    /// A sensor's trend (oldest first): see [`TREND_SPAN`].
+    pub fn trend(&self, name: &str, now: Instant) -> Option<Vec<TrendPoint>> {
+        let i = self.index_of(name)?;
+        Some(self.lock().sensors[i].trend.points(now))
     }
 
     pub fn sources(&self) -> Vec<SourceView> {
@@ -284,6 +360,7 @@ impl Readings for World {
                 state.history.pop_front();
             }
             state.history.push_back((value, now));
+            state.trend.add(value, now);
         }
         for observer in self.observers.iter() {
             observer.sensor_value(sensor, value);
@@ -319,5 +396,37 @@ impl Readings for World {
                 "input rejected"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_trend_keeps_each_spans_extremes_for_three_minutes() {
+        let mut trend = Trend::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // 50 Hz for 1.2 s: three spans, a spike in the first kept as its max.
+        for i in 0..60u64 {
+            let value = if i == 3 { 9.0 } else { i as f64 * 0.01 };
+            trend.add(value, at(i * 20));
+        }
+        let points = trend.points(at(1200));
+        assert_eq!(points.len(), 3, "{points:?}");
+        assert_eq!(
+            (points[0].age_ms, points[0].min, points[0].max),
+            (1200, 0.0, 9.0)
+        );
+        assert!(points[0].rising, "0.0 .. 0.24");
+        assert_eq!(points[2].age_ms, 200);
+        // Never more than TREND spans: the oldest go.
+        for i in 0..(TREND as u64 + 10) {
+            trend.add(1.0, at(2000 + i * 500));
+        }
+        let points = trend.points(at(2000 + (TREND as u64 + 10) * 500));
+        assert_eq!(points.len(), TREND);
+        assert!(points.iter().all(|p| p.min == 1.0 && p.max == 1.0));
     }
 }

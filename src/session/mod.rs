@@ -5,6 +5,7 @@
 //! session's data and rules live in [`state`], a turn's model/tool loop in
 //! [`turn`].
 
+pub mod approvals;
 pub mod context;
 pub mod host_call;
 pub mod permissions;
@@ -24,7 +25,7 @@ use futures_util::StreamExt as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use registry::{SessionRegistry, SessionSlot};
+pub use registry::{Listed, OpenSession, SessionRegistry, SessionSlot, StreamKind};
 pub use types::*;
 
 use crate::HostContext;
@@ -104,10 +105,12 @@ impl End {
     }
 }
 
-struct Runner {
+struct Runner<'a> {
     ctx: Arc<HostContext>,
     /// The credential that opened the stream (the audit names it).
     credential: Option<String>,
+    /// The stream's entry among the open sessions.
+    listed: &'a Listed,
     /// Held from `StartSession` to the session's end.
     slot: Option<SessionSlot>,
     out: mpsc::Sender<ServerEvent>,
@@ -173,7 +176,7 @@ async fn run_loop(
     credential: Option<String>,
 ) {
     let registry = ctx.clone();
-    let _active = registry.sessions.enter();
+    let active = registry.sessions.enter(credential.clone());
     let period = Duration::from_secs(ctx.config.session.keepalive_secs);
     let mut keepalive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -181,6 +184,7 @@ async fn run_loop(
     let mut runner = Runner {
         ctx,
         credential,
+        listed: &active.listed,
         slot: None,
         out,
         session: None,
@@ -217,7 +221,7 @@ async fn turn_finished(turn: &mut Option<ActiveTurn>) -> Result<TurnOutcome, Tur
     }
 }
 
-impl Runner {
+impl Runner<'_> {
     async fn send(&self, event: ServerEvent) -> Result<(), Gone> {
         self.out.send(event).await.map_err(|_| Gone)
     }
@@ -376,6 +380,7 @@ impl Runner {
             .started
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(session.id.clone());
+        self.listed.started(&session.id, session.model.name());
         self.session = Some(session);
         self.slot = Some(slot);
         self.send(started).await
@@ -429,6 +434,7 @@ impl Runner {
             live_tokens: session.live_tokens.clone(),
             host: turn::HostAccess::new(
                 &self.ctx,
+                approvals::Asker::Session,
                 &session.id,
                 format!("session {}", session.id),
                 plan.ai_mode,
@@ -737,7 +743,7 @@ struct TurnReport {
     errors: Vec<SessionError>,
 }
 
-impl Runner {
+impl Runner<'_> {
     /// Hands a client's input to the running turn. The turn reads its inbox
     /// as it goes; one that has not read [`TURN_INBOX`] inputs yet is being
     /// flooded, and the client is told the input was not taken.

@@ -169,6 +169,7 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
         live_tokens: Arc::default(),
         host: HostAccess::new(
             ctx,
+            crate::session::approvals::Asker::Task,
             &plan.worker_id,
             format!("task {} worker {}", task.id, plan.worker_id),
             plan.mode,

@@ -108,7 +108,7 @@ async fn rows_of(daemon: &TestDaemon, kind: &str, id: &str) -> Vec<Value> {
 // ------------------------------------------------------------------ MCP
 
 /// An MCP session of `secret`'s credential: its URL and id.
-async fn mcp_open(daemon: &TestDaemon, secret: &str) -> (String, String) {
+pub(crate) async fn mcp_open(daemon: &TestDaemon, secret: &str) -> (String, String) {
     let url = format!("{}/mcp", daemon.url());
     let post = |session: Option<String>, body: Value| {
         let mut request = http()
@@ -146,7 +146,7 @@ async fn mcp_open(daemon: &TestDaemon, secret: &str) -> (String, String) {
 }
 
 /// Calls `tool` in an MCP session in the background; the call's result.
-fn mcp_call(
+pub(crate) fn mcp_call(
     url: String,
     secret: &'static str,
     session: String,
@@ -433,7 +433,7 @@ async fn a_tasks_audit_row_names_the_credential_that_approved_its_call() {
 }
 
 #[derive(Clone)]
-struct Token(&'static str);
+pub(crate) struct Token(pub(crate) &'static str);
 
 impl tonic::service::Interceptor for Token {
     fn call(
@@ -626,5 +626,209 @@ async fn with_require_other_credential_a_session_cannot_approve_its_own_call() {
         "{rows:?}"
     );
     assert_eq!(daemon.ctx.ooda.actuators().value("lamp"), Some(0.0));
+    daemon.shutdown().await;
+}
+
+// ------------------------------------------------ one list for the operator
+
+/// `GET /v1/approvals` until it lists a call; that call.
+async fn waiting_call(daemon: &TestDaemon) -> Value {
+    waiting_mcp_call(daemon).await
+}
+
+/// The published roz CLI never sends a `PermissionDecision`: an operator
+/// answers its session's call over REST (issue 35, item 1). The call is
+/// listed with who asks and what; the first answer wins (a later one,
+/// the operator's or the client's, finds nothing: 404); the audit names
+/// the credential that answered; both spellings of the body answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_answers_a_sessions_call_at_v1_approvals_and_the_first_answer_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = robot(dir.path(), "").await;
+    let (mut session, session_id) = session_of(&daemon, ALICE).await;
+    let id = lamp_call(&mut session).await;
+
+    let listed = waiting_call(&daemon).await;
+    assert_eq!(
+        (
+            &listed["id"],
+            &listed["tool_call_id"],
+            &listed["kind"],
+            &listed["tool"],
+            &listed["parameters"],
+            &listed["credential"],
+            &listed["session_id"],
+        ),
+        (
+            &json!(id),
+            &json!(id),
+            &json!("session"),
+            &json!("lamp"),
+            &json!({"value": 1.0}),
+            &json!("alice"),
+            &json!(session_id),
+        ),
+        "{listed}"
+    );
+    assert!(
+        listed["expires_unix_ms"].as_i64() > listed["since_unix_ms"].as_i64(),
+        "{listed}"
+    );
+    // The session is among the open ones, with its call waiting.
+    let (status, open) = rest(
+        &daemon,
+        reqwest::Method::GET,
+        "/v1/sessions/open",
+        BOB,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{open}");
+    let mine = open["data"]
+        .as_array()
+        .and_then(|d| d.iter().find(|s| s["id"] == session_id.as_str()))
+        .unwrap_or_else(|| panic!("session {session_id} is not listed: {open}"));
+    assert_eq!(
+        (
+            &mine["kind"],
+            &mine["credential"],
+            &mine["pending_approvals"]
+        ),
+        (&json!("grpc"), &json!("alice"), &json!(1)),
+        "{mine}"
+    );
+
+    let (status, body) = answer_mcp(&daemon, BOB, &id, true).await;
+    assert_eq!(status, 200, "{body}");
+    errors_until_complete(&mut session).await;
+    assert_eq!(daemon.ctx.ooda.actuators().value("lamp"), Some(1.0));
+    let (status, body) = answer_mcp(&daemon, BOB, &id, false).await;
+    assert_eq!(status, 404, "answered once: {body}");
+    let rows = rows_of(&daemon, "tool_call", &id).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (
+            &rows[0]["decision"],
+            &rows[0]["credential"],
+            &rows[0]["approved_by"]
+        ),
+        (&json!("approved"), &json!("alice"), &json!("bob")),
+        "{rows:?}"
+    );
+
+    // The client answers first: the operator's answer then finds nothing.
+    let id = lamp_call(&mut session).await;
+    assert_eq!(waiting_call(&daemon).await["id"], id.as_str());
+    decide(&session, &id, false).await;
+    errors_until_complete(&mut session).await;
+    let (status, body) = answer_mcp(&daemon, BOB, &id, true).await;
+    assert_eq!(status, 404, "the client answered first: {body}");
+    let rows = rows_of(&daemon, "tool_call", &id).await;
+    assert_eq!(
+        (&rows[0]["decision"], &rows[0]["approved_by"]),
+        (&json!("denied"), &json!("alice")),
+        "{rows:?}"
+    );
+
+    // Denied by the operator, in the tasks' spelling of the body.
+    let id = lamp_call(&mut session).await;
+    assert_eq!(waiting_call(&daemon).await["id"], id.as_str());
+    let (status, body) = rest(
+        &daemon,
+        reqwest::Method::POST,
+        &format!("/v1/approvals/{id}"),
+        BOB,
+        Some(json!({"approved": false})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    errors_until_complete(&mut session).await;
+    let rows = rows_of(&daemon, "tool_call", &id).await;
+    assert_eq!(
+        (&rows[0]["decision"], &rows[0]["approved_by"]),
+        (&json!("denied"), &json!("bob")),
+        "{rows:?}"
+    );
+    let (_, listed) = rest(&daemon, reqwest::Method::GET, "/v1/approvals", BOB, None).await;
+    assert_eq!(listed["data"], json!([]), "nothing waits any more");
+    daemon.shutdown().await;
+}
+
+/// With `require_other_credential`, the session's own credential cannot
+/// approve its call at `/v1/approvals` either; another one can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_require_other_credential_a_session_cannot_approve_its_own_call_at_v1_approvals() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = robot(dir.path(), RULE).await;
+    let (mut session, _) = session_of(&daemon, ALICE).await;
+    let id = lamp_call(&mut session).await;
+    waiting_call(&daemon).await;
+    let (status, body) = answer_mcp(&daemon, ALICE, &id, true).await;
+    assert_eq!(status, 403, "{body}");
+    let refused = rows_of(&daemon, "approval", &id).await;
+    assert_eq!(
+        (refused.len(), &refused[0]["origin"]),
+        (1, &json!("POST /v1/approvals")),
+        "{refused:?}"
+    );
+    assert_eq!(daemon.ctx.ooda.actuators().value("lamp"), Some(0.0));
+    let (status, body) = answer_mcp(&daemon, BOB, &id, true).await;
+    assert_eq!(status, 200, "{body}");
+    errors_until_complete(&mut session).await;
+    assert_eq!(daemon.ctx.ooda.actuators().value("lamp"), Some(1.0));
+    daemon.shutdown().await;
+}
+
+/// A task's call is listed at `/v1/approvals` beside the others and may be
+/// answered there; an MCP session is among the open sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_call_is_listed_and_answered_at_v1_approvals_and_mcp_sessions_are_open_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = robot(dir.path(), "").await;
+    let (_, mcp_session) = mcp_open(&daemon, BOB).await;
+    let (status, open) = rest(
+        &daemon,
+        reqwest::Method::GET,
+        "/v1/sessions/open",
+        BOB,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{open}");
+    assert!(
+        open["data"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|s| s["kind"] == "mcp"
+                && s["id"] == mcp_session.as_str()
+                && s["credential"] == "bob")),
+        "{open}"
+    );
+
+    let (task, pending) = alices_task(&daemon).await;
+    let listed = waiting_call(&daemon).await;
+    assert_eq!(
+        (
+            &listed["kind"],
+            &listed["tool"],
+            &listed["credential"],
+            &listed["tool_call_id"]
+        ),
+        (
+            &json!("task"),
+            &json!("lamp"),
+            &json!("alice"),
+            &pending["tool_call_id"]
+        ),
+        "{listed}"
+    );
+    let id = listed["id"].as_str().unwrap().to_string();
+    let (status, body) = answer_mcp(&daemon, BOB, &id, true).await;
+    assert_eq!(status, 200, "{body}");
+    let row = lamp_row_of_task(&daemon, &task).await;
+    assert_eq!(
+        (&row["decision"], &row["approved_by"]),
+        (&json!("approved"), &json!("bob")),
+        "{row}"
+    );
     daemon.shutdown().await;
 }

@@ -269,3 +269,112 @@ fn status_against_nothing_fails_clearly() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains(&addr));
 }
+
+/// A client command given a configuration talks to that configuration's
+/// daemon (issue 35, item 11): `rozd status`, `hosts`, `chat` and `task`
+/// with `--config rover-1.toml` reach rover-1's listen address, not
+/// 127.0.0.1:8080; `--addr` still wins; a configuration that cannot be read
+/// is an error (78), not a silent fall-back to another daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_commands_given_a_config_use_its_listen_address() {
+    let daemon = crate::common::TestDaemon::start("[host]\nname = \"rover-1\"\n").await;
+    let dir = tempfile::tempdir().unwrap();
+    // Everything a client reads from it: the listen address (and no socket).
+    let config = write(
+        dir.path(),
+        "rover-1.toml",
+        &format!(
+            "[host]\nname = \"rover-1\"\n[server]\nlisten = \"{}\"\ncontrol_socket = \"\"\n",
+            daemon.addr
+        ),
+    );
+    let run = |args: Vec<String>| {
+        let dir = dir.path().to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = Command::new(ROZD)
+                .args(&args)
+                .env_remove("ROZD_CONFIG")
+                .env_remove("ROZD_ADDR")
+                .env_remove("ROZD_TOKEN")
+                .env("HOME", &dir)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run rozd");
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+    };
+    let args = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+
+    let (code, out, err) = run(args(&["status", "--config", &config])).await.unwrap();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("rover-1") && out.contains(&daemon.addr.to_string()),
+        "{out}"
+    );
+    let (code, out, err) = run(args(&["hosts", "--config", &config, "--json"]))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("rover-1"), "{out}");
+    let (code, out, err) = run(args(&["task", "list", "--config", &config]))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, err) = run(args(&["chat", "--config", &config, "--prompt", "observe"]))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0), "{out}{err}");
+    // $ROZD_CONFIG counts as given too.
+    let (code, out, err) = {
+        let dir = dir.path().to_path_buf();
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new(ROZD)
+                .args(["status"])
+                .env("ROZD_CONFIG", &config)
+                .env_remove("ROZD_ADDR")
+                .env_remove("ROZD_TOKEN")
+                .env("HOME", &dir)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run rozd");
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+        .await
+        .unwrap()
+    };
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("rover-1"), "{out}");
+
+    // --addr wins over the configuration: a port nobody listens on fails.
+    let nobody = format!("127.0.0.1:{}", crate::common::broker::free_port());
+    let (code, _, err) = run(args(&["status", "--config", &config, "--addr", &nobody]))
+        .await
+        .unwrap();
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains(&nobody), "{err}");
+    // A configuration that cannot be read for the address: an error, naming it.
+    let broken = write(
+        dir.path(),
+        "broken.toml",
+        "[server]\nlisten = \"nowhere\"\n",
+    );
+    let (code, _, err) = run(args(&["chat", "--config", &broken, "--prompt", "hi"]))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(78), "{err}");
+    assert!(
+        err.contains("broken.toml") && err.contains("server.listen"),
+        "{err}"
+    );
+    daemon.shutdown().await;
+}

@@ -1,9 +1,12 @@
 //! The dashboard (`/ui`) in a real headless Chromium driven by Selenium
 //! (`tests/python/dashboard.py`; `scripts/test.sh` installs chromium,
 //! chromium-driver and selenium): with tokens configured the page asks for
-//! one and streams live data; a sensor's value changes on the page; a task's
-//! pending approval is approved from the page and the actuator moves; the
-//! STOP button latches the stop. Screenshots go to `target/`. Also the
+//! one and streams live data; a sensor's value changes on the page; every
+//! waiting approval is listed, whoever asks (a gRPC session that never
+//! answers, as the published roz CLI does; an MCP client; a task), with its
+//! tool, parameters and asker, and is answered from the page; every open
+//! session (gRPC, MCP) is listed; the STOP button latches the stop.
+//! Screenshots go to `target/`. Also the
 //! stream's wire format (server-sent events over a plain response, resumed
 //! after `Last-Event-ID`) and the page's own headers.
 
@@ -13,7 +16,13 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use crate::common::{self, EXPECT_WITHIN, TestDaemon};
+use crate::approvals::{Token, mcp_call, mcp_open};
+use crate::common::{self, EXPECT_WITHIN, Session, TestDaemon};
+use rozd::api::proto;
+use rozd::api::proto::agent_service_client::AgentServiceClient;
+use rozd::api::proto::session_request::Request as Req;
+use rozd::api::proto::session_response::Response as Resp;
+use tokio_stream::wrappers::ReceiverStream;
 
 const TOKEN: &str = "dashboard-test-token";
 
@@ -39,6 +48,17 @@ critical_min = 0.3
 name = "bumper"
 source = "sim"
 quantity = "bumper"
+critical_max = 0.5
+
+# Above its critical limit from the start: the page's alarm banner.
+[[sensors]]
+name = "coolant_temp"
+source = "sim"
+signal = "constant"
+offset = 91.0
+unit = "degC"
+warn_max = 80.0
+critical_max = 85.0
 
 [[sensors]]
 name = "battery_voltage"
@@ -77,6 +97,19 @@ unit = "deg/s"
 min = -90.0
 max = 90.0
 safe_value = 0.0
+
+# Fires once turn_rate is commanded above 0 (while the coolant is hot).
+[[rules]]
+name = "no_turning_hot"
+when = "coolant_temp > 85 and turn_rate > 0"
+then = { actuator = "turn_rate", value = 0.0 }
+
+# Never fires here.
+[[rules]]
+name = "stop_before_obstacle"
+when = "front_distance < 0.3 and drive_speed > 0"
+for_ms = 100
+then = { actuator = "drive_speed", value = 0.0 }
 "#;
 
 fn python() -> PathBuf {
@@ -101,6 +134,55 @@ async fn dashboard_daemon() -> TestDaemon {
     .await
 }
 
+/// A gRPC session that asks its model for `prompt` and, like the published
+/// roz CLI, never answers an approval: the id of its call that waits, and
+/// a task that reads the session to the end of its turn (the call's result)
+/// and gives back the errors on the way and the session, still open.
+async fn silent_session(
+    daemon: &TestDaemon,
+    prompt: &str,
+) -> (
+    String,
+    tokio::task::JoinHandle<(Vec<proto::SessionError>, Session)>,
+) {
+    let mut client = AgentServiceClient::with_interceptor(daemon.channel().await, Token(TOKEN));
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let response = client
+        .stream_session(ReceiverStream::new(rx))
+        .await
+        .expect("StreamSession");
+    let mut session = Session {
+        tx,
+        rx: response.into_inner(),
+        wait_bound: Duration::from_secs(240),
+    };
+    session.start(proto::StartSession::default()).await;
+    session
+        .send(Req::UserMessage(proto::UserMessage {
+            content: prompt.into(),
+            ..Default::default()
+        }))
+        .await;
+    let id = loop {
+        match session.next().await {
+            Resp::ActivityUpdate(a) if a.state == "waiting_approval" => break a.detail,
+            Resp::Error(e) => panic!("{e:?}"),
+            _ => {}
+        }
+    };
+    let rest = tokio::spawn(async move {
+        let mut errors = Vec::new();
+        loop {
+            match session.next().await {
+                Resp::TurnComplete(_) => return (errors, session),
+                Resp::Error(e) => errors.push(e),
+                _ => {}
+            }
+        }
+    });
+    (id, rest)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chromium_drives_the_dashboard() {
     let daemon = dashboard_daemon().await;
@@ -118,6 +200,16 @@ async fn chromium_drives_the_dashboard() {
     assert_eq!(created.status, 201, "{}", created.body);
     let task: serde_json::Value = serde_json::from_str(&created.body).expect("task JSON");
     let task_id = task["id"].as_str().expect("task id").to_string();
+    // A gRPC session's call the page approves, an MCP call it denies.
+    let (session_call, session_turn) = silent_session(&daemon, "set turn_rate 10").await;
+    let (mcp_url, mcp_session) = mcp_open(&daemon, TOKEN).await;
+    let mcp = mcp_call(
+        mcp_url,
+        TOKEN,
+        mcp_session,
+        "turn_rate",
+        serde_json::json!({"value": -20.0}),
+    );
 
     let shots = target_dir();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/dashboard.py");
@@ -127,6 +219,7 @@ async fn chromium_drives_the_dashboard() {
         .arg(TOKEN)
         .arg(&task_id)
         .arg(&shots)
+        .arg(&session_call)
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(240), run)
@@ -151,6 +244,21 @@ async fn chromium_drives_the_dashboard() {
     }
     assert!(shots.join("dashboard.png").exists());
 
+    // The session's call ran once approved from the page; the MCP call was denied.
+    let (errors, _open) = tokio::time::timeout(EXPECT_WITHIN, session_turn)
+        .await
+        .expect("the session's turn completes")
+        .expect("session task");
+    assert!(errors.is_empty(), "{errors:?}");
+    let denied = tokio::time::timeout(EXPECT_WITHIN, mcp)
+        .await
+        .expect("the MCP call is answered")
+        .expect("MCP task");
+    assert_eq!(
+        denied["structuredContent"]["error"]["code"], "denied",
+        "{denied}"
+    );
+
     // Over REST: the approved command was applied (audited), and the stop is latched.
     let audit = rozd::cli::client::get(&addr, "/v1/audit", Some(TOKEN))
         .await
@@ -168,6 +276,26 @@ async fn chromium_drives_the_dashboard() {
         rows.iter().any(|r| r["kind"] == "actuator"
             && r["actuator"] == "drive_speed"
             && r["result"] == "0.3"),
+        "{rows:#?}"
+    );
+    let decided = |id: &str| {
+        rows.iter()
+            .find(|r| r["kind"] == "tool_call" && r["tool_call_id"] == id)
+            .map(|r| (r["decision"].clone(), r["approved_by"].clone()))
+    };
+    assert_eq!(
+        decided(&session_call),
+        Some((
+            serde_json::json!("approved"),
+            serde_json::json!("auth_tokens[0]")
+        )),
+        "{rows:#?}"
+    );
+    assert!(
+        rows.iter().any(|r| r["kind"] == "tool_call"
+            && r["tool"] == "turn_rate"
+            && r["decision"] == "denied"
+            && r["origin"].as_str().is_some_and(|o| o.starts_with("mcp:"))),
         "{rows:#?}"
     );
     let safety = rozd::cli::client::get(&addr, "/v1/safety", Some(TOKEN))
@@ -293,6 +421,188 @@ async fn the_stream_needs_a_token_and_resumes_after_the_last_event() {
     assert_eq!(sim["width"], 6.0, "{sim}");
     assert_eq!(sim["range_sensor"], "front_distance");
     assert!(sim["rover"]["x"].is_number());
+    daemon.shutdown().await;
+}
+
+/// The Observation says since when a sensor is at its alarm level and
+/// which limit it crossed (what the page's banner shows).
+#[tokio::test]
+async fn a_critical_alarm_says_which_limit_it_crossed_and_since_when() {
+    let daemon = dashboard_daemon().await;
+    let addr = daemon.addr.to_string();
+    let deadline = tokio::time::Instant::now() + EXPECT_WITHIN;
+    let coolant = loop {
+        let reply = rozd::cli::client::get(&addr, "/v1/observation", Some(TOKEN))
+            .await
+            .expect("GET /v1/observation");
+        let observation: serde_json::Value =
+            serde_json::from_str(&reply.body).expect("observation JSON");
+        let coolant = observation["sensors"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["name"] == "coolant_temp"))
+            .cloned()
+            .expect("coolant_temp is observed");
+        if coolant["alarm"] == "critical" {
+            assert!(
+                coolant["alarm_since_unix_ms"]
+                    .as_i64()
+                    .is_some_and(|since| since <= observation["at_unix_ms"].as_i64().unwrap()),
+                "{coolant}"
+            );
+            break coolant;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{coolant}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        coolant["alarm_limit"],
+        serde_json::json!({"limit": "critical_max", "value": 85.0}),
+        "{coolant}"
+    );
+    // A sensor at `ok` carries neither.
+    let reply = rozd::cli::client::get(&addr, "/v1/observation", Some(TOKEN))
+        .await
+        .expect("GET /v1/observation");
+    let observation: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    let battery = observation["sensors"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == "battery_voltage"))
+        .cloned()
+        .unwrap();
+    assert_eq!(battery["alarm"], "ok", "{battery}");
+    assert!(
+        battery.get("alarm_since_unix_ms").is_none() && battery.get("alarm_limit").is_none(),
+        "{battery}"
+    );
+    daemon.shutdown().await;
+}
+
+/// `GET /v1/rules`: each rule's condition and action, its phase, how often
+/// it fired, when last and what that did.
+#[tokio::test]
+async fn rules_show_their_condition_state_and_what_their_last_firing_did() {
+    let daemon = dashboard_daemon().await;
+    let addr = daemon.addr.to_string();
+    let rules = |body: &str| -> Vec<serde_json::Value> {
+        let v: serde_json::Value = serde_json::from_str(body).expect("rules JSON");
+        v["data"].as_array().cloned().expect("data")
+    };
+    let listed = rozd::cli::client::get(&addr, "/v1/rules", Some(TOKEN))
+        .await
+        .expect("GET /v1/rules");
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    let listed = rules(&listed.body);
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(
+        listed[1],
+        serde_json::json!({
+            "name": "stop_before_obstacle",
+            "when": "front_distance < 0.3 and drive_speed > 0",
+            "for_ms": 100,
+            "cooldown_ms": 0,
+            "then": "set drive_speed to 0",
+            "phase": "armed",
+            "fired": 0,
+            "last_fired_unix_ms": null,
+            "last_result": null,
+        })
+    );
+    let before = rozd::clock::now_ms();
+    daemon
+        .ctx
+        .ooda
+        .actuators()
+        .command(
+            "turn_rate",
+            10.0,
+            rozd::ooda::act::Origin::Operator("test".into()),
+            None,
+        )
+        .await
+        .expect("turn_rate accepts 10");
+    let deadline = tokio::time::Instant::now() + EXPECT_WITHIN;
+    let fired = loop {
+        let reply = rozd::cli::client::get(&addr, "/v1/rules", Some(TOKEN))
+            .await
+            .expect("GET /v1/rules");
+        let rule = rules(&reply.body)[0].clone();
+        if rule["last_result"].is_string() && rule["phase"] == "armed" {
+            break rule;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{rule}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        (&fired["name"], &fired["fired"], &fired["last_result"]),
+        (
+            &serde_json::json!("no_turning_hot"),
+            &serde_json::json!(1),
+            &serde_json::json!("turn_rate set to 0")
+        ),
+        "{fired}"
+    );
+    assert!(
+        fired["last_fired_unix_ms"]
+            .as_i64()
+            .is_some_and(|t| t >= before),
+        "{fired}"
+    );
+    assert_eq!(daemon.ctx.ooda.actuators().value("turn_rate"), Some(0.0));
+    daemon.shutdown().await;
+}
+
+/// A sensor's trend reaches back further than its last 128 samples (what
+/// the page's plots start with), and each actuator's range is listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sensors_trend_reaches_back_beyond_its_samples_and_actuators_list_their_range() {
+    let daemon = dashboard_daemon().await;
+    let addr = daemon.addr.to_string();
+    let actuators = rozd::cli::client::get(&addr, "/v1/actuators", Some(TOKEN))
+        .await
+        .expect("GET /v1/actuators");
+    assert_eq!(actuators.status, 200, "{}", actuators.body);
+    let actuators: serde_json::Value = serde_json::from_str(&actuators.body).unwrap();
+    assert_eq!(
+        (
+            &actuators["data"][0]["name"],
+            &actuators["data"][0]["min"],
+            &actuators["data"][0]["max"],
+            &actuators["data"][0]["hold_ms"]
+        ),
+        (
+            &serde_json::json!("drive_speed"),
+            &serde_json::json!(-0.5),
+            &serde_json::json!(0.5),
+            &serde_json::json!(20000)
+        ),
+        "{actuators}"
+    );
+    // wave reports at 20 Hz: its 128 samples cover 6.4 s; the trend keeps
+    // every half second's extremes for 3 minutes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let reply = rozd::cli::client::get(&addr, "/v1/sensors/wave", Some(TOKEN))
+            .await
+            .expect("GET /v1/sensors/wave");
+        let wave: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        let oldest_sample = wave["history"][0]["age_ms"].as_u64().unwrap_or(0);
+        let trend = wave["trend"].as_array().cloned().unwrap_or_default();
+        let oldest_trend = trend
+            .first()
+            .and_then(|p| p["age_ms"].as_u64())
+            .unwrap_or(0);
+        if wave["history"].as_array().map_or(0, Vec::len) == 128
+            && oldest_trend > oldest_sample + 1000
+        {
+            assert!(
+                trend.iter().all(|p| p["min"].as_f64() <= p["max"].as_f64()),
+                "{trend:?}"
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{wave}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     daemon.shutdown().await;
 }
 

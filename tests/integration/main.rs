@@ -23,6 +23,7 @@ mod external_clients;
 mod feedback;
 mod fleet;
 mod fleet_scale;
+mod guides;
 mod hardware_e2e;
 mod host_tools;
 mod hosts_wire;

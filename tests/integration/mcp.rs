@@ -164,7 +164,7 @@ async fn rest(
 /// Waits for the next call waiting for approval, checks `GET /v1/approvals`
 /// lists it, and answers it over REST; the listed entry.
 async fn answer_next_approval(daemon: &TestDaemon, approve: bool) -> Value {
-    let approvals = &daemon.ctx.mcp.approvals;
+    let approvals = &daemon.ctx.approvals;
     let mut changes = approvals.subscribe();
     tokio::time::timeout(
         EXPECT_WITHIN,
@@ -337,7 +337,7 @@ async fn scenario(transport: Transport) {
         stopped["structured"]["error"]["code"], "e_stop",
         "{stopped}"
     );
-    assert!(daemon.ctx.mcp.approvals.list().is_empty());
+    assert!(daemon.ctx.approvals.list().is_empty());
     script.expect("await_clear").await;
     let (status, body) = rest(
         &daemon,
@@ -500,7 +500,7 @@ async fn a_call_nobody_answers_is_denied_at_the_approval_timeout() {
         "{denied}"
     );
     assert_eq!(arm(&daemon), Some(0.0));
-    assert!(daemon.ctx.mcp.approvals.list().is_empty(), "withdrawn");
+    assert!(daemon.ctx.approvals.list().is_empty(), "withdrawn");
     script.expect("closed").await;
     daemon.shutdown().await;
 }
@@ -965,7 +965,7 @@ async fn mcp_sessions_are_capped_idle_ones_make_room_and_busy_ones_refuse_the_ne
         .into_iter()
         .map(|s| tokio::spawn(async move { s.call("arm", json!({"value": 0.5})).await }))
         .collect();
-    let approvals = &daemon.ctx.mcp.approvals;
+    let approvals = &daemon.ctx.approvals;
     let mut changes = approvals.subscribe();
     tokio::time::timeout(
         EXPECT_WITHIN,

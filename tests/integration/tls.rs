@@ -1410,3 +1410,65 @@ async fn a_client_certificate_maps_to_its_scopes_by_subject() {
     assert_eq!(stop.credential.as_deref(), Some("CN=viewer-1,O=Lab"));
     daemon.shutdown().await;
 }
+
+/// A client command given the configuration of a TLS daemon speaks TLS to
+/// its listen address (issue 35, item 11), trusting `[fleet] ca_file` when
+/// no `--cacert` is given.
+#[tokio::test]
+async fn a_client_given_a_tls_daemons_config_speaks_tls_to_its_address() {
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("rozd", "rozd-test", (2031, 1, 1));
+    let daemon = start_tls(&tls_server(&cert, &key, ""), "").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rover.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"{}\"\ncontrol_socket = \"\"\n[server.tls]\ncert_file = {:?}\nkey_file = {:?}\n\
+             [fleet]\nca_file = {:?}\n",
+            daemon.addr,
+            s(&cert),
+            s(&key),
+            s(&pki.ca_file())
+        ),
+    )
+    .unwrap();
+    let rozd = Path::new(env!("CARGO_BIN_EXE_rozd"));
+    let no_roots = dir.path().join("no-roots.pem");
+    let (code, out, err) = run(
+        rozd,
+        &[
+            "status",
+            "--config",
+            &s(&config),
+            "--token",
+            TOKEN,
+            "--json",
+        ],
+        &[("HOME", dir.path())],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    let status: Value = serde_json::from_str(&out).expect("status JSON");
+    assert_eq!(status["tls"]["enabled"], true, "{status}");
+    // Without the fleet CA, the system's roots do not know the daemon's CA.
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"{}\"\ncontrol_socket = \"\"\n[server.tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+            daemon.addr,
+            s(&cert),
+            s(&key)
+        ),
+    )
+    .unwrap();
+    let (code, _, err) = run(
+        rozd,
+        &["status", "--config", &s(&config), "--token", TOKEN],
+        &[("HOME", dir.path()), ("SSL_CERT_FILE", &no_roots)],
+    )
+    .await;
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("UnknownIssuer"), "spoke TLS: {err}");
+    daemon.shutdown().await;
+}

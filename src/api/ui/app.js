@@ -42,7 +42,7 @@ async function api(method, path, body) {
   const init = { method, headers: headers(body !== undefined), cache: "no-store" };
   if (body !== undefined) init.body = JSON.stringify(body);
   const r = await fetch(path, init);
-  if (r.status === 401) { askToken("The token was refused."); throw new Unauthorized(); }
+  if (r.status === 401) { askToken(refusedMessage()); throw new Unauthorized(); }
   let data = null;
   try { data = await r.json(); } catch (_) { /* empty */ }
   if (!r.ok) throw new Error((data && data.error && data.error.message) || ("HTTP " + r.status));
@@ -50,12 +50,19 @@ async function api(method, path, body) {
 }
 
 // ---- the token ----
+// Only a token that was sent can have been refused; without one the
+// dialog just asks. It is not modal: STOP stays in reach while it is open.
+function refusedMessage() {
+  return token ? "The token was refused: check it and enter it again." : "";
+}
+
 function askToken(message) {
   token = "";
   sessionStorage.removeItem(TOKEN_KEY);
   $("token-error").textContent = message || "";
+  $("link").textContent = "waiting for a token";
   const d = $("token-dialog");
-  if (!d.open) d.showModal();
+  if (!d.open) d.show();
   $("token-input").focus();
 }
 
@@ -73,9 +80,20 @@ $("stop-button").addEventListener("click", async () => {
   // One click, no confirmation: going safe is never gated.
   try {
     const s = await fetch("/v1/estop", { method: "POST", headers: headers(true), body: JSON.stringify({ reason: "dashboard STOP button" }) });
-    $("safety-message").textContent = s.ok ? "" : "stop request answered HTTP " + s.status;
-    if (s.ok) showSafety(await s.json());
-  } catch (err) { $("safety-message").textContent = "stop request failed: " + err.message; }
+    if (s.ok) { $("safety-message").textContent = ""; showSafety(await s.json()); return; }
+    if (s.status === 401) {
+      // Anyone who may talk to this rozd may stop it, but it must know who:
+      // it answers only callers with a token.
+      const why = token
+        ? "STOP was NOT sent: this rozd refused the token. Enter a valid token, then press STOP again."
+        : "STOP was NOT sent: this rozd needs a token (any valid token may stop it). Enter it, then press STOP again.";
+      $("safety-message").textContent = why;
+      askToken(why);
+      return;
+    }
+    const body = await s.json().catch(() => null);
+    $("safety-message").textContent = "STOP was NOT confirmed: HTTP " + s.status + ((body && body.error) ? ": " + body.error.message : "");
+  } catch (err) { $("safety-message").textContent = "STOP was NOT sent: " + err.message; }
 });
 
 $("clear-button").addEventListener("click", async () => {
@@ -110,7 +128,7 @@ function showStatus(s) {
   lastStatus = s;
   $("host-name").textContent = s.name || s.host_id;
   $("host-id").textContent = s.host_id;
-  document.title = "rozd · " + (s.name || s.host_id);
+  setTitle();
   const o = s.ooda || {};
   $("host-facts").replaceChildren(
     fact("environment", s.environment_id), fact("version", s.version), fact("up", dur(s.uptime_secs)),
@@ -119,7 +137,6 @@ function showStatus(s) {
     fact("loop", o.tick_hz + " Hz (" + o.timer + ")"),
     fact("lateness p50/p99", (o.lateness_p50_us ?? 0) + " / " + (o.lateness_p99_us ?? 0) + " µs"),
     fact("missed ticks", o.missed_ticks ?? 0));
-  $("sessions-active").replaceChildren(fact("active", s.sessions.active), fact("since start", s.sessions.total));
   if (changedSessions) loadSessions();
 }
 
@@ -133,14 +150,22 @@ async function loadSessions() {
 }
 
 // ---- sensors ----
-async function ensureSensor(s) {
+// Cards and pills keep the configuration's order (the Observation's), not
+// the order in which each sensor's own request happens to answer.
+function placeInOrder(container, element, index) {
+  element.dataset.order = index;
+  const after = [...container.children].find((c) => +c.dataset.order > index);
+  container.insertBefore(element, after || null);
+}
+
+async function ensureSensor(s, index) {
   if (sensors.has(s.name)) return sensors.get(s.name);
   const entry = { xs: [], ys: [], detail: null, card: null, plot: null, pill: null };
   sensors.set(s.name, entry);
   try { entry.detail = await api("GET", "/v1/sensors/" + encodeURIComponent(s.name)); } catch (_) { entry.detail = {}; }
   if (entry.detail && entry.detail.digital) {
     entry.pill = el("span", { class: "pill", "data-input": s.name }, s.name);
-    $("inputs").append(entry.pill);
+    placeInOrder($("inputs"), entry.pill, index);
     return entry;
   }
   const value = el("span", { class: "value" }, "—");
@@ -149,12 +174,40 @@ async function ensureSensor(s) {
   entry.card = el("div", { class: "sensor", "data-sensor": s.name },
     el("div", { class: "head" }, el("b", {}, s.name), value), badges, plotBox);
   entry.value = value; entry.badges = badges;
-  $("sensors").append(entry.card);
-  for (const h of entry.detail.history || []) {
-    entry.xs.push(Date.now() / 1000 - h.age_ms / 1000); entry.ys.push(h.value);
+  placeInOrder($("sensors"), entry.card, index);
+  // The plot starts with the last 3 minutes: the trend (each half second's
+  // lowest and highest value) up to where the recent samples begin.
+  const now = Date.now() / 1000;
+  const history = entry.detail.history || [];
+  const recentFrom = history.length ? now - history[0].age_ms / 1000 : Infinity;
+  for (const p of entry.detail.trend || []) {
+    const t = now - p.age_ms / 1000;
+    if (t >= recentFrom) break;
+    const [a, b] = p.rising ? [p.min, p.max] : [p.max, p.min];
+    entry.xs.push(t); entry.ys.push(a);
+    if (p.max !== p.min) { entry.xs.push(t + 0.25); entry.ys.push(b); }
   }
-  entry.plot = makePlot(plotBox, s, entry.detail.limits || {});
+  for (const h of history) {
+    const t = now - h.age_ms / 1000;
+    if (!entry.xs.length || t > entry.xs[entry.xs.length - 1]) { entry.xs.push(t); entry.ys.push(h.value); }
+  }
+  const limits = entry.detail.limits || {};
+  entry.plot = makePlot(plotBox, s, limits);
+  entry.plot.setData([entry.xs, entry.ys]);
+  if (entry.xs.length) { plotBox.dataset.from = entry.xs[0]; plotBox.title = "plotted from " + time(entry.xs[0] * 1000); }
+  plotBox.className = "plot";
+  entry.card.append(limitLegend(limits, s.unit));
   return entry;
+}
+
+// What the dashed lines of a plot are.
+const LIMITS = [["critical_max", "critical"], ["warn_max", "warn"], ["warn_min", "warn"], ["critical_min", "critical"]];
+
+function limitLegend(limits, unit) {
+  const shown = LIMITS.filter(([k]) => limits[k] !== null && limits[k] !== undefined);
+  if (!shown.length) return el("div", { class: "legend muted" }, "no limits");
+  return el("div", { class: "legend" }, ...shown.map(([k, level]) =>
+    el("span", { class: "limit " + level, title: k }, el("i", {}), k.replace("_", " ") + " " + num(limits[k]) + (unit ? " " + unit : ""))));
 }
 
 function makePlot(box, s, limits) {
@@ -186,11 +239,15 @@ function makePlot(box, s, limits) {
 function showSensor(entry, s) {
   if (entry.pill) {
     entry.pill.classList.toggle("on", s.value === 1);
+    entry.pill.classList.toggle("critical", s.alarm === "critical");
+    entry.pill.classList.toggle("warn", s.alarm === "warn");
     entry.pill.textContent = s.name + (s.value === null ? " —" : s.value === 1 ? " ON" : " off");
     entry.pill.title = s.health + (s.age_ms !== null ? ", " + s.age_ms + " ms old" : "");
     return;
   }
   if (!entry.card) return;
+  entry.card.classList.toggle("critical", s.alarm === "critical");
+  entry.card.classList.toggle("warn", s.alarm === "warn");
   entry.value.textContent = num(s.value) + (s.unit ? " " + s.unit : "");
   entry.badges.replaceChildren(
     el("span", { class: "badge " + s.health }, s.health), " ",
@@ -206,12 +263,82 @@ function showSensor(entry, s) {
   }
 }
 
+// ---- alarms: every sensor at warn or critical, impossible to miss ----
+let lastAlarmKey = "";
+let criticalCount = 0;
+
+function setTitle() {
+  const name = lastStatus ? lastStatus.name || lastStatus.host_id : "";
+  document.title = (criticalCount ? "\u26a0 " + criticalCount + " CRITICAL · " : "") + "rozd · " + name;
+}
+
+function showAlarms(sensorList) {
+  const alarmed = sensorList.filter((s) => s.alarm === "critical" || s.alarm === "warn")
+    .sort((a, b) => (a.alarm === b.alarm ? 0 : a.alarm === "critical" ? -1 : 1));
+  const key = alarmed.map((s) => [s.name, s.alarm, num(s.value), s.alarm_since_unix_ms].join("|")).join(",");
+  if (key === lastAlarmKey) return;
+  lastAlarmKey = key;
+  const banner = $("alarm-banner");
+  banner.hidden = !alarmed.length;
+  banner.classList.toggle("warn-only", !alarmed.some((s) => s.alarm === "critical"));
+  criticalCount = alarmed.filter((s) => s.alarm === "critical").length;
+  setTitle();
+  const unit = (s) => (s.unit ? " " + s.unit : "");
+  banner.replaceChildren(...alarmed.map((s) => {
+    const l = s.alarm_limit;
+    const side = l ? (l.limit.endsWith("_min") ? "below " : "above ") + l.limit + " " + num(l.value) + unit(s) : "";
+    return el("div", { class: "alarm " + s.alarm, "data-alarm": s.name },
+      el("span", { class: "level" }, s.alarm.toUpperCase()),
+      el("span", {}, el("b", {}, s.name), " ", num(s.value) + unit(s)),
+      side ? el("span", { class: "limit" }, side) : "",
+      s.alarm_since_unix_ms ? el("span", { class: "since" }, "since " + time(s.alarm_since_unix_ms)) : "",
+      s.health !== "ok" ? el("span", { class: "since" }, "(" + s.health + ")") : "");
+  }));
+}
+
+// ---- reflex rules ----
+const PHASES = { armed: ["armed", "ok"], holding: ["condition true, holding", "warn"], fired: ["fired, re-arms when false", "critical"] };
+
+function showRules(list) {
+  $("rules-none").hidden = list.length > 0;
+  $("rules").hidden = !list.length;
+  $("rules").tBodies[0].replaceChildren(...list.map((r) => {
+    const [label, cls] = PHASES[r.phase] || [r.phase, ""];
+    const when = r.when + (r.for_ms ? " for " + r.for_ms + " ms" : "") + (r.cooldown_ms ? ", cooldown " + r.cooldown_ms + " ms" : "");
+    return el("tr", { "data-rule": r.name },
+      el("td", {}, el("b", {}, r.name)), el("td", {}, el("code", {}, when)), el("td", {}, r.then),
+      el("td", { class: "phase" }, el("span", { class: "badge " + cls }, label)),
+      el("td", { class: "fired" }, r.fired), el("td", {}, time(r.last_fired_unix_ms)),
+      el("td", { class: "result" }, r.last_result || (r.fired ? "…" : "—")));
+  }));
+}
+
 // ---- actuators ----
+let actuatorSpecs = new Map();   // name -> GET /v1/actuators entry
+
+function range(spec) {
+  if (!spec) return "—";
+  if (spec.allowed) return "{" + spec.allowed.map(num).join(", ") + "}";
+  if (spec.min === null && spec.max === null) return "—";
+  return num(spec.min) + " … " + num(spec.max);
+}
+
+// "session 1f2e3d4c", "rule stop_before", "mcp:5a6b7c8d": the kind and a short id (the whole in the tooltip).
+function shortOwner(owner) {
+  if (!owner) return "—";
+  const [kind, ...rest] = owner.split(" ");
+  const id = rest.join(" ");
+  if (!id) return el("span", { title: owner }, owner.length > 18 ? owner.slice(0, 17) + "…" : owner);
+  const tail = id.split(":").pop();
+  return el("span", { title: owner }, kind + " " + (tail.length > 10 ? tail.slice(0, 8) + "…" : tail));
+}
+
 function showActuators(list) {
   $("actuators").tBodies[0].replaceChildren(...list.map((a) => el("tr", { "data-actuator": a.name },
     el("td", {}, a.name), el("td", { class: "value" }, num(a.value) + (a.unit ? " " + a.unit : "")),
+    el("td", { class: "range" }, range(actuatorSpecs.get(a.name))),
     el("td", {}, num(a.safe_value), " ", a.at_safe_value ? el("span", { class: "badge ok" }, "at safe") : el("span", { class: "badge warn" }, "moved")),
-    el("td", {}, a.owner || "—"), el("td", {}, a.hold_remaining_ms === null ? "—" : (a.hold_remaining_ms / 1000).toFixed(1) + " s"))));
+    el("td", { class: "owner" }, shortOwner(a.owner)), el("td", {}, a.hold_remaining_ms === null ? "—" : (a.hold_remaining_ms / 1000).toFixed(1) + " s"))));
   const key = list.map((a) => a.name + "=" + a.value + "@" + a.owner).join(",");
   if (key !== lastActuatorKey) { lastActuatorKey = key; scheduleAudit(); }
 }
@@ -249,29 +376,54 @@ async function showWorld(rover, observation) {
     fact("bumper", rover.bumper ? "pressed" : "free"));
 }
 
-// ---- tasks and approvals ----
+// ---- approvals: every call waiting, whoever asks (MCP, gRPC session, task) ----
+const ASKERS = { mcp: "MCP client", session: "gRPC session", task: "task" };
+
+function showApprovals(list) {
+  $("approvals-card").classList.toggle("waiting", list.length > 0);
+  $("approvals-count").textContent = list.length ? list.length + " waiting" : "";
+  if (!list.length) { $("approvals").replaceChildren(el("p", { class: "muted" }, "none waiting")); return; }
+  $("approvals").replaceChildren(...list.map((a) => el("div", { class: "approval", "data-call": a.id, "data-kind": a.kind },
+    el("div", {}, el("span", { class: "badge kind" }, ASKERS[a.kind] || a.kind), " ", el("b", { class: "tool" }, a.tool),
+      " ", el("span", { class: "muted" }, (a.category || "").toUpperCase())),
+    el("div", { class: "who" }, "asked by ", el("code", {}, a.origin), a.credential ? el("span", {}, " as ", el("b", {}, a.credential)) : ""),
+    el("pre", {}, JSON.stringify(a.parameters ?? {}, null, 1)),
+    el("div", { class: "muted" }, "since ", time(a.since_unix_ms), " · denied at ", time(a.expires_unix_ms), " unless answered"),
+    el("button", { type: "button", class: "approve", onclick: (e) => decide(e.target, a.id, true) }, "Approve"), " ",
+    el("button", { type: "button", class: "deny", onclick: (e) => decide(e.target, a.id, false) }, "Deny"))));
+}
+
+async function decide(button, id, approve) {
+  button.disabled = true;
+  try { await api("POST", "/v1/approvals/" + encodeURIComponent(id), { approve }); $("approvals-message").textContent = ""; }
+  catch (err) { if (!(err instanceof Unauthorized)) $("approvals-message").textContent = err.message; button.disabled = false; }
+}
+
+// ---- open sessions: gRPC (served here or relayed on), MCP ----
+const STREAMS = { grpc: "gRPC", relayed: "relayed", mcp: "MCP" };
+
+function showOpenSessions(r) {
+  const list = r.data || [];
+  $("sessions-active").replaceChildren(fact("open", list.length),
+    ...Object.keys(STREAMS).map((k) => fact(STREAMS[k], list.filter((x) => x.kind === k).length)),
+    fact("since start", lastStatus ? lastStatus.sessions.total : "—"));
+  $("open-sessions").tBodies[0].replaceChildren(...list.map((x) => el("tr", { "data-open-session": x.kind },
+    el("td", {}, el("span", { class: "badge" }, STREAMS[x.kind] || x.kind)),
+    el("td", {}, x.id ? el("code", { title: x.id }, x.id.slice(0, 8)) : el("span", { class: "muted" }, "starting")),
+    el("td", {}, x.credential || el("span", { class: "muted" }, "anonymous")),
+    el("td", {}, time(x.opened_unix_ms)),
+    el("td", {}, x.kind === "relayed" ? "to host " + x.host_id : x.kind === "mcp" ? (x.listening ? "client listening" : "client not listening") + (x.in_flight ? ", " + x.in_flight + " call(s) running" : "") : (x.model || "")),
+    el("td", {}, x.pending_approvals ? el("span", { class: "badge warn" }, x.pending_approvals + " approval(s)") : "—"))));
+}
+
+// ---- tasks ----
 function showTasks(tasks) {
   $("tasks").tBodies[0].replaceChildren(...tasks.map((t) => el("tr", { "data-task": t.id, class: t.id === watchedTask ? "mine" : "" },
     el("td", {}, el("code", {}, t.id.split(":").pop().slice(0, 8))), el("td", {}, el("span", { class: "badge" }, t.status)),
     el("td", {}, t.prompt), el("td", {}, t.detail || ""),
     el("td", {}, el("button", { type: "button", onclick: () => watchTask(t.id) }, "team")))));
-  const waiting = [];
-  for (const t of tasks) for (const p of t.pending_approvals || []) waiting.push([t, p]);
-  if (!waiting.length) { $("approvals").replaceChildren(el("p", { class: "muted" }, "none waiting")); }
-  else $("approvals").replaceChildren(...waiting.map(([t, p]) => el("div", { class: "approval", "data-call": p.tool_call_id },
-    el("div", {}, el("b", {}, p.tool), " asked by ", el("code", {}, p.worker_id)),
-    el("div", { class: "muted" }, "task: ", t.prompt),
-    el("pre", {}, JSON.stringify(p.parameters ?? {}, null, 1)),
-    el("button", { type: "button", class: "approve", "data-call": p.tool_call_id, onclick: (e) => decide(e.target, t.id, p.tool_call_id, true) }, "Approve"), " ",
-    el("button", { type: "button", class: "deny", "data-call": p.tool_call_id, onclick: (e) => decide(e.target, t.id, p.tool_call_id, false) }, "Deny"))));
   if (watchedTask && tasks.some((t) => t.id === watchedTask)) watchTask(watchedTask);
   scheduleAudit();
-}
-
-async function decide(button, taskId, callId, approved) {
-  button.disabled = true;
-  try { await api("POST", "/v1/tasks/" + encodeURIComponent(taskId) + "/approvals", { tool_call_id: callId, approved }); }
-  catch (err) { if (!(err instanceof Unauthorized)) alert(err.message); button.disabled = false; }
 }
 
 async function watchTask(id) {
@@ -340,7 +492,8 @@ function handle(event, data) {
     case "observation": {
       $("link").textContent = "live · tick " + data.seq;
       showSafety({ active: !!data.protective_stop, causes: data.protective_stop_causes || (data.protective_stop ? [data.protective_stop] : []) });
-      for (const s of data.sensors) ensureSensor(s).then((entry) => showSensor(entry, s));
+      data.sensors.forEach((s, i) => ensureSensor(s, i).then((entry) => showSensor(entry, s)));
+      showAlarms(data.sensors);
       showActuators(data.actuators);
       showWorld(data.sim, data);
       break;
@@ -348,6 +501,9 @@ function handle(event, data) {
     case "safety": showSafety(data); break;
     case "status": showStatus(data); break;
     case "tasks": showTasks(data); break;
+    case "approvals": showApprovals(data.data || []); break;
+    case "rules": showRules(data.data || []); break;
+    case "sessions": showOpenSessions(data); loadSessions(); break;
     case "hosts": showHosts(data); break;
   }
 }
@@ -356,7 +512,7 @@ async function stream(gen) {
   const h = headers(false);
   if (lastEventId) h["Last-Event-ID"] = lastEventId;
   const r = await fetch("/v1/observation/stream", { headers: h, cache: "no-store" });
-  if (r.status === 401) { askToken("The token was refused."); throw new Unauthorized(); }
+  if (r.status === 401) { askToken(refusedMessage()); throw new Unauthorized(); }
   if (!r.ok || !r.body) throw new Error("HTTP " + r.status);
   const reader = r.body.getReader();
   const decoder = new TextDecoder();
@@ -398,6 +554,8 @@ async function run(gen) {
 async function start() {
   try { showStatus(await api("GET", "/v1/status")); }
   catch (err) { if (err instanceof Unauthorized) return; $("link").textContent = err.message; }
+  try { actuatorSpecs = new Map((await api("GET", "/v1/actuators")).data.map((a) => [a.name, a])); }
+  catch (_) { /* the table shows no range */ }
   loadAudit();
   streamGen += 1;
   run(streamGen);

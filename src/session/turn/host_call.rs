@@ -53,9 +53,7 @@ impl CallSite for Turn {
         input: &Value,
         category: ToolCategory,
     ) -> Result<Answer, Interrupt> {
-        let (approved, by) = self
-            .approval(id, name, input, presence_for(category))
-            .await?;
+        let (approved, by) = self.approval(id, name, input, category).await?;
         Ok(Answer {
             verdict: if approved {
                 Ok(())

@@ -37,6 +37,7 @@ use tool_call::error_result;
 use crate::config::types::{AiMode, SessionConfig};
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
 
+use super::approvals::{Approvals, Asker};
 use super::context::{CompactionLimits, ContextMeter, History};
 use super::permissions::PermissionPolicy;
 use super::tools::ToolRegistry;
@@ -58,6 +59,11 @@ pub struct HostAccess {
     /// The credential behind the calls (a token's name, a certificate
     /// subject), which the audit names.
     pub credential: Option<String>,
+    /// Who the caller is, as the list of waiting approvals names it.
+    pub asker: Asker,
+    /// Where a call that needs approval is listed for an operator
+    /// (`/v1/approvals`), beside the caller's own way to answer it.
+    pub approvals: Arc<Approvals>,
     /// Where a headless driver (a task's worker) hears of each cycle and tool
     /// call; sessions leave it unset.
     pub notes: Option<mpsc::UnboundedSender<TurnNote>>,
@@ -74,6 +80,7 @@ impl HostAccess {
     /// `ai_mode`; `label` is how the audit names the caller.
     pub fn new(
         ctx: &HostContext,
+        asker: Asker,
         owner: &str,
         label: String,
         ai_mode: AiMode,
@@ -83,6 +90,8 @@ impl HostAccess {
             session_id: owner.to_string(),
             label,
             credential: None,
+            asker,
+            approvals: ctx.approvals.clone(),
             notes,
             tools: ctx.host_tools.clone(),
             registry: ctx.host_registry.clone(),

@@ -161,6 +161,8 @@ mod tests {
                 error: None,
             },
             alarm,
+            alarm_since_unix_ms: None,
+            alarm_limit: None,
         }
     }
 

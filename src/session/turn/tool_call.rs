@@ -10,8 +10,10 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::{Interrupt, Turn, TurnInput, TurnNote};
+use crate::clock::now_ms;
 use crate::config::types::ToolCategory;
 use crate::model::Block;
+use crate::session::approvals::ApprovalView;
 use crate::session::host_call::{Gate, gate, own_approval_refused};
 use crate::session::{Activity, ErrorCode, Presence, ServerEvent, SessionError, ToolOutcome};
 
@@ -111,26 +113,60 @@ impl Turn {
         }
     }
 
-    /// Asks the client for a decision; `false` on denial or timeout, with
-    /// the credential that answered (`None` on timeout). An approval the
-    /// rules do not let its credential give (its own call, with
-    /// `approvals.require_other_credential`) is refused, told to the
-    /// client, audited, and the call keeps waiting.
+    /// Asks the client for a decision and lists the call for an operator
+    /// (`/v1/approvals`): the first answer wins; `false` on denial or
+    /// timeout, with the credential that answered (`None` on timeout). An
+    /// approval the rules do not let its credential give (its own call,
+    /// with `approvals.require_other_credential`) is refused, told to the
+    /// client, audited, and the call keeps waiting (an operator's such
+    /// answer is refused before it gets here).
     pub(super) async fn approval(
         &mut self,
         id: &str,
         name: &str,
         input: &Value,
-        presence: Presence,
+        category: ToolCategory,
     ) -> Result<(bool, Option<String>), Interrupt> {
         let reason = format!("`{name}` needs your approval");
-        self.state(Activity::WaitingApproval, id, presence, &reason)
-            .await?;
-        let deadline = Instant::now() + self.limits.approval_timeout;
+        self.state(
+            Activity::WaitingApproval,
+            id,
+            presence_for(category),
+            &reason,
+        )
+        .await?;
+        let timeout = self.limits.approval_timeout;
+        let deadline = Instant::now() + timeout;
+        let since = now_ms();
+        // Withdrawn from the list when this returns, however it does.
+        let mut listed = self.host.approvals.ask(ApprovalView {
+            id: id.to_string(),
+            tool_call_id: id.to_string(),
+            kind: self.host.asker,
+            tool: name.to_string(),
+            category: category.as_str(),
+            parameters: input.clone(),
+            session_id: self.host.session_id.clone(),
+            origin: self.host.label.clone(),
+            credential: self.host.credential.clone(),
+            since_unix_ms: since,
+            expires_unix_ms: since
+                .saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)),
+        });
         loop {
             let received = tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => return Err(Interrupt::Cancelled),
+                answered = listed.decided() => {
+                    tracing::info!(
+                        tool_call_id = id,
+                        tool = name,
+                        approved = answered.approve,
+                        approved_by = answered.by.as_deref().unwrap_or(""),
+                        "permission decision by an operator (/v1/approvals)"
+                    );
+                    return Ok((answered.approve, answered.by));
+                }
                 input = self.inbox.recv() => input,
                 () = tokio::time::sleep_until(deadline) => {
                     tracing::info!(tool_call_id = id, tool = name, "approval timed out; treated as denied");

@@ -1,8 +1,11 @@
-//! Calls waiting for an operator's approval (`GET /v1/approvals`, `POST
-//! /v1/approvals/{id}`). A waiting call holds a [`Waiting`]; dropping it
-//! (the call ended, was answered elsewhere or abandoned) takes the entry off
-//! the list, so nothing can be approved after its call stopped waiting.
-//! Nothing here does I/O.
+//! Every call waiting for an approval, whoever made it (an MCP client, a
+//! session's turn, a task's worker): what `GET /v1/approvals` lists and
+//! `POST /v1/approvals/{id}` answers, beside each caller's own way to answer
+//! (an MCP client's elicitation, a session's `PermissionDecision`, a task's
+//! approvals). The first answer wins: a waiting call holds a [`Waiting`];
+//! dropping it (the call was answered elsewhere, ended or was abandoned)
+//! takes the entry off the list, so nothing can be answered after its call
+//! stopped waiting. Nothing here does I/O.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,20 +14,39 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
+/// Who asks for an approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Asker {
+    /// An MCP client's call.
+    Mcp,
+    /// A gRPC session's turn (`StreamSession`).
+    Session,
+    /// A task's worker.
+    Task,
+}
+
 /// A call waiting for approval, as `GET /v1/approvals` lists it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ApprovalView {
-    /// What `POST /v1/approvals/{id}` names; also the call's audit `tool_call_id`.
+    /// What `POST /v1/approvals/{id}` names: the call's `tool_call_id`,
+    /// unless another waiting call has that already (two sessions' models
+    /// may use the same ids); then `<session_id>:<tool_call_id>`.
     pub id: String,
+    /// The call's id, as the audit and the caller's own stream name it.
+    pub tool_call_id: String,
+    pub kind: Asker,
     pub tool: String,
     pub category: &'static str,
     pub parameters: Value,
-    /// Who owns what the call commands (`mcp:<session id>`).
+    /// Who owns what the call commands: `mcp:<session id>`, a session's
+    /// id, a task worker's id.
     pub session_id: String,
-    /// Who asks (`mcp:<client name>`), as the audit names it.
+    /// Who asks, as the audit names it: `mcp:<client name>`, `session
+    /// <id>`, `task <id> worker <id>`.
     pub origin: String,
-    /// The credential of the MCP session that asks (the audit's
-    /// `credential`; `None` on a daemon without credentials).
+    /// The credential behind the call (the audit's `credential`; `None`
+    /// on a daemon without credentials).
     pub credential: Option<String>,
     pub since_unix_ms: i64,
     /// Unanswered by then, the call is denied.
@@ -68,12 +90,26 @@ impl Default for Approvals {
 }
 
 impl Approvals {
-    /// Lists `view` as waiting; the answer arrives on the returned
-    /// [`Waiting`] (`true`: approved).
-    pub fn ask(self: &Arc<Self>, view: ApprovalView) -> Waiting {
+    /// Lists `view` as waiting, under its own id or, when that is taken, a
+    /// qualified one (see [`ApprovalView::id`]); the answer arrives on the
+    /// returned [`Waiting`].
+    pub fn ask(self: &Arc<Self>, mut view: ApprovalView) -> Waiting {
         let (answer, decision) = oneshot::channel();
-        let id = view.id.clone();
-        self.lock().insert(id.clone(), Entry { view, answer });
+        let id = {
+            let mut entries = self.lock();
+            if entries.contains_key(&view.id) {
+                let qualified = format!("{}:{}", view.session_id, view.tool_call_id);
+                view.id = qualified.clone();
+                let mut n = 1;
+                while entries.contains_key(&view.id) {
+                    n += 1;
+                    view.id = format!("{qualified}:{n}");
+                }
+            }
+            let id = view.id.clone();
+            entries.insert(id.clone(), Entry { view, answer });
+            id
+        };
         self.changed();
         Waiting {
             approvals: self.clone(),
@@ -89,6 +125,15 @@ impl Approvals {
             (a.since_unix_ms, a.id.as_str()).cmp(&(b.since_unix_ms, b.id.as_str()))
         });
         views
+    }
+
+    /// How many calls wait.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
     }
 
     /// Call `id`, if it waits.
@@ -168,6 +213,8 @@ mod tests {
     fn view(id: &str, since: i64) -> ApprovalView {
         ApprovalView {
             id: id.into(),
+            tool_call_id: id.into(),
+            kind: Asker::Mcp,
             tool: "motor".into(),
             category: "PHYSICAL",
             parameters: serde_json::json!({"value": 0.5}),
@@ -210,6 +257,35 @@ mod tests {
             Err(ApprovalError::NotFound("b".into()))
         );
         assert_eq!(approvals.list().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn two_calls_with_one_id_are_listed_apart_and_answered_apart() {
+        let approvals = Arc::new(Approvals::default());
+        let first = ApprovalView {
+            kind: Asker::Session,
+            session_id: "s1".into(),
+            ..view("toolu_1", 1)
+        };
+        let second = ApprovalView {
+            session_id: "s2".into(),
+            since_unix_ms: 2,
+            ..first.clone()
+        };
+        let mut one = approvals.ask(first);
+        let mut two = approvals.ask(second);
+        let third = approvals.ask(ApprovalView {
+            session_id: "s2".into(),
+            ..view("toolu_1", 3)
+        });
+        let ids: Vec<String> = approvals.list().into_iter().map(|v| v.id).collect();
+        assert_eq!(ids, ["toolu_1", "s2:toolu_1", "s2:toolu_1:2"]);
+        approvals.answer("s2:toolu_1", false, None).unwrap();
+        assert!(!two.decided().await.approve);
+        approvals.answer("toolu_1", true, None).unwrap();
+        assert!(one.decided().await.approve);
+        drop(third);
+        assert!(approvals.list().is_empty());
     }
 
     #[test]
