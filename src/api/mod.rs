@@ -4,6 +4,7 @@ mod agent;
 mod approvals;
 pub mod auth;
 pub mod browser;
+mod cameras;
 pub mod connections;
 pub mod convert;
 mod hosts;
@@ -94,6 +95,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .merge(tasks::routes().with_state(ctx.clone()))
         .merge(hosts::routes().with_state(ctx.clone()))
         .merge(recordings::routes().with_state(ctx.clone()))
+        .merge(cameras::routes().with_state(ctx.clone()))
         .merge(ui::routes().with_state(ctx.clone()));
     let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
     if ctx.config.mcp.enabled {

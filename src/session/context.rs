@@ -180,6 +180,53 @@ pub fn elide_tool_results(
     elided
 }
 
+/// How an image's place in a tool result reads once the image is dropped.
+const IMAGE_ELIDED: &str =
+    "[image elided by rozd to save context; call the tool again to look again]";
+
+/// Level 1, first: drops the images tool results carried (`capture_image`)
+/// in `conversation[..before]`, oldest first, until `estimate` is at most
+/// `target`, and says so in the result's text. Images a client sent are
+/// left to the later levels. Returns how many were dropped.
+pub fn elide_tool_images(
+    conversation: &mut [Message],
+    before: usize,
+    estimate: &mut u32,
+    target: u32,
+) -> usize {
+    let mut elided = 0;
+    for m in conversation.iter_mut().take(before) {
+        if *estimate <= target {
+            break;
+        }
+        let blocks = std::mem::take(&mut m.content);
+        let mut kept: Vec<Block> = Vec::with_capacity(blocks.len());
+        // Index in `kept` of the tool result the images that follow belong to.
+        let mut result: Option<usize> = None;
+        for b in blocks {
+            match (b, result) {
+                (Block::Image { data, .. }, Some(at)) if *estimate > target => {
+                    let saved = model::image_tokens(&data);
+                    if let Some(Block::ToolResult { content, .. }) = kept.get_mut(at) {
+                        content.push('\n');
+                        content.push_str(IMAGE_ELIDED);
+                        let note = model::tokens::count(IMAGE_ELIDED);
+                        *estimate = estimate.saturating_sub(saved.saturating_sub(note));
+                    }
+                    elided += 1;
+                }
+                (b @ Block::Image { .. }, Some(_)) => kept.push(b),
+                (b, _) => {
+                    result = matches!(b, Block::ToolResult { .. }).then_some(kept.len());
+                    kept.push(b);
+                }
+            }
+        }
+        m.content = kept;
+    }
+    elided
+}
+
 /// Level 2: removes thinking blocks from assistant messages in
 /// `conversation[..before]`, oldest first, until `estimate` is at most
 /// `target`. Messages left empty are removed. Returns (blocks removed,
