@@ -98,11 +98,29 @@ async fn request(
         .to_string();
     camera.link_up(Instant::now());
     if let Some(boundary) = mjpeg::boundary(&content_type) {
-        return stream(camera, response, &boundary).await;
+        return stream(camera, response, &boundary, bytes::Bytes::new()).await;
     }
     let lower = content_type.to_ascii_lowercase();
     if lower.starts_with("image/jpeg") || lower.starts_with("image/jpg") {
-        return snapshot(camera, response).await;
+        return snapshot(camera, response, bytes::Bytes::new()).await;
+    }
+    // A generic type (ffmpeg's `-listen 1` sends application/octet-stream):
+    // the first bytes tell a multipart stream from a JPEG.
+    if lower.is_empty() || lower.starts_with("application/octet-stream") {
+        let mut response = response;
+        let within = CONNECT_TIMEOUT + camera.spec.stale_after;
+        let first = match tokio::time::timeout(within, response.chunk()).await {
+            Err(_) => return Next::Reconnect(format!("the camera sent nothing within {within:?}")),
+            Ok(Err(e)) => return Next::Reconnect(describe(&e)),
+            Ok(Ok(None)) => bytes::Bytes::new(),
+            Ok(Ok(Some(first))) => first,
+        };
+        if let Some(boundary) = mjpeg::sniff_boundary(&first) {
+            return stream(camera, response, &boundary, first).await;
+        }
+        if first.starts_with(&[0xFF, 0xD8]) {
+            return snapshot(camera, response, first).await;
+        }
     }
     camera.reject(
         FrameError::new(
@@ -118,10 +136,17 @@ async fn request(
 }
 
 /// Reads a multipart stream until it ends, fails or goes silent.
-async fn stream(camera: &Camera, mut response: reqwest::Response, boundary: &str) -> Next {
+async fn stream(
+    camera: &Camera,
+    mut response: reqwest::Response,
+    boundary: &str,
+    first: bytes::Bytes,
+) -> Next {
     let silent = (camera.spec.stale_after * 2).max(Duration::from_secs(1));
     let mut parser = MultipartParser::new(boundary, camera.spec.max_frame_bytes);
     let mut parts = Vec::new();
+    parser.push(&first, &mut parts);
+    deliver(camera, &mut parts);
     loop {
         let chunk = match tokio::time::timeout(silent, response.chunk()).await {
             Err(_) => return Next::Reconnect(format!("the stream sent nothing for {silent:?}")),
@@ -130,21 +155,26 @@ async fn stream(camera: &Camera, mut response: reqwest::Response, boundary: &str
             Ok(Ok(Some(chunk))) => chunk,
         };
         parser.push(&chunk, &mut parts);
-        let now = Instant::now();
-        for part in parts.drain(..) {
-            match part {
-                Ok(jpeg) => camera.offer(jpeg, now),
-                Err(e) => camera.reject(e, now),
-            }
-        }
+        deliver(camera, &mut parts);
         if parser.done() {
             return Next::Reconnect("the camera ended the stream".into());
         }
     }
 }
 
+/// Hands the parts the parser completed to the camera's check.
+fn deliver(camera: &Camera, parts: &mut Vec<mjpeg::Part>) {
+    let now = Instant::now();
+    for part in parts.drain(..) {
+        match part {
+            Ok(jpeg) => camera.offer(jpeg, now),
+            Err(e) => camera.reject(e, now),
+        }
+    }
+}
+
 /// Reads one JPEG, bounded by `max_frame_kb`.
-async fn snapshot(camera: &Camera, mut response: reqwest::Response) -> Next {
+async fn snapshot(camera: &Camera, mut response: reqwest::Response, first: bytes::Bytes) -> Next {
     let max = camera.spec.max_frame_bytes;
     let oversized = |n: u64| {
         FrameError::new(
@@ -158,7 +188,7 @@ async fn snapshot(camera: &Camera, mut response: reqwest::Response) -> Next {
         camera.reject(oversized(n), Instant::now());
         return Next::Poll;
     }
-    let mut body = bytes::BytesMut::new();
+    let mut body = bytes::BytesMut::from(&first[..]);
     let within = CONNECT_TIMEOUT + camera.spec.stale_after;
     let read = async {
         while let Some(chunk) = response.chunk().await? {

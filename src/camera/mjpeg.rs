@@ -35,6 +35,18 @@ pub fn boundary(content_type: &str) -> Option<String> {
     })
 }
 
+/// The boundary of a stream served under a generic content type (ffmpeg's
+/// `-listen 1` says `application/octet-stream`), from its first line
+/// `--boundary`.
+pub fn sniff_boundary(first: &[u8]) -> Option<String> {
+    let start = first.iter().position(|b| !b.is_ascii_whitespace())?;
+    let rest = first[start..].strip_prefix(b"--")?;
+    let end = rest.iter().position(|&b| b == b'\r' || b == b'\n')?;
+    let boundary = std::str::from_utf8(&rest[..end]).ok()?.trim();
+    (!boundary.is_empty() && boundary.len() <= 70 && boundary.bytes().all(|b| b.is_ascii_graphic()))
+        .then(|| boundary.to_string())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// Looking for the next `--boundary`.
@@ -64,6 +76,8 @@ pub struct MultipartParser {
     max_frame: usize,
     /// Bytes dropped while looking for a boundary since the last one.
     discarded: usize,
+    /// The rest of a refused frame is being skipped: not counted again.
+    resync: bool,
 }
 
 impl MultipartParser {
@@ -74,6 +88,7 @@ impl MultipartParser {
             state: State::Seek,
             max_frame,
             discarded: 0,
+            resync: false,
         }
     }
 
@@ -105,6 +120,7 @@ impl MultipartParser {
                 Some(at) => {
                     self.buf.advance(at + self.delimiter.len());
                     self.discarded = 0;
+                    self.resync = false;
                     self.state = State::Headers;
                     true
                 }
@@ -114,7 +130,7 @@ impl MultipartParser {
                     let drop = self.buf.len().saturating_sub(keep);
                     self.buf.advance(drop);
                     self.discarded += drop;
-                    if self.discarded > self.max_frame + MAX_HEADERS {
+                    if self.discarded > self.max_frame + MAX_HEADERS && !self.resync {
                         self.discarded = 0;
                         out.push(Err(FrameError::new(
                             Rejection::Garbage,
@@ -177,6 +193,7 @@ impl MultipartParser {
                         let drop = self.buf.len() - keep;
                         self.buf.advance(drop);
                         self.state = State::Seek;
+                        self.resync = true;
                         true
                     }
                     None => false,
@@ -301,6 +318,18 @@ mod tests {
     }
 
     #[test]
+    fn a_boundary_is_sniffed_from_a_generic_stream() {
+        assert_eq!(
+            sniff_boundary(b"--ffmpeg\r\nContent-type: image/jpeg\r\n").as_deref(),
+            Some("ffmpeg")
+        );
+        assert_eq!(sniff_boundary(b"\r\n--frame\r\n").as_deref(), Some("frame"));
+        assert_eq!(sniff_boundary(b"\xFF\xD8\xFF\xE0"), None);
+        assert_eq!(sniff_boundary(b"--no end of line"), None);
+        assert_eq!(sniff_boundary(b"<html>\r\n"), None);
+    }
+
+    #[test]
     fn frames_come_out_whole_however_the_bytes_are_cut() {
         let a = vec![0xAA; 1000];
         let b = vec![0xBB; 3000];
@@ -347,6 +376,18 @@ mod tests {
                 Ok(100),
             ]
         );
+    }
+
+    #[test]
+    fn a_huge_frame_without_a_length_is_refused_once() {
+        let mut stream = part(&vec![0x44; 50_000], false);
+        stream.extend(part(&[0x11; 10], true));
+        let out = parse_in_pieces(&stream, 1000, 1000);
+        let kinds: Vec<Result<usize, Rejection>> = out
+            .iter()
+            .map(|p| p.as_ref().map(|b| b.len()).map_err(|e| e.why))
+            .collect();
+        assert_eq!(kinds, vec![Err(Rejection::Oversized), Ok(10)]);
     }
 
     #[test]
