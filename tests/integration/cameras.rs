@@ -49,6 +49,8 @@ fn ffmpeg(port: u16) -> Child {
 }
 
 fn client() -> reqwest::Client {
+    // rustls' process-wide provider (ring), as rozd installs it.
+    let _ = rozd::tls::provider();
     reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -400,4 +402,83 @@ async fn bad_camera_input_is_a_counted_error_state_never_a_crash() {
         "{body}"
     );
     daemon.shutdown().await;
+}
+
+/// Reads a recording with PyPI `mcap`: each message on a `/cameras/` channel
+/// is checked against its JSON schema, its base64 JPEG decoded by Pillow;
+/// prints `topic schema_name width height` per message.
+const READ_IMAGES: &str = r#"
+import base64, io, json, sys
+import jsonschema
+from mcap.reader import make_reader
+from PIL import Image
+for path in sys.argv[1:]:
+    with open(path, "rb") as f:
+        for schema, channel, message in make_reader(f).iter_messages():
+            if not channel.topic.startswith("/cameras/"):
+                continue
+            data = json.loads(message.data)
+            jsonschema.validate(data, json.loads(schema.data))
+            assert data["format"] == "jpeg" and data["frame_id"] == channel.topic[len("/cameras/"):]
+            im = Image.open(io.BytesIO(base64.b64decode(data["data"])))
+            im.load()
+            print(channel.topic, schema.name, im.size[0], im.size[1])
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recording_holds_camera_frames_foxglove_and_pillow_read() {
+    let records = tempfile::tempdir().unwrap();
+    let daemon = TestDaemon::start(&format!(
+        "[sim]\n[[cameras]]\nname = \"front_camera\"\nsource = \"sim\"\nwidth = 320\nheight = 240\n\
+         fps = 10\n[record]\ndirectory = {:?}\nflush_ms = 20\ncamera_hz = 5\nstreams = [\"cameras\"]\n",
+        records.path().display().to_string()
+    ))
+    .await;
+    // Until a few frames are written (the recording's own counter).
+    tokio::time::timeout(WITHIN, async {
+        let mut every = tokio::time::interval(Duration::from_millis(50));
+        loop {
+            every.tick().await;
+            if daemon
+                .ctx
+                .recorder
+                .counts()
+                .is_some_and(|(written, _, _)| written >= 3)
+            {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("frames recorded");
+    daemon.shutdown().await;
+    let files: Vec<std::path::PathBuf> = std::fs::read_dir(records.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "mcap"))
+        .collect();
+    assert!(!files.is_empty());
+    let out = std::process::Command::new(common::pyenv_tool("python"))
+        .arg("-c")
+        .arg(READ_IMAGES)
+        .args(&files)
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(lines.len() >= 3, "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l == "/cameras/front_camera foxglove.CompressedImage 320 240"),
+        "{lines:?}"
+    );
 }
