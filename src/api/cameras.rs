@@ -34,14 +34,17 @@ async fn list(State(ctx): State<Arc<HostContext>>) -> Response {
     axum::Json(json!({ "data": ctx.cameras.views() })).into_response()
 }
 
-fn camera<'a>(ctx: &'a HostContext, name: &str) -> Result<&'a Arc<Camera>, Response> {
+/// A refusal: its status and JSON body.
+type Refusal = (StatusCode, axum::Json<serde_json::Value>);
+
+fn camera<'a>(ctx: &'a HostContext, name: &str) -> Result<&'a Arc<Camera>, Refusal> {
     ctx.cameras
         .find(name)
-        .map_err(|message| json_error(StatusCode::NOT_FOUND, "not_found", &message).into_response())
+        .map_err(|message| json_error(StatusCode::NOT_FOUND, "not_found", &message))
 }
 
 /// The latest frame if it is recent, else `503` saying why not.
-fn recent(camera: &Camera) -> Result<Frame, Response> {
+fn recent(camera: &Camera) -> Result<Frame, Refusal> {
     let now = Instant::now();
     match camera.latest() {
         Some(frame) if frame.age_ms(now) <= camera.spec.stale_after.as_millis() as u64 => Ok(frame),
@@ -60,8 +63,7 @@ fn recent(camera: &Camera) -> Result<Frame, Response> {
                     camera.name(),
                     view.health.health.as_str()
                 ),
-            )
-            .into_response())
+            ))
         }
     }
 }
@@ -70,11 +72,11 @@ fn recent(camera: &Camera) -> Result<Frame, Response> {
 async fn snapshot(State(ctx): State<Arc<HostContext>>, Path(name): Path<String>) -> Response {
     let camera = match camera(&ctx, &name) {
         Ok(camera) => camera,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let frame = match recent(camera) {
         Ok(frame) => frame,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let age = frame.age_ms(Instant::now());
     (
@@ -101,7 +103,7 @@ async fn snapshot(State(ctx): State<Arc<HostContext>>, Path(name): Path<String>)
 async fn stream(State(ctx): State<Arc<HostContext>>, Path(name): Path<String>) -> Response {
     let camera = match camera(&ctx, &name) {
         Ok(camera) => camera.clone(),
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let Some(permit) = camera.viewer() else {
         return json_error(

@@ -390,6 +390,121 @@ fn parse_header(line: &str) -> Option<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Config, ConfigError, ConfigSource};
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, ConfigSource::File("/etc/rozd/rozd.toml".into()))
+    }
+
+    /// (line, key, message) of a configuration error.
+    fn invalid(text: &str) -> (Option<usize>, String, String) {
+        match parse(text) {
+            Err(ConfigError::Invalid {
+                line, key, message, ..
+            }) => (line, key, message),
+            other => panic!("expected an invalid-config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cameras_are_validated_and_errors_name_line_and_key() {
+        let ok = parse(
+            "[sim]\n[[cameras]]\nname = \"front\"\nsource = \"sim\"\n\
+             [[cameras]]\nname = \"net\"\nsource = \"http\"\nurl = \"http://127.0.0.1:81/stream\"\n",
+        )
+        .unwrap();
+        assert_eq!(ok.camera_specs.len(), 2);
+        assert!(matches!(
+            ok.camera_specs[0].source,
+            Source::Sim {
+                width: 640,
+                height: 480,
+                ..
+            }
+        ));
+        assert_eq!(ok.camera_specs[1].max_image_px, 1568);
+        let cases: &[(&str, usize, &str, &str)] = &[
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"v4l2\"\n",
+                3,
+                "cameras[0].source",
+                "not available in this build",
+            ),
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"sim\"\n",
+                3,
+                "cameras[0].source",
+                "runs none",
+            ),
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"http\"\n",
+                1,
+                "cameras[0].url",
+                "needs a url",
+            ),
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"http\"\nurl = \"ftp://x/y\"\n",
+                4,
+                "cameras[0].url",
+                "http:// or https://",
+            ),
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"http\"\nurl = \"http://x/\"\nwidth = 10\n",
+                5,
+                "cameras[0].width",
+                "does not apply",
+            ),
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"http\"\nurl = \"http://x/\"\n\
+                 auth_header_env = \"ROZD_TEST_NEVER_SET_CAMERA_AUTH\"\n",
+                5,
+                "cameras[0].auth_header_env",
+                "is not set",
+            ),
+            (
+                "[sim]\n[[cameras]]\nname = \"a b\"\nsource = \"sim\"\n",
+                3,
+                "cameras[0].name",
+                "not a valid camera name",
+            ),
+            (
+                "[sim]\n[[cameras]]\nname = \"c\"\nsource = \"sim\"\n\
+                 [[cameras]]\nname = \"c\"\nsource = \"sim\"\n",
+                6,
+                "cameras[1].name",
+                "already named",
+            ),
+            (
+                "[sim]\n[[cameras]]\nname = \"c\"\nsource = \"sim\"\nfps = 0\n",
+                5,
+                "cameras[0].fps",
+                "outside",
+            ),
+            (
+                "[sim]\n[[cameras]]\nname = \"c\"\nsource = \"sim\"\nmax_viewers = 0\n",
+                5,
+                "cameras[0].max_viewers",
+                "between 1 and 64",
+            ),
+            (
+                "[sim]\n[[cameras]]\nname = \"c\"\nsource = \"sim\"\nmax_frame_kb = 0\n",
+                5,
+                "cameras[0].max_frame_kb",
+                "between",
+            ),
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"files\"\ndirectory = \"/nonexistent/frames\"\n",
+                4,
+                "cameras[0].directory",
+                "not a directory",
+            ),
+        ];
+        for (text, line, key, message) in cases {
+            let (l, k, m) = invalid(text);
+            assert_eq!((l, k.as_str()), (Some(*line), *key), "{text}: {m}");
+            assert!(m.contains(message), "{text}: {m}");
+        }
+    }
 
     #[test]
     fn header_lines_are_checked() {

@@ -364,6 +364,46 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn old_tool_images_go_first_and_their_results_say_so() {
+        let jpeg = crate::camera::jpeg::encode_rgb(&[100u8; 640 * 480 * 3], 640, 480, 50).unwrap();
+        let image = || Block::Image {
+            media_type: "image/jpeg".into(),
+            data: jpeg.clone(),
+        };
+        let result = |id: &str| Block::ToolResult {
+            tool_use_id: id.into(),
+            name: "capture_image".into(),
+            content: "{\"camera\":\"front\"}".into(),
+            is_error: false,
+        };
+        let mut conv = vec![
+            Message::user(vec![Block::Text("look".into()), image()]),
+            Message::assistant(vec![Block::Text("ok".into())]),
+            Message::user(vec![result("a"), image(), result("b")]),
+            Message::assistant(vec![Block::Text("again".into())]),
+            Message::user(vec![result("c"), image()]),
+        ];
+        // 640x480 counts as 410 tokens (one per 750 pixels).
+        assert_eq!(model::image_tokens(&jpeg), 410);
+        let mut estimate = estimate(&conv);
+        let before = estimate;
+        let tail = working_tail(&conv);
+        let dropped = elide_tool_images(&mut conv, tail, &mut estimate, 0);
+        assert_eq!(dropped, 1, "only the old tool result's image");
+        assert!(estimate < before - 300);
+        assert_eq!(estimate, super::estimate(&conv));
+        // The client's own image stays; the working tail keeps its image.
+        assert!(matches!(conv[0].content[1], Block::Image { .. }));
+        assert!(matches!(conv[4].content[1], Block::Image { .. }));
+        assert_eq!(conv[2].content.len(), 2);
+        let Block::ToolResult { content, .. } = &conv[2].content[0] else {
+            panic!("a result")
+        };
+        assert!(content.ends_with(IMAGE_ELIDED), "{content}");
+        assert!(!starts_turn(&conv[2]), "still only tool results");
+    }
+
     fn user(t: &str) -> Message {
         Message::user(vec![Block::Text(t.into())])
     }
