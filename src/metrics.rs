@@ -525,6 +525,97 @@ fn counter(r: &mut Registry, name: &str, help: &str, value: u64) {
     r.register(name, help, c);
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CameraLabels {
+    camera: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CameraHealthLabels {
+    camera: String,
+    health: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CameraReasonLabels {
+    camera: String,
+    reason: &'static str,
+}
+
+/// Each camera's health, rate, frames and refused frames (`[[cameras]]`).
+fn register_cameras(r: &mut Registry, ctx: &HostContext) {
+    use crate::camera::health::{Health, Rejection};
+    if ctx.cameras.is_empty() {
+        return;
+    }
+    let health: Family<CameraHealthLabels, Gauge> = Family::default();
+    let fps: Family<CameraLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
+    let age: Family<CameraLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
+    let frames: Family<CameraLabels, Counter> = Family::default();
+    let rejected: Family<CameraReasonLabels, Counter> = Family::default();
+    let viewers: Family<CameraLabels, Gauge> = Family::default();
+    for view in ctx.cameras.views() {
+        let camera = CameraLabels {
+            camera: view.name.clone(),
+        };
+        for h in [
+            Health::Starting,
+            Health::Ok,
+            Health::Stale,
+            Health::Disconnected,
+            Health::Error,
+        ] {
+            health
+                .get_or_create(&CameraHealthLabels {
+                    camera: view.name.clone(),
+                    health: h.as_str(),
+                })
+                .set(i64::from(view.health.health == h));
+        }
+        fps.get_or_create(&camera).set(view.health.fps);
+        if let Some(ms) = view.health.age_ms {
+            age.get_or_create(&camera).set(ms as f64 / 1000.0);
+        }
+        frames.get_or_create(&camera).inc_by(view.health.frames);
+        for why in Rejection::ALL {
+            rejected
+                .get_or_create(&CameraReasonLabels {
+                    camera: view.name.clone(),
+                    reason: why.as_str(),
+                })
+                .inc_by(view.health.rejected.get(why));
+        }
+        viewers.get_or_create(&camera).set(i64::from(view.viewers));
+    }
+    r.register(
+        "camera_health",
+        "1 for each camera's current health (starting, ok, stale, disconnected, error), 0 for the others",
+        health,
+    );
+    r.register(
+        "camera_fps",
+        "Frames per second each camera delivers now",
+        fps,
+    );
+    r.register_with_unit(
+        "camera_frame_age",
+        "Age of each camera's latest frame",
+        Unit::Seconds,
+        age,
+    );
+    r.register("camera_frames", "Frames each camera captured", frames);
+    r.register(
+        "camera_rejected_frames",
+        "Frames a camera sent that rozd refused, by reason (garbage, truncated, oversized, wrong_type)",
+        rejected,
+    );
+    r.register(
+        "camera_stream_viewers",
+        "Viewers of each camera's stream.mjpeg now",
+        viewers,
+    );
+}
+
 fn register_state(r: &mut Registry, ctx: &HostContext) {
     if let Some((written, dropped, lost)) = ctx.recorder.counts() {
         counter(
@@ -657,6 +748,8 @@ fn register_state(r: &mut Registry, ctx: &HostContext) {
         "Input a sensor source could not use (lines, messages), by source",
         rejected,
     );
+
+    register_cameras(r, ctx);
 
     let actuator_value: Family<ActuatorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> =
         Family::default();

@@ -4,6 +4,7 @@ mod agent;
 mod approvals;
 pub mod auth;
 pub mod browser;
+mod cameras;
 pub mod connections;
 pub mod convert;
 mod gpio;
@@ -96,6 +97,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .merge(hosts::routes().with_state(ctx.clone()))
         .merge(recordings::routes().with_state(ctx.clone()))
         .merge(gpio::routes().with_state(ctx.clone()))
+        .merge(cameras::routes().with_state(ctx.clone()))
         .merge(ui::routes().with_state(ctx.clone()));
     let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
     let credentials = Arc::new(auth::Credentials::from_config(&ctx.config));

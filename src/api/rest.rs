@@ -96,9 +96,18 @@ pub fn control_routes() -> Router<Arc<HostContext>> {
 }
 
 /// The latest Observation of the OODA loop.
-async fn observation(State(ctx): State<Arc<HostContext>>) -> Json<crate::ooda::Observation> {
+async fn observation(State(ctx): State<Arc<HostContext>>) -> Response {
     // As of now: an actuator shows a command as soon as it is applied.
-    Json(ctx.ooda.observe_now())
+    let observation = ctx.ooda.observe_now();
+    if ctx.cameras.is_empty() {
+        return Json(observation).into_response();
+    }
+    // Each camera's health beside the sensors (never its pictures).
+    let mut value = json!(observation);
+    if let Some(map) = value.as_object_mut() {
+        map.insert("cameras".into(), json!(ctx.cameras.views()));
+    }
+    Json(value).into_response()
 }
 
 /// Every sensor's latest value, age, health and alarm.
@@ -218,6 +227,7 @@ pub(super) fn status_json(
         }),
         "fleet": ctx.fleet.link_stats(),
         "recording": ctx.recorder.status(),
+        "cameras": ctx.cameras.views(),
         // Whether the store writes: PHYSICAL calls are refused while it does not.
         "store": ctx.store.health(),
         // Every call waiting at /v1/approvals (MCP, sessions, tasks).

@@ -123,6 +123,12 @@ pub struct Config {
     /// How replayed sensors (`source = "replay"`) play.
     #[serde(default)]
     pub replay: crate::record::config::ReplayConfig,
+    /// `[[cameras]]`: what the host's cameras are and where they read.
+    #[serde(default)]
+    pub cameras: Vec<crate::camera::config::CameraConfig>,
+    /// The validated cameras.
+    #[serde(skip)]
+    pub camera_specs: Vec<crate::camera::config::CameraSpec>,
     /// The validated reflex rules.
     #[serde(skip)]
     pub reflex_rules: Vec<crate::ooda::rules::Rule>,
@@ -295,6 +301,8 @@ impl Config {
             crate::record::config::validate(record)?;
         }
         crate::record::config::validate_replay(&self.replay, &mut self.hardware)?;
+        self.camera_specs =
+            crate::camera::config::validate(&self.cameras, self.hardware.sim_world.is_some())?;
         self.resolve_tokens()?;
         self.resolve_credentials()?;
         if self.approvals.require_other_credential && !self.auth_required() {

@@ -74,6 +74,8 @@ pub enum DaemonError {
     Fleet(#[from] crate::fleet::FleetError),
     #[error(transparent)]
     Record(#[from] crate::record::RecordError),
+    #[error(transparent)]
+    Camera(#[from] crate::camera::CameraError),
     #[error("server.tls: {0}")]
     Tls(#[from] crate::tls::TlsError),
     #[error("cannot install signal handler: {0}")]
@@ -173,7 +175,29 @@ impl Daemon {
             ooda.stop().await;
             return Err(e.into());
         }
-        let ctx = HostContext::new(Arc::new(config), local, store, hooks, ooda, recorder);
+        // Cameras capture on their own threads and tasks until the loop
+        // stops; the recording hears their frames.
+        let cameras = match crate::camera::Cameras::start(
+            &config.camera_specs,
+            ooda.sim_handle(),
+            observers.cameras,
+            &ooda.shutdown_token(),
+        ) {
+            Ok(cameras) => Arc::new(cameras),
+            Err(e) => {
+                ooda.stop().await;
+                return Err(e.into());
+            }
+        };
+        let ctx = HostContext::new(
+            Arc::new(config),
+            local,
+            store,
+            hooks,
+            ooda,
+            recorder,
+            cameras,
+        );
         ctx.recorder
             .sample_observations(ctx.ooda.clone(), ctx.shutdown.clone());
         tokio::spawn(keep_store_pruned(ctx.clone(), retention));

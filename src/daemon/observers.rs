@@ -27,6 +27,8 @@ pub(super) struct Composed {
     pub store: Observers<dyn StoreObserver>,
     pub stop: Observers<dyn StopObserver>,
     pub ooda: LoopObservers,
+    /// Frames of the cameras: the recording.
+    pub cameras: Observers<dyn crate::camera::CameraObserver>,
 }
 
 /// The receiving ends of the audit channels, until the store is open.
@@ -69,7 +71,9 @@ pub(super) fn compose(recorder: &Arc<Recorder>) -> (Composed, AuditWriter) {
     let mut stop: Vec<Arc<dyn StopObserver>> = Vec::new();
     let mut sensors: Vec<Arc<dyn crate::ooda::world::SensorObserver>> = Vec::new();
     let mut actuators_observers: Vec<Arc<dyn ActuatorObserver>> = Vec::new();
+    let mut cameras: Vec<Arc<dyn crate::camera::CameraObserver>> = Vec::new();
     if let Some(recording) = recording {
+        cameras.push(recording.clone());
         store.push(recording.clone());
         stop.push(recording.clone());
         sensors.push(recording.clone());
@@ -86,6 +90,7 @@ pub(super) fn compose(recorder: &Arc<Recorder>) -> (Composed, AuditWriter) {
             sensors: sensors.into(),
             actuators: actuators_observers.into(),
         },
+        cameras: cameras.into(),
     };
     (composed, AuditWriter { actuators, stops })
 }

@@ -200,7 +200,15 @@ fn client_name(peer: &Peer<RoleServer>) -> String {
 }
 
 fn result(id: &str, outcome: Outcome) -> CallToolResult {
-    let content = vec![ContentBlock::text(outcome.content.clone())];
+    let mut content = vec![ContentBlock::text(outcome.content.clone())];
+    // `capture_image`: the picture itself, as MCP's ImageContent.
+    content.extend(outcome.images.iter().map(|image| {
+        use base64::Engine as _;
+        ContentBlock::image(
+            base64::engine::general_purpose::STANDARD.encode(&image.data),
+            image.media_type.clone(),
+        )
+    }));
     let mut result = match outcome.failure {
         None => {
             let mut result = CallToolResult::success(content);

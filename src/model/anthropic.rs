@@ -205,7 +205,29 @@ fn message(m: &Message) -> Option<Value> {
         Role::User => "user",
         Role::Assistant => "assistant",
     };
-    let content: Vec<Value> = m.content.iter().filter_map(block).collect();
+    let mut content: Vec<Value> = Vec::with_capacity(m.content.len());
+    let mut after_result = false;
+    for b in &m.content {
+        let Some(value) = block(b) else { continue };
+        match (b, content.last_mut()) {
+            // A tool's picture goes inside its `tool_result` (see `Block::Image`).
+            (Block::Image { .. }, Some(result)) if after_result => {
+                let text = result["content"].take();
+                let mut parts = match text {
+                    Value::Array(parts) => parts,
+                    Value::String(t) if t.is_empty() => Vec::new(),
+                    Value::String(t) => vec![json!({"type": "text", "text": t})],
+                    _ => Vec::new(),
+                };
+                parts.push(value);
+                result["content"] = Value::Array(parts);
+            }
+            _ => {
+                after_result = matches!(b, Block::ToolResult { .. });
+                content.push(value);
+            }
+        }
+    }
     if content.is_empty() {
         return None;
     }
@@ -758,11 +780,14 @@ mod tests {
                 {"type": "tool_use", "id": "t1", "name": "move", "input": {"speed": 1}},
             ])
         );
+        // An image right after a tool result is that result's: inside it.
         let last = &body["messages"][2]["content"];
+        assert_eq!(last.as_array().map(Vec::len), Some(1));
         assert_eq!(last[0]["type"], "tool_result");
-        assert!(last[0].get("cache_control").is_none());
-        assert_eq!(last[1]["source"]["data"], "AQID");
-        assert_eq!(last[1]["cache_control"], json!({"type": "ephemeral"}));
+        assert_eq!(last[0]["content"][0], json!({"type": "text", "text": "ok"}));
+        assert_eq!(last[0]["content"][1]["type"], "image");
+        assert_eq!(last[0]["content"][1]["source"]["data"], "AQID");
+        assert_eq!(last[0]["cache_control"], json!({"type": "ephemeral"}));
 
         // No thinking when the output limit cannot hold the budget; no markers without caching.
         endpoint.prompt_cache = false;

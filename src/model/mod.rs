@@ -51,6 +51,11 @@ pub enum Block {
         content: String,
         is_error: bool,
     },
+    /// An image. In a user message, images that directly follow a
+    /// `ToolResult` are that result's (a host tool that answers with a
+    /// picture, `capture_image`): Anthropic gets them inside the
+    /// `tool_result`, OpenAI-compatible servers in a user message after the
+    /// tool messages.
     Image {
         media_type: String,
         data: Vec<u8>,
@@ -155,10 +160,35 @@ pub fn estimate_message_tokens(m: &Message) -> u32 {
                 tokens::count(name).saturating_add(tokens::count(&input.to_string()))
             }
             Block::ToolResult { content, .. } => tokens::count(content),
-            // Providers bill images by pixels; a fixed estimate keeps budgets sane.
-            Block::Image { .. } => 1_000,
+            Block::Image { data, .. } => image_tokens(data),
         })
     })
+}
+
+/// Estimated tokens of an image: providers bill images by their pixels,
+/// about one token per 750 (Anthropic's published rule, which also holds
+/// roughly for OpenAI's tiles), after scaling the long edge down to 1568;
+/// a picture whose size cannot be read counts as 1 600 (the most a
+/// 1568-pixel picture costs).
+pub fn image_tokens(data: &[u8]) -> u32 {
+    const UNREADABLE: u32 = 1_600;
+    let Some((w, h)) = crate::camera::jpeg::dimensions(data).or_else(|| png_size(data)) else {
+        return UNREADABLE;
+    };
+    let (w, h) = crate::camera::jpeg::scaled_size(w, h, 1568);
+    u32::try_from((u64::from(w) * u64::from(h)).div_ceil(750))
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
+/// The (width, height) of a PNG from its header.
+fn png_size(data: &[u8]) -> Option<(u32, u32)> {
+    if data.len() < 24 || !data.starts_with(b"\x89PNG\r\n\x1a\n") || &data[12..16] != b"IHDR" {
+        return None;
+    }
+    let w = u32::from_be_bytes([data[16], data[17], data[18], data[19]]);
+    let h = u32::from_be_bytes([data[20], data[21], data[22], data[23]]);
+    Some((w, h))
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

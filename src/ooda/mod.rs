@@ -466,6 +466,11 @@ impl Ooda {
         Some(faults.check().map(|()| sim.lock().set_faults(faults)))
     }
 
+    /// The simulated world itself, when the host runs one: what a `sim`
+    /// camera renders (it reads the pose under the world's short lock).
+    pub fn sim_handle(&self) -> Option<SharedWorld> {
+        self.sim.as_ref().map(|sim| sim.world.clone())
+    }
     /// The simulated world's room (when the host runs a world), and the
     /// sensor that reads its range straight ahead, if one does.
     pub fn sim_spec(&self) -> Option<(crate::hw::sim_world::WorldSpec, Option<String>)> {

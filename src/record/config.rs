@@ -18,6 +18,7 @@ pub const STREAMS: &[&str] = &[
     "audit",
     "sessions",
     "tasks",
+    "cameras",
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -48,6 +49,9 @@ pub struct RecordConfig {
     /// How often the whole Observation is recorded on `/observation`.
     #[serde(default = "default_observation_hz")]
     pub observation_hz: f64,
+    /// Frames per second each camera records on `/cameras/<name>` at most.
+    #[serde(default = "default_camera_hz")]
+    pub camera_hz: f64,
     /// Messages waiting for the writer at most; more are dropped and counted.
     #[serde(default = "default_queue")]
     pub queue: usize,
@@ -68,6 +72,7 @@ impl Default for RecordConfig {
             max_files: 0,
             streams: default_streams(),
             observation_hz: default_observation_hz(),
+            camera_hz: default_camera_hz(),
             queue: default_queue(),
             flush_ms: default_flush_ms(),
         }
@@ -130,6 +135,9 @@ fn default_streams() -> Vec<String> {
     STREAMS.iter().map(ToString::to_string).collect()
 }
 fn default_observation_hz() -> f64 {
+    1.0
+}
+fn default_camera_hz() -> f64 {
     1.0
 }
 fn default_queue() -> usize {
@@ -195,6 +203,13 @@ pub fn validate(record: &RecordConfig) -> Result<(), Invalid> {
         return Err(Invalid::new(
             "record.observation_hz",
             format!("{hz} is outside 0 < observation_hz <= 50"),
+        ));
+    }
+    let hz = record.camera_hz;
+    if !(hz.is_finite() && hz > 0.0 && hz <= 30.0) {
+        return Err(Invalid::new(
+            "record.camera_hz",
+            format!("{hz} is outside 0 < camera_hz <= 30"),
         ));
     }
     if !(16..=1_048_576).contains(&record.queue) {
@@ -310,7 +325,7 @@ mod tests {
             ),
             (
                 RecordConfig {
-                    streams: vec!["sensors".into(), "camera".into()],
+                    streams: vec!["sensors".into(), "video".into()],
                     ..Default::default()
                 },
                 "record.streams[1]",
@@ -321,6 +336,13 @@ mod tests {
                     ..Default::default()
                 },
                 "record.observation_hz",
+            ),
+            (
+                RecordConfig {
+                    camera_hz: 0.0,
+                    ..Default::default()
+                },
+                "record.camera_hz",
             ),
             (
                 RecordConfig {

@@ -58,6 +58,7 @@ enum Stream {
     Audit = 4,
     Sessions = 5,
     Tasks = 6,
+    Cameras = 7,
 }
 
 /// Nanoseconds since the Unix epoch, now.
@@ -76,7 +77,10 @@ pub struct Recorder {
 #[derive(Debug)]
 struct Active {
     queue: SyncSender<Item>,
-    streams: [bool; 7],
+    streams: [bool; 8],
+    camera_every: Duration,
+    /// When each camera's frame was last recorded (`record.camera_hz`).
+    camera_throttles: Mutex<std::collections::HashMap<String, crate::camera::health::Throttle>>,
     shared: Arc<Shared>,
     directory: PathBuf,
     observation_every: Duration,
@@ -149,7 +153,7 @@ impl Recorder {
                 }
             })
             .map_err(RecordError::Thread)?;
-        let mut streams = [false; 7];
+        let mut streams = [false; 8];
         for (i, name) in config::STREAMS.iter().enumerate() {
             streams[i] = config.records(name);
         }
@@ -160,6 +164,8 @@ impl Recorder {
                 shared,
                 directory,
                 observation_every: Duration::from_secs_f64(1.0 / config.observation_hz),
+                camera_every: Duration::from_secs_f64(1.0 / config.camera_hz),
+                camera_throttles: Mutex::default(),
                 thread: Mutex::new(Some(thread)),
             }),
         })
@@ -303,6 +309,32 @@ impl ActuatorObserver for Recorder {
         self.push(Stream::Actuators, || {
             Event::Verdict(Box::new(event.clone()))
         });
+    }
+}
+
+/// A camera's frames on `/cameras/<name>`, at most `record.camera_hz`
+/// each (the frame's bytes are shared, not copied, until the writer
+/// encodes them).
+impl crate::camera::CameraObserver for Recorder {
+    fn frame(&self, camera: &str, frame: &crate::camera::Frame) {
+        let Some(active) = &self.active else { return };
+        if !active.streams[Stream::Cameras as usize] {
+            return;
+        }
+        let due = active
+            .camera_throttles
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(camera.to_string())
+            .or_default()
+            .take(active.camera_every, frame.captured);
+        if due {
+            self.push(Stream::Cameras, || Event::Image {
+                camera: Arc::from(camera),
+                jpeg: frame.jpeg.clone(),
+                at_unix_ms: frame.at_unix_ms,
+            });
+        }
     }
 }
 

@@ -35,6 +35,12 @@ pub enum Event {
     /// A task event, already a JSON object (`event`, `task_id`, ...).
     Task(Value),
     Observation(Arc<Observation>),
+    /// A camera's frame (a whole JPEG), captured at `at_unix_ms`.
+    Image {
+        camera: Arc<str>,
+        jpeg: bytes::Bytes,
+        at_unix_ms: i64,
+    },
 }
 
 /// The kinds of channel, each with its schema.
@@ -47,6 +53,8 @@ pub enum Kind {
     Audit,
     Sessions,
     Tasks,
+    /// Foxglove's own image schema, so that Foxglove shows the video.
+    CompressedImage,
 }
 
 impl Kind {
@@ -60,6 +68,7 @@ impl Kind {
             Kind::Audit => "rozd.AuditRecord",
             Kind::Sessions => "rozd.SessionEvent",
             Kind::Tasks => "rozd.TaskEvent",
+            Kind::CompressedImage => "foxglove.CompressedImage",
         }
     }
 
@@ -186,6 +195,20 @@ impl Kind {
                     "body": {}
                 },
                 "required": ["event", "task_id"]
+            }),
+            Kind::CompressedImage => json!({
+                "type": "object",
+                "description": "A compressed image (Foxglove's foxglove.CompressedImage): a camera's frame",
+                "properties": {
+                    "timestamp": {"type": "object", "description": "when the frame was captured",
+                        "properties": {"sec": {"type": "integer", "minimum": 0},
+                                       "nsec": {"type": "integer", "minimum": 0}},
+                        "required": ["sec", "nsec"]},
+                    "frame_id": {"type": "string", "description": "the camera's name"},
+                    "data": {"type": "string", "contentEncoding": "base64", "description": "the JPEG"},
+                    "format": {"type": "string", "description": "always jpeg"}
+                },
+                "required": ["timestamp", "frame_id", "data", "format"]
             }),
         };
         if let Some(object) = schema.as_object_mut() {
@@ -325,6 +348,25 @@ pub fn message(event: &Event, at_ns: u64) -> Message {
             serde_json::to_vec(body),
         ),
         Event::Task(body) => (Kind::Tasks, "/tasks".to_string(), serde_json::to_vec(body)),
+        Event::Image {
+            camera,
+            jpeg,
+            at_unix_ms,
+        } => {
+            use base64::Engine as _;
+            let ms = (*at_unix_ms).max(0);
+            let body = json!({
+                "timestamp": {"sec": ms / 1000, "nsec": (ms % 1000) * 1_000_000},
+                "frame_id": camera.as_ref(),
+                "data": base64::engine::general_purpose::STANDARD.encode(jpeg),
+                "format": "jpeg",
+            });
+            (
+                Kind::CompressedImage,
+                format!("/cameras/{camera}"),
+                serde_json::to_vec(&body),
+            )
+        }
         Event::Observation(obs) => (
             Kind::Observation,
             "/observation".to_string(),
@@ -354,6 +396,7 @@ mod tests {
             Kind::Audit,
             Kind::Sessions,
             Kind::Tasks,
+            Kind::CompressedImage,
         ] {
             let schema = kind.schema();
             assert_eq!(schema["type"], "object");

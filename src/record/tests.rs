@@ -25,10 +25,12 @@ fn stalled(dir: &Path, bound: usize) -> (Recorder, std::sync::mpsc::Receiver<Ite
     let recorder = Recorder {
         active: Some(Active {
             queue,
-            streams: [true; 7],
+            streams: [true; 8],
             shared: Arc::new(Shared::default()),
             directory: dir.to_path_buf(),
             observation_every: Duration::from_secs(1),
+            camera_every: Duration::from_secs(1),
+            camera_throttles: Mutex::default(),
             thread: Mutex::new(None),
         }),
     };
@@ -106,7 +108,7 @@ fn streams_not_configured_are_not_recorded() {
     let dir = tempdir();
     let (mut recorder, receiver) = stalled(dir.path(), 16);
     if let Some(active) = recorder.active.as_mut() {
-        active.streams = [false; 7];
+        active.streams = [false; 8];
         active.streams[Stream::Audit as usize] = true;
     }
     recorder.sensor_value("temp", 1.0);

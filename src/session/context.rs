@@ -180,6 +180,53 @@ pub fn elide_tool_results(
     elided
 }
 
+/// How an image's place in a tool result reads once the image is dropped.
+const IMAGE_ELIDED: &str =
+    "[image elided by rozd to save context; call the tool again to look again]";
+
+/// Level 1, first: drops the images tool results carried (`capture_image`)
+/// in `conversation[..before]`, oldest first, until `estimate` is at most
+/// `target`, and says so in the result's text. Images a client sent are
+/// left to the later levels. Returns how many were dropped.
+pub fn elide_tool_images(
+    conversation: &mut [Message],
+    before: usize,
+    estimate: &mut u32,
+    target: u32,
+) -> usize {
+    let mut elided = 0;
+    for m in conversation.iter_mut().take(before) {
+        if *estimate <= target {
+            break;
+        }
+        let blocks = std::mem::take(&mut m.content);
+        let mut kept: Vec<Block> = Vec::with_capacity(blocks.len());
+        // Index in `kept` of the tool result the images that follow belong to.
+        let mut result: Option<usize> = None;
+        for b in blocks {
+            match (b, result) {
+                (Block::Image { data, .. }, Some(at)) if *estimate > target => {
+                    let saved = model::image_tokens(&data);
+                    if let Some(Block::ToolResult { content, .. }) = kept.get_mut(at) {
+                        content.push('\n');
+                        content.push_str(IMAGE_ELIDED);
+                        let note = model::tokens::count(IMAGE_ELIDED);
+                        *estimate = estimate.saturating_sub(saved.saturating_sub(note));
+                    }
+                    elided += 1;
+                }
+                (b @ Block::Image { .. }, Some(_)) => kept.push(b),
+                (b, _) => {
+                    result = matches!(b, Block::ToolResult { .. }).then_some(kept.len());
+                    kept.push(b);
+                }
+            }
+        }
+        m.content = kept;
+    }
+    elided
+}
+
 /// Level 2: removes thinking blocks from assistant messages in
 /// `conversation[..before]`, oldest first, until `estimate` is at most
 /// `target`. Messages left empty are removed. Returns (blocks removed,
@@ -316,6 +363,46 @@ pub fn summary_message(summary: &str) -> Message {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn old_tool_images_go_first_and_their_results_say_so() {
+        let jpeg = crate::camera::jpeg::encode_rgb(&[100u8; 640 * 480 * 3], 640, 480, 50).unwrap();
+        let image = || Block::Image {
+            media_type: "image/jpeg".into(),
+            data: jpeg.clone(),
+        };
+        let result = |id: &str| Block::ToolResult {
+            tool_use_id: id.into(),
+            name: "capture_image".into(),
+            content: "{\"camera\":\"front\"}".into(),
+            is_error: false,
+        };
+        let mut conv = vec![
+            Message::user(vec![Block::Text("look".into()), image()]),
+            Message::assistant(vec![Block::Text("ok".into())]),
+            Message::user(vec![result("a"), image(), result("b")]),
+            Message::assistant(vec![Block::Text("again".into())]),
+            Message::user(vec![result("c"), image()]),
+        ];
+        // 640x480 counts as 410 tokens (one per 750 pixels).
+        assert_eq!(model::image_tokens(&jpeg), 410);
+        let mut estimate = estimate(&conv);
+        let before = estimate;
+        let tail = working_tail(&conv);
+        let dropped = elide_tool_images(&mut conv, tail, &mut estimate, 0);
+        assert_eq!(dropped, 1, "only the old tool result's image");
+        assert!(estimate < before - 300);
+        assert_eq!(estimate, super::estimate(&conv));
+        // The client's own image stays; the working tail keeps its image.
+        assert!(matches!(conv[0].content[1], Block::Image { .. }));
+        assert!(matches!(conv[4].content[1], Block::Image { .. }));
+        assert_eq!(conv[2].content.len(), 2);
+        let Block::ToolResult { content, .. } = &conv[2].content[0] else {
+            panic!("a result")
+        };
+        assert!(content.ends_with(IMAGE_ELIDED), "{content}");
+        assert!(!starts_turn(&conv[2]), "still only tool results");
+    }
 
     fn user(t: &str) -> Message {
         Message::user(vec![Block::Text(t.into())])

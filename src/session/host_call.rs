@@ -145,6 +145,8 @@ pub struct Outcome {
     pub content: String,
     /// `None`: the call ran and succeeded.
     pub failure: Option<Failure>,
+    /// Images the tool answered with (`capture_image`), for the model.
+    pub images: Vec<crate::tools::Image>,
 }
 
 impl Outcome {
@@ -152,6 +154,7 @@ impl Outcome {
         Outcome {
             content,
             failure: Some(failure),
+            images: Vec::new(),
         }
     }
 
@@ -354,12 +357,13 @@ pub async fn run<S: CallSite>(
         }
         result = host.tools.execute(name, input, &host.session_id) => result,
     };
-    let outcome = match &result {
-        Ok(text) => Outcome {
-            content: text.clone(),
+    let outcome = match result {
+        Ok(answer) => Outcome {
+            content: answer.text,
             failure: None,
+            images: answer.images,
         },
-        Err(e) => Outcome::failed(Failure::from(e), format!("`{name}` failed: {e}")),
+        Err(e) => Outcome::failed(Failure::from(&e), format!("`{name}` failed: {e}")),
     };
     if let Some(row) = row {
         let audited = if outcome.is_error() {
@@ -512,6 +516,7 @@ mod tests {
         let ok = Outcome {
             content: "{}".into(),
             failure: None,
+            images: Vec::new(),
         };
         assert!(!ok.is_error() && ok.session_error("t").is_none());
         let codes: std::collections::HashSet<&str> = [

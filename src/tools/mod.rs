@@ -5,7 +5,10 @@
 //! - `read_sensor` (PURE): one sensor with recent history;
 //! - one PHYSICAL tool per actuator, named after it, taking `{value, hold_ms?}`;
 //! - `stop_all` (PHYSICAL): every actuator to its safe value;
-//! - `serial_query` (PHYSICAL): only when a `[[serial]]` port has `allow_raw = true`.
+//! - `serial_query` (PHYSICAL): only when a `[[serial]]` port has `allow_raw = true`;
+//! - `list_cameras` and `capture_image` (PURE): only when `[[cameras]]` are
+//!   configured; `capture_image` answers with the image itself (a JPEG
+//!   fitted to the camera's `max_image_px` and `max_image_kb`).
 //!
 //! One tool per actuator (rather than a generic `actuate`) lets each schema
 //! carry that actuator's own range or allowed set, unit and description, so
@@ -30,8 +33,41 @@ pub const OBSERVE: &str = "observe";
 pub const READ_SENSOR: &str = "read_sensor";
 pub const STOP_ALL: &str = "stop_all";
 pub const SERIAL_QUERY: &str = "serial_query";
+pub const LIST_CAMERAS: &str = "list_cameras";
+pub const CAPTURE_IMAGE: &str = "capture_image";
 /// Names no actuator may take, since host tools use them.
-pub const RESERVED: &[&str] = &[OBSERVE, READ_SENSOR, STOP_ALL, SERIAL_QUERY];
+pub const RESERVED: &[&str] = &[
+    OBSERVE,
+    READ_SENSOR,
+    STOP_ALL,
+    SERIAL_QUERY,
+    LIST_CAMERAS,
+    CAPTURE_IMAGE,
+];
+
+/// A host tool's answer: JSON text, and images for the model to see.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Answer {
+    pub text: String,
+    pub images: Vec<Image>,
+}
+
+impl From<String> for Answer {
+    fn from(text: String) -> Answer {
+        Answer {
+            text,
+            images: Vec::new(),
+        }
+    }
+}
+
+/// An image a host tool returns (`capture_image`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    /// `image/jpeg`.
+    pub media_type: String,
+    pub data: bytes::Bytes,
+}
 
 /// Samples of history `read_sensor` returns.
 const READ_HISTORY: usize = 20;
@@ -75,10 +111,15 @@ pub struct HostTools {
     ooda: Arc<Ooda>,
     defs: Vec<ToolSpec>,
     raw_ports: Vec<String>,
+    cameras: Arc<crate::camera::Cameras>,
 }
 
 impl HostTools {
-    pub fn new(ooda: Arc<Ooda>, raw_ports: Vec<String>) -> HostTools {
+    pub fn new(
+        ooda: Arc<Ooda>,
+        raw_ports: Vec<String>,
+        cameras: Arc<crate::camera::Cameras>,
+    ) -> HostTools {
         let sensors: Vec<String> = ooda
             .world()
             .specs()
@@ -220,10 +261,14 @@ impl HostTools {
                 timeout_ms: spec::millis(Duration::from_millis(SERIAL_QUERY_MAX_MS)),
             });
         }
+        if !cameras.is_empty() {
+            defs.extend(camera_tools(&cameras));
+        }
         HostTools {
             ooda,
             defs,
             raw_ports,
+            cameras,
         }
     }
 
@@ -247,11 +292,14 @@ impl HostTools {
         name: &str,
         input: &Value,
         session_id: &str,
-    ) -> Result<String, ToolError> {
+    ) -> Result<Answer, ToolError> {
         let def = self
             .get(name)
             .ok_or_else(|| ToolError::Invalid(format!("unknown host tool `{name}`")))?;
-        let run = self.run(name, input, session_id);
+        if name == CAPTURE_IMAGE {
+            return self.capture_image(input).await;
+        }
+        let run = async { self.run(name, input, session_id).await.map(Answer::from) };
         if def.category == ToolCategory::Pure {
             return run.await;
         }
@@ -308,6 +356,10 @@ impl HostTools {
                 }
                 if let Some(map) = v.as_object_mut() {
                     map.remove("sources");
+                    // Each camera's health, without pictures (`capture_image` looks).
+                    if !self.cameras.is_empty() {
+                        map.insert("cameras".into(), camera_health(&self.cameras));
+                    }
                 }
                 Ok(v.to_string())
             }
@@ -329,6 +381,11 @@ impl HostTools {
                     .safe_all(&format!("stop_all by session {session_id}"))
                     .await;
                 Ok(json!({"stopped": self.ooda.actuators().specs().map(|s| s.name.clone()).collect::<Vec<_>>()}).to_string())
+            }
+            LIST_CAMERAS => {
+                let _: EmptyInput = parse(input)?;
+                let views = self.cameras.views();
+                Ok(json!({ "cameras": views }).to_string())
             }
             SERIAL_QUERY => {
                 let SerialQueryInput {
@@ -425,6 +482,151 @@ fn add_verdict(
     if let (Some(result), Value::Object(fields)) = (result.as_object_mut(), fields) {
         result.extend(fields);
     }
+}
+
+impl HostTools {
+    /// `capture_image`: the camera's latest frame, fitted to its bounds
+    /// (and `max_width`) off the runtime's threads.
+    async fn capture_image(&self, input: &Value) -> Result<Answer, ToolError> {
+        let CaptureInput { camera, max_width } = parse(input)?;
+        let camera = self.cameras.find(&camera).map_err(ToolError::Invalid)?;
+        let now = std::time::Instant::now();
+        let view = camera.view(now);
+        let frame = match camera.latest() {
+            Some(frame) if frame.age_ms(now) <= camera.spec.stale_after.as_millis() as u64 => frame,
+            _ => {
+                return Err(ToolError::Failed(format!(
+                    "camera {:?} has no recent frame (health {}{})",
+                    camera.name(),
+                    view.health.health.as_str(),
+                    view.health
+                        .last_error
+                        .as_deref()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                )));
+            }
+        };
+        let mut edge = camera.spec.max_image_px;
+        if let Some(w) = max_width {
+            let w = w.0.max(MIN_CAPTURE_WIDTH);
+            // The long edge that makes the picture at most `w` wide.
+            let scaled = (u64::from(frame.height.max(frame.width)) * w
+                / u64::from(frame.width.max(1)))
+            .min(u64::from(edge));
+            edge = u32::try_from(scaled).unwrap_or(edge).max(1);
+        }
+        let (max_bytes, quality) = (camera.spec.max_image_bytes, camera.spec.jpeg_quality);
+        let jpeg = frame.jpeg.clone();
+        let fitted = tokio::task::spawn_blocking(move || {
+            crate::camera::jpeg::fit(&jpeg, edge, max_bytes, quality)
+        })
+        .await
+        .map_err(|e| ToolError::Failed(format!("the image could not be prepared: {e}")))?
+        .map_err(|e| ToolError::Failed(format!("the image could not be prepared: {e}")))?;
+        let text = json!({
+            "camera": camera.name(),
+            "format": "jpeg",
+            "width": fitted.width,
+            "height": fitted.height,
+            "bytes": fitted.jpeg.len(),
+            "age_ms": frame.age_ms(std::time::Instant::now()),
+            "captured_at_unix_ms": frame.at_unix_ms,
+            "health": view.health.health,
+        })
+        .to_string();
+        Ok(Answer {
+            text,
+            images: vec![Image {
+                media_type: "image/jpeg".into(),
+                data: fitted.jpeg.into(),
+            }],
+        })
+    }
+}
+
+/// Parameters of a tool that takes none.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EmptyInput {}
+
+/// `capture_image`'s parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CaptureInput {
+    camera: String,
+    max_width: Option<WholeNumber>,
+}
+
+/// Smallest `max_width` a model may ask for.
+const MIN_CAPTURE_WIDTH: u64 = 32;
+
+/// The camera tools, described from the configured cameras.
+fn camera_tools(cameras: &crate::camera::Cameras) -> Vec<ToolSpec> {
+    let names = cameras.names();
+    let listing: Vec<String> = cameras
+        .iter()
+        .map(|c| match &c.spec.description {
+            Some(d) => format!("`{}` ({d})", c.spec.name),
+            None => format!("`{}`", c.spec.name),
+        })
+        .collect();
+    let largest = cameras
+        .iter()
+        .map(|c| c.spec.max_image_px)
+        .max()
+        .unwrap_or(1568);
+    vec![
+        ToolSpec {
+            name: LIST_CAMERAS.into(),
+            description: format!(
+                "The host's cameras ({}) with their health (ok, stale, disconnected, error,                  starting), frames per second, picture size and the age of the latest frame.                  No pictures: call capture_image to look.",
+                listing.join(", ")
+            ),
+            parameters_schema: json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            category: ToolCategory::Pure,
+            timeout_ms: spec::millis(Duration::from_secs(1)),
+        },
+        ToolSpec {
+            name: CAPTURE_IMAGE.into(),
+            description: format!(
+                "Looks through one of the host's cameras: returns its latest frame as a JPEG                  image you can see (at most {largest} pixels on the long edge, smaller with                  max_width), with a line of text giving the camera, the picture's size and how old                  it is in milliseconds. Cameras: {}. A camera that has no recent frame answers                  with an error saying why.",
+                listing.join(", ")
+            ),
+            parameters_schema: json!({
+                "type": "object",
+                "properties": {
+                    "camera": {"type": "string", "enum": names},
+                    "max_width": {"type": "integer", "minimum": MIN_CAPTURE_WIDTH,
+                                  "description": "downscale so the picture is at most this wide"}
+                },
+                "required": ["camera"],
+                "additionalProperties": false
+            }),
+            category: ToolCategory::Pure,
+            timeout_ms: spec::millis(Duration::from_secs(5)),
+        },
+    ]
+}
+
+/// Each camera's health for `observe`: name, health, fps, size, age.
+fn camera_health(cameras: &crate::camera::Cameras) -> Value {
+    Value::Array(
+        cameras
+            .views()
+            .into_iter()
+            .map(|v| {
+                json!({
+                    "name": v.name,
+                    "health": v.health.health,
+                    "fps": v.health.fps,
+                    "width": v.health.width,
+                    "height": v.health.height,
+                    "age_ms": v.health.age_ms,
+                })
+            })
+            .collect(),
+    )
 }
 
 /// `observe`'s parameters.

@@ -88,7 +88,12 @@ fn every_hardware_key_is_documented_with_an_example() {
         ),
         section("actuators", Some("reflex rules")),
     );
-    let rules = section("reflex rules", None);
+    let rules = section("reflex rules", Some("cameras"));
+    assert_documented(
+        "[[cameras]]",
+        &accepted_keys("[[cameras]]\nname = \"c\"\nsource = \"sim\"\nZZZ\n"),
+        section("cameras", None),
+    );
     assert_documented(
         "[[rules]]",
         &accepted_keys("[[rules]]\nname = \"r\"\nwhen = \"true\"\nZZZ\nthen = { estop = true }\n"),

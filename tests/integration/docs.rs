@@ -380,6 +380,10 @@ const TABLES: &[(&str, &str)] = &[
         "[[rules]] then",
         "[[rules]]\nname = \"r\"\nwhen = \"true\"\nthen = { ZZZ }\n",
     ),
+    (
+        "[[cameras]]",
+        "[[cameras]]\nname = \"c\"\nsource = \"sim\"\nZZZ\n",
+    ),
 ];
 
 /// The keys a table accepts, from the error an unknown key produces (as

@@ -10,6 +10,7 @@ mod hw_support;
 mod api_surface;
 mod approvals;
 mod bounds;
+mod cameras;
 mod chat;
 mod cli;
 mod config_doc;

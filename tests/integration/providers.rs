@@ -1487,3 +1487,178 @@ async fn compaction_summarises_the_oldest_turns_with_the_model_itself() {
     assert_eq!(messages[1]["content"][0]["text"], "now what?");
     daemon.shutdown().await;
 }
+
+// ---------------------------------------------------------------- cameras
+
+/// A simulated rover with its camera (small, for a quick test).
+const SIM_CAMERA: &str = "[sim]\n[[sensors]]\nname = \"front_distance\"\nsource = \"sim\"\n\
+                          quantity = \"front_distance\"\n\
+                          [[cameras]]\nname = \"front_camera\"\nsource = \"sim\"\n\
+                          width = 320\nheight = 240\nmax_image_px = 160\n";
+
+/// Decodes base64 JPEG data and returns its size (a decoder independent of
+/// the encoder rozd uses).
+fn jpeg_size(base64_data: &str) -> (u32, u32) {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(base64_data)
+        .expect("base64");
+    let (_, w, h) = rozd::camera::jpeg::decode_rgb(&bytes).expect("a JPEG that decodes");
+    (w, h)
+}
+
+/// Waits until the daemon's camera has a frame (polling, bounded).
+async fn camera_ready(daemon: &TestDaemon) {
+    tokio::time::timeout(common::EXPECT_WITHIN, async {
+        let camera = daemon.ctx.cameras.get("front_camera").expect("camera");
+        let mut frames = camera.subscribe();
+        while frames.borrow_and_update().is_none() {
+            frames.changed().await.expect("camera alive");
+        }
+    })
+    .await
+    .expect("the sim camera captures");
+}
+
+#[tokio::test]
+async fn anthropic_capture_image_sends_the_picture_inside_the_tool_result() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&format!(
+        "{SIM_CAMERA}{}",
+        fake.anthropic_endpoint("claude", "claude-test-1", "")
+    ))
+    .await;
+    camera_ready(&daemon).await;
+    fake.stream(anthropic(
+        &[Part::Tool(
+            "toolu_cam",
+            "capture_image",
+            vec!["{\"camera\": \"front_camera\"}"],
+        )],
+        "tool_use",
+        U::default(),
+    ));
+    fake.stream(anthropic(
+        &[Part::Text("A blue wall ahead.")],
+        "end_turn",
+        U::default(),
+    ));
+    let (mut session, _) = open(&daemon, Some("claude"), vec![]).await;
+    session.send(user("what do you see?")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(done.stop_reason, "end_turn");
+    assert_eq!(text_of(&seen), "A blue wall ahead.");
+
+    let first = fake.request().await;
+    let tools = first.body["tools"].as_array().unwrap();
+    let capture = tools
+        .iter()
+        .find(|t| t["name"] == "capture_image")
+        .expect("capture_image offered");
+    assert_eq!(
+        capture["input_schema"]["properties"]["camera"]["enum"],
+        json!(["front_camera"])
+    );
+    assert!(tools.iter().any(|t| t["name"] == "list_cameras"));
+    let second = fake.request().await;
+    let result = &second.body["messages"][2]["content"];
+    assert_eq!(result.as_array().map(Vec::len), Some(1), "{result}");
+    let result = &result[0];
+    assert_eq!(result["type"], "tool_result");
+    assert_eq!(result["tool_use_id"], "toolu_cam");
+    assert_eq!(result["is_error"], false);
+    let parts = result["content"].as_array().expect("text and image");
+    assert_eq!(parts[0]["type"], "text");
+    let text: Value = serde_json::from_str(parts[0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(text["camera"], "front_camera");
+    assert_eq!(
+        (text["width"].as_u64(), text["height"].as_u64()),
+        (Some(160), Some(120))
+    );
+    assert_eq!(parts[1]["type"], "image");
+    assert_eq!(parts[1]["source"]["type"], "base64");
+    assert_eq!(parts[1]["source"]["media_type"], "image/jpeg");
+    // Fitted to max_image_px = 160 on the long edge.
+    assert_eq!(
+        jpeg_size(parts[1]["source"]["data"].as_str().unwrap()),
+        (160, 120)
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_capture_image_sends_the_picture_as_an_image_url_after_the_tool_message() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&format!(
+        "{SIM_CAMERA}{}",
+        fake.openai_endpoint("box", "qwen3-vl", "")
+    ))
+    .await;
+    camera_ready(&daemon).await;
+    fake.stream(vec![
+        chunk(
+            json!({"role": "assistant", "content": null, "tool_calls": [
+            {"index": 0, "id": "call_cam", "type": "function", "function": {"name": "capture_image",
+             "arguments": "{\"camera\": \"front_camera\", \"max_width\": 80}"}}]}),
+            None,
+        ),
+        chunk(json!({}), Some("tool_calls")),
+        DONE.into(),
+    ]);
+    fake.stream(vec![
+        chunk(json!({"role": "assistant", "content": "A wall."}), None),
+        chunk(json!({}), Some("stop")),
+        DONE.into(),
+    ]);
+    let (mut session, _) = open(&daemon, Some("box"), vec![]).await;
+    session.send(user("look")).await;
+    let (seen, _) = until_complete(&mut session).await;
+    assert_eq!(text_of(&seen), "A wall.");
+    let _first = fake.request().await;
+    let second = fake.request().await;
+    let messages = second.body["messages"].as_array().unwrap();
+    let at = messages
+        .iter()
+        .position(|m| m["role"] == "tool")
+        .expect("a tool message");
+    assert_eq!(messages[at]["tool_call_id"], "call_cam");
+    let text: Value = serde_json::from_str(messages[at]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(text["width"], 80);
+    // Chat completions carry no images in tool messages: a user message follows.
+    let image_message = &messages[at + 1];
+    assert_eq!(image_message["role"], "user");
+    let parts = image_message["content"].as_array().expect("parts");
+    assert_eq!(parts[0]["type"], "text");
+    assert!(parts[0]["text"].as_str().unwrap().contains("call_cam"));
+    assert_eq!(parts[1]["type"], "image_url");
+    let url = parts[1]["image_url"]["url"].as_str().unwrap();
+    let data = url
+        .strip_prefix("data:image/jpeg;base64,")
+        .expect("a JPEG data URL");
+    assert_eq!(jpeg_size(data), (80, 60));
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn capture_image_of_an_unknown_camera_names_the_known_ones() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&format!(
+        "{SIM_CAMERA}{}",
+        fake.anthropic_endpoint("claude", "claude-test-1", "")
+    ))
+    .await;
+    let outcome = daemon
+        .ctx
+        .host_tools
+        .execute("capture_image", &json!({"camera": "rear"}), "s1")
+        .await
+        .unwrap_err();
+    assert!(
+        outcome
+            .to_string()
+            .contains("the cameras are: front_camera"),
+        "{outcome}"
+    );
+    fake.no_more_requests();
+    daemon.shutdown().await;
+}

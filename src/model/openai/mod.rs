@@ -162,7 +162,12 @@ fn push_message(out: &mut Vec<Value>, m: &Message) {
         Role::User => {
             let mut parts = Vec::new();
             let mut only_text = true;
+            // The tool call the images that follow belong to (see `Block::Image`).
+            let mut result_of: Option<&str> = None;
             for b in &m.content {
+                if let (Block::Image { .. }, Some(id)) = (b, result_of.take()) {
+                    parts.push(json!({"type": "text", "text": format!("The image returned by tool call {id}:")}));
+                }
                 match b {
                     Block::ToolResult {
                         tool_use_id,
@@ -180,6 +185,7 @@ fn push_message(out: &mut Vec<Value>, m: &Message) {
                             "tool_call_id": tool_use_id,
                             "content": content,
                         }));
+                        result_of = Some(tool_use_id.as_str());
                     }
                     Block::Text(t) if !t.is_empty() => {
                         parts.push(json!({"type": "text", "text": t}));

@@ -43,10 +43,28 @@ impl Turn {
         let size = |turn: &Turn, c: &Conversation| (c.messages.len(), turn.meter.scaled(full(c)));
         let target = self.meter.unscaled(at(limits.target));
 
-        // Level 1: old tool results.
-        let before = size(self, conversation);
+        // Level 1: old tool results, their images first.
         let mut estimate = full(conversation);
         let tail = context::working_tail(&conversation.messages);
+        let before = size(self, conversation);
+        let images = context::elide_tool_images(
+            Arc::make_mut(&mut conversation.messages).as_mut_slice(),
+            tail,
+            &mut estimate,
+            target,
+        );
+        if images > 0 {
+            let after = size(self, conversation);
+            self.compacted(
+                "tool_images",
+                before,
+                after,
+                format!("dropped {images} old image(s) from tool results"),
+            )
+            .await?;
+        }
+        let before = size(self, conversation);
+        let mut estimate = full(conversation);
         let elided = context::elide_tool_results(
             Arc::make_mut(&mut conversation.messages).as_mut_slice(),
             tail,

@@ -34,10 +34,17 @@ impl Turn {
                 self.send(ServerEvent::Error(error)).await?;
             }
         }
+        // Images follow their tool result (see `Block::Image`).
+        let is_error = outcome.is_error();
+        self.tool_images
+            .extend(outcome.images.into_iter().map(|image| Block::Image {
+                media_type: image.media_type,
+                data: image.data.to_vec(),
+            }));
         Ok(Block::ToolResult {
             tool_use_id: id.to_string(),
             name: tool.spec.name.clone(),
-            is_error: outcome.is_error(),
+            is_error,
             content: outcome.content,
         })
     }

@@ -253,6 +253,9 @@ struct Turn {
     usage: Usage,
     /// What the gate decided for the tool call running now (for its metric).
     last_gate: Option<&'static str>,
+    /// Images the last host tool answered with, placed right after its
+    /// result (`capture_image`).
+    tool_images: Vec<Block>,
 }
 
 /// The conversation a turn works on: its messages, where this turn's own
@@ -344,6 +347,7 @@ pub async fn run(
         cycle: 0,
         usage: Usage::default(),
         last_gate: None,
+        tool_images: Vec::new(),
     };
     let mut conversation = Conversation::new(conversation);
     let result = turn
@@ -498,8 +502,12 @@ impl Turn {
                 self.last_gate = None;
                 let result = self.tool_call(&id, &name, input).await;
                 self.count_tool_call(&name, category, &result, called.elapsed());
+                let images = std::mem::take(&mut self.tool_images);
                 match result {
-                    Ok(block) => results.push(block),
+                    Ok(block) => {
+                        results.push(block);
+                        results.extend(images);
+                    }
                     Err(i) => {
                         results.push(error_result(
                             &id,

@@ -1,0 +1,519 @@
+//! `[[cameras]]`: each camera's section, its defaults and its validation.
+//! Imports only `config::types`; the aggregate (`config::load`) calls
+//! [`validate`] and locates its errors at their file, line and key.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::types::{Invalid, valid_id};
+
+/// Where a camera's frames come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// A network camera: a multipart MJPEG stream or a single-JPEG snapshot URL.
+    Http,
+    /// The simulated world's first-person view.
+    Sim,
+    /// JPEG files from a directory, played in name order, looping.
+    Files,
+    /// A V4L2 device: named so that a configuration asking for it gets a
+    /// clear refusal (not built, see [`validate`]).
+    V4l2,
+}
+
+impl SourceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::Http => "http",
+            SourceKind::Sim => "sim",
+            SourceKind::Files => "files",
+            SourceKind::V4l2 => "v4l2",
+        }
+    }
+}
+
+/// One `[[cameras]]` entry as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CameraConfig {
+    pub name: String,
+    pub source: SourceKind,
+    /// What the camera looks at, for the model and people.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// `http`: the stream or snapshot URL (`http://` or `https://`).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// `http`: an environment variable holding one header line sent with
+    /// every request, e.g. `Authorization: Basic dXNlcjpwdw==`.
+    #[serde(default)]
+    pub auth_header_env: Option<String>,
+    /// `sim`, `files` and snapshot URLs: frames per second captured.
+    #[serde(default)]
+    pub fps: Option<f64>,
+    /// `sim`: the picture's size in pixels.
+    #[serde(default)]
+    pub width: Option<u32>,
+    #[serde(default)]
+    pub height: Option<u32>,
+    /// `sim`: horizontal field of view in degrees, centred on the heading.
+    #[serde(default)]
+    pub fov_deg: Option<f64>,
+    /// `files`: the directory of `.jpg` / `.jpeg` files.
+    #[serde(default)]
+    pub directory: Option<PathBuf>,
+    /// A frame larger than this is refused (and counted).
+    #[serde(default = "default_max_frame_kb")]
+    pub max_frame_kb: u32,
+    /// No frame for this long: `stale`; a stream silent for twice as long
+    /// is reconnected.
+    #[serde(default = "default_stale_after_ms")]
+    pub stale_after_ms: u64,
+    /// Images for a model: longest edge at most this many pixels.
+    #[serde(default = "default_max_image_px")]
+    pub max_image_px: u32,
+    /// Images for a model: re-encoded (smaller) when larger than this.
+    #[serde(default = "default_max_image_kb")]
+    pub max_image_kb: u32,
+    /// JPEG quality of what rozd encodes (1-100).
+    #[serde(default = "default_jpeg_quality")]
+    pub jpeg_quality: u8,
+    /// `stream.mjpeg`: at most this many frames per second to a viewer.
+    #[serde(default = "default_max_stream_fps")]
+    pub max_stream_fps: f64,
+    /// `stream.mjpeg`: at most this many viewers at once.
+    #[serde(default = "default_max_viewers")]
+    pub max_viewers: u32,
+}
+
+fn default_max_frame_kb() -> u32 {
+    4096
+}
+fn default_stale_after_ms() -> u64 {
+    2000
+}
+/// What Anthropic recommends as the long edge of an image.
+fn default_max_image_px() -> u32 {
+    1568
+}
+fn default_max_image_kb() -> u32 {
+    1024
+}
+fn default_jpeg_quality() -> u8 {
+    80
+}
+fn default_max_stream_fps() -> f64 {
+    10.0
+}
+fn default_max_viewers() -> u32 {
+    4
+}
+
+/// A validated camera: what its source reads and how it is bounded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CameraSpec {
+    pub name: String,
+    pub description: Option<String>,
+    pub source: Source,
+    pub max_frame_bytes: usize,
+    pub stale_after: Duration,
+    pub max_image_px: u32,
+    pub max_image_bytes: usize,
+    pub jpeg_quality: u8,
+    pub max_stream_fps: f64,
+    pub max_viewers: u32,
+}
+
+/// A validated source.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    Http {
+        url: String,
+        /// The header (name, value) read from `auth_header_env` at start-up.
+        header: Option<(String, String)>,
+        /// How often a snapshot URL is polled.
+        poll: Duration,
+    },
+    Sim {
+        width: u32,
+        height: u32,
+        fov_deg: f64,
+        every: Duration,
+    },
+    Files {
+        directory: PathBuf,
+        every: Duration,
+    },
+}
+
+impl Source {
+    pub fn kind(&self) -> SourceKind {
+        match self {
+            Source::Http { .. } => SourceKind::Http,
+            Source::Sim { .. } => SourceKind::Sim,
+            Source::Files { .. } => SourceKind::Files,
+        }
+    }
+}
+
+/// Most cameras one host runs.
+pub const MAX_CAMERAS: usize = 16;
+
+/// Validates every `[[cameras]]` entry; `have_world`: the host runs the
+/// simulated world (a `sim` camera renders it).
+pub fn validate(cameras: &[CameraConfig], have_world: bool) -> Result<Vec<CameraSpec>, Invalid> {
+    if cameras.len() > MAX_CAMERAS {
+        return Err(Invalid::new(
+            format!("cameras[{MAX_CAMERAS}]"),
+            format!("at most {MAX_CAMERAS} cameras"),
+        ));
+    }
+    let mut specs = Vec::with_capacity(cameras.len());
+    for (i, c) in cameras.iter().enumerate() {
+        let key = |k: &str| format!("cameras[{i}].{k}");
+        if !valid_id(&c.name) || c.name.len() > 64 {
+            return Err(Invalid::new(
+                key("name"),
+                format!(
+                    "{:?} is not a valid camera name (1-64 letters, digits, '-', '_', '.')",
+                    c.name
+                ),
+            ));
+        }
+        if cameras[..i].iter().any(|o| o.name == c.name) {
+            return Err(Invalid::new(
+                key("name"),
+                format!("another camera is already named {:?}", c.name),
+            ));
+        }
+        // Keys that belong to another source are mistakes, not ignored.
+        let allowed: &[&str] = match c.source {
+            SourceKind::Http => &["url", "auth_header_env", "fps"],
+            SourceKind::Sim => &["fps", "width", "height", "fov_deg"],
+            SourceKind::Files => &["fps", "directory"],
+            SourceKind::V4l2 => &[],
+        };
+        for (name, given) in [
+            ("url", c.url.is_some()),
+            ("auth_header_env", c.auth_header_env.is_some()),
+            ("fps", c.fps.is_some()),
+            ("width", c.width.is_some()),
+            ("height", c.height.is_some()),
+            ("fov_deg", c.fov_deg.is_some()),
+            ("directory", c.directory.is_some()),
+        ] {
+            if given && !allowed.contains(&name) {
+                return Err(Invalid::new(
+                    key(name),
+                    format!(
+                        "does not apply to source = {:?} (it takes: {})",
+                        c.source.as_str(),
+                        allowed.join(", ")
+                    ),
+                ));
+            }
+        }
+        let fps = match c.fps {
+            Some(f) if !(f.is_finite() && f > 0.0 && f <= 60.0) => {
+                return Err(Invalid::new(
+                    key("fps"),
+                    format!("{f} is outside 0 < fps <= 60"),
+                ));
+            }
+            Some(f) => f,
+            None => 5.0,
+        };
+        let every = Duration::from_secs_f64(1.0 / fps);
+        let source = match c.source {
+            SourceKind::V4l2 => {
+                return Err(Invalid::new(
+                    key("source"),
+                    "\"v4l2\" is not available in this build of rozd (the v4l crate needs \
+                     libclang and the kernel's headers to build); serve the camera as MJPEG over \
+                     HTTP (mjpg-streamer, ustreamer, `ffmpeg -f mpjpeg`) and use source = \"http\"",
+                ));
+            }
+            SourceKind::Http => {
+                let Some(url) = &c.url else {
+                    return Err(Invalid::new(key("url"), "source = \"http\" needs a url"));
+                };
+                let parsed = reqwest::Url::parse(url)
+                    .map_err(|e| Invalid::new(key("url"), format!("{url:?} is not a URL: {e}")))?;
+                if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+                    return Err(Invalid::new(
+                        key("url"),
+                        format!("{url:?} must be an http:// or https:// URL with a host"),
+                    ));
+                }
+                let header = match &c.auth_header_env {
+                    Some(var) => Some(
+                        header_from_env(var)
+                            .map_err(|m| Invalid::new(key("auth_header_env"), m))?,
+                    ),
+                    None => None,
+                };
+                Source::Http {
+                    url: url.clone(),
+                    header,
+                    poll: every,
+                }
+            }
+            SourceKind::Sim => {
+                if !have_world {
+                    return Err(Invalid::new(
+                        key("source"),
+                        "source = \"sim\" renders the simulated world, and this host runs none \
+                         (add [sim], or a sensor or actuator of the world)",
+                    ));
+                }
+                let (width, height) = (c.width.unwrap_or(640), c.height.unwrap_or(480));
+                for (name, v) in [("width", width), ("height", height)] {
+                    if !(16..=4096).contains(&v) {
+                        return Err(Invalid::new(key(name), format!("{v} is outside 16-4096")));
+                    }
+                }
+                let fov_deg = c.fov_deg.unwrap_or(60.0);
+                if !(fov_deg.is_finite() && (10.0..=170.0).contains(&fov_deg)) {
+                    return Err(Invalid::new(
+                        key("fov_deg"),
+                        format!("{fov_deg} is outside 10-170"),
+                    ));
+                }
+                Source::Sim {
+                    width,
+                    height,
+                    fov_deg,
+                    every,
+                }
+            }
+            SourceKind::Files => {
+                let Some(directory) = &c.directory else {
+                    return Err(Invalid::new(
+                        key("directory"),
+                        "source = \"files\" needs a directory",
+                    ));
+                };
+                if !directory.is_dir() {
+                    return Err(Invalid::new(
+                        key("directory"),
+                        format!("{} is not a directory", directory.display()),
+                    ));
+                }
+                Source::Files {
+                    directory: directory.clone(),
+                    every,
+                }
+            }
+        };
+        if !(1..=65_536).contains(&c.max_frame_kb) {
+            return Err(Invalid::new(
+                key("max_frame_kb"),
+                "must be between 1 and 65536 (64 MiB)",
+            ));
+        }
+        if !(100..=3_600_000).contains(&c.stale_after_ms) {
+            return Err(Invalid::new(
+                key("stale_after_ms"),
+                "must be between 100 and 3600000 (an hour)",
+            ));
+        }
+        if !(64..=8192).contains(&c.max_image_px) {
+            return Err(Invalid::new(
+                key("max_image_px"),
+                "must be between 64 and 8192",
+            ));
+        }
+        if !(8..=5120).contains(&c.max_image_kb) {
+            return Err(Invalid::new(
+                key("max_image_kb"),
+                "must be between 8 and 5120 (5 MiB, the largest image providers take)",
+            ));
+        }
+        if !(1..=100).contains(&c.jpeg_quality) {
+            return Err(Invalid::new(
+                key("jpeg_quality"),
+                "must be between 1 and 100",
+            ));
+        }
+        let s = c.max_stream_fps;
+        if !(s.is_finite() && s > 0.0 && s <= 60.0) {
+            return Err(Invalid::new(
+                key("max_stream_fps"),
+                format!("{s} is outside 0 < max_stream_fps <= 60"),
+            ));
+        }
+        if !(1..=64).contains(&c.max_viewers) {
+            return Err(Invalid::new(key("max_viewers"), "must be between 1 and 64"));
+        }
+        specs.push(CameraSpec {
+            name: c.name.clone(),
+            description: c.description.clone(),
+            source,
+            max_frame_bytes: c.max_frame_kb as usize * 1024,
+            stale_after: Duration::from_millis(c.stale_after_ms),
+            max_image_px: c.max_image_px,
+            max_image_bytes: c.max_image_kb as usize * 1024,
+            jpeg_quality: c.jpeg_quality,
+            max_stream_fps: s,
+            max_viewers: c.max_viewers,
+        });
+    }
+    Ok(specs)
+}
+
+/// The header named by `auth_header_env`: `Name: value` from the
+/// environment, checked as HTTP allows.
+fn header_from_env(var: &str) -> Result<(String, String), String> {
+    let value = std::env::var(var).map_err(|_| {
+        format!("environment variable {var:?} is not set (it should hold `Name: value`)")
+    })?;
+    parse_header(&value).ok_or_else(|| {
+        format!(
+            "environment variable {var:?} does not hold a header line `Name: value` \
+             (its value is not shown)"
+        )
+    })
+}
+
+/// `Name: value` as a valid header name and value.
+fn parse_header(line: &str) -> Option<(String, String)> {
+    let (name, value) = line.split_once(':')?;
+    let (name, value) = (name.trim(), value.trim());
+    http::HeaderName::from_bytes(name.as_bytes()).ok()?;
+    http::HeaderValue::from_str(value).ok()?;
+    Some((name.to_string(), value.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, ConfigError, ConfigSource};
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, ConfigSource::File("/etc/rozd/rozd.toml".into()))
+    }
+
+    /// (line, key, message) of a configuration error.
+    fn invalid(text: &str) -> (Option<usize>, String, String) {
+        match parse(text) {
+            Err(ConfigError::Invalid {
+                line, key, message, ..
+            }) => (line, key, message),
+            other => panic!("expected an invalid-config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cameras_are_validated_and_errors_name_line_and_key() {
+        let ok = parse(
+            "[sim]\n[[cameras]]\nname = \"front\"\nsource = \"sim\"\n\
+             [[cameras]]\nname = \"net\"\nsource = \"http\"\nurl = \"http://127.0.0.1:81/stream\"\n",
+        )
+        .unwrap();
+        assert_eq!(ok.camera_specs.len(), 2);
+        assert!(matches!(
+            ok.camera_specs[0].source,
+            Source::Sim {
+                width: 640,
+                height: 480,
+                ..
+            }
+        ));
+        assert_eq!(ok.camera_specs[1].max_image_px, 1568);
+        let cases: &[(&str, usize, &str, &str)] = &[
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"v4l2\"\n",
+                3,
+                "cameras[0].source",
+                "not available in this build",
+            ),
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"sim\"\n",
+                3,
+                "cameras[0].source",
+                "runs none",
+            ),
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"http\"\n",
+                1,
+                "cameras[0].url",
+                "needs a url",
+            ),
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"http\"\nurl = \"ftp://x/y\"\n",
+                4,
+                "cameras[0].url",
+                "http:// or https://",
+            ),
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"http\"\nurl = \"http://x/\"\nwidth = 10\n",
+                5,
+                "cameras[0].width",
+                "does not apply",
+            ),
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"http\"\nurl = \"http://x/\"\n\
+                 auth_header_env = \"ROZD_TEST_NEVER_SET_CAMERA_AUTH\"\n",
+                5,
+                "cameras[0].auth_header_env",
+                "is not set",
+            ),
+            (
+                "[sim]\n[[cameras]]\nname = \"a b\"\nsource = \"sim\"\n",
+                3,
+                "cameras[0].name",
+                "not a valid camera name",
+            ),
+            (
+                "[sim]\n[[cameras]]\nname = \"c\"\nsource = \"sim\"\n\
+                 [[cameras]]\nname = \"c\"\nsource = \"sim\"\n",
+                6,
+                "cameras[1].name",
+                "already named",
+            ),
+            (
+                "[sim]\n[[cameras]]\nname = \"c\"\nsource = \"sim\"\nfps = 0\n",
+                5,
+                "cameras[0].fps",
+                "outside",
+            ),
+            (
+                "[sim]\n[[cameras]]\nname = \"c\"\nsource = \"sim\"\nmax_viewers = 0\n",
+                5,
+                "cameras[0].max_viewers",
+                "between 1 and 64",
+            ),
+            (
+                "[sim]\n[[cameras]]\nname = \"c\"\nsource = \"sim\"\nmax_frame_kb = 0\n",
+                5,
+                "cameras[0].max_frame_kb",
+                "between",
+            ),
+            (
+                "[[cameras]]\nname = \"c\"\nsource = \"files\"\ndirectory = \"/nonexistent/frames\"\n",
+                4,
+                "cameras[0].directory",
+                "not a directory",
+            ),
+        ];
+        for (text, line, key, message) in cases {
+            let (l, k, m) = invalid(text);
+            assert_eq!((l, k.as_str()), (Some(*line), *key), "{text}: {m}");
+            assert!(m.contains(message), "{text}: {m}");
+        }
+    }
+
+    #[test]
+    fn header_lines_are_checked() {
+        assert_eq!(
+            parse_header("Authorization: Basic abc="),
+            Some(("Authorization".into(), "Basic abc=".into()))
+        );
+        assert_eq!(parse_header("no colon"), None);
+        assert_eq!(parse_header("bad name: x"), None);
+        assert_eq!(parse_header("X-Key: line\nbreak"), None);
+    }
+}
