@@ -503,6 +503,7 @@ impl Decoder for AnthropicDecoder {
                         http::shorten(message, 500)
                     ),
                     retryable: retryable_error_type(kind),
+                    server_error: false,
                     retry_after: None,
                 });
             }

@@ -81,6 +81,10 @@ pub struct ModelConfig {
     pub retry_initial_backoff_ms: u64,
     /// Upper bound of one retry delay (a longer `retry-after` is still honoured).
     pub retry_max_backoff_ms: u64,
+    /// How often an HTTP 500 (a server error that is not an outage: not
+    /// 502/503/504/529) is retried within the budget; a server that
+    /// refuses a request with 500 usually refuses it again.
+    pub retry_server_errors: u32,
     pub endpoints: Vec<EndpointConfig>,
 }
 
@@ -94,6 +98,7 @@ impl Default for ModelConfig {
             retry_budget_ms: 60_000,
             retry_initial_backoff_ms: 500,
             retry_max_backoff_ms: 16_000,
+            retry_server_errors: 2,
             endpoints: Vec::new(),
         }
     }
@@ -172,6 +177,8 @@ pub struct RetryPolicy {
     pub budget: Duration,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
+    /// Retries of a server error (HTTP 500) at most.
+    pub server_errors: u32,
 }
 
 impl ModelConfig {
@@ -210,6 +217,7 @@ impl ModelConfig {
                 budget: Duration::from_millis(e.retry_budget_ms.unwrap_or(self.retry_budget_ms)),
                 initial_backoff: Duration::from_millis(self.retry_initial_backoff_ms),
                 max_backoff: Duration::from_millis(self.retry_max_backoff_ms),
+                server_errors: self.retry_server_errors,
             },
             prompt_cache: e.prompt_cache,
             max_tokens_field: e.max_tokens_field,

@@ -198,6 +198,10 @@ pub struct Failure {
     pub message: String,
     pub retryable: bool,
     pub retry_after: Option<Duration>,
+    /// An HTTP 500 (or another server error that is not a known outage):
+    /// as likely the request's fault as the server's, so retried at most
+    /// [`RetryPolicy::server_errors`] times, not for the whole budget.
+    pub server_error: bool,
 }
 
 impl Failure {
@@ -206,6 +210,7 @@ impl Failure {
             message: message.into(),
             retryable: true,
             retry_after: None,
+            server_error: false,
         }
     }
     pub fn fatal(message: impl Into<String>) -> Self {
@@ -213,6 +218,7 @@ impl Failure {
             message: message.into(),
             retryable: false,
             retry_after: None,
+            server_error: false,
         }
     }
 }
@@ -256,6 +262,7 @@ impl<D: Decoder> Call<D> {
             committed: false,
             done: false,
             attempt: 0,
+            server_errors: 0,
             started: Instant::now(),
         };
         futures_util::stream::unfold(running, |mut running| async move {
@@ -282,6 +289,8 @@ struct Running<D> {
     committed: bool,
     done: bool,
     attempt: u32,
+    /// Server errors ([`Failure::server_error`]) retried so far.
+    server_errors: u32,
     started: Instant,
 }
 
@@ -404,6 +413,7 @@ impl<D: Decoder> Running<D> {
                     message: format!("request to {} failed: {}", self.call.url, error_chain(&e)),
                     retryable,
                     retry_after: None,
+                    server_error: false,
                 });
             }
             Ok(Ok(r)) => r,
@@ -421,7 +431,8 @@ impl<D: Decoder> Running<D> {
             let detail = self.detail(&body);
             return Err(Failure {
                 message: format!("{} answered HTTP {status}: {detail}", self.call.url),
-                retryable: retryable_status(status),
+                retryable: retryable_status(status) || retry_after.is_some(),
+                server_error: status.is_server_error() && !outage_status(status),
                 retry_after,
             });
         }
@@ -468,6 +479,18 @@ impl<D: Decoder> Running<D> {
             return Err(self.final_error(failure));
         }
         let policy = self.call.retry;
+        if failure.server_error {
+            if self.server_errors >= policy.server_errors {
+                let attempts = self.attempt + 1;
+                let mut error = self.final_error(failure);
+                error.message = format!(
+                    "{} (the same kind of answer after {attempts} attempt(s); a server error is retried at most {} time(s): model.retry_server_errors)",
+                    error.message, policy.server_errors
+                );
+                return Err(error);
+            }
+            self.server_errors += 1;
+        }
         let delay =
             backoff(self.attempt, &policy, jitter()).max(failure.retry_after.unwrap_or_default());
         let elapsed = self.started.elapsed();
@@ -500,8 +523,17 @@ impl<D: Decoder> Running<D> {
     }
 }
 
+/// Worth retrying: a timeout, a rate limit, or a server error. Any other
+/// 4xx is the request's fault and would fail again.
 fn retryable_status(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 409 | 425 | 429) || status.is_server_error()
+    matches!(status.as_u16(), 408 | 429) || status.is_server_error()
+}
+
+/// A server error that says the server is busy or away (a gateway, an
+/// overload), not that it could not handle this request: retried within
+/// the whole retry budget, unlike a 500.
+fn outage_status(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 502 | 503 | 504 | 529)
 }
 
 /// The wait a provider asks for: `retry-after-ms`, else `retry-after` in
@@ -678,6 +710,7 @@ mod tests {
             budget: Duration::from_secs(60),
             initial_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(4),
+            server_errors: 2,
         };
         assert_eq!(backoff(0, &p, 0.0), Duration::from_millis(250));
         assert_eq!(backoff(0, &p, 1.0), Duration::from_millis(500));
@@ -728,10 +761,10 @@ mod tests {
 
     #[test]
     fn retryable_statuses() {
-        for s in [408, 409, 425, 429, 500, 502, 503, 504, 529] {
+        for s in [408, 429, 500, 502, 503, 504, 529] {
             assert!(retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
         }
-        for s in [400, 401, 403, 404, 413, 422] {
+        for s in [400, 401, 403, 404, 409, 413, 422, 425] {
             assert!(!retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
         }
     }

@@ -153,6 +153,27 @@ async fn handle(State(script): State<Script>, request: Request) -> Response {
         len: bytes.len(),
         at: tokio::time::Instant::now(),
     });
+    // As strict as llama-cpp-python's server (pydantic models of each
+    // message): what it refuses, every OpenAI-compatible request here is
+    // refused for, the way it refuses it.
+    if parts.uri.path().ends_with("/chat/completions") {
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let problems = strict_chat_request_problems(&body);
+        if !problems.is_empty() {
+            return Response::builder()
+                .status(500)
+                .header("content-type", "application/json")
+                .body(Body::from(
+                    json!({"error": {"message": format!(
+                        "{} validation errors for ChatCompletionRequest: {}",
+                        problems.len(),
+                        problems.join("; ")
+                    ), "type": "internal_server_error"}})
+                    .to_string(),
+                ))
+                .unwrap();
+        }
+    }
     let next = script.replies.lock().unwrap().pop_front();
     let reply = match next {
         Some(reply) => reply,
@@ -199,6 +220,64 @@ async fn handle(State(script): State<Script>, request: Request) -> Response {
 }
 
 /// Splits every event in two chunks, so the client sees events cut across reads.
+/// What a strict OpenAI-compatible server (llama-cpp-python 0.3's
+/// `ChatCompletionRequest*Message` models) finds wrong with a request body.
+fn strict_chat_request_problems(body: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Some(messages) = body["messages"].as_array() else {
+        return vec!["messages: field required".into()];
+    };
+    let text_parts = |content: &Value| {
+        content.as_array().is_some_and(|parts| {
+            parts.iter().all(|p| match p["type"].as_str() {
+                Some("text") => p["text"].is_string(),
+                Some("image_url") => p["image_url"]["url"].is_string(),
+                _ => false,
+            })
+        })
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let content = &m["content"];
+        match m["role"].as_str() {
+            Some("system") if !content.is_string() => {
+                problems.push(format!("messages.{i}.system.content: str type expected"));
+            }
+            Some("user") if !content.is_string() && !text_parts(content) => {
+                problems.push(format!("messages.{i}.user.content: str or parts expected"));
+            }
+            Some("assistant") => {
+                if !content.is_string() {
+                    problems.push(format!("messages.{i}.assistant.content: str type expected"));
+                }
+                if let Some(calls) = m.get("tool_calls") {
+                    let valid = calls.as_array().is_some_and(|calls| {
+                        calls.iter().all(|c| {
+                            c["id"].is_string()
+                                && c["type"] == "function"
+                                && c["function"]["name"].is_string()
+                                && c["function"]["arguments"].is_string()
+                        })
+                    });
+                    if !valid {
+                        problems.push(format!("messages.{i}.assistant.tool_calls: invalid"));
+                    }
+                }
+            }
+            Some("tool") => {
+                if !content.is_string() {
+                    problems.push(format!("messages.{i}.tool.content: str type expected"));
+                }
+                if !m["tool_call_id"].is_string() {
+                    problems.push(format!("messages.{i}.tool.tool_call_id: field required"));
+                }
+            }
+            Some("system" | "user") => {}
+            other => problems.push(format!("messages.{i}.role: unexpected value {other:?}")),
+        }
+    }
+    problems
+}
+
 fn split_in_halves(events: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     for e in events {
@@ -827,6 +906,76 @@ async fn connection_failures_are_retried_within_the_budget() {
     daemon.shutdown().await;
 }
 
+/// A server that answers every call with the same HTTP 500 is a
+/// deterministic error, not an outage: two retries (the default), then the
+/// server's own message, in seconds rather than the whole retry budget.
+#[tokio::test(start_paused = true)]
+async fn the_same_http_500_is_retried_twice_then_reported_with_the_servers_message() {
+    let mut fake = FakeProvider::start().await;
+    fake.wait = PAUSED_WAIT;
+    let daemon = TestDaemon::start_adjusted(&fake.openai_endpoint("box", "m", ""), |c| {
+        c.server.http2_keepalive_secs = 0
+    })
+    .await;
+    *fake.script.fallback.lock().unwrap() = Some((
+        500,
+        json!({"error": {"message": "7 validation errors for ChatCompletionRequest", "type": "internal_server_error"}})
+            .to_string(),
+    ));
+    let (mut session, _) = open(&daemon, Some("box"), vec![]).await;
+    session.wait_bound = PAUSED_WAIT;
+    session.send(user("hi")).await;
+    let asked = tokio::time::Instant::now();
+    let (seen, done) = until_complete(&mut session).await;
+    let errors = errors_of(&seen);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].code, "model_error");
+    assert!(
+        errors[0].message.contains("500")
+            && errors[0].message.contains("7 validation errors")
+            && errors[0].message.contains("3 attempt(s)"),
+        "{}",
+        errors[0].message
+    );
+    assert_eq!(done.stop_reason, "error");
+    assert!(
+        tokio::time::Instant::now() - asked <= Duration::from_secs(10),
+        "the deterministic error took {:?}",
+        tokio::time::Instant::now() - asked
+    );
+    for _ in 0..3 {
+        let _ = fake.request().await;
+    }
+    fake.no_more_requests();
+    daemon.shutdown().await;
+}
+
+/// Other 4xx answers are the request's fault: not retried.
+#[tokio::test]
+async fn other_4xx_answers_are_not_retried() {
+    let mut fake = FakeProvider::start().await;
+    let daemon = TestDaemon::start(&fake.openai_endpoint("box", "m", "")).await;
+    fake.reply(Reply::Status {
+        code: 409,
+        headers: vec![("content-type", "application/json".into())],
+        body: json!({"error": {"message": "conflict here"}}).to_string(),
+    });
+    let (mut session, _) = open(&daemon, Some("box"), vec![]).await;
+    session.send(user("hi")).await;
+    let (seen, _) = until_complete(&mut session).await;
+    let errors = errors_of(&seen);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].message.contains("conflict here"),
+        "{}",
+        errors[0].message
+    );
+    assert!(!errors[0].retryable);
+    let _ = fake.request().await;
+    fake.no_more_requests();
+    daemon.shutdown().await;
+}
+
 #[tokio::test]
 async fn http_401_is_not_retried_and_reports_the_provider_message() {
     let mut fake = FakeProvider::start().await;
@@ -1064,7 +1213,7 @@ async fn openai_parallel_tool_calls_are_assembled_by_index_and_answered_in_order
         &messages[1..],
         &[
             json!({"role": "user", "content": "temperature and battery?"}),
-            json!({"role": "assistant", "content": null, "tool_calls": [
+            json!({"role": "assistant", "content": "", "tool_calls": [
                 {"id": "call_temp", "type": "function", "function": {"name": "read_sensor", "arguments": "{\"name\":\"temp\"}"}},
                 {"id": "call_batt", "type": "function", "function": {"name": "read_sensor", "arguments": "{\"name\":\"battery\"}"}},
             ]}),
@@ -1597,7 +1746,7 @@ async fn openai_capture_image_sends_the_picture_as_an_image_url_after_the_tool_m
     camera_ready(&daemon).await;
     fake.stream(vec![
         chunk(
-            json!({"role": "assistant", "content": null, "tool_calls": [
+            json!({"role": "assistant", "content": "", "tool_calls": [
             {"index": 0, "id": "call_cam", "type": "function", "function": {"name": "capture_image",
              "arguments": "{\"camera\": \"front_camera\", \"max_width\": 80}"}}]}),
             None,

@@ -243,7 +243,9 @@ fn push_message(out: &mut Vec<Value>, m: &Message) {
             }
             let mut message = json!({
                 "role": "assistant",
-                "content": if text.is_empty() { Value::Null } else { json!(text) },
+                // A string even when empty: OpenAI also takes null, but
+                // strict servers (llama-cpp-python) refuse it.
+                "content": text,
             });
             if !calls.is_empty() {
                 message["tool_calls"] = Value::Array(calls);
@@ -540,6 +542,7 @@ impl Decoder for OpenAiDecoder {
                 ),
                 retryable,
                 retry_after: None,
+                server_error: false,
             });
         }
         if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {

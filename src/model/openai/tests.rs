@@ -266,7 +266,7 @@ fn request_maps_history_tools_and_options() {
     let m = body["messages"].as_array().unwrap();
     assert_eq!(m[0], json!({"role": "system", "content": "sys"}));
     assert_eq!(m[1], json!({"role": "user", "content": "go"}));
-    assert_eq!(m[2]["content"], Value::Null);
+    assert_eq!(m[2]["content"], "");
     assert_eq!(
         m[2]["tool_calls"][0]["function"]["arguments"],
         "{\"name\":\"t\"}"
