@@ -224,6 +224,7 @@ pub fn server_response(event: ServerEvent) -> proto::SessionResponse {
                 output_tokens: usage.output_tokens,
                 cache_read_tokens: usage.cache_read_tokens,
                 cache_creation_tokens: usage.cache_creation_tokens,
+                estimated: usage.estimated,
             }),
             stop_reason: stop_reason.as_str().to_string(),
         }),

@@ -635,7 +635,8 @@ mod tests {
                     input_tokens: 10,
                     output_tokens: 42,
                     cache_read_tokens: 7,
-                    cache_creation_tokens: 3
+                    cache_creation_tokens: 3,
+                    estimated: false,
                 }),
                 ModelEvent::Stop(ModelStop::ToolUse),
             ]

@@ -458,6 +458,7 @@ fn finish(
     events.push(ModelEvent::Usage(Usage {
         input_tokens: request.input_tokens(),
         output_tokens: output,
+        estimated: true,
         ..Usage::default()
     }));
     events.push(ModelEvent::Stop(stop));

@@ -197,6 +197,9 @@ pub struct Usage {
     pub output_tokens: u32,
     pub cache_read_tokens: u32,
     pub cache_creation_tokens: u32,
+    /// Some figure is rozd's own estimate ([`tokens`]), not the server's
+    /// count: the server reported no usage, or the model is the local one.
+    pub estimated: bool,
 }
 
 impl Usage {
@@ -222,6 +225,7 @@ impl Usage {
         self.cache_creation_tokens = self
             .cache_creation_tokens
             .saturating_add(other.cache_creation_tokens);
+        self.estimated |= other.estimated;
     }
 }
 

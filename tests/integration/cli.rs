@@ -329,6 +329,8 @@ async fn client_commands_given_a_config_use_its_listen_address() {
         .await
         .unwrap();
     assert_eq!(code, Some(0), "{out}{err}");
+    // The local model's token counts are rozd's estimate, and say so.
+    assert!(err.contains("(estimated"), "{err}");
     // $ROZD_CONFIG counts as given too.
     let (code, out, err) = {
         let dir = dir.path().to_path_buf();

@@ -518,6 +518,7 @@ async fn anthropic_text_streams_as_deltas_with_usage_and_cached_system_prompt() 
             output_tokens: 15,
             cache_read_tokens: 1200,
             cache_creation_tokens: 7,
+            estimated: false,
         })
     );
 
@@ -1100,6 +1101,7 @@ async fn openai_text_reasoning_and_usage_with_stream_options() {
             output_tokens: 14,
             cache_read_tokens: 100,
             cache_creation_tokens: 0,
+            estimated: false,
         })
     );
     let request = fake.request().await;
@@ -1146,8 +1148,8 @@ async fn openai_think_tags_in_content_become_thinking() {
     assert_eq!(done.stop_reason, "end_turn");
     let usage = done.usage.unwrap();
     assert!(
-        usage.input_tokens > 0 && usage.output_tokens > 0,
-        "estimated when the server reports none: {usage:?}"
+        usage.input_tokens > 0 && usage.output_tokens > 0 && usage.estimated,
+        "estimated, and said to be, when the server reports none: {usage:?}"
     );
     let _ = fake.request().await;
     daemon.shutdown().await;

@@ -485,8 +485,15 @@ impl Chat {
         self.out.end_turn();
         let usage = done.usage.unwrap_or_default();
         self.out.status(&format!(
-            "stop: {}, tokens in/out {}/{}",
-            done.stop_reason, usage.input_tokens, usage.output_tokens
+            "stop: {}, tokens in/out {}/{}{}",
+            done.stop_reason,
+            usage.input_tokens,
+            usage.output_tokens,
+            if usage.estimated {
+                " (estimated: the model server reported no usage)"
+            } else {
+                ""
+            }
         ));
         // Dropping the set aborts (and kills) tool calls the turn left behind.
         self.tools = JoinSet::new();

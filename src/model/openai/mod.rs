@@ -376,6 +376,7 @@ impl OpenAiDecoder {
             output_tokens: n(usage.get("completion_tokens")),
             cache_read_tokens: cached.min(prompt),
             cache_creation_tokens: 0,
+            estimated: false,
         });
     }
 
@@ -471,6 +472,7 @@ impl OpenAiDecoder {
         let usage = self.usage.unwrap_or_else(|| Usage {
             input_tokens: self.estimated_input,
             output_tokens: tokens::count(&self.output_text),
+            estimated: true,
             ..Usage::default()
         });
         out.push(ModelEvent::Usage(usage));

@@ -65,7 +65,8 @@ fn parallel_tool_calls_assemble_by_index() {
                 input_tokens: 30,
                 output_tokens: 9,
                 cache_read_tokens: 20,
-                cache_creation_tokens: 0
+                cache_creation_tokens: 0,
+                estimated: false,
             }),
             ModelEvent::Stop(ModelStop::ToolUse),
         ]
@@ -108,6 +109,7 @@ fn reasoning_fields_and_think_tags_become_thinking() {
         events[events.len() - 2],
         ModelEvent::Usage(Usage {
             input_tokens: 99,
+            estimated: true,
             ..
         })
     ));
