@@ -2,7 +2,7 @@
 //! inside rozd (no `ToolRequest` to the client).
 //!
 //! - `observe` (PURE): the current Observation, optionally filtered by sensor names;
-//! - `read_sensor` (PURE): one sensor with recent history;
+//! - `read_sensor` (PURE): one sensor's latest value; its history when asked;
 //! - one PHYSICAL tool per actuator, named after it, taking `{value, hold_ms?}`;
 //! - `stop_all` (PHYSICAL): every actuator to its safe value;
 //! - `serial_query` (PHYSICAL): only when a `[[serial]]` port has `allow_raw = true`;
@@ -69,8 +69,10 @@ pub struct Image {
     pub data: bytes::Bytes,
 }
 
-/// Samples of history `read_sensor` returns.
-const READ_HISTORY: usize = 20;
+/// Most samples of history `read_sensor` returns when asked (what the
+/// world keeps). By default it returns none: a small local model's context
+/// fills with a handful of reads otherwise (about 1 KB each with 20).
+const READ_HISTORY_MAX: u64 = 128;
 /// Upper bound of a `serial_query` reply wait.
 const SERIAL_QUERY_MAX_MS: u64 = 10_000;
 
@@ -146,10 +148,16 @@ impl HostTools {
             },
             ToolSpec {
                 name: READ_SENSOR.into(),
-                description: "One sensor's latest value with its recent history (newest last).".into(),
+                description: "One sensor's latest value, its age, unit, health and alarm. \
+                              Its recent history (newest last) only when asked for with `history`."
+                    .into(),
                 parameters_schema: json!({
                     "type": "object",
-                    "properties": {"name": {"type": "string", "enum": sensors}},
+                    "properties": {
+                        "name": {"type": "string", "enum": sensors},
+                        "history": {"type": "integer", "minimum": 0, "maximum": READ_HISTORY_MAX,
+                                    "description": "also return up to this many recent samples (default 0)"}
+                    },
                     "required": ["name"],
                     "additionalProperties": false
                 }),
@@ -364,15 +372,29 @@ impl HostTools {
                 Ok(v.to_string())
             }
             READ_SENSOR => {
-                let ReadSensorInput { name: sensor } = parse(input)?;
+                let ReadSensorInput {
+                    name: sensor,
+                    history: wanted,
+                } = parse(input)?;
+                let wanted = wanted.map_or(0, |n| n.0);
+                if wanted > READ_HISTORY_MAX {
+                    return Err(ToolError::Invalid(format!(
+                        "history must be at most {READ_HISTORY_MAX} samples, got {wanted}"
+                    )));
+                }
                 let (view, history) = self
                     .ooda
                     .world()
                     .sensor(&sensor, tokio::time::Instant::now())
                     .ok_or_else(|| ToolError::Invalid(format!("no sensor named {sensor:?}")))?;
                 let alarm = obs.sensor(&sensor).map(|s| s.alarm).unwrap_or_default();
-                let recent: Vec<_> = history.iter().rev().take(READ_HISTORY).rev().collect();
-                Ok(json!({"sensor": view, "alarm": alarm, "history": recent}).to_string())
+                let mut answer = json!({"sensor": view, "alarm": alarm});
+                if wanted > 0 {
+                    let take = usize::try_from(wanted).unwrap_or(usize::MAX);
+                    let recent: Vec<_> = history.iter().rev().take(take).rev().collect();
+                    answer["history"] = json!(recent);
+                }
+                Ok(answer.to_string())
             }
             STOP_ALL => {
                 // Going safe takes no parameters and is refused for none.
@@ -641,6 +663,7 @@ struct ObserveInput {
 #[serde(deny_unknown_fields)]
 struct ReadSensorInput {
     name: String,
+    history: Option<WholeNumber>,
 }
 
 /// `serial_query`'s parameters.

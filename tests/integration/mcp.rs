@@ -263,6 +263,24 @@ async fn scenario(transport: Transport) {
     let sensor = script.expect("read_sensor").await;
     assert_eq!(sensor["is_error"], false, "{sensor}");
     assert_eq!(sensor["structured"]["sensor"]["name"], "temp", "{sensor}");
+    // Sized for small models: the latest value, no history unless asked.
+    assert!(sensor["structured"].get("history").is_none(), "{sensor}");
+    let schema = &read["input_schema"]["properties"]["history"];
+    assert_eq!(schema["maximum"], 128, "{read}");
+    let with_history = script.expect("read_history").await;
+    assert_eq!(with_history["is_error"], false, "{with_history}");
+    let history = with_history["structured"]["history"]
+        .as_array()
+        .expect("history when asked");
+    assert!(!history.is_empty() && history.len() <= 3, "{with_history}");
+    let too_much = script.expect("read_too_much").await;
+    assert_eq!(too_much["is_error"], true, "{too_much}");
+    assert!(
+        too_much["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("history") && t.contains("128")),
+        "{too_much}"
+    );
 
     // Out of range: refused, never clamped, nothing moves.
     let refused = script.expect("out_of_range").await;

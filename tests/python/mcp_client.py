@@ -77,6 +77,8 @@ async def scenario(c):
     tools = await c.list_tools()
     emit("tools", tools=[tool_view(t) for t in tools.tools])
     emit("read_sensor", **result(await c.call_tool("read_sensor", {"name": "temp"})))
+    emit("read_history", **result(await c.call_tool("read_sensor", {"name": "temp", "history": 3})))
+    emit("read_too_much", **result(await c.call_tool("read_sensor", {"name": "temp", "history": 100000})))
     emit("out_of_range", **result(await c.call_tool("arm", {"value": 5})))
     # Waits until the test approves it over REST.
     emit("calling")
