@@ -114,6 +114,11 @@ enum Command {
         #[command(subcommand)]
         command: GpioCommand,
     },
+    /// Models of the configuration: check that a model server can run sessions.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
     /// Recordings on this machine (MCAP files of `[record]`): list, info.
     #[command(
         long_about = "Lists the recordings in the directory of [record] (of --config, \
@@ -154,6 +159,21 @@ enum GpioCommand {
         pin: u8,
         #[arg(value_parser = clap::value_parser!(u8).range(0..=1))]
         level: u8,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// A fixed round trip against model NAME (an endpoint's name or model
+    /// id, or `local`) of --config: a streamed answer, a forced tool call,
+    /// its result accepted, usage, an image; prints what works and, where
+    /// something fails, the server's own words.
+    #[command(after_help = cli::model::EXIT_STATUS_HELP)]
+    Check {
+        name: String,
+        /// Print the verdict as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -459,6 +479,12 @@ fn main() -> ExitCode {
             Err(code) => code,
         },
         Command::Record { command } => record(config, command),
+        Command::Model {
+            command: ModelCommand::Check { name, json },
+        } => match load_config(config) {
+            Ok(loaded) => ExitCode::from(cli::model::check(&loaded.model, &name, json)),
+            Err(code) => code,
+        },
         Command::Task {
             daemon,
             json,

@@ -12,6 +12,7 @@
 //! - [`chat`]: `rozd chat`, an interactive gRPC session
 //! - [`mcp`]: `rozd mcp`, a stdio MCP server relaying to the daemon's `/mcp`
 //! - [`record`](mod@record): `rozd record list|info`, local recordings (no daemon needed)
+//! - [`model`](mod@model): `rozd model check`, a configured model server's round trip (no daemon needed)
 //! - [`format`](mod@format): the human-readable forms of the daemon's JSON answers
 //!
 //! Nothing here is part of the daemon: of rozd it uses the protocol
@@ -27,6 +28,7 @@ pub mod estop;
 pub mod format;
 pub mod gpio;
 pub mod mcp;
+pub mod model;
 pub mod record;
 pub mod status;
 pub mod task;

@@ -157,8 +157,12 @@ pub fn request_body(endpoint: &ResolvedEndpoint, request: &ModelRequest) -> Valu
             .collect();
         body.insert("tools".into(), Value::Array(tools));
     }
+    if let Some(name) = &request.tool_choice {
+        body.insert("tool_choice".into(), json!({"type": "tool", "name": name}));
+    }
     let budget = endpoint.thinking_budget_tokens;
-    if budget > 0 && request.max_output_tokens > budget {
+    // Anthropic refuses extended thinking with a forced tool.
+    if budget > 0 && request.max_output_tokens > budget && request.tool_choice.is_none() {
         body.insert(
             "thinking".into(),
             json!({"type": "enabled", "budget_tokens": budget}),
@@ -754,6 +758,7 @@ mod tests {
             .into(),
             max_output_tokens: 4096,
             estimated_input_tokens: None,
+            tool_choice: None,
         };
         let body = request_body(&endpoint, &request);
         assert_eq!(body["model"], "claude-test");

@@ -521,6 +521,7 @@ mod tests {
                 .into(),
             max_output_tokens: 4096,
             estimated_input_tokens: None,
+            tool_choice: None,
         }
     }
 

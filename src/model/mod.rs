@@ -5,6 +5,7 @@
 //! knows gRPC.
 
 pub mod anthropic;
+pub mod check;
 pub mod config;
 pub mod decode;
 mod http;
@@ -105,6 +106,9 @@ pub struct ModelRequest {
     /// one up to date (a turn does, as messages are added); equal to
     /// [`ModelRequest::estimate_tokens`]. See [`ModelRequest::input_tokens`].
     pub estimated_input_tokens: Option<u32>,
+    /// The tool the model must call (`tool_choice`); `None`: the model
+    /// chooses. Sessions never force one; the model check does.
+    pub tool_choice: Option<String>,
 }
 
 impl ModelRequest {

@@ -1813,3 +1813,116 @@ async fn capture_image_of_an_unknown_camera_names_the_known_ones() {
     fake.no_more_requests();
     daemon.shutdown().await;
 }
+
+// ------------------------------------------------------------ model check
+
+/// `rozd model check` against an OpenAI-compatible server (the strict
+/// fake): four calls, each through the provider code sessions use; the
+/// forced tool call carries `tool_choice`; every step passes and usage the
+/// server reported is said to be reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_check_runs_the_round_trip_and_says_what_works() {
+    let mut fake = FakeProvider::start().await;
+    fake.stream(vec![
+        chunk(json!({"role": "assistant", "content": "O"}), None),
+        chunk(json!({"content": "K"}), None),
+        chunk(json!({}), Some("stop")),
+        usage_chunk(31, 2, 0),
+        DONE.into(),
+    ]);
+    fake.stream(vec![
+        chunk(json!({"role": "assistant", "content": "", "tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function", "function": {"name": "read_sensor", "arguments": "{\"name\":"}}]}), None),
+        chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"temp\"}"}}]}), None),
+        chunk(json!({}), Some("tool_calls")),
+        DONE.into(),
+    ]);
+    fake.stream(vec![
+        chunk(
+            json!({"role": "assistant", "content": "It is 21.5 C."}),
+            None,
+        ),
+        chunk(json!({}), Some("stop")),
+        DONE.into(),
+    ]);
+    fake.stream(vec![
+        chunk(json!({"role": "assistant", "content": "Red."}), None),
+        chunk(json!({}), Some("stop")),
+        DONE.into(),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rozd.toml");
+    std::fs::write(&config, fake.openai_endpoint("box", "m", "")).unwrap();
+    let config = config.display().to_string();
+    let (code, out, err) = common::rozd_cli(&["model", "check", "box", "--config", &config]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    for line in [
+        "streamed answer       ok      \"OK\" in 2 piece(s)",
+        "tool call (forced)    ok      read_sensor({\"name\":\"temp\"})",
+        "tool result accepted  ok      \"It is 21.5 C.\"",
+        "usage                 ok      reported by the server: in 31 / out 2",
+        "image input           ok      \"Red.\"",
+        "every step passed",
+    ] {
+        assert!(out.contains(line), "{line:?} in:\n{out}");
+    }
+    let _ = fake.request().await;
+    let forced = fake.request().await;
+    assert_eq!(
+        forced.body["tool_choice"],
+        json!({"type": "function", "function": {"name": "read_sensor"}})
+    );
+    let result = fake.request().await;
+    assert_eq!(
+        result.body["messages"][3]["role"], "tool",
+        "{}",
+        result.body
+    );
+    let image = fake.request().await;
+    assert!(
+        image.body["messages"][1]["content"][0]["image_url"]["url"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("data:image/jpeg;base64,")),
+        "{}",
+        image.body
+    );
+    fake.no_more_requests();
+}
+
+/// A server that refuses: each step says so in the server's words, the
+/// check exits 1, and a deterministic HTTP 500 is not retried for a minute
+/// (two retries, then the next step). An unknown model is exit 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_check_reports_a_refusing_server_in_its_own_words() {
+    let fake = FakeProvider::start().await;
+    *fake.script.fallback.lock().unwrap() = Some((
+        500,
+        json!({"error": {"message": "7 validation errors for ChatCompletionRequest", "type": "internal_server_error"}})
+            .to_string(),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rozd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\nretry_initial_backoff_ms = 1\nretry_max_backoff_ms = 1\n{}",
+            fake.openai_endpoint("box", "m", "")
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let (code, out, err) = common::rozd_cli(&["model", "check", "box", "--config", &config]).await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert_eq!(
+        out.matches("FAILED").count(),
+        5,
+        "every step fails (usage: nothing to count):\n{out}"
+    );
+    assert!(
+        out.matches("7 validation errors").count() >= 4,
+        "the server's own words:\n{out}"
+    );
+    let (code, _, err) = common::rozd_cli(&["model", "check", "nope", "--config", &config]).await;
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("box"), "names the known models: {err}");
+}

@@ -138,6 +138,12 @@ pub fn request_body(endpoint: &ResolvedEndpoint, request: &ModelRequest) -> Valu
             .collect();
         body.insert("tools".into(), Value::Array(tools));
     }
+    if let Some(name) = &request.tool_choice {
+        body.insert(
+            "tool_choice".into(),
+            json!({"type": "function", "function": {"name": name}}),
+        );
+    }
     Value::Object(body)
 }
 

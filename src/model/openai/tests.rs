@@ -255,6 +255,7 @@ fn request_maps_history_tools_and_options() {
         .into(),
         max_output_tokens: 512,
         estimated_input_tokens: None,
+        tool_choice: None,
     };
     let body = request_body(&endpoint, &request);
     assert_eq!(body["model"], "qwen3:8b");

@@ -243,6 +243,7 @@ impl Turn {
             tools: Arc::default(),
             max_output_tokens,
             estimated_input_tokens: None,
+            tool_choice: None,
         };
         let mut stream = model.stream(request);
         let mut text = String::new();

@@ -443,6 +443,7 @@ impl Turn {
                 tools: Arc::clone(&tools),
                 max_output_tokens: self.limits.max_output_tokens,
                 estimated_input_tokens: Some(estimate),
+                tool_choice: None,
             };
             debug_assert_eq!(estimate, request.estimate_tokens(), "incremental estimate");
             self.live_tokens
