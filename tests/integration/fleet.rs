@@ -1700,3 +1700,36 @@ async fn a_record_pointing_back_at_its_host_makes_no_relay_loop() {
         a.log()
     );
 }
+
+/// Beyond one broker: two mosquitto brokers joined by mosquitto's own
+/// bridge, as docs/guides/fleet.md configures it (the fleet stop topic at
+/// QoS 1, records and wills at QoS 0, both ways), a host on each. Records,
+/// a fleet stop and its clear, and a host's last will all cross.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_bridged_brokers_carry_records_the_fleet_stop_and_wills() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = Broker::start(&mkdir(dir.path(), "main")).await;
+    let site = Broker::start_on(
+        &mkdir(dir.path(), "site"),
+        free_port(),
+        &format!(
+            "connection to-main\naddress 127.0.0.1:{}\ncleansession true\n\
+             topic roz/v1/estop/# both 1\ntopic roz/v1/hosts/# both 0\n",
+            main.port
+        ),
+    )
+    .await;
+    let mut a = Rozd::spawn("a", &main).await;
+    let b = Rozd::spawn("b", &site).await;
+    for host in [&a, &b] {
+        view_is(host, &[("a", "online"), ("b", "online")]).await;
+    }
+    // A fleet stop from a host on one broker stops the host on the other.
+    fleet_command(&a, "/v1/fleet/estop").await;
+    assert!(stopped(&b).await, "{}", b.log());
+    fleet_command(&a, "/v1/fleet/estop/clear").await;
+    assert!(!stopped(&b).await, "{}", b.log());
+    // a's last will crosses the bridge too.
+    a.kill9().await;
+    view_is(&b, &[("a", "offline"), ("b", "online")]).await;
+}
