@@ -14,6 +14,7 @@
 //! ```
 //!
 //! Without `--broker` it starts its own mosquitto on a free loopback port
+//! with its stock queue limits, as the shipped configuration leaves them
 //! (needs `mosquitto` on the PATH). Each simulated presence is its own MQTT
 //! connection with a retained record and a last will, like a rozd. The
 //! figures are recorded in docs/fleet.md. Not part of `cargo test`.
@@ -163,7 +164,10 @@ async fn start_mosquitto(dir: &std::path::Path) -> Result<(tokio::process::Child
     let conf = dir.join("mosquitto.conf");
     std::fs::write(
         &conf,
-        format!("listener {port} 127.0.0.1\nallow_anonymous true\nlog_dest stderr\nmax_queued_messages 100000\n"),
+        // Stock settings (mosquitto's own queue limits: max_queued_messages
+        // 1000, max_inflight_messages 20), as packaging/mosquitto/rozd-fleet.conf
+        // leaves them: rozd takes the records at QoS 0, which never queue.
+        format!("listener {port} 127.0.0.1\nallow_anonymous true\nlog_dest stderr\n"),
     )
     .map_err(|e| e.to_string())?;
     let mut child = tokio::process::Command::new("mosquitto")

@@ -22,16 +22,18 @@
 //! a crash or a watchdog kill brings rozd back up latched.
 
 pub mod inputs;
+pub mod latch;
 pub mod persist;
 pub mod status;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
 use crate::observe::Observers;
+use latch::Latch;
+pub use latch::{ClearRequest, ClearScope, StopRequest};
 
 /// `StopInfo.source` of a stop latched because the stop file could not be
 /// read or written at start-up.
@@ -167,23 +169,6 @@ impl StopObserver for StopMetrics {
     }
 }
 
-/// An input that asserts the stop now.
-#[derive(Debug, Clone)]
-struct Held {
-    /// The source whose cause it holds (e.g. `gpio`).
-    source: String,
-    why: String,
-}
-
-#[derive(Debug, Default)]
-struct Latch {
-    causes: Vec<StopInfo>,
-    /// Inputs that still assert the stop (input -> what it holds).
-    held: BTreeMap<String, Held>,
-    /// Bumped by every change of `causes`; the stop file records up to which.
-    generation: u64,
-}
-
 /// The latch. Cheap to clone; all clones share one state.
 #[derive(Debug, Clone)]
 pub struct ProtectiveStop {
@@ -251,7 +236,7 @@ impl ProtectiveStop {
                 causes = %StopState { causes: causes.clone() }.describe(),
                 "PROTECTIVE STOP restored from before the restart; it stays latched until cleared"
             );
-            stop.lock().causes = causes.clone();
+            *stop.lock() = Latch::with_causes(causes.clone());
             stop.state.send_replace(StopState {
                 causes: causes.clone(),
             });
@@ -275,13 +260,12 @@ impl ProtectiveStop {
 
     /// Publishes the causes and has them written to the stop file. Called
     /// with the lock held, so publications keep the order of the changes.
-    fn changed(&self, latch: &mut Latch) {
-        latch.generation += 1;
+    fn changed(&self, latch: &Latch) {
         self.state.send_replace(StopState {
-            causes: latch.causes.clone(),
+            causes: latch.causes().to_vec(),
         });
         if let Some(file) = &self.file {
-            file.save(latch.generation, latch.causes.clone());
+            file.save(latch.generation(), latch.causes().to_vec());
         }
     }
 
@@ -317,33 +301,28 @@ impl ProtectiveStop {
         credential: Option<&str>,
     ) -> bool {
         let mut latch = self.lock();
-        if latch.causes.iter().any(|c| c.source == source) {
+        let was_active = !latch.causes().is_empty();
+        let request = StopRequest {
+            source,
+            reason,
+            by,
+            credential,
+        };
+        let Some(event) = latch.trigger(request, crate::clock::now_ms()) else {
             tracing::debug!(
                 source,
                 reason,
                 "protective stop already latched by this source"
             );
             return false;
-        }
-        let was_active = !latch.causes.is_empty();
-        latch.causes.push(StopInfo {
-            source: source.to_string(),
-            reason: reason.to_string(),
-            since_unix_ms: crate::clock::now_ms(),
-            by: by.map(str::to_string),
-        });
-        self.changed(&mut latch);
+        };
+        self.changed(&latch);
         if was_active {
             tracing::warn!(source, reason, "PROTECTIVE STOP: another cause");
         } else {
             tracing::warn!(source, reason, "PROTECTIVE STOP");
         }
-        self.report(StopEvent::Triggered {
-            source: source.to_string(),
-            reason: reason.to_string(),
-            by: by.map(str::to_string),
-            credential: credential.map(str::to_string),
-        });
+        self.report(event);
         true
     }
 
@@ -353,21 +332,16 @@ impl ProtectiveStop {
     /// cleared meanwhile): a late reason never latches by itself.
     pub fn give_reason(&self, source: &str, reason: &str, credential: Option<&str>) -> bool {
         let mut latch = self.lock();
-        let Some(cause) = latch.causes.iter_mut().find(|c| c.source == source) else {
-            return false;
-        };
-        if cause.reason == reason {
-            return true;
+        match latch.give_reason(source, reason, credential) {
+            Err(()) => false,
+            Ok(None) => true,
+            Ok(Some(event)) => {
+                self.changed(&latch);
+                tracing::warn!(source, reason, "PROTECTIVE STOP: its reason arrived");
+                self.report(event);
+                true
+            }
         }
-        cause.reason = reason.to_string();
-        self.changed(&mut latch);
-        tracing::warn!(source, reason, "PROTECTIVE STOP: its reason arrived");
-        self.report(StopEvent::ReasonGiven {
-            source: source.to_string(),
-            reason: reason.to_string(),
-            credential: credential.map(str::to_string),
-        });
-        true
     }
 
     /// The operator's clear: removes every cause but those an input still
@@ -380,45 +354,46 @@ impl ProtectiveStop {
     /// [`ProtectiveStop::try_clear`] by an authenticated credential, which
     /// the audit names.
     pub fn try_clear_as(&self, by: &str, credential: Option<&str>) -> Result<bool, ClearRefused> {
-        let credential = credential.map(str::to_string);
+        self.apply_clear(ClearRequest {
+            scope: ClearScope::All,
+            by,
+            credential,
+        })
+    }
+
+    /// Applies a clear to the latch: publishes and persists what changed,
+    /// logs and reports each event, in order.
+    fn apply_clear(&self, request: ClearRequest<'_>) -> Result<bool, ClearRefused> {
+        let by = request.by;
+        let credential = request.credential;
         let mut latch = self.lock();
-        let held_sources: Vec<String> = latch.held.values().map(|h| h.source.clone()).collect();
-        let (kept, removed): (Vec<StopInfo>, Vec<StopInfo>) = std::mem::take(&mut latch.causes)
-            .into_iter()
-            .partition(|c| held_sources.contains(&c.source));
-        latch.causes = kept;
-        if !removed.is_empty() {
-            self.changed(&mut latch);
-            for cause in &removed {
-                tracing::warn!(by, source = %cause.source, credential = ?credential, "protective stop cause cleared");
-                self.report(StopEvent::Cleared {
-                    by: by.to_string(),
-                    source: cause.source.clone(),
-                    credential: credential.clone(),
-                });
+        let generation = latch.generation();
+        let cleared = latch.clear(request);
+        if latch.generation() != generation {
+            self.changed(&latch);
+        }
+        for event in cleared.events {
+            match &event {
+                StopEvent::Cleared { source, .. } => tracing::warn!(
+                    by,
+                    source = %source,
+                    credential = ?credential,
+                    still_latched = !latch.causes().is_empty(),
+                    "protective stop cause cleared"
+                ),
+                StopEvent::ClearRefused { input, .. } => tracing::warn!(
+                    by,
+                    input = %input,
+                    "protective stop NOT cleared: an input still asserts it"
+                ),
+                _ => {}
             }
+            self.report(event);
         }
-        if let Some((input, held)) = latch.held.iter().next() {
-            tracing::warn!(
-                by,
-                input,
-                "protective stop NOT cleared: an input still asserts it"
-            );
-            self.report(StopEvent::ClearRefused {
-                by: by.to_string(),
-                input: input.clone(),
-                credential,
-            });
-            return Err(ClearRefused {
-                input: input.clone(),
-                why: held.why.clone(),
-                cleared: removed.into_iter().map(|c| c.source).collect(),
-            });
-        }
-        if !removed.is_empty() {
+        if cleared.answer == Ok(true) && latch.causes().is_empty() {
             tracing::warn!(by, "protective stop cleared");
         }
-        Ok(!removed.is_empty())
+        cleared.answer
     }
 
     /// Removes only `source`'s cause (the fleet's clear removes the fleet's
@@ -436,39 +411,11 @@ impl ProtectiveStop {
         by: &str,
         credential: Option<&str>,
     ) -> Result<bool, ClearRefused> {
-        let credential = credential.map(str::to_string);
-        let mut latch = self.lock();
-        if let Some((input, held)) = latch.held.iter().find(|(_, h)| h.source == source) {
-            let refused = ClearRefused {
-                input: input.clone(),
-                why: held.why.clone(),
-                cleared: Vec::new(),
-            };
-            self.report(StopEvent::ClearRefused {
-                by: by.to_string(),
-                input: input.clone(),
-                credential,
-            });
-            return Err(refused);
-        }
-        let before = latch.causes.len();
-        latch.causes.retain(|c| c.source != source);
-        if latch.causes.len() == before {
-            return Ok(false);
-        }
-        self.changed(&mut latch);
-        tracing::warn!(
+        self.apply_clear(ClearRequest {
+            scope: ClearScope::Source(source),
             by,
-            source,
-            still_latched = !latch.causes.is_empty(),
-            "protective stop cause cleared"
-        );
-        self.report(StopEvent::Cleared {
-            by: by.to_string(),
-            source: source.to_string(),
             credential,
-        });
-        Ok(true)
+        })
     }
 
     /// [`ProtectiveStop::try_clear`]; `false` if it was not active or was refused.
@@ -480,23 +427,17 @@ impl ProtectiveStop {
     /// itself: latch with [`ProtectiveStop::trigger`] or `Ooda::trigger_stop`
     /// too). While held, that cause cannot be cleared.
     pub fn hold(&self, input: &str, source: &str, why: &str) {
-        self.lock().held.insert(
-            input.to_string(),
-            Held {
-                source: source.to_string(),
-                why: why.to_string(),
-            },
-        );
+        self.lock().hold(input, source, why);
     }
 
     /// `input` no longer asserts the stop. The latch stays until cleared.
     pub fn release(&self, input: &str) {
-        self.lock().held.remove(input);
+        self.lock().release(input);
     }
 
     /// Inputs that assert the stop now, by name.
     pub fn held_inputs(&self) -> Vec<String> {
-        self.lock().held.keys().cloned().collect()
+        self.lock().held_inputs()
     }
 
     pub fn subscribe(&self) -> watch::Receiver<StopState> {
@@ -509,7 +450,7 @@ impl ProtectiveStop {
         let Some(file) = &self.file else {
             return true;
         };
-        let generation = self.lock().generation;
+        let generation = self.lock().generation();
         file.durable(generation).await
     }
 
