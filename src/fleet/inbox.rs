@@ -142,6 +142,11 @@ impl JudgedCommand {
 }
 
 impl Fleet {
+    /// Counts a message this host did not take.
+    pub(super) fn count_ignored(&self, why: &Rejected) {
+        self.ignored.record(why);
+    }
+
     /// The body of an authentic message on `topic`.
     fn open(&self, topic: &str, payload: &[u8]) -> Result<String, seal::Unauthentic> {
         match &self.key {
@@ -201,6 +206,49 @@ impl Fleet {
             _ => {}
         }
         self.bump();
+        Ok(())
+    }
+
+    /// A host of this host's environment says it is alive (`topic` of
+    /// host `id`): a sign of life for the view, if it is authentic, of
+    /// this environment and fresh. Logs what changed.
+    pub(super) fn alive_received(
+        &self,
+        environment: &str,
+        id: &str,
+        topic: &str,
+        payload: &[u8],
+    ) -> Result<(), Rejected> {
+        if payload.len() > record::MAX_ALIVE_BYTES {
+            return Err(Rejected::Oversized {
+                len: payload.len(),
+                max: record::MAX_ALIVE_BYTES,
+            });
+        }
+        if environment != self.own.environment_id || id == self.own.id {
+            return Ok(());
+        }
+        let body = self.open(topic, payload)?;
+        let alive: record::Alive =
+            serde_json::from_str(&body).map_err(|e| Rejected::Malformed(e.to_string()))?;
+        let now_ms = crate::clock::now_ms();
+        if alive.at_ms > now_ms.saturating_add(stop::MAX_CLOCK_SKEW_MS) {
+            return Err(Rejected::Future {
+                stamp_ms: alive.at_ms,
+                now_ms,
+            });
+        }
+        if alive.at_ms < now_ms.saturating_sub(stop::MAX_CLOCK_SKEW_MS) {
+            return Err(Rejected::Replayed {
+                stamp_ms: alive.at_ms,
+                newest_ms: now_ms.saturating_sub(stop::MAX_CLOCK_SKEW_MS),
+            });
+        }
+        let changed = lock(&self.view).heard(id, Some(&alive.instance), Instant::now());
+        if let Some(t) = changed {
+            super::presence::log_changes(&[t]);
+            self.bump();
+        }
         Ok(())
     }
 

@@ -208,7 +208,8 @@ impl Fleet {
             created_at_ms: crate::clock::now_ms(),
             last_heartbeat_ms: None,
             instance: Some(uuid::Uuid::new_v4().to_string()),
-            liveness: None,
+            // Published on change; alive every heartbeat on its own topic.
+            liveness: Some(record::Liveness::Will),
             cause: None,
             keep_alive_secs: Some(keep_alive),
         };

@@ -1,6 +1,7 @@
 //! What this host publishes on the broker, each message sealed for its
-//! topic: its own record (with stamps that only grow) and fleet stop
-//! commands.
+//! topic: its own record (with stamps that only grow; published when it
+//! changes), that it is alive (every heartbeat, for the hosts of its
+//! environment) and fleet stop commands.
 
 use super::record::{self, EstopCommand, EstopState, HostRecord, OfflineCause, RecordStatus};
 use super::{Fleet, FleetError, config, lock, seal};
@@ -36,6 +37,18 @@ impl Fleet {
         record.cause = cause;
         record.last_heartbeat_ms = Some(self.next_stamp());
         self.seal(&self.topics.host(&record.id), &record)
+    }
+
+    /// This host's liveness message and its topic: the process and the
+    /// time, sealed.
+    pub(crate) fn sealed_alive(&self) -> Result<(String, Vec<u8>), FleetError> {
+        let topic = self.topics.alive(&self.own.environment_id, &self.own.id);
+        let alive = record::Alive {
+            instance: self.own.instance.clone().unwrap_or_default(),
+            at_ms: crate::clock::now_ms(),
+        };
+        let payload = self.seal(&topic, &alive)?;
+        Ok((topic, payload))
     }
 
     fn next_stamp(&self) -> i64 {

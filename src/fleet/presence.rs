@@ -92,6 +92,7 @@ pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
         subscriptions: Subscriptions::default(),
         dropped_log: LogLimiter::new(DROPPED_LOG_EVERY),
         stop_applied: None,
+        displaced: false,
     };
     *lock(&fleet.task) = Some(tokio::spawn(task.run()));
     Ok(())
@@ -142,6 +143,10 @@ struct Presence {
     /// The latest message on the stop topic this broker session took
     /// (a retained copy of it, sent again, is not applied again).
     stop_applied: Option<Vec<u8>>,
+    /// Another process with this host id replaced our record: ours goes
+    /// out again at the next heartbeat (not at once: two such processes
+    /// would answer each other as fast as the broker goes).
+    displaced: bool,
 }
 
 impl Presence {
@@ -190,6 +195,11 @@ impl Presence {
                 Step::Event(Ok(_)) => {}
                 Step::Event(Err(e)) => {
                     let was_connected = self.fleet().link.take_connected();
+                    // Deaf to liveness while away: nothing ages by it.
+                    let changed = lock(&self.fleet().view).set_watching(None, Instant::now());
+                    if !changed.is_empty() {
+                        log_changes(&changed);
+                    }
                     self.fleet().bump();
                     failures = failures.saturating_add(1);
                     let delay = self.backoff.next_delay();
@@ -205,7 +215,12 @@ impl Presence {
                     }
                 }
                 Step::Heartbeat => {
-                    self.publish_own();
+                    // The record goes out when it changes; every heartbeat
+                    // only says "alive", to this environment's hosts.
+                    self.publish_alive();
+                    if std::mem::take(&mut self.displaced) {
+                        self.publish_own();
+                    }
                     self.ask_for_the_stop_again();
                 }
                 Step::StopChanged => {
@@ -267,6 +282,10 @@ impl Presence {
                 (self.estop_topic.clone(), QoS::AtLeastOnce)
             }
             Subscription::Records => (self.fleet().topics.all_hosts(), QoS::AtMostOnce),
+            Subscription::Alive => (
+                self.fleet().topics.alive_in(self.fleet().environment_id()),
+                QoS::AtMostOnce,
+            ),
             Subscription::Dropped => (DROPPED_TOPIC.to_string(), QoS::AtMostOnce),
         };
         match self.client.try_subscribe(filter.clone(), qos) {
@@ -302,6 +321,7 @@ impl Presence {
                     );
                 }
                 self.subscribe(Subscription::Records);
+                self.subscribe(Subscription::Alive);
                 self.subscribe(Subscription::Dropped);
             }
             Subscription::Records if !granted => tracing::error!(
@@ -312,6 +332,23 @@ impl Presence {
             Subscription::Dropped if !granted => tracing::debug!(
                 "fleet: the broker does not let us read {DROPPED_TOPIC}; messages it drops for \
                  this host go unnoticed"
+            ),
+            Subscription::Alive if granted => {
+                // From now on the hosts of this environment that publish
+                // their records on change age here by their liveness.
+                let environment = self.fleet().environment_id().to_string();
+                let changed =
+                    lock(&self.fleet().view).set_watching(Some(&environment), Instant::now());
+                if !changed.is_empty() {
+                    log_changes(&changed);
+                }
+                self.fleet().bump();
+            }
+            Subscription::Alive => tracing::error!(
+                "fleet: the broker refused the subscription to this environment's liveness \
+                 messages ({:?}); a hung host of it is noticed only when its connection dies \
+                 (check the broker's ACL)",
+                ack.return_codes
             ),
             Subscription::StopAgain | Subscription::Records | Subscription::Dropped => {}
         }
@@ -339,6 +376,25 @@ impl Presence {
                  they publish again. Raise the broker's max_queued_messages (see \
                  packaging/mosquitto/rozd-fleet.conf) ({more} more such reports not logged)"
             );
+        }
+    }
+
+    /// Says this host is alive, to the hosts of its environment (QoS 0,
+    /// not retained: a lost one is made up for by the next).
+    fn publish_alive(&self) {
+        if !self.fleet().is_connected() {
+            return;
+        }
+        match self.fleet().sealed_alive() {
+            Ok((topic, payload)) => {
+                if let Err(e) = self
+                    .client
+                    .try_publish(topic, QoS::AtMostOnce, false, payload)
+                {
+                    tracing::debug!("fleet: cannot say this host is alive: {e}");
+                }
+            }
+            Err(e) => tracing::error!("fleet: cannot encode this host's liveness message: {e}"),
         }
     }
 
@@ -387,6 +443,16 @@ impl Presence {
             }
             self.stop_applied = Some(p.payload.to_vec());
             self.command(&p.payload);
+        } else if let Some((environment, id)) = self.fleet().topics.alive_of(topic) {
+            let (environment, id) = (environment.to_string(), id.to_string());
+            if let Err(why) = self
+                .fleet()
+                .alive_received(&environment, &id, topic, &p.payload)
+            {
+                self.fleet().count_ignored(&why);
+                self.count_link(&why);
+                self.reject(topic, &why);
+            }
         } else if let Some(id) = self.fleet().topics.host_of(topic) {
             let id = id.to_string();
             if let Err(why) = self.fleet().record_received(&id, topic, &p.payload) {
@@ -404,12 +470,13 @@ impl Presence {
         match self.fleet().own_topic_message(payload) {
             OwnTopic::Current => {}
             OwnTopic::Impostor { instance } => {
+                self.displaced = true;
                 if let Some(more) = self.impostor_log.allow(Instant::now()) {
                     tracing::error!(
                         host_id = %self.fleet().own_id(),
                         other_instance = instance.as_deref().unwrap_or("?"),
                         "fleet: another rozd publishes records as this host (two hosts with one host.id?); \
-                         ours is published every heartbeat ({more} more such records not logged)"
+                         ours is published again every heartbeat while theirs replaces it ({more} more such records not logged)"
                     );
                 }
             }

@@ -52,6 +52,18 @@ pub enum Liveness {
     Unknown,
 }
 
+/// A host saying it is alive (on [`Topics::alive`], every heartbeat, not
+/// retained): the process (`instance`) and when (`at_ms`, its clock).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Alive {
+    pub instance: String,
+    pub at_ms: i64,
+}
+
+/// Most bytes a liveness message may have (it is about 150).
+pub const MAX_ALIVE_BYTES: usize = 1024;
+
 /// Why an `offline` record is offline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -394,6 +406,27 @@ impl Topics {
 
     pub fn estop(&self, environment_id: &str) -> String {
         format!("{}/estop/{environment_id}", self.prefix)
+    }
+
+    /// Where host `id` of `environment_id` says it is alive (not retained).
+    pub fn alive(&self, environment_id: &str, id: &str) -> String {
+        format!("{}/alive/{environment_id}/{id}", self.prefix)
+    }
+
+    /// The subscription that hears the hosts of `environment_id` say they
+    /// are alive: only the hosts of one environment, not the whole fleet.
+    pub fn alive_in(&self, environment_id: &str) -> String {
+        format!("{}/alive/{environment_id}/+", self.prefix)
+    }
+
+    /// The environment and host id of a liveness topic.
+    pub fn alive_of<'a>(&self, topic: &'a str) -> Option<(&'a str, &'a str)> {
+        let rest = topic
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix("/alive/")?;
+        let (environment, id) = rest.split_once('/')?;
+        (!environment.is_empty() && !id.is_empty() && !id.contains('/'))
+            .then_some((environment, id))
     }
 
     /// The host id of a record topic.

@@ -12,6 +12,8 @@ pub enum Subscription {
     StopAgain,
     /// The host records (QoS 0).
     Records,
+    /// This environment's liveness messages (QoS 0).
+    Alive,
     /// The broker's count of dropped messages (`$SYS`, QoS 0; optional).
     Dropped,
 }

@@ -197,9 +197,10 @@ pub struct FleetView {
     default_heartbeat: Duration,
     /// Used for records that do not state their keep-alive.
     default_keep_alive: Duration,
-    /// Whether this host watches the liveness of hosts whose records are
-    /// published on change (so they age here).
-    watching: bool,
+    /// The environment whose hosts' liveness this host watches (hosts
+    /// whose records are published on change age here only if they are of
+    /// it: only its liveness messages reach this host).
+    watching: Option<String>,
     entries: BTreeMap<String, Entry>,
     /// Host ids by environment, ordered (listings of one environment).
     by_environment: HashMap<String, BTreeSet<String>>,
@@ -224,7 +225,7 @@ impl FleetView {
             own_id: own_id.to_string(),
             default_heartbeat,
             default_keep_alive,
-            watching: false,
+            watching: None,
             entries: BTreeMap::new(),
             by_environment: HashMap::new(),
             due: BTreeSet::new(),
@@ -418,7 +419,8 @@ impl FleetView {
     /// When a host that stays silent turns stale and lost, if it ages here.
     fn bounds(&self, record: &HostRecord) -> Option<(Duration, Duration)> {
         if record.status != RecordStatus::Online
-            || !(record.refreshed_every_heartbeat() || self.watching)
+            || !(record.refreshed_every_heartbeat()
+                || self.watching.as_deref() == Some(record.environment_id.as_str()))
         {
             return None;
         }
@@ -505,13 +507,15 @@ impl FleetView {
         self.settle(id, now).filter(|t| t.from != t.to)
     }
 
-    /// Starts or stops watching liveness. Hosts that age only while
-    /// watched count as heard at `now` when the watch starts.
-    pub fn set_watching(&mut self, watching: bool, now: Instant) -> Vec<Transition> {
-        if watching == self.watching {
+    /// Starts watching the liveness of the hosts of `environment`, or
+    /// stops (`None`). Hosts that age only while watched count as heard at
+    /// `now` when the watch starts.
+    pub fn set_watching(&mut self, environment: Option<&str>, now: Instant) -> Vec<Transition> {
+        if environment == self.watching.as_deref() {
             return Vec::new();
         }
-        self.watching = watching;
+        self.watching = environment.map(str::to_string);
+        let watching = self.watching.is_some();
         let ids: Vec<String> = self
             .entries
             .values()
@@ -535,7 +539,7 @@ impl FleetView {
     }
 
     pub fn is_watching(&self) -> bool {
-        self.watching
+        self.watching.is_some()
     }
 
     /// A watcher reported `id` lost (for the record of `report.stamp_ms`).
@@ -964,7 +968,7 @@ mod tests {
         assert_eq!(v.next_due(), None);
         // watched from t0 + 100 s: it counts as heard then
         let start = t0 + 100 * SEC;
-        assert_eq!(v.set_watching(true, start), []);
+        assert_eq!(v.set_watching(Some("lab"), start), []);
         assert_eq!(v.presence("b", start + 5 * SEC), Some(Presence::Online));
         // its liveness (2 s heartbeat) keeps it online
         assert_eq!(v.heard("b", Some("i1"), start + 5 * SEC), None);
@@ -991,7 +995,11 @@ mod tests {
             })
         );
         // no longer watched: no longer ages
-        v.set_watching(false, start + 36 * SEC);
+        v.set_watching(None, start + 36 * SEC);
+        assert_eq!(v.presence("b", start + 3600 * SEC), Some(Presence::Online));
+        // watching another environment: no longer ages either
+        v.set_watching(Some("lab"), start + 40 * SEC);
+        v.set_watching(Some("elsewhere"), start + 41 * SEC);
         assert_eq!(v.presence("b", start + 3600 * SEC), Some(Presence::Online));
         // a record refreshed every heartbeat ignores liveness messages
         v.insert(

@@ -169,7 +169,7 @@ offset = 20
         serde_json::from_str(&reply.body).expect("JSON")
     }
 
-    async fn post(&self, path: &str, body: Value) -> (http::StatusCode, Value) {
+    pub(crate) async fn post(&self, path: &str, body: Value) -> (http::StatusCode, Value) {
         let reply = rozd::cli::client::post_json(&self.addr(), path, Some(TOKEN), &body)
             .await
             .unwrap_or_else(|e| panic!("POST {path} on {}: {e}", self.id));

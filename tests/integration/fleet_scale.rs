@@ -359,3 +359,92 @@ async fn a_silent_host_whose_will_never_came_ends_lost_and_is_no_relay_target() 
     );
     assert!(e.message.contains("lost"), "{}", e.message);
 }
+
+/// Issue 40, publish on change: with nothing changing, a rozd publishes no
+/// record: the broker delivers none (an independent subscriber to the
+/// whole prefix sees each host's retained record once, then only their
+/// liveness messages, heartbeat after heartbeat). The liveness messages
+/// stay inside the environment's topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_nothing_changing_no_record_is_delivered_only_liveness() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&mkdir(dir.path(), "broker")).await;
+    let a = Rozd::spawn("a", &broker).await;
+    let b = Rozd::spawn("b", &broker).await;
+    until("a sees b online", &a, || async {
+        let b = a.get("/v1/hosts/b").await;
+        (b["status"] == "online", b)
+    })
+    .await;
+    let mut sub = tokio::process::Command::new("mosquitto_sub")
+        .args(["-h", "127.0.0.1", "-p", &broker.port.to_string()])
+        .args(["-t", "roz/v1/#", "-v"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run mosquitto_sub");
+    let stdout = sub.stdout.take().expect("stdout");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let mut records = std::collections::BTreeMap::<String, usize>::new();
+    let mut alive = std::collections::BTreeMap::<String, usize>::new();
+    tokio::time::timeout(WITHIN, async {
+        // Five liveness messages of each host: five heartbeats went by.
+        while alive.values().filter(|n| **n >= 5).count() < 2 {
+            let line = lines.next_line().await.expect("read").expect("a line");
+            let topic = line.split(' ').next().unwrap_or("").to_string();
+            if let Some(id) = topic.strip_prefix("roz/v1/hosts/") {
+                *records.entry(id.to_string()).or_default() += 1;
+            } else if let Some(id) = topic.strip_prefix("roz/v1/alive/lab/") {
+                *alive.entry(id.to_string()).or_default() += 1;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("liveness every heartbeat: {alive:?}"));
+    assert_eq!(
+        records,
+        std::collections::BTreeMap::from([("a".to_string(), 1), ("b".to_string(), 1)]),
+        "only the retained records, once: none republished in 5 heartbeats"
+    );
+    // A change (b's stop) is published at once.
+    b.post("/v1/estop", json!({"reason": "change"})).await;
+    tokio::time::timeout(WITHIN, async {
+        loop {
+            let line = lines.next_line().await.expect("read").expect("a line");
+            if line.starts_with("roz/v1/hosts/b ") {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("b's record after its stop changed");
+}
+
+/// Issue 40, liveness: a host of the environment that hangs while its
+/// connection stays up (SIGSTOP, shorter than the broker's keep-alive) is
+/// seen going stale by the liveness it no longer sends, not by a record;
+/// it is online again when it runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_host_goes_stale_by_its_silence_and_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&mkdir(dir.path(), "broker")).await;
+    let a = Rozd::spawn("a", &broker).await;
+    let b = Rozd::spawn("b", &broker).await;
+    until("a sees b online", &a, || async {
+        let b = a.get("/v1/hosts/b").await;
+        (b["status"] == "online", b)
+    })
+    .await;
+    b.signal("STOP").await;
+    until("a sees b stale", &a, || async {
+        let b = a.get("/v1/hosts/b").await;
+        (b["status"] == "stale", b)
+    })
+    .await;
+    b.signal("CONT").await;
+    until("a sees b online again", &a, || async {
+        let b = a.get("/v1/hosts/b").await;
+        (b["status"] == "online", b)
+    })
+    .await;
+}
