@@ -7,6 +7,7 @@
 
 pub mod approvals;
 pub mod context;
+pub mod embodiment;
 pub mod host_call;
 pub mod permissions;
 mod record;
