@@ -655,26 +655,39 @@ impl Briefings {
     }
 }
 
+/// A briefing of an empty robot with `manual`, for tests.
+#[cfg(test)]
+pub fn test_briefing(manual: Option<&str>) -> Arc<Briefing> {
+    Arc::new(Briefing::new(
+        Arc::new(plain_embodiment()),
+        manual.map(|text| Manual {
+            path: "AGENTS.md".into(),
+            text: text.into(),
+        }),
+    ))
+}
+
+#[cfg(test)]
+fn plain_embodiment() -> Embodiment {
+    let view = EmbodimentView {
+        host_id: "rover-1".into(),
+        name: "Rover".into(),
+        environment_id: "lab".into(),
+        sensors: vec![],
+        actuators: vec![],
+        cameras: vec![],
+        rules: vec![],
+        stop_inputs: vec![],
+        tools: vec![],
+        approval_timeout_secs: 120,
+        default_physical_timeout_ms: 5000,
+    };
+    Embodiment::render(view, 2000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn plain_embodiment() -> Embodiment {
-        let view = EmbodimentView {
-            host_id: "rover-1".into(),
-            name: "Rover".into(),
-            environment_id: "lab".into(),
-            sensors: vec![],
-            actuators: vec![],
-            cameras: vec![],
-            rules: vec![],
-            stop_inputs: vec![],
-            tools: vec![],
-            approval_timeout_secs: 120,
-            default_physical_timeout_ms: 5000,
-        };
-        Embodiment::render(view, 2000)
-    }
 
     #[test]
     fn the_version_changes_with_the_manual_and_open_holders_keep_theirs() {
