@@ -157,6 +157,9 @@ pub struct Config {
     /// default path, or the built-in rover's); absent: none.
     #[serde(skip)]
     pub manual: Option<crate::session::embodiment::Manual>,
+    /// This is the built-in simulated rover, whose manual is built in too.
+    #[serde(skip)]
+    pub builtin_manual: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -221,7 +224,24 @@ impl Config {
         if system.exists() {
             return Config::load_file(system);
         }
-        Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn)
+        Config::builtin()
+    }
+
+    /// The built-in simulated rover, with its manual.
+    pub fn builtin() -> Result<Config, ConfigError> {
+        let mut config = Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn)?;
+        // The built-in rover comes with its manual (unless /etc/rozd/AGENTS.md
+        // was read: the operator's word wins).
+        config.builtin_manual = true;
+        if config.manual.is_none() {
+            config.manual = config.read_manual().map_err(|e| ConfigError::Invalid {
+                file: BUILTIN_NAME.to_string(),
+                line: None,
+                key: e.key,
+                message: e.message,
+            })?;
+        }
+        Ok(config)
     }
 
     pub fn load_file(path: &Path) -> Result<Config, ConfigError> {

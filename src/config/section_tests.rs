@@ -443,7 +443,10 @@ fn the_manual_file_is_read_and_every_failure_names_the_file_and_key() {
 fn without_a_manual_file_the_default_path_or_the_builtin_rover_manual_applies() {
     let default = std::path::Path::new(crate::config::types::DEFAULT_MANUAL_PATH);
     let file = parse("[host]\nid = \"r\"\n").unwrap();
-    let builtin = Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn).unwrap();
+    // What `rozd run` without a configuration loads.
+    let builtin = Config::builtin().unwrap();
+    // A test's configuration text is not the rover: no rover manual.
+    let text = Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn).unwrap();
     if default.exists() {
         // A machine with rozd installed: the operator's file wins.
         assert_eq!(file.manual.unwrap().path, default);
@@ -451,6 +454,7 @@ fn without_a_manual_file_the_default_path_or_the_builtin_rover_manual_applies() 
     } else {
         // Missing default: a warning, not an error.
         assert!(file.manual.is_none());
+        assert!(text.manual.is_none());
         assert!(
             file.warnings()
                 .iter()

@@ -453,8 +453,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     );
     let briefing = ctx.briefings.current();
     match &briefing.manual {
-        Some(manual) => tracing::info!(manual = %manual.path.display(), briefing_version = %briefing.version, embodiment_tokens = briefing.embodiment.tokens, "sessions are told the embodiment and the manual"),
-        None => tracing::warn!(briefing_version = %briefing.version, "no operator's manual ({} is not there; see [agent] manual_file): sessions are told only the embodiment", crate::config::types::DEFAULT_MANUAL_PATH),
+        Some(manual) => {
+            tracing::info!(manual = %manual.path.display(), briefing_version = %briefing.version, embodiment_tokens = briefing.embodiment.tokens, "sessions are told the embodiment and the manual")
+        }
+        None => {
+            tracing::warn!(briefing_version = %briefing.version, "no operator's manual ({} is not there; see [agent] manual_file): sessions are told only the embodiment", crate::config::types::DEFAULT_MANUAL_PATH)
+        }
     }
     // The handlers go in before READY=1: a SIGTERM that follows READY at
     // once (a stop during start-up) must shut down gracefully, not kill us.
