@@ -686,12 +686,10 @@ impl Config {
             None => {
                 let default = Path::new(super::types::DEFAULT_MANUAL_PATH);
                 if !default.exists() {
-                    return Ok(
-                        (self.source == Some(ConfigSource::BuiltIn)).then(|| Manual {
-                            path: PathBuf::from(BUILTIN_NAME),
-                            text: BUILTIN_MANUAL.to_string(),
-                        }),
-                    );
+                    return Ok(self.builtin_manual.then(|| Manual {
+                        path: PathBuf::from(BUILTIN_NAME),
+                        text: BUILTIN_MANUAL.to_string(),
+                    }));
                 }
                 default.to_path_buf()
             }
