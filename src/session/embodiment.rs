@@ -527,7 +527,39 @@ impl Embodiment {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Manual {
     pub path: PathBuf,
+    /// The file's text without its HTML comments (`<!-- ... -->`), which
+    /// are notes for the people who edit it, not for the model.
     pub text: String,
+}
+
+/// `text` without `<!-- ... -->` comments (an unclosed one runs to the end).
+pub fn strip_comments(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("<!--") {
+        out.push_str(&rest[..start]);
+        rest = match rest[start + 4..].find("-->") {
+            Some(end) => &rest[start + 4 + end + 3..],
+            None => "",
+        };
+    }
+    out.push_str(rest);
+    // Lines a comment emptied leave no runs of blank lines behind.
+    let mut tidy = String::with_capacity(out.len());
+    let mut blank = 0;
+    for line in out.lines() {
+        if line.trim().is_empty() {
+            blank += 1;
+            if blank > 1 {
+                continue;
+            }
+        } else {
+            blank = 0;
+        }
+        tidy.push_str(line.trim_end());
+        tidy.push('\n');
+    }
+    tidy.trim().to_string()
 }
 
 /// Why a manual cannot be read.
@@ -572,9 +604,14 @@ impl Manual {
         let text = String::from_utf8(bytes).map_err(|_| ManualError::NotText {
             path: shown.clone(),
         })?;
+        let text = strip_comments(&text);
         Ok(Manual {
             path: path.to_path_buf(),
-            text,
+            text: if text.is_empty() {
+                text
+            } else {
+                format!("{text}\n")
+            },
         })
     }
 }
@@ -717,6 +754,26 @@ mod tests {
     }
 
     #[test]
+    fn comments_are_for_the_editors_not_the_model() {
+        assert_eq!(
+            strip_comments(
+                "<!-- how to edit -->\n\n# Rover\n\n<!-- a note\nover lines -->\n\nStay in the lab. <!-- why -->\n"
+            ),
+            "# Rover\n\nStay in the lab."
+        );
+        assert_eq!(strip_comments("<!-- only comments -->\n<!-- unclosed"), "");
+        // The shipped example is all comments: no manual at all.
+        let b = Briefing::new(
+            Arc::new(plain_embodiment()),
+            Some(Manual {
+                path: "AGENTS.md".into(),
+                text: strip_comments(include_str!("../../packaging/deb/AGENTS.md")),
+            }),
+        );
+        assert!(!b.text().contains("operator's manual"), "{}", b.text());
+    }
+
+    #[test]
     fn a_manual_past_its_bound_or_missing_is_refused_by_name() {
         let dir = std::env::temp_dir().join(format!("rozd-manual-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -724,7 +781,7 @@ mod tests {
         std::fs::write(&path, "x".repeat(100)).expect("write");
         assert_eq!(
             Manual::read(&path, 100).expect("at the bound").text.len(),
-            100
+            101, // and the newline it ends with
         );
         let e = Manual::read(&path, 99).expect_err("past the bound");
         assert!(
