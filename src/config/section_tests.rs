@@ -413,6 +413,12 @@ fn the_manual_file_is_read_and_every_failure_names_the_file_and_key() {
     let manual = c.manual.as_ref().expect("the manual is read");
     assert_eq!(manual.text, "Never enter the kitchen.\n");
     assert_eq!(manual.path, path);
+    assert!(
+        c.summary()
+            .contains(&format!("manual:        {} (25 bytes)", path.display())),
+        "{}",
+        c.summary()
+    );
 
     let missing = dir.path().join("missing.md");
     let (line, key, message) = invalid(&format!(
