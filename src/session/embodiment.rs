@@ -623,29 +623,14 @@ pub struct Briefing {
     pub manual: Option<Manual>,
     /// A hash of the text the model is given: it changes when either does.
     pub version: String,
+    /// The text, built once (every turn's system prompt opens with it).
+    text: String,
 }
 
 impl Briefing {
     pub fn new(embodiment: Arc<Embodiment>, manual: Option<Manual>) -> Briefing {
-        let mut briefing = Briefing {
-            embodiment,
-            manual,
-            version: String::new(),
-        };
-        let digest = ring::digest::digest(&ring::digest::SHA256, briefing.text().as_bytes());
-        briefing.version = digest
-            .as_ref()
-            .iter()
-            .take(8)
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        briefing
-    }
-
-    /// The text that opens every session's system prompt.
-    pub fn text(&self) -> String {
-        let mut text = self.embodiment.markdown.clone();
-        if let Some(manual) = &self.manual
+        let mut text = embodiment.markdown.clone();
+        if let Some(manual) = &manual
             && !manual.text.trim().is_empty()
         {
             text.push_str(
@@ -654,7 +639,25 @@ impl Briefing {
             text.push_str(manual.text.trim_end());
             text.push('\n');
         }
-        text
+        let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+        let version = digest
+            .as_ref()
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Briefing {
+            embodiment,
+            manual,
+            version,
+            text,
+        }
+    }
+
+    /// The text that opens every session's system prompt: the embodiment,
+    /// then the manual.
+    pub fn text(&self) -> &str {
+        &self.text
     }
 }
 

@@ -1841,7 +1841,7 @@ async fn openai_sessions_are_told_the_embodiment_and_the_manual() {
         .unwrap()
         .to_string();
     assert_eq!(request.body["messages"][0]["role"], "system");
-    let briefing = daemon.ctx.briefings.current().text();
+    let briefing = daemon.ctx.briefings.current().text().to_string();
     assert!(system.contains(briefing.trim_end()), "{system}");
     for expected in [
         "`fan` (%): range 0 to 80 %; safe value 80 %; a command holds at most 3000 ms",

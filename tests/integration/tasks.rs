@@ -1122,7 +1122,7 @@ async fn a_task_worker_is_told_the_embodiment_and_the_manual() {
         manual.display().to_string()
     ))
     .await;
-    let briefing = daemon.ctx.briefings.current().text();
+    let briefing = daemon.ctx.briefings.current().text().to_string();
     assert!(briefing.contains("Tasks run only when the cell is empty."));
     let (status, created) = rest_post(&daemon, "/v1/tasks", &json!({"prompt": "context"})).await;
     assert_eq!(status, 201, "{created}");
