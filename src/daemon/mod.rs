@@ -518,7 +518,9 @@ async fn reload_on_sighup(
 /// Reads the operator's manual again (from where the configuration said at
 /// start): sessions started from now on are told the new text, open ones
 /// keep theirs. A manual that cannot be read keeps the old one, logged.
-async fn reload_manual(ctx: &Arc<HostContext>) {
+/// What SIGHUP does for the manual (public for the tests of a daemon run
+/// in-process, which installs no signal handlers).
+pub async fn reload_manual(ctx: &Arc<HostContext>) {
     let config = ctx.config.clone();
     match tokio::task::spawn_blocking(move || config.read_manual()).await {
         Ok(Ok(manual)) => {

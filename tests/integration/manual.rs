@@ -103,3 +103,33 @@ async fn get_embodiment_answers_json_and_markdown_and_refuses_an_unknown_format(
     assert_eq!(raw["version"], current.version.as_str());
     daemon.shutdown().await;
 }
+
+/// The reload SIGHUP runs: a manual that cannot be read at a reload (here a
+/// directory where the file was) keeps the previous one for new sessions;
+/// a readable one replaces it.
+#[tokio::test]
+async fn a_manual_that_cannot_be_read_at_a_reload_keeps_the_previous_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = daemon(dir.path()).await;
+    let manual = dir.path().join("AGENTS.md");
+    let before = daemon.ctx.briefings.current();
+    std::fs::remove_file(&manual).unwrap();
+    std::fs::create_dir(&manual).unwrap();
+    rozd::daemon::reload_manual(&daemon.ctx).await;
+    let after = daemon.ctx.briefings.current();
+    assert_eq!(after.version, before.version);
+    assert!(after.text().contains("Keep the arm down while people are near."));
+
+    std::fs::remove_dir(&manual).unwrap();
+    std::fs::write(&manual, "The cell is closed on Sundays.\n").unwrap();
+    rozd::daemon::reload_manual(&daemon.ctx).await;
+    let reloaded = daemon.ctx.briefings.current();
+    assert_ne!(reloaded.version, before.version);
+    assert!(reloaded.text().contains("The cell is closed on Sundays."));
+    assert!(!reloaded.text().contains("Keep the arm down"));
+    // The embodiment is the configuration's: a reload leaves it as it was.
+    assert_eq!(reloaded.embodiment, before.embodiment);
+    let (_, body) = crate::common::rest_get(&daemon, "/v1/embodiment").await;
+    assert_eq!(body["version"], reloaded.version.as_str());
+    daemon.shutdown().await;
+}
