@@ -118,7 +118,11 @@ async fn a_manual_that_cannot_be_read_at_a_reload_keeps_the_previous_one() {
     rozd::daemon::reload_manual(&daemon.ctx).await;
     let after = daemon.ctx.briefings.current();
     assert_eq!(after.version, before.version);
-    assert!(after.text().contains("Keep the arm down while people are near."));
+    assert!(
+        after
+            .text()
+            .contains("Keep the arm down while people are near.")
+    );
 
     std::fs::remove_dir(&manual).unwrap();
     std::fs::write(&manual, "The cell is closed on Sundays.\n").unwrap();
