@@ -92,6 +92,9 @@ pub struct HostContext {
     pub recorder: Arc<record::Recorder>,
     /// The cameras of `[[cameras]]`, capturing.
     pub cameras: Arc<camera::Cameras>,
+    /// What every new session is told: the embodiment and the manual
+    /// (SIGHUP swaps in a re-read manual).
+    pub briefings: Arc<session::embodiment::Briefings>,
     /// Cancelled when the daemon begins its shutdown.
     pub shutdown: CancellationToken,
     /// The listener's TLS (set by the daemon when `[server.tls]` is
@@ -144,6 +147,21 @@ impl HostContext {
                 .map(|d| d.name.clone())
                 .collect(),
         };
+        let permissions = Arc::new(session::permissions::PermissionPolicy::new(
+            config.permissions.clone(),
+            &config.approvals,
+        ));
+        let embodiment = session::embodiment::Embodiment::render(
+            session::embodiment::EmbodimentView::from_config(
+                config.robot(),
+                host_tools.definitions(),
+                &permissions,
+            ),
+            config.agent.embodiment_max_tokens,
+        );
+        let briefings = Arc::new(session::embodiment::Briefings::new(
+            session::embodiment::Briefing::new(Arc::new(embodiment), config.manual.clone()),
+        ));
         let fleet = Arc::new(fleet::Fleet::new(
             &config.host,
             config.fleet.as_ref(),
@@ -158,10 +176,8 @@ impl HostContext {
             host_tools,
             host_registry: Arc::new(host_registry),
             models: model::ModelRegistry::from_config(&config.model),
-            permissions: Arc::new(session::permissions::PermissionPolicy::new(
-                config.permissions.clone(),
-                &config.approvals,
-            )),
+            permissions,
+            briefings,
             config,
             started_at: Instant::now(),
             listen_addr,

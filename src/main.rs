@@ -48,6 +48,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print what a session on a running daemon is told before it starts
+    /// (GET /v1/embodiment): the embodiment generated from the
+    /// configuration, then the operator's manual, and their version.
+    #[command(after_help = REACH_HELP)]
+    Manual {
+        #[command(flatten)]
+        reach: Reach,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the hosts a running daemon knows (GET /v1/hosts): its fleet registry.
     Hosts {
         #[command(flatten)]
@@ -403,6 +414,15 @@ fn main() -> ExitCode {
         Command::Check => check(config),
         Command::Status { reach, json } => match reach.addr("status", config) {
             Ok(addr) => ExitCode::from(cli::status::status(
+                &addr,
+                reach.socket(config).as_deref(),
+                reach.token.as_deref(),
+                json,
+            )),
+            Err(code) => code,
+        },
+        Command::Manual { reach, json } => match reach.addr("manual", config) {
+            Ok(addr) => ExitCode::from(cli::status::manual(
                 &addr,
                 reach.socket(config).as_deref(),
                 reach.token.as_deref(),

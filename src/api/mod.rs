@@ -7,6 +7,7 @@ pub mod browser;
 mod cameras;
 pub mod connections;
 pub mod convert;
+mod embodiment;
 mod gpio;
 mod hosts;
 pub use hosts::MAX_HOSTS_LIMIT;
@@ -98,6 +99,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .merge(recordings::routes().with_state(ctx.clone()))
         .merge(gpio::routes().with_state(ctx.clone()))
         .merge(cameras::routes().with_state(ctx.clone()))
+        .merge(embodiment::routes().with_state(ctx.clone()))
         .merge(ui::routes().with_state(ctx.clone()));
     let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
     let credentials = Arc::new(auth::Credentials::from_config(&ctx.config));

@@ -18,6 +18,44 @@ pub fn status(addr: &str, socket: Option<&Path>, token: Option<&str>, raw: bool)
     )
 }
 
+/// `rozd manual`: `GET /v1/embodiment`, the text a session starting now
+/// is told (the embodiment, then the operator's manual) and its version.
+pub fn manual(addr: &str, socket: Option<&Path>, token: Option<&str>, raw: bool) -> u8 {
+    show_json(
+        "manual",
+        addr,
+        socket,
+        "/v1/embodiment",
+        token,
+        raw,
+        briefing_text,
+    )
+}
+
+fn briefing_text(v: &serde_json::Value) -> String {
+    let text = v["briefing"].as_str().unwrap_or_default();
+    let version = v["version"].as_str().unwrap_or("?");
+    let source = v["manual"]["path"].as_str().map_or_else(
+        || "no operator's manual".to_string(),
+        |p| format!("manual {p}"),
+    );
+    let omitted = v["embodiment"]["sensors_omitted"].as_u64().unwrap_or(0);
+    let tokens = v["embodiment"]["tokens"].as_u64().unwrap_or(0);
+    let mut out = format!(
+        "{}
+",
+        text.trim_end()
+    );
+    out.push_str(&format!(
+        "\n-- version {version}; {source}; embodiment ~{tokens} tokens"
+    ));
+    if omitted > 0 {
+        out.push_str(&format!(", {omitted} sensors summarised"));
+    }
+    out.push('\n');
+    out
+}
+
 /// `rozd hosts`: `GET /v1/hosts`, all of them (or those of `environment`).
 pub fn hosts(addr: &str, token: Option<&str>, environment: Option<&str>, raw: bool) -> u8 {
     let mut path = format!("/v1/hosts?limit={}", crate::api::MAX_HOSTS_LIMIT);

@@ -29,6 +29,9 @@ pub const BUILTIN_NAME: &str = "<built-in simulated host>";
 /// on any machine with no hardware, no network and no API key.
 pub const BUILTIN_CONFIG: &str = include_str!("builtin.toml");
 
+/// The built-in simulated rover's manual (also the documented example).
+pub const BUILTIN_MANUAL: &str = include_str!("builtin_agents.md");
+
 /// A configuration error that names where the problem is.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -89,6 +92,9 @@ pub struct Config {
     /// Who may answer approvals.
     #[serde(default)]
     pub approvals: super::types::ApprovalsConfig,
+    /// What every session is told about the robot.
+    #[serde(default)]
+    pub agent: super::types::AgentConfig,
     #[serde(default)]
     pub model: ModelConfig,
     #[serde(default)]
@@ -147,6 +153,13 @@ pub struct Config {
     pub named_clients: Vec<NamedClient>,
     #[serde(skip)]
     pub source: Option<ConfigSource>,
+    /// The operator's manual, read at load (`[agent] manual_file`, the
+    /// default path, or the built-in rover's); absent: none.
+    #[serde(skip)]
+    pub manual: Option<crate::session::embodiment::Manual>,
+    /// This is the built-in simulated rover, whose manual is built in too.
+    #[serde(skip)]
+    pub builtin_manual: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -211,7 +224,24 @@ impl Config {
         if system.exists() {
             return Config::load_file(system);
         }
-        Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn)
+        Config::builtin()
+    }
+
+    /// The built-in simulated rover, with its manual.
+    pub fn builtin() -> Result<Config, ConfigError> {
+        let mut config = Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn)?;
+        // The built-in rover comes with its manual (unless /etc/rozd/AGENTS.md
+        // was read: the operator's word wins).
+        config.builtin_manual = true;
+        if config.manual.is_none() {
+            config.manual = config.read_manual().map_err(|e| ConfigError::Invalid {
+                file: BUILTIN_NAME.to_string(),
+                line: None,
+                key: e.key,
+                message: e.message,
+            })?;
+        }
+        Ok(config)
     }
 
     pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
@@ -305,6 +335,7 @@ impl Config {
             crate::camera::config::validate(&self.cameras, self.hardware.sim_world.is_some())?;
         self.resolve_tokens()?;
         self.resolve_credentials()?;
+        self.manual = self.read_manual()?;
         if self.approvals.require_other_credential && !self.auth_required() {
             return Err(Invalid::new(
                 "approvals.require_other_credential",
@@ -441,6 +472,18 @@ impl Config {
                     "unknown model {model:?}; known models: {}",
                     self.model.known_names().join(", ")
                 ),
+            ));
+        }
+        if !(1..=1024 * 1024).contains(&self.agent.manual_max_bytes) {
+            return Err(Invalid::new(
+                "agent.manual_max_bytes",
+                "must be between 1 and 1048576 (1 MiB)",
+            ));
+        }
+        if !(256..=100_000).contains(&self.agent.embodiment_max_tokens) {
+            return Err(Invalid::new(
+                "agent.embodiment_max_tokens",
+                "must be between 256 and 100000",
             ));
         }
         for (i, rule) in self.permissions.iter().enumerate() {
@@ -619,6 +662,43 @@ impl Config {
         Ok(())
     }
 
+    /// What the embodiment describes.
+    pub fn robot(&self) -> crate::session::embodiment::RobotConfig<'_> {
+        crate::session::embodiment::RobotConfig {
+            host: &self.host,
+            hardware: &self.hardware,
+            rules: &self.reflex_rules,
+            cameras: &self.camera_specs,
+            safety: &self.safety,
+            approval_timeout_secs: self.session.approval_timeout_secs,
+            tick_hz: self.ooda.tick_hz,
+        }
+    }
+
+    /// The operator's manual: `agent.manual_file` (which must be readable),
+    /// else the default path when it exists, else the built-in rover's
+    /// manual for the built-in configuration.
+    pub fn read_manual(&self) -> Result<Option<crate::session::embodiment::Manual>, Invalid> {
+        use crate::session::embodiment::Manual;
+        let max = self.agent.manual_max_bytes;
+        let path = match &self.agent.manual_file {
+            Some(path) => path.clone(),
+            None => {
+                let default = Path::new(super::types::DEFAULT_MANUAL_PATH);
+                if !default.exists() {
+                    return Ok(self.builtin_manual.then(|| Manual {
+                        path: PathBuf::from(BUILTIN_NAME),
+                        text: BUILTIN_MANUAL.to_string(),
+                    }));
+                }
+                default.to_path_buf()
+            }
+        };
+        Manual::read(&path, max)
+            .map(Some)
+            .map_err(|e| Invalid::new("agent.manual_file", e.to_string()))
+    }
+
     fn resolve_tokens(&mut self) -> Result<(), Invalid> {
         let mut tokens = self.server.auth_tokens.clone();
         if let Some(path) = &self.server.auth_token_file {
@@ -635,7 +715,7 @@ impl Config {
     }
 
     /// What an operator should know that does not stop rozd from starting:
-    /// any configured certificate (the listener's and its client CAs, the
+    /// no operator's manual; any configured certificate (the listener's and its client CAs, the
     /// MQTT and fleet connections' CAs and client certificates) that has
     /// expired, is not valid yet, or expires within 30 days.
     pub fn warnings(&self) -> Vec<String> {
@@ -644,6 +724,14 @@ impl Config {
 
     /// [`Config::warnings`] at `now_secs` (Unix seconds).
     pub fn warnings_at(&self, now_secs: i64) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.manual.is_none() {
+            warnings.push(format!(
+                "agent.manual_file: no operator's manual ({} is not there): sessions are told \
+                 only what the configuration says; write one (see docs/guides/manual.md)",
+                super::types::DEFAULT_MANUAL_PATH
+            ));
+        }
         let mut files: Vec<(&str, &Path)> = Vec::new();
         if let Some(tls) = &self.server.tls {
             files.push(("server.tls.cert_file", &tls.cert_file));
@@ -661,14 +749,12 @@ impl Config {
             files.extend(fleet.ca_file.as_deref().map(|p| ("fleet.ca_file", p)));
             files.extend(fleet.cert_file.as_deref().map(|p| ("fleet.cert_file", p)));
         }
-        files
-            .into_iter()
-            .flat_map(|(key, path)| {
-                crate::tls::expiry_warnings(path, now_secs)
-                    .into_iter()
-                    .map(move |w| format!("{key}: {w}"))
-            })
-            .collect()
+        warnings.extend(files.into_iter().flat_map(|(key, path)| {
+            crate::tls::expiry_warnings(path, now_secs)
+                .into_iter()
+                .map(move |w| format!("{key}: {w}"))
+        }));
+        warnings
     }
 
     /// `[[server.tokens]]` (secrets read from their variable or file) and

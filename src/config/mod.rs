@@ -25,8 +25,8 @@ mod summary;
 pub mod types;
 
 pub use load::{
-    BUILTIN_CONFIG, BUILTIN_NAME, CONFIG_ENV, Config, ConfigError, ConfigSource, OodaConfig,
-    SYSTEM_CONFIG_PATH,
+    BUILTIN_CONFIG, BUILTIN_MANUAL, BUILTIN_NAME, CONFIG_ENV, Config, ConfigError, ConfigSource,
+    OodaConfig, SYSTEM_CONFIG_PATH,
 };
 pub use types::*;
 

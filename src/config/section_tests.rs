@@ -399,3 +399,213 @@ fn actuator_feedback_is_validated_naming_the_line_and_key() {
         "{err}"
     );
 }
+
+#[test]
+fn the_manual_file_is_read_and_every_failure_names_the_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("AGENTS.md");
+    std::fs::write(&path, "Never enter the kitchen.\n").unwrap();
+    let c = parse(&format!(
+        "[host]\nid = \"r\"\n\n[agent]\nmanual_file = {:?}\n",
+        path.display().to_string()
+    ))
+    .unwrap();
+    let manual = c.manual.as_ref().expect("the manual is read");
+    assert_eq!(manual.text, "Never enter the kitchen.\n");
+    assert_eq!(manual.path, path);
+    assert!(
+        c.summary()
+            .contains(&format!("manual:        {} (25 bytes)", path.display())),
+        "{}",
+        c.summary()
+    );
+
+    let missing = dir.path().join("missing.md");
+    let (line, key, message) = invalid(&format!(
+        "[host]\nid = \"r\"\n\n[agent]\nmanual_file = {:?}\n",
+        missing.display().to_string()
+    ));
+    assert_eq!((line, key.as_str()), (Some(5), "agent.manual_file"));
+    assert!(message.contains("missing.md"), "{message}");
+
+    let (line, key, message) = invalid(&format!(
+        "[agent]\nmanual_max_bytes = 10\nmanual_file = {:?}\n",
+        path.display().to_string()
+    ));
+    assert_eq!((line, key.as_str()), (Some(3), "agent.manual_file"));
+    assert!(
+        message.contains("more than agent.manual_max_bytes (10)"),
+        "{message}"
+    );
+    assert!(message.contains("AGENTS.md"), "{message}");
+
+    let (_, key, _) = invalid("[agent]\nembodiment_max_tokens = 10\n");
+    assert_eq!(key, "agent.embodiment_max_tokens");
+    let (_, key, _) = invalid("[agent]\nmanual_max_bytes = 0\n");
+    assert_eq!(key, "agent.manual_max_bytes");
+}
+
+#[test]
+fn without_a_manual_file_the_default_path_or_the_builtin_rover_manual_applies() {
+    let default = std::path::Path::new(crate::config::types::DEFAULT_MANUAL_PATH);
+    let file = parse("[host]\nid = \"r\"\n").unwrap();
+    // What `rozd run` without a configuration loads.
+    let builtin = Config::builtin().unwrap();
+    // A test's configuration text is not the rover: no rover manual.
+    let text = Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn).unwrap();
+    if default.exists() {
+        // A machine with rozd installed: the operator's file wins.
+        assert_eq!(file.manual.unwrap().path, default);
+        assert_eq!(builtin.manual.unwrap().path, default);
+    } else {
+        // Missing default: a warning, not an error.
+        assert!(file.manual.is_none());
+        assert!(text.manual.is_none());
+        assert!(
+            file.warnings()
+                .iter()
+                .any(|w| w.starts_with("agent.manual_file"))
+        );
+        let manual = builtin.manual.clone().expect("the rover manual");
+        assert_eq!(manual.text, BUILTIN_MANUAL);
+        assert!(
+            builtin
+                .warnings()
+                .iter()
+                .all(|w| !w.starts_with("agent.manual_file"))
+        );
+    }
+}
+
+// ------------------------------------------------------------ the embodiment
+
+use crate::config::types::ToolCategory;
+use crate::session::embodiment::{Embodiment, EmbodimentView};
+use crate::session::permissions::PermissionPolicy;
+use crate::tools::ToolSpec;
+
+fn rover_config(text: &str) -> Config {
+    Config::parse(text, ConfigSource::BuiltIn).expect("valid config")
+}
+
+fn view(config: &Config) -> EmbodimentView {
+    let policy = PermissionPolicy::new(config.permissions.clone(), &config.approvals);
+    let tools: Vec<ToolSpec> = config
+        .actuators
+        .iter()
+        .map(|a| ToolSpec {
+            name: a.name.clone(),
+            description: String::new(),
+            parameters_schema: serde_json::json!({}),
+            timeout_ms: 1234,
+            category: ToolCategory::Physical,
+        })
+        .chain(std::iter::once(ToolSpec {
+            name: "observe".into(),
+            description: String::new(),
+            parameters_schema: serde_json::json!({}),
+            timeout_ms: 1000,
+            category: ToolCategory::Pure,
+        }))
+        .collect();
+    EmbodimentView::from_config(config.robot(), &tools, &policy)
+}
+
+#[test]
+fn the_builtin_rover_is_described_with_every_limit_and_rule() {
+    let c = rover_config(BUILTIN_CONFIG);
+    let e = Embodiment::render(view(&c), 2000);
+    let md = &e.markdown;
+    assert_eq!(e.sensors_omitted, 0, "{md}");
+    assert!(e.tokens <= 2000);
+    assert!(md.contains("`drive_speed` (m/s)"), "{md}");
+    assert!(md.contains("range -0.5 to 0.5 m/s"), "{md}");
+    assert!(md.contains("safe value 0 m/s"), "{md}");
+    assert!(md.contains("holds at most 20000 ms"), "{md}");
+    assert!(md.contains("at most 20 commands/s"), "{md}");
+    assert!(md.contains("checked against `wheel_speed`"), "{md}");
+    assert!(md.contains("range -90 to 90 deg/s"), "{md}");
+    assert!(md.contains("call budget 1234 ms"), "{md}");
+    assert!(md.contains("needs approval"), "{md}");
+    assert!(
+        md.contains("`front_distance` (m): alarm critical below 0.3 m, warn below 0.5 m"),
+        "{md}"
+    );
+    assert!(md.contains("stale after 1000 ms"), "{md}");
+    assert!(
+        md.contains(
+            "`stop_before_obstacle`: when `front_distance < 0.3 and drive_speed > 0` holds"
+        ),
+        "{md}"
+    );
+    assert!(md.contains("`front_camera` (sim)"), "{md}");
+    assert!(
+        md.contains("Need a person's approval: `drive_speed`, `turn_rate`, `gripper`"),
+        "{md}"
+    );
+    let json = serde_json::to_value(&e).expect("serialises");
+    assert_eq!(json["actuators"][0]["min"], -0.5);
+    assert_eq!(json["actuators"][0]["feedback"]["on_mismatch"], "safe");
+    assert_eq!(json["rules"][0]["name"], "stop_before_obstacle");
+}
+
+#[test]
+fn stop_inputs_and_policies_come_from_the_config() {
+    let text = format!(
+        "{BUILTIN_CONFIG}\n[safety]\nestop_gpio_pin = 17\n\n[[permissions]]\ntool_pattern = \"gripper\"\npolicy = \"allow\"\n\n[[permissions]]\ntool_pattern = \"turn_rate\"\npolicy = \"block\"\n"
+    );
+    let e = Embodiment::render(view(&rover_config(&text)), 2000);
+    assert!(
+        e.markdown.contains("GPIO pin 17 (active low)"),
+        "{}",
+        e.markdown
+    );
+    assert!(
+        e.markdown
+            .contains("Need a person's approval: `drive_speed` "),
+        "{}",
+        e.markdown
+    );
+    assert!(
+        e.markdown.contains("Blocked: `turn_rate`."),
+        "{}",
+        e.markdown
+    );
+}
+
+#[test]
+fn two_hundred_sensors_stay_under_the_budget_and_point_at_observe() {
+    let mut text = String::from("[host]\nid = \"big\"\nenvironment_id = \"lab\"\n");
+    for i in 0..200 {
+        text.push_str(&format!(
+            "\n[[sensors]]\nname = \"temperature_{i}\"\nsource = \"sim\"\nunit = \"degC\"\nwarn_max = 70.0\ncritical_max = 85.0\nstale_after_ms = 1000\n"
+        ));
+    }
+    text.push_str(
+        "\n[[actuators]]\nname = \"fan\"\nkind = \"sim\"\nmin = 0.0\nmax = 1.0\nsafe_value = 1.0\n",
+    );
+    let c = rover_config(&text);
+    let full = Embodiment::render(view(&c), u32::MAX);
+    assert!(
+        full.tokens > 2000,
+        "the full text must exceed the budget: {}",
+        full.tokens
+    );
+    let e = Embodiment::render(view(&c), 2000);
+    assert!(e.tokens <= 2000, "{} tokens", e.tokens);
+    assert!(e.sensors_omitted > 0 && e.sensors_omitted < 200);
+    assert!(e.markdown.contains("## Sensors (200)"));
+    assert!(
+        e.markdown
+            .contains(&format!("... and {} more sensors", e.sensors_omitted))
+    );
+    assert!(e.markdown.contains("call `observe`"));
+    // What keeps the robot safe is never cut.
+    assert!(
+        e.markdown.contains("`fan`: range 0 to 1; safe value 1"),
+        "{}",
+        e.markdown
+    );
+    // The JSON keeps every sensor.
+    assert_eq!(e.view.sensors.len(), 200);
+}

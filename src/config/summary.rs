@@ -88,6 +88,14 @@ impl Config {
             self.store.resolved_path().display()
         ));
         line(format!("model:         {}", self.model.default));
+        line(format!(
+            "manual:        {}",
+            match &self.manual {
+                Some(m) => format!("{} ({} bytes)", m.path.display(), m.text.len()),
+                None => "none (sessions are told the embodiment only; see [agent] manual_file)"
+                    .to_string(),
+            }
+        ));
         let t = &self.tasks;
         line(format!(
             "tasks:         up to {} at once, {} worker(s) each, timeout {} s (max {} s), {}, model {}",

@@ -525,6 +525,33 @@ pub struct PermissionRuleConfig {
     pub reason: Option<String>,
 }
 
+/// Where the operator's manual lives when `agent.manual_file` is not set.
+pub const DEFAULT_MANUAL_PATH: &str = "/etc/rozd/AGENTS.md";
+
+/// `[agent]`: what every session is told about the robot before it starts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// The operator's manual (Markdown); absent: [`DEFAULT_MANUAL_PATH`]
+    /// when that file exists.
+    pub manual_file: Option<std::path::PathBuf>,
+    /// The largest manual rozd accepts, in bytes.
+    pub manual_max_bytes: u64,
+    /// The embodiment's budget in estimated tokens; beyond it sensors are
+    /// summarised (the model is pointed at `observe`).
+    pub embodiment_max_tokens: u32,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            manual_file: None,
+            manual_max_bytes: 32 * 1024,
+            embodiment_max_tokens: 2_000,
+        }
+    }
+}
+
 /// `[approvals]`: who may answer a `require_confirmation` call.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

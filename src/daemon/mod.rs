@@ -451,6 +451,15 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         config = %ctx.config.source.as_ref().map_or_else(String::new, ToString::to_string),
         "rozd {} serving gRPC and REST", crate::VERSION
     );
+    let briefing = ctx.briefings.current();
+    match &briefing.manual {
+        Some(manual) => {
+            tracing::info!(manual = %manual.path.display(), briefing_version = %briefing.version, embodiment_tokens = briefing.embodiment.tokens, "sessions are told the embodiment and the manual")
+        }
+        None => {
+            tracing::warn!(briefing_version = %briefing.version, "no operator's manual ({} is not there; see [agent] manual_file): sessions are told only the embodiment", crate::config::types::DEFAULT_MANUAL_PATH)
+        }
+    }
     // The handlers go in before READY=1: a SIGTERM that follows READY at
     // once (a stop during start-up) must shut down gracefully, not kill us.
     let shutdown = shutdown_signal()?;
@@ -477,8 +486,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
 
 /// On every SIGHUP (`systemctl reload rozd`): tells systemd `RELOADING=1`,
 /// reloads the listener's certificate (a failure keeps the old one and is
-/// logged and shown in `/v1/status`) and `store.hard_cap_mb` from the config
-/// file, then `READY=1`. Nothing else is reloaded.
+/// logged and shown in `/v1/status`), `store.hard_cap_mb` from the config
+/// file and the operator's manual, then `READY=1`. Nothing else is reloaded.
 async fn reload_on_sighup(
     mut hangup: tokio::signal::unix::Signal,
     ctx: Arc<HostContext>,
@@ -501,7 +510,31 @@ async fn reload_on_sighup(
             None => tracing::info!("SIGHUP: no [server.tls] to reload"),
         }
         reload_store_cap(&ctx).await;
+        reload_manual(&ctx).await;
         notify(&[NotifyState::Ready, NotifyState::Custom(&status)]);
+    }
+}
+
+/// Reads the operator's manual again (from where the configuration said at
+/// start): sessions started from now on are told the new text, open ones
+/// keep theirs. A manual that cannot be read keeps the old one, logged.
+/// What SIGHUP does for the manual (public for the tests of a daemon run
+/// in-process, which installs no signal handlers).
+pub async fn reload_manual(ctx: &Arc<HostContext>) {
+    let config = ctx.config.clone();
+    match tokio::task::spawn_blocking(move || config.read_manual()).await {
+        Ok(Ok(manual)) => {
+            let path = manual
+                .as_ref()
+                .map(|m| m.path.display().to_string())
+                .unwrap_or_default();
+            let version = ctx.briefings.replace_manual(manual);
+            tracing::info!(manual = %path, briefing_version = %version, "SIGHUP: manual re-read; new sessions are told this version");
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %format!("{}: {}", e.key, e.message), "SIGHUP: the manual cannot be read; new sessions keep the previous one");
+        }
+        Err(e) => tracing::error!(error = %e, "SIGHUP: cannot read the manual"),
     }
 }
 

@@ -15,6 +15,9 @@
 //! - **Resource** `roz://observation`: the latest Observation (as `GET
 //!   /v1/observation`); a subscriber hears `notifications/resources/updated`
 //!   at most once a second.
+//! - **Resources** `rozd://embodiment` and `rozd://manual`, and the prompt
+//!   `operate_robot` that carries both: what a session on this host is told
+//!   before it starts (see [`crate::session::embodiment`]).
 //!
 //! Only protocol revisions with sessions (up to 2025-11-25) are offered: the
 //! host needs a session to own actuators and a client presence to run its
@@ -28,11 +31,13 @@ use std::time::Duration;
 use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData as McpError,
-    Implementation, InitializeResult, JsonObject, ListResourcesResult, ListToolsResult, MetaObject,
-    PaginatedRequestParams, PingRequest, ProtocolVersion, ReadResourceRequestParams,
-    ReadResourceResponse, ReadResourceResult, Resource, ResourceContents,
-    ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig, ServerRequest,
-    SubscribeRequestParams, Tool as McpTool, ToolAnnotations, UnsubscribeRequestParams,
+    GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, InitializeResult,
+    JsonObject, ListPromptsResult, ListResourcesResult, ListToolsResult, MetaObject,
+    PaginatedRequestParams, PingRequest, Prompt, PromptMessage, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ResourceUpdatedNotificationParam, Role, ServerCapabilities, ServerConfig,
+    ServerRequest, SubscribeRequestParams, Tool as McpTool, ToolAnnotations,
+    UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
@@ -50,6 +55,12 @@ use crate::session::turn::HostAccess;
 
 /// The latest Observation, as a resource.
 pub const OBSERVATION_URI: &str = "roz://observation";
+/// The embodiment generated from the configuration (Markdown).
+pub const EMBODIMENT_URI: &str = "rozd://embodiment";
+/// The operator's manual (Markdown).
+pub const MANUAL_URI: &str = "rozd://manual";
+/// The prompt that carries both.
+pub const OPERATE_PROMPT: &str = "operate_robot";
 /// Subscribers hear of a new Observation at most this often.
 const UPDATE_PERIOD: Duration = Duration::from_secs(1);
 /// Longest client name the audit keeps.
@@ -238,6 +249,7 @@ impl ServerHandler for HostServer {
         let capabilities = ServerCapabilities::builder()
             .enable_resources()
             .enable_resources_subscribe()
+            .enable_prompts()
             .enable_tools()
             .build();
         InitializeResult::new(capabilities)
@@ -252,7 +264,10 @@ impl ServerHandler for HostServer {
                  needs confirmation waits for your user's or an operator's approval \
                  (unanswered within {secs} s it is denied). stop_all always runs. When this \
                  session ends or its client disconnects, every actuator it commanded returns \
-                 to its safe value. The latest Observation is the resource {OBSERVATION_URI}.",
+                 to its safe value. The latest Observation is the resource {OBSERVATION_URI}. \
+                 Read {EMBODIMENT_URI} (this robot's limits and rules) and {MANUAL_URI} (its \
+                 operator's manual) before you move anything, or start from the prompt \
+                 {OPERATE_PROMPT}.",
                 id = host.id,
                 secs = self.ctx.config.session.approval_timeout_secs,
             ))
@@ -370,7 +385,65 @@ impl ServerHandler for HostServer {
                      and the protective stop, as GET /v1/observation answers.",
                 )
                 .with_mime_type("application/json"),
+            Resource::new(EMBODIMENT_URI, "embodiment")
+                .with_title("This robot")
+                .with_description(
+                    "Generated from the host's configuration: every sensor and actuator with \
+                     its unit and limits, cameras, reflex rules, the protective stop, which \
+                     tools need approval and each call's time budget.",
+                )
+                .with_mime_type("text/markdown"),
+            Resource::new(MANUAL_URI, "manual")
+                .with_title("The operator's manual")
+                .with_description(
+                    "Written by the people who run this robot: what it is for, where it \
+                     works, what it must never do, procedures.",
+                )
+                .with_mime_type("text/markdown"),
         ]))
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        Ok(ListPromptsResult::with_all_items(vec![
+            Prompt::new(
+                OPERATE_PROMPT,
+                Some(
+                    "Operate this robot: what an agent session on the host is told before it \
+                     starts (the embodiment and the operator's manual).",
+                ),
+                None,
+            )
+            .with_title(format!("Operate {}", self.ctx.config.host.display_name())),
+        ]))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        if request.name != OPERATE_PROMPT {
+            return Err(McpError::invalid_params(
+                format!("no prompt {:?}; rozd has {OPERATE_PROMPT}", request.name),
+                None,
+            ));
+        }
+        let briefing = self.ctx.briefings.current();
+        let text = format!(
+            "You operate rozd host {:?} through this MCP server's tools. The host enforces \
+             limits, timeouts and permissions on every call.\n\n{}",
+            self.ctx.config.host.id,
+            briefing.text().trim_end()
+        );
+        Ok(
+            GetPromptResult::new(vec![PromptMessage::new_text(Role::User, text)])
+                .with_description(format!("briefing version {}", briefing.version))
+                .into(),
+        )
     }
 
     async fn read_resource(
@@ -378,6 +451,23 @@ impl ServerHandler for HostServer {
         request: ReadResourceRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
+        if request.uri == EMBODIMENT_URI || request.uri == MANUAL_URI {
+            let briefing = self.ctx.briefings.current();
+            let text = if request.uri == EMBODIMENT_URI {
+                briefing.embodiment.markdown.clone()
+            } else {
+                match &briefing.manual {
+                    Some(manual) => manual.text.clone(),
+                    None => "This host has no operator's manual (see [agent] manual_file); \
+                             the embodiment is all there is."
+                        .to_string(),
+                }
+            };
+            return Ok(ReadResourceResult::new(vec![
+                ResourceContents::text(text, request.uri.clone()).with_mime_type("text/markdown"),
+            ])
+            .into());
+        }
         if request.uri != OBSERVATION_URI {
             return Err(not_found(&request.uri));
         }
@@ -431,7 +521,7 @@ impl ServerHandler for HostServer {
 
 fn not_found(uri: &str) -> McpError {
     McpError::resource_not_found(
-        format!("no resource {uri:?}; rozd has {OBSERVATION_URI}"),
+        format!("no resource {uri:?}; rozd has {OBSERVATION_URI}, {EMBODIMENT_URI}, {MANUAL_URI}"),
         None,
     )
 }

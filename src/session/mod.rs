@@ -7,6 +7,7 @@
 
 pub mod approvals;
 pub mod context;
+pub mod embodiment;
 pub mod host_call;
 pub mod permissions;
 mod record;
@@ -340,6 +341,7 @@ impl Runner<'_> {
         };
         let session = match Session::start(
             request,
+            ctx.briefings.current(),
             &ctx.config.host,
             &ctx.models,
             limits.default_max_context_tokens,
@@ -360,6 +362,7 @@ impl Runner<'_> {
             ended_at_ms: None,
             end_reason: None,
             turns: 0,
+            briefing_version: Some(session.briefing.version.clone()),
         };
         if let Err(e) = ctx.store.session_started(record).await {
             tracing::error!(error = %e, "cannot record the new session");
@@ -370,7 +373,7 @@ impl Runner<'_> {
                 )
                 .await;
         }
-        tracing::info!(session_id = %session.id, model = session.model.name(), tools = session.tools.len(), credential = self.credential.as_deref().unwrap_or(""), "session started");
+        tracing::info!(session_id = %session.id, model = session.model.name(), briefing_version = %session.briefing.version, tools = session.tools.len(), credential = self.credential.as_deref().unwrap_or(""), "session started");
         let started = ServerEvent::Started {
             session_id: session.id.clone(),
             model: session.model.name().to_string(),

@@ -9,6 +9,7 @@ use crate::config::types::{AiMode, HostConfig};
 use crate::model::{self, Block, Message, Model, ModelRegistry};
 
 use super::context::{ContextMeter, History};
+use super::embodiment::Briefing;
 use super::tools::{RegisterSummary, ToolRegistry};
 use super::{
     ContextBlock, ErrorCode, HistoryMessage, HistoryPart, SessionError, StartRequest, ToolSpec,
@@ -106,6 +107,9 @@ pub struct Session {
     pub tools: ToolRegistry,
     /// `RegisterTools.system_context` by source ("" when no source was given).
     guidance: BTreeMap<String, String>,
+    /// The embodiment and manual this session was told at its start (a
+    /// reloaded manual reaches only sessions started after).
+    pub briefing: Arc<Briefing>,
     project_context: Vec<String>,
     pub conversation: History,
     /// `max_context_tokens` of this session, capped by the model's window.
@@ -140,6 +144,7 @@ impl Session {
     /// Validates a `StartSession` and builds the session.
     pub fn start(
         request: StartRequest,
+        briefing: Arc<Briefing>,
         host: &HostConfig,
         models: &ModelRegistry,
         default_budget: u32,
@@ -189,6 +194,7 @@ impl Session {
             model,
             tools,
             guidance: BTreeMap::new(),
+            briefing,
             project_context: request.project_context,
             conversation,
             context_budget,
@@ -295,6 +301,8 @@ impl Session {
             host.display_name(),
             self.environment_id
         )];
+        // What the host is and its rules come before what the client adds.
+        parts.push(self.briefing.text().trim_end().to_string());
         parts.extend(self.project_context.iter().cloned());
         parts.extend(self.guidance.values().cloned());
         if let Some(text) = turn_context.filter(|t| !t.trim().is_empty()) {
@@ -483,7 +491,14 @@ mod tests {
     }
 
     fn start(request: StartRequest) -> Result<Session, SessionError> {
-        Session::start(request, &host(), &models(), 10_000, SessionLimits::NONE)
+        Session::start(
+            request,
+            super::super::embodiment::test_briefing(Some("Never enter the kitchen.")),
+            &host(),
+            &models(),
+            10_000,
+            SessionLimits::NONE,
+        )
     }
 
     fn request() -> StartRequest {
@@ -584,6 +599,10 @@ mod tests {
         let first = plan.system.find("first block").unwrap();
         let second = plan.system.find("second block").unwrap();
         assert!(first < second && plan.system.contains("turn only"));
+        // The embodiment and the manual come before the client's context.
+        let embodiment = plan.system.find("# This robot: host `rover-1`").unwrap();
+        let manual = plan.system.find("Never enter the kitchen.").unwrap();
+        assert!(embodiment < manual && manual < first, "{}", plan.system);
         assert_eq!(plan.ai_mode, AiMode::OodaReAct);
         assert!(uuid::Uuid::parse_str(&plan.message_id).is_ok());
     }

@@ -139,6 +139,9 @@ const MIGRATIONS: &[&str] = &[
     // 5: the credential that answered an approval (approved or denied);
     // rows written before read it as NULL
     "ALTER TABLE audit ADD COLUMN approved_by TEXT;",
+    // 6: the version (a hash) of the embodiment and manual a session was
+    // told; rows written before read it as NULL
+    "ALTER TABLE sessions ADD COLUMN briefing_version TEXT;",
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -151,6 +154,8 @@ pub struct SessionRecord {
     pub ended_at_ms: Option<i64>,
     pub end_reason: Option<String>,
     pub turns: u32,
+    /// The version of the embodiment and manual the session was told.
+    pub briefing_version: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -374,8 +379,8 @@ impl Store {
         }
         self.with_write("session", move |c| {
             c.execute(
-                "INSERT INTO sessions (id, host_id, environment_id, model, started_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![s.id, s.host_id, s.environment_id, s.model, s.started_at_ms],
+                "INSERT INTO sessions (id, host_id, environment_id, model, started_at_ms, briefing_version) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![s.id, s.host_id, s.environment_id, s.model, s.started_at_ms, s.briefing_version],
             )
             .map(drop)
         })
@@ -451,7 +456,7 @@ impl Store {
         self.with_conn(move |c| {
             let mut stmt = c.prepare(
                 "SELECT s.id, s.host_id, s.environment_id, s.model, s.started_at_ms, s.ended_at_ms, s.end_reason,
-                        (SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id)
+                        (SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id), s.briefing_version
                  FROM sessions s ORDER BY s.started_at_ms DESC, s.rowid DESC LIMIT ?1 OFFSET ?2",
             )?;
             let rows = stmt.query_map(params![limit, offset], session_row)?;
@@ -468,7 +473,7 @@ impl Store {
             let session = c
                 .query_row(
                     "SELECT s.id, s.host_id, s.environment_id, s.model, s.started_at_ms, s.ended_at_ms, s.end_reason,
-                            (SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id)
+                            (SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id), s.briefing_version
                      FROM sessions s WHERE s.id = ?1",
                     params![id],
                     session_row,
@@ -684,6 +689,7 @@ fn session_row(r: &rusqlite::Row<'_>) -> Result<SessionRecord, rusqlite::Error> 
         ended_at_ms: r.get(5)?,
         end_reason: r.get(6)?,
         turns: r.get(7)?,
+        briefing_version: r.get(8)?,
     })
 }
 
@@ -701,6 +707,7 @@ mod tests {
             ended_at_ms: None,
             end_reason: None,
             turns: 0,
+            briefing_version: None,
         }
     }
 

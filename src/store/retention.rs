@@ -186,6 +186,7 @@ mod tests {
             ended_at_ms,
             end_reason: None,
             turns: 0,
+            briefing_version: None,
         };
         store.session_started(session("open", None)).await.unwrap();
         // Recorded as a session is: started, then ended (now).

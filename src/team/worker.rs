@@ -103,6 +103,9 @@ fn system_prompt(ctx: &HostContext, task: &LiveTask, plan: &WorkerPlan) -> Strin
              await_workers before you answer.",
         );
     }
+    // What the host is and its rules, as every session is told.
+    text.push_str("\n\n");
+    text.push_str(ctx.briefings.current().text().trim_end());
     text
 }
 

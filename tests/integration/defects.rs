@@ -183,6 +183,7 @@ fn session(id: &str, started_at_ms: i64, ended_at_ms: Option<i64>) -> SessionRec
         ended_at_ms,
         end_reason: ended_at_ms.map(|_| "disconnect".into()),
         turns: 0,
+        briefing_version: None,
     }
 }
 

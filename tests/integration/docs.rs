@@ -337,6 +337,7 @@ const TABLES: &[(&str, &str)] = &[
     ("[tasks]", "[tasks]\nZZZ\n"),
     ("[[permissions]]", "[[permissions]]\nZZZ\n"),
     ("[approvals]", "[approvals]\nZZZ\n"),
+    ("[agent]", "[agent]\nZZZ\n"),
     ("[mcp]", "[mcp]\nZZZ\n"),
     ("[record]", "[record]\nZZZ\n"),
     ("[replay]", "[replay]\nZZZ\n"),

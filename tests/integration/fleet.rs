@@ -672,6 +672,18 @@ async fn a_session_through_a_runs_on_b_and_ends_with_host_unavailable_when_b_die
         text_of(&seen)
     );
 
+    // The session is told about b, where it runs (issue 36): b's
+    // embodiment and manual open its system prompt (which the offline
+    // model's `context` answers with), and b's row records the version.
+    session.send(user("context")).await;
+    let (seen, _) = until_complete(&mut session).await;
+    let told = b.get("/v1/embodiment").await;
+    let briefing = told["briefing"].as_str().unwrap().trim_end();
+    assert!(briefing.contains("# This robot: host `b`"), "{briefing}");
+    assert!(text_of(&seen).contains(briefing), "{}", text_of(&seen));
+    let row = b.get(&format!("/v1/sessions/{}", started.session_id)).await;
+    assert_eq!(row["session"]["briefing_version"], told["version"]);
+
     // A host tool on b, approved by the client through a.
     session.send(user("set arm 0.5")).await;
     let call_id = loop {

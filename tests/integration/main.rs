@@ -28,6 +28,7 @@ mod guides;
 mod hardware_e2e;
 mod host_tools;
 mod hosts_wire;
+mod manual;
 mod mcp;
 mod metrics;
 mod mqtt;

@@ -1139,3 +1139,72 @@ async fn an_mcp_session_is_not_there_for_another_credential() {
     wait_arm_safe(&daemon).await;
     daemon.shutdown().await;
 }
+
+/// Issue 36: the official Python SDK lists the resources `rozd://embodiment`
+/// and `rozd://manual` and reads them (the embodiment with the actuator's
+/// limits, the manual as written), and gets the prompt `operate_robot`,
+/// which carries both: over HTTP and through `rozd mcp`.
+#[tokio::test]
+async fn the_embodiment_and_the_manual_are_resources_and_a_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let manual = dir.path().join("AGENTS.md");
+    std::fs::write(
+        &manual,
+        "The arm must never swing while a person is near.\n",
+    )
+    .unwrap();
+    let daemon = daemon(&format!(
+        "[agent]\nmanual_file = {:?}\n",
+        manual.display().to_string()
+    ))
+    .await;
+    let limits = "`arm` (rad): arm angle; range -1 to 1 rad; safe value 0 rad";
+    for transport in [Transport::Http, Transport::Stdio] {
+        let mut client = Script::start(&daemon, transport, "manual", Some(TOKEN));
+        client.expect("connected").await;
+        let resources = client.expect("resources").await;
+        let uris: Vec<&str> = resources["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["uri"].as_str().unwrap())
+            .collect();
+        assert!(
+            uris.contains(&"rozd://embodiment") && uris.contains(&"rozd://manual"),
+            "{transport:?}: {resources}"
+        );
+        let embodiment = client.expect("read").await;
+        assert_eq!(embodiment["uri"], "rozd://embodiment");
+        assert_eq!(embodiment["mime_type"], "text/markdown");
+        let text = embodiment["text"].as_str().unwrap();
+        assert!(text.contains(limits), "{transport:?}: {text}");
+        assert_eq!(text, daemon.ctx.briefings.current().embodiment.markdown);
+        let read = client.expect("read").await;
+        assert_eq!(read["uri"], "rozd://manual");
+        assert_eq!(
+            read["text"],
+            "The arm must never swing while a person is near.\n"
+        );
+        let prompts = client.expect("prompts").await;
+        assert_eq!(prompts["prompts"][0]["name"], "operate_robot", "{prompts}");
+        let prompt = client.expect("prompt").await;
+        let message = &prompt["messages"][0];
+        assert_eq!(message["role"], "user");
+        let text = message["text"].as_str().unwrap();
+        assert!(text.contains(limits), "{text}");
+        assert!(
+            text.contains("The arm must never swing while a person is near."),
+            "{text}"
+        );
+        assert!(
+            prompt["description"]
+                .as_str()
+                .unwrap()
+                .contains(&daemon.ctx.briefings.current().version),
+            "{prompt}"
+        );
+        client.expect("closed").await;
+        assert_eq!(client.exit_code().await, Some(0));
+    }
+    daemon.shutdown().await;
+}

@@ -1926,3 +1926,198 @@ async fn the_model_check_reports_a_refusing_server_in_its_own_words() {
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("box"), "names the known models: {err}");
 }
+
+// ---------------------------------------------------------------- the robot's manual (issue 36)
+
+/// `GET path` on a daemon at `addr`: the body as JSON (a 200 expected).
+async fn get_json(addr: &str, path: &str) -> Value {
+    let reply = rozd::cli::client::get(addr, path, None)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    assert_eq!(reply.status.as_u16(), 200, "GET {path}: {}", reply.body);
+    serde_json::from_str(&reply.body).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// The system prompt of an Anthropic Messages request.
+fn anthropic_system(seen: &Seen) -> String {
+    seen.body["system"][0]["text"]
+        .as_str()
+        .expect("a system prompt")
+        .to_string()
+}
+
+/// One turn of `session` answered "ok" by the fake Anthropic endpoint: the
+/// system prompt the provider got.
+async fn anthropic_turn(fake: &mut FakeProvider, session: &mut Session, content: &str) -> String {
+    fake.stream(anthropic(&[Part::Text("ok")], "end_turn", U::default()));
+    session.send(user(content)).await;
+    let (_, done) = until_complete(session).await;
+    assert_eq!(done.stop_reason, "end_turn");
+    anthropic_system(&fake.request().await)
+}
+
+/// Issue 36: the real binary on the simulated rover with an operator's
+/// manual. The exact system prompt a session's model gets opens with the
+/// embodiment (every actuator's limits, the reflex rule) and the manual,
+/// before the client's project context; the session row records the
+/// version. A SIGHUP with a changed manual changes what new sessions are
+/// told and their version; an open session keeps its own.
+#[tokio::test]
+async fn anthropic_sessions_are_told_the_embodiment_and_the_manual_and_sighup_changes_only_new_ones()
+ {
+    let mut fake = FakeProvider::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let manual = dir.path().join("AGENTS.md");
+    std::fs::write(&manual, "Never enter the kitchen.\n").unwrap();
+    let port = common::broker::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let text = format!(
+        "{}\n[store]\npath = {:?}\n\n[agent]\nmanual_file = {:?}\n\n{}",
+        rozd::config::BUILTIN_CONFIG.replace("127.0.0.1:8080", &addr),
+        dir.path().join("rozd.db").display().to_string(),
+        manual.display().to_string(),
+        fake.anthropic_endpoint("claude", "claude-test-1", "")
+    );
+    let config = dir.path().join("rozd.toml");
+    std::fs::write(&config, text).unwrap();
+    let child = common::spawn_rozd(dir.path(), &config).await;
+
+    let first = get_json(&addr, "/v1/embodiment").await;
+    let briefing = first["briefing"].as_str().unwrap().to_string();
+    let version = first["version"].as_str().unwrap().to_string();
+    let mut client =
+        proto::agent_service_client::AgentServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+    let mut open_session = Session::open(&mut client).await;
+    let started = open_session
+        .start(proto::StartSession {
+            environment_id: "sim".into(),
+            model: Some("claude".into()),
+            project_context: vec!["PROJECT CONTEXT BLOCK".into()],
+            ..Default::default()
+        })
+        .await;
+    let system = anthropic_turn(&mut fake, &mut open_session, "look around").await;
+    // Exactly what GET /v1/embodiment says a session is told, whole.
+    assert!(
+        system.contains(briefing.trim_end()),
+        "{system}\n---\n{briefing}"
+    );
+    for limits in [
+        "`drive_speed` (m/s): forward speed of the rover; negative drives backwards; range -0.5 to 0.5 m/s; safe value 0 m/s; a command holds at most 20000 ms",
+        "`turn_rate` (deg/s): turn rate of the rover, counter-clockwise positive; range -90 to 90 deg/s; safe value 0 deg/s",
+        "`gripper` (fraction closed): gripper position, 0 open to 1 closed; range 0 to 1 fraction closed; safe value 0 fraction closed",
+        "`stop_before_obstacle`: when `front_distance < 0.3 and drive_speed > 0` holds, rozd does: ",
+    ] {
+        assert!(system.contains(limits), "missing {limits:?} in:\n{system}");
+    }
+    let embodiment_at = system.find("# This robot: host").unwrap();
+    let manual_at = system.find("Never enter the kitchen.").unwrap();
+    let project_at = system.find("PROJECT CONTEXT BLOCK").unwrap();
+    assert!(
+        embodiment_at < manual_at && manual_at < project_at,
+        "{system}"
+    );
+    let row = get_json(&addr, &format!("/v1/sessions/{}", started.session_id)).await;
+    assert_eq!(row["session"]["briefing_version"], version.as_str());
+
+    // The operator changes the manual and reloads.
+    std::fs::write(&manual, "Never leave the lab.\n").unwrap();
+    let pid = child.id().expect("rozd runs").to_string();
+    let status = tokio::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+    let reloaded = tokio::time::timeout(common::EXPECT_WITHIN, async {
+        loop {
+            let now = get_json(&addr, "/v1/embodiment").await;
+            if now["version"] != version.as_str() {
+                return now;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("SIGHUP re-reads the manual");
+    let new_version = reloaded["version"].as_str().unwrap().to_string();
+    assert!(
+        reloaded["briefing"]
+            .as_str()
+            .unwrap()
+            .contains("Never leave the lab.")
+    );
+
+    // The open session keeps what it was told.
+    let system = anthropic_turn(&mut fake, &mut open_session, "and now?").await;
+    assert!(system.contains("Never enter the kitchen."), "{system}");
+    assert!(!system.contains("Never leave the lab."), "{system}");
+    // A new one is told the new manual, and its row says so.
+    let mut client =
+        proto::agent_service_client::AgentServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+    let mut new_session = Session::open(&mut client).await;
+    let started_new = new_session
+        .start(proto::StartSession {
+            environment_id: "sim".into(),
+            model: Some("claude".into()),
+            ..Default::default()
+        })
+        .await;
+    let system = anthropic_turn(&mut fake, &mut new_session, "hello").await;
+    assert!(system.contains("Never leave the lab."), "{system}");
+    assert!(!system.contains("Never enter the kitchen."), "{system}");
+    let row = get_json(&addr, &format!("/v1/sessions/{}", started_new.session_id)).await;
+    assert_eq!(row["session"]["briefing_version"], new_version.as_str());
+    let row = get_json(&addr, &format!("/v1/sessions/{}", started.session_id)).await;
+    assert_eq!(row["session"]["briefing_version"], version.as_str());
+    drop(child);
+}
+
+/// Issue 36: the OpenAI-compatible wire format gets the same system prompt:
+/// the embodiment and the manual, in the first (system) message.
+#[tokio::test]
+async fn openai_sessions_are_told_the_embodiment_and_the_manual() {
+    let mut fake = FakeProvider::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let manual = dir.path().join("AGENTS.md");
+    std::fs::write(&manual, "Only work in the test cell.\n").unwrap();
+    let daemon = TestDaemon::start(&format!(
+        "{}\n[agent]\nmanual_file = {:?}\n\n[[actuators]]\nname = \"fan\"\nkind = \"sim\"\nunit = \"%\"\nmin = 0.0\nmax = 80.0\nsafe_value = 80.0\nhold_ms = 3000\n\n[[sensors]]\nname = \"temp\"\nsource = \"sim\"\nunit = \"degC\"\ncritical_max = 90.0\n\n[[rules]]\nname = \"too_hot\"\nwhen = \"temp > 90\"\nthen = {{ estop = true }}\n",
+        fake.openai_endpoint("box", "qwen3:8b", ""),
+        manual.display().to_string()
+    ))
+    .await;
+    fake.stream(vec![
+        chunk(json!({"role": "assistant", "content": "ok"}), None),
+        chunk(json!({}), Some("stop")),
+        DONE.into(),
+    ]);
+    let (mut session, _) = open(&daemon, Some("box"), vec![]).await;
+    session.send(user("hello")).await;
+    until_complete(&mut session).await;
+    let request = fake.request().await;
+    let system = request.body["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(request.body["messages"][0]["role"], "system");
+    let briefing = daemon.ctx.briefings.current().text().to_string();
+    assert!(system.contains(briefing.trim_end()), "{system}");
+    for expected in [
+        "`fan` (%): range 0 to 80 %; safe value 80 %; a command holds at most 3000 ms",
+        "`temp` (degC): alarm critical above 90 degC",
+        "`too_hot`: when `temp > 90` holds, rozd does: ",
+        "reflex rule `too_hot`",
+        "Only work in the test cell.",
+    ] {
+        assert!(
+            system.contains(expected),
+            "missing {expected:?} in:\n{system}"
+        );
+    }
+    daemon.shutdown().await;
+}

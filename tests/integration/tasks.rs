@@ -1108,3 +1108,31 @@ async fn cancelling_a_task_mid_command_still_ends_with_the_valve_safe() {
     device.answer("V 0", "OK").await;
     shutdown.await.unwrap();
 }
+
+/// Issue 36: a task's worker is told what every session is told: its
+/// system prompt (which the offline model's `context` command answers with)
+/// holds the embodiment and the operator's manual.
+#[tokio::test]
+async fn a_task_worker_is_told_the_embodiment_and_the_manual() {
+    let dir = tempfile::tempdir().unwrap();
+    let manual = dir.path().join("AGENTS.md");
+    std::fs::write(&manual, "Tasks run only when the cell is empty.\n").unwrap();
+    let daemon = host(&format!(
+        "[agent]\nmanual_file = {:?}\n",
+        manual.display().to_string()
+    ))
+    .await;
+    let briefing = daemon.ctx.briefings.current().text().to_string();
+    assert!(briefing.contains("Tasks run only when the cell is empty."));
+    let (status, created) = rest_post(&daemon, "/v1/tasks", &json!({"prompt": "context"})).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let updates = statuses(&daemon, &id, EXPECT_WITHIN).await;
+    let (last, detail) = updates.last().unwrap();
+    assert_eq!(last, "succeeded", "{updates:?}");
+    assert!(
+        detail.contains(briefing.trim_end()),
+        "the worker's system prompt:\n{detail}"
+    );
+    daemon.shutdown().await;
+}

@@ -20,6 +20,9 @@ Modes:
   timeout   a command nobody answers; then ends the session.
   reconnect reads a sensor, waits for `go` (the test restarts the daemon
             meanwhile), reads it again; then ends the session.
+  manual    lists the resources and reads rozd://embodiment and
+            rozd://manual, lists the prompts and gets operate_robot; then
+            ends the session.
   connect   only connects (for the refused-token check).
 
 Failures to connect are printed as {"step": "refused", "error": ...} and
@@ -117,9 +120,24 @@ async def reconnect_mode(c):
     emit("second", **result(await c.call_tool("read_sensor", {"name": "temp"})))
 
 
+async def manual_mode(c):
+    resources = await c.list_resources()
+    emit("resources", resources=[
+        {"uri": str(r.uri), "name": r.name, "mime_type": r.mime_type} for r in resources.resources
+    ])
+    for uri in ["rozd://embodiment", "rozd://manual"]:
+        read = await c.read_resource(uri)
+        emit("read", uri=uri, text=read.contents[0].text, mime_type=read.contents[0].mime_type)
+    prompts = await c.list_prompts()
+    emit("prompts", prompts=[{"name": p.name, "description": p.description} for p in prompts.prompts])
+    prompt = await c.get_prompt("operate_robot")
+    emit("prompt", description=prompt.description,
+         messages=[{"role": m.role, "text": m.content.text} for m in prompt.messages])
+
+
 async def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["scenario", "elicit", "timeout", "reconnect", "connect"])
+    parser.add_argument("mode", choices=["scenario", "elicit", "timeout", "reconnect", "manual", "connect"])
     parser.add_argument("--http")
     parser.add_argument("--stdio", nargs=2, metavar=("ROZD", "ADDR"))
     parser.add_argument("--token")
@@ -178,6 +196,8 @@ async def main():
             await timeout_mode(client)
         elif args.mode == "reconnect":
             await reconnect_mode(client)
+        elif args.mode == "manual":
+            await manual_mode(client)
     finally:
         await client.__aexit__(None, None, None)
     emit("closed")
