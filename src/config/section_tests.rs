@@ -399,3 +399,97 @@ fn actuator_feedback_is_validated_naming_the_line_and_key() {
         "{err}"
     );
 }
+
+/// A feedback's `cross_check`: another sensor that exists, whose unit per
+/// second is the command's (or a `scale`), finite positive numbers; the
+/// freshness bound of a sensor without `stale_after_ms` is `settle_ms`.
+#[test]
+fn feedback_cross_check_is_validated_naming_the_line_and_key() {
+    let with = |cross: &str| {
+        format!(
+            "[[sensors]]\nname = \"speed\"\nsource = \"sim\"\nunit = \"m/s\"\n\n\
+             [[sensors]]\nname = \"odo\"\nsource = \"sim\"\nunit = \"m\"\nstale_after_ms = 900\n\n\
+             [[actuators]]\nname = \"drive\"\nkind = \"sim\"\nunit = \"m/s\"\nmin = -1\nmax = 1\n\
+             safe_value = 0\nfeedback = {{ sensor = \"speed\", tolerance = 0.02, settle_ms = 400{cross} }}\n"
+        )
+    };
+    let plain = parse(&with("")).unwrap();
+    let f = plain.hardware.actuators[0].feedback.as_ref().unwrap();
+    assert_eq!(f.cross_check, None);
+    assert_eq!(
+        f.fresh_within,
+        std::time::Duration::from_millis(400),
+        "no stale_after_ms of its own: settle_ms"
+    );
+    let ok = parse(&with(
+        ", cross_check = { sensor = \"odo\", tolerance = 0.05, magnitude = true }",
+    ))
+    .unwrap();
+    let c = ok.hardware.actuators[0]
+        .feedback
+        .as_ref()
+        .unwrap()
+        .cross_check
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (c.sensor.as_str(), c.tolerance, c.scale),
+        ("odo", 0.05, 1.0)
+    );
+    assert_eq!(c.window, std::time::Duration::from_millis(400), "settle_ms");
+    assert_eq!((c.expected_rate(-0.3), c.magnitude), (0.3, true));
+    // The odometry as the feedback sensor itself: its own stale_after_ms.
+    let text = with("").replace(
+        "sensor = \"speed\", tolerance",
+        "sensor = \"odo\", scale = 1, tolerance",
+    );
+    let f = parse(&text).unwrap().hardware.actuators[0]
+        .feedback
+        .clone()
+        .unwrap();
+    assert_eq!(f.fresh_within, std::time::Duration::from_millis(900));
+    for (cross, key, needle) in [
+        (
+            ", cross_check = { sensor = \"gps\", tolerance = 0.05 }",
+            "actuators[0].feedback.cross_check.sensor",
+            "no [[sensors]] named \"gps\"",
+        ),
+        (
+            ", cross_check = { sensor = \"speed\", tolerance = 0.05 }",
+            "actuators[0].feedback.cross_check.sensor",
+            "independent",
+        ),
+        (
+            ", cross_check = { sensor = \"odo\", tolerance = 0.05, window_ms = 0 }",
+            "actuators[0].feedback.cross_check.window_ms",
+            "outside 1-60000",
+        ),
+        (
+            ", cross_check = { sensor = \"odo\", tolerance = -1 }",
+            "actuators[0].feedback.cross_check.tolerance",
+            "finite positive",
+        ),
+        (
+            ", cross_check = { sensor = \"odo\", tolerance = 0.05, scale = 0 }",
+            "actuators[0].feedback.cross_check.scale",
+            "other than 0",
+        ),
+        (
+            ", cross_check = { sensor = \"odo\", tolerance = 0.05, rate = 1 }",
+            "actuators[0].feedback",
+            "unknown field `rate`",
+        ),
+    ] {
+        let text = with(cross);
+        let (line, found, message) = invalid(&text);
+        assert_eq!(line, Some(19), "{cross}: {message}");
+        assert!(found.starts_with(key), "{cross}: key {found}, want {key}");
+        assert!(message.contains(needle), "{cross}: {message}");
+    }
+    // A rate in other units than the command's needs a scale.
+    let text = with(", cross_check = { sensor = \"odo\", tolerance = 0.05 }")
+        .replace("unit = \"m\"\n", "unit = \"mm\"\n");
+    let (_, found, message) = invalid(&text);
+    assert_eq!(found, "actuators[0].feedback.cross_check.sensor");
+    assert!(message.contains("give `scale`"), "{message}");
+}

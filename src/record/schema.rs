@@ -95,6 +95,7 @@ impl Kind {
                         "value": {"type": "number"},
                         "safe_value": {"type": "number"},
                         "at_safe_value": {"type": "boolean"},
+                        "safe_unconfirmed": {"type": "string"},
                         "owner": {"type": ["string", "null"]}
                     }}},
                     "sources": {"type": "array"}
@@ -285,6 +286,7 @@ pub fn message(event: &Event, at_ns: u64) -> Message {
                 "stage": verdict.stage,
                 "reason": verdict.reason,
                 "alarm": v.alarm,
+                "cross_check": verdict.cross_check,
             });
             (
                 Kind::Actuator,
@@ -443,6 +445,7 @@ mod tests {
                 settled_ms: 500,
                 stage: Stage::Command,
                 reason: "why",
+                cross_check: None,
             },
             alarm: true,
             action: None,

@@ -646,3 +646,118 @@ async fn the_page_needs_no_token_and_is_never_framed() {
     assert!(head.contains("frame-ancestors 'none'"), "{head}");
     daemon.shutdown().await;
 }
+
+/// A rover whose drive is stuck: a rule commands 0.3 at start, the wheels
+/// never turn, and drive_speed's feedback raises its mismatch alarm.
+const STUCK: &str = r#"
+[host]
+name = "Stuck rover"
+
+[sim]
+seed = 1
+
+[sim.faults]
+stuck_drive = true
+
+[[sensors]]
+name = "wheel_speed"
+source = "sim"
+quantity = "wheel_speed"
+unit = "m/s"
+stale_after_ms = 1000
+
+[[sensors]]
+name = "bumper"
+source = "sim"
+quantity = "bumper"
+
+[[actuators]]
+name = "drive_speed"
+kind = "sim"
+input = "drive_speed"
+unit = "m/s"
+min = -0.5
+max = 0.5
+safe_value = 0.0
+feedback = { sensor = "wheel_speed", tolerance = 0.02, settle_ms = 300 }
+
+[[actuators]]
+name = "turn_rate"
+kind = "sim"
+input = "turn_rate"
+unit = "deg/s"
+min = -90.0
+max = 90.0
+safe_value = 0.0
+
+[[rules]]
+name = "go"
+when = "bumper < 0.5"
+then = { actuator = "drive_speed", value = 0.3 }
+"#;
+
+/// Issue 34: a feedback mismatch is an alarm of the actuator on the
+/// dashboard (the critical banner, the tab's title, its row), and goes
+/// when the hardware does what it was told again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_shows_a_feedback_mismatch_as_the_actuators_alarm() {
+    let daemon = TestDaemon::start_server(
+        &format!("auth_tokens = [{TOKEN:?}]"),
+        STUCK,
+        |_| {},
+        std::sync::Arc::new(rozd::session::LogHooks),
+    )
+    .await;
+    common::observed(
+        &daemon.ctx.ooda,
+        EXPECT_WITHIN,
+        "drive_speed's mismatch alarm",
+        |o| {
+            o.actuators
+                .iter()
+                .any(|a| a.feedback.as_ref().is_some_and(|f| f.mismatch))
+        },
+    )
+    .await;
+    let shots = target_dir();
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/dashboard_feedback.py");
+    let run = tokio::process::Command::new(python())
+        .arg(&script)
+        .arg(daemon.url())
+        .arg(TOKEN)
+        .arg(&shots)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(180), run)
+        .await
+        .expect("the browser test finishes")
+        .expect("run python (scripts/test.sh installs selenium, chromium, chromium-driver)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "dashboard_feedback.py failed ({}):\n{stdout}\n{}",
+        out.status,
+        stderr
+            .lines()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(shots.join("dashboard-mismatch.png").exists());
+    // What the page showed last is what rozd says: confirmed, no alarm.
+    let observation = daemon.ctx.ooda.observe_now();
+    let drive = observation
+        .actuators
+        .iter()
+        .find(|a| a.name == "drive_speed")
+        .and_then(|a| a.feedback.clone())
+        .expect("drive_speed has feedback");
+    assert!(!drive.mismatch, "{drive:?}");
+    daemon.shutdown().await;
+}

@@ -651,3 +651,74 @@ feedback = {{ sensor = "motor_speed", tolerance = 50, settle_ms = 400, scale = 3
     drop(session);
     daemon.shutdown().await;
 }
+
+/// Issue 35 item 7: an MCU that never answers leaves the start-up safe
+/// drive unconfirmed (`no reply within 200 ms`); the Observation must not
+/// call the actuator safe, and says why. A later command the device
+/// answers ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_up_safe_drive_the_mcu_never_answered_is_not_reported_at_safe_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let pty = common::pty::PtyPair::start(dir.path()).await;
+    // The MCU is there (the port opens) but answers nothing yet.
+    let mut mcu = pty.device();
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+http2_keepalive_secs = 0
+
+[store]
+path = {:?}
+
+[[serial]]
+name = "mcu"
+path = {:?}
+
+[[actuators]]
+name = "motor"
+kind = "serial"
+port = "mcu"
+template = "M {{value}}\n"
+expect = '^OK\b'
+reply_timeout_ms = 200
+min = 0.0
+max = 1.0
+safe_value = 0.0
+{ALLOW}"#,
+        dir.path().join("rozd.db").display().to_string(),
+        pty.a.display().to_string()
+    );
+    let config = Config::parse(&text, ConfigSource::BuiltIn).unwrap_or_else(|e| panic!("{e}"));
+    let daemon = TestDaemon::start_with(config, tempfile::tempdir().unwrap()).await;
+    // rozd drove the safe value at start-up; nobody answered.
+    assert_eq!(mcu.line().await, "M 0");
+    let observation = rest_until(&daemon, "/v1/observation", |o| {
+        actuator(o, "motor").get("safe_unconfirmed").is_some()
+    })
+    .await;
+    let motor = actuator(&observation, "motor");
+    assert_eq!(motor["value"], 0.0, "the value rozd wants: {motor}");
+    assert_eq!(
+        motor["at_safe_value"], false,
+        "the device never confirmed it: {motor}"
+    );
+    let why = motor["safe_unconfirmed"].as_str().unwrap();
+    assert!(why.contains("no reply within 200 ms"), "{motor}");
+    // The MCU wakes up; the next command (0 again) is answered: safe.
+    let answering = tokio::spawn(async move {
+        mcu.answer("M 0", "OK").await;
+        mcu
+    });
+    let mut session = session(&daemon).await;
+    let text = turn(&mut session, "set motor 0").await;
+    assert!(text.contains("motor returned"), "{text}");
+    answering.await.unwrap();
+    let observation = rest_until(&daemon, "/v1/observation", |o| {
+        actuator(o, "motor").get("safe_unconfirmed").is_none()
+    })
+    .await;
+    assert_eq!(actuator(&observation, "motor")["at_safe_value"], true);
+    drop(session);
+    daemon.shutdown().await;
+}
