@@ -493,3 +493,121 @@ fn feedback_cross_check_is_validated_naming_the_line_and_key() {
     assert_eq!(found, "actuators[0].feedback.cross_check.sensor");
     assert!(message.contains("give `scale`"), "{message}");
 }
+
+// Issue 34: the built-in rover's drive_speed feedback, its cross-check on
+// odometry against the simulated world's faults, stepped tick by tick.
+/// The built-in configuration, as the daemon loads it without a file.
+fn parse_builtin() -> crate::config::Config {
+    crate::config::Config::parse(
+        crate::config::BUILTIN_CONFIG,
+        crate::config::ConfigSource::BuiltIn,
+    )
+    .unwrap()
+}
+
+/// The built-in rover, stepped tick by tick (no clock): its
+/// `drive_speed` feedback against the simulated world's `wheel_speed`
+/// and `odometry`, with the sensor echoing the command and the drive
+/// stuck from `stuck_at_ms` on.
+fn drive_the_builtin_rover(
+    spec: &crate::hw::config::FeedbackSpec,
+    stuck_at_ms: u64,
+    until_ms: u64,
+) -> (Vec<(u64, crate::ooda::feedback::Verdict)>, Vec<f64>) {
+    use crate::hw::sim_world::{Input, Quantity, SimFaults, SimWorld};
+    let config = parse_builtin();
+    let mut world = SimWorld::new(config.hardware.sim_world.clone().expect("[sim]"));
+    let echo = SimFaults {
+        echo_wheel_speed: true,
+        ..SimFaults::default()
+    };
+    world.set_faults(echo);
+    use crate::ooda::feedback::{Sample, Watch};
+    use std::time::Duration;
+    use tokio::time::Instant;
+    let ms = Duration::from_millis;
+    let fresh = |value: f64, at: Instant| Sample {
+        latest: Some((value, at)),
+        healthy: true,
+    };
+    let t0 = Instant::now();
+    let tick = ms(10);
+    let mut w = Watch::new(t0);
+    world.set_input(Input::DriveSpeed, 0.3);
+    w.command(spec, 0.3, false, t0);
+    let (mut verdicts, mut range) = (Vec::new(), Vec::new());
+    for k in 1..=until_ms / 10 {
+        let t = k * 10;
+        if t == stuck_at_ms {
+            world.set_faults(SimFaults {
+                stuck_drive: true,
+                ..echo
+            });
+        }
+        world.step(tick);
+        let at = t0 + ms(t);
+        let speed = fresh(world.read(Quantity::WheelSpeed), at);
+        let odometry = fresh(world.read(Quantity::Odometry), at);
+        range.push(world.read(Quantity::FrontDistance));
+        if let Some(v) = w.step_checked(spec, speed, Some(odometry), at) {
+            verdicts.push((t, v));
+        }
+    }
+    (verdicts, range)
+}
+
+#[test]
+fn the_builtin_drive_speed_catches_an_echoing_wheel_speed_once_the_world_disagrees() {
+    use crate::hw::config::FeedbackSpec;
+    use crate::ooda::feedback::{FeedbackStatus, MismatchAction, Watch};
+    let config = parse_builtin();
+    let drive = config
+        .hardware
+        .actuators
+        .iter()
+        .find(|a| a.name == "drive_speed")
+        .unwrap();
+    let spec = drive.feedback.clone().expect("drive_speed has feedback");
+    assert_eq!(spec.sensor, "wheel_speed");
+    assert_eq!(
+        spec.cross_check.as_ref().map(|c| c.sensor.as_str()),
+        Some("odometry")
+    );
+    let (verdicts, range) = drive_the_builtin_rover(&spec, 2000, 4000);
+    // Moving: the range falls and the echo confirms.
+    assert_eq!(verdicts[0].1.status, FeedbackStatus::Confirmed);
+    assert!(range[199] < range[0] - 0.5, "{} {}", range[0], range[199]);
+    // Stuck from 2 s: the range stops falling, the speed still reads
+    // 0.3, and the cross-check calls it a mismatch within its window,
+    // settle_ms and a tick.
+    assert!((range[399] - range[210]).abs() < 1e-9);
+    let (t, mismatch) = verdicts
+        .iter()
+        .find(|(_, v)| v.status == FeedbackStatus::Mismatch)
+        .unwrap_or_else(|| panic!("no mismatch in {verdicts:?}"));
+    assert!(
+        *t <= 2000
+            + (spec.cross_check.as_ref().unwrap().window + spec.settle).as_millis() as u64
+            + 10,
+        "mismatch at {t} ms"
+    );
+    assert_eq!(mismatch.measured, Some(0.3), "the echo");
+    assert!(mismatch.reason.contains("cross-check"));
+    // What on_mismatch = "safe" then does.
+    assert_eq!(
+        Watch::action(&spec, mismatch, false),
+        Some(MismatchAction::DriveSafe)
+    );
+    // Without the cross-check the echo hides it: nothing but confirmed.
+    let blind = FeedbackSpec {
+        cross_check: None,
+        ..spec.clone()
+    };
+    let (verdicts, _) = drive_the_builtin_rover(&blind, 2000, 4000);
+    assert!(
+        verdicts
+            .iter()
+            .all(|(_, v)| v.status == FeedbackStatus::Confirmed),
+        "{verdicts:?}"
+    );
+}
