@@ -475,6 +475,60 @@ async fn while_the_speed_is_held_the_wall_stalling_the_rover_is_caught_and_it_go
     daemon.shutdown().await;
 }
 
+/// The incident behind issue 34: a speed sensor that echoes the command
+/// confirms every command. The built-in drive_speed cross-checks odometry:
+/// once the wheels stop (a stuck drive) while the echo still reads 0.3, the
+/// held value is a mismatch and, per on_mismatch = "safe", driven safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_echoing_wheel_speed_is_caught_by_the_cross_check_once_the_rover_stops_moving() {
+    let daemon = rover(str::to_string, "[sim.faults]\necho_wheel_speed = true\n").await;
+    let mut session = session(&daemon).await;
+    let text = turn(&mut session, "set drive_speed 0.3").await;
+    let result = returned(&text, "drive_speed");
+    // The rover moves; the echo confirms, as it would anyway.
+    assert_eq!(result["status"], "confirmed", "{result}");
+    let (status, body) = common::rest_post(
+        &daemon,
+        "/v1/sim/faults",
+        &json!({"echo_wheel_speed": true, "stuck_drive": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let audit = rest_until(&daemon, "/v1/audit?limit=1000", |a| {
+        !verdicts(a, "drive_speed", "mismatch").is_empty()
+    })
+    .await;
+    let row = verdicts(&audit, "drive_speed", "mismatch")[0];
+    let p = &row["parameters"];
+    assert_eq!(p["stage"], "hold", "{row}");
+    assert_eq!(p["commanded"], 0.3, "{row}");
+    assert_eq!(p["measured"], 0.3, "the echo agreed with the command: {row}");
+    assert!(
+        p["reason"].as_str().unwrap().contains("cross-check"),
+        "{row}"
+    );
+    assert_eq!(p["cross_check"]["expected_rate"], 0.3, "{row}");
+    assert!(
+        p["cross_check"]["sensor_rate"].as_f64().unwrap() < 0.25,
+        "odometry stopped growing: {row}"
+    );
+    assert_eq!(p["action"], "safe", "{row}");
+    until(&daemon, "the stuck drive driven safe", |o| {
+        o.actuators
+            .iter()
+            .any(|a| a.name == "drive_speed" && a.value == 0.0)
+    })
+    .await;
+    let (_, observation) = common::rest_get(&daemon, "/v1/observation").await;
+    assert_eq!(
+        actuator(&observation, "drive_speed")["mismatch"],
+        true,
+        "driven safe, still alarmed"
+    );
+    drop(session);
+    daemon.shutdown().await;
+}
+
 /// A valve driven over MQTT whose position a device reports on its own
 /// topic, through a real mosquitto.
 fn valve(port: u16) -> String {
