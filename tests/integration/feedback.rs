@@ -502,7 +502,10 @@ async fn an_echoing_wheel_speed_is_caught_by_the_cross_check_once_the_rover_stop
     let p = &row["parameters"];
     assert_eq!(p["stage"], "hold", "{row}");
     assert_eq!(p["commanded"], 0.3, "{row}");
-    assert_eq!(p["measured"], 0.3, "the echo agreed with the command: {row}");
+    assert_eq!(
+        p["measured"], 0.3,
+        "the echo agreed with the command: {row}"
+    );
     assert!(
         p["reason"].as_str().unwrap().contains("cross-check"),
         "{row}"
