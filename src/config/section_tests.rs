@@ -418,7 +418,7 @@ fn feedback_cross_check_is_validated_naming_the_line_and_key() {
     assert_eq!(f.cross_check, None);
     assert_eq!(
         f.fresh_within,
-        std::time::Duration::from_millis(400),
+        Some(std::time::Duration::from_millis(400)),
         "no stale_after_ms of its own: settle_ms"
     );
     let ok = parse(&with(
@@ -447,7 +447,19 @@ fn feedback_cross_check_is_validated_naming_the_line_and_key() {
         .feedback
         .clone()
         .unwrap();
-    assert_eq!(f.fresh_within, std::time::Duration::from_millis(900));
+    assert_eq!(f.fresh_within, Some(std::time::Duration::from_millis(900)));
+    // A GPIO input read on its edges: no news is no change.
+    let readback = "[gpio]\nbackend = \"sim\"\n[[sensors]]\nname = \"back\"\nsource = \"gpio\"\npin = 5\n\
+                    [[actuators]]\nname = \"out\"\nkind = \"gpio\"\npin = 6\nsafe_value = 0\n\
+                    feedback = { sensor = \"back\", tolerance = 0.5, settle_ms = 100 }\n";
+    let f = parse(readback)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .hardware
+        .actuators[0]
+        .feedback
+        .clone()
+        .unwrap();
+    assert_eq!(f.fresh_within, None);
     for (cross, key, needle) in [
         (
             ", cross_check = { sensor = \"gps\", tolerance = 0.05 }",

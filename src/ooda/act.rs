@@ -1022,7 +1022,7 @@ mod tests {
                 scale: 1.0,
                 offset: 0.0,
                 on_mismatch,
-                fresh_within: Duration::from_millis(500),
+                fresh_within: Some(Duration::from_millis(500)),
                 cross_check: None,
             }),
             ..spec("drive", Some(10_000))

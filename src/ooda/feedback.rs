@@ -21,9 +21,10 @@
 //! actuators' observers (see [`super::act::Actuators::watch_feedback`]).
 //!
 //! A value is fresh while it is younger than `fresh_within` (the sensor's
-//! `stale_after_ms`, or `settle_ms` when it has none) and its source works:
-//! a sensor that simply stops reporting while a value is held ends
-//! `unconfirmed`, whatever its own staleness setting.
+//! `stale_after_ms`, or `settle_ms` when it has none; unbounded for a GPIO
+//! input read on its edges) and its source works: a sensor that simply
+//! stops reporting while a value is held ends `unconfirmed`, whatever its
+//! own staleness setting.
 //!
 //! What a verdict proves is only what the sensor measures: a sensor that
 //! echoes the command confirms every command. An optional `cross_check`
@@ -355,8 +356,9 @@ impl Watch {
         }
         let fresh_within = spec.fresh_within;
         let fresh = move |s: Sample| {
-            s.latest
-                .filter(|(_, at)| s.healthy && now.saturating_duration_since(*at) <= fresh_within)
+            s.latest.filter(|(_, at)| {
+                s.healthy && fresh_within.is_none_or(|d| now.saturating_duration_since(*at) <= d)
+            })
         };
         let cross_out = match (&spec.cross_check, cross) {
             (Some(check), Some(cross)) => self.cross_out(check, fresh(cross)),
@@ -597,7 +599,7 @@ mod tests {
             scale: 1.0,
             offset: 0.0,
             on_mismatch: OnMismatch::Alarm,
-            fresh_within: Duration::from_millis(500),
+            fresh_within: Some(Duration::from_millis(500)),
             cross_check: None,
         }
     }
@@ -909,7 +911,7 @@ mod tests {
         // The sensor has no stale_after_ms: its source says healthy forever,
         // so only the watch's own bound (settle_ms) can see it is silent.
         let s = spec();
-        assert_eq!(s.fresh_within, s.settle);
+        assert_eq!(s.fresh_within, Some(s.settle));
         let mut w = Watch::new(t0);
         w.command(&s, 0.3, false, t0);
         w.step(&s, fresh(0.3, t0 + ms(20)), t0 + ms(20)).unwrap();
@@ -939,7 +941,7 @@ mod tests {
         assert_eq!(v.status, FeedbackStatus::Confirmed);
         // A longer bound of the sensor's own (stale_after_ms) is kept.
         let patient = FeedbackSpec {
-            fresh_within: ms(2000),
+            fresh_within: Some(ms(2000)),
             ..spec()
         };
         let mut w = Watch::new(t0);

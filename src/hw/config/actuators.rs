@@ -7,8 +7,8 @@ use std::time::Duration;
 use super::super::sim_world::Input;
 use super::{
     ActuatorConfig, ActuatorKind, ActuatorSpec, ActuatorTarget, CrossCheckConfig, CrossCheckSpec,
-    FeedbackConfig, FeedbackSpec, Invalid, Level, SensorSpec, Tables, ValueSet, check_name,
-    claim_pin, concrete_topic, misplaced, require,
+    FeedbackConfig, FeedbackSpec, Invalid, Level, SensorSource, SensorSpec, Tables, ValueSet,
+    check_name, claim_pin, concrete_topic, misplaced, require,
 };
 
 /// The longest `feedback.settle_ms`: a bound on how long a PHYSICAL call
@@ -232,8 +232,13 @@ fn feedback(
         offset,
         on_mismatch: f.on_mismatch,
         // A sensor without its own staleness bound still goes stale for
-        // the watch: a value older than settle_ms is no evidence.
-        fresh_within: sensor.stale_after.unwrap_or(settle),
+        // the watch: a value older than settle_ms is no evidence. Except an
+        // input read on its edges: no news there is no change.
+        fresh_within: match (&sensor.stale_after, &sensor.source) {
+            (Some(bound), _) => Some(*bound),
+            (None, SensorSource::Gpio { poll: None, .. }) => None,
+            (None, _) => Some(settle),
+        },
         cross_check,
     })
 }

@@ -186,8 +186,10 @@ pub struct FeedbackSpec {
     pub offset: f64,
     pub on_mismatch: OnMismatch,
     /// A value older than this is not evidence: the sensor's
-    /// `stale_after_ms`, or `settle` when it has none.
-    pub fresh_within: Duration,
+    /// `stale_after_ms`, or `settle` when it has none; `None` for an
+    /// edge-driven GPIO input without one (its value stands until the next
+    /// edge; a lost chip is its source's health).
+    pub fresh_within: Option<Duration>,
     /// A second, independent sensor whose rate of change must agree with
     /// the command while the value is held.
     pub cross_check: Option<CrossCheckSpec>,
