@@ -735,20 +735,22 @@ async fn chromium_shows_a_feedback_mismatch_as_the_actuators_alarm() {
         .expect("run python (scripts/test.sh installs selenium, chromium, chromium-driver)");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "dashboard_feedback.py failed ({}):\n{stdout}\n{}",
-        out.status,
-        stderr
+    if !out.status.success() {
+        // The script's last word says which step failed and why; the
+        // browser's stack traces before it go to a file.
+        let log = shots.join("dashboard-mismatch-failure.log");
+        let _ = std::fs::write(&log, format!("{stdout}\n{stderr}"));
+        let why: Vec<&str> = stderr
             .lines()
-            .rev()
-            .take(12)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+            .filter(|l| l.starts_with("FAILED at"))
+            .collect();
+        panic!(
+            "dashboard_feedback.py failed ({}); all of its output is in {}:\n{stdout}\n{}",
+            out.status,
+            log.display(),
+            why.join("\n")
+        );
+    }
     assert!(shots.join("dashboard-mismatch.png").exists());
     // What the page showed last is what rozd says: confirmed, no alarm.
     let observation = daemon.ctx.ooda.observe_now();

@@ -74,8 +74,11 @@ def main():
         wait.until(lambda d: "alarmed" in d.find_element(By.CSS_SELECTOR, row).get_attribute("class"))
         cell = text_when(wait, row + " .feedback", lambda t: "mismatch" in t)
         assert "wheel_speed 0" in cell, cell
-        assert "alarmed" not in driver.find_element(By.CSS_SELECTOR, '[data-actuator="turn_rate"]').get_attribute("class")
-        print("row:", driver.find_element(By.CSS_SELECTOR, row).text.replace("\n", " "), flush=True)
+        # The page re-renders the table with every event: each read is one
+        # step of a wait (looked up and read together, again if it went stale).
+        other = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, '[data-actuator="turn_rate"]').get_attribute("class") + " ")
+        assert "alarmed" not in other, other
+        print("row:", text_when(wait, row, bool).replace("\n", " "), flush=True)
         driver.save_screenshot(shots + "/dashboard-mismatch.png")
 
         step = "the fault cleared"
