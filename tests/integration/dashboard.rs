@@ -696,14 +696,30 @@ when = "bumper < 0.5"
 then = { actuator = "drive_speed", value = 0.3 }
 "#;
 
+/// A serial motor whose MCU never answers: its start-up safe drive is not
+/// confirmed (`no reply within 200 ms`).
+fn silent_motor(port: &std::path::Path) -> String {
+    format!(
+        "\n[[serial]]\nname = \"mcu\"\npath = {:?}\n\n[[actuators]]\nname = \"motor\"\n\
+         kind = \"serial\"\nport = \"mcu\"\ntemplate = \"M {{value}}\\n\"\nexpect = '^OK\\b'\n\
+         reply_timeout_ms = 200\nmin = 0.0\nmax = 1.0\nsafe_value = 0.0\n",
+        port.display().to_string()
+    )
+}
+
 /// Issue 34: a feedback mismatch is an alarm of the actuator on the
 /// dashboard (the critical banner, the tab's title, its row), and goes
-/// when the hardware does what it was told again.
+/// when the hardware does what it was told again. Issue 35 item 7: so is a
+/// safe value the device never confirmed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chromium_shows_a_feedback_mismatch_as_the_actuators_alarm() {
+    let dir = tempfile::tempdir().unwrap();
+    let pty = common::pty::PtyPair::start(dir.path()).await;
+    // The MCU's end is open, and never answers.
+    let _mcu = pty.device();
     let daemon = TestDaemon::start_server(
         &format!("auth_tokens = [{TOKEN:?}]"),
-        STUCK,
+        &format!("{STUCK}{}", silent_motor(&pty.a)),
         |_| {},
         std::sync::Arc::new(rozd::session::LogHooks),
     )
@@ -711,11 +727,14 @@ async fn chromium_shows_a_feedback_mismatch_as_the_actuators_alarm() {
     common::observed(
         &daemon.ctx.ooda,
         EXPECT_WITHIN,
-        "drive_speed's mismatch alarm",
+        "drive_speed's mismatch alarm and motor's unconfirmed safe value",
         |o| {
             o.actuators
                 .iter()
                 .any(|a| a.feedback.as_ref().is_some_and(|f| f.mismatch))
+                && o.actuators
+                    .iter()
+                    .any(|a| a.name == "motor" && a.safe_unconfirmed.is_some())
         },
     )
     .await;

@@ -4,12 +4,14 @@ in a real headless Chromium driven by Selenium.
 Usage: dashboard_feedback.py BASE_URL TOKEN SCREENSHOT_DIR
 
 The daemon's drive_speed has feedback from wheel_speed and a stuck drive (a
-rule commands 0.3 at start, nothing moves). Checks, in order: the critical
-banner at the top names the actuator's mismatch (commanded, measured,
-expected) and the tab's title counts it; the actuator's row is marked and
-its feedback cell says `mismatch`; once the fault is cleared over REST (the
-held 0.3 is measured again) the banner entry goes, the row says
-`confirmed`. Every wait is bounded; exit status 0 only if every check passed.
+rule commands 0.3 at start, nothing moves); its serial motor's MCU never
+answered the start-up safe drive. Checks, in order: the critical banner at
+the top names the actuator's mismatch (commanded, measured, expected) and
+the motor's unconfirmed safe value (why), the tab's title counts both; the
+rows are marked, drive_speed's feedback cell says `mismatch`, the motor's
+safe cell `NOT confirmed`; once the fault is cleared over REST (the held
+0.3 is measured again) the mismatch's entry goes, the row says `confirmed`,
+and the motor's alarm stays. Every wait is bounded; exit status 0 only if every check passed.
 """
 
 import json
@@ -66,8 +68,11 @@ def main():
         assert driver.find_element(By.ID, "alarm-banner").is_displayed()
         assert driver.find_element(By.ID, "alarm-banner").location["y"] < 200, "at the top of the page"
         assert "warn-only" not in driver.find_element(By.ID, "alarm-banner").get_attribute("class"), "critical"
-        wait.until(lambda d: d.title.startswith("\u26a0 1 CRITICAL"))
-        print("banner:", banner.replace("\n", " "), flush=True)
+        unsafe = text_when(wait, '#alarm-banner [data-alarm="motor.safe_unconfirmed"]', bool)
+        for want in ("NOT SAFE?", "motor", "safe value 0 not confirmed by the device", "no reply within 200 ms"):
+            assert want in unsafe, (want, unsafe)
+        wait.until(lambda d: d.title.startswith("\u26a0 2 CRITICAL"))
+        print("banner:", banner.replace("\n", " "), "|", unsafe.replace("\n", " "), flush=True)
 
         step = "the actuator's row"
         row = '[data-actuator="drive_speed"]'
@@ -79,6 +84,9 @@ def main():
         other = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, '[data-actuator="turn_rate"]').get_attribute("class") + " ")
         assert "alarmed" not in other, other
         print("row:", text_when(wait, row, bool).replace("\n", " "), flush=True)
+        motor = '[data-actuator="motor"]'
+        wait.until(lambda d: "alarmed" in d.find_element(By.CSS_SELECTOR, motor).get_attribute("class"))
+        text_when(wait, motor + " .safe", lambda t: "NOT confirmed" in t)
         driver.save_screenshot(shots + "/dashboard-mismatch.png")
 
         step = "the fault cleared"
@@ -86,9 +94,10 @@ def main():
         assert faults["faults"]["stuck_drive"] is False, faults
         cell = text_when(wait, row + " .feedback", lambda t: "confirmed" in t)
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '#alarm-banner [data-alarm="drive_speed.mismatch"]'))
-        wait.until(lambda d: not d.find_element(By.ID, "alarm-banner").is_displayed())
         wait.until(lambda d: "alarmed" not in d.find_element(By.CSS_SELECTOR, row).get_attribute("class"))
-        wait.until(lambda d: not d.title.startswith("\u26a0"))
+        wait.until(lambda d: d.title.startswith("\u26a0 1 CRITICAL"))
+        # The motor's device still never answered: its alarm stays.
+        text_when(wait, '#alarm-banner [data-alarm="motor.safe_unconfirmed"]', lambda t: "NOT SAFE?" in t)
         print("after the fault:", cell, flush=True)
     except Exception as error:
         driver.save_screenshot(shots + "/dashboard-mismatch-failure.png")
