@@ -126,6 +126,7 @@ impl Kind {
                     "settled_ms": {"type": "integer", "description": "verdict: from the command to the verdict"},
                     "stage": {"enum": ["command", "hold"]},
                     "alarm": {"type": "boolean", "description": "verdict: the actuator's mismatch alarm after it"},
+                    "cross_check": {"type": ["object", "null"], "description": "verdict: a cross_check's sensor_rate against its expected_rate", "properties": {"sensor_rate": {"type": "number"}, "expected_rate": {"type": "number"}}},
                     "origin": {"type": "string", "description": "as in the audit: session <id>, rule <name>, operator <who>, safety (<reason>)"},
                     "reason": {"type": ["string", "null"], "description": "why a safe value was driven; for a verdict, why it is what it is"},
                     "session_id": {"type": ["string", "null"]},
