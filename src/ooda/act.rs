@@ -114,10 +114,24 @@ struct Entry {
     spec: ActuatorSpec,
     driver: Arc<dyn ActuatorDriver>,
     state: Mutex<Admission>,
+    /// Whether `state`'s value is the safe value, kept beside it (set
+    /// under its lock) for the feedback step, which runs every tick and
+    /// needs nothing else of it.
+    at_safe: std::sync::atomic::AtomicBool,
     /// Serialises driver access: one command at a time per actuator.
     io: tokio::sync::Mutex<()>,
     /// The watch over its feedback sensor, if it has one.
     feedback: Option<Feedback>,
+}
+
+impl Entry {
+    /// Mirrors `state`'s at-safe-value (called with its lock held).
+    fn set_at_safe(&self, state: &Admission) {
+        self.at_safe.store(
+            state.at_safe_value(&self.spec),
+            std::sync::atomic::Ordering::Release,
+        );
+    }
 }
 
 /// An actuator's feedback: its watch, and who commanded what it watches.
@@ -296,6 +310,7 @@ impl Actuators {
             .map(|(index, (spec, driver))| Entry {
                 index,
                 state: Mutex::new(Admission::new(spec.safe_value, now)),
+                at_safe: std::sync::atomic::AtomicBool::new(true),
                 feedback: spec.feedback.clone().map(|spec| Feedback {
                     spec,
                     watched: Mutex::new(Watched {
@@ -436,7 +451,12 @@ impl Actuators {
                 .await;
             return Err(failure);
         }
-        let change = lock(&entry.state).applied(&entry.spec, value, &origin, hold, now);
+        let change = {
+            let mut state = lock(&entry.state);
+            let change = state.applied(&entry.spec, value, &origin, hold, now);
+            entry.set_at_safe(&state);
+            change
+        };
         self.set_hold_deadline(entry.index, change.hold_until);
         let previous = change.previous;
         tracing::info!(actuator = name, value, previous, %origin, "actuator commanded");
@@ -538,7 +558,12 @@ impl Actuators {
         // The value rozd wants is safe, whether or not the device confirmed
         // it; the views say when it did not.
         let now = Instant::now();
-        let previous_owner = lock(&entry.state).went_safe(&entry.spec, error.clone(), now);
+        let previous_owner = {
+            let mut state = lock(&entry.state);
+            let owner = state.went_safe(&entry.spec, error.clone(), now);
+            entry.set_at_safe(&state);
+            owner
+        };
         self.set_hold_deadline(entry.index, None);
         // Whether it really went safe is for its feedback to say.
         self.watch_command(entry, safe, &Origin::Safety(reason.to_string()), now);
@@ -694,8 +719,8 @@ impl Actuators {
     ) -> Option<MismatchResponse> {
         let entry = self.entries.get(index)?;
         let feedback = entry.feedback.as_ref()?;
-        // Read before the watch is locked: the views lock the state first.
-        let at_safe = lock(&entry.state).at_safe_value(&entry.spec);
+        // Without the state's lock: this runs for every watch every tick.
+        let at_safe = entry.at_safe.load(std::sync::atomic::Ordering::Acquire);
         let mut watched = lock(&feedback.watched);
         let verdict = watched
             .watch
