@@ -609,3 +609,227 @@ fn two_hundred_sensors_stay_under_the_budget_and_point_at_observe() {
     // The JSON keeps every sensor.
     assert_eq!(e.view.sensors.len(), 200);
 }
+
+/// A feedback's `cross_check`: another sensor that exists, whose unit per
+/// second is the command's (or a `scale`), finite positive numbers; the
+/// freshness bound of a sensor without `stale_after_ms` is `settle_ms`.
+#[test]
+fn feedback_cross_check_is_validated_naming_the_line_and_key() {
+    let with = |cross: &str| {
+        format!(
+            "[[sensors]]\nname = \"speed\"\nsource = \"sim\"\nunit = \"m/s\"\n\n\
+             [[sensors]]\nname = \"odo\"\nsource = \"sim\"\nunit = \"m\"\nstale_after_ms = 900\n\n\
+             [[actuators]]\nname = \"drive\"\nkind = \"sim\"\nunit = \"m/s\"\nmin = -1\nmax = 1\n\
+             safe_value = 0\nfeedback = {{ sensor = \"speed\", tolerance = 0.02, settle_ms = 400{cross} }}\n"
+        )
+    };
+    let plain = parse(&with("")).unwrap();
+    let f = plain.hardware.actuators[0].feedback.as_ref().unwrap();
+    assert_eq!(f.cross_check, None);
+    assert_eq!(
+        f.fresh_within,
+        Some(std::time::Duration::from_millis(400)),
+        "no stale_after_ms of its own: settle_ms"
+    );
+    let ok = parse(&with(
+        ", cross_check = { sensor = \"odo\", tolerance = 0.05, magnitude = true }",
+    ))
+    .unwrap();
+    let c = ok.hardware.actuators[0]
+        .feedback
+        .as_ref()
+        .unwrap()
+        .cross_check
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (c.sensor.as_str(), c.tolerance, c.scale),
+        ("odo", 0.05, 1.0)
+    );
+    assert_eq!(c.window, std::time::Duration::from_millis(400), "settle_ms");
+    assert_eq!((c.expected_rate(-0.3), c.magnitude), (0.3, true));
+    // The odometry as the feedback sensor itself: its own stale_after_ms.
+    let text = with("").replace(
+        "sensor = \"speed\", tolerance",
+        "sensor = \"odo\", scale = 1, tolerance",
+    );
+    let f = parse(&text).unwrap().hardware.actuators[0]
+        .feedback
+        .clone()
+        .unwrap();
+    assert_eq!(f.fresh_within, Some(std::time::Duration::from_millis(900)));
+    // A GPIO input read on its edges: no news is no change.
+    let readback = "[gpio]\nbackend = \"sim\"\n[[sensors]]\nname = \"back\"\nsource = \"gpio\"\npin = 5\n\
+                    [[actuators]]\nname = \"out\"\nkind = \"gpio\"\npin = 6\nsafe_value = 0\n\
+                    feedback = { sensor = \"back\", tolerance = 0.5, settle_ms = 100 }\n";
+    let f = parse(readback)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .hardware
+        .actuators[0]
+        .feedback
+        .clone()
+        .unwrap();
+    assert_eq!(f.fresh_within, None);
+    for (cross, key, needle) in [
+        (
+            ", cross_check = { sensor = \"gps\", tolerance = 0.05 }",
+            "actuators[0].feedback.cross_check.sensor",
+            "no [[sensors]] named \"gps\"",
+        ),
+        (
+            ", cross_check = { sensor = \"speed\", tolerance = 0.05 }",
+            "actuators[0].feedback.cross_check.sensor",
+            "independent",
+        ),
+        (
+            ", cross_check = { sensor = \"odo\", tolerance = 0.05, window_ms = 0 }",
+            "actuators[0].feedback.cross_check.window_ms",
+            "outside 1-60000",
+        ),
+        (
+            ", cross_check = { sensor = \"odo\", tolerance = -1 }",
+            "actuators[0].feedback.cross_check.tolerance",
+            "finite positive",
+        ),
+        (
+            ", cross_check = { sensor = \"odo\", tolerance = 0.05, scale = 0 }",
+            "actuators[0].feedback.cross_check.scale",
+            "other than 0",
+        ),
+        (
+            ", cross_check = { sensor = \"odo\", tolerance = 0.05, rate = 1 }",
+            "actuators[0].feedback",
+            "unknown field `rate`",
+        ),
+    ] {
+        let text = with(cross);
+        let (line, found, message) = invalid(&text);
+        assert_eq!(line, Some(19), "{cross}: {message}");
+        assert!(found.starts_with(key), "{cross}: key {found}, want {key}");
+        assert!(message.contains(needle), "{cross}: {message}");
+    }
+    // A rate in other units than the command's needs a scale.
+    let text = with(", cross_check = { sensor = \"odo\", tolerance = 0.05 }")
+        .replace("unit = \"m\"\n", "unit = \"mm\"\n");
+    let (_, found, message) = invalid(&text);
+    assert_eq!(found, "actuators[0].feedback.cross_check.sensor");
+    assert!(message.contains("give `scale`"), "{message}");
+}
+
+// Issue 34: the built-in rover's drive_speed feedback, its cross-check on
+// odometry against the simulated world's faults, stepped tick by tick.
+/// The built-in configuration, as the daemon loads it without a file.
+fn parse_builtin() -> crate::config::Config {
+    crate::config::Config::parse(
+        crate::config::BUILTIN_CONFIG,
+        crate::config::ConfigSource::BuiltIn,
+    )
+    .unwrap()
+}
+
+/// The built-in rover, stepped tick by tick (no clock): its
+/// `drive_speed` feedback against the simulated world's `wheel_speed`
+/// and `odometry`, with the sensor echoing the command and the drive
+/// stuck from `stuck_at_ms` on.
+fn drive_the_builtin_rover(
+    spec: &crate::hw::config::FeedbackSpec,
+    stuck_at_ms: u64,
+    until_ms: u64,
+) -> (Vec<(u64, crate::ooda::feedback::Verdict)>, Vec<f64>) {
+    use crate::hw::sim_world::{Input, Quantity, SimFaults, SimWorld};
+    let config = parse_builtin();
+    let mut world = SimWorld::new(config.hardware.sim_world.clone().expect("[sim]"));
+    let echo = SimFaults {
+        echo_wheel_speed: true,
+        ..SimFaults::default()
+    };
+    world.set_faults(echo);
+    use crate::ooda::feedback::{Sample, Watch};
+    use std::time::Duration;
+    use tokio::time::Instant;
+    let ms = Duration::from_millis;
+    let fresh = |value: f64, at: Instant| Sample {
+        latest: Some((value, at)),
+        healthy: true,
+    };
+    let t0 = Instant::now();
+    let tick = ms(10);
+    let mut w = Watch::new(t0);
+    world.set_input(Input::DriveSpeed, 0.3);
+    w.command(spec, 0.3, false, t0);
+    let (mut verdicts, mut range) = (Vec::new(), Vec::new());
+    for k in 1..=until_ms / 10 {
+        let t = k * 10;
+        if t == stuck_at_ms {
+            world.set_faults(SimFaults {
+                stuck_drive: true,
+                ..echo
+            });
+        }
+        world.step(tick);
+        let at = t0 + ms(t);
+        let speed = fresh(world.read(Quantity::WheelSpeed), at);
+        let odometry = fresh(world.read(Quantity::Odometry), at);
+        range.push(world.read(Quantity::FrontDistance));
+        if let Some(v) = w.step_checked(spec, speed, Some(odometry), at) {
+            verdicts.push((t, v));
+        }
+    }
+    (verdicts, range)
+}
+
+#[test]
+fn the_builtin_drive_speed_catches_an_echoing_wheel_speed_once_the_world_disagrees() {
+    use crate::hw::config::FeedbackSpec;
+    use crate::ooda::feedback::{FeedbackStatus, MismatchAction, Watch};
+    let config = parse_builtin();
+    let drive = config
+        .hardware
+        .actuators
+        .iter()
+        .find(|a| a.name == "drive_speed")
+        .unwrap();
+    let spec = drive.feedback.clone().expect("drive_speed has feedback");
+    assert_eq!(spec.sensor, "wheel_speed");
+    assert_eq!(
+        spec.cross_check.as_ref().map(|c| c.sensor.as_str()),
+        Some("odometry")
+    );
+    let (verdicts, range) = drive_the_builtin_rover(&spec, 2000, 4000);
+    // Moving: the range falls and the echo confirms.
+    assert_eq!(verdicts[0].1.status, FeedbackStatus::Confirmed);
+    assert!(range[199] < range[0] - 0.5, "{} {}", range[0], range[199]);
+    // Stuck from 2 s: the range stops falling, the speed still reads
+    // 0.3, and the cross-check calls it a mismatch within its window,
+    // settle_ms and a tick.
+    assert!((range[399] - range[210]).abs() < 1e-9);
+    let (t, mismatch) = verdicts
+        .iter()
+        .find(|(_, v)| v.status == FeedbackStatus::Mismatch)
+        .unwrap_or_else(|| panic!("no mismatch in {verdicts:?}"));
+    assert!(
+        *t <= 2000
+            + (spec.cross_check.as_ref().unwrap().window + spec.settle).as_millis() as u64
+            + 10,
+        "mismatch at {t} ms"
+    );
+    assert_eq!(mismatch.measured, Some(0.3), "the echo");
+    assert!(mismatch.reason.contains("cross-check"));
+    // What on_mismatch = "safe" then does.
+    assert_eq!(
+        Watch::action(&spec, mismatch, false),
+        Some(MismatchAction::DriveSafe)
+    );
+    // Without the cross-check the echo hides it: nothing but confirmed.
+    let blind = FeedbackSpec {
+        cross_check: None,
+        ..spec.clone()
+    };
+    let (verdicts, _) = drive_the_builtin_rover(&blind, 2000, 4000);
+    assert!(
+        verdicts
+            .iter()
+            .all(|(_, v)| v.status == FeedbackStatus::Confirmed),
+        "{verdicts:?}"
+    );
+}

@@ -140,7 +140,8 @@ async fn write_actuator_changes(store: Store, mut changes: mpsc::UnboundedReceiv
 /// A feedback verdict as an audit row of kind `feedback`: `result` the
 /// status (`confirmed`, `unconfirmed`, `mismatch`), `parameters` what was
 /// compared (`commanded`, `expected`, `measured`, `tolerance`, `settled_ms`,
-/// `stage`, `reason`, `alarm`, `on_mismatch` action), `origin` who commanded
+/// `stage`, `reason`, `alarm`, `on_mismatch` action, `cross_check`: the
+/// cross-check sensor's rate against the expected one), `origin` who commanded
 /// the value judged, `error` what a mismatch means.
 fn verdict_record(event: &VerdictEvent, now: i64) -> AuditRecord {
     let v = &event.verdict;
@@ -172,6 +173,7 @@ fn verdict_record(event: &VerdictEvent, now: i64) -> AuditRecord {
             "reason": v.reason,
             "alarm": event.alarm,
             "action": action,
+            "cross_check": v.cross_check,
         })),
         result: Some(v.status.as_str().to_string()),
         error,

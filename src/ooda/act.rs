@@ -114,10 +114,24 @@ struct Entry {
     spec: ActuatorSpec,
     driver: Arc<dyn ActuatorDriver>,
     state: Mutex<Admission>,
+    /// Whether `state`'s value is the safe value, kept beside it (set
+    /// under its lock) for the feedback step, which runs every tick and
+    /// needs nothing else of it.
+    at_safe: std::sync::atomic::AtomicBool,
     /// Serialises driver access: one command at a time per actuator.
     io: tokio::sync::Mutex<()>,
     /// The watch over its feedback sensor, if it has one.
     feedback: Option<Feedback>,
+}
+
+impl Entry {
+    /// Mirrors `state`'s at-safe-value (called with its lock held).
+    fn set_at_safe(&self, state: &Admission) {
+        self.at_safe.store(
+            state.at_safe_value(&self.spec),
+            std::sync::atomic::Ordering::Release,
+        );
+    }
 }
 
 /// An actuator's feedback: its watch, and who commanded what it watches.
@@ -141,7 +155,13 @@ pub struct ActuatorView {
     pub unit: Option<String>,
     pub value: f64,
     pub safe_value: f64,
+    /// At its safe value as far as the device confirmed: false when the
+    /// last drive to it failed (see `safe_unconfirmed`).
     pub at_safe_value: bool,
+    /// Why the device did not confirm the last drive to the safe value
+    /// (e.g. `no reply within 200 ms`); absent when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub safe_unconfirmed: Option<String>,
     pub owner: Option<String>,
     pub since_ms: u64,
     pub hold_remaining_ms: Option<u64>,
@@ -290,6 +310,7 @@ impl Actuators {
             .map(|(index, (spec, driver))| Entry {
                 index,
                 state: Mutex::new(Admission::new(spec.safe_value, now)),
+                at_safe: std::sync::atomic::AtomicBool::new(true),
                 feedback: spec.feedback.clone().map(|spec| Feedback {
                     spec,
                     watched: Mutex::new(Watched {
@@ -430,7 +451,12 @@ impl Actuators {
                 .await;
             return Err(failure);
         }
-        let change = lock(&entry.state).applied(&entry.spec, value, &origin, hold, now);
+        let change = {
+            let mut state = lock(&entry.state);
+            let change = state.applied(&entry.spec, value, &origin, hold, now);
+            entry.set_at_safe(&state);
+            change
+        };
         self.set_hold_deadline(entry.index, change.hold_until);
         let previous = change.previous;
         tracing::info!(actuator = name, value, previous, %origin, "actuator commanded");
@@ -524,20 +550,26 @@ impl Actuators {
     async fn drive_safe_locked(&self, entry: &Entry, reason: &str) {
         let safe = entry.spec.safe_value;
         let result = tokio::time::timeout(entry.spec.timeout, entry.driver.apply(safe)).await;
-        // The value rozd wants is safe, whether or not the device confirmed it.
+        let error = match &result {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some("timed out".to_string()),
+        };
+        // The value rozd wants is safe, whether or not the device confirmed
+        // it; the views say when it did not.
         let now = Instant::now();
-        let previous_owner = lock(&entry.state).went_safe(&entry.spec, now);
+        let previous_owner = {
+            let mut state = lock(&entry.state);
+            let owner = state.went_safe(&entry.spec, error.clone(), now);
+            entry.set_at_safe(&state);
+            owner
+        };
         self.set_hold_deadline(entry.index, None);
         // Whether it really went safe is for its feedback to say.
         self.watch_command(entry, safe, &Origin::Safety(reason.to_string()), now);
         let session = match previous_owner {
             Some(Origin::Session(id)) => Some(id),
             _ => None,
-        };
-        let error = match &result {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some("timed out".to_string()),
         };
         self.report(
             &entry.spec.name,
@@ -661,12 +693,15 @@ impl Actuators {
         feedback.verdicts.send_modify(|n| *n += 1);
     }
 
-    /// The actuators with feedback: (index, feedback sensor), for the loop
-    /// to step their watches with [`Actuators::step_feedback`].
-    pub fn feedback_sensors(&self) -> impl Iterator<Item = (usize, &str)> {
-        self.entries
-            .iter()
-            .filter_map(|e| Some((e.index, e.feedback.as_ref()?.spec.sensor.as_str())))
+    /// The actuators with feedback: (index, feedback sensor, cross-check
+    /// sensor), for the loop to step their watches with
+    /// [`Actuators::step_feedback`].
+    pub fn feedback_sensors(&self) -> impl Iterator<Item = (usize, &str, Option<&str>)> {
+        self.entries.iter().filter_map(|e| {
+            let spec = &e.feedback.as_ref()?.spec;
+            let cross = spec.cross_check.as_ref().map(|c| c.sensor.as_str());
+            Some((e.index, spec.sensor.as_str(), cross))
+        })
     }
 
     /// Steps the feedback watch of actuator `index` with its sensor's
@@ -679,14 +714,17 @@ impl Actuators {
         &self,
         index: usize,
         sample: Sample,
+        cross: Option<Sample>,
         now: Instant,
     ) -> Option<MismatchResponse> {
         let entry = self.entries.get(index)?;
         let feedback = entry.feedback.as_ref()?;
-        // Read before the watch is locked: the views lock the state first.
-        let at_safe = lock(&entry.state).at_safe_value(&entry.spec);
+        // Without the state's lock: this runs for every watch every tick.
+        let at_safe = entry.at_safe.load(std::sync::atomic::Ordering::Acquire);
         let mut watched = lock(&feedback.watched);
-        let verdict = watched.watch.step(&feedback.spec, sample, now)?;
+        let verdict = watched
+            .watch
+            .step_checked(&feedback.spec, sample, cross, now)?;
         let action = Watch::action(&feedback.spec, &verdict, at_safe);
         let response = action.map(|action| {
             let measured = verdict
@@ -761,7 +799,10 @@ impl Actuators {
                     unit: e.spec.unit.clone(),
                     value: s.value(),
                     safe_value: e.spec.safe_value,
-                    at_safe_value: s.at_safe_value(&e.spec),
+                    // Wanted safe is not known safe: a device that did
+                    // not answer may still run.
+                    at_safe_value: s.at_safe_value(&e.spec) && s.safe_unconfirmed().is_none(),
+                    safe_unconfirmed: s.safe_unconfirmed().map(str::to_string),
                     owner: s.owner().map(ToString::to_string),
                     since_ms: ms(now.saturating_duration_since(s.since())),
                     hold_remaining_ms: s.hold_until().map(|t| ms(t.saturating_duration_since(now))),
@@ -1006,6 +1047,8 @@ mod tests {
                 scale: 1.0,
                 offset: 0.0,
                 on_mismatch,
+                fresh_within: Some(Duration::from_millis(500)),
+                cross_check: None,
             }),
             ..spec("drive", Some(10_000))
         };
@@ -1036,7 +1079,7 @@ mod tests {
         let (actuators, verdicts) = with_feedback(OnMismatch::Alarm);
         assert_eq!(
             actuators.feedback_sensors().collect::<Vec<_>>(),
-            [(1, "wheel_speed")]
+            [(1, "wheel_speed", None)]
         );
         let applied = actuators
             .command("drive", 0.3, session("s"), None)
@@ -1054,7 +1097,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(20)).await;
         assert!(
             actuators
-                .step_feedback(1, sample(0.29), Instant::now())
+                .step_feedback(1, sample(0.29), None, Instant::now())
                 .is_none()
         );
         let verdict = waiter.await.unwrap().expect("a verdict");
@@ -1092,13 +1135,13 @@ mod tests {
             tokio::time::advance(Duration::from_millis(20)).await;
             assert!(
                 actuators
-                    .step_feedback(1, sample(0.0), Instant::now())
+                    .step_feedback(1, sample(0.0), None, Instant::now())
                     .is_none()
             );
         }
         tokio::time::advance(Duration::from_millis(20)).await;
         let response = actuators
-            .step_feedback(1, sample(0.0), Instant::now())
+            .step_feedback(1, sample(0.0), None, Instant::now())
             .expect("on_mismatch acts");
         assert_eq!(
             (response.actuator.as_str(), response.action),
@@ -1121,7 +1164,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(20)).await;
         assert!(
             actuators
-                .step_feedback(1, sample(0.0), Instant::now())
+                .step_feedback(1, sample(0.0), None, Instant::now())
                 .is_none()
         );
         let heard = lock(&verdicts.0).clone();
@@ -1143,7 +1186,7 @@ mod tests {
             .unwrap();
         tokio::time::advance(Duration::from_millis(500)).await;
         let response = actuators
-            .step_feedback(1, sample(0.0), Instant::now())
+            .step_feedback(1, sample(0.0), None, Instant::now())
             .expect("on_mismatch acts");
         assert_eq!(response.action, MismatchAction::LatchStop);
         assert_eq!(response.source, "feedback:drive");

@@ -52,6 +52,9 @@ pub struct Admission {
     since: Instant,
     hold_until: Option<Instant>,
     last_command: Option<Instant>,
+    /// Why the device did not confirm the last drive to the safe value
+    /// (a driver error or a timeout); `None` once a drive went through.
+    safe_unconfirmed: Option<String>,
 }
 
 /// What applying a command changed.
@@ -74,7 +77,14 @@ impl Admission {
             since: now,
             hold_until: None,
             last_command: None,
+            safe_unconfirmed: None,
         }
+    }
+
+    /// Why the device did not confirm that it is at the safe value, when
+    /// the last drive to it failed.
+    pub fn safe_unconfirmed(&self) -> Option<&str> {
+        self.safe_unconfirmed.as_deref()
     }
 
     pub fn value(&self) -> f64 {
@@ -156,6 +166,8 @@ impl Admission {
         self.value = value;
         self.since = now;
         self.last_command = Some(now);
+        // The driver took this value: whatever failed before is past.
+        self.safe_unconfirmed = None;
         let is_safe = self.at_safe_value(spec);
         self.owner = (!is_safe).then(|| origin.clone());
         // `hold_ms` may come from a model: an absurd one must not overflow.
@@ -168,8 +180,15 @@ impl Admission {
     }
 
     /// The safe value was driven (whether or not the device confirmed it:
-    /// it is the value rozd wants). Returns who had owned the value before.
-    pub fn went_safe(&mut self, spec: &ActuatorSpec, now: Instant) -> Option<Origin> {
+    /// it is the value rozd wants); `error`: why the device did not
+    /// confirm it. Returns who had owned the value before.
+    pub fn went_safe(
+        &mut self,
+        spec: &ActuatorSpec,
+        error: Option<String>,
+        now: Instant,
+    ) -> Option<Origin> {
+        self.safe_unconfirmed = error;
         self.value = spec.safe_value;
         self.since = now;
         self.hold_until = None;
@@ -454,12 +473,30 @@ pub(super) mod tests {
         let s = spec();
         let mut a = Admission::new(0.0, t0);
         a.applied(&s, 0.5, &session("a"), Some(ms(500)), t0);
-        assert_eq!(a.went_safe(&s, t0 + ms(5)), Some(session("a")));
+        assert_eq!(a.went_safe(&s, None, t0 + ms(5)), Some(session("a")));
         assert_eq!(a.value(), 0.0);
         assert_eq!(a.hold_until(), None);
         assert_eq!(a.since(), t0 + ms(5));
         assert!(!a.hold_expired(t0 + ms(10_000)));
-        assert_eq!(a.went_safe(&s, t0 + ms(6)), None);
+        assert_eq!(a.went_safe(&s, None, t0 + ms(6)), None);
+    }
+
+    #[test]
+    fn a_safe_drive_the_device_did_not_confirm_is_remembered_until_one_goes_through() {
+        let t0 = Instant::now();
+        let s = spec();
+        let mut a = Admission::new(0.0, t0);
+        assert_eq!(a.safe_unconfirmed(), None, "nothing failed yet");
+        a.went_safe(&s, Some("no reply within 200 ms".into()), t0);
+        assert!(a.at_safe_value(&s), "the value rozd wants is safe");
+        assert_eq!(a.safe_unconfirmed(), Some("no reply within 200 ms"));
+        // A later safe drive that goes through ends it.
+        a.went_safe(&s, None, t0 + ms(1));
+        assert_eq!(a.safe_unconfirmed(), None);
+        // So does any command the driver took.
+        a.went_safe(&s, Some("timed out".into()), t0 + ms(2));
+        a.applied(&s, 0.0, &session("a"), None, t0 + ms(3));
+        assert_eq!(a.safe_unconfirmed(), None);
     }
 
     #[test]

@@ -20,8 +20,18 @@
 //! the loop steps every watch at each tick and hands the verdicts to the
 //! actuators' observers (see [`super::act::Actuators::watch_feedback`]).
 //!
+//! A value is fresh while it is younger than `fresh_within` (the sensor's
+//! `stale_after_ms`, or `settle_ms` when it has none; unbounded for a GPIO
+//! input read on its edges) and its source works: a sensor that simply
+//! stops reporting while a value is held ends `unconfirmed`, whatever its
+//! own staleness setting.
+//!
 //! What a verdict proves is only what the sensor measures: a sensor that
-//! echoes the command confirms every command.
+//! echoes the command confirms every command. An optional `cross_check`
+//! names a second, independent sensor whose *rate of change* must agree
+//! with the command while the value is held (odometry for a drive speed):
+//! a held value whose cross-check disagrees for longer than `settle_ms` is
+//! a mismatch even while the feedback sensor agrees.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -29,7 +39,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::hw::config::{FeedbackSpec, OnMismatch};
+use crate::hw::config::{CrossCheckSpec, FeedbackSpec, OnMismatch};
 
 /// What rules read an actuator's mismatch alarm by: `<actuator>.mismatch`.
 pub const MISMATCH_SUFFIX: &str = ".mismatch";
@@ -116,6 +126,17 @@ pub struct Verdict {
     pub stage: Stage,
     /// Why, in words.
     pub reason: &'static str,
+    /// The cross-check's measured rate against its expected one, when
+    /// the actuator has one and the rate is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cross_check: Option<CrossReading>,
+}
+
+/// What the cross-check sensor's rate of change says.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CrossReading {
+    pub sensor_rate: f64,
+    pub expected_rate: f64,
 }
 
 /// What a mismatch does besides the alarm (`on_mismatch`).
@@ -141,7 +162,49 @@ pub struct FeedbackView {
 enum Condition {
     Within,
     Out,
+    /// The feedback sensor agrees, the cross-check's rate does not.
+    CrossOut,
     NoFresh,
+}
+
+/// The cross-check sensor's recent values since the command (oldest
+/// first), spanning at most its window: their rate of change.
+#[derive(Debug, Clone, Default)]
+struct RateWindow {
+    samples: VecDeque<(f64, Instant)>,
+}
+
+impl RateWindow {
+    fn clear(&mut self) {
+        self.samples.clear();
+    }
+
+    /// Adds a value that arrived at `at` (once: a value read again at the
+    /// next tick is the same value) and drops what the window no longer
+    /// needs.
+    fn add(&mut self, value: f64, at: Instant, window: Duration) {
+        if self.samples.back().is_some_and(|&(_, last)| at <= last) {
+            return;
+        }
+        self.samples.push_back((value, at));
+        // Keep the newest span that still covers the window.
+        while self.samples.len() > 2
+            && self
+                .samples
+                .get(1)
+                .is_some_and(|&(_, second)| at.saturating_duration_since(second) >= window)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Units per second over at least `window`; `None` before the values
+    /// span it.
+    fn rate(&self, window: Duration) -> Option<f64> {
+        let (&(v0, t0), &(v1, t1)) = (self.samples.front()?, self.samples.back()?);
+        let span = t1.saturating_duration_since(t0);
+        (span >= window && !span.is_zero()).then(|| (v1 - v0) / span.as_secs_f64())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -172,6 +235,9 @@ pub struct Watch {
     measured: Option<f64>,
     alarm: bool,
     verdicts: VecDeque<Verdict>,
+    /// The cross-check sensor's values since the command.
+    rates: RateWindow,
+    cross: Option<CrossReading>,
 }
 
 /// What [`Watch::command`] started.
@@ -203,6 +269,8 @@ impl Watch {
             measured: None,
             alarm: false,
             verdicts: VecDeque::with_capacity(HISTORY),
+            rates: RateWindow::default(),
+            cross: None,
         }
     }
 
@@ -252,6 +320,9 @@ impl Watch {
         self.commanded = value;
         self.expected = expected;
         self.commanded_at = now;
+        // A rate across the change of command says nothing about either.
+        self.rates.clear();
+        self.cross = None;
         self.clears_alarm = !by_rozd;
         self.status = Some(FeedbackStatus::Settling);
         self.phase = Phase::Settling {
@@ -268,17 +339,40 @@ impl Watch {
 
     /// Looks at the sensor at `now`: a verdict when the status changes.
     pub fn step(&mut self, spec: &FeedbackSpec, sample: Sample, now: Instant) -> Option<Verdict> {
+        self.step_checked(spec, sample, None, now)
+    }
+
+    /// [`Watch::step`] with the cross-check sensor's sample (`cross`), for
+    /// an actuator whose feedback has a `cross_check`.
+    pub fn step_checked(
+        &mut self,
+        spec: &FeedbackSpec,
+        sample: Sample,
+        cross: Option<Sample>,
+        now: Instant,
+    ) -> Option<Verdict> {
         if let Some((value, _)) = sample.latest {
             self.measured = Some(value);
         }
+        let fresh_within = spec.fresh_within;
+        let fresh = move |s: Sample| {
+            s.latest.filter(|(_, at)| {
+                s.healthy && fresh_within.is_none_or(|d| now.saturating_duration_since(*at) <= d)
+            })
+        };
+        let cross_out = match (&spec.cross_check, cross) {
+            (Some(check), Some(cross)) => self.cross_out(check, fresh(cross)),
+            _ => false,
+        };
         let within = |v: f64| (v - self.expected).abs() <= spec.tolerance;
         match self.phase {
             Phase::Idle => None,
-            Phase::Settling { deadline, fresh } => {
+            Phase::Settling {
+                deadline,
+                fresh: had_fresh,
+            } => {
                 // Only a value that arrived after the command is evidence.
-                let evidence = sample
-                    .latest
-                    .filter(|(_, at)| sample.healthy && *at > self.commanded_at);
+                let evidence = fresh(sample).filter(|(_, at)| *at > self.commanded_at);
                 if let Some((value, at)) = evidence {
                     if within(value) {
                         self.phase = Phase::Holding {
@@ -302,8 +396,8 @@ impl Watch {
                 if now < deadline {
                     return None;
                 }
-                let fresh = fresh || evidence.is_some();
-                let (status, condition, reason) = if fresh {
+                let had_fresh = had_fresh || evidence.is_some();
+                let (status, condition, reason) = if had_fresh {
                     (
                         FeedbackStatus::Mismatch,
                         Condition::Out,
@@ -327,15 +421,11 @@ impl Watch {
                 mut condition,
                 mut since,
             } => {
-                let now_condition = match sample.latest {
-                    Some((value, _)) if sample.healthy => {
-                        if within(value) {
-                            Condition::Within
-                        } else {
-                            Condition::Out
-                        }
-                    }
-                    _ => Condition::NoFresh,
+                let now_condition = match fresh(sample) {
+                    Some((value, _)) if !within(value) => Condition::Out,
+                    Some(_) if cross_out => Condition::CrossOut,
+                    Some(_) => Condition::Within,
+                    None => Condition::NoFresh,
                 };
                 if now_condition != condition {
                     condition = now_condition;
@@ -350,6 +440,11 @@ impl Watch {
                     Condition::Out => (
                         FeedbackStatus::Mismatch,
                         "the measured value left the tolerance for longer than settle_ms",
+                    ),
+                    Condition::CrossOut => (
+                        FeedbackStatus::Mismatch,
+                        "the cross-check sensor's rate of change disagreed with the command \
+                         for longer than settle_ms",
                     ),
                     Condition::NoFresh => (
                         FeedbackStatus::Unconfirmed,
@@ -367,6 +462,31 @@ impl Watch {
                 Some(self.conclude(spec, status, Stage::Hold, took, reason))
             }
         }
+    }
+
+    /// Adds the cross-check sensor's fresh value; whether its rate of
+    /// change is known and out of tolerance of what the command implies.
+    fn cross_out(&mut self, check: &CrossCheckSpec, latest: Option<(f64, Instant)>) -> bool {
+        // Only values since the command: the rate of the old one is not
+        // evidence against the new one.
+        match latest.filter(|(_, at)| *at > self.commanded_at) {
+            Some((value, at)) => self.rates.add(value, at, check.window),
+            // Silent: the rate is unknown, not zero.
+            None => {
+                self.rates.clear();
+                self.cross = None;
+                return false;
+            }
+        }
+        let Some(rate) = self.rates.rate(check.window) else {
+            return false;
+        };
+        let expected = check.expected_rate(self.commanded);
+        self.cross = Some(CrossReading {
+            sensor_rate: rate,
+            expected_rate: expected,
+        });
+        (rate - expected).abs() > check.tolerance
     }
 
     /// What `on_mismatch` does about `verdict`, the actuator being at its
@@ -434,6 +554,7 @@ impl Watch {
             settled_ms,
             stage,
             reason,
+            cross_check: self.cross,
         }
     }
 
@@ -478,6 +599,8 @@ mod tests {
             scale: 1.0,
             offset: 0.0,
             on_mismatch: OnMismatch::Alarm,
+            fresh_within: Some(Duration::from_millis(500)),
+            cross_check: None,
         }
     }
 
@@ -780,6 +903,150 @@ mod tests {
             assert_eq!(Watch::action(&with(on_mismatch), &confirmed, false), None);
             assert_eq!(Watch::action(&with(on_mismatch), &unconfirmed, false), None);
         }
+    }
+
+    #[test]
+    fn a_feedback_sensor_without_stale_after_that_stops_reporting_while_held_is_unconfirmed() {
+        let t0 = Instant::now();
+        // The sensor has no stale_after_ms: its source says healthy forever,
+        // so only the watch's own bound (settle_ms) can see it is silent.
+        let s = spec();
+        assert_eq!(s.fresh_within, Some(s.settle));
+        let mut w = Watch::new(t0);
+        w.command(&s, 0.3, false, t0);
+        w.step(&s, fresh(0.3, t0 + ms(20)), t0 + ms(20)).unwrap();
+        // Its last value, still "healthy", ever older.
+        let last = fresh(0.3, t0 + ms(20));
+        assert_eq!(w.step(&s, last, t0 + ms(520)), None, "fresh until 520");
+        assert_eq!(w.step(&s, last, t0 + ms(521)), None, "silent from 521");
+        assert_eq!(w.step(&s, last, t0 + ms(1020)), None, "not yet settle_ms");
+        let v = w
+            .step(&s, last, t0 + ms(1021))
+            .expect("silent for settle_ms");
+        assert_eq!(
+            (v.status, v.stage),
+            (FeedbackStatus::Unconfirmed, Stage::Hold)
+        );
+        assert!(v.reason.contains("no fresh"), "{v:?}");
+        assert!(
+            !w.alarm(),
+            "silence is no mismatch, and no on_mismatch action"
+        );
+        assert_eq!(Watch::action(&s, &v, false), None);
+        assert_eq!(w.view().status, Some(FeedbackStatus::Unconfirmed));
+        // Reporting again: confirmed at once.
+        let v = w
+            .step(&s, fresh(0.3, t0 + ms(1100)), t0 + ms(1100))
+            .unwrap();
+        assert_eq!(v.status, FeedbackStatus::Confirmed);
+        // A longer bound of the sensor's own (stale_after_ms) is kept.
+        let patient = FeedbackSpec {
+            fresh_within: Some(ms(2000)),
+            ..spec()
+        };
+        let mut w = Watch::new(t0);
+        w.command(&patient, 0.3, false, t0);
+        w.step(&patient, fresh(0.3, t0 + ms(20)), t0 + ms(20))
+            .unwrap();
+        assert_eq!(w.step(&patient, last, t0 + ms(1021)), None, "still fresh");
+        assert_eq!(
+            w.step(&patient, last, t0 + ms(2021)),
+            None,
+            "silent from 2021"
+        );
+        assert_eq!(w.step(&patient, last, t0 + ms(2520)), None);
+        let v = w.step(&patient, last, t0 + ms(2521)).unwrap();
+        assert_eq!(v.status, FeedbackStatus::Unconfirmed);
+    }
+
+    fn cross_checked() -> FeedbackSpec {
+        FeedbackSpec {
+            cross_check: Some(CrossCheckSpec {
+                sensor: "odometry".into(),
+                scale: 1.0,
+                magnitude: true,
+                tolerance: 0.05,
+                window: ms(500),
+            }),
+            ..spec()
+        }
+    }
+
+    #[test]
+    fn a_held_value_whose_cross_check_rate_disagrees_is_a_mismatch_while_the_feedback_agrees() {
+        let t0 = Instant::now();
+        let s = cross_checked();
+        let mut w = Watch::new(t0);
+        w.command(&s, -0.3, false, t0);
+        // wheel_speed echoes -0.3; odometry grows 0.3 m/s (a magnitude)
+        // for 1 s, then stops: the rover is stuck, the echo goes on.
+        let odometry = |t: u64| 0.3 * (t.min(1000) as f64) / 1000.0;
+        let mut verdicts = Vec::new();
+        for t in (20..=3000).step_by(20) {
+            let at = t0 + ms(t);
+            if let Some(v) = w.step_checked(&s, fresh(-0.3, at), Some(fresh(odometry(t), at)), at) {
+                verdicts.push((t, v));
+            }
+        }
+        assert_eq!(verdicts.len(), 2, "{verdicts:?}");
+        let (t, confirmed) = &verdicts[0];
+        assert_eq!((*t, confirmed.status), (20, FeedbackStatus::Confirmed));
+        assert_eq!(confirmed.cross_check, None, "no window of values yet");
+        let (t, mismatch) = &verdicts[1];
+        // The rate over the last 500 ms leaves 0.3 ± 0.05 once more than
+        // 1/6 of the window is standing still (t > 1083), and a mismatch
+        // after it has been out for settle_ms.
+        assert!((1580..=1620).contains(t), "at {t}");
+        assert_eq!(
+            (mismatch.status, mismatch.stage),
+            (FeedbackStatus::Mismatch, Stage::Hold)
+        );
+        assert!(mismatch.reason.contains("cross-check"), "{mismatch:?}");
+        assert_eq!(mismatch.measured, Some(-0.3), "the echo agrees");
+        let cross = mismatch.cross_check.expect("the rate it judged");
+        assert_eq!(cross.expected_rate, 0.3);
+        assert!(cross.sensor_rate < 0.25, "{cross:?}");
+        assert!(w.alarm());
+        // The same drive with the cross-check sensor silent judges nothing
+        // by it: the echo confirms, as it would without a cross-check.
+        let mut w = Watch::new(t0);
+        w.command(&s, -0.3, false, t0);
+        for t in (20..=3000).step_by(20) {
+            let at = t0 + ms(t);
+            let v = w.step_checked(&s, fresh(-0.3, at), Some(Sample::default()), at);
+            assert!(v.is_none() || t == 20, "{t}: {v:?}");
+        }
+        assert_eq!(w.view().status, Some(FeedbackStatus::Confirmed));
+    }
+
+    #[test]
+    fn a_cross_check_rate_counts_only_values_since_the_command() {
+        let t0 = Instant::now();
+        let s = cross_checked();
+        let mut w = Watch::new(t0);
+        // Standing still at 0, confirmed and the rate (0) agrees.
+        w.command(&s, 0.0, false, t0);
+        let mut odo = 0.0;
+        for t in (20..=1000).step_by(20) {
+            let at = t0 + ms(t);
+            w.step_checked(&s, fresh(0.0, at), Some(fresh(odo, at)), at);
+        }
+        assert_eq!(w.view().status, Some(FeedbackStatus::Confirmed));
+        // Then 0.3, carried out at once: the standstill before the command
+        // must not count against it.
+        w.command(&s, 0.3, false, t0 + ms(1000));
+        for t in (1020..=4000).step_by(20) {
+            odo += 0.3 * 0.02;
+            let at = t0 + ms(t);
+            let v = w.step_checked(&s, fresh(0.3, at), Some(fresh(odo, at)), at);
+            assert!(
+                v.as_ref()
+                    .is_none_or(|v| v.status == FeedbackStatus::Confirmed),
+                "{t}: {v:?}"
+            );
+        }
+        assert_eq!(w.view().status, Some(FeedbackStatus::Confirmed));
+        assert!(!w.alarm());
     }
 
     #[test]

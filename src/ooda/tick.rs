@@ -28,8 +28,9 @@ pub(super) struct TickState {
     /// Each rule's phase as last told to [`Ooda::rules_view`].
     rule_phases: Vec<RulePhase>,
     readings: Vec<Reading>,
-    /// The actuators with feedback and their sensors' places in `readings`.
-    feedback: Vec<(usize, Option<usize>)>,
+    /// The actuators with feedback and their sensors' places in
+    /// `readings`: the feedback sensor, and the cross-check's if any.
+    feedback: Vec<(usize, Option<usize>, Option<Option<usize>>)>,
     until_publish: u64,
 }
 
@@ -45,7 +46,10 @@ impl TickState {
             feedback: ooda
                 .actuators
                 .feedback_sensors()
-                .map(|(actuator, sensor)| (actuator, ooda.world.index_of(sensor)))
+                .map(|(actuator, sensor, cross)| {
+                    let index = |name| ooda.world.index_of(name);
+                    (actuator, index(sensor), cross.map(index))
+                })
                 .collect(),
             until_publish: 0,
         }
@@ -84,15 +88,18 @@ impl Ooda {
             }
         }
         // Commanded versus measured, before the rules read the alarms.
-        for &(actuator, sensor) in &state.feedback {
-            let sample =
+        for &(actuator, sensor, cross) in &state.feedback {
+            let sample_of = |sensor: Option<usize>| {
                 sensor
                     .and_then(|i| state.readings.get(i))
                     .map_or_else(Sample::default, |r| Sample {
                         latest: r.value.zip(r.at),
                         healthy: r.healthy,
-                    });
-            if let Some(response) = self.actuators.step_feedback(actuator, sample, now) {
+                    })
+            };
+            let sample = sample_of(sensor);
+            let cross = cross.map(sample_of);
+            if let Some(response) = self.actuators.step_feedback(actuator, sample, cross, now) {
                 self.on_mismatch(response);
             }
         }

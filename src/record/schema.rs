@@ -95,6 +95,7 @@ impl Kind {
                         "value": {"type": "number"},
                         "safe_value": {"type": "number"},
                         "at_safe_value": {"type": "boolean"},
+                        "safe_unconfirmed": {"type": "string"},
                         "owner": {"type": ["string", "null"]}
                     }}},
                     "sources": {"type": "array"}
@@ -125,6 +126,7 @@ impl Kind {
                     "settled_ms": {"type": "integer", "description": "verdict: from the command to the verdict"},
                     "stage": {"enum": ["command", "hold"]},
                     "alarm": {"type": "boolean", "description": "verdict: the actuator's mismatch alarm after it"},
+                    "cross_check": {"type": ["object", "null"], "description": "verdict: a cross_check's sensor_rate against its expected_rate", "properties": {"sensor_rate": {"type": "number"}, "expected_rate": {"type": "number"}}},
                     "origin": {"type": "string", "description": "as in the audit: session <id>, rule <name>, operator <who>, safety (<reason>)"},
                     "reason": {"type": ["string", "null"], "description": "why a safe value was driven; for a verdict, why it is what it is"},
                     "session_id": {"type": ["string", "null"]},
@@ -285,6 +287,7 @@ pub fn message(event: &Event, at_ns: u64) -> Message {
                 "stage": verdict.stage,
                 "reason": verdict.reason,
                 "alarm": v.alarm,
+                "cross_check": verdict.cross_check,
             });
             (
                 Kind::Actuator,
@@ -443,6 +446,7 @@ mod tests {
                 settled_ms: 500,
                 stage: Stage::Command,
                 reason: "why",
+                cross_check: None,
             },
             alarm: true,
             action: None,

@@ -88,6 +88,13 @@ fn every_hardware_key_is_documented_with_an_example() {
         ),
         section("actuators", Some("reflex rules")),
     );
+    assert_documented(
+        "[[actuators]] feedback.cross_check",
+        &accepted_keys(
+            "[[sensors]]\nname = \"s\"\nsource = \"sim\"\n[[actuators]]\nname = \"a\"\nkind = \"sim\"\nmin = 0\nmax = 1\nsafe_value = 0\nfeedback = { sensor = \"s\", tolerance = 1, settle_ms = 1, cross_check = { ZZZ } }\n",
+        ),
+        section("actuators", Some("reflex rules")),
+    );
     let rules = section("reflex rules", Some("cameras"));
     assert_documented(
         "[[cameras]]",

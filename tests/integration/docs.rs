@@ -374,6 +374,10 @@ const TABLES: &[(&str, &str)] = &[
         "[[actuators]]\nname = \"a\"\nkind = \"sim\"\nmin = 0\nmax = 1\nsafe_value = 0\nfeedback = { ZZZ }\n",
     ),
     (
+        "[[actuators]] feedback cross_check",
+        "[[sensors]]\nname = \"s\"\nsource = \"sim\"\n[[actuators]]\nname = \"a\"\nkind = \"sim\"\nmin = 0\nmax = 1\nsafe_value = 0\nfeedback = { sensor = \"s\", tolerance = 1, settle_ms = 1, cross_check = { ZZZ } }\n",
+    ),
+    (
         "[[rules]]",
         "[[rules]]\nname = \"r\"\nwhen = \"true\"\nZZZ\nthen = { estop = true }\n",
     ),

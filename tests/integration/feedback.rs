@@ -475,6 +475,63 @@ async fn while_the_speed_is_held_the_wall_stalling_the_rover_is_caught_and_it_go
     daemon.shutdown().await;
 }
 
+/// The incident behind issue 34: a speed sensor that echoes the command
+/// confirms every command. The built-in drive_speed cross-checks odometry:
+/// once the wheels stop (a stuck drive) while the echo still reads 0.3, the
+/// held value is a mismatch and, per on_mismatch = "safe", driven safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_echoing_wheel_speed_is_caught_by_the_cross_check_once_the_rover_stops_moving() {
+    let daemon = rover(str::to_string, "[sim.faults]\necho_wheel_speed = true\n").await;
+    let mut session = session(&daemon).await;
+    let text = turn(&mut session, "set drive_speed 0.3").await;
+    let result = returned(&text, "drive_speed");
+    // The rover moves; the echo confirms, as it would anyway.
+    assert_eq!(result["status"], "confirmed", "{result}");
+    let (status, body) = common::rest_post(
+        &daemon,
+        "/v1/sim/faults",
+        &json!({"echo_wheel_speed": true, "stuck_drive": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let audit = rest_until(&daemon, "/v1/audit?limit=1000", |a| {
+        !verdicts(a, "drive_speed", "mismatch").is_empty()
+    })
+    .await;
+    let row = verdicts(&audit, "drive_speed", "mismatch")[0];
+    let p = &row["parameters"];
+    assert_eq!(p["stage"], "hold", "{row}");
+    assert_eq!(p["commanded"], 0.3, "{row}");
+    assert_eq!(
+        p["measured"], 0.3,
+        "the echo agreed with the command: {row}"
+    );
+    assert!(
+        p["reason"].as_str().unwrap().contains("cross-check"),
+        "{row}"
+    );
+    assert_eq!(p["cross_check"]["expected_rate"], 0.3, "{row}");
+    assert!(
+        p["cross_check"]["sensor_rate"].as_f64().unwrap() < 0.25,
+        "odometry stopped growing: {row}"
+    );
+    assert_eq!(p["action"], "safe", "{row}");
+    until(&daemon, "the stuck drive driven safe", |o| {
+        o.actuators
+            .iter()
+            .any(|a| a.name == "drive_speed" && a.value == 0.0)
+    })
+    .await;
+    let (_, observation) = common::rest_get(&daemon, "/v1/observation").await;
+    assert_eq!(
+        actuator(&observation, "drive_speed")["mismatch"],
+        true,
+        "driven safe, still alarmed"
+    );
+    drop(session);
+    daemon.shutdown().await;
+}
+
 /// A valve driven over MQTT whose position a device reports on its own
 /// topic, through a real mosquitto.
 fn valve(port: u16) -> String {
@@ -648,6 +705,77 @@ feedback = {{ sensor = "motor_speed", tolerance = 50, settle_ms = 400, scale = 3
         (&json!(1500.0), &json!(1500.0)),
         "{result}"
     );
+    drop(session);
+    daemon.shutdown().await;
+}
+
+/// Issue 35 item 7: an MCU that never answers leaves the start-up safe
+/// drive unconfirmed (`no reply within 200 ms`); the Observation must not
+/// call the actuator safe, and says why. A later command the device
+/// answers ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_up_safe_drive_the_mcu_never_answered_is_not_reported_at_safe_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let pty = common::pty::PtyPair::start(dir.path()).await;
+    // The MCU is there (the port opens) but answers nothing yet.
+    let mut mcu = pty.device();
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+http2_keepalive_secs = 0
+
+[store]
+path = {:?}
+
+[[serial]]
+name = "mcu"
+path = {:?}
+
+[[actuators]]
+name = "motor"
+kind = "serial"
+port = "mcu"
+template = "M {{value}}\n"
+expect = '^OK\b'
+reply_timeout_ms = 200
+min = 0.0
+max = 1.0
+safe_value = 0.0
+{ALLOW}"#,
+        dir.path().join("rozd.db").display().to_string(),
+        pty.a.display().to_string()
+    );
+    let config = Config::parse(&text, ConfigSource::BuiltIn).unwrap_or_else(|e| panic!("{e}"));
+    let daemon = TestDaemon::start_with(config, tempfile::tempdir().unwrap()).await;
+    // rozd drove the safe value at start-up; nobody answered.
+    assert_eq!(mcu.line().await, "M 0");
+    let observation = rest_until(&daemon, "/v1/observation", |o| {
+        actuator(o, "motor").get("safe_unconfirmed").is_some()
+    })
+    .await;
+    let motor = actuator(&observation, "motor");
+    assert_eq!(motor["value"], 0.0, "the value rozd wants: {motor}");
+    assert_eq!(
+        motor["at_safe_value"], false,
+        "the device never confirmed it: {motor}"
+    );
+    let why = motor["safe_unconfirmed"].as_str().unwrap();
+    assert!(why.contains("no reply within 200 ms"), "{motor}");
+    // The MCU wakes up; the next command (0 again) is answered: safe.
+    let answering = tokio::spawn(async move {
+        mcu.answer("M 0", "OK").await;
+        mcu
+    });
+    let mut session = session(&daemon).await;
+    let text = turn(&mut session, "set motor 0").await;
+    assert!(text.contains("motor returned"), "{text}");
+    answering.await.unwrap();
+    let observation = rest_until(&daemon, "/v1/observation", |o| {
+        actuator(o, "motor").get("safe_unconfirmed").is_none()
+    })
+    .await;
+    assert_eq!(actuator(&observation, "motor")["at_safe_value"], true);
     drop(session);
     daemon.shutdown().await;
 }

@@ -2121,3 +2121,73 @@ async fn openai_sessions_are_told_the_embodiment_and_the_manual() {
     }
     daemon.shutdown().await;
 }
+
+/// Issue 34: a model (the Anthropic fake) that calls the built-in rover's
+/// PHYSICAL `drive_speed` reads the feedback verdict in the same tool
+/// result (status, commanded, measured), and the tool's description told
+/// it that only `confirmed` means the hardware did it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_model_reads_the_feedback_verdict_in_the_physical_tools_result() {
+    let mut fake = FakeProvider::start().await;
+    let rover = rozd::config::BUILTIN_CONFIG.replace("[server]\nlisten = \"127.0.0.1:8080\"\n", "");
+    assert!(!rover.contains("[server]"), "the built-in [server] is cut");
+    let daemon = TestDaemon::start(&format!(
+        "{rover}\n[[permissions]]\ntool_pattern = \"*\"\npolicy = \"allow\"\n\n{}",
+        fake.anthropic_endpoint("claude", "claude-test-1", "")
+    ))
+    .await;
+    fake.stream(anthropic(
+        &[
+            Part::Text("Driving."),
+            Part::Tool("toolu_drive", "drive_speed", vec!["{\"value\"", ": 0.2}"]),
+        ],
+        "tool_use",
+        U::default(),
+    ));
+    fake.stream(anthropic(
+        &[Part::Text("The wheels turn.")],
+        "end_turn",
+        U::default(),
+    ));
+    let (mut session, _) = open(&daemon, Some("claude"), vec![]).await;
+    session.send(user("drive slowly")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(done.stop_reason, "end_turn", "{seen:?}");
+
+    let first = fake.request().await;
+    let drive = first.body["tools"]
+        .as_array()
+        .and_then(|tools| tools.iter().find(|t| t["name"] == "drive_speed"))
+        .unwrap_or_else(|| panic!("no drive_speed tool in {}", first.body["tools"]));
+    let description = drive["description"].as_str().unwrap();
+    assert!(
+        description.contains("confirmed"),
+        "the model is told what a verdict means: {description}"
+    );
+    let second = fake.request().await;
+    let result = second.body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_array())
+        .and_then(|c| c.iter().find(|b| b["type"] == "tool_result"))
+        .unwrap_or_else(|| panic!("no tool_result in {}", second.body["messages"]))
+        .clone();
+    assert_eq!(result["tool_use_id"], "toolu_drive");
+    assert_eq!(result["is_error"], false, "{result}");
+    // What the model read: the tool's JSON answer.
+    let text = match &result["content"] {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    let json = text
+        .find('{')
+        .zip(text.rfind('}'))
+        .and_then(|(from, to)| serde_json::from_str::<Value>(&text[from..=to]).ok())
+        .unwrap_or_else(|| panic!("no JSON answer in {text}"));
+    assert_eq!(json["status"], "confirmed", "{json}");
+    assert_eq!(json["commanded"], 0.2, "{json}");
+    let measured = json["measured"].as_f64().expect("a measured speed");
+    assert!((measured - 0.2).abs() <= 0.02, "{json}");
+    assert!(json["settled_ms"].as_u64().is_some(), "{json}");
+    daemon.shutdown().await;
+}

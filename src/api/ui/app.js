@@ -272,19 +272,46 @@ function setTitle() {
   document.title = (criticalCount ? "\u26a0 " + criticalCount + " CRITICAL · " : "") + "rozd · " + name;
 }
 
-function showAlarms(sensorList) {
+// An actuator's alarms: its feedback's mismatch (commanded is not what was
+// measured) and a safe value its device never confirmed; both critical.
+function actuatorAlarms(actuatorList) {
+  const unit = (a) => (a.unit ? " " + a.unit : "");
+  const alarms = [];
+  for (const a of actuatorList || []) {
+    if (a.mismatch) {
+      alarms.push({ key: a.name + ".mismatch", text: [a.name, a.value, a.measured].join("|"),
+        node: () => el("div", { class: "alarm critical", "data-alarm": a.name + ".mismatch" },
+          el("span", { class: "level" }, "MISMATCH"),
+          el("span", {}, el("b", {}, a.name), " commanded " + num(a.value) + unit(a)),
+          el("span", { class: "limit" }, a.feedback_sensor + " measured " + (a.measured === null || a.measured === undefined ? "nothing" : num(a.measured))
+            + (a.expected === null || a.expected === undefined ? "" : ", expected " + num(a.expected))),
+          el("span", { class: "since" }, "feedback " + (a.feedback_status || "—"))) });
+    }
+    if (a.safe_unconfirmed) {
+      alarms.push({ key: a.name + ".safe_unconfirmed", text: a.safe_unconfirmed,
+        node: () => el("div", { class: "alarm critical", "data-alarm": a.name + ".safe_unconfirmed" },
+          el("span", { class: "level" }, "NOT SAFE?"),
+          el("span", {}, el("b", {}, a.name), " safe value " + num(a.safe_value) + unit(a) + " not confirmed by the device"),
+          el("span", { class: "limit" }, a.safe_unconfirmed)) });
+    }
+  }
+  return alarms;
+}
+
+function showAlarms(sensorList, actuatorList) {
   const alarmed = sensorList.filter((s) => s.alarm === "critical" || s.alarm === "warn")
     .sort((a, b) => (a.alarm === b.alarm ? 0 : a.alarm === "critical" ? -1 : 1));
-  const key = alarmed.map((s) => [s.name, s.alarm, num(s.value), s.alarm_since_unix_ms].join("|")).join(",");
+  const actuated = actuatorAlarms(actuatorList);
+  const key = actuated.map((a) => a.key + "|" + a.text).concat(alarmed.map((s) => [s.name, s.alarm, num(s.value), s.alarm_since_unix_ms].join("|"))).join(",");
   if (key === lastAlarmKey) return;
   lastAlarmKey = key;
   const banner = $("alarm-banner");
-  banner.hidden = !alarmed.length;
-  banner.classList.toggle("warn-only", !alarmed.some((s) => s.alarm === "critical"));
-  criticalCount = alarmed.filter((s) => s.alarm === "critical").length;
+  banner.hidden = !alarmed.length && !actuated.length;
+  banner.classList.toggle("warn-only", !actuated.length && !alarmed.some((s) => s.alarm === "critical"));
+  criticalCount = actuated.length + alarmed.filter((s) => s.alarm === "critical").length;
   setTitle();
   const unit = (s) => (s.unit ? " " + s.unit : "");
-  banner.replaceChildren(...alarmed.map((s) => {
+  banner.replaceChildren(...actuated.map((a) => a.node()), ...alarmed.map((s) => {
     const l = s.alarm_limit;
     const side = l ? (l.limit.endsWith("_min") ? "below " : "above ") + l.limit + " " + num(l.value) + unit(s) : "";
     return el("div", { class: "alarm " + s.alarm, "data-alarm": s.name },
@@ -333,11 +360,29 @@ function shortOwner(owner) {
   return el("span", { title: owner }, kind + " " + (tail.length > 10 ? tail.slice(0, 8) + "…" : tail));
 }
 
+// Commanded versus measured: only `confirmed` means the hardware did it.
+const VERDICTS = { confirmed: "ok", settling: "", unconfirmed: "warn", mismatch: "critical" };
+function feedbackCell(a) {
+  if (!a.feedback_sensor) return el("td", { class: "feedback muted" }, "—");
+  const status = a.feedback_status || "none yet";
+  const measured = a.measured === null || a.measured === undefined ? "no value" : num(a.measured);
+  return el("td", { class: "feedback", title: "feedback from " + a.feedback_sensor },
+    el("span", { class: "badge " + (VERDICTS[a.feedback_status] || "") }, a.mismatch && status !== "mismatch" ? status + ", MISMATCH ALARM" : status),
+    " " + a.feedback_sensor + " " + measured);
+}
+
+function safeBadge(a) {
+  if (a.at_safe_value) return el("span", { class: "badge ok" }, "at safe");
+  if (a.safe_unconfirmed) return el("span", { class: "badge critical", title: a.safe_unconfirmed }, "NOT confirmed");
+  return el("span", { class: "badge warn" }, "moved");
+}
+
 function showActuators(list) {
-  $("actuators").tBodies[0].replaceChildren(...list.map((a) => el("tr", { "data-actuator": a.name },
+  $("actuators").tBodies[0].replaceChildren(...list.map((a) => el("tr", { "data-actuator": a.name, class: a.mismatch || a.safe_unconfirmed ? "alarmed" : "" },
     el("td", {}, a.name), el("td", { class: "value" }, num(a.value) + (a.unit ? " " + a.unit : "")),
     el("td", { class: "range" }, range(actuatorSpecs.get(a.name))),
-    el("td", {}, num(a.safe_value), " ", a.at_safe_value ? el("span", { class: "badge ok" }, "at safe") : el("span", { class: "badge warn" }, "moved")),
+    el("td", { class: "safe" }, num(a.safe_value), " ", safeBadge(a)),
+    feedbackCell(a),
     el("td", { class: "owner" }, shortOwner(a.owner)), el("td", {}, a.hold_remaining_ms === null ? "—" : (a.hold_remaining_ms / 1000).toFixed(1) + " s"))));
   const key = list.map((a) => a.name + "=" + a.value + "@" + a.owner).join(",");
   if (key !== lastActuatorKey) { lastActuatorKey = key; scheduleAudit(); }
@@ -493,7 +538,7 @@ function handle(event, data) {
       $("link").textContent = "live · tick " + data.seq;
       showSafety({ active: !!data.protective_stop, causes: data.protective_stop_causes || (data.protective_stop ? [data.protective_stop] : []) });
       data.sensors.forEach((s, i) => ensureSensor(s, i).then((entry) => showSensor(entry, s)));
-      showAlarms(data.sensors);
+      showAlarms(data.sensors, data.actuators);
       showActuators(data.actuators);
       showWorld(data.sim, data);
       break;

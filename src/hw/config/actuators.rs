@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use super::super::sim_world::Input;
 use super::{
-    ActuatorConfig, ActuatorKind, ActuatorSpec, ActuatorTarget, FeedbackConfig, FeedbackSpec,
-    Invalid, Level, SensorSpec, Tables, ValueSet, check_name, claim_pin, concrete_topic, misplaced,
-    require,
+    ActuatorConfig, ActuatorKind, ActuatorSpec, ActuatorTarget, CrossCheckConfig, CrossCheckSpec,
+    FeedbackConfig, FeedbackSpec, Invalid, Level, SensorSource, SensorSpec, Tables, ValueSet,
+    check_name, claim_pin, concrete_topic, misplaced, require,
 };
 
 /// The longest `feedback.settle_ms`: a bound on how long a PHYSICAL call
@@ -218,13 +218,96 @@ fn feedback(
             format!("{offset} is not a finite number"),
         ));
     }
+    let settle = Duration::from_millis(f.settle_ms);
+    let cross_check = f
+        .cross_check
+        .as_ref()
+        .map(|c| cross_check(a, f, c, sensors, key))
+        .transpose()?;
     Ok(FeedbackSpec {
         sensor: f.sensor.clone(),
         tolerance: f.tolerance,
-        settle: Duration::from_millis(f.settle_ms),
+        settle,
         scale,
         offset,
         on_mismatch: f.on_mismatch,
+        // A sensor without its own staleness bound still goes stale for
+        // the watch: a value older than settle_ms is no evidence. Except an
+        // input read on its edges: no news there is no change.
+        fresh_within: match (&sensor.stale_after, &sensor.source) {
+            (Some(bound), _) => Some(*bound),
+            (None, SensorSource::Gpio { poll: None, .. }) => None,
+            (None, _) => Some(settle),
+        },
+        cross_check,
+    })
+}
+
+/// `feedback.cross_check`: another configured sensor whose unit per second
+/// is the actuator's unit (or a `scale` converts), finite positive
+/// tolerance and window.
+fn cross_check(
+    a: &ActuatorConfig,
+    f: &FeedbackConfig,
+    c: &CrossCheckConfig,
+    sensors: &[SensorSpec],
+    key: &dyn Fn(&str) -> String,
+) -> Result<CrossCheckSpec, Invalid> {
+    let ckey = |k: &str| key(&format!("feedback.cross_check.{k}"));
+    let Some(sensor) = sensors.iter().find(|s| s.name == c.sensor) else {
+        return Err(Invalid::new(
+            ckey("sensor"),
+            format!("no [[sensors]] named {:?}", c.sensor),
+        ));
+    };
+    if c.sensor == f.sensor {
+        return Err(Invalid::new(
+            ckey("sensor"),
+            format!(
+                "{:?} is the feedback sensor itself: a cross-check must be an independent measurement",
+                c.sensor
+            ),
+        ));
+    }
+    if c.scale.is_none()
+        && let (Some(command_unit), Some(sensor_unit)) = (&a.unit, &sensor.unit)
+        && *command_unit != format!("{sensor_unit}/s")
+    {
+        return Err(Invalid::new(
+            ckey("sensor"),
+            format!(
+                "the rate of sensor {:?} is in {sensor_unit:?} per second but actuator {:?} \
+                 takes {command_unit:?}: give `scale` from {command_unit} to {sensor_unit}/s",
+                c.sensor, a.name
+            ),
+        ));
+    }
+    let scale = c.scale.unwrap_or(1.0);
+    if !(scale.is_finite() && scale != 0.0) {
+        return Err(Invalid::new(
+            ckey("scale"),
+            format!("{scale} is not a finite number other than 0"),
+        ));
+    }
+    if !(c.tolerance.is_finite() && c.tolerance > 0.0) {
+        return Err(Invalid::new(
+            ckey("tolerance"),
+            format!("{} is not a finite positive number", c.tolerance),
+        ));
+    }
+    let window_ms = c.window_ms.unwrap_or(f.settle_ms);
+    if !(1..=MAX_SETTLE_MS).contains(&window_ms) {
+        return Err(Invalid::new(
+            ckey("window_ms"),
+            format!("{window_ms} is outside 1-{MAX_SETTLE_MS}"),
+        ));
+    }
+    Ok(CrossCheckSpec {
+        sensor: c.sensor.clone(),
+        scale,
+        magnitude: c.magnitude,
+        tolerance: c.tolerance,
+        window: Duration::from_millis(window_ms),
     })
 }
 

@@ -327,6 +327,31 @@ pub struct FeedbackConfig {
     /// What a mismatch does besides raising the actuator's alarm.
     #[serde(default)]
     pub on_mismatch: OnMismatch,
+    /// A second, independent sensor whose rate of change must agree with
+    /// the command while the value is held (catches a feedback sensor that
+    /// echoes the command).
+    #[serde(default)]
+    pub cross_check: Option<CrossCheckConfig>,
+}
+
+/// `feedback.cross_check = { sensor, tolerance, scale, magnitude, window_ms }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CrossCheckConfig {
+    /// The sensor whose rate of change measures the actuator's effect
+    /// (e.g. odometry in m for a speed in m/s).
+    pub sensor: String,
+    /// How far its rate may be from the expected one, in its unit per second.
+    pub tolerance: f64,
+    /// From command units to the sensor's unit per second (default 1).
+    #[serde(default)]
+    pub scale: Option<f64>,
+    /// Compare with the command's magnitude (a distance counter).
+    #[serde(default)]
+    pub magnitude: bool,
+    /// The span a rate is measured over (default: the feedback's settle_ms).
+    #[serde(default)]
+    pub window_ms: Option<u64>,
 }
 
 /// What a mismatch between commanded and measured does.

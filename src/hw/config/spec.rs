@@ -185,6 +185,39 @@ pub struct FeedbackSpec {
     pub scale: f64,
     pub offset: f64,
     pub on_mismatch: OnMismatch,
+    /// A value older than this is not evidence: the sensor's
+    /// `stale_after_ms`, or `settle` when it has none; `None` for an
+    /// edge-driven GPIO input without one (its value stands until the next
+    /// edge; a lost chip is its source's health).
+    pub fresh_within: Option<Duration>,
+    /// A second, independent sensor whose rate of change must agree with
+    /// the command while the value is held.
+    pub cross_check: Option<CrossCheckSpec>,
+}
+
+/// A feedback's validated `cross_check`: the sensor (by name) whose rate
+/// of change, in its unit per second, is expected to be
+/// `commanded * scale` (its magnitude with `magnitude`), within `tolerance`,
+/// measured over `window`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CrossCheckSpec {
+    pub sensor: String,
+    /// Finite and not zero.
+    pub scale: f64,
+    /// The sensor counts distance whatever the direction (odometry).
+    pub magnitude: bool,
+    /// Finite and positive, in the sensor's unit per second.
+    pub tolerance: f64,
+    /// Positive: the span a rate is measured over.
+    pub window: Duration,
+}
+
+impl CrossCheckSpec {
+    /// The rate of change the sensor should show while `commanded` holds.
+    pub fn expected_rate(&self, commanded: f64) -> f64 {
+        let rate = commanded * self.scale;
+        if self.magnitude { rate.abs() } else { rate }
+    }
 }
 
 impl FeedbackSpec {

@@ -75,6 +75,11 @@ fn describe(
         let _ = write!(text, " = {}", a.value);
         if a.at_safe_value {
             text.push_str(" (safe)");
+        } else if let Some(why) = &a.safe_unconfirmed {
+            // Driven safe, but the device never said so: it may still run.
+            text.push_str(" (safe value NOT confirmed by the device: ");
+            text.push_str(why);
+            text.push(')');
         }
         if let Some(owner) = a.owner.as_deref() {
             text.push_str(", held by ");
@@ -173,6 +178,7 @@ mod tests {
             value,
             safe_value: 0.0,
             at_safe_value: value == 0.0,
+            safe_unconfirmed: None,
             owner: owner.map(str::to_string),
             since_ms: 0,
             hold_remaining_ms: None,
@@ -297,6 +303,24 @@ mod tests {
             text.contains("feedback none yet (wheel_speed = no value)\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_safe_value_the_device_did_not_confirm_is_not_called_safe() {
+        let mut obs = observation();
+        obs.actuators[0].value = 0.0;
+        obs.actuators[0].owner = None;
+        obs.actuators[0].at_safe_value = false;
+        obs.actuators[0].safe_unconfirmed = Some("no reply within 200 ms".into());
+        let (text, _) = describe(&obs, &[], false);
+        assert!(
+            text.contains(
+                "- actuator speed = 0 (safe value NOT confirmed by the device: \
+                 no reply within 200 ms)\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("speed = 0 (safe)"), "{text}");
     }
 
     #[test]
