@@ -93,6 +93,7 @@ pub fn control_routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/status", get(status))
+        .route("/v1/observation", get(observation))
 }
 
 /// The latest Observation of the OODA loop.

@@ -378,3 +378,105 @@ async fn client_commands_given_a_config_use_its_listen_address() {
     );
     daemon.shutdown().await;
 }
+
+/// `rozd status` shows every sensor and actuator with its value, health
+/// and alarm, and the approvals, MCP, fleet and recording state (issue 35,
+/// item 12); over the control socket too (it serves the Observation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_lists_each_sensor_and_actuator_with_health_and_alarm() {
+    let daemon = crate::common::TestDaemon::start(
+        r#"
+[[sensors]]
+name = "coolant_temp"
+source = "sim"
+signal = "constant"
+offset = 91.25
+unit = "degC"
+warn_max = 80.0
+critical_max = 85.0
+
+[[sensors]]
+name = "battery"
+source = "sim"
+signal = "constant"
+offset = 12.5
+unit = "V"
+
+[[actuators]]
+name = "pump"
+kind = "sim"
+unit = "%"
+min = 0.0
+max = 100.0
+safe_value = 0.0
+"#,
+    )
+    .await;
+    // The alarm has been evaluated once the Observation says so.
+    let deadline = tokio::time::Instant::now() + crate::common::EXPECT_WITHIN;
+    while daemon
+        .ctx
+        .ooda
+        .observation()
+        .sensor("coolant_temp")
+        .is_none_or(|s| s.alarm != rozd::ooda::orient::AlarmLevel::Critical)
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never critical");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let socket = daemon.control_socket.display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(ROZD)
+            .args(["status", "--socket", &socket, "--addr", "127.0.0.1:9"])
+            .env_remove("ROZD_CONFIG")
+            .env_remove("ROZD_TOKEN")
+            .env("HOME", dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run rozd")
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no line for {name}:\n{text}"))
+            .to_string()
+    };
+    let coolant = line("coolant_temp");
+    for want in [
+        "91.25 degC",
+        " ok ",
+        "alarm CRITICAL: above critical_max 85 degC, for ",
+    ] {
+        assert!(coolant.contains(want), "{want:?} in {coolant:?}");
+    }
+    let battery = line("battery");
+    assert!(
+        battery.contains("12.5 V") && battery.contains("alarm ok"),
+        "{battery}"
+    );
+    let pump = line("pump");
+    assert!(
+        pump.contains("0 %") && pump.contains("at its safe value"),
+        "{pump}"
+    );
+    for want in [
+        "sensors:",
+        "actuators:",
+        "approvals:    none waiting",
+        "mcp:          0 session(s)",
+        "fleet:        not configured",
+        "recording:    off",
+    ] {
+        assert!(text.contains(want), "{want:?} in\n{text}");
+    }
+    daemon.shutdown().await;
+}
