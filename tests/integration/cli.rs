@@ -480,3 +480,64 @@ safe_value = 0.0
     }
     daemon.shutdown().await;
 }
+
+/// `GET /v1/audit?order=desc` lists the newest rows first, so the README's
+/// `order=desc&limit=10` after the walkthrough shows the stop rows; another
+/// `order` is a JSON 400 (issue 35, item 16).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_order_desc_lists_the_newest_rows_first() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let daemon = crate::common::TestDaemon::start("").await;
+    for at_ms in 1..=4 {
+        daemon
+            .ctx
+            .store
+            .audit(rozd::store::AuditRecord {
+                at_ms,
+                kind: "actuator".into(),
+                result: Some(format!("row {at_ms}")),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let get = |query: &'static str| {
+        let url = format!("http://{}/v1/audit{query}", daemon.addr);
+        async move {
+            let reply = reqwest::get(url).await.expect("request");
+            let status = reply.status().as_u16();
+            let body: serde_json::Value = reply.json().await.expect("JSON");
+            (status, body)
+        }
+    };
+    let results = |body: &serde_json::Value| {
+        body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| {
+                r["kind"] == "actuator"
+                    && r["result"].as_str().is_some_and(|t| t.starts_with("row "))
+            })
+            .map(|r| r["result"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let (status, newest) = get("?order=desc").await;
+    assert_eq!(status, 200, "{newest}");
+    assert_eq!(
+        results(&newest),
+        ["row 4", "row 3", "row 2", "row 1"],
+        "{newest}"
+    );
+    let (status, oldest) = get("").await;
+    assert_eq!(status, 200, "{oldest}");
+    assert_eq!(
+        results(&oldest),
+        ["row 1", "row 2", "row 3", "row 4"],
+        "{oldest}"
+    );
+    let (status, bad) = get("?order=sideways").await;
+    assert_eq!(status, 400, "{bad}");
+    assert_eq!(bad["error"]["code"], "invalid_argument", "{bad}");
+    daemon.shutdown().await;
+}
