@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use rozd::cli;
 use rozd::config::Config;
+use rozd::daemon::preflight;
 
 /// Exit status for an invalid configuration (sysexits EX_CONFIG). The systemd
 /// unit lists it in `RestartPreventExitStatus`, so a broken config does not
@@ -514,14 +515,32 @@ fn check(path: Option<&Path>) -> ExitCode {
     match load_config(path) {
         Ok(config) => {
             print!("{}", config.summary());
-            for warning in config.warnings() {
+            let found = preflight::check(&config, &preflight::HostFacts::probe(&config));
+            for warning in config.warnings().iter().chain(&found.warnings) {
                 println!("warning: {warning}");
             }
-            println!("configuration OK");
-            ExitCode::SUCCESS
+            println!("{}", preflight::NOT_CHECKED);
+            if found.errors.is_empty() {
+                println!("configuration OK");
+                return ExitCode::SUCCESS;
+            }
+            refuse(&config, &found.errors)
         }
         Err(code) => code,
     }
+}
+
+/// Prints what `rozd run` would refuse on this machine (one line each,
+/// naming the file) and gives the configuration-error exit status.
+fn refuse(config: &rozd::config::Config, errors: &[String]) -> ExitCode {
+    let file = config
+        .source
+        .as_ref()
+        .map_or_else(String::new, ToString::to_string);
+    for error in errors {
+        eprintln!("rozd: invalid configuration for this machine: {file}: {error}");
+    }
+    ExitCode::from(EXIT_CONFIG)
 }
 
 fn run(path: Option<&Path>) -> ExitCode {
@@ -529,6 +548,10 @@ fn run(path: Option<&Path>) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    let found = preflight::check(&config, &preflight::HostFacts::probe(&config));
+    if !found.errors.is_empty() {
+        return refuse(&config, &found.errors);
+    }
     rozd::logging::init(&config.log);
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -541,9 +564,10 @@ fn run(path: Option<&Path>) -> ExitCode {
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // Once, on stderr (the log goes there too, or under systemd to the
+        // journal, which also gets stderr), each cause once.
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("rozd: {e:#}");
+            eprintln!("rozd: {}", cli::distinct_error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -79,6 +79,83 @@ fn bad_configs_fail_check_and_run_naming_file_line_and_key() {
     }
 }
 
+/// `rozd check` fails (78, naming the file and key) on what `rozd run`
+/// would refuse on this machine before serving: `backend = "rppal"` off a
+/// Raspberry Pi, a `fleet.password_env` that is not set; and `run` refuses
+/// them the same way, before binding (issue 35, item 13).
+#[test]
+fn check_catches_what_run_would_refuse_on_this_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.db").display().to_string();
+    let base = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\ncontrol_socket = \"\"\n[store]\npath = \"{store}\"\n"
+    );
+    let token = write(dir.path(), "fleet-token", "a-fleet-token-of-some-length\n");
+    let mut cases = vec![(
+        "fleet.toml",
+        format!(
+            "{base}[fleet]\nurl = \"mqtt://127.0.0.1:9\"\nusername = \"u\"\n\
+             password_env = \"ROZD_TEST_FLEET_PASSWORD_SURELY_UNSET\"\ntoken_file = \"{token}\"\n"
+        ),
+        "fleet.password_env names ROZD_TEST_FLEET_PASSWORD_SURELY_UNSET, which is not set",
+    )];
+    // Off a Pi (this test machine) `rppal` cannot start; on a Pi it can.
+    let on_a_pi = rozd::hw::gpio::is_raspberry_pi();
+    if !on_a_pi {
+        cases.push((
+            "rppal.toml",
+            format!("{base}[gpio]\nbackend = \"rppal\"\n"),
+            "gpio.backend = \"rppal\": this machine is not a Raspberry Pi",
+        ));
+    }
+    for (name, text, expected) in cases {
+        let path = write(dir.path(), name, &text);
+        for command in ["check", "run"] {
+            let out = rozd(&[command, "--config", &path], dir.path());
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(78), "{command} {name}: {stderr}");
+            assert!(
+                stderr.contains(&format!("{path}: {expected}")),
+                "{command} {name}: {stderr}"
+            );
+            assert_eq!(stderr.matches(expected).count(), 1, "once: {stderr}");
+            assert!(!stderr.contains("serving"), "{command} {name}: {stderr}");
+        }
+        let out = rozd(&["check", "--config", &path], dir.path());
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("not checked"), "{stdout}");
+        assert!(!stdout.contains("configuration OK"), "{stdout}");
+    }
+}
+
+/// `rozd run` that cannot start says why once: one line, each cause once
+/// (it printed the error as a log line and again, and the cause twice)
+/// (issue 35, item 13).
+#[test]
+fn run_says_why_it_cannot_start_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let store = dir.path().join("s.db").display().to_string();
+    let path = write(
+        dir.path(),
+        "taken.toml",
+        &format!(
+            "[server]\nlisten = \"{addr}\"\ncontrol_socket = \"\"\n[store]\npath = \"{store}\"\n"
+        ),
+    );
+    let out = rozd(&["run", "--config", &path], dir.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let said = format!("cannot listen on {addr}");
+    assert_eq!(stderr.matches(&said).count(), 1, "{stderr}");
+    let line = stderr.lines().find(|l| l.contains(&said)).unwrap();
+    assert!(line.starts_with("rozd: "), "{stderr}");
+    let cause = line.rsplit(": ").next().unwrap();
+    assert_eq!(line.matches(cause).count(), 1, "the cause once: {line}");
+    drop(taken);
+}
+
 #[test]
 fn missing_config_file_is_named() {
     let dir = tempfile::tempdir().unwrap();
