@@ -475,7 +475,9 @@ fn main() -> ExitCode {
 
 fn load_config(path: Option<&Path>) -> Result<Config, ExitCode> {
     Config::discover(path).map_err(|e| {
-        eprintln!("rozd: invalid configuration: {e}");
+        for e in e.each() {
+            eprintln!("rozd: invalid configuration: {e}");
+        }
         ExitCode::from(EXIT_CONFIG)
     })
 }
