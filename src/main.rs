@@ -374,6 +374,10 @@ struct ChatArgs {
     /// your approval.
     #[arg(long)]
     allow_shell: bool,
+    /// Also show the session's bookkeeping: presence hints and the local
+    /// model's notes on each call.
+    #[arg(long, short = 'v')]
+    verbose: bool,
 }
 
 fn main() -> ExitCode {
@@ -413,6 +417,7 @@ fn main() -> ExitCode {
                 environment: args.environment,
                 prompt: args.prompt,
                 allow_shell: args.allow_shell,
+                verbose: args.verbose,
             })),
             Err(code) => code,
         },
