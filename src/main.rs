@@ -99,6 +99,13 @@ enum Command {
         /// Clear the latched stop instead of triggering it.
         #[arg(long)]
         clear: bool,
+        /// The fleet-wide stop of an environment (`POST /v1/fleet/estop`;
+        /// with --clear its clear, admin): over TCP with the token.
+        #[arg(long)]
+        fleet: bool,
+        /// With --fleet: the environment (default: the daemon's own).
+        #[arg(long, value_name = "ENV", requires = "fleet")]
+        environment: Option<String>,
         /// Print the daemon's JSON answer.
         #[arg(long)]
         json: bool,
@@ -350,7 +357,12 @@ Exit status:
   1  no answer: cannot connect, no reply within 30 s, or a reply that is not understood
   2  bad arguments
   3  the daemon refused the request (e.g. 401: a missing or wrong token)
-  4  --clear refused: a stop input (e.g. the GPIO stop button) still asserts the stop"
+  4  --clear refused: a stop input (e.g. the GPIO stop button) still asserts the stop
+  5  --fleet: sent, but not every live host of the environment confirmed it in time
+
+--fleet stops (or with --clear clears, admin) every host of an environment
+through this daemon's fleet (`POST /v1/fleet/estop`): over TCP only, with the
+token (a fleet turns authentication on); the daemon latches its own stop first."
 );
 
 #[derive(Args)]
@@ -429,12 +441,24 @@ fn main() -> ExitCode {
             reach,
             reason,
             clear,
+            fleet,
+            environment,
             json,
         } => ExitCode::from({
             // Never fails: a stop tries the default address rather than none.
             let addr = reach
                 .addr("estop", config)
                 .unwrap_or_else(|_| cli::connect::DEFAULT_ADDR.to_string());
+            if fleet {
+                return ExitCode::from(cli::estop::fleet_estop(
+                    &addr,
+                    reach.token.as_deref(),
+                    environment.as_deref(),
+                    reason.as_deref(),
+                    clear,
+                    json,
+                ));
+            }
             cli::estop::estop(
                 &addr,
                 reach.socket(config).as_deref(),

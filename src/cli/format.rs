@@ -240,6 +240,40 @@ pub fn health(status: &Value, observation: &Value) -> String {
     out
 }
 
+/// The answer of `POST /v1/fleet/estop` (or its clear): the command,
+/// whether every live host confirmed it, and each host's state.
+pub fn fleet_stop(v: &Value) -> String {
+    let text = |k: &str| v[k].as_str().unwrap_or("?").to_string();
+    let mut out = format!(
+        "fleet stop:   {} in environment {} ({})\nconfirmed:    {}\n",
+        if v["stop"] == true { "SENT" } else { "CLEARED" },
+        text("environment_id"),
+        v["reason"].as_str().unwrap_or("no reason given"),
+        if v["confirmed"] == true {
+            "yes, by every live host"
+        } else {
+            "NO: not every live host reported it in time"
+        },
+    );
+    if let Some(why) = v["body_error"].as_str() {
+        out.push_str(&format!("body ignored: {why}\n"));
+    }
+    for h in v["hosts"].as_array().into_iter().flatten() {
+        let stop = match (h["estop_active"].as_bool(), h["estop_source"].as_str()) {
+            (Some(true), Some(source)) => format!("stopped ({source})"),
+            (Some(true), None) => "stopped".to_string(),
+            (Some(false), _) => "not stopped".to_string(),
+            _ => "?".to_string(),
+        };
+        out.push_str(&format!(
+            "  {:<24} {:<8} {stop}\n",
+            h["id"].as_str().unwrap_or("?"),
+            h["status"].as_str().unwrap_or("?"),
+        ));
+    }
+    out
+}
+
 /// The answer of `/v1/hosts` as a table.
 pub fn hosts(v: &Value) -> String {
     let text = |h: &Value, k: &str| h.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
