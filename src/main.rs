@@ -122,6 +122,20 @@ enum Command {
         #[command(subcommand)]
         command: GpioCommand,
     },
+    /// Calls waiting for an operator's approval (MCP, gRPC sessions such as
+    /// the roz CLI's, tasks): list them, approve or deny one.
+    #[command(
+        after_help = "Exit status:\n  0  listed / answered\n  1  no answer: cannot connect, no reply in time, or a reply that is not understood\n  2  bad arguments\n  3  refused (e.g. 401: a missing or wrong token; 403: a credential approving its own call)\n  4  no call with that id is waiting (answered already, or timed out)"
+    )]
+    Approvals {
+        #[command(flatten)]
+        daemon: DaemonArgs,
+        /// Print the daemon's JSON answer.
+        #[arg(long)]
+        json: bool,
+        #[command(subcommand)]
+        command: Option<ApprovalsCommand>,
+    },
     /// Recordings on this machine (MCAP files of `[record]`): list, info.
     #[command(
         long_about = "Lists the recordings in the directory of [record] (of --config, \
@@ -163,6 +177,16 @@ enum GpioCommand {
         #[arg(value_parser = clap::value_parser!(u8).range(0..=1))]
         level: u8,
     },
+}
+
+#[derive(Subcommand)]
+enum ApprovalsCommand {
+    /// The waiting calls (the default): id, tool, parameters, who asks.
+    List,
+    /// Approve call ID (the `id` of the list): it runs.
+    Approve { id: String },
+    /// Deny call ID: it does not run.
+    Deny { id: String },
 }
 
 #[derive(Subcommand)]
@@ -483,6 +507,26 @@ fn main() -> ExitCode {
                     reach.socket(config).as_deref(),
                     reach.token.as_deref(),
                     set,
+                    json,
+                ))
+            }
+            Err(code) => code,
+        },
+        Command::Approvals {
+            daemon,
+            json,
+            command,
+        } => match daemon.connect("approvals", config) {
+            Ok((addr, token)) => {
+                let answer = match &command {
+                    None | Some(ApprovalsCommand::List) => None,
+                    Some(ApprovalsCommand::Approve { id }) => Some((id.as_str(), true)),
+                    Some(ApprovalsCommand::Deny { id }) => Some((id.as_str(), false)),
+                };
+                ExitCode::from(cli::approvals::approvals(
+                    &addr,
+                    token.as_deref(),
+                    answer,
                     json,
                 ))
             }
