@@ -692,3 +692,108 @@ async fn fleet_guide_two_hosts_on_one_machine_work_as_written() {
         common::broker::terminate(child).await;
     }
 }
+
+/// docs/guides/roz-cli.md: the guide's server block passes `rozd check`
+/// and, served, holds a gRPC session that never answers its own approval
+/// (as the roz CLI); the guide's approval commands, as written (the `ID`
+/// the list shows, the token file the block names), answer it and the call
+/// runs (issue 35, item 17).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roz_cli_guide_config_and_approval_commands_work() {
+    use crate::approvals::Token;
+    use rozd::api::proto;
+    use rozd::api::proto::agent_service_client::AgentServiceClient;
+    use rozd::api::proto::session_request::Request as Req;
+    use rozd::api::proto::session_response::Response as Resp;
+
+    let guide = "docs/guides/roz-cli.md";
+    let dir = tempfile::tempdir().unwrap();
+    const SECRET: &str = "roz-cli-guide-token-0001";
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("{SECRET}\n")).unwrap();
+    let tokens = tokens.display().to_string();
+    let block = marked_block(guide, "roz-cli-config").replace("/etc/rozd/tokens", &tokens);
+    assert!(block.contains("listen = \"127.0.0.1:8080\""), "{block}");
+    let config = dir.path().join("roz.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{block}control_socket = \"\"\n[store]\npath = {:?}\n",
+            dir.path().join("rozd.db").display().to_string()
+        ),
+    )
+    .unwrap();
+    let (code, out, err) =
+        common::rozd_cli(&["check", "--config", &config.display().to_string()]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+
+    // Served (on a free port instead of 8080): the block's server keys.
+    let server: String = block
+        .lines()
+        .filter(|l| !l.starts_with('[') && !l.starts_with("listen"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let daemon = crate::common::TestDaemon::start_server(
+        &server,
+        "[[actuators]]\nname = \"lamp\"\nkind = \"sim\"\nallowed = [0, 1]\nsafe_value = 0\n",
+        |_| {},
+        Arc::new(rozd::session::LogHooks),
+    )
+    .await;
+    let mut client = AgentServiceClient::with_interceptor(daemon.channel().await, Token(SECRET));
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let response = client
+        .stream_session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("StreamSession");
+    let mut session = common::Session {
+        tx,
+        rx: response.into_inner(),
+        wait_bound: EXPECT_WITHIN,
+    };
+    session.start(proto::StartSession::default()).await;
+    session
+        .send(Req::UserMessage(proto::UserMessage {
+            content: "set lamp 1".into(),
+            ..Default::default()
+        }))
+        .await;
+    let id = loop {
+        match session.next().await {
+            Resp::ActivityUpdate(a) if a.state == "waiting_approval" => break a.detail,
+            Resp::Error(e) => panic!("{e:?}"),
+            _ => {}
+        }
+    };
+    let addr = daemon.addr.to_string();
+    let commands = marked_block(guide, "roz-cli-approvals").replace("/etc/rozd/tokens", &tokens);
+    let export = commands
+        .lines()
+        .find(|l| l.starts_with("export ROZD_TOKEN="))
+        .expect("the token line");
+    for line in commands.lines().filter(|l| l.starts_with("rozd approvals")) {
+        let script = format!("{export}\n{}\n", line.replace(" ID", &format!(" {id}")));
+        let (code, out, err) = bash(dir.path(), &script, &[("ROZD_ADDR", &addr)]).await;
+        assert_eq!(code, Some(0), "{line}\n{out}{err}");
+        if line == "rozd approvals" {
+            assert!(
+                out.lines()
+                    .any(|l| l.starts_with(&id) && l.contains("lamp")),
+                "{out}"
+            );
+        } else {
+            assert!(out.starts_with("approved lamp"), "{out}");
+        }
+    }
+    // The call ran: the turn completes and the lamp is on.
+    loop {
+        if let Resp::TurnComplete(_) = session.next().await {
+            break;
+        }
+    }
+    assert_eq!(
+        daemon.ctx.ooda.sim_actuator("lamp").unwrap().value(),
+        Some(1.0)
+    );
+    daemon.shutdown().await;
+}
