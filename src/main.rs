@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use rozd::cli;
 use rozd::config::Config;
+use rozd::daemon::preflight;
 
 /// Exit status for an invalid configuration (sysexits EX_CONFIG). The systemd
 /// unit lists it in `RestartPreventExitStatus`, so a broken config does not
@@ -109,6 +110,13 @@ enum Command {
         /// Clear the latched stop instead of triggering it.
         #[arg(long)]
         clear: bool,
+        /// The fleet-wide stop of an environment (`POST /v1/fleet/estop`;
+        /// with --clear its clear, admin): over TCP with the token.
+        #[arg(long)]
+        fleet: bool,
+        /// With --fleet: the environment (default: the daemon's own).
+        #[arg(long, value_name = "ENV", requires = "fleet")]
+        environment: Option<String>,
         /// Print the daemon's JSON answer.
         #[arg(long)]
         json: bool,
@@ -129,6 +137,20 @@ enum Command {
     Model {
         #[command(subcommand)]
         command: ModelCommand,
+    },
+    /// Calls waiting for an operator's approval (MCP, gRPC sessions such as
+    /// the roz CLI's, tasks): list them, approve or deny one.
+    #[command(
+        after_help = "Exit status:\n  0  listed / answered\n  1  no answer: cannot connect, no reply in time, or a reply that is not understood\n  2  bad arguments\n  3  refused (e.g. 401: a missing or wrong token; 403: a credential approving its own call)\n  4  no call with that id is waiting (answered already, or timed out)"
+    )]
+    Approvals {
+        #[command(flatten)]
+        daemon: DaemonArgs,
+        /// Print the daemon's JSON answer.
+        #[arg(long)]
+        json: bool,
+        #[command(subcommand)]
+        command: Option<ApprovalsCommand>,
     },
     /// Recordings on this machine (MCAP files of `[record]`): list, info.
     #[command(
@@ -186,6 +208,16 @@ enum ModelCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum ApprovalsCommand {
+    /// The waiting calls (the default): id, tool, parameters, who asks.
+    List,
+    /// Approve call ID (the `id` of the list): it runs.
+    Approve { id: String },
+    /// Deny call ID: it does not run.
+    Deny { id: String },
 }
 
 #[derive(Subcommand)]
@@ -380,7 +412,12 @@ Exit status:
   1  no answer: cannot connect, no reply within 30 s, or a reply that is not understood
   2  bad arguments
   3  the daemon refused the request (e.g. 401: a missing or wrong token)
-  4  --clear refused: a stop input (e.g. the GPIO stop button) still asserts the stop"
+  4  --clear refused: a stop input (e.g. the GPIO stop button) still asserts the stop
+  5  --fleet: sent, but not every live host of the environment confirmed it in time
+
+--fleet stops (or with --clear clears, admin) every host of an environment
+through this daemon's fleet (`POST /v1/fleet/estop`): over TCP only, with the
+token (a fleet turns authentication on); the daemon latches its own stop first."
 );
 
 #[derive(Args)]
@@ -404,6 +441,10 @@ struct ChatArgs {
     /// your approval.
     #[arg(long)]
     allow_shell: bool,
+    /// Also show the session's bookkeeping: presence hints and the local
+    /// model's notes on each call.
+    #[arg(long, short = 'v')]
+    verbose: bool,
 }
 
 fn main() -> ExitCode {
@@ -452,6 +493,7 @@ fn main() -> ExitCode {
                 environment: args.environment,
                 prompt: args.prompt,
                 allow_shell: args.allow_shell,
+                verbose: args.verbose,
             })),
             Err(code) => code,
         },
@@ -463,12 +505,24 @@ fn main() -> ExitCode {
             reach,
             reason,
             clear,
+            fleet,
+            environment,
             json,
         } => ExitCode::from({
             // Never fails: a stop tries the default address rather than none.
             let addr = reach
                 .addr("estop", config)
                 .unwrap_or_else(|_| cli::connect::DEFAULT_ADDR.to_string());
+            if fleet {
+                return ExitCode::from(cli::estop::fleet_estop(
+                    &addr,
+                    reach.token.as_deref(),
+                    environment.as_deref(),
+                    reason.as_deref(),
+                    clear,
+                    json,
+                ));
+            }
             cli::estop::estop(
                 &addr,
                 reach.socket(config).as_deref(),
@@ -498,6 +552,26 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
+        Command::Approvals {
+            daemon,
+            json,
+            command,
+        } => match daemon.connect("approvals", config) {
+            Ok((addr, token)) => {
+                let answer = match &command {
+                    None | Some(ApprovalsCommand::List) => None,
+                    Some(ApprovalsCommand::Approve { id }) => Some((id.as_str(), true)),
+                    Some(ApprovalsCommand::Deny { id }) => Some((id.as_str(), false)),
+                };
+                ExitCode::from(cli::approvals::approvals(
+                    &addr,
+                    token.as_deref(),
+                    answer,
+                    json,
+                ))
+            }
+            Err(code) => code,
+        },
         Command::Record { command } => record(config, command),
         Command::Model {
             command: ModelCommand::Check { name, json },
@@ -520,7 +594,9 @@ fn main() -> ExitCode {
 
 fn load_config(path: Option<&Path>) -> Result<Config, ExitCode> {
     Config::discover(path).map_err(|e| {
-        eprintln!("rozd: invalid configuration: {e}");
+        for e in e.each() {
+            eprintln!("rozd: invalid configuration: {e}");
+        }
         ExitCode::from(EXIT_CONFIG)
     })
 }
@@ -560,14 +636,32 @@ fn check(path: Option<&Path>) -> ExitCode {
     match load_config(path) {
         Ok(config) => {
             print!("{}", config.summary());
-            for warning in config.warnings() {
+            let found = preflight::check(&config, &preflight::HostFacts::probe(&config));
+            for warning in config.warnings().iter().chain(&found.warnings) {
                 println!("warning: {warning}");
             }
-            println!("configuration OK");
-            ExitCode::SUCCESS
+            println!("{}", preflight::NOT_CHECKED);
+            if found.errors.is_empty() {
+                println!("configuration OK");
+                return ExitCode::SUCCESS;
+            }
+            refuse(&config, &found.errors)
         }
         Err(code) => code,
     }
+}
+
+/// Prints what `rozd run` would refuse on this machine (one line each,
+/// naming the file) and gives the configuration-error exit status.
+fn refuse(config: &rozd::config::Config, errors: &[String]) -> ExitCode {
+    let file = config
+        .source
+        .as_ref()
+        .map_or_else(String::new, ToString::to_string);
+    for error in errors {
+        eprintln!("rozd: invalid configuration for this machine: {file}: {error}");
+    }
+    ExitCode::from(EXIT_CONFIG)
 }
 
 fn run(path: Option<&Path>) -> ExitCode {
@@ -575,6 +669,10 @@ fn run(path: Option<&Path>) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    let found = preflight::check(&config, &preflight::HostFacts::probe(&config));
+    if !found.errors.is_empty() {
+        return refuse(&config, &found.errors);
+    }
     rozd::logging::init(&config.log);
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -587,9 +685,10 @@ fn run(path: Option<&Path>) -> ExitCode {
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // Once, on stderr (the log goes there too, or under systemd to the
+        // journal, which also gets stderr), each cause once.
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("rozd: {e:#}");
+            eprintln!("rozd: {}", cli::distinct_error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

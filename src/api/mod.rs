@@ -136,6 +136,7 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
 pub struct ControlSocket;
 
 /// What the local control socket serves: `GET /healthz`, `GET /v1/status`,
+/// `GET /v1/observation` (what `rozd status` shows of each sensor),
 /// `GET /v1/safety`, `POST /v1/estop`, `POST /v1/estop/clear` and the sim
 /// GPIO's `GET /v1/gpio`, `POST /v1/gpio/{pin}`, without
 /// bearer tokens (only root and the daemon's group may open the socket) and

@@ -93,6 +93,7 @@ pub fn control_routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/status", get(status))
+        .route("/v1/observation", get(observation))
 }
 
 /// The latest Observation of the OODA loop.
@@ -402,9 +403,11 @@ struct AuditQuery {
     since: Option<String>,
     session: Option<String>,
     limit: Option<String>,
+    order: Option<String>,
 }
 
-/// `GET /v1/audit?since=<unix ms>&session=<id>&limit=<n>`: physical actions, oldest first.
+/// `GET /v1/audit?since=<unix ms>&session=<id>&limit=<n>&order=asc|desc`:
+/// physical actions, oldest first (`order=desc`: newest first).
 async fn audit(
     State(ctx): State<Arc<HostContext>>,
     query: Result<Query<AuditQuery>, QueryRejection>,
@@ -424,9 +427,16 @@ async fn audit(
         Ok(None) => 500,
         _ => return invalid_argument("limit must be an integer from 1 to 5000"),
     };
+    let order = match query.order.as_deref() {
+        None | Some("asc") => crate::store::AuditOrder::OldestFirst,
+        Some("desc") => crate::store::AuditOrder::NewestFirst,
+        Some(_) => {
+            return invalid_argument("order must be asc (oldest first) or desc (newest first)");
+        }
+    };
     match ctx
         .store
-        .audit_records(since, query.session.filter(|s| !s.is_empty()), limit)
+        .audit_records_ordered(since, query.session.filter(|s| !s.is_empty()), limit, order)
         .await
     {
         Ok(data) => Json(json!({ "data": data })).into_response(),

@@ -476,6 +476,23 @@ fn check_fields(map: &serde_json::Map<String, Value>, known: &[&str]) -> Result<
     }
 }
 
+/// The body of `POST /v1/tasks/{id}/approvals`: the call's id and the
+/// answer, `approve` or `approved` (one of them, a boolean).
+fn task_answer(body: &[u8]) -> Result<(String, bool), TaskError> {
+    let mut map = object_body(body)?;
+    let call = string_field(&map, "tool_call_id")?
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| TaskError::InvalidArgument("`tool_call_id` is required".into()))?;
+    map.remove("tool_call_id");
+    check_fields(&map, &["approve", "approved"])?;
+    let approved = super::approvals::decision(&map).ok_or_else(|| {
+        TaskError::InvalidArgument(
+            "`approve` (true or false) is required, once (`approved` is accepted too)".into(),
+        )
+    })?;
+    Ok((call, approved))
+}
+
 /// `POST /v1/tasks` `{"prompt", "environment_id"?, "host_id"?, "timeout_secs"?}` -> 201.
 async fn create_rest(
     State(ctx): State<Arc<HostContext>>,
@@ -595,30 +612,16 @@ async fn cancel_rest(State(ctx): State<Arc<HostContext>>, Path(id): Path<String>
     }
 }
 
-/// `POST /v1/tasks/{id}/approvals` `{"tool_call_id", "approved"}`.
+/// `POST /v1/tasks/{id}/approvals` `{"tool_call_id", "approve"}` (or
+/// `"approved"`, the spelling this route had first; as for
+/// `POST /v1/approvals/{id}`).
 async fn approve_rest(
     State(ctx): State<Arc<HostContext>>,
     caller: Option<Extension<Caller>>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let parsed = (|| {
-        let map = object_body(&body)?;
-        check_fields(&map, &["tool_call_id", "approved"])?;
-        let call = string_field(&map, "tool_call_id")?
-            .filter(|c| !c.is_empty())
-            .ok_or_else(|| TaskError::InvalidArgument("`tool_call_id` is required".into()))?;
-        let approved = match map.get("approved") {
-            Some(Value::Bool(b)) => *b,
-            _ => {
-                return Err(TaskError::InvalidArgument(
-                    "`approved` (true or false) is required".into(),
-                ));
-            }
-        };
-        Ok((call, approved))
-    })();
-    let (call, approved) = match parsed {
+    let (call, approved) = match task_answer(&body) {
         Ok(p) => p,
         Err(e) => return rest_error(e),
     };
@@ -626,5 +629,36 @@ async fn approve_rest(
     match team::approve(&ctx, &id, &call, approved, by, team::AnsweredVia::Rest).await {
         Ok(view) => Json(view).into_response(),
         Err(e) => rest_error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task's approval takes `approve` as `/v1/approvals/{id}` does, and
+    /// still `approved` (issue 35, item 16); both at once, a non-boolean or
+    /// another field is a clear 400.
+    #[test]
+    fn a_task_approval_accepts_approve_and_approved() {
+        let ok = |body: &str| task_answer(body.as_bytes()).map_err(|e| e.to_string());
+        assert_eq!(
+            ok(r#"{"tool_call_id": "c1", "approve": true}"#),
+            Ok(("c1".to_string(), true))
+        );
+        assert_eq!(
+            ok(r#"{"tool_call_id": "c1", "approved": false}"#),
+            Ok(("c1".to_string(), false))
+        );
+        for bad in [
+            r#"{"tool_call_id": "c1", "approve": true, "approved": true}"#,
+            r#"{"tool_call_id": "c1", "approve": "yes"}"#,
+            r#"{"tool_call_id": "c1"}"#,
+            r#"{"approve": true}"#,
+        ] {
+            assert!(ok(bad).is_err(), "{bad}");
+        }
+        let unknown = ok(r#"{"tool_call_id": "c1", "approve": true, "note": 1}"#).unwrap_err();
+        assert!(unknown.contains("unknown field `note`"), "{unknown}");
     }
 }

@@ -18,6 +18,104 @@ pub mod exit {
     pub const REFUSED: u8 = 3;
     /// `--clear` refused: a stop input still asserts the stop.
     pub const STILL_ASSERTED: u8 = 4;
+    /// `--fleet`: the command went out, but not every live host of the
+    /// environment reported it in time (the answer lists them).
+    pub const UNCONFIRMED: u8 = 5;
+}
+
+/// `rozd estop --fleet`: the fleet-wide stop (`POST /v1/fleet/estop`) or
+/// its clear (`POST /v1/fleet/estop/clear`, admin) of `environment`
+/// (default: the daemon's), over TCP with the token (the fleet turns
+/// authentication on); prints each host's state.
+pub fn fleet_estop(
+    addr: &str,
+    token: Option<&str>,
+    environment: Option<&str>,
+    reason: Option<&str>,
+    clear: bool,
+    raw: bool,
+) -> u8 {
+    let (path, what) = if clear {
+        ("/v1/fleet/estop/clear", "the fleet stop was NOT cleared")
+    } else {
+        ("/v1/fleet/estop", "the fleet stop was NOT sent")
+    };
+    let mut body = serde_json::Map::new();
+    if let Some(env) = environment {
+        body.insert("environment_id".into(), env.into());
+    }
+    if let Some(r) = reason {
+        body.insert("reason".into(), r.into());
+    }
+    let body = serde_json::Value::Object(body);
+    let mut notes = Vec::new();
+    // The daemon waits up to 5 s for the hosts; this waits a little longer.
+    let within = ESTOP_TIMEOUT + std::time::Duration::from_secs(5);
+    let result = match super::runtime() {
+        Ok(rt) => rt
+            .block_on(async {
+                tokio::time::timeout(
+                    within,
+                    client::send_local(
+                        None,
+                        addr,
+                        http::Method::POST,
+                        path,
+                        token,
+                        Some(&body),
+                        &mut notes,
+                    ),
+                )
+                .await
+            })
+            .map_err(|_| format!("no answer from {addr} within {}s", within.as_secs()))
+            .and_then(|sent| sent.map_err(|e| error_chain(&e))),
+        Err(e) => Err(error_chain(&e)),
+    };
+    for note in notes {
+        eprintln!("rozd estop: {note}");
+    }
+    let (reply, via) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("rozd estop: {e}\nrozd estop: {what}");
+            return exit::NO_ANSWER;
+        }
+    };
+    let v = serde_json::from_str::<serde_json::Value>(&reply.body).ok();
+    if !reply.status.is_success() {
+        let message = v
+            .as_ref()
+            .and_then(|v| v.pointer("/error/message").and_then(|m| m.as_str()))
+            .map_or_else(|| reply.body.trim().to_string(), str::to_string);
+        eprintln!(
+            "rozd estop: {via} answered {}: {message}\nrozd estop: {what}",
+            reply.status
+        );
+        return exit::REFUSED;
+    }
+    let Some(v) = v else {
+        eprintln!(
+            "rozd estop: {via} answered something that is not JSON: {}",
+            reply.body
+        );
+        return exit::NO_ANSWER;
+    };
+    if raw {
+        println!("{}", reply.body.trim());
+    } else {
+        print!("{}", format::fleet_stop(&v));
+    }
+    if v["stop"] != serde_json::Value::Bool(!clear) {
+        eprintln!("rozd estop: unexpected answer: {}", reply.body.trim());
+        return exit::NO_ANSWER;
+    }
+    if v["confirmed"] == true {
+        exit::OK
+    } else {
+        eprintln!("rozd estop: not every live host of the environment confirmed it in time");
+        exit::UNCONFIRMED
+    }
 }
 
 /// Triggers the stop (or clears it, `clear`) and prints the resulting

@@ -77,6 +77,203 @@ fn why_text(h: &Value) -> Option<String> {
     })
 }
 
+/// A measured value for people: at most 3 decimals, trailing zeros
+/// dropped (1 decimal from 100 on).
+pub fn number(v: f64) -> String {
+    let text = if v.abs() >= 100.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.3}")
+    };
+    let text = if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    };
+    if text == "-0" { "0".into() } else { text }
+}
+
+/// A span of milliseconds for people: `45 s`, `3 min 12 s`, `2 h 05 min`.
+fn span(ms: i64) -> String {
+    let secs = ms.max(0) / 1000;
+    match secs {
+        0..60 => format!("{secs} s"),
+        60..3600 => format!("{} min {:02} s", secs / 60, secs % 60),
+        _ => format!("{} h {:02} min", secs / 3600, (secs / 60) % 60),
+    }
+}
+
+/// What `rozd status` adds for people from `/v1/observation` (and the
+/// status): every sensor's value, health and alarm (with the limit crossed
+/// and for how long), every actuator's value, safe value, owner and hold,
+/// then the calls waiting for approval, MCP, the fleet and the recording.
+pub fn health(status: &Value, observation: &Value) -> String {
+    let at = observation["at_unix_ms"].as_i64().unwrap_or(0);
+    let unit = |x: &Value| {
+        x["unit"]
+            .as_str()
+            .map(|u| format!(" {u}"))
+            .unwrap_or_default()
+    };
+    let value = |x: &Value| match x["value"].as_f64() {
+        Some(v) => format!("{}{}", number(v), unit(x)),
+        None => "—".into(),
+    };
+    let sensors = observation["sensors"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let actuators = observation["actuators"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let width = sensors
+        .iter()
+        .chain(&actuators)
+        .filter_map(|x| x["name"].as_str())
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    if !sensors.is_empty() {
+        out.push_str("sensors:\n");
+    }
+    for s in &sensors {
+        let alarm = match s["alarm"].as_str().unwrap_or("?") {
+            "ok" => "alarm ok".to_string(),
+            level => {
+                let mut text = format!("alarm {}", level.to_uppercase());
+                if let Some(limit) = s["alarm_limit"]["limit"].as_str() {
+                    let side = if limit.ends_with("_min") {
+                        "below"
+                    } else {
+                        "above"
+                    };
+                    let bound = s["alarm_limit"]["value"]
+                        .as_f64()
+                        .map(number)
+                        .unwrap_or_default();
+                    text.push_str(&format!(": {side} {limit} {bound}{}", unit(s)));
+                }
+                if let Some(since) = s["alarm_since_unix_ms"].as_i64() {
+                    text.push_str(&format!(", for {}", span(at - since)));
+                }
+                text
+            }
+        };
+        let mut line = format!(
+            "  {:width$}  {:>12}  {:12}  {alarm}",
+            s["name"].as_str().unwrap_or("?"),
+            value(s),
+            s["health"].as_str().unwrap_or("?"),
+        );
+        if let Some(error) = s["error"].as_str() {
+            line.push_str(&format!("  ({error})"));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    if !actuators.is_empty() {
+        out.push_str("actuators:\n");
+    }
+    for a in &actuators {
+        let state = if a["at_safe_value"] == true {
+            "at its safe value".to_string()
+        } else {
+            format!(
+                "moved (safe {})",
+                a["safe_value"].as_f64().map(number).unwrap_or_default()
+            )
+        };
+        let mut line = format!(
+            "  {:width$}  {:>12}  {state}",
+            a["name"].as_str().unwrap_or("?"),
+            value(a),
+        );
+        if let Some(owner) = a["owner"].as_str() {
+            line.push_str(&format!(", by {owner}"));
+        }
+        if let Some(hold) = a["hold_remaining_ms"].as_i64() {
+            line.push_str(&format!(", held {} more", span(hold + 999)));
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    let waiting = status["pending_approvals"].as_u64().unwrap_or(0);
+    out.push_str(&format!(
+        "approvals:    {}\n",
+        if waiting == 0 {
+            "none waiting".to_string()
+        } else {
+            format!("{waiting} call(s) waiting (answer at GET /v1/approvals, or on the dashboard)")
+        }
+    ));
+    out.push_str(&format!(
+        "mcp:          {}\n",
+        match &status["mcp"] {
+            Value::Object(m) => format!(
+                "{} session(s) of {}",
+                m.get("sessions").and_then(Value::as_u64).unwrap_or(0),
+                m.get("max_sessions").and_then(Value::as_u64).unwrap_or(0)
+            ),
+            _ => "off".to_string(),
+        }
+    ));
+    out.push_str(&format!(
+        "fleet:        {}\n",
+        match &status["fleet"] {
+            Value::Object(f) => format!(
+                "{} to the broker ({} message(s) received)",
+                if f.get("connected") == Some(&Value::Bool(true)) {
+                    "connected"
+                } else {
+                    "NOT connected"
+                },
+                f.get("received").and_then(Value::as_u64).unwrap_or(0)
+            ),
+            _ => "not configured (this host only)".to_string(),
+        }
+    ));
+    if !status["recording"].is_object() {
+        out.push_str("recording:    off\n");
+    }
+    out
+}
+
+/// The answer of `POST /v1/fleet/estop` (or its clear): the command,
+/// whether every live host confirmed it, and each host's state.
+pub fn fleet_stop(v: &Value) -> String {
+    let text = |k: &str| v[k].as_str().unwrap_or("?").to_string();
+    let mut out = format!(
+        "fleet stop:   {} in environment {} ({})\nconfirmed:    {}\n",
+        if v["stop"] == true { "SENT" } else { "CLEARED" },
+        text("environment_id"),
+        v["reason"].as_str().unwrap_or("no reason given"),
+        if v["confirmed"] == true {
+            "yes, by every live host"
+        } else {
+            "NO: not every live host reported it in time"
+        },
+    );
+    if let Some(why) = v["body_error"].as_str() {
+        out.push_str(&format!("body ignored: {why}\n"));
+    }
+    for h in v["hosts"].as_array().into_iter().flatten() {
+        let stop = match (h["estop_active"].as_bool(), h["estop_source"].as_str()) {
+            (Some(true), Some(source)) => format!("stopped ({source})"),
+            (Some(true), None) => "stopped".to_string(),
+            (Some(false), _) => "not stopped".to_string(),
+            _ => "?".to_string(),
+        };
+        out.push_str(&format!(
+            "  {:<24} {:<8} {stop}\n",
+            h["id"].as_str().unwrap_or("?"),
+            h["status"].as_str().unwrap_or("?"),
+        ));
+    }
+    out
+}
+
 /// The answer of `/v1/hosts` as a table.
 pub fn hosts(v: &Value) -> String {
     let text = |h: &Value, k: &str| h.get(k).and_then(Value::as_str).unwrap_or("-").to_string();

@@ -21,6 +21,7 @@
 //! the server-sent-events decoder ([`crate::model::sse`], for `rozd mcp`)
 //! and the recordings' file helpers ([`crate::record::files`], [`crate::record::read`]).
 
+pub mod approvals;
 pub mod chat;
 pub mod client;
 pub mod connect;

@@ -58,15 +58,20 @@ pub fn info(file: &Path, json: bool) -> u8 {
 
 /// The human-readable form of [`info`].
 pub fn describe(file: &Path, info: &FileInfo) -> String {
-    let seconds = |ns: Option<u64>| {
-        ns.map_or_else(|| "-".to_string(), |ns| format!("{:.3}", ns as f64 / 1e9))
+    let time = |ns: Option<u64>| {
+        ns.and_then(|ns| i64::try_from(ns).ok())
+            .map(chrono::DateTime::from_timestamp_nanos)
+            .map_or_else(
+                || "-".to_string(),
+                |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            )
     };
     let duration = match (info.start_unix_ns, info.end_unix_ns) {
         (Some(a), Some(b)) => format!("{:.3} s", (b - a) as f64 / 1e9),
         _ => "-".to_string(),
     };
     let mut out = format!(
-        "file:      {}\nstate:     {}\nmessages:  {}\nstart:     {} (Unix seconds)\nend:       {}\nduration:  {}\n",
+        "file:      {}\nstate:     {}\nmessages:  {}\nstart:     {}\nend:       {}\nduration:  {}\n",
         file.display(),
         if info.finished {
             "finished (summary and index present)"
@@ -74,8 +79,8 @@ pub fn describe(file: &Path, info: &FileInfo) -> String {
             "unfinished (cut short; the messages of its complete chunks are shown)"
         },
         info.messages,
-        seconds(info.start_unix_ns),
-        seconds(info.end_unix_ns),
+        time(info.start_unix_ns),
+        time(info.end_unix_ns),
         duration,
     );
     if let Some(why) = &info.broken_off {
@@ -92,4 +97,34 @@ pub fn describe(file: &Path, info: &FileInfo) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `rozd record info` gives the times as RFC 3339 (UTC, milliseconds),
+    /// not as Unix seconds (issue 35, item 16).
+    #[test]
+    fn record_info_prints_times_as_rfc3339() {
+        let info = FileInfo {
+            finished: true,
+            messages: 3,
+            start_unix_ns: Some(1_764_979_200_123_000_000),
+            end_unix_ns: Some(1_764_979_262_623_000_000),
+            channels: Default::default(),
+            broken_off: None,
+        };
+        let text = describe(Path::new("a.mcap"), &info);
+        assert!(
+            text.contains("start:     2025-12-06T00:00:00.123Z\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("end:       2025-12-06T00:01:02.623Z\n"),
+            "{text}"
+        );
+        assert!(text.contains("duration:  62.500 s\n"), "{text}");
+        assert!(!text.contains("Unix seconds"), "{text}");
+    }
 }

@@ -5,17 +5,76 @@ use std::path::Path;
 
 use super::{client, error_chain, format};
 
-/// `rozd status`: `GET /v1/status`, over the control socket `socket` first.
+/// `rozd status`: `GET /v1/status`, over the control socket `socket` first,
+/// and for people also `GET /v1/observation`: every sensor's value, health
+/// and alarm and every actuator's state beside the daemon's.
 pub fn status(addr: &str, socket: Option<&Path>, token: Option<&str>, raw: bool) -> u8 {
-    show_json(
-        "status",
-        addr,
-        socket,
-        "/v1/status",
-        token,
-        raw,
-        format::status,
-    )
+    if raw {
+        return show_json(
+            "status",
+            addr,
+            socket,
+            "/v1/status",
+            token,
+            raw,
+            format::status,
+        );
+    }
+    const FAILURE: u8 = 1;
+    let rt = match super::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rozd status: {}", error_chain(&e));
+            return FAILURE;
+        }
+    };
+    let mut notes = Vec::new();
+    let mut get = |path: &str| {
+        rt.block_on(client::send_local(
+            socket,
+            addr,
+            http::Method::GET,
+            path,
+            token,
+            None,
+            &mut notes,
+        ))
+        .map_err(|e| error_chain(&e))
+        .and_then(|(reply, via)| {
+            if !reply.status.is_success() {
+                return Err(format!(
+                    "{via} answered {}: {}",
+                    reply.status,
+                    reply.body.trim()
+                ));
+            }
+            serde_json::from_str::<serde_json::Value>(&reply.body).map_err(|e| {
+                format!(
+                    "{via} answered something that is not JSON ({e}): {}",
+                    reply.body
+                )
+            })
+        })
+    };
+    let status = get("/v1/status");
+    let observation = status.as_ref().ok().map(|_| get("/v1/observation"));
+    for note in notes {
+        eprintln!("rozd status: {note}");
+    }
+    let status = match status {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("rozd status: {e}");
+            return FAILURE;
+        }
+    };
+    print!("{}", format::status(&status));
+    match observation {
+        Some(Ok(observation)) => print!("{}", format::health(&status, &observation)),
+        Some(Err(e)) => eprintln!("rozd status: no sensors and actuators shown: {e}"),
+        None => {}
+    }
+    0
 }
 
 /// `rozd manual`: `GET /v1/embodiment`, the text a session starting now

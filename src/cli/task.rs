@@ -148,7 +148,7 @@ pub async fn run(
         } => (
             http::Method::POST,
             format!("/v1/tasks/{}/approvals", client::url_part(id)),
-            Some(json!({ "tool_call_id": tool_call_id, "approved": !deny })),
+            Some(json!({ "tool_call_id": tool_call_id, "approve": !deny })),
         ),
     };
     let reply = match body {

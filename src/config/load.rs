@@ -48,6 +48,44 @@ pub enum ConfigError {
         key: String,
         message: String,
     },
+    /// Several errors of one file, in line order (each an `Invalid`), one
+    /// a line.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Several(Vec<ConfigError>),
+}
+
+impl ConfigError {
+    /// Each error on its own (several for [`ConfigError::Several`]).
+    pub fn each(&self) -> Vec<&ConfigError> {
+        match self {
+            ConfigError::Several(all) => all.iter().collect(),
+            one => vec![one],
+        }
+    }
+}
+
+/// At most this many errors of one file are reported in one run.
+const MAX_ERRORS: usize = 20;
+
+/// `text` with line `line` (1-based) made a comment, if it is one whole
+/// `key = value` on its own (so that parsing can go on to the next error
+/// with every other line where it was); `None` otherwise.
+fn without_line(text: &str, line: usize) -> Option<(String, String)> {
+    let target = text.lines().nth(line.checked_sub(1)?)?;
+    let trimmed = target.trim_start();
+    if trimmed.starts_with('[') || trimmed.starts_with('#') || !trimmed.contains('=') {
+        return None;
+    }
+    let alone = toml::from_str::<toml::Table>(trimmed).ok()?;
+    let key = alone.keys().next()?.clone();
+    let mut out = String::with_capacity(text.len() + 2);
+    for (i, l) in text.split_inclusive('\n').enumerate() {
+        if i + 1 == line {
+            out.push('#');
+        }
+        out.push_str(l);
+    }
+    Some((out, key))
 }
 
 fn fmt_line(line: Option<usize>) -> String {
@@ -253,28 +291,68 @@ impl Config {
     }
 
     /// Parses and fully validates configuration text.
+    /// Every error of reading is reported, in line order: a line whose key
+    /// or value is wrong is set aside and the rest read on. The checks of
+    /// what was read follow only when reading found nothing.
     pub fn parse(text: &str, source: ConfigSource) -> Result<Config, ConfigError> {
         let file = source.to_string();
-        let mut config: Config = toml::from_str(text).map_err(|e| {
-            let (line, key) = match e.span() {
-                Some(span) => locate_span(text, span.start),
-                None => (None, DOCUMENT.to_string()),
-            };
-            ConfigError::Invalid {
-                file: file.clone(),
-                line,
-                key,
-                message: e.message().trim().to_string(),
+        let mut errors: Vec<ConfigError> = Vec::new();
+        let mut set_aside: Vec<String> = Vec::new();
+        let mut current = text.to_string();
+        let parsed = loop {
+            match toml::from_str::<Config>(&current) {
+                Ok(config) => break Some(config),
+                Err(e) => {
+                    let message = e.message().trim().to_string();
+                    // A required key set aside for its own error is missing
+                    // now: not another error.
+                    if set_aside
+                        .iter()
+                        .any(|k| message == format!("missing field `{k}`"))
+                    {
+                        break None;
+                    }
+                    let (line, key) = match e.span() {
+                        Some(span) => locate_span(&current, span.start),
+                        None => (None, DOCUMENT.to_string()),
+                    };
+                    errors.push(ConfigError::Invalid {
+                        file: file.clone(),
+                        line,
+                        message: super::wording::reword(&message, &key),
+                        key,
+                    });
+                    match line.and_then(|l| without_line(&current, l)) {
+                        Some((next, key)) if errors.len() < MAX_ERRORS => {
+                            current = next;
+                            set_aside.push(key);
+                        }
+                        _ => break None,
+                    }
+                }
             }
-        })?;
-        config.source = Some(source);
-        config.check().map_err(|e| ConfigError::Invalid {
-            file,
-            line: locate_key(text, &e.key),
-            key: e.key,
-            message: e.message,
-        })?;
-        Ok(config)
+        };
+        // The checks of what was read need all of it: only a file without
+        // such errors gets them (and they stop at the first).
+        if let Some(mut config) = parsed.filter(|_| errors.is_empty()) {
+            config.source = Some(source);
+            config.check().map_err(|e| ConfigError::Invalid {
+                file,
+                line: locate_key(text, &e.key),
+                key: e.key,
+                message: e.message,
+            })?;
+            return Ok(config);
+        }
+        errors.sort_by_key(|e| match e {
+            ConfigError::Invalid { line, .. } => line.unwrap_or(usize::MAX),
+            _ => usize::MAX,
+        });
+        if errors.len() == 1 {
+            Err(errors.remove(0))
+        } else {
+            Err(ConfigError::Several(errors))
+        }
     }
 
     /// Validates every section, the sub-modules' through their own

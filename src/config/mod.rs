@@ -23,6 +23,7 @@ mod locate;
 mod scope;
 mod summary;
 pub mod types;
+mod wording;
 
 pub use load::{
     BUILTIN_CONFIG, BUILTIN_MANUAL, BUILTIN_NAME, CONFIG_ENV, Config, ConfigError, ConfigSource,

@@ -569,3 +569,56 @@ fn an_empty_or_relative_xdg_state_home_is_ignored() {
         PathBuf::from("./rozd/rozd.db")
     );
 }
+
+/// Every error of reading a file in one run, in line order, each naming
+/// its line and key in words: a misspelt key with "did you mean", a
+/// fraction for a whole number (issue 35, item 15).
+#[test]
+fn every_error_of_a_file_in_line_order() {
+    let text = "[server]\nlistne = \"127.0.0.1:1\"\nmax_connections = 1.5\n\n\
+                [log]\nlevel = 7\n\n[ooda]\ntick_hz = \"fast\"\n";
+    let errors = match parse(text) {
+        Err(ConfigError::Several(errors)) => errors,
+        other => panic!("expected several errors, got {other:?}"),
+    };
+    let said: Vec<(Option<usize>, String, String)> = errors
+        .iter()
+        .map(|e| match e {
+            ConfigError::Invalid {
+                line, key, message, ..
+            } => (*line, key.clone(), message.clone()),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let lines: Vec<_> = said.iter().map(|(l, k, _)| (*l, k.as_str())).collect();
+    assert_eq!(
+        lines,
+        [
+            (Some(2), "server.listne"),
+            (Some(3), "server.max_connections"),
+            (Some(6), "log.level"),
+            (Some(9), "ooda.tick_hz"),
+        ],
+        "{said:?}"
+    );
+    assert!(said[0].2.contains("did you mean `listen`?"), "{said:?}");
+    assert!(said[1].2.contains("expected a whole number"), "{said:?}");
+    let shown = ConfigError::Several(errors).to_string();
+    assert_eq!(shown.lines().count(), 4, "{shown}");
+    assert!(
+        shown.starts_with("/etc/rozd/test.toml:2: key `server.listne`"),
+        "{shown}"
+    );
+}
+
+/// `[sensors]` written for `[[sensors]]` says to double the brackets.
+#[test]
+fn a_single_table_for_a_list_says_to_double_the_brackets() {
+    match parse("[sensors]\nname = \"a\"\n") {
+        Err(ConfigError::Invalid { line, message, .. }) => {
+            assert_eq!(line, Some(1));
+            assert!(message.contains("write `[[sensors]]`"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

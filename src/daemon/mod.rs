@@ -40,6 +40,7 @@ use crate::tls::{PeerIdentity, ServerTls};
 
 mod listen;
 mod observers;
+pub mod preflight;
 mod rewind;
 use listen::*;
 

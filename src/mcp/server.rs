@@ -675,7 +675,8 @@ impl McpCall<'_> {
                     && answer
                         .content
                         .as_ref()
-                        .and_then(|c| c.get("approve"))
+                        // `approved` too: the spelling tasks had first.
+                        .and_then(|c| c.get("approve").or_else(|| c.get("approved")))
                         .and_then(Value::as_bool)
                         == Some(true);
                 tracing::info!(tool_call_id = id, tool = name, approved, action = ?answer.action, "elicitation answered");

@@ -10,7 +10,7 @@
 //! | command | effect |
 //! |---|---|
 //! | `help` | lists the commands and the tools of this session |
-//! | `status` | calls `observe` if the session has it, else describes the session |
+//! | `status` | calls `observe` if the session has it (answered as a table), else describes the session |
 //! | `read <sensor>` | calls `read_sensor {"name": sensor}` |
 //! | `set <actuator> <value>` | calls tool `<actuator>` `{"value": v}`, or `actuate {"actuator", "value"}` |
 //! | `call <tool> [json object]` | calls any tool with the given parameters |
@@ -362,8 +362,8 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
     }
     let mut results = results.into_iter();
     let mut answer = Vec::new();
-    for command in lines.iter().map(|l| parse_command(l, &tools)) {
-        match command {
+    for line in &lines {
+        match parse_command(line, &tools) {
             Command::Help => answer.push(help_text(&tools)),
             Command::Status => answer.push(format!(
                 "Offline command model; {} tool(s) in this session: {}.",
@@ -379,6 +379,14 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
             Command::Wait(_) => {}
             Command::Invalid(why) => answer.push(format!("Cannot do that: {why}.")),
             Command::Call { tool, .. } => match results.next() {
+                // `status` reads as a table; `call observe` stays JSON.
+                Some((content, false))
+                    if tool == "observe"
+                        && verb_and_rest(line).0 == "status"
+                        && let Some(table) = status_table(content) =>
+                {
+                    answer.push(table);
+                }
                 Some((content, false)) => answer.push(format!("{tool} returned: {content}")),
                 Some((content, true)) => answer.push(format!("{tool} failed: {content}")),
                 None => answer.push(format!("{tool} returned nothing.")),
@@ -391,6 +399,88 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
         answer.join("\n")
     };
     (delay, finish(request, thinking, text, None))
+}
+
+/// A measured value for people: at most 3 decimals, trailing zeros
+/// dropped (1 decimal from 100 on).
+fn number(v: f64) -> String {
+    let text = if v.abs() >= 100.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.3}")
+    };
+    let text = if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    };
+    if text == "-0" { "0".into() } else { text }
+}
+
+/// `observe`'s Observation as a table for people (the answer to `status`):
+/// the stop, each sensor's value, health and alarm, each actuator's value
+/// and whether it is at its safe value. `None` when it is not one.
+fn status_table(content: &str) -> Option<String> {
+    let o: Value = serde_json::from_str(content).ok()?;
+    let sensors = o.get("sensors")?.as_array()?;
+    let actuators = o.get("actuators")?.as_array()?;
+    let value = |x: &Value| match x["value"].as_f64() {
+        Some(v) => match x["unit"].as_str() {
+            Some(unit) => format!("{} {unit}", number(v)),
+            None => number(v),
+        },
+        None => "-".to_string(),
+    };
+    let text = |x: &Value, key: &str| x[key].as_str().unwrap_or("?").to_string();
+    let mut rows: Vec<[String; 4]> = vec![[
+        "name".into(),
+        "value".into(),
+        "health".into(),
+        "alarm / state".into(),
+    ]];
+    for s in sensors {
+        rows.push([
+            text(s, "name"),
+            value(s),
+            text(s, "health"),
+            text(s, "alarm"),
+        ]);
+    }
+    for a in actuators {
+        let state = if a["at_safe_value"] == true {
+            "at its safe value".to_string()
+        } else {
+            match a["owner"].as_str() {
+                Some(owner) => format!("moved by {owner}"),
+                None => "moved".to_string(),
+            }
+        };
+        rows.push([text(a, "name"), value(a), "actuator".into(), state]);
+    }
+    let mut width = [0usize; 3];
+    for row in &rows {
+        for (w, cell) in width.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let stop = match &o["protective_stop"] {
+        Value::Object(stop) => format!(
+            "ACTIVE ({}: {})",
+            stop.get("source").and_then(Value::as_str).unwrap_or("?"),
+            stop.get("reason").and_then(Value::as_str).unwrap_or("?")
+        ),
+        _ => "not active".to_string(),
+    };
+    let mut out = format!("Protective stop: {stop}.");
+    for [name, value, health, state] in &rows {
+        out.push_str(&format!(
+            "\n{name:<w0$}  {value:>w1$}  {health:<w2$}  {state}",
+            w0 = width[0],
+            w1 = width[1],
+            w2 = width[2]
+        ));
+    }
+    Some(out)
 }
 
 /// The system prompt and the extra blocks of the prompt message, as text.
@@ -717,6 +807,45 @@ mod tests {
             })
             .collect();
         assert_eq!(calls, [("read_sensor", &json!({"name": "temp"}))]);
+    }
+
+    /// `status` answers with a table, values rounded, not the
+    /// Observation's JSON; `call observe` still gives the JSON (issue 35,
+    /// item 14).
+    #[test]
+    fn status_reads_as_a_table() {
+        let observation = json!({
+            "protective_stop": null,
+            "sensors": [{"name": "temp", "unit": "degC", "value": 21.053924732137325,
+                         "health": "ok", "alarm": "ok"}],
+            "actuators": [{"name": "fan", "unit": null, "value": 0.0, "at_safe_value": true}],
+        })
+        .to_string();
+        let prompt = Message::user(vec![Block::Text("status".into())]);
+        let result = Message::user(vec![Block::ToolResult {
+            tool_use_id: "t".into(),
+            name: "observe".into(),
+            content: observation.clone(),
+            is_error: false,
+        }]);
+        let (_, events) = respond(&request(vec![prompt, result.clone()], &["observe"]));
+        let text = text_of(&events);
+        assert!(text.contains("Protective stop: not active."), "{text}");
+        let temp = text.lines().find(|l| l.starts_with("temp")).expect(&text);
+        assert!(
+            temp.contains("21.054 degC") && temp.contains("ok"),
+            "{temp}"
+        );
+        assert!(!text.contains("21.0539"), "{text}");
+        let fan = text.lines().find(|l| l.starts_with("fan")).expect(&text);
+        assert!(fan.contains("at its safe value"), "{fan}");
+        let call = Message::user(vec![Block::Text("call observe".into())]);
+        let (_, events) = respond(&request(vec![call, result], &["observe"]));
+        assert!(
+            text_of(&events).contains("observe returned: {"),
+            "{}",
+            text_of(&events)
+        );
     }
 
     #[test]

@@ -257,6 +257,25 @@ enum Tok {
     RParen,
 }
 
+impl std::fmt::Display for Tok {
+    /// As written in the condition, for error messages.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Tok::Num(n) => write!(f, "`{n}`"),
+            Tok::Ident(name) => write!(f, "`{name}`"),
+            Tok::Op(op) => write!(f, "`{op}`"),
+            Tok::LParen => f.write_str("`(`"),
+            Tok::RParen => f.write_str("`)`"),
+        }
+    }
+}
+
+/// What a condition looks like, added to every error of one.
+pub const CONDITION_HELP: &str = "a condition compares sensors and actuators with numbers \
+     (<, <=, >, >=, ==, !=) and joins comparisons with and, or, not and parentheses, \
+     e.g. \"front_distance < 0.3 and drive_speed > 0\"; also stale(name), \
+     alarm(name) >= 2 (0 ok, 1 warn, 2 critical), age_ms(name) > 500";
+
 fn tokenize(src: &str) -> Result<Vec<Tok>, String> {
     let chars: Vec<char> = src.chars().collect();
     let mut out = Vec::new();
@@ -434,7 +453,7 @@ impl Parser<'_> {
                 name if self.names.contains(name) => Ok(Expr::Value(name.to_string())),
                 name => Err(format!("unknown sensor or actuator `{name}`")),
             },
-            Some(other) => Err(format!("unexpected {other:?}")),
+            Some(other) => Err(format!("unexpected {other} where a value belongs")),
             None => Err("unexpected end of expression".into()),
         }
     }
@@ -486,10 +505,7 @@ pub fn parse_condition(src: &str, names: &HashSet<String>) -> Result<Expr, Strin
     };
     let e = p.or()?;
     if p.pos < p.toks.len() {
-        return Err(format!(
-            "unexpected {:?} after the condition",
-            p.toks[p.pos]
-        ));
+        return Err(format!("unexpected {} after the condition", p.toks[p.pos]));
     }
     if type_of(&e)? != Type::Bool {
         return Err("the condition is a number, not true/false (compare it: x > 0)".into());
@@ -515,8 +531,8 @@ pub fn build_rules(
                 format!("{:?} is empty or used twice", r.name),
             ));
         }
-        let condition =
-            parse_condition(&r.when, &names).map_err(|e| Invalid::new(key("when"), e))?;
+        let condition = parse_condition(&r.when, &names)
+            .map_err(|e| Invalid::new(key("when"), format!("{e}; {CONDITION_HELP}")))?;
         let a = &r.then;
         let action = match (&a.actuator, a.estop, &a.publish) {
             (Some(actuator), None, None) => {
@@ -722,6 +738,9 @@ mod tests {
             ("dist < ", "unexpected end"),
             ("(dist < 3", "missing ')'"),
             ("dist < 3 $", "unexpected character"),
+            // Said as written, not as the parser's tokens (issue 35, item 15).
+            ("dist > > 3", "unexpected `>` where a value belongs"),
+            ("dist < 3 )", "unexpected `)` after the condition"),
         ] {
             let err = parse_condition(src, &names()).unwrap_err();
             assert!(err.contains(needle), "{src}: {err}");

@@ -176,6 +176,15 @@ pub struct TurnRecord {
     pub ended_at_ms: i64,
 }
 
+/// The order of [`Store::audit_records_ordered`] (`order=` of `GET /v1/audit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditOrder {
+    /// By id ascending (`order=asc`, the default).
+    OldestFirst,
+    /// By id descending (`order=desc`): the latest rows.
+    NewestFirst,
+}
+
 /// One audited physical action: a PHYSICAL tool call (`kind = "tool_call"`)
 /// or an actuator change (`kind = "actuator"`: commands, safe-state drives).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -575,13 +584,30 @@ impl Store {
         session_id: Option<String>,
         limit: u32,
     ) -> Result<Vec<AuditRecord>, StoreError> {
+        self.audit_records_ordered(since_ms, session_id, limit, AuditOrder::OldestFirst)
+            .await
+    }
+
+    /// Audit records in `order` (the `limit` keeps the first in that
+    /// order), optionally since a time and for one session.
+    pub async fn audit_records_ordered(
+        &self,
+        since_ms: Option<i64>,
+        session_id: Option<String>,
+        limit: u32,
+        order: AuditOrder,
+    ) -> Result<Vec<AuditRecord>, StoreError> {
+        let direction = match order {
+            AuditOrder::OldestFirst => "ASC",
+            AuditOrder::NewestFirst => "DESC",
+        };
         self.with_conn(move |c| {
-            let mut stmt = c.prepare(
+            let mut stmt = c.prepare(&format!(
                 "SELECT id, at_ms, kind, session_id, tool_call_id, tool, actuator, parameters, decision, result,
                         error, origin, started_at_ms, ended_at_ms, duration_ms, credential, approved_by
                  FROM audit WHERE at_ms >= ?1 AND (?2 IS NULL OR session_id = ?2)
-                 ORDER BY id LIMIT ?3",
-            )?;
+                 ORDER BY id {direction} LIMIT ?3"
+            ))?;
             let rows = stmt.query_map(params![since_ms.unwrap_or(0), session_id, limit], |r| {
                 let parameters: Option<String> = r.get(7)?;
                 Ok(AuditRecord {
@@ -830,6 +856,42 @@ mod tests {
             (Some("alice"), None)
         );
         assert_eq!(rows[1].approved_by.as_deref(), Some("bob"));
+    }
+
+    /// `GET /v1/audit?order=desc` reads the newest rows first, so a
+    /// `limit` keeps the latest (issue 35, item 16); since and session
+    /// still filter.
+    #[tokio::test]
+    async fn audit_records_newest_first_keep_the_latest_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("rozd.db"), Default::default()).unwrap();
+        for at_ms in 1..=5 {
+            store
+                .audit(AuditRecord {
+                    at_ms,
+                    kind: "actuator".into(),
+                    session_id: Some(if at_ms % 2 == 0 { "even" } else { "odd" }.into()),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        let at = |rows: Vec<AuditRecord>| rows.iter().map(|r| r.at_ms).collect::<Vec<_>>();
+        let newest = store
+            .audit_records_ordered(None, None, 3, AuditOrder::NewestFirst)
+            .await
+            .unwrap();
+        assert_eq!(at(newest), vec![5, 4, 3]);
+        let oldest = store
+            .audit_records_ordered(None, None, 3, AuditOrder::OldestFirst)
+            .await
+            .unwrap();
+        assert_eq!(at(oldest), vec![1, 2, 3]);
+        let odd = store
+            .audit_records_ordered(Some(2), Some("odd".into()), 10, AuditOrder::NewestFirst)
+            .await
+            .unwrap();
+        assert_eq!(at(odd), vec![5, 3]);
     }
 
     #[test]

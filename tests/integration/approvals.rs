@@ -832,3 +832,70 @@ async fn a_tasks_call_is_listed_and_answered_at_v1_approvals_and_mcp_sessions_ar
     );
     daemon.shutdown().await;
 }
+
+/// `rozd approvals`, `rozd approvals approve ID` / `deny ID`: the operator
+/// answers a gRPC session's call (as the roz CLI's, which never answers
+/// itself) from the command line; the call runs (or not), the audit names
+/// the answering credential, and a second answer finds nothing (exit 4)
+/// (issue 35, item 17).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rozd_approvals_lists_and_answers_a_sessions_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = robot(dir.path(), "").await;
+    let (mut session, _) = session_of(&daemon, ALICE).await;
+    let id = lamp_call(&mut session).await;
+    waiting_call(&daemon).await;
+    let addr = daemon.addr.to_string();
+    let cli = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_rozd"))
+                .arg("approvals")
+                .args(&args)
+                .env_remove("ROZD_CONFIG")
+                .env_remove("ROZD_ADDR")
+                .env("ROZD_TOKEN", BOB)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .expect("run rozd approvals");
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+    };
+    let (code, out, err) = cli(vec!["--addr".into(), addr.clone()]).await.unwrap();
+    assert_eq!(code, Some(0), "{out}{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .unwrap_or_else(|| panic!("{id} is not listed: {out}"));
+    assert!(
+        line.contains("lamp") && line.contains("asked by session"),
+        "{line}"
+    );
+
+    let (code, out, err) = cli(vec![
+        "approve".into(),
+        id.clone(),
+        "--addr".into(),
+        addr.clone(),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.starts_with("approved lamp"), "{out}");
+    assert!(errors_until_complete(&mut session).await.is_empty());
+    assert_eq!(
+        daemon.ctx.ooda.sim_actuator("lamp").unwrap().value(),
+        Some(1.0)
+    );
+    let row = rows_of(&daemon, "tool_call", &id).await;
+    assert_eq!(row.last().unwrap()["approved_by"], "bob", "{row:?}");
+
+    let (code, _, err) = cli(vec!["deny".into(), id, "--addr".into(), addr])
+        .await
+        .unwrap();
+    assert_eq!(code, Some(4), "{err}");
+    daemon.shutdown().await;
+}

@@ -314,3 +314,57 @@ async fn token_is_sent_as_bearer_and_a_missing_one_exits_2() {
     assert!(!done.stderr.contains("s3cret-token"), "{}", done.stderr);
     daemon.shutdown().await;
 }
+
+/// For a person `rozd chat` shows the answer without the session's
+/// bookkeeping: no `[presence …]` lines and none of the local model's notes
+/// (both back with `--verbose`); `status` is a table with rounded values;
+/// the banner names the host asked for (issue 35, item 14).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_human_view_drops_bookkeeping_and_shows_status_as_a_table() {
+    let daemon = TestDaemon::start(
+        r#"
+[[sensors]]
+name = "coolant"
+source = "sim"
+signal = "constant"
+offset = 21.053924732137325
+unit = "degC"
+"#,
+    )
+    .await;
+    let host = daemon.ctx.config.host.id.clone();
+    let addr = daemon.addr.to_string();
+    let quiet = ChatProcess::spawn(&addr, &["--prompt", "status", "--host-id", &host])
+        .finish()
+        .await;
+    assert_eq!(quiet.code, Some(0), "{}", quiet.stderr);
+    assert!(!quiet.stderr.contains("[presence"), "{}", quiet.stderr);
+    assert!(
+        !quiet.stderr.contains("Offline command model"),
+        "{}",
+        quiet.stderr
+    );
+    assert!(
+        quiet
+            .stderr
+            .contains(&format!("on host {host} (via {addr})")),
+        "{}",
+        quiet.stderr
+    );
+    let row = quiet
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("coolant"))
+        .unwrap_or_else(|| panic!("a row for coolant: {}", quiet.stdout));
+    assert!(row.contains("21.054 degC"), "{row}");
+    assert!(!quiet.stdout.contains("21.0539"), "{}", quiet.stdout);
+
+    let verbose = ChatProcess::spawn(&addr, &["--prompt", "status", "--verbose"])
+        .finish()
+        .await;
+    assert_eq!(verbose.code, Some(0), "{}", verbose.stderr);
+    assert!(verbose.stderr.contains("[presence"), "{}", verbose.stderr);
+    let notes = format!("{}{}", verbose.stdout, verbose.stderr);
+    assert!(notes.contains("Offline command model"), "{notes}");
+    daemon.shutdown().await;
+}

@@ -79,6 +79,83 @@ fn bad_configs_fail_check_and_run_naming_file_line_and_key() {
     }
 }
 
+/// `rozd check` fails (78, naming the file and key) on what `rozd run`
+/// would refuse on this machine before serving: `backend = "rppal"` off a
+/// Raspberry Pi, a `fleet.password_env` that is not set; and `run` refuses
+/// them the same way, before binding (issue 35, item 13).
+#[test]
+fn check_catches_what_run_would_refuse_on_this_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.db").display().to_string();
+    let base = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\ncontrol_socket = \"\"\n[store]\npath = \"{store}\"\n"
+    );
+    let token = write(dir.path(), "fleet-token", "a-fleet-token-of-some-length\n");
+    let mut cases = vec![(
+        "fleet.toml",
+        format!(
+            "{base}[fleet]\nurl = \"mqtt://127.0.0.1:9\"\nusername = \"u\"\n\
+             password_env = \"ROZD_TEST_FLEET_PASSWORD_SURELY_UNSET\"\ntoken_file = \"{token}\"\n"
+        ),
+        "fleet.password_env names ROZD_TEST_FLEET_PASSWORD_SURELY_UNSET, which is not set",
+    )];
+    // Off a Pi (this test machine) `rppal` cannot start; on a Pi it can.
+    let on_a_pi = rozd::hw::gpio::is_raspberry_pi();
+    if !on_a_pi {
+        cases.push((
+            "rppal.toml",
+            format!("{base}[gpio]\nbackend = \"rppal\"\n"),
+            "gpio.backend = \"rppal\": this machine is not a Raspberry Pi",
+        ));
+    }
+    for (name, text, expected) in cases {
+        let path = write(dir.path(), name, &text);
+        for command in ["check", "run"] {
+            let out = rozd(&[command, "--config", &path], dir.path());
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(78), "{command} {name}: {stderr}");
+            assert!(
+                stderr.contains(&format!("{path}: {expected}")),
+                "{command} {name}: {stderr}"
+            );
+            assert_eq!(stderr.matches(expected).count(), 1, "once: {stderr}");
+            assert!(!stderr.contains("serving"), "{command} {name}: {stderr}");
+        }
+        let out = rozd(&["check", "--config", &path], dir.path());
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("not checked"), "{stdout}");
+        assert!(!stdout.contains("configuration OK"), "{stdout}");
+    }
+}
+
+/// `rozd run` that cannot start says why once: one line, each cause once
+/// (it printed the error as a log line and again, and the cause twice)
+/// (issue 35, item 13).
+#[test]
+fn run_says_why_it_cannot_start_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let store = dir.path().join("s.db").display().to_string();
+    let path = write(
+        dir.path(),
+        "taken.toml",
+        &format!(
+            "[server]\nlisten = \"{addr}\"\ncontrol_socket = \"\"\n[store]\npath = \"{store}\"\n"
+        ),
+    );
+    let out = rozd(&["run", "--config", &path], dir.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let said = format!("cannot listen on {addr}");
+    assert_eq!(stderr.matches(&said).count(), 1, "{stderr}");
+    let line = stderr.lines().find(|l| l.contains(&said)).unwrap();
+    assert!(line.starts_with("rozd: "), "{stderr}");
+    let cause = line.rsplit(": ").next().unwrap();
+    assert_eq!(line.matches(cause).count(), 1, "the cause once: {line}");
+    drop(taken);
+}
+
 #[test]
 fn missing_config_file_is_named() {
     let dir = tempfile::tempdir().unwrap();
@@ -378,5 +455,168 @@ async fn client_commands_given_a_config_use_its_listen_address() {
         err.contains("broken.toml") && err.contains("server.listen"),
         "{err}"
     );
+    daemon.shutdown().await;
+}
+
+/// `rozd status` shows every sensor and actuator with its value, health
+/// and alarm, and the approvals, MCP, fleet and recording state (issue 35,
+/// item 12); over the control socket too (it serves the Observation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_lists_each_sensor_and_actuator_with_health_and_alarm() {
+    let daemon = crate::common::TestDaemon::start(
+        r#"
+[[sensors]]
+name = "coolant_temp"
+source = "sim"
+signal = "constant"
+offset = 91.25
+unit = "degC"
+warn_max = 80.0
+critical_max = 85.0
+
+[[sensors]]
+name = "battery"
+source = "sim"
+signal = "constant"
+offset = 12.5
+unit = "V"
+
+[[actuators]]
+name = "pump"
+kind = "sim"
+unit = "%"
+min = 0.0
+max = 100.0
+safe_value = 0.0
+"#,
+    )
+    .await;
+    // The alarm has been evaluated once the Observation says so.
+    let deadline = tokio::time::Instant::now() + crate::common::EXPECT_WITHIN;
+    while daemon
+        .ctx
+        .ooda
+        .observation()
+        .sensor("coolant_temp")
+        .is_none_or(|s| s.alarm != rozd::ooda::orient::AlarmLevel::Critical)
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never critical");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let socket = daemon.control_socket.display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(ROZD)
+            .args(["status", "--socket", &socket, "--addr", "127.0.0.1:9"])
+            .env_remove("ROZD_CONFIG")
+            .env_remove("ROZD_TOKEN")
+            .env("HOME", dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run rozd")
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no line for {name}:\n{text}"))
+            .to_string()
+    };
+    let coolant = line("coolant_temp");
+    for want in [
+        "91.25 degC",
+        " ok ",
+        "alarm CRITICAL: above critical_max 85 degC, for ",
+    ] {
+        assert!(coolant.contains(want), "{want:?} in {coolant:?}");
+    }
+    let battery = line("battery");
+    assert!(
+        battery.contains("12.5 V") && battery.contains("alarm ok"),
+        "{battery}"
+    );
+    let pump = line("pump");
+    assert!(
+        pump.contains("0 %") && pump.contains("at its safe value"),
+        "{pump}"
+    );
+    for want in [
+        "sensors:",
+        "actuators:",
+        "approvals:    none waiting",
+        "mcp:          0 session(s)",
+        "fleet:        not configured",
+        "recording:    off",
+    ] {
+        assert!(text.contains(want), "{want:?} in\n{text}");
+    }
+    daemon.shutdown().await;
+}
+
+/// `GET /v1/audit?order=desc` lists the newest rows first, so the README's
+/// `order=desc&limit=10` after the walkthrough shows the stop rows; another
+/// `order` is a JSON 400 (issue 35, item 16).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_order_desc_lists_the_newest_rows_first() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let daemon = crate::common::TestDaemon::start("").await;
+    for at_ms in 1..=4 {
+        daemon
+            .ctx
+            .store
+            .audit(rozd::store::AuditRecord {
+                at_ms,
+                kind: "actuator".into(),
+                result: Some(format!("row {at_ms}")),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let get = |query: &'static str| {
+        let url = format!("http://{}/v1/audit{query}", daemon.addr);
+        async move {
+            let reply = reqwest::get(url).await.expect("request");
+            let status = reply.status().as_u16();
+            let body: serde_json::Value = reply.json().await.expect("JSON");
+            (status, body)
+        }
+    };
+    let results = |body: &serde_json::Value| {
+        body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| {
+                r["kind"] == "actuator"
+                    && r["result"].as_str().is_some_and(|t| t.starts_with("row "))
+            })
+            .map(|r| r["result"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let (status, newest) = get("?order=desc").await;
+    assert_eq!(status, 200, "{newest}");
+    assert_eq!(
+        results(&newest),
+        ["row 4", "row 3", "row 2", "row 1"],
+        "{newest}"
+    );
+    let (status, oldest) = get("").await;
+    assert_eq!(status, 200, "{oldest}");
+    assert_eq!(
+        results(&oldest),
+        ["row 1", "row 2", "row 3", "row 4"],
+        "{oldest}"
+    );
+    let (status, bad) = get("?order=sideways").await;
+    assert_eq!(status, 400, "{bad}");
+    assert_eq!(bad["error"]["code"], "invalid_argument", "{bad}");
     daemon.shutdown().await;
 }

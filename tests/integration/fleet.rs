@@ -1745,3 +1745,59 @@ async fn two_bridged_brokers_carry_records_the_fleet_stop_and_wills() {
     a.kill9().await;
     view_is(&b, &[("a", "offline"), ("b", "online")]).await;
 }
+
+/// `rozd estop --fleet` stops every host of the environment through one
+/// daemon, with the fleet token, and `--fleet --clear` clears it; each
+/// prints every host's state and exits 0 once all confirmed (issue 35,
+/// item 8: the fleet stop was curl only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rozd_estop_fleet_stops_and_clears_every_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_broker, a, b) = two_hosts(dir.path()).await;
+    let estop = |extra: &'static [&'static str]| {
+        let addr = a.addr();
+        tokio::task::spawn_blocking(move || {
+            let mut args = vec!["estop", "--fleet", "--addr", &addr, "--token", TOKEN];
+            args.extend_from_slice(extra);
+            std::process::Command::new(ROZD)
+                .args(&args)
+                .env_remove("ROZD_CONFIG")
+                .env_remove("ROZD_TOKEN")
+                .stdin(std::process::Stdio::null())
+                .output()
+                .expect("run rozd estop --fleet")
+        })
+    };
+    let out = estop(&["--reason", "drill"]).await.unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("fleet stop:   SENT in environment lab (drill)"),
+        "{said}"
+    );
+    assert!(said.contains("confirmed:    yes"), "{said}");
+    for host in [&a, &b] {
+        assert!(stopped(host).await, "{} not stopped: {said}", host.id);
+        let row = said
+            .lines()
+            .find(|l| l.trim_start().starts_with(host.id.as_str()))
+            .unwrap_or_else(|| panic!("no row for {}: {said}", host.id));
+        assert!(row.contains("stopped (fleet)"), "{row}");
+    }
+    let out = estop(&["--clear"]).await.unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("CLEARED"), "{said}");
+    for host in [&a, &b] {
+        assert!(!stopped(host).await, "{} still stopped", host.id);
+    }
+}

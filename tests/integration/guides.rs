@@ -590,3 +590,210 @@ async fn first_hardware_stop_button_rehearsal_works_on_the_sim_backend() {
     assert_eq!(reply.status.as_u16(), 400, "{}", reply.body);
     common::broker::terminate(&mut rozd).await;
 }
+
+/// Three ports in a row that are free now (the guide numbers its hosts'
+/// ports `1850$N`).
+fn three_free_ports() -> u16 {
+    for _ in 0..200 {
+        let base = common::broker::free_port();
+        if base < 65000
+            && (1..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok())
+        {
+            return base;
+        }
+    }
+    panic!("no three free ports in a row");
+}
+
+/// docs/guides/fleet.md, "Try it on one machine": the token, the two
+/// configurations, the broker and both hosts started by the guide's own
+/// command lines (on free ports), then every client command as written:
+/// `rozd hosts` lists both online, `rozd chat --host-id rover-2` through
+/// rover-1 answers from rover-2, `rozd estop --fleet` stops both (rover-2's
+/// `rozd status` shows the fleet stop) and `--fleet --clear` clears both
+/// (issue 35, item 8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_guide_two_hosts_on_one_machine_work_as_written() {
+    let guide = "docs/guides/fleet.md";
+    let dir = tempfile::tempdir().unwrap();
+    let base = three_free_ports();
+    let broker_port = common::broker::free_port();
+    let setup = marked_block(guide, "fleet-setup")
+        .replace("1850$N", &format!("$(( {base} + N ))"))
+        .replace("18830", &broker_port.to_string());
+    let (code, out, err) = bash(dir.path(), &setup, &[]).await;
+    assert_eq!(code, Some(0), "setup: {out}{err}");
+    assert!(out.contains("configuration OK"), "{out}");
+    let demo = dir.path().join("fleet-demo");
+
+    // The guide's start lines, each a child of this test.
+    let rozd_dir = Path::new(ROZD).parent().unwrap().display().to_string();
+    let mut started = Vec::new();
+    for line in marked_block(guide, "fleet-start").lines() {
+        let line = line.trim().trim_end_matches('&').trim();
+        if line.is_empty() {
+            continue;
+        }
+        let line = line.replace("18830", &broker_port.to_string());
+        let child = Command::new("bash")
+            .args(["-c", &format!("exec {line}")])
+            .current_dir(&demo)
+            .env(
+                "PATH",
+                format!("{rozd_dir}:{}", std::env::var("PATH").unwrap_or_default()),
+            )
+            .env_remove("ROZD_CONFIG")
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the guide's process");
+        started.push(child);
+    }
+    assert_eq!(started.len(), 3, "mosquitto and two hosts");
+
+    let token = std::fs::read_to_string(demo.join("fleet-token")).unwrap();
+    let env = [("ROZD_TOKEN", token.trim())];
+    // Both hosts online in rover-1's view before the commands.
+    let deadline = tokio::time::Instant::now() + EXPECT_WITHIN * 2;
+    loop {
+        let (_, out, _) = bash(&demo, "rozd hosts --config rover-1.toml", &env).await;
+        if out.lines().filter(|l| l.contains(" online ")).count() == 2 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "hosts: {out}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for line in marked_block(guide, "fleet-use").lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let script = format!("export ROZD_TOKEN=$(cat fleet-token)\n{line}\n");
+        let (code, out, err) = bash(&demo, &script, &[]).await;
+        assert_eq!(code, Some(0), "{line}\n{out}{err}");
+        if line.starts_with("rozd hosts") {
+            assert!(out.contains("rover-1") && out.contains("rover-2"), "{out}");
+        } else if line.starts_with("rozd chat") {
+            assert!(err.contains("on host rover-2"), "{err}");
+            assert!(out.lines().any(|l| l.starts_with("temp")), "{out}");
+        } else if line.contains("estop --fleet --clear") {
+            assert_eq!(out.matches("not stopped").count(), 2, "{out}");
+        } else if line.contains("estop --fleet") {
+            assert_eq!(out.matches("stopped (fleet)").count(), 2, "{out}");
+            assert!(out.contains("confirmed:    yes"), "{out}");
+        } else if line.starts_with("rozd status") {
+            assert!(out.contains("stop:         ACTIVE (fleet"), "{out}");
+        }
+    }
+    for child in &mut started {
+        common::broker::terminate(child).await;
+    }
+}
+
+/// docs/guides/roz-cli.md: the guide's server block passes `rozd check`
+/// and, served, holds a gRPC session that never answers its own approval
+/// (as the roz CLI); the guide's approval commands, as written (the `ID`
+/// the list shows, the token file the block names), answer it and the call
+/// runs (issue 35, item 17).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roz_cli_guide_config_and_approval_commands_work() {
+    use crate::approvals::Token;
+    use rozd::api::proto;
+    use rozd::api::proto::agent_service_client::AgentServiceClient;
+    use rozd::api::proto::session_request::Request as Req;
+    use rozd::api::proto::session_response::Response as Resp;
+
+    let guide = "docs/guides/roz-cli.md";
+    let dir = tempfile::tempdir().unwrap();
+    const SECRET: &str = "roz-cli-guide-token-0001";
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("{SECRET}\n")).unwrap();
+    let tokens = tokens.display().to_string();
+    let block = marked_block(guide, "roz-cli-config").replace("/etc/rozd/tokens", &tokens);
+    assert!(block.contains("listen = \"127.0.0.1:8080\""), "{block}");
+    let config = dir.path().join("roz.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{block}control_socket = \"\"\n[store]\npath = {:?}\n",
+            dir.path().join("rozd.db").display().to_string()
+        ),
+    )
+    .unwrap();
+    let (code, out, err) =
+        common::rozd_cli(&["check", "--config", &config.display().to_string()]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+
+    // Served (on a free port instead of 8080): the block's server keys.
+    let server: String = block
+        .lines()
+        .filter(|l| !l.starts_with('[') && !l.starts_with("listen"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let daemon = crate::common::TestDaemon::start_server(
+        &server,
+        "[[actuators]]\nname = \"lamp\"\nkind = \"sim\"\nallowed = [0, 1]\nsafe_value = 0\n",
+        |_| {},
+        Arc::new(rozd::session::LogHooks),
+    )
+    .await;
+    let mut client = AgentServiceClient::with_interceptor(daemon.channel().await, Token(SECRET));
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let response = client
+        .stream_session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("StreamSession");
+    let mut session = common::Session {
+        tx,
+        rx: response.into_inner(),
+        wait_bound: EXPECT_WITHIN,
+    };
+    session.start(proto::StartSession::default()).await;
+    session
+        .send(Req::UserMessage(proto::UserMessage {
+            content: "set lamp 1".into(),
+            ..Default::default()
+        }))
+        .await;
+    let id = loop {
+        match session.next().await {
+            Resp::ActivityUpdate(a) if a.state == "waiting_approval" => break a.detail,
+            Resp::Error(e) => panic!("{e:?}"),
+            _ => {}
+        }
+    };
+    let addr = daemon.addr.to_string();
+    let commands = marked_block(guide, "roz-cli-approvals").replace("/etc/rozd/tokens", &tokens);
+    let export = commands
+        .lines()
+        .find(|l| l.starts_with("export ROZD_TOKEN="))
+        .expect("the token line");
+    for line in commands.lines().filter(|l| l.starts_with("rozd approvals")) {
+        let script = format!("{export}\n{}\n", line.replace(" ID", &format!(" {id}")));
+        let (code, out, err) = bash(dir.path(), &script, &[("ROZD_ADDR", &addr)]).await;
+        assert_eq!(code, Some(0), "{line}\n{out}{err}");
+        if line == "rozd approvals" {
+            assert!(
+                out.lines()
+                    .any(|l| l.starts_with(&id) && l.contains("lamp")),
+                "{out}"
+            );
+        } else {
+            assert!(out.starts_with("approved lamp"), "{out}");
+        }
+    }
+    // The call ran: the turn completes and the lamp is on.
+    loop {
+        if let Resp::TurnComplete(_) = session.next().await {
+            break;
+        }
+    }
+    assert_eq!(
+        daemon.ctx.ooda.sim_actuator("lamp").unwrap().value(),
+        Some(1.0)
+    );
+    daemon.shutdown().await;
+}

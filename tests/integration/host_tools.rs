@@ -227,11 +227,12 @@ async fn the_local_model_moves_an_actuator_after_approval_and_reads_it_back() {
     session.send(user("status")).await;
     let (seen, _) = until_complete(&mut session).await;
     let text = text_of(&seen);
-    assert!(
-        text.contains("observe returned:") && text.contains("\"name\":\"speed\""),
-        "{text}"
-    );
-    assert!(text.contains("\"value\":0.3"), "{text}");
+    // `status` reads as a table (issue 35, item 14).
+    let speed = text
+        .lines()
+        .find(|l| l.starts_with("speed "))
+        .unwrap_or_else(|| panic!("a row for speed: {text}"));
+    assert!(speed.contains(" 0.3"), "{text}");
 
     let records = audit(&daemon, &session_id).await;
     let call = records

@@ -87,6 +87,8 @@ pub struct ChatOptions {
     /// Run this one turn, then end the session.
     pub prompt: Option<String>,
     pub allow_shell: bool,
+    /// Show presence hints and the local model's notes (its thinking).
+    pub verbose: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -283,6 +285,17 @@ enum Phase {
     Closing,
 }
 
+/// The first line of a session: which session, on which host (a relayed
+/// one named, with the daemon that relays it), which model.
+fn banner(session_id: &str, authority: &str, host_id: Option<&str>, model: &str) -> String {
+    match host_id.filter(|h| !h.is_empty()) {
+        Some(host) => format!(
+            "rozd chat: session {session_id} on host {host} (via {authority}), model {model}"
+        ),
+        None => format!("rozd chat: session {session_id} on {authority}, model {model}"),
+    }
+}
+
 struct Chat {
     options: ChatOptions,
     authority: String,
@@ -298,6 +311,8 @@ struct Chat {
     /// Running tool calls; replaced (which aborts them) when a turn ends.
     tools: JoinSet<proto::ToolResult>,
     last_presence: Option<String>,
+    /// The session's model is `local`, whose thinking is bookkeeping.
+    local_model: bool,
     close_timer: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Exit status once the stream closes.
     exit: u8,
@@ -323,6 +338,7 @@ impl Chat {
             turn_failed: false,
             tools: JoinSet::new(),
             last_presence: None,
+            local_model: false,
             close_timer: None,
             exit: exit::OK,
             done: None,
@@ -381,9 +397,12 @@ impl Chat {
                 if self.phase != Phase::Starting {
                     return Ok(());
                 }
-                self.out.status(&format!(
-                    "rozd chat: session {} on {}, model {}",
-                    started.session_id, self.authority, started.model
+                self.local_model = started.model == crate::model::local::NAME;
+                self.out.status(&banner(
+                    &started.session_id,
+                    &self.authority,
+                    self.options.host_id.as_deref(),
+                    &started.model,
                 ));
                 if self.options.allow_shell {
                     self.out.status(
@@ -402,7 +421,13 @@ impl Chat {
                 }
             }
             Resp::TextDelta(delta) => self.out.text(&delta.content),
-            Resp::ThinkingDelta(delta) => self.out.thinking(&delta.content),
+            // The local model's thinking counts commands and calls: for a
+            // person only with --verbose.
+            Resp::ThinkingDelta(delta) => {
+                if self.options.verbose || !self.local_model {
+                    self.out.thinking(&delta.content);
+                }
+            }
             Resp::ToolRequest(call) => self.on_tool_request(call),
             Resp::TurnComplete(done) => self.on_turn_complete(done).await?,
             Resp::Error(error) => {
@@ -423,7 +448,9 @@ impl Chat {
             }
             Resp::ActivityUpdate(activity) => self.on_activity(activity),
             Resp::PresenceHint(hint) => {
-                if self.last_presence.as_deref() != Some(hint.level.as_str()) {
+                if self.options.verbose
+                    && self.last_presence.as_deref() != Some(hint.level.as_str())
+                {
                     self.out
                         .status(&format!("[presence {}: {}]", hint.level, hint.reason));
                     self.last_presence = Some(hint.level);
