@@ -482,3 +482,59 @@ async fn a_recording_holds_camera_frames_foxglove_and_pillow_read() {
         "{lines:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_files_camera_loops_its_pictures_and_the_stream_is_bounded_in_viewers() {
+    let frames = tempfile::tempdir().unwrap();
+    for (name, w, h) in [("a.jpg", 64, 48), ("b.jpeg", 32, 24), ("notes.txt", 0, 0)] {
+        let data = if w == 0 {
+            b"not a picture".to_vec()
+        } else {
+            rozd::camera::jpeg::encode_rgb(&vec![120u8; w * h * 3], w as u32, h as u32, 80)
+                .unwrap()
+        };
+        std::fs::write(frames.path().join(name), data).unwrap();
+    }
+    let daemon = TestDaemon::start(&format!(
+        "[[cameras]]\nname = \"replayed\"\nsource = \"files\"\ndirectory = {:?}\nfps = 20\n\
+         max_viewers = 1\n",
+        frames.path().display().to_string()
+    ))
+    .await;
+    let base = daemon.url();
+    // Both pictures come round, in turn (the text file is not a picture).
+    for (w, h) in [(64, 48), (32, 24), (64, 48)] {
+        until(&base, "replayed", &format!("showing {w}x{h}"), |c| {
+            c["width"] == w && c["height"] == h
+        })
+        .await;
+    }
+    let view = camera(&base, "replayed").await;
+    assert_eq!(view["rejected"]["garbage"], 0, "only .jpg/.jpeg are read: {view}");
+
+    // One viewer at a time: the second is refused while the first watches.
+    let first = client()
+        .get(format!("{base}/v1/cameras/replayed/stream.mjpeg"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    until(&base, "replayed", "watched", |c| c["viewers"] == 1).await;
+    let second = client()
+        .get(format!("{base}/v1/cameras/replayed/stream.mjpeg"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status(), 503);
+    let body: Value = second.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_viewers");
+    let parts = stream_parts(first, 2).await;
+    let sizes: Vec<_> = parts
+        .iter()
+        .map(|p| rozd::camera::jpeg::check(p, 1 << 20).unwrap())
+        .collect();
+    assert!(sizes.iter().all(|s| *s == (64, 48) || *s == (32, 24)), "{sizes:?}");
+    // The place is free again once the viewer leaves.
+    until(&base, "replayed", "no longer watched", |c| c["viewers"] == 0).await;
+    daemon.shutdown().await;
+}
