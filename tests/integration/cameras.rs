@@ -490,8 +490,7 @@ async fn a_files_camera_loops_its_pictures_and_the_stream_is_bounded_in_viewers(
         let data = if w == 0 {
             b"not a picture".to_vec()
         } else {
-            rozd::camera::jpeg::encode_rgb(&vec![120u8; w * h * 3], w as u32, h as u32, 80)
-                .unwrap()
+            rozd::camera::jpeg::encode_rgb(&vec![120u8; w * h * 3], w as u32, h as u32, 80).unwrap()
         };
         std::fs::write(frames.path().join(name), data).unwrap();
     }
@@ -510,7 +509,10 @@ async fn a_files_camera_loops_its_pictures_and_the_stream_is_bounded_in_viewers(
         .await;
     }
     let view = camera(&base, "replayed").await;
-    assert_eq!(view["rejected"]["garbage"], 0, "only .jpg/.jpeg are read: {view}");
+    assert_eq!(
+        view["rejected"]["garbage"], 0,
+        "only .jpg/.jpeg are read: {view}"
+    );
 
     // One viewer at a time: the second is refused while the first watches.
     let first = client()
@@ -533,8 +535,14 @@ async fn a_files_camera_loops_its_pictures_and_the_stream_is_bounded_in_viewers(
         .iter()
         .map(|p| rozd::camera::jpeg::check(p, 1 << 20).unwrap())
         .collect();
-    assert!(sizes.iter().all(|s| *s == (64, 48) || *s == (32, 24)), "{sizes:?}");
+    assert!(
+        sizes.iter().all(|s| *s == (64, 48) || *s == (32, 24)),
+        "{sizes:?}"
+    );
     // The place is free again once the viewer leaves.
-    until(&base, "replayed", "no longer watched", |c| c["viewers"] == 0).await;
+    until(&base, "replayed", "no longer watched", |c| {
+        c["viewers"] == 0
+    })
+    .await;
     daemon.shutdown().await;
 }
