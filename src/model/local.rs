@@ -317,6 +317,10 @@ fn current_prompt(messages: &[super::Message]) -> Option<(usize, &str)> {
     })
 }
 
+/// A tool call's result since the prompt: its text, whether it failed, and
+/// the picture that came with it (media type, bytes).
+type Outcome<'a> = (&'a str, bool, Option<(&'a str, usize)>);
+
 /// Decides the whole answer of one model call: a delay (the turn's
 /// `wait`s), then events. Public for the fuzz targets in `fuzz/`: it is the
 /// command parser and everything it drives, without the wait.
@@ -337,7 +341,7 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
         .fold(Duration::ZERO, Duration::saturating_add);
     // Results of the tool calls made since the prompt, in call order, each
     // with the picture that came with it (an image right after the result).
-    let mut results: Vec<(&str, bool, Option<(&str, usize)>)> = Vec::new();
+    let mut results: Vec<Outcome<'_>> = Vec::new();
     for m in &request.messages[prompt_index + 1..] {
         let mut after_result = false;
         for b in &m.content {
