@@ -54,6 +54,9 @@ const EXPECTED: &[&str] = &[
     "footprint.rss_turns_closed_mib",
     "footprint.rss_more_turns_closed_mib",
     "footprint.binary_mib",
+    "camera.encode_640x480.p50_us",
+    "camera.passthrough_check_640x480.p50_us",
+    "camera.capture_image.p50_us",
 ];
 
 fn check() -> Result<usize, String> {
