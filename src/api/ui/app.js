@@ -1,7 +1,8 @@
 // The rozd dashboard. One live stream per tab (GET /v1/observation/stream,
-// server-sent events read with fetch() so the token travels as a header);
-// everything else is fetched once, or again when the stream says something
-// changed. The page never polls in a loop.
+// server-sent events read with fetch() so the token travels as a header),
+// and one MJPEG stream per camera, read the same way; everything else is
+// fetched once, or again when the stream says something changed. The page
+// never polls in a loop.
 "use strict";
 
 const TOKEN_KEY = "rozd-token";
