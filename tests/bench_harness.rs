@@ -57,6 +57,8 @@ const EXPECTED: &[&str] = &[
     "camera.encode_640x480.p50_us",
     "camera.passthrough_check_640x480.p50_us",
     "camera.capture_image.p50_us",
+    "camera.loop_streaming.lateness_p99_us",
+    "camera.cpu_per_frame_us",
 ];
 
 fn check() -> Result<usize, String> {

@@ -6,6 +6,12 @@
 //! the least any camera tool does: taking the latest frame and
 //! base64-encoding it for the model.
 //!
+//! And the control loop while cameras stream: the 100 Hz loop of
+//! measurement 4's host with two simulated cameras (640×480, 15 fps), each
+//! streamed to two viewers, beside the same host without cameras, run just
+//! before it; with the CPU each captured frame cost (the run with cameras
+//! less the run without, per frame, the viewers' reading included).
+//!
 //! Pillow runs in its own Python process (the pyenv of the tests:
 //! `ROZD_TEST_PYENV`, else `<target>/pyenv`), timing only its encode
 //! calls; without it the encode has no floor and says why.
@@ -19,7 +25,7 @@ use base64::Engine as _;
 
 use super::Scale;
 use super::fixtures::Daemon;
-use super::report::{Group, P50, P99, Samples};
+use super::report::{Better, Group, P50, P99, Samples};
 
 const WIDTH: u32 = 640;
 const HEIGHT: u32 = 480;
@@ -113,15 +119,18 @@ pub async fn cameras(scale: &Scale) -> Result<Group> {
     }
     let floor = pillow(&rgb, trials);
     let note = match &floor {
-        Ok(_) => "encode: Pillow (libjpeg-turbo) on the same picture at the same quality, in its own \
-                  process; pass-through check: copying the frame's bytes; capture_image: the latest \
-                  frame taken and base64-encoded"
-            .to_string(),
-        Err(why) => format!(
-            "encode: no floor ({why}); pass-through check: copying the frame's bytes; \
-             capture_image: the latest frame taken and base64-encoded"
-        ),
+        Ok(_) => {
+            "encode: Pillow (libjpeg-turbo) on the same picture at the same quality, in its own \
+                  process"
+                .to_string()
+        }
+        Err(why) => format!("encode: no floor ({why})"),
     };
+    let note = format!(
+        "{note}; pass-through check: copying the frame's bytes; capture_image: the latest frame \
+         taken and base64-encoded; loop while streaming: the same host without cameras, run just \
+         before; CPU per frame: no floor (it is the difference of those two runs)"
+    );
     let mut group = Group::new("cameras", &note);
     match &floor {
         Ok(pillow) => group.latencies(
@@ -135,7 +144,7 @@ pub async fn cameras(scale: &Scale) -> Result<Group> {
             "camera.encode_640x480.p50_us",
             "encode 640×480 RGB to JPEG p50",
             "µs",
-            super::report::Better::Lower,
+            Better::Lower,
             encode.percentile(0.5),
             None,
             (encode.len(), 0),
@@ -206,5 +215,132 @@ pub async fn cameras(scale: &Scale) -> Result<Group> {
         &[P50, P99],
     );
     daemon.shutdown().await?;
+
+    streaming(scale, &mut group).await?;
     Ok(group)
+}
+
+/// Two sim cameras at 15 fps, each streamed to two viewers.
+fn with_cameras(base: &str) -> String {
+    let mut text = format!("[sim]\n{base}");
+    for name in ["cam_a", "cam_b"] {
+        text.push_str(&format!(
+            "\n[[cameras]]\nname = \"{name}\"\nsource = \"sim\"\nwidth = 640\nheight = 480\n\
+             fps = 15\nmax_stream_fps = 15\n"
+        ));
+    }
+    text
+}
+
+/// Reads `camera`'s stream.mjpeg over plain HTTP until `stop`: its bytes.
+async fn viewer(
+    addr: std::net::SocketAddr,
+    camera: &'static str,
+    stop: tokio_util::sync::CancellationToken,
+) -> Result<u64> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.write_all(
+        format!("GET /v1/cameras/{camera}/stream.mjpeg HTTP/1.1\r\nHost: {addr}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0u64;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(total),
+            n = tcp.read(&mut buf) => match n? {
+                0 => return Ok(total),
+                n => total += n as u64,
+            },
+        }
+    }
+}
+
+/// The loop's lateness p99 (µs) over `duration` and the process CPU it
+/// took, for a daemon of `text`; with `viewers`, those streams run meanwhile.
+async fn loop_run(
+    text: &str,
+    viewers: &[&'static str],
+    duration: Duration,
+) -> Result<(u64, u64, Duration, u64, u64)> {
+    let daemon = Daemon::start(text).await?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut watching = Vec::new();
+    for camera in viewers {
+        watching.push(tokio::spawn(viewer(daemon.addr, camera, stop.clone())));
+    }
+    let ooda = daemon.ctx.ooda.clone();
+    let before = ooda.stats();
+    let frames_before: u64 = daemon
+        .ctx
+        .cameras
+        .views()
+        .iter()
+        .map(|v| v.health.frames)
+        .sum();
+    let cpu = super::steps::process_cpu();
+    tokio::time::sleep(duration).await;
+    let cpu = super::steps::process_cpu().saturating_sub(cpu);
+    let stats = ooda.stats();
+    let frames: u64 = daemon
+        .ctx
+        .cameras
+        .views()
+        .iter()
+        .map(|v| v.health.frames)
+        .sum();
+    stop.cancel();
+    let mut streamed = 0;
+    for w in watching {
+        streamed += w.await??;
+    }
+    daemon.shutdown().await?;
+    if !viewers.is_empty() && streamed == 0 {
+        anyhow::bail!("the viewers received nothing");
+    }
+    Ok((
+        stats.lateness_p99_us,
+        stats.ticks.saturating_sub(before.ticks),
+        cpu,
+        frames.saturating_sub(frames_before),
+        streamed,
+    ))
+}
+
+async fn streaming(scale: &Scale, group: &mut Group) -> Result<()> {
+    let base = super::control_loop::host(100.0);
+    let plain = format!("[sim]\n{base}");
+    let (p99_plain, ticks_plain, cpu_plain, _, _) = loop_run(&plain, &[], scale.loop_for).await?;
+    let (p99, ticks, cpu, frames, _) = loop_run(
+        &with_cameras(&base),
+        &["cam_a", "cam_a", "cam_b", "cam_b"],
+        scale.loop_for,
+    )
+    .await?;
+    let n = (
+        usize::try_from(ticks).unwrap_or(usize::MAX),
+        usize::try_from(ticks_plain).unwrap_or(usize::MAX),
+    );
+    group.add(
+        "camera.loop_streaming.lateness_p99_us",
+        "100 Hz loop while 2 cameras stream to 2 viewers each: tick lateness p99 vs no cameras",
+        "µs",
+        Better::Lower,
+        p99 as f64,
+        Some(p99_plain as f64),
+        n,
+    );
+    let per_frame = cpu.saturating_sub(cpu_plain).as_secs_f64() * 1e6 / frames.max(1) as f64;
+    group.add(
+        "camera.cpu_per_frame_us",
+        &format!("CPU per captured frame ({frames} frames, 4 viewers)"),
+        "µs",
+        Better::Lower,
+        per_frame,
+        None,
+        (usize::try_from(frames).unwrap_or(usize::MAX), 0),
+    );
+    Ok(())
 }
