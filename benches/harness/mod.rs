@@ -8,6 +8,7 @@
 //! Output: a markdown table on stdout and the same as JSON in
 //! `<target dir>/bench/report.json`.
 
+pub mod cameras;
 pub mod control_loop;
 pub mod fixtures;
 pub mod footprint;
@@ -100,13 +101,14 @@ impl Scale {
 }
 
 /// The measurements, by number and short name (for `--only`).
-pub const MEASUREMENTS: [(&str, &str); 6] = [
+pub const MEASUREMENTS: [(&str, &str); 7] = [
     ("1", "steps"),
     ("2", "concurrency"),
     ("3", "host-tool"),
     ("4", "loop"),
     ("5", "safe-state"),
     ("6", "footprint"),
+    ("7", "cameras"),
 ];
 
 #[derive(Debug, Clone, Default)]
@@ -121,7 +123,7 @@ pub struct Options {
     pub soak: Option<soak::SoakOptions>,
 }
 
-pub const USAGE: &str = "usage: cargo bench --bench rozd -- [--quick] [--out FILE] [--only 1,2,...|steps,concurrency,host-tool,loop,safe-state,footprint] | --soak SECONDS [--sessions N] [--every SECONDS] [--rounds N]";
+pub const USAGE: &str = "usage: cargo bench --bench rozd -- [--quick] [--out FILE] [--only 1,2,...|steps,concurrency,host-tool,loop,safe-state,footprint,cameras] | --soak SECONDS [--sessions N] [--every SECONDS] [--rounds N]";
 
 impl Options {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Options> {
@@ -315,6 +317,14 @@ pub fn run(options: &Options) -> Result<Report> {
                 footprint::footprint(&scale)
                     .await
                     .context("6. footprint")?
+                    .metrics,
+            );
+        }
+        if section("7") {
+            metrics.extend(
+                cameras::cameras(&scale)
+                    .await
+                    .context("7. cameras")?
                     .metrics,
             );
         }

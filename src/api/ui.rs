@@ -86,6 +86,8 @@ pub fn routes() -> Router<Arc<HostContext>> {
 
 /// Headers of the page and its assets: same-origin scripts only, never framed
 /// (a STOP or clear button must not be clickjacked), revalidated on reload.
+/// Pictures may also be `blob:` URLs: the camera frames the page cuts from
+/// `stream.mjpeg` (read with its token, so not an `<img src>` to the stream).
 fn page_headers(content_type: &'static str) -> [(header::HeaderName, HeaderValue); 5] {
     [
         (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
@@ -93,7 +95,7 @@ fn page_headers(content_type: &'static str) -> [(header::HeaderName, HeaderValue
         (
             header::CONTENT_SECURITY_POLICY,
             HeaderValue::from_static(
-                "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+                "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
             ),
         ),
         (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),

@@ -11,6 +11,7 @@
 //! - `http`: network cameras (stream or snapshot), reconnecting with backoff
 //! - [`sim`]: the simulated world's first-person view
 //! - `files`: JPEG files from a directory, looping
+//! - [`replay`]: a recording's camera frames at their recorded times
 
 pub mod config;
 mod files;
@@ -18,6 +19,7 @@ pub mod health;
 mod http;
 pub mod jpeg;
 pub mod mjpeg;
+pub mod replay;
 pub mod sim;
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -224,6 +226,10 @@ impl Cameras {
                 Source::Files { .. } => {
                     let cam = camera.clone();
                     thread(&spec.name, move || files::run(cam, stop))?;
+                }
+                Source::Replay { .. } => {
+                    let cam = camera.clone();
+                    thread(&spec.name, move || replay::run(cam, stop))?;
                 }
             }
             cameras.push(camera);

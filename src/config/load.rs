@@ -411,6 +411,12 @@ impl Config {
         crate::record::config::validate_replay(&self.replay, &mut self.hardware)?;
         self.camera_specs =
             crate::camera::config::validate(&self.cameras, self.hardware.sim_world.is_some())?;
+        // Replayed cameras play like replayed sensors, so the two stay in step.
+        for spec in &mut self.camera_specs {
+            if let crate::camera::config::Source::Replay { speed, looped, .. } = &mut spec.source {
+                (*speed, *looped) = (self.replay.speed, self.replay.looped);
+            }
+        }
         self.resolve_tokens()?;
         self.resolve_credentials()?;
         self.manual = self.read_manual()?;

@@ -12,6 +12,7 @@
 //! | `help` | lists the commands and the tools of this session |
 //! | `status` | calls `observe` if the session has it (answered as a table), else describes the session |
 //! | `read <sensor>` | calls `read_sensor {"name": sensor}` |
+//! | `look <camera>` | calls `capture_image {"camera": camera}` and answers with the picture's size, format and age (it cannot see what is in it) |
 //! | `set <actuator> <value>` | calls tool `<actuator>` `{"value": v}`, or `actuate {"actuator", "value"}` |
 //! | `call <tool> [json object]` | calls any tool with the given parameters |
 //! | `echo <text>` | answers with the text |
@@ -32,6 +33,10 @@ use serde_json::{Value, json};
 use super::{Block, Model, ModelEvent, ModelRequest, ModelStop, ModelStream, Role, Usage, tokens};
 
 pub const NAME: &str = "local";
+
+/// The host tool `look` calls (`tools::CAPTURE_IMAGE`; the model layer
+/// does not import the tools).
+const CAPTURE_IMAGE: &str = "capture_image";
 
 /// Words per `TextDelta`, so answers stream in several pieces like a real model's.
 const WORDS_PER_DELTA: usize = 3;
@@ -188,6 +193,16 @@ fn parse_command<'a>(line: &'a str, tools: &[&str]) -> Command<'a> {
             input: json!({ "name": rest }),
         },
         "read" => Command::Invalid("this session has no `read_sensor` tool".into()),
+        "look" if rest.is_empty() => {
+            Command::Invalid("`look` needs a camera name: look <camera>".into())
+        }
+        "look" if has(CAPTURE_IMAGE) => Command::Call {
+            tool: CAPTURE_IMAGE,
+            input: json!({ "camera": rest }),
+        },
+        "look" => Command::Invalid(
+            "this session has no cameras (no `capture_image` tool; configure [[cameras]])".into(),
+        ),
         "set" => {
             let mut words = rest.split_whitespace();
             let (Some(actuator), Some(raw), None) = (words.next(), words.next(), words.next())
@@ -276,7 +291,7 @@ fn parse_spawn(rest: &str) -> Command<'static> {
 fn help_text(tools: &[&str]) -> String {
     let mut text = String::from(
         "I am rozd's offline command model, not a language model. Commands: help; status; \
-         read <sensor>; set <actuator> <value>; call <tool> {json}; echo <text>; context; wait <ms>; \
+         read <sensor>; look <camera>; set <actuator> <value>; call <tool> {json}; echo <text>; context; wait <ms>; \
          spawn [react|ooda_re_act] <prompt>; await [worker ids] (a task's lead). \
          Separate several with `;` or new lines.",
     );
@@ -302,6 +317,10 @@ fn current_prompt(messages: &[super::Message]) -> Option<(usize, &str)> {
     })
 }
 
+/// A tool call's result since the prompt: its text, whether it failed, and
+/// the picture that came with it (media type, bytes).
+type Outcome<'a> = (&'a str, bool, Option<(&'a str, usize)>);
+
 /// Decides the whole answer of one model call: a delay (the turn's
 /// `wait`s), then events. Public for the fuzz targets in `fuzz/`: it is the
 /// command parser and everything it drives, without the wait.
@@ -320,15 +339,25 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
         .iter()
         .filter_map(|l| wait_of(l))
         .fold(Duration::ZERO, Duration::saturating_add);
-    // Results of the tool calls made since the prompt, in call order.
-    let mut results: Vec<(&str, bool)> = Vec::new();
+    // Results of the tool calls made since the prompt, in call order, each
+    // with the picture that came with it (an image right after the result).
+    let mut results: Vec<Outcome<'_>> = Vec::new();
     for m in &request.messages[prompt_index + 1..] {
+        let mut after_result = false;
         for b in &m.content {
-            if let Block::ToolResult {
-                content, is_error, ..
-            } = b
-            {
-                results.push((content.as_str(), *is_error));
+            match b {
+                Block::ToolResult {
+                    content, is_error, ..
+                } => {
+                    results.push((content.as_str(), *is_error, None));
+                    after_result = true;
+                }
+                Block::Image { media_type, data } if after_result => {
+                    if let Some((_, _, picture @ None)) = results.last_mut() {
+                        *picture = Some((media_type.as_str(), data.len()));
+                    }
+                }
+                _ => after_result = false,
             }
         }
     }
@@ -379,16 +408,19 @@ pub fn respond(request: &ModelRequest) -> (Duration, Vec<ModelEvent>) {
             Command::Wait(_) => {}
             Command::Invalid(why) => answer.push(format!("Cannot do that: {why}.")),
             Command::Call { tool, .. } => match results.next() {
+                Some((content, false, picture)) if tool == CAPTURE_IMAGE => {
+                    answer.push(describe_picture(content, picture));
+                }
                 // `status` reads as a table; `call observe` stays JSON.
-                Some((content, false))
+                Some((content, false, _))
                     if tool == "observe"
                         && verb_and_rest(line).0 == "status"
                         && let Some(table) = status_table(content) =>
                 {
                     answer.push(table);
                 }
-                Some((content, false)) => answer.push(format!("{tool} returned: {content}")),
-                Some((content, true)) => answer.push(format!("{tool} failed: {content}")),
+                Some((content, false, _)) => answer.push(format!("{tool} returned: {content}")),
+                Some((content, true, _)) => answer.push(format!("{tool} failed: {content}")),
                 None => answer.push(format!("{tool} returned nothing.")),
             },
         }
@@ -481,6 +513,30 @@ fn status_table(content: &str) -> Option<String> {
         ));
     }
     Some(out)
+}
+
+/// `look`'s answer: one line with the picture's size, format and age from
+/// `capture_image`'s result, and whether the picture itself came with it.
+/// This model cannot see, and says so.
+fn describe_picture(content: &str, picture: Option<(&str, usize)>) -> String {
+    let facts: Value = serde_json::from_str(content).unwrap_or(Value::Null);
+    let (Some(width), Some(height)) = (facts["width"].as_u64(), facts["height"].as_u64()) else {
+        return format!("{CAPTURE_IMAGE} returned: {content}");
+    };
+    let camera = facts["camera"].as_str().unwrap_or("the camera");
+    let format = facts["format"].as_str().unwrap_or("an unknown format");
+    let age = facts["age_ms"]
+        .as_u64()
+        .map_or_else(|| "of unknown age".to_string(), |ms| format!("{ms} ms old"));
+    let health = facts["health"].as_str().unwrap_or("unknown");
+    let came = match picture {
+        Some((media_type, bytes)) => format!(
+            "the picture came with it ({media_type}, {bytes} bytes), and this offline model \
+             cannot see what is in it"
+        ),
+        None => "no picture came with it".to_string(),
+    };
+    format!("{camera}: {width}x{height} {format}, {age} (health {health}); {came}.")
 }
 
 /// The system prompt and the extra blocks of the prompt message, as text.
@@ -768,6 +824,88 @@ mod tests {
             "gripper returned: ok\nread_sensor failed: 21.5"
         );
         assert_eq!(last.last(), Some(&ModelEvent::Stop(ModelStop::EndTurn)));
+    }
+
+    #[test]
+    fn look_calls_capture_image_and_answers_with_size_format_and_age() {
+        let tools = ["capture_image", "read_sensor"];
+        let prompt = Message::user(vec![Block::Text("look front_camera".into())]);
+        let (_, first) = respond(&request(vec![prompt.clone()], &tools));
+        let Some(ModelEvent::ToolUse { id, name, input }) = first
+            .iter()
+            .find(|e| matches!(e, ModelEvent::ToolUse { .. }))
+            .cloned()
+        else {
+            panic!("look is a tool call: {first:?}");
+        };
+        assert_eq!(
+            (name.as_str(), input.clone()),
+            ("capture_image", json!({"camera": "front_camera"}))
+        );
+        let result = json!({"camera": "front_camera", "format": "jpeg", "width": 640,
+            "height": 480, "bytes": 2048, "age_ms": 37, "health": "ok"});
+        let history = vec![
+            prompt,
+            Message::assistant(vec![Block::ToolUse {
+                id: id.clone(),
+                name: name.clone(),
+                input,
+            }]),
+            Message::user(vec![
+                Block::ToolResult {
+                    tool_use_id: id,
+                    name,
+                    content: result.to_string(),
+                    is_error: false,
+                },
+                Block::Image {
+                    media_type: "image/jpeg".into(),
+                    data: vec![0xff; 2048],
+                },
+            ]),
+        ];
+        let (_, last) = respond(&request(history.clone(), &tools));
+        assert_eq!(
+            text_of(&last),
+            "front_camera: 640x480 jpeg, 37 ms old (health ok); the picture came with it \
+             (image/jpeg, 2048 bytes), and this offline model cannot see what is in it."
+        );
+        assert_eq!(last.last(), Some(&ModelEvent::Stop(ModelStop::EndTurn)));
+
+        // Without the picture it says none came; a failed look says why.
+        let mut without = history.clone();
+        if let Some(m) = without.last_mut() {
+            m.content.truncate(1);
+        }
+        assert!(
+            text_of(&respond(&request(without, &tools)).1).ends_with("no picture came with it."),
+        );
+        let mut failed = history;
+        if let Some(Block::ToolResult {
+            content, is_error, ..
+        }) = failed.last_mut().and_then(|m| m.content.first_mut())
+        {
+            *content = "camera \"front_camera\" has no recent frame (health stale)".into();
+            *is_error = true;
+        }
+        assert_eq!(
+            text_of(&respond(&request(failed, &tools)).1),
+            "capture_image failed: camera \"front_camera\" has no recent frame (health stale)"
+        );
+    }
+
+    #[test]
+    fn look_without_a_camera_or_without_cameras_is_explained() {
+        let ask = |text: &str, tools: &[&str]| {
+            let prompt = Message::user(vec![Block::Text(text.into())]);
+            text_of(&respond(&request(vec![prompt], tools)).1)
+        };
+        assert_eq!(
+            ask("look", &["capture_image"]),
+            "Cannot do that: `look` needs a camera name: look <camera>."
+        );
+        assert!(ask("look front_camera", &["read_sensor"]).contains("this session has no cameras"),);
+        assert!(ask("help", &["capture_image"]).contains("look <camera>"));
     }
 
     #[test]

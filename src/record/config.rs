@@ -227,7 +227,7 @@ pub fn validate(record: &RecordConfig) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// `[replay]`: how replayed sensors (`source = "replay"`) play.
+/// `[replay]`: how replayed sensors and cameras (`source = "replay"`) play.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayConfig {

@@ -1,5 +1,6 @@
 //! Reading recordings back: every complete message of a file (finished or
-//! cut short), a sensor channel's values for replay, and a file's summary
+//! cut short), a sensor channel's values and a camera channel's frames for
+//! replay, and a file's summary
 //! for `rozd record info` and `GET /v1/recordings`. A leaf: it names no
 //! other part of rozd, so the hardware config can read a replay file.
 
@@ -309,6 +310,89 @@ pub fn sensor_track(path: &Path, channel: &str) -> Result<SensorTrack, ReadError
     Ok(SensorTrack {
         values,
         span: Duration::from_nanos(end - start),
+        channels,
+    })
+}
+
+/// One camera channel's frames, for a camera's replay.
+#[derive(Debug, Default)]
+pub struct CameraTrack {
+    /// (time since the file's first message, the JPEG), in time order (the
+    /// same time 0 as [`sensor_track`]'s, so the two replay in step).
+    pub frames: Vec<(Duration, Vec<u8>)>,
+    /// From the file's first message to its last, any channel.
+    pub span: Duration,
+    /// The channels of the file that carry camera frames (for errors).
+    pub channels: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrackError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("{path}: the frames of {channel} add up to more than {max} bytes")]
+    TooLarge {
+        path: String,
+        channel: String,
+        max: usize,
+    },
+}
+
+/// The JPEG frames of `channel` in `path`: messages as rozd records them
+/// (`foxglove.CompressedImage` JSON, base64 `data`, `format: "jpeg"`);
+/// others are skipped. At most `max_bytes` of frames are held.
+pub fn camera_track(
+    path: &Path,
+    channel: &str,
+    max_bytes: usize,
+) -> Result<CameraTrack, TrackError> {
+    use base64::Engine as _;
+    let bytes = read_file(path)?;
+    let scan = scan(path, &bytes)?;
+    drop(bytes);
+    let start = scan.messages.iter().map(|m| m.log_time).min().unwrap_or(0);
+    let end = scan.messages.iter().map(|m| m.log_time).max().unwrap_or(0);
+    let mut channels: Vec<String> = scan
+        .messages
+        .iter()
+        .map(|m| m.channel.topic.clone())
+        .filter(|t| t.starts_with("/cameras/"))
+        .collect();
+    channels.sort();
+    channels.dedup();
+    let mut frames: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut held = 0usize;
+    for m in scan.messages.iter().filter(|m| m.channel.topic == channel) {
+        let Ok(body) = serde_json::from_slice::<serde_json::Value>(&m.data) else {
+            continue;
+        };
+        if body.get("format").and_then(|f| f.as_str()) != Some("jpeg") {
+            continue;
+        }
+        let Some(Ok(jpeg)) = body
+            .get("data")
+            .and_then(|d| d.as_str())
+            .map(|d| base64::engine::general_purpose::STANDARD.decode(d))
+        else {
+            continue;
+        };
+        held = held.saturating_add(jpeg.len());
+        if held > max_bytes {
+            return Err(TrackError::TooLarge {
+                path: path.display().to_string(),
+                channel: channel.to_string(),
+                max: max_bytes,
+            });
+        }
+        frames.push((m.log_time, jpeg));
+    }
+    frames.sort_by_key(|(at, _)| *at);
+    Ok(CameraTrack {
+        span: Duration::from_nanos(end.saturating_sub(start)),
+        frames: frames
+            .into_iter()
+            .map(|(at, jpeg)| (Duration::from_nanos(at.saturating_sub(start)), jpeg))
+            .collect(),
         channels,
     })
 }

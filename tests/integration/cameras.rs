@@ -482,3 +482,181 @@ async fn a_recording_holds_camera_frames_foxglove_and_pillow_read() {
         "{lines:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_files_camera_loops_its_pictures_and_the_stream_is_bounded_in_viewers() {
+    let frames = tempfile::tempdir().unwrap();
+    for (name, w, h) in [("a.jpg", 64, 48), ("b.jpeg", 32, 24), ("notes.txt", 0, 0)] {
+        let data = if w == 0 {
+            b"not a picture".to_vec()
+        } else {
+            rozd::camera::jpeg::encode_rgb(&vec![120u8; w * h * 3], w as u32, h as u32, 80).unwrap()
+        };
+        std::fs::write(frames.path().join(name), data).unwrap();
+    }
+    let daemon = TestDaemon::start(&format!(
+        "[[cameras]]\nname = \"replayed\"\nsource = \"files\"\ndirectory = {:?}\nfps = 20\n\
+         max_viewers = 1\n",
+        frames.path().display().to_string()
+    ))
+    .await;
+    let base = daemon.url();
+    // Both pictures come round, in turn (the text file is not a picture).
+    for (w, h) in [(64, 48), (32, 24), (64, 48)] {
+        until(&base, "replayed", &format!("showing {w}x{h}"), |c| {
+            c["width"] == w && c["height"] == h
+        })
+        .await;
+    }
+    let view = camera(&base, "replayed").await;
+    assert_eq!(
+        view["rejected"]["garbage"], 0,
+        "only .jpg/.jpeg are read: {view}"
+    );
+
+    // One viewer at a time: the second is refused while the first watches.
+    let first = client()
+        .get(format!("{base}/v1/cameras/replayed/stream.mjpeg"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    until(&base, "replayed", "watched", |c| c["viewers"] == 1).await;
+    let second = client()
+        .get(format!("{base}/v1/cameras/replayed/stream.mjpeg"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status(), 503);
+    let body: Value = second.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_viewers");
+    let parts = stream_parts(first, 2).await;
+    let sizes: Vec<_> = parts
+        .iter()
+        .map(|p| rozd::camera::jpeg::check(p, 1 << 20).unwrap())
+        .collect();
+    assert!(
+        sizes.iter().all(|s| *s == (64, 48) || *s == (32, 24)),
+        "{sizes:?}"
+    );
+    // The place is free again once the viewer leaves.
+    until(&base, "replayed", "no longer watched", |c| {
+        c["viewers"] == 0
+    })
+    .await;
+    daemon.shutdown().await;
+}
+
+/// The recording of `directory` (a files camera `cam` at 10 fps, recorded at
+/// 10 Hz) once it holds at least `frames` frames: its MCAP file.
+async fn record_files_camera(directory: &Path, records: &Path, frames: u64) -> std::path::PathBuf {
+    let daemon = TestDaemon::start(&format!(
+        "[[cameras]]\nname = \"cam\"\nsource = \"files\"\ndirectory = {:?}\nfps = 10\n\
+         [record]\ndirectory = {:?}\nflush_ms = 20\ncamera_hz = 10\nstreams = [\"cameras\"]\n",
+        directory.display().to_string(),
+        records.display().to_string()
+    ))
+    .await;
+    tokio::time::timeout(WITHIN, async {
+        let mut every = tokio::time::interval(Duration::from_millis(50));
+        loop {
+            every.tick().await;
+            if daemon
+                .ctx
+                .recorder
+                .counts()
+                .is_some_and(|(written, _, _)| written >= frames)
+            {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("frames recorded");
+    daemon.shutdown().await;
+    std::fs::read_dir(records)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "mcap"))
+        .expect("a recording")
+}
+
+/// `source = "replay"`: a recording's /cameras/<name> frames come back as
+/// the camera's frames, byte for byte (the recording keeps the JPEGs as
+/// captured), both pictures in turn when looped; without `loop` the camera
+/// is `disconnected` at the end, saying the recording ended; a channel
+/// without frames is a config error naming the channels that have some.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_camera_plays_a_recordings_frames_back() {
+    let pictures = tempfile::tempdir().unwrap();
+    let (big, small) = (
+        rozd::camera::jpeg::encode_rgb(&vec![200u8; 64 * 48 * 3], 64, 48, 80).unwrap(),
+        rozd::camera::jpeg::encode_rgb(&vec![40u8; 32 * 24 * 3], 32, 24, 80).unwrap(),
+    );
+    std::fs::write(pictures.path().join("a.jpg"), &big).unwrap();
+    std::fs::write(pictures.path().join("b.jpg"), &small).unwrap();
+    let records = tempfile::tempdir().unwrap();
+    let file = record_files_camera(pictures.path(), records.path(), 6).await;
+    let file_toml = format!("{:?}", file.display().to_string());
+
+    let daemon = TestDaemon::start(&format!(
+        "[replay]\nloop = true\n[[cameras]]\nname = \"cam\"\nsource = \"replay\"\nfile = {file_toml}\n"
+    ))
+    .await;
+    let base = daemon.url();
+    let view = camera(&base, "cam").await;
+    assert_eq!(view["source"], "replay", "{view}");
+    for (w, h, bytes) in [(64, 48, &big), (32, 24, &small), (64, 48, &big)] {
+        until(&base, "cam", &format!("showing {w}x{h}"), |c| {
+            c["width"] == w && c["height"] == h && c["health"] == "ok"
+        })
+        .await;
+        // The snapshot is the recorded picture itself (or already the next).
+        let shot = client()
+            .get(format!("{base}/v1/cameras/cam/snapshot.jpg"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(shot.status(), 200);
+        let shot = shot.bytes().await.unwrap();
+        assert!(
+            shot.as_ref() == bytes.as_slice() || shot.as_ref() == big || shot.as_ref() == small,
+            "a snapshot of {} bytes is neither recorded picture",
+            shot.len()
+        );
+    }
+    daemon.shutdown().await;
+
+    // Played once: at the end the camera says the recording ended.
+    let daemon = TestDaemon::start(&format!(
+        "[replay]\nspeed = 10.0\n[[cameras]]\nname = \"cam\"\nsource = \"replay\"\nfile = {file_toml}\n"
+    ))
+    .await;
+    let ended = until(&daemon.url(), "cam", "ended", |c| {
+        c["health"] == "disconnected"
+    })
+    .await;
+    assert!(
+        ended["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("has ended") && e.contains("loop = true")),
+        "{ended}"
+    );
+    assert!(ended["frames"].as_u64().is_some_and(|n| n >= 1), "{ended}");
+    daemon.shutdown().await;
+
+    // A channel without frames: the error names the key and the channels.
+    let error = rozd::config::Config::parse(
+        &format!("[[cameras]]\nname = \"rear\"\nsource = \"replay\"\nfile = {file_toml}\n"),
+        rozd::config::ConfigSource::BuiltIn,
+    )
+    .expect_err("no /cameras/rear in the recording");
+    let error = error.to_string();
+    assert!(
+        error.contains("cameras[0].channel")
+            && error.contains("no JPEG frames on channel \"/cameras/rear\"")
+            && error.contains("channels with frames: /cameras/cam"),
+        "{error}"
+    );
+}

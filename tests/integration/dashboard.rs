@@ -5,7 +5,8 @@
 //! waiting approval is listed, whoever asks (a gRPC session that never
 //! answers, as the published roz CLI does; an MCP client; a task), with its
 //! tool, parameters and asker, and is answered from the page; every open
-//! session (gRPC, MCP) is listed; the STOP button latches the stop.
+//! session (gRPC, MCP) is listed; the rover's camera is shown live beside
+//! the world view; the STOP button latches the stop.
 //! Screenshots go to `target/`. Also the
 //! stream's wire format (server-sent events over a plain response, resumed
 //! after `Last-Event-ID`) and the page's own headers.
@@ -97,6 +98,14 @@ unit = "deg/s"
 min = -90.0
 max = 90.0
 safe_value = 0.0
+
+# The rover's own view, shown live beside the world.
+[[cameras]]
+name = "front_camera"
+source = "sim"
+width = 320
+height = 240
+fps = 5
 
 # Fires once turn_rate is commanded above 0 (while the coolant is hot).
 [[rules]]

@@ -2191,3 +2191,29 @@ async fn an_anthropic_model_reads_the_feedback_verdict_in_the_physical_tools_res
     assert!(json["settled_ms"].as_u64().is_some(), "{json}");
     daemon.shutdown().await;
 }
+
+/// The offline `local` model looks through a camera: `look front_camera`
+/// runs the real `capture_image` and the answer names the picture's size,
+/// format and age, and that the picture itself came with the result.
+#[tokio::test]
+async fn the_local_model_looks_through_a_camera() {
+    let daemon = TestDaemon::start(SIM_CAMERA).await;
+    camera_ready(&daemon).await;
+    let (mut session, _) = open(&daemon, Some("local"), vec![]).await;
+    session.send(user("look front_camera")).await;
+    let (seen, done) = until_complete(&mut session).await;
+    assert_eq!(done.stop_reason, "end_turn");
+    // The turn's text: "Calling capture_image." (the call), then the answer.
+    let text = text_of(&seen);
+    let text = text
+        .strip_prefix("Calling capture_image.")
+        .unwrap_or_else(|| panic!("the call, then the answer: {text}"));
+    // Fitted to max_image_px = 160 on the long edge, as capture_image sends it.
+    assert!(
+        text.starts_with("front_camera: 160x120 jpeg, ")
+            && text.contains(" ms old (health ok); the picture came with it (image/jpeg, ")
+            && text.ends_with(" bytes), and this offline model cannot see what is in it."),
+        "{text}"
+    );
+    daemon.shutdown().await;
+}

@@ -8,7 +8,9 @@ its tool, its parameters and who asks: a gRPC session's call (SESSION_CALL_ID,
 whose client never answers), an MCP client's call and the task's call; the
 open sessions (gRPC, MCP) are listed; the page approves the session's call,
 denies the MCP call and approves the task's, and the task's command moves
-the actuator (seen on the page); the STOP button latches the protective stop
+the actuator (seen on the page); the rover's camera is live beside the world view (its
+<img> holds a decoded picture of the configured size, and new ones keep
+coming); the STOP button latches the protective stop
 (checked over REST) and the page shows it. Saves screenshots. Every wait is
 a bounded wait for a condition; exit status 0 only if every check passed.
 """
@@ -103,6 +105,27 @@ def main():
         assert token not in driver.current_url, "the token must never be in a URL"
         text_when(wait, "#link", lambda t: t.startswith("live"))
         print("page live:", driver.find_element(By.ID, "host-name").text, flush=True)
+
+        # The rover's camera, live beside the world view: its <img> shows a
+        # decoded picture of the configured size, and new ones keep coming.
+        step = "the live camera"
+        picture = '[data-camera="front_camera"] img'
+        size = wait.until(lambda d: d.execute_script(
+            "const i = document.querySelector(arguments[0]);"
+            "return i && i.complete && i.naturalWidth > 0 ? [i.naturalWidth, i.naturalHeight] : false;", picture))
+        assert size == [320, 240], size
+        frames = int(wait.until(lambda d: d.find_element(By.CSS_SELECTOR, '[data-camera="front_camera"]').get_attribute("data-frames")))
+        wait.until(lambda d: int(d.find_element(By.CSS_SELECTOR, '[data-camera="front_camera"]').get_attribute("data-frames")) >= frames + 2)
+        assert driver.execute_script("return document.querySelector(arguments[0]).src.startsWith('blob:')", picture)
+        caption = text_when(wait, '[data-camera="front_camera"] figcaption', lambda t: "ok" in t)
+        assert "320×240" in caption, caption
+        world = driver.find_element(By.ID, "world-card")
+        seen = driver.find_element(By.ID, "cameras-card")
+        assert world.is_displayed() and seen.is_displayed()
+        assert abs(world.location["y"] - seen.location["y"]) < 4 and seen.location["x"] > world.location["x"], \
+            (world.location, seen.location)
+        driver.save_screenshot(shots + "/dashboard-camera.png")
+        print("camera live:", caption.replace("\n", " "), flush=True)
 
         # A critical alarm cannot be missed: a banner at the top names the
         # sensor, its value, the limit crossed and since when; the tab's title

@@ -1,7 +1,8 @@
 // The rozd dashboard. One live stream per tab (GET /v1/observation/stream,
-// server-sent events read with fetch() so the token travels as a header);
-// everything else is fetched once, or again when the stream says something
-// changed. The page never polls in a loop.
+// server-sent events read with fetch() so the token travels as a header),
+// and one MJPEG stream per camera, read the same way; everything else is
+// fetched once, or again when the stream says something changed. The page
+// never polls in a loop.
 "use strict";
 
 const TOKEN_KEY = "rozd-token";
@@ -137,6 +138,7 @@ function showStatus(s) {
     fact("loop", o.tick_hz + " Hz (" + o.timer + ")"),
     fact("lateness p50/p99", (o.lateness_p50_us ?? 0) + " / " + (o.lateness_p99_us ?? 0) + " µs"),
     fact("missed ticks", o.missed_ticks ?? 0));
+  showCameras(s.cameras);
   if (changedSessions) loadSessions();
 }
 
@@ -419,6 +421,84 @@ async function showWorld(rover, observation) {
   $("world-facts").replaceChildren(fact("x", num(rover.x) + " m"), fact("y", num(rover.y) + " m"), fact("heading", num(rover.heading_deg) + "°"),
     fact("speed", num(rover.speed) + " m/s"), fact("range", range ? num(range.value) + " m" : "—"), fact("collisions", rover.collisions),
     fact("bumper", rover.bumper ? "pressed" : "free"));
+}
+
+// ---- cameras: each one live beside the world ----
+// One stream.mjpeg per camera, read with fetch() (the token travels as a
+// header, never in a URL); every whole part becomes the <img>'s picture.
+// The server sends the latest frame when the page is ready for one, so a
+// slow page skips frames instead of queueing them.
+const cameras = new Map();      // name -> {figure, img, caption, gen, frames}
+const CRLF2 = [13, 10, 13, 10];
+
+function indexOf(bytes, pattern, from) {
+  outer: for (let i = from; i + pattern.length <= bytes.length; i++) {
+    for (let j = 0; j < pattern.length; j++) if (bytes[i + j] !== pattern[j]) continue outer;
+    return i;
+  }
+  return -1;
+}
+
+function showCameras(list) {
+  if (!list || !list.length) { $("cameras-card").hidden = true; return; }
+  $("cameras-card").hidden = false;
+  list.forEach((c, i) => {
+    let cam = cameras.get(c.name);
+    if (!cam) {
+      const img = el("img", { alt: c.name + " (live)" });
+      const caption = el("figcaption");
+      const figure = el("figure", { class: "camera", "data-camera": c.name }, img, caption);
+      cam = { figure, img, caption, gen: -1, frames: 0 };
+      cameras.set(c.name, cam);
+      placeInOrder($("cameras"), figure, i);
+    }
+    if (streamGen > 0 && cam.gen !== streamGen) { cam.gen = streamGen; watchCamera(c.name, cam, streamGen); }
+    cam.caption.replaceChildren(el("b", {}, c.name), el("span", { class: "badge " + c.health }, c.health),
+      c.width ? el("span", {}, c.width + "×" + c.height) : "", el("span", {}, num(c.fps) + " fps"),
+      c.description ? el("span", {}, c.description) : "",
+      c.last_error && c.health !== "ok" ? el("span", { class: "error" }, c.last_error) : "");
+  });
+}
+
+async function watchCamera(name, cam, gen) {
+  // Reconnects while the page's stream generation lasts (a new token starts a new one).
+  while (gen === streamGen) {
+    try { await cameraStream(name, cam, gen); } catch (err) { if (err instanceof Unauthorized) return; }
+    if (gen !== streamGen) return;
+    await new Promise((res) => setTimeout(res, 2000));
+  }
+}
+
+async function cameraStream(name, cam, gen) {
+  const r = await fetch("/v1/cameras/" + encodeURIComponent(name) + "/stream.mjpeg", { headers: headers(false), cache: "no-store" });
+  if (r.status === 401) throw new Unauthorized();
+  if (!r.ok || !r.body) { cam.figure.setAttribute("data-refused", String(r.status)); return; }
+  const reader = r.body.getReader();
+  let buffer = new Uint8Array(0);
+  try {
+    while (gen === streamGen) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      const joined = new Uint8Array(buffer.length + value.length);
+      joined.set(buffer); joined.set(value, buffer.length); buffer = joined;
+      for (;;) {
+        const end = indexOf(buffer, CRLF2, 0);
+        if (end < 0) break;
+        const head = new TextDecoder().decode(buffer.subarray(0, end));
+        const m = /content-length:\s*(\d+)/i.exec(head);
+        if (!m) { buffer = buffer.slice(end + 4); continue; }
+        const length = +m[1];
+        if (buffer.length < end + 4 + length) break;
+        const jpeg = buffer.slice(end + 4, end + 4 + length);
+        buffer = buffer.slice(end + 4 + length);
+        const old = cam.img.src;
+        cam.img.src = URL.createObjectURL(new Blob([jpeg], { type: "image/jpeg" }));
+        if (old.startsWith("blob:")) URL.revokeObjectURL(old);
+        cam.frames += 1;
+        cam.figure.setAttribute("data-frames", String(cam.frames));
+      }
+    }
+  } finally { reader.cancel().catch(() => {}); }
 }
 
 // ---- approvals: every call waiting, whoever asks (MCP, gRPC session, task) ----
