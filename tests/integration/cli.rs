@@ -492,17 +492,17 @@ safe_value = 0.0
     )
     .await;
     // The alarm has been evaluated once the Observation says so.
-    let deadline = tokio::time::Instant::now() + crate::common::EXPECT_WITHIN;
-    while daemon
-        .ctx
-        .ooda
-        .observation()
-        .sensor("coolant_temp")
-        .is_none_or(|s| s.alarm != rozd::ooda::orient::AlarmLevel::Critical)
-    {
-        assert!(tokio::time::Instant::now() < deadline, "never critical");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut observations = daemon.ctx.ooda.subscribe();
+    tokio::time::timeout(
+        crate::common::EXPECT_WITHIN,
+        observations.wait_for(|o| {
+            o.sensor("coolant_temp")
+                .is_some_and(|s| s.alarm == rozd::ooda::orient::AlarmLevel::Critical)
+        }),
+    )
+    .await
+    .expect("coolant_temp turns critical")
+    .expect("the loop runs");
     let socket = daemon.control_socket.display().to_string();
     let dir = tempfile::tempdir().unwrap();
     let out = tokio::task::spawn_blocking(move || {
