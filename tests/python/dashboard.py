@@ -22,7 +22,7 @@ import urllib.request
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -38,10 +38,16 @@ def text_when(wait, selector, good):
     """Waits until the text of `selector` is good and returns it. The page
     re-renders with every event: the element is looked up and read in one
     step of the wait, again if it went stale between."""
+    seen = [None]
+
     def read(driver):
         text = driver.find_element(By.CSS_SELECTOR, selector).text
+        seen[0] = text
         return text if good(text) else False
-    return wait.until(read)
+    try:
+        return wait.until(read)
+    except TimeoutException:
+        raise TimeoutException("%s never read as wanted; last read: %r" % (selector, seen[0]))
 
 
 def full_page(driver, path):
