@@ -107,7 +107,8 @@ check_control() {
   depends=$(dpkg-deb -f "$deb" Depends)
   check "Depends: libc6 (>= 2.34), libgcc-s1, passwd" [ "$depends" = "libc6 (>= 2.34), libgcc-s1, passwd" ]
   check "Recommends: ca-certificates" [ "$(dpkg-deb -f "$deb" Recommends)" = ca-certificates ]
-  check "conffiles is exactly /etc/rozd/rozd.toml" [ "$(cat "$ctl/conffiles")" = /etc/rozd/rozd.toml ]
+  check "conffiles are exactly /etc/rozd/rozd.toml and /etc/rozd/AGENTS.md" \
+    [ "$(sort "$ctl/conffiles")" = "$(printf '%s\n' /etc/rozd/AGENTS.md /etc/rozd/rozd.toml)" ]
   for script in postinst prerm postrm; do
     check "$script exists, is executable, and parses (sh -n)" \
       bash -c '[ -x "$1" ] && sh -n "$1"' _ "$ctl/$script"
