@@ -24,6 +24,7 @@ use crate::HostContext;
 use crate::fleet::record::RecordStatus;
 use crate::fleet::{FLEET_SOURCE, FleetError, HostView};
 use crate::proto::{self, host_service_server::HostService};
+use crate::safety::{ClearRequest, StopRequest};
 
 /// Page size of a listing without a limit.
 pub const DEFAULT_HOSTS_LIMIT: u64 = 100;
@@ -399,15 +400,15 @@ async fn fleet_stop(
     let latched_first = match body {
         StopBody::Ready(_) => false,
         StopBody::Pending(_) => {
+            let reason = format!(
+                "fleet stop of environment {own} from {} ({}): its request's body had not arrived",
+                ctx.fleet.own_id(),
+                rest_source(&headers, None)
+            );
             ctx.ooda
-                .trigger_stop_as(
-                    FLEET_SOURCE,
-                    &format!(
-                        "fleet stop of environment {own} from {} ({}): its request's body had not arrived",
-                        ctx.fleet.own_id(),
-                        rest_source(&headers, None)
-                    ),
-                    caller.as_ref().and_then(|c| c.named()),
+                .trigger_stop(
+                    StopRequest::new(FLEET_SOURCE, &reason)
+                        .credential(caller.as_ref().and_then(|c| c.named())),
                 )
                 .await
         }
@@ -505,7 +506,7 @@ async fn fleet_command(
             let credential = caller.as_ref().and_then(Caller::named);
             let added = ctx
                 .ooda
-                .trigger_stop_as(FLEET_SOURCE, &why, credential)
+                .trigger_stop(StopRequest::new(FLEET_SOURCE, &why).credential(credential))
                 .await;
             if !added
                 && matches!(
@@ -555,14 +556,11 @@ async fn fleet_command(
     if !stop && here {
         // Only the fleet's cause: a stop from any other source stays.
         let latch = ctx.ooda.protective_stop();
-        match latch.clear_source_as(
-            FLEET_SOURCE,
-            &format!("{source}: fleet stop withdrawn: {reason}"),
-            caller.as_ref().and_then(Caller::named),
-        ) {
-            Ok(_) => {
-                latch.persisted().await;
-            }
+        let by = format!("{source}: fleet stop withdrawn: {reason}");
+        let clear = ClearRequest::source(FLEET_SOURCE, &by)
+            .credential(caller.as_ref().and_then(Caller::named));
+        match latch.clear(clear).await {
+            Ok(_) => {}
             Err(refused) => {
                 tracing::warn!("fleet stop withdrawn, but this host's stop stays: {refused}");
             }

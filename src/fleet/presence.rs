@@ -36,6 +36,7 @@ use super::subscriptions::{self, Subscription, Subscriptions};
 use super::view::{LogLimiter, Transition};
 use super::{FLEET_SOURCE, Fleet, FleetError, lock};
 use crate::HostContext;
+use crate::safety::{ClearRequest, StopRequest};
 
 /// Requests queued for the event loop (records, commands, subscriptions).
 const REQUEST_QUEUE: usize = 256;
@@ -510,9 +511,10 @@ impl Presence {
                 // Authentic and fresh: its `by` is a fleet member's host id.
                 // Only the fleet's cause goes: a stop from any other source stays.
                 let by = judged.sender().unwrap_or("an unnamed fleet member");
-                if let Err(refused) =
-                    latch.clear_source(FLEET_SOURCE, &format!("fleet: stop withdrawn by host {by}"))
-                {
+                let by = format!("fleet: stop withdrawn by host {by}");
+                // At once, in the order the broker delivered: a stop that
+                // follows this clear must stay latched.
+                if let Err(refused) = latch.clear_now(ClearRequest::source(FLEET_SOURCE, &by)) {
                     tracing::warn!(
                         "fleet: the fleet stop was withdrawn, but this host's stop stays: {refused}"
                     );
@@ -549,7 +551,7 @@ impl Presence {
         // and the broker connection must keep being served meanwhile.
         let ooda = self.ctx.ooda.clone();
         tokio::spawn(async move {
-            ooda.trigger_stop_by(FLEET_SOURCE, &reason, by.as_deref())
+            ooda.trigger_stop(StopRequest::new(FLEET_SOURCE, &reason).by(by.as_deref()))
                 .await
         });
     }

@@ -281,7 +281,8 @@ fn own_record_reports_the_stop() {
         f.own_record(RecordStatus::Online).estop,
         Some(EstopState::default())
     );
-    f.estop.trigger(FLEET_SOURCE, "drill");
+    f.estop
+        .trigger(crate::safety::StopRequest::new(FLEET_SOURCE, "drill"));
     let estop = f.own_record(RecordStatus::Online).estop.unwrap();
     assert!(estop.active);
     assert_eq!(estop.source.as_deref(), Some(FLEET_SOURCE));

@@ -24,6 +24,7 @@ use crate::hw::config::{ActuatorSpec, FeedbackSpec};
 use crate::hw::{ActuatorDriver, HwError};
 use crate::observe::Observers;
 use crate::safety::ProtectiveStop;
+use crate::safety::StopRequest;
 
 /// Who asked for a command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -744,7 +745,8 @@ impl Actuators {
                 ),
             };
             if action == MismatchAction::LatchStop {
-                self.estop.trigger(&response.source, &response.reason);
+                self.estop
+                    .trigger(StopRequest::new(&response.source, &response.reason));
             }
             response
         });
@@ -971,7 +973,7 @@ mod tests {
             .unwrap();
         let held = actuators.command("a", 0.1, session("t"), None).await;
         assert!(matches!(held, Err(ActError::Held { .. })), "{held:?}");
-        assert!(stop.trigger("test", "bumper"));
+        assert!(stop.trigger(StopRequest::new("test", "bumper")));
         let stopped = actuators.command("a", 0.1, session("s"), None).await;
         assert!(
             matches!(&stopped, Err(ActError::EStop { reason, .. }) if reason == "bumper"),

@@ -16,6 +16,7 @@ use super::timer::Wake;
 use super::world::Reading;
 use super::{Observation, Ooda, SensorObservation};
 use crate::ooda::act::Origin;
+use crate::safety::StopRequest;
 
 /// What the loop carries from one tick to the next.
 #[derive(Debug)]
@@ -153,7 +154,7 @@ impl Ooda {
     fn hand_off(self: &Arc<Self>, index: usize, rule: &rules::Rule) {
         let source = format!("rule:{}", rule.name);
         if let Action::Estop { reason } = &rule.action {
-            self.estop.trigger(&source, reason);
+            self.estop.trigger(StopRequest::new(&source, reason));
         }
         let me = self.clone();
         let rule = rule.clone();
@@ -171,7 +172,7 @@ impl Ooda {
                     }
                 },
                 Action::Estop { reason } => {
-                    me.trigger_stop(&source, reason).await;
+                    me.trigger_stop(StopRequest::new(&source, reason)).await;
                     "protective stop latched".to_string()
                 }
                 Action::Publish {
@@ -215,7 +216,8 @@ impl Ooda {
                         .await;
                 }
                 MismatchAction::LatchStop => {
-                    me.trigger_stop(&response.source, &response.reason).await;
+                    me.trigger_stop(StopRequest::new(&response.source, &response.reason))
+                        .await;
                 }
             }
         });

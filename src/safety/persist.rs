@@ -294,7 +294,10 @@ mod tests {
             }
         );
         // Without a runtime the write happens inline.
-        assert_eq!(stop.try_clear("operator"), Ok(true));
+        assert_eq!(
+            stop.clear_now(super::super::ClearRequest::all("operator")),
+            Ok(true)
+        );
         assert_eq!(file.load().unwrap(), Vec::new());
 
         std::fs::write(file.path(), b"garbage").unwrap();
