@@ -76,10 +76,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FilesError + '_ {
 /// `<host>-<YYYYMMDD>T<HHMMSS>.<mmm>Z.mcap`, in UTC, so names sort by time.
 pub fn file_name(host_id: &str, at: SystemTime) -> String {
     let at: chrono::DateTime<chrono::Utc> = at.into();
-    format!(
-        "{host_id}-{}.{EXTENSION}",
-        at.format("%Y%m%dT%H%M%S%.3fZ")
-    )
+    format!("{host_id}-{}.{EXTENSION}", at.format("%Y%m%dT%H%M%S%.3fZ"))
 }
 
 /// Whether `name` may name a recording: one path component of safe
