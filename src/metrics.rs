@@ -9,8 +9,9 @@
 //! reasons, decisions, outcomes), and `client`/`other` for anything a
 //! client or a model could make up. Never a session, task or call id.
 
+use parking_lot::Mutex;
 use std::collections::BTreeSet;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -194,7 +195,7 @@ pub fn turn_ended(stop_reason: &'static str) {
 /// The model names configuration allows (endpoint model ids and names):
 /// each gets its own label value.
 pub fn known_models<'a>(names: impl IntoIterator<Item = &'a str>) {
-    let mut known = EVENTS.models.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut known = EVENTS.models.lock();
     for name in names {
         if known.len() >= MAX_MODEL_LABELS {
             break;
@@ -204,7 +205,7 @@ pub fn known_models<'a>(names: impl IntoIterator<Item = &'a str>) {
 }
 
 fn model_label(name: &str) -> Arc<str> {
-    let known = EVENTS.models.lock().unwrap_or_else(PoisonError::into_inner);
+    let known = EVENTS.models.lock();
     known
         .get(name)
         .cloned()

@@ -51,9 +51,10 @@ mod subscriptions;
 mod tests;
 pub mod view;
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -143,7 +144,7 @@ pub struct FleetLinkStats {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    m.lock()
 }
 
 /// What this host offers, as its record's capabilities advertise it.

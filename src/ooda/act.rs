@@ -10,8 +10,9 @@
 //! and every change of its state happens under it, so what the audit hears
 //! is in the order the device saw it.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -874,7 +875,7 @@ async fn expire_holds(actuators: Weak<Actuators>, changed: Arc<tokio::sync::Noti
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    m.lock()
 }
 
 #[cfg(test)]

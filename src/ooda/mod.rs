@@ -14,8 +14,9 @@ mod tick;
 pub mod timer;
 pub mod world;
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -172,8 +173,8 @@ struct SimLoop {
 }
 
 impl SimLoop {
-    fn lock(&self) -> std::sync::MutexGuard<'_, SimWorld> {
-        self.world.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, SimWorld> {
+        self.world.lock()
     }
 
     fn view(&self) -> WorldView {
@@ -598,14 +599,11 @@ impl Ooda {
     }
 
     pub fn stats(&self) -> LoopStats {
-        self.tick_history
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .stats(
-                1.0 / self.period.as_secs_f64(),
-                self.timer.as_str(),
-                self.realtime.view(),
-            )
+        self.tick_history.lock().stats(
+            1.0 / self.period.as_secs_f64(),
+            self.timer.as_str(),
+            self.realtime.view(),
+        )
     }
 
     /// Starts the tick: on its own thread, or as a task on the runtime's

@@ -4,7 +4,7 @@
 //! sensor values are read from the world under a short lock, and actions
 //! leave as tasks on the runtime, so a slow driver cannot delay the loop.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use tokio::time::Instant;
 
@@ -144,7 +144,6 @@ impl Ooda {
         crate::metrics::loop_tick(wake.late, exec);
         self.tick_history
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .tick(micros(wake.late), micros(exec), wake.skipped);
     }
 

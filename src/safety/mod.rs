@@ -27,7 +27,8 @@ pub mod latch;
 pub mod persist;
 pub mod status;
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
@@ -256,7 +257,7 @@ impl ProtectiveStop {
     }
 
     fn lock(&self) -> MutexGuard<'_, Latch> {
-        self.latch.lock().unwrap_or_else(PoisonError::into_inner)
+        self.latch.lock()
     }
 
     /// Publishes the causes and has them written to the stop file. Called
