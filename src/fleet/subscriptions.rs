@@ -16,6 +16,8 @@ pub enum Subscription {
     Alive,
     /// The broker's count of dropped messages (`$SYS`, QoS 0; optional).
     Dropped,
+    /// One host's record in any environment, for a lookup (QoS 0).
+    Lookup,
 }
 
 /// Matches SUBACKs to what was asked: requests leave in the order they were
