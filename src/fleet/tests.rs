@@ -698,3 +698,76 @@ fn with_host_certificates_only_tls_endpoints_are_routed_to() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A record a lookup brings (of a host outside the view) is judged like
+/// one the view takes: sealed for its exact topic, of its topic's
+/// environment, not oversized, not older than one already taken; it is
+/// not put into the view.
+#[test]
+fn a_looked_up_record_is_judged_like_any_record_and_not_held() {
+    let f = fleet(FLEET);
+    let mut r = record_of(&f, "f", RecordStatus::Online, Some("http://127.0.0.1:7009"));
+    r.environment_id = "field".into();
+    let topic = "roz/v1/hosts/field/f";
+    let sealed = seal::seal(&key(), topic, &serde_json::to_string(&r).unwrap());
+    let taken = f.looked_up_received("field", "f", topic, &sealed).unwrap();
+    assert_eq!(
+        taken.as_ref().map(|t| t.environment_id.as_str()),
+        Some("field")
+    );
+    assert!(f.get("f").is_none(), "a looked-up record is not held");
+    assert_eq!(f.list(None).len(), 1);
+    // unsealed
+    let plain = serde_json::to_vec(&r).unwrap();
+    assert!(matches!(
+        f.looked_up_received("field", "f", topic, &plain),
+        Err(Rejected::Unauthenticated(_))
+    ));
+    // sealed for another environment's topic, or moved there
+    let elsewhere = seal::seal(
+        &key(),
+        "roz/v1/hosts/lab/f",
+        &serde_json::to_string(&r).unwrap(),
+    );
+    assert!(matches!(
+        f.looked_up_received("lab", "f", "roz/v1/hosts/lab/f", &elsewhere),
+        Err(Rejected::WrongEnvironment { .. })
+    ));
+    assert!(
+        f.looked_up_received("lab", "f", "roz/v1/hosts/lab/f", &sealed)
+            .is_err()
+    );
+    // oversized
+    assert!(matches!(
+        f.looked_up_received(
+            "field",
+            "f",
+            topic,
+            &vec![b'x'; record::MAX_RECORD_BYTES + 1]
+        ),
+        Err(Rejected::Oversized { .. })
+    ));
+    // older than the one taken: a replay
+    let mut old = r.clone();
+    old.last_heartbeat_ms = Some(r.stamp_ms() - 1_000);
+    let old = seal::seal(&key(), topic, &serde_json::to_string(&old).unwrap());
+    assert!(matches!(
+        f.looked_up_received("field", "f", topic, &old),
+        Err(Rejected::Replayed { .. })
+    ));
+    // a cleared record finds nothing
+    assert_eq!(
+        f.looked_up_received("field", "f", topic, b"").unwrap(),
+        None
+    );
+    let ignored = f.ignored();
+    assert_eq!(
+        (
+            ignored.unauthenticated_records,
+            ignored.replayed_records,
+            ignored.invalid
+        ),
+        (2, 1, 2),
+        "{ignored:?}"
+    );
+}

@@ -1748,7 +1748,7 @@ async fn two_bridged_brokers_carry_records_the_fleet_stop_and_wills() {
         free_port(),
         &format!(
             "connection to-main\naddress 127.0.0.1:{}\ncleansession true\n\
-             topic roz/v1/estop/# both 1\ntopic roz/v1/hosts/# both 0\n",
+             topic roz/v1/estop/# both 1\ntopic roz/v1/hosts/# both 0\ntopic roz/v1/alive/# both 0\n",
             main.port
         ),
     )
