@@ -122,8 +122,64 @@ async fn another_environment_is_reached_by_id_and_a_fleet_view_lists_every_one()
         .await
         .unwrap_err();
     assert_eq!(missing.code(), tonic::Code::NotFound, "{missing:?}");
-    // The lookup left nothing in lab-1's view.
+    // Concurrent lookups of one id (they share one subscription) all answer.
+    let lookups = (0..5).map(|_| {
+        let mut hosts = hosts.clone();
+        async move {
+            hosts
+                .get_host(proto::GetHostRequest {
+                    id: "field-1".into(),
+                })
+                .await
+                .map(|h| h.into_inner().environment_id)
+        }
+    });
+    for answer in futures_util::future::join_all(lookups).await {
+        assert_eq!(answer.expect("a concurrent GetHost"), "field");
+    }
+    // The lookups left nothing in lab-1's view.
     assert_eq!(listed(&lab).await, ["dash", "lab-1"]);
+
+    // A host registered in field from lab-1: published under field, not
+    // in lab-1's view, found by id, deregistered from lab-1 (its record
+    // cleared in field: the host that holds every environment drops it).
+    let camera = hosts
+        .register_host(proto::RegisterHostRequest {
+            name: "field camera".into(),
+            environment_id: "field".into(),
+            capabilities: Default::default(),
+        })
+        .await
+        .expect("RegisterHost in field on lab-1")
+        .into_inner();
+    assert_eq!(camera.environment_id, "field");
+    let in_dash = |present: bool| {
+        let id = camera.id.clone();
+        let dash = &dash;
+        async move {
+            eventually(&format!("dash lists the camera: {present}"), || async {
+                (listed(dash).await.contains(&id) == present).then_some(())
+            })
+            .await;
+        }
+    };
+    in_dash(true).await;
+    assert_eq!(listed(&lab).await, ["dash", "lab-1"]);
+    let found = hosts
+        .get_host(proto::GetHostRequest {
+            id: camera.id.clone(),
+        })
+        .await
+        .expect("GetHost of the camera on lab-1")
+        .into_inner();
+    assert_eq!(found.status, "registered");
+    hosts
+        .deregister_host(proto::DeregisterHostRequest {
+            id: camera.id.clone(),
+        })
+        .await
+        .expect("DeregisterHost of the camera on lab-1");
+    in_dash(false).await;
 
     // Listing another environment: refused on lab-1, naming the fix;
     // answered by the host that holds every environment.
