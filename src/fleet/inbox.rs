@@ -83,6 +83,18 @@ pub(crate) enum OwnTopic {
     Replace,
 }
 
+/// What a record with this host's id in another environment is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OwnElsewhere {
+    /// Nothing to do: cleared, not authentic, not of its topic (counted).
+    Nothing,
+    /// An authentic, live record of another process with this host id.
+    Impostor { instance: Option<String> },
+    /// An authentic `offline` record with this host id: this host's own,
+    /// from before it moved to its environment: clear it.
+    Left,
+}
+
 /// A message on this host's stop topic and what to do with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct JudgedCommand {
@@ -339,6 +351,43 @@ impl Fleet {
             };
         }
         OwnTopic::Replace
+    }
+
+    /// A message with this host's id on the record topic of another
+    /// environment (`environment`, `topic`).
+    pub(crate) fn own_record_elsewhere(
+        &self,
+        environment: &str,
+        topic: &str,
+        payload: &[u8],
+    ) -> OwnElsewhere {
+        if payload.is_empty() || environment == self.own.environment_id {
+            return OwnElsewhere::Nothing;
+        }
+        let judged = self.open_record(topic, payload).and_then(|body| {
+            let r = record::parse_record(&self.own.id, body.as_bytes())?;
+            if r.environment_id == environment {
+                Ok(r)
+            } else {
+                Err(Rejected::WrongEnvironment {
+                    topic: environment.to_string(),
+                    record: r.environment_id,
+                })
+            }
+        });
+        match judged {
+            Err(why) => {
+                self.ignored.record(&why);
+                OwnElsewhere::Nothing
+            }
+            Ok(r) if r.status == RecordStatus::Offline => OwnElsewhere::Left,
+            Ok(r) if r.status == RecordStatus::Online && r.instance != self.own.instance => {
+                OwnElsewhere::Impostor {
+                    instance: r.instance,
+                }
+            }
+            Ok(_) => OwnElsewhere::Nothing,
+        }
     }
 
     /// Judges a message on this host's stop topic: every message but an

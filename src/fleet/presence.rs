@@ -30,7 +30,7 @@ use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop};
 use tokio::time::Instant;
 
 use super::ViewScope;
-use super::inbox::OwnTopic;
+use super::inbox::{OwnElsewhere, OwnTopic};
 use super::lookup::{Ask, Done, Lookups, Outcome};
 use super::record::{OfflineCause, RecordStatus, Rejected};
 use super::stop::{StopKind, Verdict};
@@ -329,6 +329,10 @@ impl Presence {
                 QoS::AtMostOnce,
             ),
             Subscription::Dropped => (DROPPED_TOPIC.to_string(), QoS::AtMostOnce),
+            Subscription::OwnElsewhere => (
+                self.fleet().topics.host_anywhere(self.fleet().own_id()),
+                QoS::AtMostOnce,
+            ),
             // Asked for with its id, by `look_up`.
             Subscription::Lookup => return,
         };
@@ -365,6 +369,7 @@ impl Presence {
                     );
                 }
                 self.subscribe(Subscription::Records);
+                self.subscribe(Subscription::OwnElsewhere);
                 self.subscribe(Subscription::Alive);
                 self.subscribe(Subscription::Dropped);
             }
@@ -399,10 +404,17 @@ impl Presence {
                  hosts outside this host's view are not found (check the broker's ACL)",
                 ack.return_codes
             ),
+            Subscription::OwnElsewhere if !granted => tracing::warn!(
+                "fleet: the broker refused the subscription to this host's id in other \
+                 environments ({:?}); another rozd with this host id there goes unnoticed \
+                 (check the broker's ACL)",
+                ack.return_codes
+            ),
             Subscription::StopAgain
             | Subscription::Records
             | Subscription::Dropped
-            | Subscription::Lookup => {}
+            | Subscription::Lookup
+            | Subscription::OwnElsewhere => {}
         }
     }
 
@@ -507,7 +519,9 @@ impl Presence {
             }
         } else if let Some((environment, id)) = self.fleet().topics.host_of(topic) {
             let (environment, id) = (environment.to_string(), id.to_string());
-            if self.fleet().holds(&environment)
+            if id == self.fleet().own_id() {
+                self.own_record_elsewhere(&environment, topic, &p.payload);
+            } else if self.fleet().holds(&environment)
                 && let Err(why) = self
                     .fleet()
                     .record_received(&environment, &id, topic, &p.payload)
@@ -592,6 +606,44 @@ impl Presence {
         {
             Ok(()) => self.legacy_cleared = true,
             Err(e) => tracing::debug!(%topic, "fleet: cannot clear this host's legacy record: {e}"),
+        }
+    }
+
+    /// A record with this host's id in another environment: another rozd
+    /// with this host id (said loudly, as on our own topic), or our own
+    /// record in an environment this host left (cleared: lookups of this
+    /// id then find only the current one).
+    fn own_record_elsewhere(&mut self, environment: &str, topic: &str, payload: &[u8]) {
+        match self
+            .fleet()
+            .own_record_elsewhere(environment, topic, payload)
+        {
+            OwnElsewhere::Nothing => {}
+            OwnElsewhere::Impostor { instance } => {
+                if let Some(more) = self.impostor_log.allow(Instant::now()) {
+                    tracing::error!(
+                        host_id = %self.fleet().own_id(),
+                        other_environment = environment,
+                        other_instance = instance.as_deref().unwrap_or("?"),
+                        "fleet: another rozd publishes records as this host in another \
+                         environment (two hosts with one host.id?); a lookup of this id from a \
+                         third environment may find either ({more} more such records not logged)"
+                    );
+                }
+            }
+            OwnElsewhere::Left => {
+                tracing::info!(
+                    host_id = %self.fleet().own_id(),
+                    old_environment = environment,
+                    "fleet: clearing this host's offline record in an environment it left"
+                );
+                if let Err(e) =
+                    self.client
+                        .try_publish(topic, QoS::AtLeastOnce, true, Vec::<u8>::new())
+                {
+                    tracing::debug!(%topic, "fleet: cannot clear this host's old record: {e}");
+                }
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::inbox::{JudgedCommand, OwnTopic};
+use super::inbox::{JudgedCommand, OwnElsewhere, OwnTopic};
 use super::record::{EstopCommand, EstopState, HostRecord, RecordStatus, Rejected};
 use super::seal::{self, MessageKey};
 use super::stop::{self, Defect, Message, StopKind, Verdict};
@@ -770,4 +770,51 @@ fn a_looked_up_record_is_judged_like_any_record_and_not_held() {
         (2, 1, 2),
         "{ignored:?}"
     );
+}
+
+/// A record with this host's id in another environment: a live one of
+/// another process is another rozd with this id; an offline one is this
+/// host's own from before it moved (to be cleared); anything unsealed or
+/// not of its topic is ignored and counted.
+#[test]
+fn this_hosts_id_in_another_environment_is_an_impostor_or_its_old_record() {
+    let f = fleet(FLEET);
+    let topic = "roz/v1/hosts/field/a";
+    let mut r = f.own_record(RecordStatus::Online);
+    r.environment_id = "field".into();
+    let seal_it = |r: &HostRecord| seal::seal(&key(), topic, &serde_json::to_string(r).unwrap());
+    // our own instance's record there (cannot be, but is not a stranger)
+    assert_eq!(
+        f.own_record_elsewhere("field", topic, &seal_it(&r)),
+        OwnElsewhere::Nothing
+    );
+    r.instance = Some("other".into());
+    assert_eq!(
+        f.own_record_elsewhere("field", topic, &seal_it(&r)),
+        OwnElsewhere::Impostor {
+            instance: Some("other".into())
+        }
+    );
+    r.status = RecordStatus::Offline;
+    assert_eq!(
+        f.own_record_elsewhere("field", topic, &seal_it(&r)),
+        OwnElsewhere::Left
+    );
+    // cleared, unsealed, of another environment than its topic: nothing
+    assert_eq!(
+        f.own_record_elsewhere("field", topic, b""),
+        OwnElsewhere::Nothing
+    );
+    let plain = serde_json::to_vec(&r).unwrap();
+    assert_eq!(
+        f.own_record_elsewhere("field", topic, &plain),
+        OwnElsewhere::Nothing
+    );
+    r.environment_id = "elsewhere".into();
+    assert_eq!(
+        f.own_record_elsewhere("field", topic, &seal_it(&r)),
+        OwnElsewhere::Nothing
+    );
+    let ignored = f.ignored();
+    assert_eq!((ignored.unauthenticated_records, ignored.invalid), (1, 1));
 }

@@ -337,3 +337,42 @@ async fn a_rozd_clears_its_record_on_the_old_topic_when_it_starts() {
     })
     .await;
 }
+
+/// A host moved to another environment clears its offline record in the
+/// one it left, so a lookup of its id finds only the current one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_moved_to_another_environment_clears_its_old_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&mkdir(dir.path(), "broker")).await;
+    let before = Rozd::spawn_in("mover", "lab", &broker, "").await;
+    record_on(broker.port, "roz/v1/hosts/lab/mover", true).await;
+    // Gone (kill -9: its last will says offline there), back in field.
+    drop(before);
+    let _after = Rozd::spawn_in("mover", "field", &broker, "").await;
+    record_on(broker.port, "roz/v1/hosts/field/mover", true).await;
+    record_on(broker.port, "roz/v1/hosts/lab/mover", false).await;
+}
+
+/// Waits until the broker holds (`held`) or does not hold a retained
+/// message on `topic`.
+async fn record_on(port: u16, topic: &str, held: bool) {
+    eventually(&format!("a retained record on {topic}: {held}"), || async {
+        let out = Command::new("mosquitto_sub")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-C",
+                "1",
+                "-W",
+                "2",
+            ])
+            .args(["--retained-only", "-t", topic])
+            .output()
+            .await
+            .expect("run mosquitto_sub");
+        (out.stdout.is_empty() != held).then_some(())
+    })
+    .await;
+}
