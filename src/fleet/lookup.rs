@@ -42,7 +42,15 @@ pub enum Ask {
     Subscribe,
     /// A lookup of this id is under way: wait with it.
     Joined,
+    /// [`MAX_LOOKUPS`] other ids are being looked up: not asked (the
+    /// waiter is handed back, to be told to try again).
+    Full,
 }
+
+/// Most ids looked up at once (each is a subscription on the broker for at
+/// most the lookup's time): a flood of requests for made-up ids cannot
+/// pile up subscriptions beyond this.
+pub const MAX_LOOKUPS: usize = 256;
 
 /// How a lookup ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,6 +61,8 @@ pub enum Outcome {
     NotFound,
     /// The broker connection was lost before the lookup ended.
     Disconnected,
+    /// Too many other ids were being looked up: try again.
+    Busy,
 }
 
 /// A lookup that ended: unsubscribe from `id`'s record (if it was
@@ -90,11 +100,15 @@ impl<W> Lookups<W> {
         }
     }
 
-    /// `waiter` asks for `id` at `now`.
-    pub fn ask(&mut self, id: &str, waiter: W, now: Instant) -> Ask {
+    /// `waiter` asks for `id` at `now`. With [`Ask::Full`] the waiter is
+    /// returned, not kept.
+    pub fn ask(&mut self, id: &str, waiter: W, now: Instant) -> (Ask, Option<W>) {
         if let Some(pending) = self.pending.get_mut(id) {
             pending.waiters.push(waiter);
-            return Ask::Joined;
+            return (Ask::Joined, None);
+        }
+        if self.pending.len() >= MAX_LOOKUPS {
+            return (Ask::Full, Some(waiter));
         }
         let deadline = now + self.timeout;
         self.deadlines.insert((deadline, id.to_string()));
@@ -106,7 +120,7 @@ impl<W> Lookups<W> {
                 waiters: vec![waiter],
             },
         );
-        Ask::Subscribe
+        (Ask::Subscribe, None)
     }
 
     /// Whether a lookup of `id` is under way (a record of it is wanted).
@@ -220,9 +234,9 @@ mod tests {
     fn concurrent_lookups_of_one_id_share_one_subscription_and_end_together() {
         let t0 = Instant::now();
         let mut l = Lookups::new(TIMEOUT);
-        assert_eq!(l.ask("f", 1, t0), Ask::Subscribe);
-        assert_eq!(l.ask("f", 2, t0 + 10 * MS), Ask::Joined);
-        assert_eq!(l.ask("g", 3, t0 + 20 * MS), Ask::Subscribe);
+        assert_eq!(l.ask("f", 1, t0).0, Ask::Subscribe);
+        assert_eq!(l.ask("f", 2, t0 + 10 * MS).0, Ask::Joined);
+        assert_eq!(l.ask("g", 3, t0 + 20 * MS).0, Ask::Subscribe);
         assert!(l.wants("f") && l.wants("g") && !l.wants("h"));
         let done = l
             .found(record("f", "field", RecordStatus::Online, 5))
@@ -237,7 +251,7 @@ mod tests {
                 .is_none()
         );
         // a new lookup of it asks the broker again (nothing is cached)
-        assert_eq!(l.ask("f", 4, t0 + 30 * MS), Ask::Subscribe);
+        assert_eq!(l.ask("f", 4, t0 + 30 * MS).0, Ask::Subscribe);
         assert_eq!(l.len(), 2);
     }
 
@@ -302,6 +316,22 @@ mod tests {
             .found(record("h", "a", RecordStatus::Registered, 1))
             .unwrap();
         assert_eq!(done.waiters, [3]);
+    }
+
+    #[test]
+    fn lookups_of_more_ids_than_the_bound_are_turned_away_not_kept() {
+        let t0 = Instant::now();
+        let mut l = Lookups::new(TIMEOUT);
+        for i in 0..MAX_LOOKUPS {
+            assert_eq!(l.ask(&format!("h{i}"), i, t0).0, Ask::Subscribe);
+        }
+        assert_eq!(l.ask("one-more", 9999, t0), (Ask::Full, Some(9999)));
+        assert!(!l.wants("one-more"));
+        // an id already under way is still joined
+        assert_eq!(l.ask("h0", 10_000, t0), (Ask::Joined, None));
+        // once some end, new ids are taken again
+        assert_eq!(l.expire(t0 + TIMEOUT).len(), MAX_LOOKUPS);
+        assert_eq!(l.ask("one-more", 9999, t0 + TIMEOUT).0, Ask::Subscribe);
     }
 
     #[test]

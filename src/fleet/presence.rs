@@ -544,8 +544,15 @@ impl Presence {
             let _ = waiter.send(Outcome::Disconnected);
             return;
         }
-        if self.lookups.ask(&id, waiter, Instant::now()) == Ask::Joined {
-            return;
+        match self.lookups.ask(&id, waiter, Instant::now()) {
+            (Ask::Subscribe, _) => {}
+            (Ask::Joined, _) => return,
+            (Ask::Full, waiter) => {
+                if let Some(waiter) = waiter {
+                    let _ = waiter.send(Outcome::Busy);
+                }
+                return;
+            }
         }
         let filter = self.fleet().topics.host_anywhere(&id);
         match self.client.try_subscribe(filter.clone(), QoS::AtMostOnce) {

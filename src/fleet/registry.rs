@@ -191,6 +191,7 @@ impl Fleet {
         match answered.await {
             Ok(Outcome::Found(record)) => Ok(Some(*record)),
             Ok(Outcome::NotFound) => Ok(None),
+            Ok(Outcome::Busy) => Err(FleetError::Busy),
             Ok(Outcome::Disconnected) | Err(_) => Err(FleetError::Disconnected),
         }
     }
