@@ -89,7 +89,7 @@ fn record(id: &str, status: RecordStatus, heartbeat_secs: u64) -> Vec<u8> {
     let body = serde_json::to_string(&r).unwrap_or_default();
     seal::seal(
         &MessageKey::from_token(TOKEN),
-        &format!("roz/v1/hosts/{id}"),
+        &format!("roz/v1/hosts/scale/{id}"),
         &body,
     )
 }
@@ -107,14 +107,14 @@ fn presence(
     options.set_keep_alive(Duration::from_secs(30));
     options.set_clean_session(true);
     options.set_last_will(LastWill::new(
-        format!("roz/v1/hosts/{id}"),
+        format!("roz/v1/hosts/scale/{id}"),
         record(&id, RecordStatus::Offline, heartbeat_secs),
         QoS::AtLeastOnce,
         true,
     ));
     let (client, mut events) = AsyncClient::new(options, 16);
     tokio::spawn(async move {
-        let topic = format!("roz/v1/hosts/{id}");
+        let topic = format!("roz/v1/hosts/scale/{id}");
         let online = record(&id, RecordStatus::Online, heartbeat_secs);
         let mut beat = tokio::time::interval(Duration::from_secs(heartbeat_secs));
         beat.tick().await;
@@ -346,9 +346,10 @@ async fn main() -> Result<(), String> {
     let t0 = Instant::now();
     for round in 0..10 {
         for (id, p) in &payloads {
-            let body =
-                seal::open(&key, &format!("roz/v1/hosts/{id}"), p).map_err(|e| e.to_string())?;
-            view.apply(
+            let body = seal::open(&key, &format!("roz/v1/hosts/scale/{id}"), p)
+                .map_err(|e| e.to_string())?;
+            view.apply_on(
+                "scale",
                 id,
                 body.as_bytes(),
                 now + Duration::from_millis(round),

@@ -48,9 +48,10 @@ impl HostApi {
 fn status_of(e: FleetError) -> Status {
     let message = e.to_string();
     match e {
-        FleetError::NotConfigured | FleetError::Live(_) | FleetError::Setup(_) => {
-            Status::failed_precondition(message)
-        }
+        FleetError::NotConfigured
+        | FleetError::Live(_)
+        | FleetError::Setup(_)
+        | FleetError::OutOfView(_) => Status::failed_precondition(message),
         FleetError::Disconnected | FleetError::Busy => Status::unavailable(message),
         FleetError::NotFound(_) => Status::not_found(message),
         FleetError::Invalid(_) => Status::invalid_argument(message),
@@ -137,7 +138,7 @@ impl HostService for HostApi {
         if id.is_empty() {
             return Err(Status::invalid_argument("id must not be empty"));
         }
-        match self.ctx.fleet.get(&id) {
+        match self.ctx.fleet.find(&id).await.map_err(status_of)? {
             Some(host) => Ok(tonic::Response::new(host_proto(&host))),
             None => Err(status_of(FleetError::NotFound(id))),
         }
@@ -150,6 +151,7 @@ impl HostService for HostApi {
         let r = request.into_inner();
         let (offset, limit) = page(r.limit, r.offset).map_err(Status::invalid_argument)?;
         let environment = (!r.environment_id.is_empty()).then_some(r.environment_id.as_str());
+        self.ctx.fleet.listable(environment).map_err(status_of)?;
         let data = self
             .ctx
             .fleet
@@ -169,7 +171,7 @@ impl HostService for HostApi {
         if id.is_empty() {
             return Err(Status::invalid_argument("id must not be empty"));
         }
-        self.ctx.fleet.deregister(&id).map_err(status_of)?;
+        self.ctx.fleet.deregister(&id).await.map_err(status_of)?;
         Ok(tonic::Response::new(proto::DeregisterHostResponse {}))
     }
 }
@@ -213,6 +215,10 @@ pub(super) fn fleet_json(ctx: &HostContext) -> Value {
             "connected": ctx.fleet.is_connected(),
             "broker": c.url.as_str(),
             "topic_prefix": c.topic_prefix,
+            // What a listing without an environment lists: this host's
+            // environment, or every environment (`fleet`).
+            "view": c.view.as_str(),
+            "environment_id": ctx.fleet.environment_id(),
             "ignored": ctx.fleet.ignored(),
             "broker_dropped_messages": ctx.fleet.broker_dropped(),
         }),
@@ -260,6 +266,10 @@ async fn list(
         Err(message) => return invalid_argument(&message),
     };
     let environment = query.environment_id.as_deref().filter(|e| !e.is_empty());
+    if let Err(e) = ctx.fleet.listable(environment) {
+        return json_error(StatusCode::CONFLICT, "failed_precondition", &e.to_string())
+            .into_response();
+    }
     let page = ctx.fleet.page(environment, offset, limit);
     Json(json!({
         "data": page.hosts.iter().map(host_json).collect::<Vec<_>>(),
@@ -271,12 +281,18 @@ async fn list(
 
 /// `GET /v1/hosts/{id}`.
 async fn one(State(ctx): State<Arc<HostContext>>, Path(id): Path<String>) -> Response {
-    match ctx.fleet.get(&id) {
-        Some(h) => Json(host_json(&h)).into_response(),
-        None => json_error(
+    match ctx.fleet.find(&id).await {
+        Ok(Some(h)) => Json(host_json(&h)).into_response(),
+        Ok(None) => json_error(
             StatusCode::NOT_FOUND,
             "not_found",
             &format!("no host {id:?} in the fleet registry"),
+        )
+        .into_response(),
+        Err(e) => json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            &e.to_string(),
         )
         .into_response(),
     }
@@ -565,6 +581,24 @@ async fn fleet_command(
                 tracing::warn!("fleet stop withdrawn, but this host's stop stays: {refused}");
             }
         }
+    }
+    if !fleet.holds(&environment) {
+        // This host does not hold that environment's records: it cannot
+        // tell who confirmed, and an empty list is no confirmation.
+        return Ok(json!({
+            "environment_id": environment,
+            "stop": stop,
+            "command_id": command.id,
+            "reason": command.reason,
+            "confirmed": false,
+            "hosts": [],
+            "unconfirmed": format!(
+                "published; this host holds the hosts of its own environment {:?} only \
+                 ([fleet] view = \"environment\"), so it cannot see which hosts of {environment:?} \
+                 confirmed: ask a host of {environment:?}, or one with [fleet] view = \"fleet\"",
+                fleet.environment_id()
+            ),
+        }));
     }
     let confirmed = fleet
         .wait_for(wait, |hosts| stop_report(hosts, &environment, stop).1)

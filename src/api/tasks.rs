@@ -80,7 +80,7 @@ async fn owner(
     host_id: &str,
     relayed_by: Option<&str>,
 ) -> Result<Owner, Status> {
-    match ctx.fleet.route(host_id, relayed_by) {
+    match ctx.fleet.route_to(host_id, relayed_by).await {
         Ok(Route::Local) => Ok(Owner::Local),
         Ok(Route::Remote(remote)) => {
             let channel = relay::connect(&remote, ctx.config.server.http2_keepalive_secs)
