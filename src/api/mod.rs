@@ -8,6 +8,7 @@ mod cameras;
 pub mod connections;
 pub mod convert;
 mod embodiment;
+pub mod foxglove;
 mod gpio;
 mod hosts;
 pub use hosts::MAX_HOSTS_LIMIT;
@@ -49,7 +50,11 @@ pub enum ApiError {
 }
 
 /// Builds the one router that serves gRPC and REST, behind authentication.
-pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReporter), ApiError> {
+/// `live`: the hub the Foxglove clients at `/foxglove` watch through.
+pub async fn router(
+    ctx: Arc<HostContext>,
+    live: Arc<crate::live::Hub>,
+) -> Result<(axum::Router, HealthReporter), ApiError> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<proto::agent_service_server::AgentServiceServer<agent::AgentApi>>()
@@ -103,6 +108,9 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .merge(ui::routes().with_state(ctx.clone()));
     let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
     let credentials = Arc::new(auth::Credentials::from_config(&ctx.config));
+    if ctx.config.foxglove.enabled {
+        router = router.merge(foxglove::routes(ctx.clone(), live));
+    }
     if ctx.config.mcp.enabled {
         // Behind the same token and browser checks as every route; rmcp's
         // own Host and Origin checks get the same names.

@@ -161,6 +161,9 @@ pub struct Config {
     /// The MCP server at `/mcp`.
     #[serde(default)]
     pub mcp: crate::mcp::config::McpConfig,
+    /// The Foxglove WebSocket protocol at `/foxglove`.
+    #[serde(default)]
+    pub foxglove: crate::live::config::FoxgloveConfig,
     /// MCAP recordings; absent: nothing is recorded.
     #[serde(default)]
     pub record: Option<crate::record::config::RecordConfig>,
@@ -405,6 +408,7 @@ impl Config {
             crate::fleet::config::validate(fleet, &self.host, &self.server, self.mqtt.as_ref())?;
         }
         crate::mcp::config::validate(&self.mcp)?;
+        crate::live::config::validate(&self.foxglove)?;
         if let Some(record) = &self.record {
             crate::record::config::validate(record)?;
         }

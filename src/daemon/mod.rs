@@ -114,7 +114,9 @@ impl Daemon {
         let recorder = start_recorder(&config).await?;
         // Who hears of what the store, the stop and the loop do, composed
         // once: every core below is built with its observers.
-        let (observers, audit_writer) = observers::compose(&recorder);
+        // The live view (Foxglove) hears the same events as the recording.
+        let live = crate::live::Hub::new(config.foxglove.clone());
+        let (observers, audit_writer) = observers::compose(&recorder, &live);
         let store_path = config.store.resolved_path();
         let store_observers = observers.store;
         let store = tokio::task::spawn_blocking(move || {
@@ -210,7 +212,7 @@ impl Daemon {
             ctx.ooda.stop().await;
             return Err(e.into());
         }
-        let (router, health) = api::router(ctx.clone()).await?;
+        let (router, health) = api::router(ctx.clone(), live).await?;
         Ok(Daemon {
             listener,
             control,
