@@ -16,7 +16,8 @@ pub struct FoxgloveConfig {
     /// Messages queued for one client at most; beyond, new messages for it
     /// are dropped (counted), never waited for.
     pub send_buffer: usize,
-    /// At most this many messages per second on one channel to one client.
+    /// At most this many messages per second on one sampled stream to one
+    /// client (events are never thinned: see `policy::rate_limited`).
     pub max_hz: f64,
     /// A message larger than this (KiB) is not sent (counted); a client's
     /// own messages are limited to 64 KiB.

@@ -27,6 +27,18 @@ pub enum SubscribeError {
     TooMany(usize),
 }
 
+/// Whether `max_hz` thins `topic`: the sampled streams (the Observation,
+/// sensor values, camera frames, the scene), where a later message says
+/// all an earlier one did. Events (actuator changes, the stop, the audit,
+/// sessions, tasks) are each news and are never thinned; the send buffer
+/// bounds them.
+pub fn rate_limited(topic: &str) -> bool {
+    topic == "/observation"
+        || topic == "/sim/scene"
+        || topic.starts_with("/sensors/")
+        || topic.starts_with("/cameras/")
+}
+
 /// One client's subscriptions, by topic, with their rate limit.
 #[derive(Debug, Clone)]
 pub struct Subscriptions {
@@ -109,9 +121,10 @@ impl Subscriptions {
         let Some(sub) = self.by_topic.get_mut(topic) else {
             return Offer::NotWanted;
         };
-        if sub
-            .last_sent
-            .is_some_and(|last| now.saturating_duration_since(last) < self.every)
+        if rate_limited(topic)
+            && sub
+                .last_sent
+                .is_some_and(|last| now.saturating_duration_since(last) < self.every)
         {
             return Offer::TooSoon;
         }
@@ -141,6 +154,10 @@ mod tests {
         // Channels are limited each on their own.
         subs.subscribe(8, "/sensors/x").unwrap();
         assert_eq!(subs.offer("/sensors/x", t0 + every), Offer::Send(8));
+        // Events are never thinned: a safe drive right after a command is sent.
+        subs.subscribe(9, "/actuators/drive").unwrap();
+        assert_eq!(subs.offer("/actuators/drive", t0), Offer::Send(9));
+        assert_eq!(subs.offer("/actuators/drive", t0), Offer::Send(9));
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod external_clients;
 mod feedback;
 mod fleet;
 mod fleet_scale;
+mod foxglove;
 mod guides;
 mod hardware_e2e;
 mod host_tools;

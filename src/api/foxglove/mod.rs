@@ -130,7 +130,8 @@ async fn serve(f: Foxglove, caller: Caller, socket: WebSocket) {
     let channels = channels(&ctx);
     let (replies, control) = mpsc::channel::<Message>(CONTROL_QUEUE);
     let gone = CancellationToken::new();
-    let owner = format!("foxglove-{}", client.id);
+    // Who owns what this connection commands (its deadman's scope).
+    let owner = format!("foxglove:{}:{}", caller.name(), client.id);
     tracing::info!(
         credential = caller.name(),
         client = client.id,
