@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::common::TestDaemon;
+use crate::common::{self, EXPECT_WITHIN, TestDaemon};
 
 const READ_SECRET: &str = "fox-read-secret-0123";
 const OPERATE_SECRET: &str = "fox-operate-secret-4567";
@@ -444,4 +444,141 @@ async fn foxglove_command_actuator_takes_the_physical_path_and_admin_clears() {
     );
     assert!(daemon.ctx.ooda.protective_stop().state().causes.is_empty());
     daemon.shutdown().await;
+}
+
+/// A counter or gauge of `GET /metrics` on `base` (`name` as exposed,
+/// counters with `_total`).
+async fn metric(addr: &str, name: &str) -> f64 {
+    let reply = rozd::cli::client::get(addr, "/metrics", None)
+        .await
+        .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
+    reply
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{}", reply.body))
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the daemon runs");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Polls `metric` until `pred` holds, at most `bound`.
+async fn until_metric(addr: &str, name: &str, bound: Duration, pred: impl Fn(f64) -> bool) -> f64 {
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        let value = metric(addr, name).await;
+        if pred(value) {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} is still {value} after {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foxglove_client_that_never_reads_loses_frames_not_the_daemons_memory_or_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::broker::free_port();
+    let config = dir.path().join("rozd.toml");
+    // A sim camera at 60 fps and a fast sensor: a stalled client's share
+    // fills its socket's buffers within seconds.
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\ncontrol_socket = \"\"\n\
+             [store]\npath = {:?}\n\
+             [foxglove]\nsend_buffer = 16\nmax_hz = 1000\nsend_timeout_secs = 600\n\
+             [sim]\n\
+             [[sensors]]\nname = \"fast\"\nsource = \"sim\"\nsignal = \"sine\"\nrate_hz = 200\n\
+             [[cameras]]\nname = \"front\"\nsource = \"sim\"\nwidth = 640\nheight = 480\nfps = 60\n",
+            dir.path().join("rozd.db").display().to_string()
+        ),
+    )
+    .unwrap();
+    let rozd = common::spawn_rozd(dir.path(), &config).await;
+    let pid = rozd.id().expect("rozd's pid");
+    let addr = format!("127.0.0.1:{port}");
+    let url = format!("ws://{addr}/foxglove");
+
+    // Subscribes to everything, then never reads again.
+    let mut stalled = client_command(&json!({
+        "url": url,
+        "subscribe": ["/observation", "/sensors/fast", "/cameras/front", "/sim/scene",
+                      "/protective_stop", "/audit"],
+        "stall": true,
+        "timeout_ms": 600_000,
+    }))
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .expect("node runs");
+    let mut lines = tokio::io::BufReader::new(stalled.stdout.take().unwrap());
+    let mut first = String::new();
+    tokio::time::timeout(
+        EXPECT_WITHIN,
+        tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut first),
+    )
+    .await
+    .expect("the client subscribes")
+    .unwrap();
+    assert!(first.contains("\"stalled\":true"), "{first}");
+
+    // Its frames are dropped and counted, and the daemon's memory stays
+    // bounded while thousands more are dropped.
+    let bound = Duration::from_secs(120);
+    let dropped = "rozd_foxglove_messages_dropped_total";
+    let first_drops = until_metric(&addr, dropped, bound, |d| d > 0.0).await;
+    let rss_then = rss_kib(pid);
+    until_metric(&addr, dropped, bound, |d| d >= first_drops + 3000.0).await;
+    let rss_now = rss_kib(pid);
+    assert!(
+        rss_now < rss_then + 32 * 1024,
+        "RSS grew from {rss_then} KiB to {rss_now} KiB while a stalled client's frames were dropped"
+    );
+    assert_eq!(
+        metric(&addr, "rozd_foxglove_clients").await,
+        1.0,
+        "the stalled client is still connected"
+    );
+
+    // The stop still latches, and another client is served at once.
+    let reply = tokio::time::timeout(
+        EXPECT_WITHIN,
+        rozd::cli::client::post_json(
+            &addr,
+            "/v1/estop",
+            None,
+            &json!({"reason": "stalled viewer"}),
+        ),
+    )
+    .await
+    .expect("the stop answers")
+    .expect("POST /v1/estop");
+    assert_eq!(reply.status.as_u16(), 200, "{}", reply.body);
+    let safety: Value = serde_json::from_str(
+        &rozd::cli::client::get(&addr, "/v1/safety", None)
+            .await
+            .unwrap()
+            .body,
+    )
+    .unwrap();
+    assert_eq!(safety["estop_active"], true, "{safety}");
+    let report = foxglove(json!({
+        "url": url,
+        "subscribe": ["/observation"],
+        "wait": {"/observation": 2},
+    }))
+    .await;
+    assert!(report.get("error").is_none(), "{report}");
+    let stop = &report["messages"]["/observation"][1]["body"]["protective_stop"];
+    assert_eq!(stop["reason"], "stalled viewer", "{report}");
+    let _ = stalled.kill().await;
 }
