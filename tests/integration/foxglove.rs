@@ -582,3 +582,95 @@ async fn foxglove_client_that_never_reads_loses_frames_not_the_daemons_memory_or
     assert_eq!(stop["reason"], "stalled viewer", "{report}");
     let _ = stalled.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foxglove_sim_scene_shows_the_room_and_the_rover_where_it_is() {
+    let daemon = TestDaemon::start("[sim]\n").await;
+    let report = foxglove(json!({
+        "url": format!("ws://{}/foxglove", daemon.addr),
+        "subscribe": ["/sim/scene"],
+        "wait": {"/sim/scene": 1},
+    }))
+    .await;
+    assert!(report.get("error").is_none(), "{report}");
+    assert_eq!(
+        channel(&report, "/sim/scene")["schemaName"],
+        "foxglove.SceneUpdate"
+    );
+    let scene = &report["messages"]["/sim/scene"][0]["body"];
+    assert_eq!(
+        missing_required(&schema_of(&report, "/sim/scene"), scene),
+        Vec::<String>::new()
+    );
+    let entity = |id: &str| {
+        scene["entities"]
+            .as_array()
+            .and_then(|e| e.iter().find(|e| e["id"] == id))
+            .unwrap_or_else(|| panic!("no entity {id}: {scene}"))
+            .clone()
+    };
+    let sim = daemon.ctx.ooda.sim_spec().expect("a simulated world").0;
+    // The floor, four walls and every obstacle.
+    assert_eq!(
+        entity("room")["cubes"].as_array().map(Vec::len),
+        Some(5 + sim.obstacles.len())
+    );
+    // The rover stands still at its start: where the scene shows it.
+    let rover = entity("rover");
+    let at = &rover["cylinders"][0]["pose"]["position"];
+    let view = daemon.ctx.ooda.sim_world().unwrap();
+    assert!(
+        (at["x"].as_f64().unwrap() - view.x).abs() < 1e-9
+            && (at["y"].as_f64().unwrap() - view.y).abs() < 1e-9,
+        "{at} vs {view:?}"
+    );
+    assert_eq!(rover["frame_id"], "world");
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foxglove_connection_that_ends_sends_what_it_commanded_to_safe() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = robot(dir.path()).await;
+    let report = foxglove(json!({
+        "url": format!("ws://{}/foxglove?token={OPERATE_SECRET}", daemon.addr),
+        "calls": [{"service": "command_actuator",
+                   "request": {"actuator": "speed", "value": 0.7, "hold_ms": 600000}}],
+    }))
+    .await;
+    assert_eq!(report["calls"][0]["ok"], true, "{report}");
+    // The client has exited: its connection ended; the held value goes safe.
+    common::observed(
+        &daemon.ctx.ooda,
+        EXPECT_WITHIN,
+        "speed back at its safe value after the Foxglove client left",
+        |o| {
+            o.actuators
+                .iter()
+                .any(|a| a.name == "speed" && a.value == 0.0)
+        },
+    )
+    .await;
+    // The safe drive is audited as the deadman's (the audit writer runs on
+    // its own: polled, bounded).
+    let deadline = tokio::time::Instant::now() + EXPECT_WITHIN;
+    loop {
+        let audit = get(&daemon, "/v1/audit?limit=100", ADMIN_SECRET).await;
+        let released = audit["data"].as_array().unwrap().iter().any(|r| {
+            r["kind"] == "actuator"
+                && r["result"] == "0"
+                && r["origin"]
+                    .as_str()
+                    .is_some_and(|o| o.contains("Foxglove client disconnected"))
+        });
+        if released {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no deadman drive audited: {audit}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    daemon.shutdown().await;
+}

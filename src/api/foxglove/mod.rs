@@ -310,3 +310,64 @@ impl Reader<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `/topic` a layout names (in paths, image topics, topic maps).
+    fn topics_in(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::String(s) if s.starts_with('/') => {
+                out.push(s.split('.').next().unwrap_or_default().to_string());
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| topics_in(v, out)),
+            serde_json::Value::Object(map) => {
+                for (key, v) in map {
+                    if key.starts_with('/') {
+                        out.push(key.clone());
+                    }
+                    topics_in(v, out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn the_example_layout_names_only_what_the_simulated_rover_serves() {
+        let layout: serde_json::Value =
+            serde_json::from_str(include_str!("../../../examples/foxglove-layout.json")).unwrap();
+        let config = crate::config::Config::builtin().unwrap();
+        let sensors: Vec<&str> = config.sensors.iter().map(|s| s.name.as_str()).collect();
+        let actuators: Vec<&str> = config.actuators.iter().map(|a| a.name.as_str()).collect();
+        let cameras: Vec<&str> = config
+            .camera_specs
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        let channels = protocol::channels(
+            &sensors,
+            &actuators,
+            &cameras,
+            config.hardware.sim_world.is_some(),
+        );
+        let mut named = Vec::new();
+        topics_in(&layout["configById"], &mut named);
+        assert!(named.len() >= 6, "{named:?}");
+        for topic in &named {
+            assert!(
+                channels.iter().any(|c| &c.topic == topic),
+                "the layout names {topic}, which the simulated rover does not advertise"
+            );
+        }
+        for (id, panel) in layout["configById"].as_object().unwrap() {
+            if let Some(service) = panel.get("serviceName").and_then(|s| s.as_str()) {
+                assert!(
+                    protocol::Service::ALL.iter().any(|s| s.name() == service),
+                    "{id} calls {service}"
+                );
+            }
+        }
+    }
+}
