@@ -282,13 +282,21 @@ impl Hub {
     /// Offers a message on `topic` to one client (channels it polls
     /// itself: the Observation, the scene); `content` is made only when due.
     pub fn offer_to(&self, client: &Attached, topic: &str, content: impl FnOnce() -> Content) {
-        let mut taps = self.lock();
-        let Some(tap) = taps.get_mut(&client.id) else {
-            return;
+        // The decision under the lock; the message is made outside it, so
+        // the cores' observer calls never wait for it.
+        let due = {
+            let mut taps = self.lock();
+            let Some(tap) = taps.get_mut(&client.id) else {
+                return;
+            };
+            match tap.subscriptions.offer(topic, Instant::now()) {
+                Offer::Send(subscription) => Some((subscription, tap.queue.clone())),
+                Offer::NotWanted | Offer::TooSoon => None,
+            }
         };
-        if let Offer::Send(subscription) = tap.subscriptions.offer(topic, Instant::now()) {
+        if let Some((subscription, queue)) = due {
             let live = Arc::new(Live::new(content(), now_ns()));
-            enqueue(&tap.queue, Queued { subscription, live });
+            enqueue(&queue, Queued { subscription, live });
         }
     }
 }

@@ -674,3 +674,68 @@ async fn foxglove_connection_that_ends_sends_what_it_commanded_to_safe() {
     }
     daemon.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foxglove_clients_beyond_the_cap_are_refused_at_the_handshake() {
+    let daemon = TestDaemon::start(&format!("{ROBOT}\n[foxglove]\nmax_clients = 1\n")).await;
+    let url = format!("ws://{}/foxglove", daemon.addr);
+    let refused_before = metric(
+        &daemon.addr.to_string(),
+        "rozd_foxglove_clients_refused_total",
+    )
+    .await;
+    // The one place, held by a client that stays.
+    let mut holder = client_command(&json!({
+        "url": url, "subscribe": ["/audit"], "stall": true, "timeout_ms": 600_000,
+    }))
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .expect("node runs");
+    let mut lines = tokio::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut first = String::new();
+    tokio::time::timeout(
+        EXPECT_WITHIN,
+        tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut first),
+    )
+    .await
+    .expect("the first client connects")
+    .unwrap();
+    assert!(first.contains("\"stalled\":true"), "{first}");
+    let report = foxglove(json!({"url": url, "timeout_ms": 10000})).await;
+    assert_eq!(
+        (report["error"].as_str(), report["status"].as_u64()),
+        (Some("refused"), Some(503)),
+        "{report}"
+    );
+    assert!(
+        report["body"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("foxglove.max_clients"),
+        "{report}"
+    );
+    assert!(
+        metric(
+            &daemon.addr.to_string(),
+            "rozd_foxglove_clients_refused_total"
+        )
+        .await
+            > refused_before
+    );
+    // Its place comes free when it leaves.
+    let _ = holder.kill().await;
+    let deadline = tokio::time::Instant::now() + EXPECT_WITHIN;
+    loop {
+        let report = foxglove(json!({"url": url, "timeout_ms": 10000})).await;
+        if report["serverInfo"]["op"] == "serverInfo" {
+            break;
+        }
+        assert_eq!(report["status"], 503, "{report}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the place never came free: {report}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    daemon.shutdown().await;
+}
