@@ -138,6 +138,44 @@ pub async fn router(
     Ok((router, health_reporter))
 }
 
+/// What `[foxglove] listen` serves: `/foxglove` alone (at `/` too, where
+/// `ws://host:8765` lands), behind the same credentials and browser checks
+/// as the server's listener.
+pub fn foxglove_router(ctx: Arc<HostContext>, live: Arc<crate::live::Hub>) -> axum::Router {
+    let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
+    let credentials = Arc::new(auth::Credentials::from_config(&ctx.config));
+    let inner = foxglove::routes(ctx, live)
+        .fallback(rest::fallback)
+        .method_not_allowed_fallback(rest::method_not_allowed)
+        .layer(axum::middleware::from_fn(reply::json_errors))
+        .layer(axum::middleware::from_fn_with_state(
+            credentials.clone(),
+            auth::require_credential,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            (allowed_hosts, credentials),
+            browser::guard,
+        ));
+    // Before routing, so that `/` reaches the route and its checks.
+    axum::Router::new().fallback_service(tower::ServiceExt::map_request(inner, root_is_foxglove))
+}
+
+/// `/` (with its query) becomes `/foxglove` on Foxglove's own port.
+fn root_is_foxglove(mut request: axum::extract::Request) -> axum::extract::Request {
+    if request.uri().path() == "/" {
+        let target = match request.uri().query() {
+            Some(query) => format!("{}?{query}", foxglove::PATH),
+            None => foxglove::PATH.to_string(),
+        };
+        let mut parts = request.uri().clone().into_parts();
+        parts.path_and_query = target.parse().ok();
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
+        }
+    }
+    request
+}
+
 /// Marks requests that arrived on the local control socket (a request
 /// extension): their file permissions authenticated them.
 #[derive(Debug, Clone, Copy)]

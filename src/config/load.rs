@@ -461,6 +461,27 @@ impl Config {
                 ),
             ));
         }
+        // Foxglove's own port is held to the same rules as the server's.
+        if let Some(listen) = self.foxglove.listen.filter(|a| !a.ip().is_loopback()) {
+            if !self.auth_required() && !self.server.allow_unauthenticated_remote {
+                return Err(Invalid::new(
+                    "foxglove.listen",
+                    format!(
+                        "{listen} is not a loopback address and no auth tokens are configured \
+                         (see server.listen: the same rules hold)"
+                    ),
+                ));
+            }
+            if self.server.tls.is_none() && !self.server.allow_plaintext_remote {
+                return Err(Invalid::new(
+                    "foxglove.listen",
+                    format!(
+                        "{listen} is not a loopback address and [server.tls] is not configured \
+                         (see server.listen: the same rules hold)"
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 

@@ -96,6 +96,8 @@ pub struct Daemon {
     router: axum::Router,
     health: tonic_health::server::HealthReporter,
     tls: Option<Arc<ServerTls>>,
+    /// `[foxglove] listen`: its own port, serving `/foxglove` alone.
+    foxglove: Option<(TcpListener, axum::Router)>,
 }
 
 impl Daemon {
@@ -212,6 +214,19 @@ impl Daemon {
             ctx.ooda.stop().await;
             return Err(e.into());
         }
+        let foxglove = match ctx
+            .config
+            .foxglove
+            .listen
+            .filter(|_| ctx.config.foxglove.enabled)
+        {
+            Some(addr) => {
+                let listener =
+                    bind_tcp(addr).map_err(|source| DaemonError::Bind { addr, source })?;
+                Some((listener, api::foxglove_router(ctx.clone(), live.clone())))
+            }
+            None => None,
+        };
         let (router, health) = api::router(ctx.clone(), live).await?;
         Ok(Daemon {
             listener,
@@ -220,6 +235,7 @@ impl Daemon {
             router,
             health,
             tls,
+            foxglove,
         })
     }
 
@@ -245,6 +261,7 @@ impl Daemon {
             router,
             health,
             tls,
+            foxglove,
         } = self;
         if let Some(tls) = &tls {
             tokio::spawn(tls.clone().watch(ctx.shutdown.clone()));
@@ -282,6 +299,19 @@ impl Daemon {
                 stop_accepting.clone(),
             ))
         });
+        let foxglove_loop = foxglove.map(|(listener, router)| {
+            // Its own table: a flood there never crowds the API's port.
+            let table =
+                ConnectionTable::new(ctx.config.foxglove.max_clients.saturating_mul(4).max(16));
+            tokio::spawn(accept_loop(
+                listener,
+                router,
+                Arc::new(Mutex::new(table)),
+                shared.clone(),
+                tls.clone(),
+                stop_accepting.clone(),
+            ))
+        });
         let tcp_loop = accept_loop(
             listener,
             router,
@@ -297,6 +327,9 @@ impl Daemon {
                 stop_accepting.cancel();
                 tcp_loop.await;
             }
+        }
+        if let Some(task) = foxglove_loop {
+            let _ = task.await;
         }
         if let Some(task) = control_loop {
             // The loop only returns; a panic inside it is not ours to re-raise here.

@@ -10,6 +10,9 @@ use crate::config::types::Invalid;
 pub struct FoxgloveConfig {
     /// Serve `/foxglove`.
     pub enabled: bool,
+    /// Also serve `/foxglove` (and nothing else) on this address of its
+    /// own, for setups that expect `ws://host:8765`; same TLS and credentials.
+    pub listen: Option<std::net::SocketAddr>,
     /// At most this many Foxglove clients at once; more are refused at the
     /// handshake (503).
     pub max_clients: usize,
@@ -30,6 +33,7 @@ impl Default for FoxgloveConfig {
     fn default() -> Self {
         FoxgloveConfig {
             enabled: true,
+            listen: None,
             max_clients: 8,
             send_buffer: 256,
             max_hz: 20.0,
@@ -45,8 +49,12 @@ impl FoxgloveConfig {
         if !self.enabled {
             return "off".into();
         }
+        let own = self
+            .listen
+            .map(|a| format!(", also on {a}"))
+            .unwrap_or_default();
         format!(
-            "/foxglove (at most {} clients, {} messages queued each, {} Hz per channel, {} KiB per message)",
+            "/foxglove{own} (at most {} clients, {} messages queued each, {} Hz per channel, {} KiB per message)",
             self.max_clients, self.send_buffer, self.max_hz, self.max_message_kb
         )
     }

@@ -739,3 +739,38 @@ async fn foxglove_clients_beyond_the_cap_are_refused_at_the_handshake() {
     }
     daemon.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foxglove_own_port_serves_foxglove_alone_with_the_same_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::broker::free_port();
+    let daemon = TestDaemon::start_server(
+        &tokens(dir.path()),
+        &format!("{ROBOT}\n[foxglove]\nlisten = \"127.0.0.1:{port}\"\n"),
+        |_| {},
+        std::sync::Arc::new(rozd::session::LogHooks),
+    )
+    .await;
+    // Where `ws://host:8765` lands: `/`, with the token in the query.
+    let report = foxglove(json!({
+        "url": format!("ws://127.0.0.1:{port}/?token={READ_SECRET}"),
+        "subscribe": ["/sensors/distance"],
+        "wait": {"/sensors/distance": 1},
+    }))
+    .await;
+    assert!(report.get("error").is_none(), "{report}");
+    assert_eq!(report["serverInfo"]["op"], "serverInfo");
+    let refused =
+        foxglove(json!({"url": format!("ws://127.0.0.1:{port}/"), "timeout_ms": 10000})).await;
+    assert_eq!(refused["status"], 401, "{refused}");
+    // Nothing else is served there.
+    let reply = rozd::cli::client::get(
+        &format!("127.0.0.1:{port}"),
+        "/v1/status",
+        Some(ADMIN_SECRET),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.status.as_u16(), 404, "{}", reply.body);
+    daemon.shutdown().await;
+}
