@@ -846,7 +846,10 @@ fn foxglove_keys_are_bounded_and_its_own_port_follows_the_servers_rules() {
         ("send_timeout_secs", "0", "between 1 and 3600"),
     ] {
         let (line, k, message) = invalid(&format!("[foxglove]\n{key} = {bad}\n"));
-        assert_eq!((line, k.as_str()), (Some(2), format!("foxglove.{key}").as_str()));
+        assert_eq!(
+            (line, k.as_str()),
+            (Some(2), format!("foxglove.{key}").as_str())
+        );
         assert!(message.contains(why), "{message}");
     }
     assert!(parse("[foxglove]\nlisten = \"127.0.0.1:8765\"\n").is_ok());

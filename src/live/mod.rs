@@ -129,6 +129,9 @@ pub struct Hub {
     /// Clients admitted now (the connection cap).
     admitted: AtomicUsize,
     next_id: AtomicU64,
+    /// The latest message of each polled channel with the tick it is of:
+    /// clients polling the same tick share one message (one encoding).
+    polled: Mutex<HashMap<&'static str, (u64, Arc<Live>)>>,
 }
 
 /// A client's place under the connection cap; given back when dropped.
@@ -170,6 +173,7 @@ impl Hub {
             subscriptions: AtomicUsize::new(0),
             admitted: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
+            polled: Mutex::default(),
         })
     }
 
@@ -280,8 +284,15 @@ impl Hub {
     }
 
     /// Offers a message on `topic` to one client (channels it polls
-    /// itself: the Observation, the scene); `content` is made only when due.
-    pub fn offer_to(&self, client: &Attached, topic: &str, content: impl FnOnce() -> Content) {
+    /// itself: the Observation, the scene) as of tick `tick`; `content` is
+    /// made only when due, and once per tick for every client.
+    pub fn offer_to(
+        &self,
+        client: &Attached,
+        topic: &'static str,
+        tick: u64,
+        content: impl FnOnce() -> Content,
+    ) {
         // The decision under the lock; the message is made outside it, so
         // the cores' observer calls never wait for it.
         let due = {
@@ -294,10 +305,25 @@ impl Hub {
                 Offer::NotWanted | Offer::TooSoon => None,
             }
         };
-        if let Some((subscription, queue)) = due {
+        let Some((subscription, queue)) = due else {
+            return;
+        };
+        let cached = self
+            .polled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(topic)
+            .filter(|(of, _)| *of == tick)
+            .map(|(_, live)| live.clone());
+        let live = cached.unwrap_or_else(|| {
             let live = Arc::new(Live::new(content(), now_ns()));
-            enqueue(&queue, Queued { subscription, live });
-        }
+            self.polled
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(topic, (tick, live.clone()));
+            live
+        });
+        enqueue(&queue, Queued { subscription, live });
     }
 }
 
@@ -457,6 +483,27 @@ mod tests {
         }
         // Two queued for the slow one; three dropped (other tests may add more).
         assert!(COUNTS.dropped_full.load(Ordering::Relaxed) - before >= 3);
+    }
+
+    #[test]
+    fn clients_polling_the_same_tick_share_one_message() {
+        let hub = hub(4);
+        let (a, mut a_rx) = hub.attach();
+        let (b, mut b_rx) = hub.attach();
+        hub.subscribe(&a, 1, "/observation").unwrap();
+        hub.subscribe(&b, 2, "/observation").unwrap();
+        let made = std::cell::Cell::new(0);
+        let make = || {
+            made.set(made.get() + 1);
+            Content::Json(serde_json::json!({"tick": 7}))
+        };
+        hub.offer_to(&a, "/observation", 7, make);
+        hub.offer_to(&b, "/observation", 7, make);
+        assert_eq!(made.get(), 1);
+        let (qa, qb) = (a_rx.try_recv().unwrap(), b_rx.try_recv().unwrap());
+        assert!(Arc::ptr_eq(&qa.live, &qb.live));
+        hub.offer_to(&a, "/observation", 8, make);
+        assert_eq!(made.get(), 2);
     }
 
     #[test]

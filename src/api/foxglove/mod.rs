@@ -255,18 +255,21 @@ impl Reader<'_> {
 
     /// The Observation and the scene, for a client subscribed to them.
     fn poll(&self) {
+        let observation = self.ctx.ooda.observation();
+        let tick = observation.seq;
         self.hub
-            .offer_to(self.client, protocol::OBSERVATION_TOPIC, || {
-                Content::Recorded(Event::Observation(self.ctx.ooda.observation()))
+            .offer_to(self.client, protocol::OBSERVATION_TOPIC, tick, || {
+                Content::Recorded(Event::Observation(observation))
             });
         if let Some(spec) = &self.scene_spec {
-            self.hub.offer_to(self.client, protocol::SCENE_TOPIC, || {
-                let view = self.ctx.ooda.sim_world();
-                Content::Json(match view {
-                    Some(view) => scene::scene(spec, &view, crate::clock::now_ms()),
-                    None => serde_json::json!({"deletions": [], "entities": []}),
-                })
-            });
+            self.hub
+                .offer_to(self.client, protocol::SCENE_TOPIC, tick, || {
+                    let view = self.ctx.ooda.sim_world();
+                    Content::Json(match view {
+                        Some(view) => scene::scene(spec, &view, crate::clock::now_ms()),
+                        None => serde_json::json!({"deletions": [], "entities": []}),
+                    })
+                });
         }
     }
 
