@@ -774,3 +774,82 @@ async fn foxglove_own_port_serves_foxglove_alone_with_the_same_credentials() {
     assert_eq!(reply.status.as_u16(), 404, "{}", reply.body);
     daemon.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foxglove_command_that_needs_approval_waits_until_foxglove_approves_or_denies() {
+    let dir = tempfile::tempdir().unwrap();
+    let robot = ROBOT.replace("policy = \"allow\"", "policy = \"require_confirmation\"");
+    let daemon = TestDaemon::start_server(
+        &tokens(dir.path()),
+        &robot,
+        |_| {},
+        std::sync::Arc::new(rozd::session::LogHooks),
+    )
+    .await;
+    let url = format!("ws://{}/foxglove?token={OPERATE_SECRET}", daemon.addr);
+    for (answer, value) in [("deny", 0.2), ("approve", 0.3)] {
+        // The call waits in the host's list of approvals...
+        let waiting = tokio::spawn(foxglove(json!({
+            "url": url,
+            "calls": [{"service": "command_actuator", "request": {"actuator": "speed", "value": value}}],
+        })));
+        let deadline = tokio::time::Instant::now() + EXPECT_WITHIN;
+        let call = loop {
+            let list = get(&daemon, "/v1/approvals", READ_SECRET).await;
+            if let Some(call) = list["data"].as_array().and_then(|d| d.first()).cloned() {
+                break call;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no call waits: {list}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            (
+                call["kind"].as_str(),
+                call["tool"].as_str(),
+                call["origin"].as_str()
+            ),
+            (Some("foxglove"), Some("speed"), Some("foxglove:operator")),
+            "{call}"
+        );
+        // ...until another Foxglove client answers it; a read token may not.
+        let read = foxglove(json!({
+            "url": format!("ws://{}/foxglove?token={READ_SECRET}", daemon.addr),
+            "calls": [{"service": answer, "request": {"id": call["id"]}}],
+        }))
+        .await;
+        assert!(
+            read["calls"][0]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("permission_denied"),
+            "{read}"
+        );
+        let answered = foxglove(json!({
+            "url": url,
+            "calls": [{"service": answer, "request": {"id": call["id"]}}],
+        }))
+        .await;
+        assert_eq!(answered["calls"][0]["ok"], true, "{answered}");
+        let report = waiting.await.unwrap();
+        let result = &report["calls"][0];
+        let moved = daemon.ctx.ooda.observe_now().actuators[0].value;
+        if answer == "approve" {
+            // Applied (and, its client gone, released by the deadman since).
+            assert_eq!(result["ok"], true, "{report}");
+            assert_eq!(result["response"]["result"]["value"].as_f64(), Some(value));
+        } else {
+            assert!(
+                result["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .starts_with("denied"),
+                "{report}"
+            );
+            assert_eq!(moved, 0.0);
+        }
+    }
+    daemon.shutdown().await;
+}
