@@ -244,13 +244,6 @@ impl Hub {
         Ok(topic)
     }
 
-    /// Whether client `client` subscribes to `topic`.
-    pub fn wants(&self, client: &Attached, topic: &str) -> bool {
-        self.lock()
-            .get(&client.id)
-            .is_some_and(|t| t.subscriptions.wants(topic))
-    }
-
     /// Offers a message on `topic` to every client that wants it now;
     /// `topic` and `content` are made only when someone subscribes at all.
     fn publish(&self, topic: impl FnOnce() -> String, content: impl FnOnce() -> Content) {
