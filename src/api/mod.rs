@@ -11,6 +11,7 @@ mod embodiment;
 pub mod foxglove;
 mod gpio;
 mod hosts;
+mod metrics;
 pub use hosts::MAX_HOSTS_LIMIT;
 mod recordings;
 pub mod relay;

@@ -21,7 +21,9 @@ pub mod policy;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 use std::time::{Instant, SystemTime};
 
 use serde_json::Value;
@@ -181,8 +183,8 @@ impl Hub {
         &self.config
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Tap>> {
-        self.taps.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<u64, Tap>> {
+        self.taps.lock()
     }
 
     /// A place for one more client, unless `max_clients` are connected.
@@ -304,16 +306,12 @@ impl Hub {
         let cached = self
             .polled
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .get(topic)
             .filter(|(of, _)| *of == tick)
             .map(|(_, live)| live.clone());
         let live = cached.unwrap_or_else(|| {
             let live = Arc::new(Live::new(content(), now_ns()));
-            self.polled
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(topic, (tick, live.clone()));
+            self.polled.lock().insert(topic, (tick, live.clone()));
             live
         });
         enqueue(&queue, Queued { subscription, live });

@@ -21,6 +21,7 @@ use crate::api::auth::Caller;
 use crate::clock::now_ms;
 use crate::config::types::{AiMode, ToolCategory};
 use crate::ooda::act::Origin;
+use crate::safety::{ClearRequest, StopRequest};
 use crate::session::approvals::{ApprovalView, Asker};
 use crate::session::host_call::{self, Answer, CallSite};
 use crate::session::turn::HostAccess;
@@ -170,19 +171,19 @@ impl Job {
                 let added = self
                     .ctx
                     .ooda
-                    .trigger_stop_as(SOURCE, &reason, credential)
+                    .trigger_stop(StopRequest::new(SOURCE, &reason).credential(credential))
                     .await;
                 Ok(self.stop_state(added))
             }
             Service::ClearProtectiveStop => {
                 let reason = crate::api::safety::clean_reason(text(&request, "reason"), "operator");
-                let latch = self.ctx.ooda.protective_stop();
-                let cleared = latch.try_clear_as(&format!("{SOURCE}: {reason}"), credential);
-                if !latch.persisted().await {
-                    tracing::error!(
-                        "the protective stop's clear could not be written to disk in time"
-                    );
-                }
+                let by = format!("{SOURCE}: {reason}");
+                let cleared = self
+                    .ctx
+                    .ooda
+                    .protective_stop()
+                    .clear(ClearRequest::all(&by).credential(credential))
+                    .await;
                 match cleared {
                     Ok(cleared) => Ok(self.stop_state(cleared)),
                     Err(refused) => Err(format!("failed_precondition: {refused}")),
