@@ -63,6 +63,8 @@ const EXPECTED: &[&str] = &[
     "camera.capture_image.p50_us",
     "camera.loop_streaming.lateness_p99_us",
     "camera.cpu_per_frame_us",
+    "foxglove.loop_lateness_p99_us",
+    "foxglove.cpu_percent",
 ];
 
 fn check() -> Result<usize, String> {
