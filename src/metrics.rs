@@ -167,6 +167,7 @@ struct Events {
     feedback_verdicts: Family<VerdictLabels, Counter>,
     stop_triggers: Family<SourceLabels, Counter>,
     store_writes: Histograms<KindLabels>,
+    modbus_requests: Histograms<LinkLabels>,
     /// Model names seen in configuration; others are labelled `other`.
     /// Shared, not copied: every model call labels six series with one.
     models: Mutex<BTreeSet<Arc<str>>>,
@@ -190,6 +191,7 @@ static EVENTS: LazyLock<Events> = LazyLock::new(|| Events {
     feedback_verdicts: Family::default(),
     stop_triggers: Family::default(),
     store_writes: Family::new_with_constructor(store_histogram),
+    modbus_requests: Family::new_with_constructor(modbus_histogram),
     models: Mutex::new(BTreeSet::from([Arc::from("local")])),
     other_model: Arc::from("other"),
 });
@@ -382,6 +384,33 @@ pub fn store_write(kind: &'static str, took: Duration) {
         .observe(took.as_secs_f64());
 }
 
+/// One Modbus request on `link` (a read, a write or a read-back, whatever
+/// its outcome) and how long it took.
+pub fn modbus_request(link: &str, took: Duration) {
+    EVENTS
+        .modbus_requests
+        .get_or_create(&LinkLabels {
+            link: link.to_string(),
+        })
+        .observe(took.as_secs_f64());
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LinkLabels {
+    link: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LinkKindLabels {
+    link: String,
+    kind: String,
+}
+
+/// Modbus requests: 100 µs to about 26 s.
+fn modbus_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 4.0, 10))
+}
+
 /// Which format `/metrics` answers in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -503,6 +532,12 @@ fn register_events(r: &mut Registry) {
         "Duration of store writes (waiting for the store included), by kind",
         Unit::Seconds,
         e.store_writes.clone(),
+    );
+    r.register_with_unit(
+        "modbus_request_duration",
+        "Duration of Modbus requests (reads, writes, read-backs; failed ones too), by link",
+        Unit::Seconds,
+        e.modbus_requests.clone(),
     );
     r.register(
         "build",
@@ -800,6 +835,46 @@ fn register_state(r: &mut Registry, ctx: &HostContext) {
         "What an actuator's feedback sensor measures now",
         measured,
     );
+
+    let modbus = ctx.ooda.modbus_stats();
+    if !modbus.is_empty() {
+        let connected: Family<LinkLabels, Gauge> = Family::default();
+        let requests: Family<LinkLabels, Counter> = Family::default();
+        let errors: Family<LinkKindLabels, Counter> = Family::default();
+        let missed: Family<LinkLabels, Counter> = Family::default();
+        for s in &modbus {
+            let link = LinkLabels {
+                link: s.link.clone(),
+            };
+            connected.get_or_create(&link).set(i64::from(s.connected));
+            requests.get_or_create(&link).inc_by(s.requests);
+            missed.get_or_create(&link).inc_by(s.missed_polls);
+            for (kind, n) in &s.errors {
+                errors
+                    .get_or_create(&LinkKindLabels {
+                        link: s.link.clone(),
+                        kind: (*kind).to_string(),
+                    })
+                    .inc_by(*n);
+            }
+        }
+        r.register(
+            "modbus_connected",
+            "1 while a [[modbus]] link is up",
+            connected,
+        );
+        r.register("modbus_requests", "Modbus requests sent, by link", requests);
+        r.register(
+            "modbus_errors",
+            "Failed Modbus requests, by link and kind (exception, timeout, bad_frame, disconnected, protocol)",
+            errors,
+        );
+        r.register(
+            "modbus_missed_polls",
+            "Polls not made because the last period's requests still waited, by link",
+            missed,
+        );
+    }
 
     if let Some(mqtt) = ctx.ooda.mqtt() {
         let s = mqtt.stats();
