@@ -31,6 +31,7 @@ mod hosts_wire;
 mod manual;
 mod mcp;
 mod metrics;
+mod modbus;
 mod mqtt;
 mod ooda;
 mod persistence;

@@ -620,7 +620,10 @@ impl LinkTask {
             );
             crate::metrics::modbus_request(&self.spec.name, took);
             let fault = match result {
-                Ok(Ok(Ok(response))) => return Ok(response),
+                Ok(Ok(Ok(response))) => match short_reply(&request, &response) {
+                    None => return Ok(response),
+                    Some(fault) => fault,
+                },
                 Ok(Ok(Err(exception))) => Fault {
                     kind: FaultKind::Exception,
                     message: plan::exception_name(u8::from(exception)),
@@ -645,6 +648,12 @@ impl LinkTask {
             {
                 n.fetch_add(1, Ordering::Relaxed);
             }
+            if !tcp && fault.kind.retryable() {
+                // A device that answers late answers into the next
+                // request's window (RTU has no transaction ids): keep the
+                // line quiet for another timeout first.
+                self.last_frame = Some(Instant::now() + self.spec.timeout);
+            }
             if fault.kind.ends_connection(tcp)
                 || !fault.kind.retryable()
                 || attempt >= self.spec.retries
@@ -654,6 +663,32 @@ impl LinkTask {
             attempt += 1;
         }
     }
+}
+
+/// A read reply with fewer items than asked for (on RTU, a late reply to
+/// another request may arrive in this one's window): a protocol fault.
+fn short_reply(request: &Request<'_>, response: &Response) -> Option<Fault> {
+    let (asked, got) = match (request, response) {
+        (Request::ReadHoldingRegisters(_, n), Response::ReadHoldingRegisters(w))
+        | (Request::ReadInputRegisters(_, n), Response::ReadInputRegisters(w)) => (*n, w.len()),
+        (Request::ReadCoils(_, n), Response::ReadCoils(b))
+        | (Request::ReadDiscreteInputs(_, n), Response::ReadDiscreteInputs(b)) => (*n, b.len()),
+        _ => return None,
+    };
+    let registers = matches!(
+        request,
+        Request::ReadHoldingRegisters(..) | Request::ReadInputRegisters(..)
+    );
+    // Bits come padded to whole bytes; registers exactly.
+    let fits = if registers {
+        got == usize::from(asked)
+    } else {
+        got >= usize::from(asked)
+    };
+    (!fits).then(|| Fault {
+        kind: FaultKind::Protocol,
+        message: format!("reply of {got} items to a request for {asked}"),
+    })
 }
 
 async fn sleep_until(at: Option<Instant>) {
