@@ -88,7 +88,10 @@ impl ModbusDevice {
         self.stdin.write_all(line.as_bytes()).await.expect("write");
         self.stdin.flush().await.expect("flush");
         let answer = self.answer().await;
-        assert!(answer.get("error").is_none_or(Value::is_null), "{cmd} -> {answer}");
+        assert!(
+            answer.get("error").is_none_or(Value::is_null),
+            "{cmd} -> {answer}"
+        );
         answer
     }
 
@@ -297,8 +300,12 @@ fn tcp_link(port: u16) -> String {
 
 /// The values of `plc`'s sensors in the server.
 async fn load_values(dev: &mut ModbusDevice) {
-    dev.set("holding", 0, &[1234, 0xFFFE, 0x1234, 0x5678, 0x5678, 0x1234])
-        .await;
+    dev.set(
+        "holding",
+        0,
+        &[1234, 0xFFFE, 0x1234, 0x5678, 0x5678, 0x1234],
+    )
+    .await;
     dev.set("input", 10, &[0xFFFF, 0xFEFF]).await;
     dev.set("input", 20, &[0x0080, 0xC842]).await;
     dev.set("coil", 5, &[1]).await;
@@ -393,8 +400,14 @@ async fn over_tcp_sensors_read_every_type_and_order_and_the_actuators_take_the_o
         .unwrap_or_else(|| panic!("modbus:plc in {body}"))
         .clone();
     assert_eq!(source["health"], "ok", "{source}");
-    assert!(source["link"]["requests"].as_u64().unwrap() > 10, "{source}");
-    assert!(source["link"]["errors"]["exception"].as_u64().unwrap() >= 1, "{source}");
+    assert!(
+        source["link"]["requests"].as_u64().unwrap() > 10,
+        "{source}"
+    );
+    assert!(
+        source["link"]["errors"]["exception"].as_u64().unwrap() >= 1,
+        "{source}"
+    );
     assert_eq!(source["link"]["errors"]["disconnected"], 0, "{source}");
     let metrics = rozd::cli::client::get(&daemon.addr.to_string(), "/metrics", None)
         .await
@@ -430,10 +443,15 @@ async fn a_server_that_goes_away_is_disconnected_then_back_and_its_actuators_are
         link_source(o, "plc").health.as_str() == "disconnected"
     })
     .await;
-    assert_eq!(sensor(&obs, "u16_scaled").sensor.health.as_str(), "disconnected");
+    assert_eq!(
+        sensor(&obs, "u16_scaled").sensor.health.as_str(),
+        "disconnected"
+    );
     // The link's loss drove the speed safe (unconfirmed: nothing to write to).
     let obs = observed(&ooda, EXPECT_WITHIN, "speed driven safe", |o| {
-        o.actuators.iter().any(|a| a.name == "speed" && a.value == 0.0)
+        o.actuators
+            .iter()
+            .any(|a| a.name == "speed" && a.value == 0.0)
     })
     .await;
     let speed = obs.actuators.iter().find(|a| a.name == "speed").unwrap();
@@ -463,7 +481,10 @@ async fn a_server_that_goes_away_is_disconnected_then_back_and_its_actuators_are
             .any(|a| a.name == "speed" && a.at_safe_value && a.safe_unconfirmed.is_none())
     })
     .await;
-    let link = link_source(&obs, "plc").link.clone().expect("link counters");
+    let link = link_source(&obs, "plc")
+        .link
+        .clone()
+        .expect("link counters");
     assert!(link.connections >= 2, "{link:?}");
     assert!(link.errors["disconnected"] >= 1, "{link:?}");
     daemon.shutdown().await;
@@ -505,13 +526,19 @@ async fn a_write_the_device_refuses_is_host_unavailable_with_the_exception_and_g
     assert_eq!(errors.len(), 1, "{seen:?}");
     assert_eq!(errors[0].code, "host_unavailable", "{errors:?}");
     assert!(
-        errors[0].message.contains("server device busy (exception 6)"),
+        errors[0]
+            .message
+            .contains("server device busy (exception 6)"),
         "{errors:?}"
     );
     // The start-up safe value, the refused write, then the safe value.
     let writes = dev.writes().await;
     assert_eq!(
-        writes.iter().filter(|w| w.1 == 100).cloned().collect::<Vec<_>>(),
+        writes
+            .iter()
+            .filter(|w| w.1 == 100)
+            .cloned()
+            .collect::<Vec<_>>(),
         [(6, 100, vec![0]), (6, 100, vec![3000]), (6, 100, vec![0])],
         "{writes:?}"
     );
