@@ -615,3 +615,51 @@ async fn over_rtu_on_a_pty_values_read_writes_land_and_crc_errors_and_slow_repli
     daemon.shutdown().await;
     dev.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modbus_reads_and_writes_are_recorded_like_every_drivers() {
+    let port = common::broker::free_port();
+    let mut dev = ModbusDevice::tcp(port, &[]).await;
+    load_values(&mut dev).await;
+    let recordings = tempfile::tempdir().unwrap();
+    let daemon = TestDaemon::start(&format!(
+        "[record]\ndirectory = {:?}\nflush_ms = 20\n{}",
+        recordings.path().display().to_string(),
+        plc(&tcp_link(port))
+    ))
+    .await;
+    every_value_read(&daemon).await;
+    daemon
+        .ctx
+        .ooda
+        .actuators()
+        .command("speed", 42.5, operator(), None)
+        .await
+        .expect("applied");
+    daemon.shutdown().await;
+    dev.kill().await;
+
+    let files: Vec<_> = std::fs::read_dir(recordings.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "mcap"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let read = rozd::record::read::sensor_track(&files[0], "/sensors/f32_little_offset")
+        .expect("a readable recording");
+    assert!(
+        read.values.iter().any(|(_, v)| (*v - 100.0).abs() < 1e-6),
+        "{:?}",
+        read.values
+    );
+    let written: Vec<f64> = rozd::record::read::sensor_track(&files[0], "/actuators/speed")
+        .expect("a readable recording")
+        .values
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    // start-up safe value, the command, the shutdown's safe value
+    assert_eq!(written.first(), Some(&0.0), "{written:?}");
+    assert!(written.contains(&42.5), "{written:?}");
+    assert_eq!(written.last(), Some(&0.0), "{written:?}");
+}
