@@ -294,7 +294,7 @@ policy = "allow"
 
 fn tcp_link(port: u16) -> String {
     format!(
-        "[[modbus]]\nname = \"plc\"\nurl = \"tcp://127.0.0.1:{port}\"\npoll_hz = 50\ntimeout_ms = 500\nreconnect_min_ms = 50\nreconnect_max_ms = 200\n"
+        "[[modbus]]\nname = \"plc\"\nurl = \"tcp://127.0.0.1:{port}\"\npoll_hz = 50\ntimeout_ms = 2000\nreconnect_min_ms = 50\nreconnect_max_ms = 200\n"
     )
 }
 
@@ -473,8 +473,12 @@ async fn a_server_that_goes_away_is_disconnected_then_back_and_its_actuators_are
     let mut dev = ModbusDevice::tcp(port, &["holding:100:3000"]).await;
     load_values(&mut dev).await;
     dev.until_value("holding", 100, 0).await;
-    let obs = every_value_read(&daemon).await;
-    assert_eq!(link_source(&obs, "plc").health.as_str(), "ok");
+    dev.set("holding", 0, &[4321]).await;
+    let obs = observed(&ooda, EXPECT_WITHIN, "read again", |o| {
+        close(value(o, "u16_scaled"), 432.1) && link_source(o, "plc").health.as_str() == "ok"
+    })
+    .await;
+    assert_eq!(sensor(&obs, "u16_scaled").sensor.health.as_str(), "ok");
     let obs = observed(&ooda, EXPECT_WITHIN, "speed confirmed safe", |o| {
         o.actuators
             .iter()
@@ -590,8 +594,10 @@ async fn over_rtu_on_a_pty_values_read_writes_land_and_crc_errors_and_slow_repli
     })
     .await;
 
-    // Replies slower than the timeout: the sensors say so, then recover.
-    dev.cmd(json!({"delay_ms": 1000})).await;
+    // Replies slower than the timeout (and than the quiet time after it,
+    // so none is taken for a later request's): the sensors say so, then
+    // recover.
+    dev.cmd(json!({"delay_ms": 300})).await;
     observed(&ooda, EXPECT_WITHIN, "a slow reply named", |o| {
         sensor(o, "u16_scaled")
             .sensor

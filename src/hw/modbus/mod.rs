@@ -420,7 +420,7 @@ impl LinkTask {
                 .map_err(|_| Health::Disconnected)?
                 .map_err(|_| Health::Disconnected)?;
                 let _ = stream.set_nodelay(true);
-                let counted = Counted::new(stream, self.received.clone());
+                let counted = Counted::new(stream, self.received.clone(), false);
                 Ok(tokio_modbus::client::tcp::attach_slave(counted, slave))
             }
             ModbusTransport::Rtu {
@@ -455,7 +455,7 @@ impl LinkTask {
                         }
                         _ => Health::Error(format!("{path}: {}", e.description)),
                     })?;
-                let counted = Counted::new(port, self.received.clone());
+                let counted = Counted::new(port, self.received.clone(), true);
                 Ok(tokio_modbus::client::rtu::attach_slave(counted, slave))
             }
         }
@@ -698,16 +698,42 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// A transport that counts the bytes it reads.
+/// A transport that counts the bytes it reads. On an RTU line it also
+/// discards whatever waits unread when a request is written: the line is
+/// half-duplex and the device speaks only when asked, so those bytes are a
+/// reply that came after its request timed out, and would otherwise be
+/// taken for the new request's.
 #[derive(Debug)]
 struct Counted<T> {
     inner: T,
     received: Arc<AtomicU64>,
+    discard_stale: bool,
 }
 
 impl<T> Counted<T> {
-    fn new(inner: T, received: Arc<AtomicU64>) -> Self {
-        Counted { inner, received }
+    fn new(inner: T, received: Arc<AtomicU64>, discard_stale: bool) -> Self {
+        Counted {
+            inner,
+            received,
+            discard_stale,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> Counted<T> {
+    /// Reads and drops what is there to read now (not counted).
+    fn discard_unread(&mut self, cx: &mut TaskContext<'_>) {
+        let mut scratch = [0u8; 256];
+        // Bounded: a line that never stops talking is not waited out here.
+        for _ in 0..64 {
+            let mut buf = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if !buf.filled().is_empty() => {
+                    tracing::debug!(bytes = buf.filled().len(), "stale modbus bytes dropped");
+                }
+                _ => return,
+            }
+        }
     }
 }
 
@@ -726,12 +752,15 @@ impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Counted<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if self.discard_stale {
+            self.discard_unread(cx);
+        }
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
