@@ -13,6 +13,7 @@ pub mod control_loop;
 pub mod fixtures;
 pub mod footprint;
 pub mod host_tool;
+pub mod modbus;
 pub mod report;
 pub mod safe_state;
 pub mod soak;
@@ -101,7 +102,7 @@ impl Scale {
 }
 
 /// The measurements, by number and short name (for `--only`).
-pub const MEASUREMENTS: [(&str, &str); 7] = [
+pub const MEASUREMENTS: [(&str, &str); 8] = [
     ("1", "steps"),
     ("2", "concurrency"),
     ("3", "host-tool"),
@@ -109,6 +110,7 @@ pub const MEASUREMENTS: [(&str, &str); 7] = [
     ("5", "safe-state"),
     ("6", "footprint"),
     ("7", "cameras"),
+    ("8", "modbus"),
 ];
 
 #[derive(Debug, Clone, Default)]
@@ -123,7 +125,7 @@ pub struct Options {
     pub soak: Option<soak::SoakOptions>,
 }
 
-pub const USAGE: &str = "usage: cargo bench --bench rozd -- [--quick] [--out FILE] [--only 1,2,...|steps,concurrency,host-tool,loop,safe-state,footprint,cameras] | --soak SECONDS [--sessions N] [--every SECONDS] [--rounds N]";
+pub const USAGE: &str = "usage: cargo bench --bench rozd -- [--quick] [--out FILE] [--only 1,2,...|steps,concurrency,host-tool,loop,safe-state,footprint,cameras,modbus] | --soak SECONDS [--sessions N] [--every SECONDS] [--rounds N]";
 
 impl Options {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Options> {
@@ -327,6 +329,9 @@ pub fn run(options: &Options) -> Result<Report> {
                     .context("7. cameras")?
                     .metrics,
             );
+        }
+        if section("8") {
+            metrics.extend(modbus::modbus(&scale).await.context("8. modbus")?.metrics);
         }
         anyhow::Ok(metrics)
     })?;

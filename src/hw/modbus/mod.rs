@@ -185,6 +185,8 @@ struct LinkCounters {
     missed_polls: AtomicU64,
     /// Sum of the request latencies in µs (with `requests`: the mean).
     latency_us: AtomicU64,
+    /// The latest request latencies, for percentiles.
+    recent: std::sync::Mutex<plan::LatencyRing>,
 }
 
 /// What `/v1/observation` and `/metrics` show of a link.
@@ -202,6 +204,10 @@ pub struct LinkStats {
     pub missed_polls: u64,
     /// The mean request latency so far, in µs.
     pub mean_latency_us: u64,
+    /// Request latency percentiles over the latest requests (see
+    /// [`plan::LatencyRing`]), in µs; 0 before the first.
+    pub latency_p50_us: u64,
+    pub latency_p99_us: u64,
 }
 
 /// A handle to one running link; cheap to clone.
@@ -232,6 +238,13 @@ impl ModbusLinkHandle {
     pub fn stats(&self) -> LinkStats {
         let c = &self.shared.counters;
         let requests = c.requests.load(Ordering::Relaxed);
+        let (latency_p50_us, latency_p99_us) = {
+            let recent = c
+                .recent
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            (recent.percentile(0.5), recent.percentile(0.99))
+        };
         LinkStats {
             link: self.shared.name.clone(),
             connected: self.is_connected(),
@@ -248,6 +261,8 @@ impl ModbusLinkHandle {
                 .load(Ordering::Relaxed)
                 .checked_div(requests)
                 .unwrap_or(0),
+            latency_p50_us,
+            latency_p99_us,
         }
     }
 
@@ -614,10 +629,12 @@ impl LinkTask {
             self.last_frame = Some(Instant::now());
             let c = &self.shared.counters;
             c.requests.fetch_add(1, Ordering::Relaxed);
-            c.latency_us.fetch_add(
-                u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
-                Ordering::Relaxed,
-            );
+            let took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+            c.latency_us.fetch_add(took_us, Ordering::Relaxed);
+            c.recent
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(took_us);
             crate::metrics::modbus_request(&self.spec.name, took);
             let fault = match result {
                 Ok(Ok(Ok(response))) => match short_reply(&request, &response) {

@@ -236,6 +236,47 @@ impl Poller {
     }
 }
 
+/// The latest request latencies of a link (µs), a fixed ring: what its
+/// percentiles in `/v1/observation` are taken over.
+#[derive(Debug, Clone)]
+pub struct LatencyRing {
+    values: Vec<u64>,
+    next: usize,
+}
+
+impl Default for LatencyRing {
+    fn default() -> Self {
+        LatencyRing {
+            values: Vec::with_capacity(Self::CAPACITY),
+            next: 0,
+        }
+    }
+}
+
+impl LatencyRing {
+    pub const CAPACITY: usize = 1024;
+
+    pub fn push(&mut self, us: u64) {
+        if self.values.len() < Self::CAPACITY {
+            self.values.push(us);
+        } else {
+            self.values[self.next] = us;
+        }
+        self.next = (self.next + 1) % Self::CAPACITY;
+    }
+
+    /// Nearest-rank percentile (`p` in 0..=1); 0 when empty.
+    pub fn percentile(&self, p: f64) -> u64 {
+        if self.values.is_empty() {
+            return 0;
+        }
+        let mut sorted = self.values.clone();
+        sorted.sort_unstable();
+        let rank = (p * sorted.len() as f64).ceil() as usize;
+        sorted[rank.clamp(1, sorted.len()) - 1]
+    }
+}
+
 /// What one actuator command writes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum WriteOp {
@@ -559,6 +600,20 @@ mod tests {
             WriteOp::new(&hz, WriteMode::Single, 700.0).is_err(),
             "70000 raw is no u16"
         );
+    }
+
+    #[test]
+    fn the_latency_ring_keeps_the_latest_and_ranks_them() {
+        let mut ring = LatencyRing::default();
+        assert_eq!(ring.percentile(0.5), 0);
+        for us in 1..=100 {
+            ring.push(us);
+        }
+        assert_eq!((ring.percentile(0.5), ring.percentile(0.99)), (50, 99));
+        for _ in 0..LatencyRing::CAPACITY {
+            ring.push(7);
+        }
+        assert_eq!(ring.percentile(0.99), 7, "the oldest are gone");
     }
 
     #[test]
