@@ -619,7 +619,12 @@ impl LinkTask {
         let mut attempt = 0;
         loop {
             if let Some(last) = self.last_frame {
-                tokio::time::sleep_until(last + self.spec.frame_gap).await;
+                let quiet_until = last + self.spec.frame_gap;
+                // Not even a timer registration when the line is quiet
+                // already (on TCP always): it would cost a timer tick.
+                if quiet_until > Instant::now() {
+                    tokio::time::sleep_until(quiet_until).await;
+                }
             }
             ctx.set_slave(Slave(unit));
             let before = self.received.load(Ordering::Relaxed);
