@@ -606,7 +606,16 @@ async fn over_rtu_on_a_pty_values_read_writes_land_and_crc_errors_and_slow_repli
             .is_some_and(|e| e.contains("no reply within 200 ms"))
     })
     .await;
+    // A write the device does not answer in time: a timeout, and the safe
+    // value follows it down the line (the device takes requests in order,
+    // so the safe value is the last it applies).
+    let late = ooda
+        .actuators()
+        .command("speed", 20.0, operator(), None)
+        .await;
+    assert!(matches!(late, Err(ActError::Timeout { .. })), "{late:?}");
     dev.cmd(json!({"delay_ms": 0})).await;
+    dev.until_value("holding", 100, 0).await;
     dev.set("holding", 0, &[777]).await;
     let obs = observed(&ooda, EXPECT_WITHIN, "read again", |o| {
         close(value(o, "u16_scaled"), 77.7) && sensor(o, "u16_scaled").sensor.error.is_none()
@@ -616,6 +625,11 @@ async fn over_rtu_on_a_pty_values_read_writes_land_and_crc_errors_and_slow_repli
     assert!(link.errors["timeout"] >= 1, "{link:?}");
 
     // The stop reaches the line too.
+    ooda.actuators()
+        .command("speed", 5.0, operator(), None)
+        .await
+        .expect("applied over RTU again");
+    assert_eq!(dev.get("holding", 100, 1).await, [500]);
     ooda.trigger_stop("test", "rtu drill").await;
     dev.until_value("holding", 100, 0).await;
     daemon.shutdown().await;
@@ -642,7 +656,13 @@ async fn modbus_reads_and_writes_are_recorded_like_every_drivers() {
         .command("speed", 42.5, operator(), None)
         .await
         .expect("applied");
+    assert_eq!(dev.get("holding", 100, 1).await, [4250]);
     daemon.shutdown().await;
+    assert_eq!(
+        dev.get("holding", 100, 1).await,
+        [0],
+        "shutdown wrote the safe value"
+    );
     dev.kill().await;
 
     let files: Vec<_> = std::fs::read_dir(recordings.path())
