@@ -494,7 +494,7 @@ impl LinkTask {
                 _ = sleep_until(wake) => {
                     let missed = self.poller.missed();
                     if let Some((g, r)) = self.poller.take(Instant::now()) {
-                        let now_missed = self.poller.missed() - missed;
+                        let now_missed = self.poller.missed().saturating_sub(missed);
                         if now_missed > 0 {
                             self.shared.counters.missed_polls.fetch_add(now_missed, Ordering::Relaxed);
                         }
@@ -660,7 +660,7 @@ impl LinkTask {
                 },
                 Err(_) => plan::timeout_fault(
                     self.spec.timeout,
-                    self.received.load(Ordering::Relaxed) - before,
+                    self.received.load(Ordering::Relaxed).saturating_sub(before),
                 ),
             };
             if let Some(n) = FaultKind::ALL
