@@ -689,3 +689,70 @@ async fn modbus_reads_and_writes_are_recorded_like_every_drivers() {
     assert!(written.contains(&42.5), "{written:?}");
     assert_eq!(written.last(), Some(&0.0), "{written:?}");
 }
+
+/// docs/guides/first-hardware.md, "A Modbus device": the guide's VFD
+/// tables, pointed at pymodbus's server, and the commands it types into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_hardware_guides_vfd_works_against_the_pymodbus_server_as_written() {
+    let guide = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/guides/first-hardware.md"
+    ))
+    .expect("the guide");
+    let section = &guide[guide
+        .find("## A Modbus device")
+        .expect("the Modbus section")..];
+    let start = section.find("```toml\n").expect("its toml block") + "```toml\n".len();
+    let block = &section[start..start + section[start..].find("```").expect("closed")];
+    assert!(
+        block.contains("url = \"tcp://192.168.1.50:502\""),
+        "{block}"
+    );
+    // The commands it types into the server, as written.
+    let typed: Vec<Value> = section
+        .lines()
+        .filter(|l| l.starts_with("{\""))
+        .map(|l| {
+            let json = l.split("  <-").next().unwrap().trim();
+            serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {l}"))
+        })
+        .collect();
+    assert_eq!(typed.len(), 3, "{typed:?}");
+
+    let port = common::broker::free_port();
+    let mut dev = ModbusDevice::tcp(port, &[]).await;
+    let config = block.replace("tcp://192.168.1.50:502", &format!("tcp://127.0.0.1:{port}"));
+    let daemon = TestDaemon::start(&config).await;
+    let ooda = daemon.ctx.ooda.clone();
+
+    dev.cmd(typed[0].clone()).await;
+    observed(&ooda, EXPECT_WITHIN, "vfd_frequency reads 25 Hz", |o| {
+        close(value(o, "vfd_frequency"), 25.0)
+    })
+    .await;
+    ooda.actuators()
+        .command("conveyor_speed", 30.0, operator(), None)
+        .await
+        .expect("30 Hz applied");
+    assert_eq!(dev.get("holding", 1, 1).await, [3000]);
+    dev.cmd(typed[1].clone()).await;
+    let refused = ooda
+        .actuators()
+        .command("conveyor_speed", 30.0, operator(), None)
+        .await;
+    match &refused {
+        Err(e @ ActError::Driver { .. }) => {
+            assert!(e.to_string().contains("server device busy"), "{e}");
+            // what a session or MCP client hears: host_unavailable
+            assert!(matches!(
+                rozd::tools::ToolError::from(e.clone()),
+                rozd::tools::ToolError::Unavailable(_)
+            ));
+        }
+        other => panic!("expected the busy device's refusal, got {other:?}"),
+    }
+    let answer = dev.cmd(typed[2].clone()).await;
+    assert_eq!(answer["values"], json!([0]), "safe after the failed write");
+    daemon.shutdown().await;
+    dev.kill().await;
+}
