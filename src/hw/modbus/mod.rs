@@ -673,8 +673,9 @@ impl LinkTask {
             if !tcp && fault.kind.retryable() {
                 // A device that answers late answers into the next
                 // request's window (RTU has no transaction ids): keep the
-                // line quiet for another timeout first.
-                self.last_frame = Some(Instant::now() + self.spec.timeout);
+                // line quiet for two more timeouts first; what came
+                // meanwhile is dropped before the next request is written.
+                self.last_frame = Some(Instant::now() + self.spec.timeout * 2);
             }
             if fault.kind.ends_connection(tcp)
                 || !fault.kind.retryable()
