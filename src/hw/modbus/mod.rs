@@ -841,3 +841,34 @@ impl ActuatorDriver for ModbusActuator {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_with_fewer_items_than_asked_for_is_a_protocol_fault() {
+        let asked = Request::ReadHoldingRegisters(0, 3);
+        assert_eq!(
+            short_reply(&asked, &Response::ReadHoldingRegisters(vec![1, 2, 3])),
+            None
+        );
+        let short = short_reply(&asked, &Response::ReadHoldingRegisters(vec![1]));
+        assert_eq!(short.map(|f| f.kind), Some(FaultKind::Protocol));
+        // bits come padded to whole bytes
+        let coils = Request::ReadCoils(0, 3);
+        assert_eq!(
+            short_reply(&coils, &Response::ReadCoils(vec![false; 8])),
+            None
+        );
+        assert!(short_reply(&coils, &Response::ReadCoils(vec![false; 2])).is_some());
+        // writes are not counted
+        assert_eq!(
+            short_reply(
+                &Request::WriteSingleRegister(1, 5),
+                &Response::WriteSingleRegister(1, 5)
+            ),
+            None
+        );
+    }
+}
