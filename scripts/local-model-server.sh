@@ -7,7 +7,8 @@
 #      result accepted, usage (estimated: this server sends none), image;
 #   2. a whole session through the daemon: `rozd chat --prompt` on the
 #      built-in rover with this server as the model, which must end its turn
-#      (exit 0) after the model's tool call was answered.
+#      (exit 0). The 135M model seldom calls a tool unaided; step 1's forced
+#      call is what proves the request carrying a tool result is accepted.
 # The versions verified are printed; docs/guides/models.md lists them.
 #   scripts/local-model-server.sh [venv dir]   (default target/llama-venv)
 set -euo pipefail

@@ -1,26 +1,25 @@
 //! Prometheus metrics: one process-wide set of event metrics, recorded
-//! where things happen through the small typed functions below, and the
-//! state of the running daemon (loop counters, sensors, actuators, stop,
-//! fleet) sampled from the [`HostContext`] when `/metrics` is scraped.
+//! where things happen through the small typed functions below with plain
+//! labels. A leaf: it knows none of the cores. The state of the running
+//! daemon (loop counters, sensors, actuators, stop, fleet) is sampled when
+//! `/metrics` is scraped, by `api::metrics`.
 //!
 //! Label values are bounded: names from the configuration (sensors,
 //! actuators, host tools, model endpoints), fixed vocabularies (stop
 //! reasons, decisions, outcomes), and `client`/`other` for anything a
 //! client or a model could make up. Never a session, task or call id.
 
+use parking_lot::Mutex;
 use std::collections::BTreeSet;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
-
-use crate::HostContext;
 
 /// The `Content-Type` of the OpenMetrics text answer.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
@@ -98,33 +97,6 @@ struct SourceLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SensorLabels {
-    sensor: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SensorHealthLabels {
-    sensor: String,
-    health: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SourceHealthLabels {
-    source: String,
-    health: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ActuatorLabels {
-    actuator: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StatusLabels {
-    status: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -225,7 +197,7 @@ pub fn turn_ended(stop_reason: &'static str) {
 /// The model names configuration allows (endpoint model ids and names):
 /// each gets its own label value.
 pub fn known_models<'a>(names: impl IntoIterator<Item = &'a str>) {
-    let mut known = EVENTS.models.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut known = EVENTS.models.lock();
     for name in names {
         if known.len() >= MAX_MODEL_LABELS {
             break;
@@ -235,7 +207,7 @@ pub fn known_models<'a>(names: impl IntoIterator<Item = &'a str>) {
 }
 
 fn model_label(name: &str) -> Arc<str> {
-    let known = EVENTS.models.lock().unwrap_or_else(PoisonError::into_inner);
+    let known = EVENTS.models.lock();
     known
         .get(name)
         .cloned()
@@ -400,12 +372,6 @@ struct LinkLabels {
     link: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LinkKindLabels {
-    link: String,
-    kind: String,
-}
-
 /// Modbus requests: 100 µs to about 26 s.
 fn modbus_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_1, 4.0, 10))
@@ -437,20 +403,19 @@ impl Format {
     }
 }
 
-/// Every metric, the daemon's state sampled now.
-pub fn render(ctx: &HostContext, format: Format) -> Result<String, std::fmt::Error> {
-    let mut registry = Registry::with_prefix("rozd");
-    register_events(&mut registry);
-    register_state(&mut registry, ctx);
+/// Encodes `registry` in `format`.
+pub fn encode(registry: &Registry, format: Format) -> Result<String, std::fmt::Error> {
     let mut out = String::new();
     match format {
-        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry)?,
-        Format::Text => prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?,
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, registry)?,
+        Format::Text => prometheus_client::encoding::prometheus_text::encode(&mut out, registry)?,
     }
     Ok(out)
 }
 
-fn register_events(r: &mut Registry) {
+/// Registers the event metrics (what the functions above record) in
+/// `registry`; `/metrics` adds the state it samples (`api::metrics`).
+pub fn register_events(r: &mut Registry) {
     let e = &*EVENTS;
     r.register_with_unit(
         "loop_lateness",
@@ -546,392 +511,6 @@ fn register_events(r: &mut Registry) {
             version: crate::VERSION.to_string(),
         }),
     );
-}
-
-fn gauge(r: &mut Registry, name: &str, help: &str, value: i64) {
-    let g: Gauge = Gauge::default();
-    g.set(value);
-    r.register(name, help, g);
-}
-
-fn counter(r: &mut Registry, name: &str, help: &str, value: u64) {
-    let c: Counter = Counter::default();
-    c.inc_by(value);
-    r.register(name, help, c);
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CameraLabels {
-    camera: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CameraHealthLabels {
-    camera: String,
-    health: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CameraReasonLabels {
-    camera: String,
-    reason: &'static str,
-}
-
-/// Each camera's health, rate, frames and refused frames (`[[cameras]]`).
-fn register_cameras(r: &mut Registry, ctx: &HostContext) {
-    use crate::camera::health::{Health, Rejection};
-    if ctx.cameras.is_empty() {
-        return;
-    }
-    let health: Family<CameraHealthLabels, Gauge> = Family::default();
-    let fps: Family<CameraLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
-    let age: Family<CameraLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
-    let frames: Family<CameraLabels, Counter> = Family::default();
-    let rejected: Family<CameraReasonLabels, Counter> = Family::default();
-    let viewers: Family<CameraLabels, Gauge> = Family::default();
-    for view in ctx.cameras.views() {
-        let camera = CameraLabels {
-            camera: view.name.clone(),
-        };
-        for h in [
-            Health::Starting,
-            Health::Ok,
-            Health::Stale,
-            Health::Disconnected,
-            Health::Error,
-        ] {
-            health
-                .get_or_create(&CameraHealthLabels {
-                    camera: view.name.clone(),
-                    health: h.as_str(),
-                })
-                .set(i64::from(view.health.health == h));
-        }
-        fps.get_or_create(&camera).set(view.health.fps);
-        if let Some(ms) = view.health.age_ms {
-            age.get_or_create(&camera).set(ms as f64 / 1000.0);
-        }
-        frames.get_or_create(&camera).inc_by(view.health.frames);
-        for why in Rejection::ALL {
-            rejected
-                .get_or_create(&CameraReasonLabels {
-                    camera: view.name.clone(),
-                    reason: why.as_str(),
-                })
-                .inc_by(view.health.rejected.get(why));
-        }
-        viewers.get_or_create(&camera).set(i64::from(view.viewers));
-    }
-    r.register(
-        "camera_health",
-        "1 for each camera's current health (starting, ok, stale, disconnected, error), 0 for the others",
-        health,
-    );
-    r.register(
-        "camera_fps",
-        "Frames per second each camera delivers now",
-        fps,
-    );
-    r.register_with_unit(
-        "camera_frame_age",
-        "Age of each camera's latest frame",
-        Unit::Seconds,
-        age,
-    );
-    r.register("camera_frames", "Frames each camera captured", frames);
-    r.register(
-        "camera_rejected_frames",
-        "Frames a camera sent that rozd refused, by reason (garbage, truncated, oversized, wrong_type)",
-        rejected,
-    );
-    r.register(
-        "camera_stream_viewers",
-        "Viewers of each camera's stream.mjpeg now",
-        viewers,
-    );
-}
-
-fn register_state(r: &mut Registry, ctx: &HostContext) {
-    if let Some((written, dropped, lost)) = ctx.recorder.counts() {
-        counter(
-            r,
-            "record_messages",
-            "Messages written to recordings",
-            written,
-        );
-        counter(
-            r,
-            "record_dropped",
-            "Events not recorded because the recording's queue was full",
-            dropped,
-        );
-        counter(
-            r,
-            "record_lost",
-            "Events not recorded because a recording file could not be written",
-            lost,
-        );
-    }
-    let stats = ctx.ooda.stats();
-    counter(r, "loop_ticks", "Ticks of the OODA loop", stats.ticks);
-    counter(
-        r,
-        "loop_missed_ticks",
-        "Deadlines of the OODA loop that passed without a tick",
-        stats.missed_ticks,
-    );
-    let uptime: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
-    uptime.set(ctx.started_at.elapsed().as_secs_f64());
-    r.register_with_unit("uptime", "Time since rozd started", Unit::Seconds, uptime);
-    gauge(
-        r,
-        "sessions_active",
-        "Sessions running now",
-        i64::try_from(ctx.sessions.active()).unwrap_or(i64::MAX),
-    );
-    let stop = ctx.ooda.protective_stop().state();
-    gauge(
-        r,
-        "protective_stop_active",
-        "1 while the protective stop is latched",
-        i64::from(stop.is_active()),
-    );
-    gauge(
-        r,
-        "protective_stop_causes",
-        "Active causes of the protective stop",
-        i64::try_from(stop.causes.len()).unwrap_or(i64::MAX),
-    );
-
-    let observation = ctx.ooda.observe_now();
-    let value: Family<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
-    let age: Family<SensorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
-    let health: Family<SensorHealthLabels, Gauge> = Family::default();
-    let alarm: Family<SensorLabels, Gauge> = Family::default();
-    for s in &observation.sensors {
-        let sensor = || SensorLabels {
-            sensor: s.sensor.name.clone(),
-        };
-        if let Some(v) = s.sensor.value.filter(|v| v.is_finite()) {
-            value.get_or_create(&sensor()).set(v);
-        }
-        if let Some(ms) = s.sensor.age_ms {
-            age.get_or_create(&sensor()).set(ms as f64 / 1000.0);
-        }
-        for h in crate::hw::HealthKind::ALL {
-            health
-                .get_or_create(&SensorHealthLabels {
-                    sensor: s.sensor.name.clone(),
-                    health: h.as_str().to_string(),
-                })
-                .set(i64::from(s.sensor.health == h));
-        }
-        alarm
-            .get_or_create(&sensor())
-            .set(match s.alarm.as_number() {
-                n if n >= 2.0 => 2,
-                n if n >= 1.0 => 1,
-                _ => 0,
-            });
-    }
-    r.register(
-        "sensor_value",
-        "Each sensor's latest value (absent before the first)",
-        value,
-    );
-    r.register_with_unit(
-        "sensor_age",
-        "Age of each sensor's latest value",
-        Unit::Seconds,
-        age,
-    );
-    r.register(
-        "sensor_health",
-        "1 for each sensor's current health (ok, stale, disconnected, error), 0 for the others",
-        health,
-    );
-    r.register(
-        "sensor_alarm",
-        "Each sensor's alarm level: 0 ok, 1 warn, 2 critical",
-        alarm,
-    );
-
-    let source_health: Family<SourceHealthLabels, Gauge> = Family::default();
-    let rejected: Family<SourceLabels, Counter> = Family::default();
-    for s in &observation.sources {
-        for h in crate::hw::HealthKind::ALL {
-            source_health
-                .get_or_create(&SourceHealthLabels {
-                    source: s.name.clone(),
-                    health: h.as_str().to_string(),
-                })
-                .set(i64::from(s.health == h));
-        }
-        rejected
-            .get_or_create(&SourceLabels {
-                source: s.name.clone(),
-            })
-            .inc_by(s.rejected);
-    }
-    r.register(
-        "source_health",
-        "1 for each sensor source's current health (serial:<port>, mqtt, gpio, system, sim, ...), 0 for the others",
-        source_health,
-    );
-    r.register(
-        "source_rejected_inputs",
-        "Input a sensor source could not use (lines, messages), by source",
-        rejected,
-    );
-
-    register_cameras(r, ctx);
-
-    let actuator_value: Family<ActuatorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> =
-        Family::default();
-    let at_safe: Family<ActuatorLabels, Gauge> = Family::default();
-    for a in &observation.actuators {
-        let labels = ActuatorLabels {
-            actuator: a.name.clone(),
-        };
-        actuator_value.get_or_create(&labels).set(a.value);
-        at_safe
-            .get_or_create(&labels)
-            .set(i64::from(a.at_safe_value));
-    }
-    r.register(
-        "actuator_value",
-        "Each actuator's current value",
-        actuator_value,
-    );
-    r.register(
-        "actuator_at_safe",
-        "1 while the actuator is at its safe value",
-        at_safe,
-    );
-    let mismatch: Family<ActuatorLabels, Gauge> = Family::default();
-    let measured: Family<ActuatorLabels, Gauge<f64, std::sync::atomic::AtomicU64>> =
-        Family::default();
-    for a in &observation.actuators {
-        let Some(feedback) = &a.feedback else {
-            continue;
-        };
-        let labels = ActuatorLabels {
-            actuator: a.name.clone(),
-        };
-        mismatch
-            .get_or_create(&labels)
-            .set(i64::from(feedback.mismatch));
-        if let Some(m) = feedback.measured {
-            measured.get_or_create(&labels).set(m);
-        }
-    }
-    r.register(
-        "actuator_feedback_mismatch",
-        "1 while an actuator with feedback has its mismatch alarm raised",
-        mismatch,
-    );
-    r.register(
-        "actuator_feedback_measured",
-        "What an actuator's feedback sensor measures now",
-        measured,
-    );
-
-    let modbus = ctx.ooda.modbus_stats();
-    if !modbus.is_empty() {
-        let connected: Family<LinkLabels, Gauge> = Family::default();
-        let requests: Family<LinkLabels, Counter> = Family::default();
-        let errors: Family<LinkKindLabels, Counter> = Family::default();
-        let missed: Family<LinkLabels, Counter> = Family::default();
-        for s in &modbus {
-            let link = LinkLabels {
-                link: s.link.clone(),
-            };
-            connected.get_or_create(&link).set(i64::from(s.connected));
-            requests.get_or_create(&link).inc_by(s.requests);
-            missed.get_or_create(&link).inc_by(s.missed_polls);
-            for (kind, n) in &s.errors {
-                errors
-                    .get_or_create(&LinkKindLabels {
-                        link: s.link.clone(),
-                        kind: (*kind).to_string(),
-                    })
-                    .inc_by(*n);
-            }
-        }
-        r.register(
-            "modbus_connected",
-            "1 while a [[modbus]] link is up",
-            connected,
-        );
-        r.register("modbus_requests", "Modbus requests sent, by link", requests);
-        r.register(
-            "modbus_errors",
-            "Failed Modbus requests, by link and kind (exception, timeout, bad_frame, disconnected, protocol)",
-            errors,
-        );
-        r.register(
-            "modbus_missed_polls",
-            "Polls not made because the last period's requests still waited, by link",
-            missed,
-        );
-    }
-
-    if let Some(mqtt) = ctx.ooda.mqtt() {
-        let s = mqtt.stats();
-        gauge(
-            r,
-            "mqtt_connected",
-            "1 while the [mqtt] broker connection is up",
-            i64::from(s.connected),
-        );
-        counter(
-            r,
-            "mqtt_connections",
-            "Connections made to the [mqtt] broker since start",
-            s.connections,
-        );
-        counter(
-            r,
-            "mqtt_rejected_messages",
-            "[mqtt] messages dropped (oversized) or not usable (rejected)",
-            s.oversized.saturating_add(s.rejected),
-        );
-    }
-
-    gauge(
-        r,
-        "fleet_configured",
-        "1 when [fleet] is configured",
-        i64::from(ctx.fleet.config().is_some()),
-    );
-    gauge(
-        r,
-        "fleet_connected",
-        "1 while the fleet broker connection is up",
-        i64::from(ctx.fleet.is_connected()),
-    );
-    // Counts kept by the view as hosts come, go and age: no listing.
-    let hosts: Family<StatusLabels, Gauge> = Family::default();
-    for (presence, n) in ctx.fleet.presence_counts() {
-        hosts
-            .get_or_create(&StatusLabels {
-                status: presence.as_str().to_string(),
-            })
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-    r.register(
-        "fleet_hosts",
-        "Hosts in the fleet view (this one included), by status",
-        hosts,
-    );
-    if let Some(dropped) = ctx.fleet.broker_dropped() {
-        counter(
-            r,
-            "fleet_broker_dropped_messages",
-            "Messages the fleet broker dropped (for any client, $SYS/broker/publish/messages/dropped) since this host first saw its count",
-            dropped,
-        );
-    }
 }
 
 #[cfg(test)]

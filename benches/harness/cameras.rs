@@ -13,6 +13,9 @@
 //! less the run without, per frame, the viewers' reading included) beside
 //! rozd's own encode of one picture, the least a frame costs.
 //!
+//! And the idle footprint: the private memory of a `rozd` process with four
+//! simulated cameras beside the same host without cameras, per camera.
+//!
 //! Pillow runs in its own Python process (the pyenv of the tests:
 //! `ROZD_TEST_PYENV`, else `<target>/pyenv`), timing only its encode
 //! calls; without it the encode has no floor and says why.
@@ -26,12 +29,16 @@ use base64::Engine as _;
 
 use super::Scale;
 use super::fixtures::Daemon;
+use super::footprint::{Server, rozd_command};
 use super::report::{Better, Group, P50, P99, Samples};
 
 const WIDTH: u32 = 640;
 const HEIGHT: u32 = 480;
 const QUALITY: u8 = 80;
 
+/// The simulated world and one sensor in it.
+const SIM_SENSOR: &str = "[sim]\n[[sensors]]\nname = \"front_distance\"\nsource = \"sim\"\n\
+                          quantity = \"front_distance\"\n";
 const SIM_CAMERA: &str = "[sim]\n[[sensors]]\nname = \"front_distance\"\nsource = \"sim\"\n\
                           quantity = \"front_distance\"\n\
                           [[cameras]]\nname = \"front_camera\"\nsource = \"sim\"\n\
@@ -219,7 +226,55 @@ pub async fn cameras(scale: &Scale) -> Result<Group> {
     daemon.shutdown().await?;
 
     streaming(scale, &mut group, encode.percentile(0.5), encode.len()).await?;
+    idle_footprint(scale, &mut group).await?;
     Ok(group)
+}
+
+/// Cameras in the idle-footprint run beside none.
+const IDLE_CAMERAS: usize = 4;
+
+/// Private memory (RssAnon) of an idle `rozd` process with
+/// [`IDLE_CAMERAS`] simulated 640×480 cameras beside the same host without
+/// cameras, settled: the growth per camera.
+async fn idle_footprint(scale: &Scale, group: &mut Group) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut private = Vec::new();
+    for cameras in [0, IDLE_CAMERAS] {
+        let mut text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n{SIM_SENSOR}",
+            dir.path()
+                .join(format!("idle-{cameras}.db"))
+                .display()
+                .to_string()
+        );
+        for i in 0..cameras {
+            text.push_str(&format!(
+                "\n[[cameras]]\nname = \"cam_{i}\"\nsource = \"sim\"\nwidth = 640\n\
+                 height = 480\nfps = 10\n"
+            ));
+        }
+        let config = dir.path().join(format!("idle-{cameras}.toml"));
+        std::fs::write(&config, text)?;
+        let server = Server::spawn(rozd_command(&config), dir.path()).await?;
+        tokio::time::sleep(scale.settle).await;
+        private.push(server.status_mib("RssAnon")?);
+        server.stop().await?;
+    }
+    let per_camera = (private[1] - private[0]) / IDLE_CAMERAS as f64;
+    group.add(
+        "camera.idle_private_growth_mib",
+        &format!(
+            "idle private memory (RssAnon) per sim camera (640×480, 10 fps; {IDLE_CAMERAS} \
+             cameras beside none: {:.1} MiB beside {:.1} MiB)",
+            private[1], private[0]
+        ),
+        "MiB",
+        Better::Lower,
+        per_camera,
+        None,
+        (1, 1),
+    );
+    Ok(())
 }
 
 /// Two sim cameras at 15 fps, each streamed to two viewers.

@@ -81,7 +81,7 @@ impl Server {
     /// A memory figure of `/proc/<pid>/status` (`VmRSS`, `RssAnon`:
     /// private memory, `RssFile`: mapped file pages, mostly the binary's own
     /// code), in MiB.
-    fn status_mib(&self, field: &str) -> Result<f64> {
+    pub(super) fn status_mib(&self, field: &str) -> Result<f64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))?;
         let kib = status
             .lines()

@@ -137,7 +137,7 @@ async fn read_client(
             continue;
         };
         let target = start.host_id.clone().unwrap_or_default();
-        match ctx.fleet.route(&target, relayed_by.as_deref()) {
+        match ctx.fleet.route_to(&target, relayed_by.as_deref()).await {
             Ok(Route::Local) => {
                 let first = convert::client_event(request);
                 let rest = local_input(incoming, relay_out);

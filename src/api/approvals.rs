@@ -14,10 +14,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::StatusCode;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::auth::Caller;
-use super::reply::json_error;
+use super::reply::{json_body, json_error};
 use crate::HostContext;
 use crate::session::host_call::own_approval_refused;
 
@@ -42,13 +43,12 @@ async fn answer(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let approve = match serde_json::from_slice::<Value>(&body) {
-        Ok(Value::Object(map)) => match decision(&map) {
+    let approve = match json_body::<Answer>(&body) {
+        Ok(answer) => match answer.decision() {
             Some(approve) => approve,
             None => return invalid("the body must be {\"approve\": true} or {\"approve\": false}"),
         },
-        Ok(_) => return invalid("the body must be a JSON object"),
-        Err(e) => return invalid(&format!("the body is not valid JSON: {e}")),
+        Err(why) => return invalid(&why),
     };
     let by = caller.as_ref().and_then(|c| c.named().map(str::to_string));
     let Some(call) = ctx.approvals.get(&id) else {
@@ -84,14 +84,24 @@ async fn answer(
     }
 }
 
-/// The answer in a body: `{"approve": bool}` or `{"approved": bool}`, and
-/// nothing else.
-pub fn decision(body: &serde_json::Map<String, Value>) -> Option<bool> {
-    match (body.get("approve"), body.get("approved"), body.len()) {
-        (Some(Value::Bool(approve)), None, 1) | (None, Some(Value::Bool(approve)), 1) => {
-            Some(*approve)
+/// The answer in a body: `{"approve": bool}` or `{"approved": bool}` (one
+/// of them), and nothing else.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Answer {
+    #[serde(default)]
+    pub(super) approve: Option<bool>,
+    #[serde(default)]
+    pub(super) approved: Option<bool>,
+}
+
+impl Answer {
+    /// The answer, when exactly one spelling gave it.
+    pub fn decision(&self) -> Option<bool> {
+        match (self.approve, self.approved) {
+            (Some(approve), None) | (None, Some(approve)) => Some(approve),
+            _ => None,
         }
-        _ => None,
     }
 }
 
@@ -103,20 +113,27 @@ fn invalid(message: &str) -> Response {
 mod tests {
     use super::*;
 
-    fn body(text: &str) -> serde_json::Map<String, Value> {
-        serde_json::from_str(text).unwrap()
+    fn decision(text: &str) -> Option<bool> {
+        json_body::<Answer>(text.as_bytes())
+            .ok()
+            .and_then(|a| a.decision())
     }
 
     #[test]
     fn both_spellings_of_an_answer_and_nothing_else() {
-        assert_eq!(decision(&body(r#"{"approve": true}"#)), Some(true));
-        assert_eq!(decision(&body(r#"{"approved": false}"#)), Some(false));
-        assert_eq!(decision(&body(r#"{"approve": "yes"}"#)), None);
-        assert_eq!(
-            decision(&body(r#"{"approve": true, "approved": true}"#)),
-            None
-        );
-        assert_eq!(decision(&body(r#"{"approve": true, "note": 1}"#)), None);
-        assert_eq!(decision(&body("{}")), None);
+        assert_eq!(decision(r#"{"approve": true}"#), Some(true));
+        assert_eq!(decision(r#"{"approved": false}"#), Some(false));
+        assert_eq!(decision(r#"{"approve": "yes"}"#), None);
+        assert_eq!(decision(r#"{"approve": true, "approved": true}"#), None);
+        assert_eq!(decision(r#"{"approve": true, "note": 1}"#), None);
+        assert_eq!(decision("{}"), None);
+        let why = json_body::<Answer>(br#"{"approve": true, "note": 1}"#).unwrap_err();
+        assert!(why.contains("unknown field `note`"), "{why}");
+        let why = json_body::<Answer>(br#"{"approve": "yes"}"#).unwrap_err();
+        assert!(why.starts_with("`approve`: invalid type"), "{why}");
+        let why = json_body::<Answer>(b"[true]").unwrap_err();
+        assert_eq!(why, "the body must be a JSON object");
+        let why = json_body::<Answer>(b"{\"approve\": true} x").unwrap_err();
+        assert!(why.starts_with("the body is not valid JSON"), "{why}");
     }
 }

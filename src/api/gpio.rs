@@ -11,9 +11,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::StatusCode;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::reply::json_error;
+use super::reply::{json_body, json_error};
 use crate::HostContext;
 use crate::hw::gpio::SimGpio;
 
@@ -57,6 +58,13 @@ async fn list(State(ctx): State<Arc<HostContext>>) -> Response {
     }
 }
 
+/// The body of `POST /v1/gpio/{pin}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LevelBody {
+    level: u64,
+}
+
 /// `{"level": 0|1}`: drives input `pin` to that electrical level, as a
 /// button or switch wired to it would.
 async fn set(
@@ -70,16 +78,15 @@ async fn set(
     let Ok(pin) = pin.parse::<u8>() else {
         return invalid(&format!("pin {pin:?} is not a GPIO number (0-255)"));
     };
-    let high = match serde_json::from_slice::<Value>(&body) {
-        Ok(Value::Object(map)) if map.len() == 1 => {
-            match map.get("level").and_then(Value::as_u64) {
-                Some(0) => false,
-                Some(1) => true,
-                _ => return invalid("the body must be {\"level\": 0} or {\"level\": 1}"),
-            }
-        }
+    let high = match json_body::<LevelBody>(&body) {
+        Ok(LevelBody { level: 0 }) => false,
+        Ok(LevelBody { level: 1 }) => true,
         Ok(_) => return invalid("the body must be {\"level\": 0} or {\"level\": 1}"),
-        Err(e) => return invalid(&format!("the body is not valid JSON: {e}")),
+        Err(why) => {
+            return invalid(&format!(
+                "{why} (the body is {{\"level\": 0}} or {{\"level\": 1}})"
+            ));
+        }
     };
     let Some(gpio) = sim(&ctx) else {
         return not_sim(&ctx);

@@ -24,6 +24,7 @@ use crate::HostContext;
 use crate::fleet::record::RecordStatus;
 use crate::fleet::{FLEET_SOURCE, FleetError, HostView};
 use crate::proto::{self, host_service_server::HostService};
+use crate::safety::{ClearRequest, StopRequest};
 
 /// Page size of a listing without a limit.
 pub const DEFAULT_HOSTS_LIMIT: u64 = 100;
@@ -47,9 +48,10 @@ impl HostApi {
 fn status_of(e: FleetError) -> Status {
     let message = e.to_string();
     match e {
-        FleetError::NotConfigured | FleetError::Live(_) | FleetError::Setup(_) => {
-            Status::failed_precondition(message)
-        }
+        FleetError::NotConfigured
+        | FleetError::Live(_)
+        | FleetError::Setup(_)
+        | FleetError::OutOfView(_) => Status::failed_precondition(message),
         FleetError::Disconnected | FleetError::Busy => Status::unavailable(message),
         FleetError::NotFound(_) => Status::not_found(message),
         FleetError::Invalid(_) => Status::invalid_argument(message),
@@ -136,7 +138,7 @@ impl HostService for HostApi {
         if id.is_empty() {
             return Err(Status::invalid_argument("id must not be empty"));
         }
-        match self.ctx.fleet.get(&id) {
+        match self.ctx.fleet.find(&id).await.map_err(status_of)? {
             Some(host) => Ok(tonic::Response::new(host_proto(&host))),
             None => Err(status_of(FleetError::NotFound(id))),
         }
@@ -149,6 +151,7 @@ impl HostService for HostApi {
         let r = request.into_inner();
         let (offset, limit) = page(r.limit, r.offset).map_err(Status::invalid_argument)?;
         let environment = (!r.environment_id.is_empty()).then_some(r.environment_id.as_str());
+        self.ctx.fleet.listable(environment).map_err(status_of)?;
         let data = self
             .ctx
             .fleet
@@ -168,7 +171,7 @@ impl HostService for HostApi {
         if id.is_empty() {
             return Err(Status::invalid_argument("id must not be empty"));
         }
-        self.ctx.fleet.deregister(&id).map_err(status_of)?;
+        self.ctx.fleet.deregister(&id).await.map_err(status_of)?;
         Ok(tonic::Response::new(proto::DeregisterHostResponse {}))
     }
 }
@@ -212,6 +215,10 @@ pub(super) fn fleet_json(ctx: &HostContext) -> Value {
             "connected": ctx.fleet.is_connected(),
             "broker": c.url.as_str(),
             "topic_prefix": c.topic_prefix,
+            // What a listing without an environment lists: this host's
+            // environment, or every environment (`fleet`).
+            "view": c.view.as_str(),
+            "environment_id": ctx.fleet.environment_id(),
             "ignored": ctx.fleet.ignored(),
             "broker_dropped_messages": ctx.fleet.broker_dropped(),
         }),
@@ -259,6 +266,10 @@ async fn list(
         Err(message) => return invalid_argument(&message),
     };
     let environment = query.environment_id.as_deref().filter(|e| !e.is_empty());
+    if let Err(e) = ctx.fleet.listable(environment) {
+        return json_error(StatusCode::CONFLICT, "failed_precondition", &e.to_string())
+            .into_response();
+    }
     let page = ctx.fleet.page(environment, offset, limit);
     Json(json!({
         "data": page.hosts.iter().map(host_json).collect::<Vec<_>>(),
@@ -270,12 +281,18 @@ async fn list(
 
 /// `GET /v1/hosts/{id}`.
 async fn one(State(ctx): State<Arc<HostContext>>, Path(id): Path<String>) -> Response {
-    match ctx.fleet.get(&id) {
-        Some(h) => Json(host_json(&h)).into_response(),
-        None => json_error(
+    match ctx.fleet.find(&id).await {
+        Ok(Some(h)) => Json(host_json(&h)).into_response(),
+        Ok(None) => json_error(
             StatusCode::NOT_FOUND,
             "not_found",
             &format!("no host {id:?} in the fleet registry"),
+        )
+        .into_response(),
+        Err(e) => json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            &e.to_string(),
         )
         .into_response(),
     }
@@ -399,15 +416,15 @@ async fn fleet_stop(
     let latched_first = match body {
         StopBody::Ready(_) => false,
         StopBody::Pending(_) => {
+            let reason = format!(
+                "fleet stop of environment {own} from {} ({}): its request's body had not arrived",
+                ctx.fleet.own_id(),
+                rest_source(&headers, None)
+            );
             ctx.ooda
-                .trigger_stop_as(
-                    FLEET_SOURCE,
-                    &format!(
-                        "fleet stop of environment {own} from {} ({}): its request's body had not arrived",
-                        ctx.fleet.own_id(),
-                        rest_source(&headers, None)
-                    ),
-                    caller.as_ref().and_then(|c| c.named()),
+                .trigger_stop(
+                    StopRequest::new(FLEET_SOURCE, &reason)
+                        .credential(caller.as_ref().and_then(|c| c.named())),
                 )
                 .await
         }
@@ -505,7 +522,7 @@ async fn fleet_command(
             let credential = caller.as_ref().and_then(Caller::named);
             let added = ctx
                 .ooda
-                .trigger_stop_as(FLEET_SOURCE, &why, credential)
+                .trigger_stop(StopRequest::new(FLEET_SOURCE, &why).credential(credential))
                 .await;
             if !added
                 && matches!(
@@ -555,18 +572,33 @@ async fn fleet_command(
     if !stop && here {
         // Only the fleet's cause: a stop from any other source stays.
         let latch = ctx.ooda.protective_stop();
-        match latch.clear_source_as(
-            FLEET_SOURCE,
-            &format!("{source}: fleet stop withdrawn: {reason}"),
-            caller.as_ref().and_then(Caller::named),
-        ) {
-            Ok(_) => {
-                latch.persisted().await;
-            }
+        let by = format!("{source}: fleet stop withdrawn: {reason}");
+        let clear = ClearRequest::source(FLEET_SOURCE, &by)
+            .credential(caller.as_ref().and_then(Caller::named));
+        match latch.clear(clear).await {
+            Ok(_) => {}
             Err(refused) => {
                 tracing::warn!("fleet stop withdrawn, but this host's stop stays: {refused}");
             }
         }
+    }
+    if !fleet.holds(&environment) {
+        // This host does not hold that environment's records: it cannot
+        // tell who confirmed, and an empty list is no confirmation.
+        return Ok(json!({
+            "environment_id": environment,
+            "stop": stop,
+            "command_id": command.id,
+            "reason": command.reason,
+            "confirmed": false,
+            "hosts": [],
+            "unconfirmed": format!(
+                "published; this host holds the hosts of its own environment {:?} only \
+                 ([fleet] view = \"environment\"), so it cannot see which hosts of {environment:?} \
+                 confirmed: ask a host of {environment:?}, or one with [fleet] view = \"fleet\"",
+                fleet.environment_id()
+            ),
+        }));
     }
     let confirmed = fleet
         .wait_for(wait, |hosts| stop_report(hosts, &environment, stop).1)

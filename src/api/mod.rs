@@ -10,6 +10,7 @@ pub mod convert;
 mod embodiment;
 mod gpio;
 mod hosts;
+mod metrics;
 pub use hosts::MAX_HOSTS_LIMIT;
 mod recordings;
 pub mod relay;

@@ -19,6 +19,46 @@ pub fn json_error(
     )
 }
 
+/// Parses a JSON request body into `T` (which derives `Deserialize`, with
+/// `deny_unknown_fields`), or says what is wrong in words a person can act
+/// on, naming the field at fault: `the body is not valid JSON: ...`, `the
+/// body must be a JSON object`, `` `prompt`: invalid type: integer `3`,
+/// expected a string ``, ``unknown field `colour`, expected one of ...``.
+pub fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    // A derived struct also reads a JSON array (its fields in order): a
+    // body is an object, or refused.
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        Some(b'[' | b'"' | b'-' | b'0'..=b'9' | b't' | b'f' | b'n') => {
+            return Err("the body must be a JSON object".to_string());
+        }
+        _ => {}
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = inner
+            .to_string()
+            .replace("expected u32", "expected a whole number")
+            .replace("expected u64", "expected a whole number");
+        match inner.classify() {
+            serde_json::error::Category::Data if path == "." => {
+                if message.starts_with("invalid type") {
+                    "the body must be a JSON object".to_string()
+                } else {
+                    message
+                }
+            }
+            serde_json::error::Category::Data => format!("`{path}`: {message}"),
+            _ => format!("the body is not valid JSON: {message}"),
+        }
+    })?;
+    de.end()
+        .map_err(|e| format!("the body is not valid JSON: {e}"))?;
+    Ok(value)
+}
+
 /// By its content type (`application/grpc`, `application/grpc+proto`, ...).
 pub fn is_grpc(request: &Request) -> bool {
     request

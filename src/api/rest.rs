@@ -74,7 +74,7 @@ async fn metrics(State(ctx): State<Arc<HostContext>>, headers: http::HeaderMap) 
         .get(http::header::ACCEPT)
         .and_then(|v| v.to_str().ok());
     let format = crate::metrics::Format::from_accept(accept);
-    match crate::metrics::render(&ctx, format) {
+    match super::metrics::render(&ctx, format) {
         Ok(text) => ([(http::header::CONTENT_TYPE, format.content_type())], text).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "cannot encode the metrics");

@@ -20,17 +20,10 @@ use super::reply::json_error;
 use crate::HostContext;
 use crate::proto::{self, safety_service_server::SafetyService};
 use crate::safety::status::{SafetyStatus, status};
+use crate::safety::{ClearRequest, StopRequest};
 
 /// `StopInfo.source` of a stop triggered through `SafetyService`.
 const GRPC_SOURCE: &str = "grpc";
-
-/// Waits (bounded) for a clear to reach the stop file; a clear that could
-/// not be written still holds in memory, and a restart would latch again.
-async fn persist_or_log(latch: &crate::safety::ProtectiveStop) {
-    if !latch.persisted().await {
-        tracing::error!("the protective stop's clear could not be written to disk in time");
-    }
-}
 
 /// The stop's source, and the clearer, for requests on the local control socket.
 pub const CONTROL_SOCKET_SOURCE: &str = "control-socket";
@@ -104,7 +97,7 @@ impl SafetyService for SafetyApi {
         let reason = clean_reason(Some(&request.reason), "TriggerEstop (gRPC)");
         self.ctx
             .ooda
-            .trigger_stop_as(GRPC_SOURCE, &reason, credential.as_deref())
+            .trigger_stop(StopRequest::new(GRPC_SOURCE, &reason).credential(credential.as_deref()))
             .await;
         Ok(tonic::Response::new(proto::TriggerEstopResponse {}))
     }
@@ -118,9 +111,10 @@ impl SafetyService for SafetyApi {
         self.check_environment(&request.environment_id)?;
         let reason = clean_reason(Some(&request.reason), "ClearEstop (gRPC)");
         let latch = self.ctx.ooda.protective_stop();
-        let cleared =
-            latch.try_clear_as(&format!("{GRPC_SOURCE}: {reason}"), credential.as_deref());
-        persist_or_log(latch).await;
+        let by = format!("{GRPC_SOURCE}: {reason}");
+        let cleared = latch
+            .clear(ClearRequest::all(&by).credential(credential.as_deref()))
+            .await;
         match cleared {
             Ok(_) => Ok(tonic::Response::new(proto::ClearEstopResponse {})),
             Err(refused) => Err(Status::failed_precondition(refused.to_string())),
@@ -146,7 +140,7 @@ pub fn routes() -> Router<Arc<HostContext>> {
 
 /// The optional JSON body of `POST /v1/estop` and `POST /v1/estop/clear`.
 #[derive(Debug, Default, Deserialize)]
-struct StopRequest {
+struct StopBodyFields {
     #[serde(default)]
     reason: Option<String>,
 }
@@ -300,26 +294,29 @@ async fn trigger(
     let body = StopBody::start(body).await;
     let (added, request) = match body {
         StopBody::Ready(read) => {
-            let request = read.and_then(|bytes| parse_body::<StopRequest>(&bytes));
+            let request = read.and_then(|bytes| parse_body::<StopBodyFields>(&bytes));
             let reason = match &request {
                 Ok(r) => clean_reason(r.reason.as_deref(), default_reason),
                 Err(_) => default_reason.to_string(),
             };
-            let added = ctx.ooda.trigger_stop_as(source, &reason, credential).await;
+            let added = ctx
+                .ooda
+                .trigger_stop(StopRequest::new(source, &reason).credential(credential))
+                .await;
             (added, request)
         }
         pending => {
             // Latch first; the body, if it comes, names the reason.
             let added = ctx
                 .ooda
-                .trigger_stop_as(source, default_reason, credential)
+                .trigger_stop(StopRequest::new(source, default_reason).credential(credential))
                 .await;
             let request = pending
                 .finish()
                 .await
-                .and_then(|bytes| parse_body::<StopRequest>(&bytes));
+                .and_then(|bytes| parse_body::<StopBodyFields>(&bytes));
             if added
-                && let Ok(StopRequest {
+                && let Ok(StopBodyFields {
                     reason: Some(reason),
                 }) = &request
             {
@@ -355,7 +352,7 @@ async fn clear(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let request: StopRequest = match parse_body(&body) {
+    let request: StopBodyFields = match parse_body(&body) {
         Ok(r) => r,
         Err(why) => return bad_body(&why),
     };
@@ -363,8 +360,10 @@ async fn clear(
     let reason = clean_reason(request.reason.as_deref(), "operator");
     let latch = ctx.ooda.protective_stop();
     let credential = caller.as_ref().and_then(|c| c.named());
-    let cleared = latch.try_clear_as(&format!("{source}: {reason}"), credential);
-    persist_or_log(latch).await;
+    let by = format!("{source}: {reason}");
+    let cleared = latch
+        .clear(ClearRequest::all(&by).credential(credential))
+        .await;
     match cleared {
         Ok(cleared) => status_json(status(&ctx), ("cleared", cleared)),
         Err(refused) => json_error(
@@ -393,7 +392,7 @@ mod tests {
 
     #[test]
     fn bodies() {
-        let parse = parse_body::<StopRequest>;
+        let parse = parse_body::<StopBodyFields>;
         assert!(parse(b"").unwrap().reason.is_none());
         assert!(parse(b" \n").unwrap().reason.is_none());
         assert_eq!(

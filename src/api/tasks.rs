@@ -27,7 +27,7 @@ use tonic::{Request, Response as GrpcResponse, Status};
 
 use super::auth::Caller;
 use super::relay::{self, RemoteChannel};
-use super::reply::json_error;
+use super::reply::{json_body, json_error};
 use crate::HostContext;
 use crate::fleet::Route;
 use crate::proto::task_service_client::TaskServiceClient;
@@ -80,7 +80,7 @@ async fn owner(
     host_id: &str,
     relayed_by: Option<&str>,
 ) -> Result<Owner, Status> {
-    match ctx.fleet.route(host_id, relayed_by) {
+    match ctx.fleet.route_to(host_id, relayed_by).await {
         Ok(Route::Local) => Ok(Owner::Local),
         Ok(Route::Remote(remote)) => {
             let channel = relay::connect(&remote, ctx.config.server.http2_keepalive_secs)
@@ -440,57 +440,49 @@ fn rest_error(e: TaskError) -> Response {
     json_error(status, code, &message).into_response()
 }
 
-/// A JSON object body, or a 400 naming what is wrong.
-fn object_body(body: &[u8]) -> Result<serde_json::Map<String, Value>, TaskError> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(TaskError::InvalidArgument(
-            "the body must be a JSON object".into(),
-        )),
-        Err(e) => Err(TaskError::InvalidArgument(format!(
-            "the body is not valid JSON: {e}"
-        ))),
-    }
-}
-
-fn string_field(
-    map: &serde_json::Map<String, Value>,
-    key: &str,
-) -> Result<Option<String>, TaskError> {
-    match map.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(TaskError::InvalidArgument(format!(
-            "`{key}` must be a string"
-        ))),
-    }
-}
-
-fn check_fields(map: &serde_json::Map<String, Value>, known: &[&str]) -> Result<(), TaskError> {
-    match map.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(unknown) => Err(TaskError::InvalidArgument(format!(
-            "unknown field `{unknown}` (known: {})",
-            known.join(", ")
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// The body of `POST /v1/tasks/{id}/approvals`: the call's id and the
 /// answer, `approve` or `approved` (one of them, a boolean).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskAnswer {
+    tool_call_id: String,
+    #[serde(default)]
+    approve: Option<bool>,
+    #[serde(default)]
+    approved: Option<bool>,
+}
+
 fn task_answer(body: &[u8]) -> Result<(String, bool), TaskError> {
-    let mut map = object_body(body)?;
-    let call = string_field(&map, "tool_call_id")?
-        .filter(|c| !c.is_empty())
-        .ok_or_else(|| TaskError::InvalidArgument("`tool_call_id` is required".into()))?;
-    map.remove("tool_call_id");
-    check_fields(&map, &["approve", "approved"])?;
-    let approved = super::approvals::decision(&map).ok_or_else(|| {
+    let body: TaskAnswer = json_body(body).map_err(TaskError::InvalidArgument)?;
+    if body.tool_call_id.is_empty() {
+        return Err(TaskError::InvalidArgument(
+            "`tool_call_id` is required".into(),
+        ));
+    }
+    let answer = super::approvals::Answer {
+        approve: body.approve,
+        approved: body.approved,
+    };
+    let approved = answer.decision().ok_or_else(|| {
         TaskError::InvalidArgument(
             "`approve` (true or false) is required, once (`approved` is accepted too)".into(),
         )
     })?;
-    Ok((call, approved))
+    Ok((body.tool_call_id, approved))
+}
+
+/// The body of `POST /v1/tasks`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    prompt: String,
+    #[serde(default)]
+    environment_id: Option<String>,
+    #[serde(default)]
+    host_id: Option<String>,
+    /// Whole seconds.
+    #[serde(default)]
+    timeout_secs: Option<u32>,
 }
 
 /// `POST /v1/tasks` `{"prompt", "environment_id"?, "host_id"?, "timeout_secs"?}` -> 201.
@@ -499,35 +491,16 @@ async fn create_rest(
     caller: Option<Extension<Caller>>,
     body: Bytes,
 ) -> Response {
-    let new = (|| {
-        let map = object_body(&body)?;
-        check_fields(
-            &map,
-            &["prompt", "environment_id", "host_id", "timeout_secs"],
-        )?;
-        let timeout_secs =
-            match map.get("timeout_secs") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(
-                    || {
-                        TaskError::InvalidArgument(
-                            "`timeout_secs` must be a whole number of seconds".into(),
-                        )
-                    },
-                )?),
-            };
-        Ok::<_, TaskError>(NewTask {
-            prompt: string_field(&map, "prompt")?
-                .ok_or_else(|| TaskError::InvalidArgument("`prompt` is required".into()))?,
-            environment_id: string_field(&map, "environment_id")?.unwrap_or_default(),
-            host_id: string_field(&map, "host_id")?,
-            timeout_secs,
-            credential: caller.as_ref().and_then(|c| c.named().map(str::to_string)),
-        })
-    })();
-    let new = match new {
-        Ok(new) => new,
-        Err(e) => return rest_error(e),
+    let body: CreateBody = match json_body(&body) {
+        Ok(body) => body,
+        Err(why) => return rest_error(TaskError::InvalidArgument(why)),
+    };
+    let new = NewTask {
+        prompt: body.prompt,
+        environment_id: body.environment_id.unwrap_or_default(),
+        host_id: body.host_id,
+        timeout_secs: body.timeout_secs,
+        credential: caller.as_ref().and_then(|c| c.named().map(str::to_string)),
     };
     match team::create(&ctx, new).await {
         Ok(view) => (StatusCode::CREATED, Json(view)).into_response(),

@@ -3,8 +3,9 @@
 //! body has been sent (a gRPC stream: until it ends), and carries a
 //! [`Connection`] so that authentication can mark the connection.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use axum::body::Body;
 use http_body_util::BodyExt as _;
@@ -19,7 +20,7 @@ pub type SharedTable = Arc<Mutex<ConnectionTable<Closer>>>;
 /// The table, also after a panic elsewhere (its data stay consistent: every
 /// method finishes its change before returning).
 pub fn lock(table: &SharedTable) -> MutexGuard<'_, ConnectionTable<Closer>> {
-    table.lock().unwrap_or_else(PoisonError::into_inner)
+    table.lock()
 }
 
 /// How the accept loop asks a connection's task to close it.

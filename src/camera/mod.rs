@@ -22,7 +22,8 @@ pub mod mjpeg;
 pub mod replay;
 pub mod sim;
 
-use std::sync::{Arc, Mutex, PoisonError};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -98,8 +99,8 @@ impl Camera {
         &self.spec.name
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, CameraState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn state(&self) -> parking_lot::MutexGuard<'_, CameraState> {
+        self.state.lock()
     }
 
     /// A checked frame (a whole JPEG of that size) captured at `at`.

@@ -6,7 +6,7 @@
 //! ceiling, with the horizon in the middle. [`render`] is a pure function
 //! of the room and the pose; [`run`] is the thread around it.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -211,7 +211,7 @@ pub(super) fn run(camera: Arc<Camera>, world: SharedWorld, shutdown: Cancellatio
     let mut next = Instant::now();
     while !shutdown.is_cancelled() {
         let (scene, pose) = {
-            let world = world.lock().unwrap_or_else(PoisonError::into_inner);
+            let world = world.lock();
             (Scene::of(world.spec(), world.object()), world.pose())
         };
         let jpeg = match &last {

@@ -258,6 +258,9 @@ pub fn fleet_stop(v: &Value) -> String {
     if let Some(why) = v["body_error"].as_str() {
         out.push_str(&format!("body ignored: {why}\n"));
     }
+    if let Some(why) = v["unconfirmed"].as_str() {
+        out.push_str(&format!("not seen:     {why}\n"));
+    }
     for h in v["hosts"].as_array().into_iter().flatten() {
         let stop = match (h["estop_active"].as_bool(), h["estop_source"].as_str()) {
             (Some(true), Some(source)) => format!("stopped ({source})"),
@@ -279,8 +282,16 @@ pub fn hosts(v: &Value) -> String {
     let text = |h: &Value, k: &str| h.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
     let fleet = &v["fleet"];
     let mut out = if fleet["configured"].as_bool() == Some(true) {
+        let view = match (fleet["view"].as_str(), fleet["environment_id"].as_str()) {
+            (Some("environment"), Some(env)) => format!(
+                "; view: environment {env} (a host of another environment is listed by a host \
+                 of it, or one with view = \"fleet\", and reached by id from here)"
+            ),
+            (Some("fleet"), _) => "; view: every environment".to_string(),
+            _ => String::new(),
+        };
         format!(
-            "fleet: {} ({})\n",
+            "fleet: {} ({}){view}\n",
             fleet["broker"].as_str().unwrap_or("?"),
             if fleet["connected"].as_bool() == Some(true) {
                 "connected"

@@ -19,7 +19,8 @@
 //! again: the client keeps working, with its actuators safe and its
 //! subscriptions gone.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -185,8 +186,8 @@ enum Posted {
 }
 
 impl Proxy {
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn state(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     fn emit(&self, message: &Value) {

@@ -336,16 +336,22 @@ impl Config {
             }
         };
         // The checks of what was read need all of it: only a file without
-        // such errors gets them (and they stop at the first).
+        // such errors gets them (each section reports its first error).
         if let Some(mut config) = parsed.filter(|_| errors.is_empty()) {
             config.source = Some(source);
-            config.check().map_err(|e| ConfigError::Invalid {
-                file,
-                line: locate_key(text, &e.key),
-                key: e.key,
-                message: e.message,
-            })?;
-            return Ok(config);
+            let invalid = config.check();
+            if invalid.is_empty() {
+                return Ok(config);
+            }
+            errors = invalid
+                .into_iter()
+                .map(|e| ConfigError::Invalid {
+                    file: file.clone(),
+                    line: locate_key(text, &e.key),
+                    key: e.key,
+                    message: e.message,
+                })
+                .collect();
         }
         errors.sort_by_key(|e| match e {
             ConfigError::Invalid { line, .. } => line.unwrap_or(usize::MAX),
@@ -360,10 +366,22 @@ impl Config {
 
     /// Validates every section, the sub-modules' through their own
     /// validators, and fills in what is derived (hardware specs, reflex
-    /// rules, tokens).
-    fn check(&mut self) -> Result<(), Invalid> {
-        self.validate()?;
-        self.hardware = crate::hw::config::validate(
+    /// rules, tokens). Returns every section's first error: an operator
+    /// fixing a file sees all its sections' problems in one run. A check
+    /// that needs what another derives runs only when that one passed.
+    fn check(&mut self) -> Vec<Invalid> {
+        let mut errors = Vec::new();
+        let mut keep = |result: Result<(), Invalid>| match result {
+            Ok(()) => true,
+            Err(e) => {
+                errors.push(e);
+                false
+            }
+        };
+        keep(self.validate());
+        keep(self.validate_server());
+        keep(self.check_reserved_names());
+        let hardware = crate::hw::config::validate(
             &self.gpio,
             self.mqtt.as_ref(),
             &self.serial,
@@ -372,8 +390,52 @@ impl Config {
             &self.actuators,
             self.sim.as_ref(),
             self.safety.default_timeout_ms,
-        )?;
-        crate::safety::inputs::validate(&self.safety, &self.hardware)?;
+        );
+        let hardware_ok = match hardware {
+            Ok(hardware) => {
+                self.hardware = hardware;
+                true
+            }
+            Err(e) => keep(Err(e)),
+        };
+        if hardware_ok {
+            keep(crate::safety::inputs::validate(
+                &self.safety,
+                &self.hardware,
+            ));
+            keep(self.build_reflex_rules());
+            keep(crate::record::config::validate_replay(
+                &self.replay,
+                &mut self.hardware,
+            ));
+            keep(self.check_cameras());
+        }
+        if let Some(fleet) = self.fleet.as_mut() {
+            keep(crate::fleet::config::validate(
+                fleet,
+                &self.host,
+                &self.server,
+                self.mqtt.as_ref(),
+            ));
+        }
+        keep(crate::mcp::config::validate(&self.mcp));
+        if let Some(record) = &self.record {
+            keep(crate::record::config::validate(record));
+        }
+        let tokens_ok = keep(self.resolve_tokens()) && keep(self.resolve_credentials());
+        match self.read_manual() {
+            Ok(manual) => self.manual = manual,
+            Err(e) => {
+                keep(Err(e));
+            }
+        }
+        if tokens_ok {
+            keep(self.check_exposure());
+        }
+        errors
+    }
+
+    fn check_reserved_names(&self) -> Result<(), Invalid> {
         if let Some((i, a)) = self
             .actuators
             .iter()
@@ -385,6 +447,11 @@ impl Config {
                 format!("{:?} is the name of a host tool; choose another", a.name),
             ));
         }
+        Ok(())
+    }
+
+    /// Builds the reflex rules (they need the hardware specs).
+    fn build_reflex_rules(&mut self) -> Result<(), Invalid> {
         // Rules read sensors, and each actuator with feedback's alarm.
         let sensor_names = self
             .sensors
@@ -405,14 +472,11 @@ impl Config {
             &actuator_names,
             self.mqtt.is_some(),
         )?;
-        if let Some(fleet) = self.fleet.as_mut() {
-            crate::fleet::config::validate(fleet, &self.host, &self.server, self.mqtt.as_ref())?;
-        }
-        crate::mcp::config::validate(&self.mcp)?;
-        if let Some(record) = &self.record {
-            crate::record::config::validate(record)?;
-        }
-        crate::record::config::validate_replay(&self.replay, &mut self.hardware)?;
+        Ok(())
+    }
+
+    /// Cameras (the simulated one needs the simulated world).
+    fn check_cameras(&mut self) -> Result<(), Invalid> {
         self.camera_specs =
             crate::camera::config::validate(&self.cameras, self.hardware.sim_world.is_some())?;
         // Replayed cameras play like replayed sensors, so the two stay in step.
@@ -421,9 +485,11 @@ impl Config {
                 (*speed, *looped) = (self.replay.speed, self.replay.looped);
             }
         }
-        self.resolve_tokens()?;
-        self.resolve_credentials()?;
-        self.manual = self.read_manual()?;
+        Ok(())
+    }
+
+    /// What the listener exposes, given the credentials resolved.
+    fn check_exposure(&self) -> Result<(), Invalid> {
         if self.approvals.require_other_credential && !self.auth_required() {
             return Err(Invalid::new(
                 "approvals.require_other_credential",
@@ -497,7 +563,6 @@ impl Config {
                 "tokens must not be empty",
             ));
         }
-        self.validate_server()?;
         // Upper bounds keep `now + period` far from overflowing an Instant.
         if !(1..=86_400).contains(&self.session.keepalive_secs) {
             return Err(Invalid::new(

@@ -107,8 +107,9 @@ fn errors_name_the_line_and_key() {
         ),
         (
             "[server]\nlisten = \"0.0.0.0:8080\"\nallow_unauthenticated_remote = true\n\
+             allow_plaintext_remote = true\n\
              [fleet]\nurl = \"mqtt://b\"\n",
-            4,
+            5,
             "fleet.advertise",
         ),
         (

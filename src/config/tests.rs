@@ -622,3 +622,37 @@ fn a_single_table_for_a_list_says_to_double_the_brackets() {
         other => panic!("{other:?}"),
     }
 }
+
+/// The checks of what was read report every section's error in one run,
+/// in line order, not only the first (issue 35, item 15): here the host
+/// id, a reflex rule naming no sensor, and a listener exposed without
+/// credentials, in a file whose reading found nothing wrong.
+#[test]
+fn every_section_checked_reports_its_error_in_one_run() {
+    let text = "[host]\nid = \"not a valid id\"\n\n\
+                [server]\nlisten = \"0.0.0.0:7878\"\nallow_plaintext_remote = true\n\n\
+                [[rules]]\nname = \"r\"\nwhen = \"nosuch > 1\"\nthen = { estop = true }\n";
+    let errors = match parse(text) {
+        Err(ConfigError::Several(errors)) => errors,
+        other => panic!("expected several errors, got {other:?}"),
+    };
+    let said: Vec<(Option<usize>, String, String)> = errors
+        .iter()
+        .map(|e| match e {
+            ConfigError::Invalid {
+                line, key, message, ..
+            } => (*line, key.clone(), message.clone()),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let keys: Vec<&str> = said.iter().map(|(_, k, _)| k.as_str()).collect();
+    assert_eq!(keys.len(), 3, "{said:?}");
+    assert_eq!(keys[0], "host.id", "{said:?}");
+    assert_eq!(keys[1], "server.listen", "{said:?}");
+    assert!(keys[2].starts_with("rules[0]"), "{said:?}");
+    let lines: Vec<Option<usize>> = said.iter().map(|(l, _, _)| *l).collect();
+    let mut sorted = lines.clone();
+    sorted.sort();
+    assert_eq!(lines, sorted, "in line order: {said:?}");
+    assert!(said[2].2.contains("nosuch"), "{said:?}");
+}

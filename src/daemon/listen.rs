@@ -173,17 +173,13 @@ impl FdReserve {
 
     /// Closes the reserved descriptor; false if it was not held.
     fn release(&self) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .is_some()
+        self.0.lock().take().is_some()
     }
 
     /// Takes a descriptor back into reserve if it is not held (fails
     /// quietly while the process is still out of them); whether it is held.
     fn restore(&self) -> bool {
-        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut held = self.0.lock();
         if held.is_none() {
             *held = Self::open();
         }
@@ -318,8 +314,8 @@ pub(super) const MIN_LOBBY: usize = 256;
 /// A listener's lobby.
 pub(super) type SharedLobby = Arc<Mutex<Lobby<Closer>>>;
 
-fn lock_lobby(lobby: &SharedLobby) -> std::sync::MutexGuard<'_, Lobby<Closer>> {
-    lobby.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock_lobby(lobby: &SharedLobby) -> parking_lot::MutexGuard<'_, Lobby<Closer>> {
+    lobby.lock()
 }
 
 /// Serves `io` on its own task. It waits in `lobby` (whose oldest is

@@ -16,10 +16,11 @@
 //! sheds one (and stays smaller) while a reserved descriptor lets the
 //! waiting connection in, so accept never spins and the stop stays reachable.
 
+use parking_lot::Mutex;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};

@@ -7,7 +7,7 @@ use crate::config::broker::broker_section;
 use crate::config::types::{HostConfig, Invalid, Secret, ServerConfig, token_lines};
 use crate::hw::config::MqttConfig;
 
-/// Default topic prefix: records on `roz/v1/hosts/<id>`, stops on `roz/v1/estop/<env>`.
+/// Default topic prefix: records on `roz/v1/hosts/<env>/<id>`, stops on `roz/v1/estop/<env>`.
 pub const DEFAULT_PREFIX: &str = "roz/v1";
 
 broker_section! {
@@ -27,6 +27,16 @@ broker_section! {
         /// of its intervals is `stale`.
         #[serde(default = "default_heartbeat_secs")]
         pub heartbeat_secs: u64,
+        /// Which hosts' records this host holds: `environment` (its own
+        /// environment's, where its sessions and fleet stops go) or `fleet`
+        /// (every environment's: a gateway or dashboard host).
+        #[serde(default)]
+        pub view: ViewScope,
+        /// How long a lookup of a host outside the view (`GetHost`, a
+        /// relay by host id) waits for the broker's retained record before
+        /// the host is not found.
+        #[serde(default = "default_lookup_timeout_ms")]
+        pub lookup_timeout_ms: u64,
         /// The gRPC endpoint other hosts reach this one at, `http://host:port`
         /// or `https://host:port`. Default: the bound listen address, with
         /// `https://` when `[server.tls]` is configured.
@@ -48,6 +58,33 @@ broker_section! {
         #[serde(skip)]
         pub token: Option<Secret>,
     }
+}
+
+/// `[fleet] view`: which records a host subscribes to and holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum ViewScope {
+    /// `<prefix>/hosts/<its environment>/+`: its own environment.
+    #[default]
+    Environment,
+    /// `<prefix>/hosts/+/+`: every environment of the fleet.
+    Fleet,
+}
+
+impl ViewScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ViewScope::Environment => "environment",
+            ViewScope::Fleet => "fleet",
+        }
+    }
+}
+
+/// Bounds of `lookup_timeout_ms`.
+pub const LOOKUP_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 50..=60_000;
+
+fn default_lookup_timeout_ms() -> u64 {
+    1000
 }
 
 fn default_keep_alive_secs() -> u64 {
@@ -118,6 +155,16 @@ pub fn validate(
     )?;
     if !(1..=3600).contains(&fleet.heartbeat_secs) {
         return err("heartbeat_secs", "must be between 1 and 3600".into());
+    }
+    if !LOOKUP_TIMEOUT_MS.contains(&fleet.lookup_timeout_ms) {
+        return err(
+            "lookup_timeout_ms",
+            format!(
+                "must be between {} and {}",
+                LOOKUP_TIMEOUT_MS.start(),
+                LOOKUP_TIMEOUT_MS.end()
+            ),
+        );
     }
     let prefix = &fleet.topic_prefix;
     if prefix.is_empty()

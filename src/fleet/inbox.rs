@@ -83,6 +83,18 @@ pub(crate) enum OwnTopic {
     Replace,
 }
 
+/// What a record with this host's id in another environment is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OwnElsewhere {
+    /// Nothing to do: cleared, not authentic, not of its topic (counted).
+    Nothing,
+    /// An authentic, live record of another process with this host id.
+    Impostor { instance: Option<String> },
+    /// An authentic `offline` record with this host id: this host's own,
+    /// from before it moved to its environment: clear it.
+    Left,
+}
+
 /// A message on this host's stop topic and what to do with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct JudgedCommand {
@@ -160,37 +172,86 @@ impl Fleet {
         self.ignored.snapshot()
     }
 
-    /// Takes in a message from the broker on the record topic of `id`
-    /// (`topic`); logs what changed, counts what it ignores.
+    /// Takes in a message from the broker on the record topic of `id` of
+    /// `environment` (`topic`); logs what changed, counts what it ignores.
     pub(super) fn record_received(
         &self,
+        environment: &str,
         id: &str,
         topic: &str,
         payload: &[u8],
     ) -> Result<(), Rejected> {
-        let taken = self.take_record(id, topic, payload);
+        let taken = self.take_record(environment, id, topic, payload);
         if let Err(why) = &taken {
             self.ignored.record(why);
         }
         taken
     }
 
-    fn take_record(&self, id: &str, topic: &str, payload: &[u8]) -> Result<(), Rejected> {
+    /// A record that a lookup of `id` asked for (on the record topic of
+    /// `id` of `environment`), judged like one the view takes: authentic,
+    /// not oversized, of its topic, not replayed. Counts what it ignores.
+    pub(super) fn looked_up_received(
+        &self,
+        environment: &str,
+        id: &str,
+        topic: &str,
+        payload: &[u8],
+    ) -> Result<Option<record::HostRecord>, Rejected> {
+        if payload.is_empty() {
+            // A cleared record: nothing to find.
+            return Ok(None);
+        }
+        let judged = self.open_record(topic, payload).and_then(|body| {
+            lock(&self.view).check_looked_up(
+                environment,
+                id,
+                body.as_bytes(),
+                crate::clock::now_ms(),
+            )
+        });
+        match judged {
+            Ok(record) => Ok(Some(record)),
+            Err(why) => {
+                self.ignored.record(&why);
+                Err(why)
+            }
+        }
+    }
+
+    /// The body of a sealed record on `topic`, if it is authentic and not
+    /// oversized.
+    fn open_record(&self, topic: &str, payload: &[u8]) -> Result<String, Rejected> {
+        if payload.len() > record::MAX_RECORD_BYTES {
+            return Err(Rejected::Oversized {
+                len: payload.len(),
+                max: record::MAX_RECORD_BYTES,
+            });
+        }
+        Ok(self.open(topic, payload)?)
+    }
+
+    fn take_record(
+        &self,
+        environment: &str,
+        id: &str,
+        topic: &str,
+        payload: &[u8],
+    ) -> Result<(), Rejected> {
         // An empty payload is the broker saying the retained record was
         // cleared (deregistered): nothing to authenticate.
         let body = if payload.is_empty() {
             String::new()
         } else {
-            if payload.len() > record::MAX_RECORD_BYTES {
-                return Err(Rejected::Oversized {
-                    len: payload.len(),
-                    max: record::MAX_RECORD_BYTES,
-                });
-            }
-            self.open(topic, payload)?
+            self.open_record(topic, payload)?
         };
-        let applied =
-            lock(&self.view).apply(id, body.as_bytes(), Instant::now(), crate::clock::now_ms())?;
+        let applied = lock(&self.view).apply_on(
+            environment,
+            id,
+            body.as_bytes(),
+            Instant::now(),
+            crate::clock::now_ms(),
+        )?;
         match applied {
             Applied::Stored { id, before, now } if before != Some(now) => {
                 tracing::info!(
@@ -257,7 +318,7 @@ impl Fleet {
         if payload.is_empty() {
             return OwnTopic::Replace;
         }
-        let topic = self.topics.host(&self.own.id);
+        let topic = self.own_topic();
         let body = match self.open(&topic, payload) {
             Ok(body) => body,
             Err(why) => {
@@ -290,6 +351,43 @@ impl Fleet {
             };
         }
         OwnTopic::Replace
+    }
+
+    /// A message with this host's id on the record topic of another
+    /// environment (`environment`, `topic`).
+    pub(crate) fn own_record_elsewhere(
+        &self,
+        environment: &str,
+        topic: &str,
+        payload: &[u8],
+    ) -> OwnElsewhere {
+        if payload.is_empty() || environment == self.own.environment_id {
+            return OwnElsewhere::Nothing;
+        }
+        let judged = self.open_record(topic, payload).and_then(|body| {
+            let r = record::parse_record(&self.own.id, body.as_bytes())?;
+            if r.environment_id == environment {
+                Ok(r)
+            } else {
+                Err(Rejected::WrongEnvironment {
+                    topic: environment.to_string(),
+                    record: r.environment_id,
+                })
+            }
+        });
+        match judged {
+            Err(why) => {
+                self.ignored.record(&why);
+                OwnElsewhere::Nothing
+            }
+            Ok(r) if r.status == RecordStatus::Offline => OwnElsewhere::Left,
+            Ok(r) if r.status == RecordStatus::Online && r.instance != self.own.instance => {
+                OwnElsewhere::Impostor {
+                    instance: r.instance,
+                }
+            }
+            Ok(_) => OwnElsewhere::Nothing,
+        }
     }
 
     /// Judges a message on this host's stop topic: every message but an

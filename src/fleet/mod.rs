@@ -7,15 +7,23 @@
 //!   but the fleet's valid command latches, whoever sent it and whatever
 //!   its form ([`stop`]: anyone may stop, only the fleet clears).
 //! - **Presence.** Each rozd publishes its [`record::HostRecord`] as a
-//!   retained message on `<prefix>/hosts/<host_id>`, refreshes it every
-//!   `heartbeat_secs` and whenever its protective stop changes, and leaves a
-//!   last will that marks it `offline` if the broker loses its connection;
-//!   on a clean shutdown it publishes `offline` itself.
-//! - **View.** Every rozd subscribes to `<prefix>/hosts/+` and keeps the
-//!   [`view::FleetView`] (online / stale / offline / registered) from the
-//!   authentic records only. Records that are unauthenticated, replayed,
-//!   malformed, oversized or published on another host's topic are ignored
-//!   and counted, with a rate-limited log line.
+//!   retained message on `<prefix>/hosts/<environment_id>/<host_id>` when it
+//!   changes (its connection opened, its protective stop changed), says it
+//!   is alive every `heartbeat_secs` on its environment's liveness topic,
+//!   and leaves a last will that marks it `offline` if the broker loses its
+//!   connection; on a clean shutdown it publishes `offline` itself.
+//! - **View.** A rozd subscribes to its own environment's records
+//!   (`<prefix>/hosts/<environment_id>/+`), or with `[fleet] view = "fleet"`
+//!   to every environment's (`<prefix>/hosts/+/+`), and keeps the
+//!   [`view::FleetView`] (online / stale / lost / offline / registered) from
+//!   the authentic records only. Records that are unauthenticated, replayed,
+//!   malformed, oversized or published on another host's or environment's
+//!   topic are ignored and counted, with a rate-limited log line.
+//! - **Lookups.** A host outside the view (`GetHost`, a relay by host id)
+//!   is looked up on the broker: one subscription to that id's record in any
+//!   environment, its retained record judged like any other, unsubscribed
+//!   ([`lookup`]: the bookkeeping; `presence`: the I/O). Listings of hosts
+//!   outside the view are refused ([`FleetError::OutOfView`]).
 //! - **Routing.** [`Fleet::route`] says where a `host_id` lives: here, at
 //!   another rozd's advertised endpoint (with the fleet token to present), or
 //!   nowhere reachable ([`RouteError`]). Sessions and task calls use it
@@ -39,6 +47,7 @@
 
 pub mod config;
 mod inbox;
+mod lookup;
 mod outbox;
 mod presence;
 pub mod record;
@@ -51,15 +60,16 @@ mod subscriptions;
 mod tests;
 pub mod view;
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-pub use config::FleetConfig;
+pub use config::{FleetConfig, ViewScope};
 pub use inbox::Ignored;
 use inbox::IgnoredCounters;
 use record::{HostRecord, RecordStatus, Topics};
@@ -98,6 +108,10 @@ pub enum FleetError {
     Busy,
     #[error("[fleet] cannot work: {0}")]
     Setup(String),
+    /// A listing this host cannot answer completely: its view does not
+    /// hold those hosts.
+    #[error("{0}")]
+    OutOfView(String),
 }
 
 /// The fleet registry and presence of one rozd. Cheap to share (`Arc`).
@@ -129,7 +143,17 @@ pub struct Fleet {
     stamp_floor: Mutex<i64>,
     /// The broker's count of dropped messages, as far as it publishes it.
     dropped: Mutex<subscriptions::DroppedCount>,
+    /// Lookups of hosts outside the view, to the broker connection's loop.
+    lookups: tokio::sync::mpsc::Sender<LookupRequest>,
+    /// Their receiving end, until the broker connection's loop takes it.
+    lookup_requests: Mutex<Option<tokio::sync::mpsc::Receiver<LookupRequest>>>,
 }
+
+/// A lookup of a host outside the view: its id, and where the answer goes.
+type LookupRequest = (String, tokio::sync::oneshot::Sender<lookup::Outcome>);
+
+/// Lookups waiting for the broker connection's loop; beyond, `Busy`.
+const LOOKUP_QUEUE: usize = 256;
 
 /// The fleet connection's state and counters (`/v1/status`, `fleet`).
 #[derive(Debug, Clone, serde::Serialize)]
@@ -143,7 +167,7 @@ pub struct FleetLinkStats {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    m.lock()
 }
 
 /// What this host offers, as its record's capabilities advertise it.
@@ -213,7 +237,10 @@ impl Fleet {
             cause: None,
             keep_alive_secs: Some(keep_alive),
         };
+        let (lookups, lookup_requests) = tokio::sync::mpsc::channel(LOOKUP_QUEUE);
         Fleet {
+            lookups,
+            lookup_requests: Mutex::new(Some(lookup_requests)),
             view: Mutex::new(FleetView::new(
                 &host.id,
                 Duration::from_secs(heartbeat),
@@ -254,6 +281,25 @@ impl Fleet {
 
     pub fn topics(&self) -> &Topics {
         &self.topics
+    }
+
+    /// Which records this host holds (`environment` without `[fleet]`).
+    pub fn view_scope(&self) -> ViewScope {
+        self.config
+            .as_ref()
+            .map_or(ViewScope::Environment, |c| c.view)
+    }
+
+    /// Whether this host's view holds the hosts of `environment_id` (all
+    /// of them: every record the broker has of it, as far as the broker
+    /// delivered them).
+    pub fn holds(&self, environment_id: &str) -> bool {
+        self.view_scope() == ViewScope::Fleet || environment_id == self.own.environment_id
+    }
+
+    /// This host's own record topic.
+    pub(crate) fn own_topic(&self) -> String {
+        self.topics.host(&self.own.environment_id, &self.own.id)
     }
 
     /// Whether the broker connection is up (always `false` without `[fleet]`).

@@ -36,7 +36,7 @@ impl Fleet {
         let mut record = self.own_record(status);
         record.cause = cause;
         record.last_heartbeat_ms = Some(self.next_stamp());
-        self.seal(&self.topics.host(&record.id), &record)
+        self.seal(&self.own_topic(), &record)
     }
 
     /// This host's liveness message and its topic: the process and the

@@ -29,13 +29,16 @@ use rumqttc::v5::mqttbytes::v5::{LastWill, Packet, Publish, SubAck, SubscribeRea
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop};
 use tokio::time::Instant;
 
-use super::inbox::OwnTopic;
+use super::ViewScope;
+use super::inbox::{OwnElsewhere, OwnTopic};
+use super::lookup::{Ask, Done, Lookups, Outcome};
 use super::record::{OfflineCause, RecordStatus, Rejected};
 use super::stop::{StopKind, Verdict};
 use super::subscriptions::{self, Subscription, Subscriptions};
 use super::view::{LogLimiter, Transition};
-use super::{FLEET_SOURCE, Fleet, FleetError, lock};
+use super::{FLEET_SOURCE, Fleet, FleetError, LookupRequest, lock};
 use crate::HostContext;
+use crate::safety::{ClearRequest, StopRequest};
 
 /// Requests queued for the event loop (records, commands, subscriptions).
 const REQUEST_QUEUE: usize = 256;
@@ -71,9 +74,15 @@ pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
         Duration::from_millis(config.reconnect_max_ms),
     );
     let heartbeat = Duration::from_secs(config.heartbeat_secs);
+    let Some(lookup_requests) = lock(&fleet.lookup_requests).take() else {
+        return Err(FleetError::Setup(
+            "the fleet's broker connection was started twice".into(),
+        ));
+    };
     tracing::info!(
         url = %config.url,
         prefix = %config.topic_prefix,
+        view = config.view.as_str(),
         endpoint = fleet.own.endpoint.as_deref().unwrap_or(""),
         "fleet: joining"
     );
@@ -83,7 +92,7 @@ pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
         eventloop,
         backoff,
         heartbeat,
-        own_topic: fleet.topics.host(&own_id),
+        own_topic: fleet.own_topic(),
         estop_topic: fleet.topics.estop(fleet.environment_id()),
         rejects: LogLimiter::new(REJECT_LOG_EVERY),
         impostor_log: LogLimiter::new(REJECT_LOG_EVERY),
@@ -93,6 +102,9 @@ pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
         dropped_log: LogLimiter::new(DROPPED_LOG_EVERY),
         stop_applied: None,
         displaced: false,
+        lookups: Lookups::new(Duration::from_millis(config.lookup_timeout_ms)),
+        lookup_requests,
+        legacy_cleared: false,
     };
     *lock(&fleet.task) = Some(tokio::spawn(task.run()));
     Ok(())
@@ -102,7 +114,7 @@ fn set_will(eventloop: &mut EventLoop, fleet: &Fleet) {
     match fleet.sealed_own_record(RecordStatus::Offline, Some(OfflineCause::Will)) {
         Ok(payload) => {
             eventloop.options.set_last_will(LastWill::new(
-                fleet.topics.host(fleet.own_id()),
+                fleet.own_topic(),
                 payload,
                 QoS::AtLeastOnce,
                 true,
@@ -123,6 +135,10 @@ enum Step {
     Resync,
     /// A host in the view turns stale or lost now.
     Due,
+    /// A lookup of a host outside the view is asked for.
+    Lookup(LookupRequest),
+    /// A lookup runs out of time now.
+    LookupDue,
 }
 
 struct Presence {
@@ -147,6 +163,12 @@ struct Presence {
     /// out again at the next heartbeat (not at once: two such processes
     /// would answer each other as fast as the broker goes).
     displaced: bool,
+    /// Lookups of hosts outside the view, each waiting for its record.
+    lookups: Lookups<tokio::sync::oneshot::Sender<Outcome>>,
+    lookup_requests: tokio::sync::mpsc::Receiver<LookupRequest>,
+    /// Whether this process cleared its record on the topic of rozds
+    /// before per-environment records (`<prefix>/hosts/<host_id>`).
+    legacy_cleared: bool,
 }
 
 impl Presence {
@@ -163,6 +185,7 @@ impl Presence {
         loop {
             let resync = self.resync_at.map(|(_, at)| at);
             let due = lock(&self.fleet().view).next_due();
+            let lookup_due = self.lookups.next_deadline();
             let step = tokio::select! {
                 () = shutdown.cancelled() => break,
                 event = self.eventloop.poll() => Step::Event(event),
@@ -174,6 +197,9 @@ impl Presence {
                 },
                 () = sleep_until(resync), if resync.is_some() => Step::Resync,
                 () = sleep_until(due), if due.is_some() => Step::Due,
+                () = sleep_until(lookup_due), if lookup_due.is_some() => Step::LookupDue,
+                // The sender lives in `Fleet`, which outlives this task.
+                Some(request) = self.lookup_requests.recv() => Step::Lookup(request),
             };
             match step {
                 Step::Event(Ok(Event::Incoming(Packet::ConnAck(ack)))) => {
@@ -195,6 +221,9 @@ impl Presence {
                 Step::Event(Ok(_)) => {}
                 Step::Event(Err(e)) => {
                     let was_connected = self.fleet().link.take_connected();
+                    for done in self.lookups.disconnected() {
+                        self.answer(done, false);
+                    }
                     // Deaf to liveness while away: nothing ages by it.
                     let changed = lock(&self.fleet().view).set_watching(None, Instant::now());
                     if !changed.is_empty() {
@@ -234,6 +263,12 @@ impl Presence {
                         self.fleet().bump();
                     }
                 }
+                Step::Lookup((id, waiter)) => self.look_up(id, waiter),
+                Step::LookupDue => {
+                    for done in self.lookups.expire(Instant::now()) {
+                        self.answer(done, true);
+                    }
+                }
                 Step::Resync => {
                     if let Some((since, _)) = self.resync_at.take() {
                         let gone = lock(&self.fleet().view).prune_older_than(since);
@@ -256,6 +291,7 @@ impl Presence {
         self.stop_applied = None;
         self.subscribe(Subscription::Stop);
         self.publish_own();
+        self.clear_legacy_record();
         let now = Instant::now();
         self.resync_at = Some((now, now + RESYNC_GRACE));
         self.fleet().bump();
@@ -281,12 +317,25 @@ impl Presence {
             Subscription::Stop | Subscription::StopAgain => {
                 (self.estop_topic.clone(), QoS::AtLeastOnce)
             }
-            Subscription::Records => (self.fleet().topics.all_hosts(), QoS::AtMostOnce),
+            Subscription::Records => {
+                let topics = &self.fleet().topics;
+                let filter = match self.fleet().view_scope() {
+                    ViewScope::Environment => topics.hosts_in(self.fleet().environment_id()),
+                    ViewScope::Fleet => topics.all_hosts(),
+                };
+                (filter, QoS::AtMostOnce)
+            }
             Subscription::Alive => (
                 self.fleet().topics.alive_in(self.fleet().environment_id()),
                 QoS::AtMostOnce,
             ),
             Subscription::Dropped => (DROPPED_TOPIC.to_string(), QoS::AtMostOnce),
+            Subscription::OwnElsewhere => (
+                self.fleet().topics.host_anywhere(self.fleet().own_id()),
+                QoS::AtMostOnce,
+            ),
+            // Asked for with its id, by `look_up`.
+            Subscription::Lookup => return,
         };
         match self.client.try_subscribe(filter.clone(), qos) {
             Ok(()) => self.subscriptions.asked(what),
@@ -321,6 +370,7 @@ impl Presence {
                     );
                 }
                 self.subscribe(Subscription::Records);
+                self.subscribe(Subscription::OwnElsewhere);
                 self.subscribe(Subscription::Alive);
                 self.subscribe(Subscription::Dropped);
             }
@@ -350,7 +400,22 @@ impl Presence {
                  (check the broker's ACL)",
                 ack.return_codes
             ),
-            Subscription::StopAgain | Subscription::Records | Subscription::Dropped => {}
+            Subscription::Lookup if !granted => tracing::warn!(
+                "fleet: the broker refused a lookup's subscription to a host record ({:?}); \
+                 hosts outside this host's view are not found (check the broker's ACL)",
+                ack.return_codes
+            ),
+            Subscription::OwnElsewhere if !granted => tracing::warn!(
+                "fleet: the broker refused the subscription to this host's id in other \
+                 environments ({:?}); another rozd with this host id there goes unnoticed \
+                 (check the broker's ACL)",
+                ack.return_codes
+            ),
+            Subscription::StopAgain
+            | Subscription::Records
+            | Subscription::Dropped
+            | Subscription::Lookup
+            | Subscription::OwnElsewhere => {}
         }
     }
 
@@ -453,14 +518,140 @@ impl Presence {
                 self.count_link(&why);
                 self.reject(topic, &why);
             }
-        } else if let Some(id) = self.fleet().topics.host_of(topic) {
-            let id = id.to_string();
-            if let Err(why) = self.fleet().record_received(&id, topic, &p.payload) {
+        } else if let Some((environment, id)) = self.fleet().topics.host_of(topic) {
+            let (environment, id) = (environment.to_string(), id.to_string());
+            if id == self.fleet().own_id() {
+                self.own_record_elsewhere(&environment, topic, &p.payload);
+            } else if self.fleet().holds(&environment)
+                && let Err(why) = self
+                    .fleet()
+                    .record_received(&environment, &id, topic, &p.payload)
+            {
                 self.count_link(&why);
                 self.reject(topic, &why);
             }
+            if self.lookups.wants(&id) {
+                self.looked_up(&environment, &id, topic, &p.payload);
+            }
         } else {
             tracing::debug!(%topic, "fleet: message on a topic we do not read");
+        }
+    }
+
+    /// A lookup of a host outside the view: the first for its id
+    /// subscribes to its record in any environment; later ones wait with it.
+    fn look_up(&mut self, id: String, waiter: tokio::sync::oneshot::Sender<Outcome>) {
+        if !self.fleet().is_connected() {
+            let _ = waiter.send(Outcome::Disconnected);
+            return;
+        }
+        match self.lookups.ask(&id, waiter, Instant::now()) {
+            (Ask::Subscribe, _) => {}
+            (Ask::Joined, _) => return,
+            (Ask::Full, waiter) => {
+                if let Some(waiter) = waiter {
+                    let _ = waiter.send(Outcome::Busy);
+                }
+                return;
+            }
+        }
+        let filter = self.fleet().topics.host_anywhere(&id);
+        match self.client.try_subscribe(filter.clone(), QoS::AtMostOnce) {
+            Ok(()) => self.subscriptions.asked(Subscription::Lookup),
+            // Not found at its deadline, like a record that does not come.
+            Err(e) => tracing::warn!(%filter, "fleet: cannot look up a host: {e}"),
+        }
+    }
+
+    /// A record a lookup asked for arrived.
+    fn looked_up(&mut self, environment: &str, id: &str, topic: &str, payload: &[u8]) {
+        match self
+            .fleet()
+            .looked_up_received(environment, id, topic, payload)
+        {
+            Ok(Some(record)) => {
+                if let Some(done) = self.lookups.found(record) {
+                    self.answer(done, true);
+                }
+            }
+            Ok(None) => {}
+            Err(why) => {
+                self.count_link(&why);
+                self.reject(topic, &why);
+            }
+        }
+    }
+
+    /// A lookup ended: its waiters get the outcome, and (`unsubscribe`,
+    /// while connected) the broker stops sending that host's record.
+    fn answer(&mut self, done: Done<tokio::sync::oneshot::Sender<Outcome>>, unsubscribe: bool) {
+        if unsubscribe {
+            let filter = self.fleet().topics.host_anywhere(&done.id);
+            if let Err(e) = self.client.try_unsubscribe(filter.clone()) {
+                tracing::debug!(%filter, "fleet: cannot end a lookup's subscription: {e}");
+            }
+        }
+        for waiter in done.waiters {
+            // A waiter that went away (its request was cancelled) needs nothing.
+            let _ = waiter.send(done.outcome.clone());
+        }
+    }
+
+    /// Clears this host's record on the topic of rozds before
+    /// per-environment records (`<prefix>/hosts/<host_id>`, its previous
+    /// version's, which no rozd of this version reads), once per process:
+    /// older rozds then drop this host from their views instead of holding
+    /// its last record there for ever. (A broker whose ACL does not allow it
+    /// refuses it; nothing else depends on it.)
+    fn clear_legacy_record(&mut self) {
+        if self.legacy_cleared {
+            return;
+        }
+        let topic = self.fleet().topics.legacy_host(self.fleet().own_id());
+        match self
+            .client
+            .try_publish(&topic, QoS::AtLeastOnce, true, Vec::<u8>::new())
+        {
+            Ok(()) => self.legacy_cleared = true,
+            Err(e) => tracing::debug!(%topic, "fleet: cannot clear this host's legacy record: {e}"),
+        }
+    }
+
+    /// A record with this host's id in another environment: another rozd
+    /// with this host id (said loudly, as on our own topic), or our own
+    /// record in an environment this host left (cleared: lookups of this
+    /// id then find only the current one).
+    fn own_record_elsewhere(&mut self, environment: &str, topic: &str, payload: &[u8]) {
+        match self
+            .fleet()
+            .own_record_elsewhere(environment, topic, payload)
+        {
+            OwnElsewhere::Nothing => {}
+            OwnElsewhere::Impostor { instance } => {
+                if let Some(more) = self.impostor_log.allow(Instant::now()) {
+                    tracing::error!(
+                        host_id = %self.fleet().own_id(),
+                        other_environment = environment,
+                        other_instance = instance.as_deref().unwrap_or("?"),
+                        "fleet: another rozd publishes records as this host in another \
+                         environment (two hosts with one host.id?); a lookup of this id from a \
+                         third environment may find either ({more} more such records not logged)"
+                    );
+                }
+            }
+            OwnElsewhere::Left => {
+                tracing::info!(
+                    host_id = %self.fleet().own_id(),
+                    old_environment = environment,
+                    "fleet: clearing this host's offline record in an environment it left"
+                );
+                if let Err(e) =
+                    self.client
+                        .try_publish(topic, QoS::AtLeastOnce, true, Vec::<u8>::new())
+                {
+                    tracing::debug!(%topic, "fleet: cannot clear this host's old record: {e}");
+                }
+            }
         }
     }
 
@@ -510,9 +701,10 @@ impl Presence {
                 // Authentic and fresh: its `by` is a fleet member's host id.
                 // Only the fleet's cause goes: a stop from any other source stays.
                 let by = judged.sender().unwrap_or("an unnamed fleet member");
-                if let Err(refused) =
-                    latch.clear_source(FLEET_SOURCE, &format!("fleet: stop withdrawn by host {by}"))
-                {
+                let by = format!("fleet: stop withdrawn by host {by}");
+                // At once, in the order the broker delivered: a stop that
+                // follows this clear must stay latched.
+                if let Err(refused) = latch.clear_now(ClearRequest::source(FLEET_SOURCE, &by)) {
                     tracing::warn!(
                         "fleet: the fleet stop was withdrawn, but this host's stop stays: {refused}"
                     );
@@ -549,7 +741,7 @@ impl Presence {
         // and the broker connection must keep being served meanwhile.
         let ooda = self.ctx.ooda.clone();
         tokio::spawn(async move {
-            ooda.trigger_stop_by(FLEET_SOURCE, &reason, by.as_deref())
+            ooda.trigger_stop(StopRequest::new(FLEET_SOURCE, &reason).by(by.as_deref()))
                 .await
         });
     }

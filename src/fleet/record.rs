@@ -1,5 +1,5 @@
 //! What the fleet puts on the broker: the host record (JSON, retained on
-//! `<prefix>/hosts/<host_id>`) and the fleet stop command (JSON, retained on
+//! `<prefix>/hosts/<environment_id>/<host_id>`) and the fleet stop command (JSON, retained on
 //! `<prefix>/estop/<environment_id>`), each sealed with the fleet key (see
 //! [`super::seal`]; this module reads and writes the bodies). Parsing is
 //! strict about sizes and shapes, lenient about unknown fields (a newer
@@ -160,6 +160,10 @@ pub enum Rejected {
     Malformed(String),
     #[error("the record is for host {record:?} but was published on the topic of {topic:?}")]
     WrongTopic { topic: String, record: String },
+    #[error(
+        "the record is of environment {record:?} but was published under environment {topic:?}"
+    )]
+    WrongEnvironment { topic: String, record: String },
     #[error("{field}: {why}")]
     Invalid { field: &'static str, why: String },
     #[error("the view already holds {0} hosts; new ones are ignored")]
@@ -395,13 +399,31 @@ impl Topics {
         }
     }
 
-    pub fn host(&self, id: &str) -> String {
+    /// Where host `id` of `environment_id` keeps its retained record.
+    pub fn host(&self, environment_id: &str, id: &str) -> String {
+        format!("{}/hosts/{environment_id}/{id}", self.prefix)
+    }
+
+    /// Where rozds before per-environment records kept host `id`'s record
+    /// (a rozd clears its own there when it starts).
+    pub fn legacy_host(&self, id: &str) -> String {
         format!("{}/hosts/{id}", self.prefix)
     }
 
-    /// The subscription that sees every host record.
+    /// The subscription that sees the records of `environment_id`.
+    pub fn hosts_in(&self, environment_id: &str) -> String {
+        format!("{}/hosts/{environment_id}/+", self.prefix)
+    }
+
+    /// The subscription that sees every host record of every environment.
     pub fn all_hosts(&self) -> String {
-        format!("{}/hosts/+", self.prefix)
+        format!("{}/hosts/+/+", self.prefix)
+    }
+
+    /// The subscription that sees host `id`'s record, whatever its
+    /// environment (a lookup of a host outside this host's view).
+    pub fn host_anywhere(&self, id: &str) -> String {
+        format!("{}/hosts/+/{id}", self.prefix)
     }
 
     pub fn estop(&self, environment_id: &str) -> String {
@@ -429,12 +451,14 @@ impl Topics {
             .then_some((environment, id))
     }
 
-    /// The host id of a record topic.
-    pub fn host_of<'a>(&self, topic: &'a str) -> Option<&'a str> {
-        topic
+    /// The environment and host id of a record topic.
+    pub fn host_of<'a>(&self, topic: &'a str) -> Option<(&'a str, &'a str)> {
+        let rest = topic
             .strip_prefix(self.prefix.as_str())?
-            .strip_prefix("/hosts/")
-            .filter(|id| !id.is_empty() && !id.contains('/'))
+            .strip_prefix("/hosts/")?;
+        let (environment, id) = rest.split_once('/')?;
+        (!environment.is_empty() && !id.is_empty() && !id.contains('/'))
+            .then_some((environment, id))
     }
 }
 
@@ -619,13 +643,19 @@ mod tests {
     #[test]
     fn topics() {
         let t = Topics::new("roz/v1");
-        assert_eq!(t.host("a"), "roz/v1/hosts/a");
-        assert_eq!(t.all_hosts(), "roz/v1/hosts/+");
+        assert_eq!(t.host("lab", "a"), "roz/v1/hosts/lab/a");
+        assert_eq!(t.legacy_host("a"), "roz/v1/hosts/a");
+        assert_eq!(t.hosts_in("lab"), "roz/v1/hosts/lab/+");
+        assert_eq!(t.all_hosts(), "roz/v1/hosts/+/+");
+        assert_eq!(t.host_anywhere("a"), "roz/v1/hosts/+/a");
         assert_eq!(t.estop("lab"), "roz/v1/estop/lab");
-        assert_eq!(t.host_of("roz/v1/hosts/a"), Some("a"));
-        assert_eq!(t.host_of("roz/v1/hosts/"), None);
-        assert_eq!(t.host_of("roz/v1/hosts/a/b"), None);
-        assert_eq!(t.host_of("roz/v2/hosts/a"), None);
+        assert_eq!(t.host_of("roz/v1/hosts/lab/a"), Some(("lab", "a")));
+        // an older rozd's topic, no environment: not a record topic now
+        assert_eq!(t.host_of("roz/v1/hosts/a"), None);
+        assert_eq!(t.host_of("roz/v1/hosts/lab/"), None);
+        assert_eq!(t.host_of("roz/v1/hosts//a"), None);
+        assert_eq!(t.host_of("roz/v1/hosts/lab/a/b"), None);
+        assert_eq!(t.host_of("roz/v2/hosts/lab/a"), None);
         assert_eq!(t.host_of("roz/v1/estop/lab"), None);
     }
 }

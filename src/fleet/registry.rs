@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::record::{self, HostRecord, RecordStatus};
+use super::config::ViewScope;
+use super::lookup::Outcome;
+use super::record::{self, HostRecord, OfflineCause, RecordStatus};
 use super::view::{Entry, FleetView, Presence, Why};
 use super::{Fleet, FleetError, lock};
 
@@ -41,6 +43,32 @@ pub struct HostPage {
     pub hosts: Vec<HostView>,
     /// Hosts in the listing (of that environment), this one included.
     pub total: usize,
+}
+
+/// A host looked up outside the view, as the broker's retained record
+/// says it is now: `online` until its last will or its own `offline` says
+/// otherwise (this host hears neither afterwards: nothing is cached).
+fn looked_up_view(record: HostRecord) -> HostView {
+    let (presence, why) = match record.status {
+        RecordStatus::Online => (Presence::Online, None),
+        RecordStatus::Registered => (Presence::Registered, None),
+        RecordStatus::Offline => (
+            Presence::Offline,
+            Some(match record.cause {
+                Some(OfflineCause::Shutdown) => Why::Shutdown,
+                Some(OfflineCause::Will) => Why::Will,
+                Some(OfflineCause::Unknown) | None => Why::Unstated,
+            }),
+        ),
+    };
+    HostView {
+        record,
+        presence,
+        this_host: false,
+        heard_ago: Some(Duration::ZERO),
+        why,
+        reported_by: None,
+    }
 }
 
 fn entry_view(view: &FleetView, entry: &Entry, now: Instant) -> HostView {
@@ -111,6 +139,63 @@ impl Fleet {
         counts
     }
 
+    /// Refuses a listing of `environment_id` (every environment for
+    /// `None`) that this host's view does not hold completely: only a
+    /// listing of what it holds is answered (`None` lists the view).
+    pub fn listable(&self, environment_id: Option<&str>) -> Result<(), FleetError> {
+        match environment_id {
+            Some(env) if !self.holds(env) => Err(FleetError::OutOfView(format!(
+                "this host ({:?}) holds the hosts of its own environment {:?} only \
+                 ([fleet] view = \"environment\"), so it cannot list environment {env:?} \
+                 completely; ask a host of {env:?}, or one with [fleet] view = \"fleet\", \
+                 which holds every environment (GetHost and sessions by host id reach any \
+                 host from here)",
+                self.own.id, self.own.environment_id
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Host `id`: from the view, or, for a host outside it, the broker's
+    /// retained record of it ([`Fleet::look_up`]). `None`: no such host.
+    pub async fn find(&self, id: &str) -> Result<Option<HostView>, FleetError> {
+        if let Some(host) = self.get(id) {
+            return Ok(Some(host));
+        }
+        Ok(self.look_up(id).await?.map(looked_up_view))
+    }
+
+    /// The broker's retained record of host `id`, looked up (not cached)
+    /// when the view does not hold every environment; `None` when the view
+    /// holds them all, or no authentic record came within
+    /// `lookup_timeout_ms`.
+    pub async fn look_up(&self, id: &str) -> Result<Option<HostRecord>, FleetError> {
+        let Some(config) = &self.config else {
+            return Ok(None);
+        };
+        // An id that cannot be a topic level could only widen the
+        // subscription (`+`, `#`): it names no host.
+        if config.view == ViewScope::Fleet || !record::host_id_ok(id) || id == self.own.id {
+            return Ok(None);
+        }
+        if !self.is_connected() {
+            return Err(FleetError::Disconnected);
+        }
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.lookups
+            .try_send((id.to_string(), answer))
+            .map_err(|_| FleetError::Busy)?;
+        // The broker connection's loop answers every lookup (at its
+        // deadline at the latest, or when its connection drops); it ends
+        // only at shutdown.
+        match answered.await {
+            Ok(Outcome::Found(record)) => Ok(Some(*record)),
+            Ok(Outcome::NotFound) => Ok(None),
+            Ok(Outcome::Busy) => Err(FleetError::Busy),
+            Ok(Outcome::Disconnected) | Err(_) => Err(FleetError::Disconnected),
+        }
+    }
+
     pub fn get(&self, id: &str) -> Option<HostView> {
         if id == self.own.id {
             return Some(self.own_view());
@@ -155,7 +240,8 @@ impl Fleet {
             cause: None,
             keep_alive_secs: None,
         };
-        let payload = self.seal(&self.topics.host(&record.id), &record)?;
+        let topic = self.topics.host(&record.environment_id, &record.id);
+        let payload = self.seal(&topic, &record)?;
         if payload.len() > record::MAX_RECORD_BYTES {
             return Err(FleetError::Invalid(format!(
                 "the record would be {} bytes; at most {} are allowed",
@@ -163,14 +249,17 @@ impl Fleet {
                 record::MAX_RECORD_BYTES
             )));
         }
-        self.publish(&self.topics.host(&record.id), payload, true)?;
+        self.publish(&topic, payload, true)?;
         tracing::info!(id = %record.id, name = %record.name, environment_id = %record.environment_id, "registered a host");
-        let now = Instant::now();
-        let stored = lock(&self.view).insert(record.clone(), now);
-        if let Err(e) = stored {
-            tracing::warn!("the registered host is published but not in this view: {e}");
+        // Into the view only if it holds that environment (else a lookup
+        // finds it).
+        if self.holds(&record.environment_id) {
+            let stored = lock(&self.view).insert(record.clone(), Instant::now());
+            if let Err(e) = stored {
+                tracing::warn!("the registered host is published but not in this view: {e}");
+            }
+            self.bump();
         }
-        self.bump();
         Ok(HostView {
             record,
             presence: Presence::Registered,
@@ -182,20 +271,21 @@ impl Fleet {
     }
 
     /// Removes a registered host's record, or an offline rozd's, and clears
-    /// its retained message. A live rozd cannot be removed.
-    pub fn deregister(&self, id: &str) -> Result<(), FleetError> {
+    /// its retained message (in its environment: from the view, or looked
+    /// up). A live rozd cannot be removed.
+    pub async fn deregister(&self, id: &str) -> Result<(), FleetError> {
         if id == self.own.id {
             return Err(FleetError::Live(id.to_string()));
         }
         if self.config.is_none() {
             return Err(FleetError::NotFound(id.to_string()));
         }
-        match self.get(id) {
+        let environment = match self.find(id).await? {
             None => return Err(FleetError::NotFound(id.to_string())),
             Some(h) if h.presence.is_live() => return Err(FleetError::Live(id.to_string())),
-            Some(_) => {}
-        }
-        self.publish(&self.topics.host(id), Vec::new(), true)?;
+            Some(h) => h.record.environment_id,
+        };
+        self.publish(&self.topics.host(&environment, id), Vec::new(), true)?;
         lock(&self.view).remove(id);
         tracing::info!(id, "deregistered a host");
         self.bump();

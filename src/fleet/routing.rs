@@ -4,8 +4,10 @@
 
 use tokio::time::Instant;
 
+use super::config::ViewScope;
+use super::record::{HostRecord, RecordStatus};
 use super::view::{self, Presence};
-use super::{Fleet, lock, stop};
+use super::{Fleet, FleetConfig, lock, stop};
 use crate::config::types::Secret;
 
 /// Another rozd that a request for its `host_id` goes to.
@@ -76,9 +78,17 @@ impl Fleet {
         let now = Instant::now();
         let view = lock(&self.view);
         let Some(entry) = view.get(host_id) else {
-            return Err(RouteError::NotFound(format!(
-                "no host {host_id:?} in the fleet registry"
-            )));
+            return Err(RouteError::NotFound(
+                if self.view_scope() == ViewScope::Fleet {
+                    format!("no host {host_id:?} in the fleet registry")
+                } else {
+                    format!(
+                        "no host {host_id:?} in this host's view of environment {:?}, nor on the \
+                     fleet's broker in any environment",
+                        self.own.environment_id
+                    )
+                },
+            ));
         };
         match view.presence_of(entry, now) {
             Presence::Registered => Err(RouteError::NotFound(format!(
@@ -98,57 +108,112 @@ impl Fleet {
                     now.saturating_duration_since(entry.heard_at).as_secs()
                 ),
             })),
-            Presence::Online | Presence::Stale => {
-                let Some(endpoint) = &entry.record.endpoint else {
-                    return Err(RouteError::Unavailable(format!(
-                        "host {host_id:?} advertises no endpoint"
-                    )));
-                };
-                if self.is_own_endpoint(endpoint) {
-                    return Err(RouteError::Unavailable(format!(
-                        "host {host_id:?} advertises {endpoint}, which is this host ({:?}); \
-                         not relaying to itself (two hosts with one address?)",
-                        self.own.id
-                    )));
-                }
-                // A record that old is not a heartbeat of a running host:
-                // its endpoint is not trusted with the fleet token.
-                let heartbeat = entry.record.heartbeat_secs.unwrap_or(config.heartbeat_secs);
-                let max_age_ms = i64::try_from(heartbeat)
-                    .unwrap_or(i64::MAX)
-                    .saturating_mul(1000)
-                    .saturating_mul(i64::from(view::STALE_AFTER_HEARTBEATS))
-                    .saturating_add(stop::MAX_CLOCK_SKEW_MS);
-                let age_ms = crate::clock::now_ms().saturating_sub(entry.record.stamp_ms());
-                if age_ms > max_age_ms {
-                    return Err(RouteError::Unavailable(format!(
-                        "host {host_id:?} has not published a record for {} s; its endpoint is \
-                         used again once it does",
-                        age_ms / 1000
-                    )));
-                }
-                // With host certificates the fleet token goes only where a
-                // certificate proves the host is `host_id`.
-                if config.cert_file.is_some() && !endpoint.starts_with("https://") {
-                    return Err(RouteError::Unavailable(format!(
-                        "host {host_id:?} advertises {endpoint}, which is not TLS; this fleet uses \
-                         host certificates (fleet.cert_file), so the fleet token is sent only \
-                         over TLS to a host whose certificate names it"
-                    )));
-                }
-                Ok(Route::Remote(RemoteHost {
-                    id: host_id.to_string(),
-                    endpoint: endpoint.clone(),
-                    token: config.token.clone(),
-                    relayed_by: self.own.id.clone(),
-                    tls: crate::tls::client::ClientTlsFiles {
-                        ca_file: config.ca_file.clone(),
-                        cert_file: config.cert_file.clone(),
-                        key_file: config.key_file.clone(),
-                    },
-                }))
-            }
+            Presence::Online | Presence::Stale => self.remote(host_id, &entry.record, config),
         }
+    }
+
+    /// [`Fleet::route`], and for a host outside this host's view (of
+    /// another environment) its record looked up on the broker
+    /// ([`Fleet::look_up`]): relays by host id reach every environment.
+    pub async fn route_to(
+        &self,
+        host_id: &str,
+        relayed_by: Option<&str>,
+    ) -> Result<Route, RouteError> {
+        let routed = self.route(host_id, relayed_by);
+        let Err(RouteError::NotFound(_)) = &routed else {
+            return routed;
+        };
+        let Some(config) = &self.config else {
+            return routed;
+        };
+        if lock(&self.view).get(host_id).is_some() {
+            // In the view, and not a relay target (a registered host).
+            return routed;
+        }
+        let record = match self.look_up(host_id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return routed,
+            Err(e) => {
+                return Err(RouteError::Unavailable(format!(
+                    "host {host_id:?} is not in this host's view of environment {:?} and cannot \
+                     be looked up now: {e}",
+                    self.own.environment_id
+                )));
+            }
+        };
+        match record.status {
+            RecordStatus::Registered => Err(RouteError::NotFound(format!(
+                "host {host_id:?} is registered, but it is not a rozd: it runs no sessions"
+            ))),
+            RecordStatus::Offline => Err(RouteError::Unavailable(format!(
+                "host {host_id:?} (environment {:?}) is offline",
+                record.environment_id
+            ))),
+            RecordStatus::Online => self.remote(host_id, &record, config),
+        }
+    }
+
+    /// The route to `host_id`, a live rozd whose latest record is `record`.
+    fn remote(
+        &self,
+        host_id: &str,
+        record: &HostRecord,
+        config: &FleetConfig,
+    ) -> Result<Route, RouteError> {
+        let Some(endpoint) = &record.endpoint else {
+            return Err(RouteError::Unavailable(format!(
+                "host {host_id:?} advertises no endpoint"
+            )));
+        };
+        if self.is_own_endpoint(endpoint) {
+            return Err(RouteError::Unavailable(format!(
+                "host {host_id:?} advertises {endpoint}, which is this host ({:?}); \
+                 not relaying to itself (two hosts with one address?)",
+                self.own.id
+            )));
+        }
+        // A record refreshed every heartbeat (an older rozd's) that is that
+        // old is not a heartbeat of a running host: its endpoint is not
+        // trusted with the fleet token. A record published on change is
+        // as old as the host's connection (or its latest stop): its being
+        // retained `online` is the broker's word that the connection lives
+        // (the last will replaces it), and its liveness messages (in the
+        // view of its environment) or their silence decide its presence.
+        let heartbeat = record.heartbeat_secs.unwrap_or(config.heartbeat_secs);
+        let max_age_ms = i64::try_from(heartbeat)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1000)
+            .saturating_mul(i64::from(view::STALE_AFTER_HEARTBEATS))
+            .saturating_add(stop::MAX_CLOCK_SKEW_MS);
+        let age_ms = crate::clock::now_ms().saturating_sub(record.stamp_ms());
+        if record.refreshed_every_heartbeat() && age_ms > max_age_ms {
+            return Err(RouteError::Unavailable(format!(
+                "host {host_id:?} has not published a record for {} s; its endpoint is \
+                 used again once it does",
+                age_ms / 1000
+            )));
+        }
+        // With host certificates the fleet token goes only where a
+        // certificate proves the host is `host_id`.
+        if config.cert_file.is_some() && !endpoint.starts_with("https://") {
+            return Err(RouteError::Unavailable(format!(
+                "host {host_id:?} advertises {endpoint}, which is not TLS; this fleet uses \
+                 host certificates (fleet.cert_file), so the fleet token is sent only \
+                 over TLS to a host whose certificate names it"
+            )));
+        }
+        Ok(Route::Remote(RemoteHost {
+            id: host_id.to_string(),
+            endpoint: endpoint.clone(),
+            token: config.token.clone(),
+            relayed_by: self.own.id.clone(),
+            tls: crate::tls::client::ClientTlsFiles {
+                ca_file: config.ca_file.clone(),
+                cert_file: config.cert_file.clone(),
+                key_file: config.key_file.clone(),
+            },
+        }))
     }
 
     /// Whether `endpoint` is this rozd: its advertised endpoint, or a

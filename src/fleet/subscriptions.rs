@@ -16,6 +16,12 @@ pub enum Subscription {
     Alive,
     /// The broker's count of dropped messages (`$SYS`, QoS 0; optional).
     Dropped,
+    /// One host's record in any environment, for a lookup (QoS 0).
+    Lookup,
+    /// This host's own id in every environment (QoS 0): another rozd with
+    /// this host id elsewhere, or its own old record in an environment it
+    /// left.
+    OwnElsewhere,
 }
 
 /// Matches SUBACKs to what was asked: requests leave in the order they were

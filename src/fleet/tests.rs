@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::inbox::{JudgedCommand, OwnTopic};
+use super::inbox::{JudgedCommand, OwnElsewhere, OwnTopic};
 use super::record::{EstopCommand, EstopState, HostRecord, RecordStatus, Rejected};
 use super::seal::{self, MessageKey};
 use super::stop::{self, Defect, Message, StopKind, Verdict};
@@ -65,12 +65,17 @@ fn record_of(f: &Fleet, id: &str, status: RecordStatus, endpoint: Option<&str>) 
 }
 
 fn sealed_record(r: &HostRecord) -> Vec<u8> {
-    let topic = format!("roz/v1/hosts/{}", r.id);
+    let topic = format!("roz/v1/hosts/{}/{}", r.environment_id, r.id);
     seal::seal(&key(), &topic, &serde_json::to_string(r).unwrap())
 }
 
 fn receive(f: &Fleet, r: &HostRecord) -> Result<(), Rejected> {
-    f.record_received(&r.id, &format!("roz/v1/hosts/{}", r.id), &sealed_record(r))
+    f.record_received(
+        &r.environment_id,
+        &r.id,
+        &format!("roz/v1/hosts/{}/{}", r.environment_id, r.id),
+        &sealed_record(r),
+    )
 }
 
 fn put(f: &Fleet, id: &str, status: RecordStatus, endpoint: Option<&str>) {
@@ -96,8 +101,14 @@ fn without_a_fleet_only_this_host_is_known() {
         f.register("x", "", BTreeMap::new()),
         Err(FleetError::NotConfigured)
     ));
-    assert!(matches!(f.deregister("a"), Err(FleetError::Live(_))));
-    assert!(matches!(f.deregister("b"), Err(FleetError::NotFound(_))));
+    assert!(matches!(
+        futures_util::FutureExt::now_or_never(f.deregister("a")).unwrap(),
+        Err(FleetError::Live(_))
+    ));
+    assert!(matches!(
+        futures_util::FutureExt::now_or_never(f.deregister("b")).unwrap(),
+        Err(FleetError::NotFound(_))
+    ));
     assert!(matches!(
         f.publish_estop("lab", true, "x"),
         Err(FleetError::NotConfigured)
@@ -144,8 +155,14 @@ fn routes_follow_presence() {
     assert_eq!(ids, ["a", "b", "c", "n", "r"]);
     assert_eq!(f.list(Some("elsewhere")).len(), 0);
     // a live rozd cannot be deregistered; unconnected, nothing is published
-    assert!(matches!(f.deregister("b"), Err(FleetError::Live(_))));
-    assert!(matches!(f.deregister("c"), Err(FleetError::Disconnected)));
+    assert!(matches!(
+        futures_util::FutureExt::now_or_never(f.deregister("b")).unwrap(),
+        Err(FleetError::Live(_))
+    ));
+    assert!(matches!(
+        futures_util::FutureExt::now_or_never(f.deregister("c")).unwrap(),
+        Err(FleetError::Disconnected)
+    ));
 }
 
 #[test]
@@ -184,7 +201,9 @@ fn one_hop_and_never_to_itself() {
 #[test]
 fn an_old_record_is_not_routed_to() {
     let f = fleet(FLEET);
+    // an older rozd's record, refreshed every heartbeat
     let mut r = record_of(&f, "b", RecordStatus::Online, Some("http://127.0.0.1:7001"));
+    r.liveness = None;
     // three heartbeats (2 s) and the clock skew allowance ago, and more
     r.last_heartbeat_ms = Some(crate::clock::now_ms() - 6_000 - stop::MAX_CLOCK_SKEW_MS - 1_000);
     receive(&f, &r).unwrap();
@@ -197,32 +216,105 @@ fn an_old_record_is_not_routed_to() {
     assert!(matches!(f.route("b", None), Ok(Route::Remote(_))));
 }
 
+/// A record published on change is as old as its host's connection: an
+/// hour-old one of a live host is routed to (its presence decides).
+#[test]
+fn a_record_published_on_change_is_routed_to_however_old() {
+    let f = fleet(FLEET);
+    let mut r = record_of(&f, "b", RecordStatus::Online, Some("http://127.0.0.1:7001"));
+    assert_eq!(r.liveness, Some(record::Liveness::Will));
+    r.last_heartbeat_ms = Some(crate::clock::now_ms() - 3_600_000);
+    receive(&f, &r).unwrap();
+    assert!(matches!(f.route("b", None), Ok(Route::Remote(_))));
+}
+
+/// A record is taken only from the topic of its own environment; listings
+/// of another environment (or, on a host holding the whole fleet, none
+/// refused) are refused with what to do instead.
+#[test]
+fn records_belong_to_their_environments_topic_and_listings_to_the_view() {
+    let f = fleet(FLEET);
+    let r = record_of(&f, "b", RecordStatus::Online, Some("http://127.0.0.1:7001"));
+    let moved = seal::seal(
+        &key(),
+        "roz/v1/hosts/field/b",
+        &serde_json::to_string(&r).unwrap(),
+    );
+    assert!(matches!(
+        f.record_received("field", "b", "roz/v1/hosts/field/b", &moved),
+        Err(Rejected::WrongEnvironment { .. })
+    ));
+    assert!(f.get("b").is_none());
+    assert_eq!(f.ignored().invalid, 1);
+    // clearing another environment's record of an id leaves the one held
+    receive(&f, &r).unwrap();
+    f.record_received("field", "b", "roz/v1/hosts/field/b", b"")
+        .unwrap();
+    assert!(f.get("b").is_some());
+    f.record_received("lab", "b", "roz/v1/hosts/lab/b", b"")
+        .unwrap();
+    assert!(f.get("b").is_none());
+
+    assert_eq!(f.view_scope(), ViewScope::Environment);
+    assert!(f.holds("lab") && !f.holds("field"));
+    assert!(f.listable(None).is_ok() && f.listable(Some("lab")).is_ok());
+    match f.listable(Some("field")) {
+        Err(FleetError::OutOfView(why)) => {
+            assert!(
+                why.contains("view = \"fleet\"") && why.contains("\"field\""),
+                "{why}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let whole = fleet(&format!("{FLEET}view = \"fleet\"\n"));
+    assert!(whole.holds("field") && whole.listable(Some("field")).is_ok());
+    // a host that holds the whole fleet looks nothing up: its view is complete
+    let looked = futures_util::FutureExt::now_or_never(whole.look_up("zz")).unwrap();
+    assert!(matches!(looked, Ok(None)));
+    // an id that is no host id is never looked up (no wildcard subscription)
+    for id in ["+", "#", "a/b", ""] {
+        let looked = futures_util::FutureExt::now_or_never(f.look_up(id)).unwrap();
+        assert!(matches!(looked, Ok(None)), "{id:?}: {looked:?}");
+    }
+    // unconnected: a lookup cannot be made
+    let looked = futures_util::FutureExt::now_or_never(f.look_up("zz")).unwrap();
+    assert!(matches!(looked, Err(FleetError::Disconnected)));
+}
+
 #[test]
 fn unauthenticated_records_are_ignored_and_counted() {
     let f = fleet(FLEET);
     let r = record_of(&f, "x", RecordStatus::Online, Some("http://127.0.0.1:9"));
     let plain = serde_json::to_vec(&r).unwrap();
     assert!(matches!(
-        f.record_received("x", "roz/v1/hosts/x", &plain),
+        f.record_received("lab", "x", "roz/v1/hosts/lab/x", &plain),
         Err(Rejected::Unauthenticated(seal::Unauthentic::NotSealed))
     ));
     // sealed with another key, or for another topic
     let other = seal::seal(
         &MessageKey::from_token("not the fleet's"),
-        "roz/v1/hosts/x",
+        "roz/v1/hosts/lab/x",
         &serde_json::to_string(&r).unwrap(),
     );
-    assert!(f.record_received("x", "roz/v1/hosts/x", &other).is_err());
+    assert!(
+        f.record_received("lab", "x", "roz/v1/hosts/lab/x", &other)
+            .is_err()
+    );
     let moved = sealed_record(&r);
-    assert!(f.record_received("y", "roz/v1/hosts/y", &moved).is_err());
+    assert!(
+        f.record_received("lab", "y", "roz/v1/hosts/lab/y", &moved)
+            .is_err()
+    );
     assert!(f.get("x").is_none() && f.get("y").is_none());
     assert!(matches!(f.route("x", None), Err(RouteError::NotFound(_))));
     assert_eq!(f.ignored().unauthenticated_records, 3);
     // garbage is invalid or unauthenticated, never taken
     assert!(
         f.record_received(
+            "lab",
             "x",
-            "roz/v1/hosts/x",
+            "roz/v1/hosts/lab/x",
             &vec![b'x'; record::MAX_RECORD_BYTES + 1]
         )
         .is_err()
@@ -253,7 +345,8 @@ fn records_only_move_forward() {
         Some("http://10.0.0.2:1")
     );
     // also after the record was cleared from the broker
-    f.record_received("b", "roz/v1/hosts/b", b"").unwrap();
+    f.record_received("lab", "b", "roz/v1/hosts/lab/b", b"")
+        .unwrap();
     assert!(f.get("b").is_none());
     assert!(receive(&f, &old).is_err());
     assert!(f.get("b").is_none());
@@ -281,7 +374,8 @@ fn own_record_reports_the_stop() {
         f.own_record(RecordStatus::Online).estop,
         Some(EstopState::default())
     );
-    f.estop.trigger(FLEET_SOURCE, "drill");
+    f.estop
+        .trigger(crate::safety::StopRequest::new(FLEET_SOURCE, "drill"));
     let estop = f.own_record(RecordStatus::Online).estop.unwrap();
     assert!(estop.active);
     assert_eq!(estop.source.as_deref(), Some(FLEET_SOURCE));
@@ -293,7 +387,7 @@ fn own_record_reports_the_stop() {
 }
 
 fn own_published(payload: &[u8]) -> HostRecord {
-    let body = seal::open(&key(), "roz/v1/hosts/a", payload).unwrap();
+    let body = seal::open(&key(), "roz/v1/hosts/lab/a", payload).unwrap();
     serde_json::from_str(&body).unwrap()
 }
 
@@ -604,4 +698,124 @@ fn with_host_certificates_only_tls_endpoints_are_routed_to() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A record a lookup brings (of a host outside the view) is judged like
+/// one the view takes: sealed for its exact topic, of its topic's
+/// environment, not oversized, not older than one already taken; it is
+/// not put into the view.
+#[test]
+fn a_looked_up_record_is_judged_like_any_record_and_not_held() {
+    let f = fleet(FLEET);
+    let mut r = record_of(&f, "f", RecordStatus::Online, Some("http://127.0.0.1:7009"));
+    r.environment_id = "field".into();
+    let topic = "roz/v1/hosts/field/f";
+    let sealed = seal::seal(&key(), topic, &serde_json::to_string(&r).unwrap());
+    let taken = f.looked_up_received("field", "f", topic, &sealed).unwrap();
+    assert_eq!(
+        taken.as_ref().map(|t| t.environment_id.as_str()),
+        Some("field")
+    );
+    assert!(f.get("f").is_none(), "a looked-up record is not held");
+    assert_eq!(f.list(None).len(), 1);
+    // unsealed
+    let plain = serde_json::to_vec(&r).unwrap();
+    assert!(matches!(
+        f.looked_up_received("field", "f", topic, &plain),
+        Err(Rejected::Unauthenticated(_))
+    ));
+    // sealed for another environment's topic, or moved there
+    let elsewhere = seal::seal(
+        &key(),
+        "roz/v1/hosts/lab/f",
+        &serde_json::to_string(&r).unwrap(),
+    );
+    assert!(matches!(
+        f.looked_up_received("lab", "f", "roz/v1/hosts/lab/f", &elsewhere),
+        Err(Rejected::WrongEnvironment { .. })
+    ));
+    assert!(
+        f.looked_up_received("lab", "f", "roz/v1/hosts/lab/f", &sealed)
+            .is_err()
+    );
+    // oversized
+    assert!(matches!(
+        f.looked_up_received(
+            "field",
+            "f",
+            topic,
+            &vec![b'x'; record::MAX_RECORD_BYTES + 1]
+        ),
+        Err(Rejected::Oversized { .. })
+    ));
+    // older than the one taken: a replay
+    let mut old = r.clone();
+    old.last_heartbeat_ms = Some(r.stamp_ms() - 1_000);
+    let old = seal::seal(&key(), topic, &serde_json::to_string(&old).unwrap());
+    assert!(matches!(
+        f.looked_up_received("field", "f", topic, &old),
+        Err(Rejected::Replayed { .. })
+    ));
+    // a cleared record finds nothing
+    assert_eq!(
+        f.looked_up_received("field", "f", topic, b"").unwrap(),
+        None
+    );
+    let ignored = f.ignored();
+    assert_eq!(
+        (
+            ignored.unauthenticated_records,
+            ignored.replayed_records,
+            ignored.invalid
+        ),
+        (2, 1, 2),
+        "{ignored:?}"
+    );
+}
+
+/// A record with this host's id in another environment: a live one of
+/// another process is another rozd with this id; an offline one is this
+/// host's own from before it moved (to be cleared); anything unsealed or
+/// not of its topic is ignored and counted.
+#[test]
+fn this_hosts_id_in_another_environment_is_an_impostor_or_its_old_record() {
+    let f = fleet(FLEET);
+    let topic = "roz/v1/hosts/field/a";
+    let mut r = f.own_record(RecordStatus::Online);
+    r.environment_id = "field".into();
+    let seal_it = |r: &HostRecord| seal::seal(&key(), topic, &serde_json::to_string(r).unwrap());
+    // our own instance's record there (cannot be, but is not a stranger)
+    assert_eq!(
+        f.own_record_elsewhere("field", topic, &seal_it(&r)),
+        OwnElsewhere::Nothing
+    );
+    r.instance = Some("other".into());
+    assert_eq!(
+        f.own_record_elsewhere("field", topic, &seal_it(&r)),
+        OwnElsewhere::Impostor {
+            instance: Some("other".into())
+        }
+    );
+    r.status = RecordStatus::Offline;
+    assert_eq!(
+        f.own_record_elsewhere("field", topic, &seal_it(&r)),
+        OwnElsewhere::Left
+    );
+    // cleared, unsealed, of another environment than its topic: nothing
+    assert_eq!(
+        f.own_record_elsewhere("field", topic, b""),
+        OwnElsewhere::Nothing
+    );
+    let plain = serde_json::to_vec(&r).unwrap();
+    assert_eq!(
+        f.own_record_elsewhere("field", topic, &plain),
+        OwnElsewhere::Nothing
+    );
+    r.environment_id = "elsewhere".into();
+    assert_eq!(
+        f.own_record_elsewhere("field", topic, &seal_it(&r)),
+        OwnElsewhere::Nothing
+    );
+    let ignored = f.ignored();
+    assert_eq!((ignored.unauthenticated_records, ignored.invalid), (1, 1));
 }

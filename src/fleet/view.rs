@@ -246,15 +246,69 @@ impl FleetView {
         now: Instant,
         now_ms: i64,
     ) -> Result<Applied, Rejected> {
+        self.take(None, topic_id, payload, now, now_ms)
+    }
+
+    /// [`FleetView::apply`] for a message on the record topic of
+    /// `topic_id` in `topic_environment`: a record of another environment
+    /// than its topic's is refused.
+    pub fn apply_on(
+        &mut self,
+        topic_environment: &str,
+        topic_id: &str,
+        payload: &[u8],
+        now: Instant,
+        now_ms: i64,
+    ) -> Result<Applied, Rejected> {
+        self.take(Some(topic_environment), topic_id, payload, now, now_ms)
+    }
+
+    fn take(
+        &mut self,
+        topic_environment: Option<&str>,
+        topic_id: &str,
+        payload: &[u8],
+        now: Instant,
+        now_ms: i64,
+    ) -> Result<Applied, Rejected> {
         if payload.is_empty() {
-            return Ok(match self.remove(topic_id) {
+            // The record of this topic was cleared: the host leaves the
+            // view if that is the record it holds (not if it holds one of
+            // another environment, where the host moved).
+            let held_here = self.entries.get(topic_id).is_some_and(|e| {
+                topic_environment.is_none_or(|env| e.record.environment_id == env)
+            });
+            return Ok(match held_here.then(|| self.remove(topic_id)).flatten() {
                 Some(_) => Applied::Removed {
                     id: topic_id.to_string(),
                 },
                 None => Applied::Nothing,
             });
         }
+        let record = self.check(topic_environment, topic_id, payload, now_ms)?;
+        self.insert(record, now)
+    }
+
+    /// Parses and checks an authentic record from the record topic of
+    /// `topic_id` (in `topic_environment`): its shape, its topic, that it is
+    /// not this host's own, and that it is not older than the newest taken
+    /// from that host nor written ahead of this host's clock.
+    fn check(
+        &self,
+        topic_environment: Option<&str>,
+        topic_id: &str,
+        payload: &[u8],
+        now_ms: i64,
+    ) -> Result<HostRecord, Rejected> {
         let record = parse_record(topic_id, payload)?;
+        if let Some(environment) = topic_environment
+            && record.environment_id != environment
+        {
+            return Err(Rejected::WrongEnvironment {
+                topic: environment.to_string(),
+                record: record.environment_id,
+            });
+        }
         if record.id == self.own_id {
             return Err(Rejected::Invalid {
                 field: "id",
@@ -262,7 +316,23 @@ impl FleetView {
             });
         }
         self.check_fresh(&record, now_ms)?;
-        self.insert(record, now)
+        Ok(record)
+    }
+
+    /// A record looked up outside the view (the broker's retained record of
+    /// a host of another environment): checked exactly as one the view
+    /// takes, and remembered as its host's newest (a later replay of an
+    /// older one is refused), but not held.
+    pub fn check_looked_up(
+        &mut self,
+        topic_environment: &str,
+        topic_id: &str,
+        payload: &[u8],
+        now_ms: i64,
+    ) -> Result<HostRecord, Rejected> {
+        let record = self.check(Some(topic_environment), topic_id, payload, now_ms)?;
+        self.remember(&record);
+        Ok(record)
     }
 
     /// Whether `record` may replace what the view knows of its host.

@@ -2,9 +2,10 @@
 //! backend trait. `rppal` drives a Raspberry Pi's GPIO character device;
 //! `sim` is a scriptable chip for machines without GPIO (and for tests).
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -73,7 +74,7 @@ impl SimPin {
 type SimPins = Arc<Mutex<HashMap<u8, SimPin>>>;
 
 fn lock(pins: &SimPins) -> MutexGuard<'_, HashMap<u8, SimPin>> {
-    pins.lock().unwrap_or_else(PoisonError::into_inner)
+    pins.lock()
 }
 
 /// A simulated GPIO chip. Tests and demos drive inputs with
@@ -386,7 +387,7 @@ impl GpioActuator {
 
 impl ActuatorDriver for GpioActuator {
     fn apply(&self, value: f64) -> DriverFuture<'_> {
-        let mut output = self.output.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut output = self.output.lock();
         let result = match self.pwm_hz {
             Some(hz) => output.pwm(hz, value.clamp(0.0, 1.0)),
             None => output.set((value >= 0.5) == (self.active == Level::High)),

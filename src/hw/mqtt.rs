@@ -42,8 +42,9 @@
 //! The password is read from the environment variable named by
 //! `password_env` and never logged.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rumqttc::Outgoing;
@@ -79,7 +80,7 @@ const REQUEST_QUEUE: usize = 64;
 type Topics = HashMap<String, Vec<(String, LineParser)>>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    m.lock()
 }
 
 /// Raw-payload listeners added with [`Mqtt::listen`].

@@ -2,8 +2,9 @@
 //! actuators (which record what they were told and, with an `input`, drive
 //! the simulated world).
 
+use parking_lot::Mutex;
 use std::f64::consts::TAU;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -120,37 +121,24 @@ impl SimActuator {
     }
     /// The last value applied, if any.
     pub fn value(&self) -> Option<f64> {
-        self.applied
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .last()
-            .copied()
+        self.applied.lock().last().copied()
     }
     /// Every value applied, oldest first (the most recent 1024).
     pub fn history(&self) -> Vec<f64> {
-        self.applied
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.applied.lock().clone()
     }
 }
 
 impl ActuatorDriver for SimActuator {
     fn apply(&self, value: f64) -> DriverFuture<'_> {
-        let mut applied = self
-            .applied
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut applied = self.applied.lock();
         if applied.len() == 1024 {
             applied.remove(0);
         }
         applied.push(value);
         drop(applied);
         if let Some((world, input)) = &self.drives {
-            world
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .set_input(*input, value);
+            world.lock().set_input(*input, value);
         }
         self.count.send_modify(|n| *n += 1);
         Box::pin(std::future::ready(Ok(())))

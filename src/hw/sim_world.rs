@@ -10,8 +10,9 @@
 //! Coordinates are metres, the room spans `[0, width] × [0, depth]`,
 //! heading is radians counter-clockwise from the +x axis.
 
+use parking_lot::Mutex;
 use std::f64::consts::TAU;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::sim::Rng;

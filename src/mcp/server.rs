@@ -24,8 +24,9 @@
 //! deadman on. A client offering only the stateless 2026-07-28 revision gets
 //! no tools to call.
 
+use parking_lot::Mutex;
 use std::borrow::Cow;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::ServerHandler;
@@ -362,8 +363,7 @@ impl ServerHandler for HostServer {
             return;
         };
         let stop = CancellationToken::new();
-        *self.watchdog.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(stop.clone().drop_guard());
+        *self.watchdog.lock() = Some(stop.clone().drop_guard());
         tokio::spawn(watch_client(
             self.ctx.clone(),
             context.peer.clone(),
@@ -490,10 +490,7 @@ impl ServerHandler for HostServer {
         }
         let stop = CancellationToken::new();
         // A second subscribe replaces the first (one notification stream).
-        *self
-            .subscription
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(stop.clone().drop_guard());
+        *self.subscription.lock() = Some(stop.clone().drop_guard());
         tokio::spawn(notify_observations(
             self.ctx.clone(),
             context.peer.clone(),
@@ -511,10 +508,7 @@ impl ServerHandler for HostServer {
         if request.uri != OBSERVATION_URI {
             return Err(not_found(&request.uri));
         }
-        self.subscription
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        self.subscription.lock().take();
         Ok(())
     }
 }

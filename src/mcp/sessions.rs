@@ -28,10 +28,11 @@
 //! [`Manager`] is rmcp's in-memory session manager with these hooks around
 //! it; [`super::gate`] admits requests in front of rmcp.
 
+use parking_lot::Mutex;
 use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -442,8 +443,8 @@ impl Sessions {
         deadman(&self.ooda, id, "MCP session ended").await;
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Table> {
+        self.table.lock()
     }
 }
 

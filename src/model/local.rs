@@ -562,13 +562,19 @@ fn describe_context(request: &ModelRequest, prompt_index: usize) -> String {
 }
 
 /// Turns thinking, text and an optional tool call into a streamed answer with
-/// usage, honouring the output budget.
+/// usage, honouring the output budget. The text ends with a newline, as a
+/// real model's answer usually does: clients that print whole lines (the
+/// published roz CLI holds text until one) would otherwise run one answer
+/// into the next.
 fn finish(
     request: &ModelRequest,
     thinking: String,
-    text: String,
+    mut text: String,
     call: Option<ModelEvent>,
 ) -> Vec<ModelEvent> {
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
     let budget = request.max_output_tokens;
     // Thinking, text in pieces of a few words, the call, usage and stop.
     let mut events = Vec::with_capacity(4 + text.len() / 8);
@@ -725,7 +731,7 @@ mod tests {
             .filter(|e| matches!(e, ModelEvent::TextDelta(_)))
             .count();
         assert!(deltas >= 3, "{events:?}");
-        assert_eq!(text_of(&events), "one two three four five six seven");
+        assert_eq!(text_of(&events), "one two three four five six seven\n");
         assert!(matches!(events.first(), Some(ModelEvent::ThinkingDelta(_))));
         assert_eq!(events.last(), Some(&ModelEvent::Stop(ModelStop::EndTurn)));
     }
@@ -821,7 +827,7 @@ mod tests {
         let (_, last) = respond(&request(history, &tools));
         assert_eq!(
             text_of(&last),
-            "gripper returned: ok\nread_sensor failed: 21.5"
+            "gripper returned: ok\nread_sensor failed: 21.5\n"
         );
         assert_eq!(last.last(), Some(&ModelEvent::Stop(ModelStop::EndTurn)));
     }
@@ -868,7 +874,7 @@ mod tests {
         assert_eq!(
             text_of(&last),
             "front_camera: 640x480 jpeg, 37 ms old (health ok); the picture came with it \
-             (image/jpeg, 2048 bytes), and this offline model cannot see what is in it."
+             (image/jpeg, 2048 bytes), and this offline model cannot see what is in it.\n"
         );
         assert_eq!(last.last(), Some(&ModelEvent::Stop(ModelStop::EndTurn)));
 
@@ -878,7 +884,7 @@ mod tests {
             m.content.truncate(1);
         }
         assert!(
-            text_of(&respond(&request(without, &tools)).1).ends_with("no picture came with it."),
+            text_of(&respond(&request(without, &tools)).1).ends_with("no picture came with it.\n"),
         );
         let mut failed = history;
         if let Some(Block::ToolResult {
@@ -890,7 +896,7 @@ mod tests {
         }
         assert_eq!(
             text_of(&respond(&request(failed, &tools)).1),
-            "capture_image failed: camera \"front_camera\" has no recent frame (health stale)"
+            "capture_image failed: camera \"front_camera\" has no recent frame (health stale)\n"
         );
     }
 
@@ -902,7 +908,7 @@ mod tests {
         };
         assert_eq!(
             ask("look", &["capture_image"]),
-            "Cannot do that: `look` needs a camera name: look <camera>."
+            "Cannot do that: `look` needs a camera name: look <camera>.\n"
         );
         assert!(ask("look front_camera", &["read_sensor"]).contains("this session has no cameras"),);
         assert!(ask("help", &["capture_image"]).contains("look <camera>"));

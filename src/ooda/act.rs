@@ -10,8 +10,9 @@
 //! and every change of its state happens under it, so what the audit hears
 //! is in the order the device saw it.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -24,6 +25,7 @@ use crate::hw::config::{ActuatorSpec, FeedbackSpec};
 use crate::hw::{ActuatorDriver, HwError};
 use crate::observe::Observers;
 use crate::safety::ProtectiveStop;
+use crate::safety::StopRequest;
 
 /// Who asked for a command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -744,7 +746,8 @@ impl Actuators {
                 ),
             };
             if action == MismatchAction::LatchStop {
-                self.estop.trigger(&response.source, &response.reason);
+                self.estop
+                    .trigger(StopRequest::new(&response.source, &response.reason));
             }
             response
         });
@@ -872,7 +875,7 @@ async fn expire_holds(actuators: Weak<Actuators>, changed: Arc<tokio::sync::Noti
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    m.lock()
 }
 
 #[cfg(test)]
@@ -971,7 +974,7 @@ mod tests {
             .unwrap();
         let held = actuators.command("a", 0.1, session("t"), None).await;
         assert!(matches!(held, Err(ActError::Held { .. })), "{held:?}");
-        assert!(stop.trigger("test", "bumper"));
+        assert!(stop.trigger(StopRequest::new("test", "bumper")));
         let stopped = actuators.command("a", 0.1, session("s"), None).await;
         assert!(
             matches!(&stopped, Err(ActError::EStop { reason, .. }) if reason == "bumper"),

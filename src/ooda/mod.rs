@@ -14,8 +14,9 @@ mod tick;
 pub mod timer;
 pub mod world;
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -32,6 +33,7 @@ use crate::hw::sim::SimActuator;
 use crate::hw::sim_world::{Quantity, SharedWorld, SimWorld, WorldView};
 use crate::hw::{ActuatorDriver, HwError, Readings};
 use crate::observe::Observers;
+use crate::safety::StopRequest;
 use crate::safety::{ProtectiveStop, StopInfo};
 use act::{ActuatorView, Actuators};
 use orient::AlarmLevel;
@@ -214,8 +216,8 @@ struct SimLoop {
 }
 
 impl SimLoop {
-    fn lock(&self) -> std::sync::MutexGuard<'_, SimWorld> {
-        self.world.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, SimWorld> {
+        self.world.lock()
     }
 
     fn view(&self) -> WorldView {
@@ -641,34 +643,9 @@ impl Ooda {
     /// at the next tick); returns once they are safe and the latch is on
     /// disk (bounded). `true` if this added a cause (see
     /// [`ProtectiveStop::trigger`]).
-    pub async fn trigger_stop(&self, source: &str, reason: &str) -> bool {
-        self.trigger_stop_by(source, reason, None).await
-    }
-
-    /// [`Ooda::trigger_stop`] naming who asked.
-    pub async fn trigger_stop_by(&self, source: &str, reason: &str, by: Option<&str>) -> bool {
-        self.trigger_stop_inner(source, reason, by, None).await
-    }
-
-    /// [`Ooda::trigger_stop`] by an authenticated credential (the audit names it).
-    pub async fn trigger_stop_as(
-        &self,
-        source: &str,
-        reason: &str,
-        credential: Option<&str>,
-    ) -> bool {
-        self.trigger_stop_inner(source, reason, None, credential)
-            .await
-    }
-
-    async fn trigger_stop_inner(
-        &self,
-        source: &str,
-        reason: &str,
-        by: Option<&str>,
-        credential: Option<&str>,
-    ) -> bool {
-        let added = self.estop.trigger_as(source, reason, by, credential);
+    pub async fn trigger_stop(&self, request: StopRequest<'_>) -> bool {
+        let (source, reason) = (request.source, request.reason);
+        let added = self.estop.trigger(request);
         // Every actuator is driven even when the stop was latched already:
         // going safe again costs nothing and may catch a driver that failed.
         let why = format!("protective stop ({source}: {reason})");
@@ -728,14 +705,11 @@ impl Ooda {
     }
 
     pub fn stats(&self) -> LoopStats {
-        self.tick_history
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .stats(
-                1.0 / self.period.as_secs_f64(),
-                self.timer.as_str(),
-                self.realtime.view(),
-            )
+        self.tick_history.lock().stats(
+            1.0 / self.period.as_secs_f64(),
+            self.timer.as_str(),
+            self.realtime.view(),
+        )
     }
 
     /// Starts the tick: on its own thread, or as a task on the runtime's
@@ -765,10 +739,11 @@ impl Ooda {
                 // loop is gone (a restart of rozd starts a new one).
                 ooda.estop
                     .hold(LOOP_SOURCE, LOOP_SOURCE, "the control loop is not running");
-                ooda.estop.trigger(LOOP_SOURCE, &reason);
+                ooda.estop.trigger(StopRequest::new(LOOP_SOURCE, &reason));
                 let me = ooda.clone();
                 ooda.runtime.spawn(async move {
-                    me.trigger_stop(LOOP_SOURCE, &reason).await;
+                    me.trigger_stop(StopRequest::new(LOOP_SOURCE, &reason))
+                        .await;
                 });
             }
         });

@@ -4,7 +4,7 @@
 //! sensor values are read from the world under a short lock, and actions
 //! leave as tasks on the runtime, so a slow driver cannot delay the loop.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use tokio::time::Instant;
 
@@ -16,6 +16,7 @@ use super::timer::Wake;
 use super::world::Reading;
 use super::{Observation, Ooda, SensorObservation};
 use crate::ooda::act::Origin;
+use crate::safety::StopRequest;
 
 /// What the loop carries from one tick to the next.
 #[derive(Debug)]
@@ -143,7 +144,6 @@ impl Ooda {
         crate::metrics::loop_tick(wake.late, exec);
         self.tick_history
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .tick(micros(wake.late), micros(exec), wake.skipped);
     }
 
@@ -153,7 +153,7 @@ impl Ooda {
     fn hand_off(self: &Arc<Self>, index: usize, rule: &rules::Rule) {
         let source = format!("rule:{}", rule.name);
         if let Action::Estop { reason } = &rule.action {
-            self.estop.trigger(&source, reason);
+            self.estop.trigger(StopRequest::new(&source, reason));
         }
         let me = self.clone();
         let rule = rule.clone();
@@ -171,7 +171,7 @@ impl Ooda {
                     }
                 },
                 Action::Estop { reason } => {
-                    me.trigger_stop(&source, reason).await;
+                    me.trigger_stop(StopRequest::new(&source, reason)).await;
                     "protective stop latched".to_string()
                 }
                 Action::Publish {
@@ -215,7 +215,8 @@ impl Ooda {
                         .await;
                 }
                 MismatchAction::LatchStop => {
-                    me.trigger_stop(&response.source, &response.reason).await;
+                    me.trigger_stop(StopRequest::new(&response.source, &response.reason))
+                        .await;
                 }
             }
         });

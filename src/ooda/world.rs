@@ -2,8 +2,8 @@
 //! and the health of every source. Drivers write it (through
 //! [`Readings`]); the tick loop and the API read it.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -217,7 +217,7 @@ impl World {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.lock()
     }
 
     pub fn specs(&self) -> &[SensorSpec] {

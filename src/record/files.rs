@@ -75,34 +75,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FilesError + '_ {
 
 /// `<host>-<YYYYMMDD>T<HHMMSS>.<mmm>Z.mcap`, in UTC, so names sort by time.
 pub fn file_name(host_id: &str, at: SystemTime) -> String {
-    let since = at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = since.as_secs();
-    let (y, m, d) = civil_from_days(i64::try_from(secs / 86_400).unwrap_or(0));
-    let rem = secs % 86_400;
-    format!(
-        "{host_id}-{y:04}{m:02}{d:02}T{:02}{:02}{:02}.{:03}Z.{EXTENSION}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        since.subsec_millis()
-    )
-}
-
-/// Days since 1970-01-01 -> (year, month, day) in the proleptic Gregorian
-/// calendar (H. Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = u32::try_from(doy - (153 * mp + 2) / 5 + 1).unwrap_or(1);
-    let m = u32::try_from(if mp < 10 { mp + 3 } else { mp - 9 }).unwrap_or(1);
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+    let at: chrono::DateTime<chrono::Utc> = at.into();
+    format!("{host_id}-{}.{EXTENSION}", at.format("%Y%m%dT%H%M%S%.3fZ"))
 }
 
 /// Whether `name` may name a recording: one path component of safe

@@ -20,10 +20,11 @@ pub mod read;
 pub mod schema;
 mod writer;
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
@@ -147,8 +148,7 @@ impl Recorder {
                     tracing::error!("the recording's writer failed; nothing more is recorded until rozd restarts (which recovers the file)");
                     *shared
                         .last_error
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner) =
+                        .lock() =
                         Some("the writer failed (a bug in rozd); see the log".into());
                 }
             })
@@ -241,11 +241,7 @@ impl Recorder {
     pub async fn finish(&self) {
         let Some(active) = &self.active else { return };
         let queue = active.queue.clone();
-        let thread = active
-            .thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let thread = active.thread.lock().take();
         let Some(thread) = thread else { return };
         let done = tokio::task::spawn_blocking(move || {
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
@@ -324,7 +320,6 @@ impl crate::camera::CameraObserver for Recorder {
         let due = active
             .camera_throttles
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .entry(camera.to_string())
             .or_default()
             .take(active.camera_every, frame.captured);

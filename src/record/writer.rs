@@ -4,13 +4,14 @@
 //! age, applies the retention cap, and finishes the file (summary, index)
 //! on rotation and when told to stop.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::files;
@@ -48,27 +49,18 @@ pub struct Shared {
 
 impl Shared {
     pub fn current(&self) -> Option<String> {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.current.lock().clone()
     }
     pub fn last_error(&self) -> Option<String> {
-        self.last_error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.last_error.lock().clone()
     }
     fn set_current(&self, name: Option<String>) {
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = name;
+        *self.current.lock() = name;
     }
     fn failed(&self, why: String) {
         self.write_errors.fetch_add(1, Ordering::Relaxed);
         tracing::error!(error = %why, "recording: write failed");
-        *self
-            .last_error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(why);
+        *self.last_error.lock() = Some(why);
     }
 }
 

@@ -30,6 +30,7 @@ use crate::hw::HwError;
 use crate::hw::config::{ActuatorTarget, HardwareSpec, Level, Pull, SensorSource};
 use crate::hw::gpio::GpioInput;
 use crate::ooda::Ooda;
+use crate::safety::StopRequest;
 
 /// `StopInfo.source` of stops from the GPIO input.
 pub const GPIO_SOURCE: &str = "gpio";
@@ -264,14 +265,18 @@ async fn watch_gpio(
                 } else {
                     format!("stop input active ({why})")
                 };
-                ooda.trigger_stop(GPIO_SOURCE, &reason).await;
+                ooda.trigger_stop(StopRequest::new(GPIO_SOURCE, &reason))
+                    .await;
             }
         } else {
             stop.release(&name);
             if edge && was_active == Some(false) {
                 // Woken by edges, yet inactive as before: a pulse we did not see.
-                ooda.trigger_stop(GPIO_SOURCE, &format!("stop input pulsed ({why} briefly)"))
-                    .await;
+                ooda.trigger_stop(StopRequest::new(
+                    GPIO_SOURCE,
+                    &format!("stop input pulsed ({why} briefly)"),
+                ))
+                .await;
             } else if was_active == Some(true) {
                 tracing::info!(input = %name, "stop input released; the stop stays latched until cleared");
             }
@@ -284,7 +289,11 @@ async fn watch_gpio(
                         let why = format!("GPIO {} stopped reporting edges", input.pin);
                         tracing::error!(input = %name, "{why}; latching the protective stop");
                         stop.hold(&name, GPIO_SOURCE, &why);
-                        ooda.trigger_stop(GPIO_SOURCE, &format!("stop input lost ({why})")).await;
+                        ooda.trigger_stop(StopRequest::new(
+                            GPIO_SOURCE,
+                            &format!("stop input lost ({why})"),
+                        ))
+                        .await;
                         return;
                     }
                     true
@@ -316,8 +325,11 @@ async fn watch_mqtt(
             () = shutdown.cancelled() => return,
         };
         if is_stop_payload(&payload) {
-            ooda.trigger_stop(MQTT_SOURCE, &format!("stop message on MQTT topic {topic}"))
-                .await;
+            ooda.trigger_stop(StopRequest::new(
+                MQTT_SOURCE,
+                &format!("stop message on MQTT topic {topic}"),
+            ))
+            .await;
         } else if let Some(more) = ignored_log.allow(tokio::time::Instant::now()) {
             // Rate-limited: garbage on the topic must not flood the journal.
             tracing::info!(

@@ -20,6 +20,28 @@ pub struct StopRequest<'a> {
     pub credential: Option<&'a str>,
 }
 
+impl<'a> StopRequest<'a> {
+    /// A stop from `source` (e.g. `rest`, `fleet`, `rule:<name>`) for `reason`.
+    pub fn new(source: &'a str, reason: &'a str) -> StopRequest<'a> {
+        StopRequest {
+            source,
+            reason,
+            by: None,
+            credential: None,
+        }
+    }
+
+    /// Names who asked (a fleet host id).
+    pub fn by(self, by: Option<&'a str>) -> StopRequest<'a> {
+        StopRequest { by, ..self }
+    }
+
+    /// Names the authenticated credential that asked.
+    pub fn credential(self, credential: Option<&'a str>) -> StopRequest<'a> {
+        StopRequest { credential, ..self }
+    }
+}
+
 /// What a clear removes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClearScope<'a> {
@@ -36,6 +58,31 @@ pub struct ClearRequest<'a> {
     /// Who clears, as the log and audit name it (e.g. `rest (127.0.0.1)`).
     pub by: &'a str,
     pub credential: Option<&'a str>,
+}
+
+impl<'a> ClearRequest<'a> {
+    /// The operator's clear, by `by`: every cause but those an input asserts.
+    pub fn all(by: &'a str) -> ClearRequest<'a> {
+        ClearRequest {
+            scope: ClearScope::All,
+            by,
+            credential: None,
+        }
+    }
+
+    /// Only `source`'s cause (the fleet's clear), by `by`.
+    pub fn source(source: &'a str, by: &'a str) -> ClearRequest<'a> {
+        ClearRequest {
+            scope: ClearScope::Source(source),
+            by,
+            credential: None,
+        }
+    }
+
+    /// Names the authenticated credential that clears.
+    pub fn credential(self, credential: Option<&'a str>) -> ClearRequest<'a> {
+        ClearRequest { credential, ..self }
+    }
 }
 
 /// What a clear did: the events to report (in order) and its answer.

@@ -11,9 +11,10 @@
 //!
 //! The latch holds every active *cause* (one per source): a stop from a
 //! second source while latched adds its cause, and a clear removes only what
-//! it names. A fleet clear removes the fleet's cause
-//! ([`ProtectiveStop::clear_source`]); an operator clear removes every cause
-//! but those an input still asserts ([`ProtectiveStop::try_clear`]). A source
+//! it names ([`ProtectiveStop::clear`] with a [`ClearRequest`]). A fleet
+//! clear removes the fleet's cause ([`ClearRequest::source`]); an operator
+//! clear removes every cause but those an input still asserts
+//! ([`ClearRequest::all`]). A source
 //! that still *asserts* the stop (a pressed, latching stop button on the
 //! GPIO input) [`ProtectiveStop::hold`]s its cause: it cannot be cleared
 //! until the input is released.
@@ -26,7 +27,8 @@ pub mod latch;
 pub mod persist;
 pub mod status;
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
@@ -255,7 +257,7 @@ impl ProtectiveStop {
     }
 
     fn lock(&self) -> MutexGuard<'_, Latch> {
-        self.latch.lock().unwrap_or_else(PoisonError::into_inner)
+        self.latch.lock()
     }
 
     /// Publishes the causes and has them written to the stop file. Called
@@ -279,35 +281,15 @@ impl ProtectiveStop {
         self.state.borrow().clone()
     }
 
-    /// Latches the stop with this cause. `true` if the cause is new: the
-    /// stop was not latched, or latched by other sources only. A source that
-    /// already holds a cause keeps its first reason.
-    pub fn trigger(&self, source: &str, reason: &str) -> bool {
-        self.trigger_by(source, reason, None)
-    }
-
-    /// [`ProtectiveStop::trigger`] naming who asked.
-    pub fn trigger_by(&self, source: &str, reason: &str, by: Option<&str>) -> bool {
-        self.trigger_as(source, reason, by, None)
-    }
-
-    /// [`ProtectiveStop::trigger_by`] by an authenticated credential, which
-    /// the audit names.
-    pub fn trigger_as(
-        &self,
-        source: &str,
-        reason: &str,
-        by: Option<&str>,
-        credential: Option<&str>,
-    ) -> bool {
+    /// Latches the stop with the request's cause. `true` if the cause is
+    /// new: the stop was not latched, or latched by other sources only. A
+    /// source that already holds a cause keeps its first reason. Never
+    /// waits (the tick thread calls it); the stop file is written behind it
+    /// ([`ProtectiveStop::persisted`]).
+    pub fn trigger(&self, request: StopRequest<'_>) -> bool {
+        let (source, reason) = (request.source, request.reason);
         let mut latch = self.lock();
         let was_active = !latch.causes().is_empty();
-        let request = StopRequest {
-            source,
-            reason,
-            by,
-            credential,
-        };
         let Some(event) = latch.trigger(request, crate::clock::now_ms()) else {
             tracing::debug!(
                 source,
@@ -326,7 +308,7 @@ impl ProtectiveStop {
         true
     }
 
-    /// `source`'s cause, latched already (by [`ProtectiveStop::trigger_as`]
+    /// `source`'s cause, latched already (by [`ProtectiveStop::trigger`]
     /// with a default reason, before the request's body arrived), takes the
     /// reason the body gave. `false` when `source` holds no cause (it was
     /// cleared meanwhile): a late reason never latches by itself.
@@ -344,26 +326,29 @@ impl ProtectiveStop {
         }
     }
 
-    /// The operator's clear: removes every cause but those an input still
-    /// asserts. `Ok(false)` if nothing was latched; refused (with whatever
-    /// else it did clear) while an input asserts the stop. Moves nothing.
-    pub fn try_clear(&self, by: &str) -> Result<bool, ClearRefused> {
-        self.try_clear_as(by, None)
+    /// Clears what the request names (the operator's clear: every cause
+    /// but those an input still asserts; a source's clear: only its cause)
+    /// and returns once that is on disk (bounded by
+    /// [`persist::DURABLE_WITHIN`]; a clear that could not be written still
+    /// holds in memory, is logged, and a restart would latch again: the safe
+    /// side). `Ok(false)` if there was nothing to clear; refused (with
+    /// whatever else it did clear) while an input asserts a cause in scope.
+    /// Moves nothing.
+    pub async fn clear(&self, request: ClearRequest<'_>) -> Result<bool, ClearRefused> {
+        let answer = self.clear_now(request);
+        if !self.persisted().await {
+            tracing::error!("the protective stop's clear could not be written to disk in time");
+        }
+        answer
     }
 
-    /// [`ProtectiveStop::try_clear`] by an authenticated credential, which
-    /// the audit names.
-    pub fn try_clear_as(&self, by: &str, credential: Option<&str>) -> Result<bool, ClearRefused> {
-        self.apply_clear(ClearRequest {
-            scope: ClearScope::All,
-            by,
-            credential,
-        })
-    }
-
-    /// Applies a clear to the latch: publishes and persists what changed,
-    /// logs and reports each event, in order.
-    fn apply_clear(&self, request: ClearRequest<'_>) -> Result<bool, ClearRefused> {
+    /// [`ProtectiveStop::clear`] without waiting for the disk: applies the
+    /// clear at once, publishes it, logs and reports each event in order,
+    /// and has the stop file written behind it. For a loop that must not
+    /// wait on the disk and must apply clears and stops in the order they
+    /// came (the fleet connection); everyone else awaits
+    /// [`ProtectiveStop::clear`].
+    pub fn clear_now(&self, request: ClearRequest<'_>) -> Result<bool, ClearRefused> {
         let by = request.by;
         let credential = request.credential;
         let mut latch = self.lock();
@@ -394,33 +379,6 @@ impl ProtectiveStop {
             tracing::warn!(by, "protective stop cleared");
         }
         cleared.answer
-    }
-
-    /// Removes only `source`'s cause (the fleet's clear removes the fleet's
-    /// stop and nothing else). `Ok(false)` if that source held no cause;
-    /// refused while an input asserts that source's stop. Other causes keep
-    /// the stop latched.
-    pub fn clear_source(&self, source: &str, by: &str) -> Result<bool, ClearRefused> {
-        self.clear_source_as(source, by, None)
-    }
-
-    /// [`ProtectiveStop::clear_source`] by an authenticated credential.
-    pub fn clear_source_as(
-        &self,
-        source: &str,
-        by: &str,
-        credential: Option<&str>,
-    ) -> Result<bool, ClearRefused> {
-        self.apply_clear(ClearRequest {
-            scope: ClearScope::Source(source),
-            by,
-            credential,
-        })
-    }
-
-    /// [`ProtectiveStop::try_clear`]; `false` if it was not active or was refused.
-    pub fn clear(&self, by: &str) -> bool {
-        self.try_clear(by).unwrap_or(false)
     }
 
     /// Marks `input` as asserting `source`'s stop (it does not latch by
@@ -471,28 +429,38 @@ mod tests {
         assert_eq!(source_kind("control-socket"), "control-socket");
     }
 
-    #[test]
-    fn a_source_keeps_its_first_cause_until_cleared() {
+    fn stop(source: &'static str, reason: &'static str) -> StopRequest<'static> {
+        StopRequest::new(source, reason)
+    }
+
+    #[tokio::test]
+    async fn a_source_keeps_its_first_cause_until_cleared() {
         let stop = ProtectiveStop::default();
         assert!(stop.active().is_none());
-        assert!(stop.trigger("rest", "operator"));
-        assert!(!stop.trigger("rest", "later"), "same source: no new cause");
+        assert!(stop.trigger(self::stop("rest", "operator")));
+        assert!(
+            !stop.trigger(self::stop("rest", "later")),
+            "same source: no new cause"
+        );
         assert_eq!(stop.active().unwrap().reason, "operator");
-        assert!(stop.clone().clear("operator"));
-        assert!(!stop.clear("operator"));
+        assert_eq!(
+            stop.clone().clear(ClearRequest::all("operator")).await,
+            Ok(true)
+        );
+        assert_eq!(stop.clear(ClearRequest::all("operator")).await, Ok(false));
         assert!(stop.active().is_none());
     }
 
-    #[test]
-    fn every_source_adds_a_cause_and_a_source_clear_removes_only_its_own() {
+    #[tokio::test]
+    async fn every_source_adds_a_cause_and_a_source_clear_removes_only_its_own() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let stop = ProtectiveStop {
             observers: Observers::new(vec![Arc::new(StopEventChannel(tx))]),
             ..ProtectiveStop::default()
         };
-        assert!(stop.trigger_by("fleet", "drill", Some("host-a")));
-        assert!(stop.trigger("rest", "person in cell"));
-        assert!(stop.trigger("rule:too_close", "front_distance < 0.2"));
+        assert!(stop.trigger(self::stop("fleet", "drill").by(Some("host-a"))));
+        assert!(stop.trigger(self::stop("rest", "person in cell")));
+        assert!(stop.trigger(self::stop("rule:too_close", "front_distance < 0.2")));
         let sources: Vec<_> = stop
             .state()
             .causes
@@ -502,11 +470,12 @@ mod tests {
         assert_eq!(sources, ["fleet", "rest", "rule:too_close"]);
         assert_eq!(stop.state().causes[0].by.as_deref(), Some("host-a"));
 
-        assert_eq!(stop.clear_source("fleet", "fleet: withdrawn"), Ok(true));
-        assert_eq!(stop.clear_source("fleet", "fleet: again"), Ok(false));
+        let fleet_clear = |by| ClearRequest::source("fleet", by);
+        assert_eq!(stop.clear(fleet_clear("fleet: withdrawn")).await, Ok(true));
+        assert_eq!(stop.clear(fleet_clear("fleet: again")).await, Ok(false));
         assert_eq!(stop.active().unwrap().source, "rest", "still latched");
 
-        assert_eq!(stop.try_clear("operator"), Ok(true));
+        assert_eq!(stop.clear(ClearRequest::all("operator")).await, Ok(true));
         assert!(!stop.state().is_active());
 
         let mut events = Vec::new();
@@ -533,36 +502,40 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_held_input_keeps_its_cause_and_blocks_only_that() {
+    #[tokio::test]
+    async fn a_held_input_keeps_its_cause_and_blocks_only_that() {
         let stop = ProtectiveStop::default();
         stop.hold("gpio:17", "gpio", "GPIO 17 is low");
-        assert!(stop.trigger("gpio", "button"));
-        assert!(stop.trigger("rest", "operator"));
-        let refused = stop.try_clear("operator").unwrap_err();
+        assert!(stop.trigger(self::stop("gpio", "button")));
+        assert!(stop.trigger(self::stop("rest", "operator")));
+        let refused = stop.clear(ClearRequest::all("operator")).await.unwrap_err();
         assert_eq!(refused.input, "gpio:17");
         assert_eq!(refused.cleared, ["rest"]);
-        assert!(!stop.clear("operator"));
+        assert!(stop.clear(ClearRequest::all("operator")).await.is_err());
         assert_eq!(stop.active().unwrap().source, "gpio", "still latched");
-        assert!(stop.clear_source("gpio", "fleet").is_err());
+        assert!(
+            stop.clear(ClearRequest::source("gpio", "fleet"))
+                .await
+                .is_err()
+        );
         assert_eq!(stop.held_inputs(), ["gpio:17"]);
         stop.release("gpio:17");
         assert!(
             stop.active().is_some(),
             "releasing the input does not clear"
         );
-        assert_eq!(stop.try_clear("operator"), Ok(true));
-        assert_eq!(stop.try_clear("operator"), Ok(false));
+        assert_eq!(stop.clear(ClearRequest::all("operator")).await, Ok(true));
+        assert_eq!(stop.clear(ClearRequest::all("operator")).await, Ok(false));
     }
 
     #[test]
     fn subscribers_see_every_added_cause() {
         let stop = ProtectiveStop::default();
         let mut rx = stop.subscribe();
-        stop.trigger("fleet", "drill");
+        stop.trigger(self::stop("fleet", "drill"));
         assert!(rx.has_changed().unwrap());
         assert_eq!(rx.borrow_and_update().causes.len(), 1);
-        stop.trigger("rest", "person");
+        stop.trigger(self::stop("rest", "person"));
         assert!(rx.has_changed().unwrap(), "a second cause is a change");
         assert_eq!(rx.borrow_and_update().causes.len(), 2);
     }

@@ -8,10 +8,11 @@
 //! disk (bounded by [`DURABLE_WITHIN`]); the latch and the actuators never
 //! wait for the disk.
 
+use parking_lot::Mutex;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -164,10 +165,7 @@ impl StopFile {
     pub(super) fn save(&self, generation: u64, causes: Vec<StopInfo>) {
         let shared = self.shared.clone();
         let job = move || {
-            let mut written = shared
-                .written
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut written = shared.written.lock();
             if generation <= *written {
                 return;
             }
@@ -294,7 +292,10 @@ mod tests {
             }
         );
         // Without a runtime the write happens inline.
-        assert_eq!(stop.try_clear("operator"), Ok(true));
+        assert_eq!(
+            stop.clear_now(super::super::ClearRequest::all("operator")),
+            Ok(true)
+        );
         assert_eq!(file.load().unwrap(), Vec::new());
 
         std::fs::write(file.path(), b"garbage").unwrap();

@@ -7,8 +7,9 @@
 //! takes the entry off the list, so nothing can be answered after its call
 //! stopped waiting. Nothing here does I/O.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -174,8 +175,8 @@ impl Approvals {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Entry>> {
+        self.entries.lock()
     }
 }
 

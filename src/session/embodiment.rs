@@ -8,8 +8,9 @@
 //! [`Briefings`] holds the current [`Briefing`]; a SIGHUP swaps in a re-read
 //! manual for new sessions while open ones keep the `Arc` they started with.
 
+use parking_lot::RwLock;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -677,18 +678,12 @@ impl Briefings {
 
     /// What a session starting now is told.
     pub fn current(&self) -> Arc<Briefing> {
-        self.current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.current.read().clone()
     }
 
     /// New sessions get `manual` with the same embodiment; returns the new version.
     pub fn replace_manual(&self, manual: Option<Manual>) -> String {
-        let mut current = self
-            .current
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut current = self.current.write();
         let next = Briefing::new(current.embodiment.clone(), manual);
         let version = next.version.clone();
         *current = Arc::new(next);

@@ -118,7 +118,7 @@ struct Runner<'a> {
     session: Option<Session>,
     turn: Option<ActiveTurn>,
     /// The session's id once started, for [`run`] to clean up after a panic.
-    started: Arc<std::sync::Mutex<Option<String>>>,
+    started: Arc<parking_lot::Mutex<Option<String>>>,
 }
 
 /// The client's response stream is gone.
@@ -137,16 +137,13 @@ pub async fn run(
     credential: Option<String>,
 ) {
     use tracing::Instrument as _;
-    let started: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let started: Arc<parking_lot::Mutex<Option<String>>> = Arc::default();
     let joined = tokio::spawn(
         run_loop(ctx.clone(), inbound, out, started.clone(), credential).in_current_span(),
     )
     .await;
     if let Err(e) = joined {
-        let id = started
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let id = started.lock().clone();
         tracing::error!(error = %e, session_id = ?id, "session task failed");
         if let Some(id) = id {
             let origin = crate::ooda::act::Origin::Session(id.clone());
@@ -173,7 +170,7 @@ async fn run_loop(
     ctx: Arc<HostContext>,
     mut inbound: SessionInput,
     out: mpsc::Sender<ServerEvent>,
-    started: Arc<std::sync::Mutex<Option<String>>>,
+    started: Arc<parking_lot::Mutex<Option<String>>>,
     credential: Option<String>,
 ) {
     let registry = ctx.clone();
@@ -379,10 +376,7 @@ impl Runner<'_> {
             model: session.model.name().to_string(),
             permissions: self.permission_views(),
         };
-        *self
-            .started
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(session.id.clone());
+        *self.started.lock() = Some(session.id.clone());
         self.listed.started(&session.id, session.model.name());
         self.session = Some(session);
         self.slot = Some(slot);

@@ -3,9 +3,10 @@
 //! the session streams open now (`GET /v1/sessions/open`, the dashboard):
 //! local sessions and the relays to other hosts that pass through here.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde::Serialize;
 
@@ -147,7 +148,7 @@ impl SessionRegistry {
 }
 
 fn lock(open: &Mutex<BTreeMap<u64, OpenSession>>) -> MutexGuard<'_, BTreeMap<u64, OpenSession>> {
-    open.lock().unwrap_or_else(PoisonError::into_inner)
+    open.lock()
 }
 
 /// An open session stream's entry in the list; taken off when dropped.

@@ -12,10 +12,10 @@
 //! hand-off to the turn never waits ([`RunningTurn::offer`]): a session
 //! waiting for room in its turn's inbox would wait for itself.
 
+use parking_lot::Mutex;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::{Mutex, PoisonError};
 
 use futures_util::FutureExt as _;
 use futures_util::future::{CatchUnwind, Fuse};
@@ -69,7 +69,7 @@ impl RunningTurn {
         let Some(future) = self.future.as_mut() else {
             return Err(TurnFailed::Aborted);
         };
-        let future = future.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let future = future.get_mut();
         future.await.map_err(|payload| {
             let why = payload
                 .downcast_ref::<&str>()

@@ -6,7 +6,7 @@
 //! own audit row before its command (`Store::audit_begin`) and is refused
 //! when that write fails. This is what an operator reads to see why.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use serde::Serialize;
@@ -39,10 +39,7 @@ pub(super) struct Health {
 impl Health {
     /// Notes the outcome of one write.
     pub(super) fn wrote<T, E: std::fmt::Display>(&self, result: &Result<T, E>) {
-        let mut failing = self
-            .failing
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut failing = self.failing.lock();
         match result {
             Ok(_) => {
                 if let Some((since, _)) = failing.take() {
@@ -68,11 +65,7 @@ impl Health {
     }
 
     pub(super) fn snapshot(&self) -> StoreHealth {
-        let failing = self
-            .failing
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let failing = self.failing.lock().clone();
         StoreHealth {
             writable: failing.is_none(),
             failing_since_unix_ms: failing.as_ref().map(|(since, _)| *since),

@@ -7,8 +7,9 @@
 
 use crate::clock::now_ms;
 use crate::observe::Observers;
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 mod health;
 mod retention;
@@ -329,9 +330,7 @@ impl Store {
         tokio::task::spawn_blocking(move || {
             // A panic while holding the lock poisons it; the connection itself
             // is still consistent (SQLite rolled back), so keep using it.
-            let mut guard = conn
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut guard = conn.lock();
             f(&mut guard)
         })
         .await
@@ -746,7 +745,6 @@ mod tests {
         let mode: String = store
             .conn
             .lock()
-            .unwrap()
             .pragma_query_value(None, "journal_mode", |r| r.get(0))
             .unwrap();
         assert_eq!(mode, "wal");
@@ -758,7 +756,6 @@ mod tests {
         let version: i64 = store
             .conn
             .lock()
-            .unwrap()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(version, MIGRATIONS.len() as i64);

@@ -32,7 +32,7 @@ pub struct LiveTask {
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    m.lock()
 }
 
 impl LiveTask {

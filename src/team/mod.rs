@@ -17,8 +17,9 @@ pub mod worker;
 pub use live::LiveTask;
 use live::lock;
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -116,9 +117,7 @@ impl Tasks {
     }
 
     fn live(&self) -> MutexGuard<'_, HashMap<String, Arc<LiveTask>>> {
-        self.live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.live.lock()
     }
 
     fn get(&self, id: &str) -> Option<Arc<LiveTask>> {

@@ -13,8 +13,9 @@
 //! real-time clock (until NTP syncs, "now" can be months off). A reload
 //! can afford to refuse: the previous certificate keeps being served.
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -178,8 +179,8 @@ impl ServerTls {
         status
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Reads the files again and serves them to new connections; on

@@ -750,7 +750,12 @@ async fn mqtt_stop_topic_latches_and_cannot_clear() {
     publish(broker.port, "cell/estop", "", true).await;
     publish(broker.port, "cell/estop", "0", false).await;
     assert_clear_moves_nothing(&daemon, async {
-        assert!(ooda.protective_stop().try_clear("test operator").unwrap());
+        assert_eq!(
+            ooda.protective_stop()
+                .clear(rozd::safety::ClearRequest::all("test operator"))
+                .await,
+            Ok(true)
+        );
     })
     .await;
 

@@ -58,6 +58,16 @@ impl Rozd {
 
     /// [`Rozd::spawn`] with `fleet_extra` (lines of TOML) added to its `[fleet]`.
     pub(crate) async fn spawn_with(id: &str, broker: &Broker, fleet_extra: &str) -> Rozd {
+        Self::spawn_in(id, "lab", broker, fleet_extra).await
+    }
+
+    /// [`Rozd::spawn_with`] in environment `environment`.
+    pub(crate) async fn spawn_in(
+        id: &str,
+        environment: &str,
+        broker: &Broker,
+        fleet_extra: &str,
+    ) -> Rozd {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let token_file = dir.path().join("fleet-token");
@@ -67,7 +77,7 @@ impl Rozd {
 [host]
 id = "{id}"
 name = "host {id}"
-environment_id = "lab"
+environment_id = "{environment}"
 
 [server]
 listen = "127.0.0.1:{port}"
@@ -200,7 +210,7 @@ offset = 20
             .unwrap_or_default()
     }
 
-    async fn channel(&self) -> InterceptedService<Channel, Bearer> {
+    pub(crate) async fn channel(&self) -> InterceptedService<Channel, Bearer> {
         self.channel_as(Bearer { relayed_by: None }).await
     }
 
@@ -266,7 +276,7 @@ offset = 20
 /// Presents the fleet token; optionally marks requests as relayed by
 /// another rozd (as one rozd's relay to another does).
 #[derive(Clone)]
-struct Bearer {
+pub(crate) struct Bearer {
     relayed_by: Option<&'static str>,
 }
 
@@ -304,7 +314,7 @@ where
 }
 
 /// Waits until `host` lists exactly `want` (id, status), in id order.
-async fn view_is(host: &Rozd, want: &[(&str, &str)]) {
+pub(crate) async fn view_is(host: &Rozd, want: &[(&str, &str)]) {
     let want: Vec<(String, String)> = want
         .iter()
         .map(|(i, s)| (i.to_string(), s.to_string()))
@@ -412,19 +422,25 @@ async fn three_hosts_converge_stop_together_ignore_forgeries_and_see_a_kill() {
     }))
     .unwrap();
     huge["capabilities"] = json!({ "blob": "x".repeat(200_000) });
-    publish(broker.port, "roz/v1/hosts/b", huge.to_string(), true).await;
-    publish(broker.port, "roz/v1/hosts/evil", "{not json", true).await;
-    publish(broker.port, "roz/v1/hosts/evil2", [0xff, 0x00, 0x13], true).await;
+    publish(broker.port, "roz/v1/hosts/lab/b", huge.to_string(), true).await;
+    publish(broker.port, "roz/v1/hosts/lab/evil", "{not json", true).await;
     publish(
         broker.port,
-        "roz/v1/hosts/c",
+        "roz/v1/hosts/lab/evil2",
+        [0xff, 0x00, 0x13],
+        true,
+    )
+    .await;
+    publish(
+        broker.port,
+        "roz/v1/hosts/lab/c",
         json!({"id": "b", "name": "b?", "environment_id": "lab", "status": "offline"}).to_string(),
         true,
     )
     .await;
     publish(
         broker.port,
-        "roz/v1/hosts/zed",
+        "roz/v1/hosts/lab/zed",
         json!({"id": "zed", "name": "z", "environment_id": "lab/#", "status": "online"})
             .to_string(),
         true,
@@ -1067,7 +1083,7 @@ async fn a_task_created_through_a_for_c_is_approved_and_watched_through_b() {
 }
 
 /// Issue 14, defect 5, for the fleet link: a 2 MiB retained record on
-/// `roz/v1/hosts/x` made every host's fleet client fail on the packet,
+/// `roz/v1/hosts/lab/x` made every host's fleet client fail on the packet,
 /// reconnect, get it again, forever. Now the broker does not send more
 /// than the fleet's maximum packet size (128 KiB by default), a record
 /// above 64 KiB that does arrive is dropped and counted, and the link stays.
@@ -1084,7 +1100,7 @@ async fn a_huge_retained_record_does_not_take_the_fleet_link_down() {
     };
     publish(
         broker.port,
-        "roz/v1/hosts/x",
+        "roz/v1/hosts/lab/x",
         record("x", 2 * 1024 * 1024),
         true,
     )
@@ -1096,7 +1112,13 @@ async fn a_huge_retained_record_does_not_take_the_fleet_link_down() {
     view_is(&b, &both).await;
 
     // Above the record limit, below the packet limit: counted, not fatal.
-    publish(broker.port, "roz/v1/hosts/y", record("y", 100_000), true).await;
+    publish(
+        broker.port,
+        "roz/v1/hosts/lab/y",
+        record("y", 100_000),
+        true,
+    )
+    .await;
     for host in [&a, &b] {
         eventually(
             &format!("{} counts the oversized record", host.id),
@@ -1550,14 +1572,14 @@ async fn forged_host_records_route_nothing() {
     let before = ignored(&a, "unauthenticated_records").await;
     publish(
         broker.port,
-        "roz/v1/hosts/x",
+        "roz/v1/hosts/lab/x",
         host_record("x", &trap_endpoint).to_string(),
         true,
     )
     .await;
     publish(
         broker.port,
-        "roz/v1/hosts/loop",
+        "roz/v1/hosts/lab/loop",
         host_record("loop", &format!("http://{}", a.addr())).to_string(),
         true,
     )
@@ -1668,9 +1690,9 @@ async fn a_record_pointing_back_at_its_host_makes_no_relay_loop() {
     let (broker, a, b) = two_hosts(dir.path()).await;
     publish(
         broker.port,
-        "roz/v1/hosts/ghost",
+        "roz/v1/hosts/lab/ghost",
         sealed(
-            "roz/v1/hosts/ghost",
+            "roz/v1/hosts/lab/ghost",
             &host_record("ghost", &format!("http://{}", a.addr())),
         ),
         true,
@@ -1726,7 +1748,7 @@ async fn two_bridged_brokers_carry_records_the_fleet_stop_and_wills() {
         free_port(),
         &format!(
             "connection to-main\naddress 127.0.0.1:{}\ncleansession true\n\
-             topic roz/v1/estop/# both 1\ntopic roz/v1/hosts/# both 0\n",
+             topic roz/v1/estop/# both 1\ntopic roz/v1/hosts/# both 0\ntopic roz/v1/alive/# both 0\n",
             main.port
         ),
     )

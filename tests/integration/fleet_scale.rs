@@ -26,7 +26,7 @@ const HOSTS: usize = 3000;
 const WITHIN: Duration = Duration::from_secs(120);
 
 fn record_topic(id: &str) -> String {
-    format!("roz/v1/hosts/{id}")
+    format!("roz/v1/hosts/lab/{id}")
 }
 
 /// A registered host's record (a host that is not a rozd), unsealed.
@@ -392,7 +392,7 @@ async fn with_nothing_changing_no_record_is_delivered_only_liveness() {
         while alive.values().filter(|n| **n >= 5).count() < 2 {
             let line = lines.next_line().await.expect("read").expect("a line");
             let topic = line.split(' ').next().unwrap_or("").to_string();
-            if let Some(id) = topic.strip_prefix("roz/v1/hosts/") {
+            if let Some(id) = topic.strip_prefix("roz/v1/hosts/lab/") {
                 *records.entry(id.to_string()).or_default() += 1;
             } else if let Some(id) = topic.strip_prefix("roz/v1/alive/lab/") {
                 *alive.entry(id.to_string()).or_default() += 1;
@@ -411,7 +411,7 @@ async fn with_nothing_changing_no_record_is_delivered_only_liveness() {
     tokio::time::timeout(WITHIN, async {
         loop {
             let line = lines.next_line().await.expect("read").expect("a line");
-            if line.starts_with("roz/v1/hosts/b ") {
+            if line.starts_with("roz/v1/hosts/lab/b ") {
                 return;
             }
         }

@@ -281,7 +281,11 @@ async fn protective_stop_refuses_physical_calls_while_observe_still_works() {
     let (mut session, _) = open(&daemon, vec![]).await;
     session.send(user("set speed 0.5")).await;
     until_complete(&mut session).await;
-    daemon.ctx.ooda.trigger_stop("test", "bumper hit").await;
+    daemon
+        .ctx
+        .ooda
+        .trigger_stop(rozd::safety::StopRequest::new("test", "bumper hit"))
+        .await;
     assert_eq!(
         daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
         Some(0.0)
@@ -541,7 +545,7 @@ async fn a_panic_in_the_session_loop_still_drives_its_actuators_safe() {
     let (mut again, _) = open(&daemon, vec![]).await;
     again.send(user("echo still here")).await;
     let (seen, _) = until_complete(&mut again).await;
-    assert_eq!(text_of(&seen), "still here");
+    assert_eq!(text_of(&seen), "still here\n");
     daemon.shutdown().await;
 }
 

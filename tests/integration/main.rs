@@ -23,6 +23,7 @@ mod estop;
 mod external_clients;
 mod feedback;
 mod fleet;
+mod fleet_env;
 mod fleet_scale;
 mod guides;
 mod hardware_e2e;

@@ -287,7 +287,11 @@ async fn protective_stop_drives_safe_refuses_commands_and_clearing_moves_nothing
     act.command("brake", 0.0, Origin::Operator("t".into()), None)
         .await
         .unwrap();
-    ooda.trigger_stop("test", "operator pressed stop").await;
+    ooda.trigger_stop(rozd::safety::StopRequest::new(
+        "test",
+        "operator pressed stop",
+    ))
+    .await;
     assert_eq!(ooda.sim_actuator("speed").unwrap().value(), Some(0.0));
     assert_eq!(ooda.sim_actuator("brake").unwrap().value(), Some(1.0));
     let err = act
@@ -301,7 +305,12 @@ async fn protective_stop_drives_safe_refuses_commands_and_clearing_moves_nothing
     .await;
     assert_eq!(obs.protective_stop.as_ref().unwrap().source, "test");
     let before = ooda.sim_actuator("speed").unwrap().history().len();
-    assert!(ooda.protective_stop().clear("test"));
+    assert_eq!(
+        ooda.protective_stop()
+            .clear(rozd::safety::ClearRequest::all("test"))
+            .await,
+        Ok(true)
+    );
     assert_eq!(
         ooda.sim_actuator("speed").unwrap().history().len(),
         before,

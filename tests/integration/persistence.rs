@@ -82,12 +82,12 @@ async fn sessions_and_turns_survive_a_restart() {
     let (first, done) = turn(&mut session, "echo first turn", "m-1").await;
     assert_eq!(
         (first.as_str(), done.stop_reason.as_str()),
-        ("first turn", "end_turn")
+        ("first turn\n", "end_turn")
     );
     let (second, done) = turn(&mut session, "echo second turn", "m-2").await;
     assert_eq!(
         (second.as_str(), done.stop_reason.as_str()),
-        ("second turn", "end_turn")
+        ("second turn\n", "end_turn")
     );
     session
         .send(Req::CancelSession(proto::CancelSession {
@@ -121,8 +121,8 @@ async fn sessions_and_turns_survive_a_restart() {
     for (i, (t, (content, message_id, text))) in turns
         .iter()
         .zip([
-            ("echo first turn", "m-1", "first turn"),
-            ("echo second turn", "m-2", "second turn"),
+            ("echo first turn", "m-1", "first turn\n"),
+            ("echo second turn", "m-2", "second turn\n"),
         ])
         .enumerate()
     {
@@ -179,7 +179,7 @@ fn a_session_left_open_by_a_crash_ends_as_daemon_restart() {
         let (text, done) = turn(&mut session, "echo before the crash", "m-1").await;
         assert_eq!(
             (text.as_str(), done.stop_reason.as_str()),
-            ("before the crash", "end_turn")
+            ("before the crash\n", "end_turn")
         );
         (id, session)
     });

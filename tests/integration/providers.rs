@@ -2206,13 +2206,13 @@ async fn the_local_model_looks_through_a_camera() {
     // The turn's text: "Calling capture_image." (the call), then the answer.
     let text = text_of(&seen);
     let text = text
-        .strip_prefix("Calling capture_image.")
+        .strip_prefix("Calling capture_image.\n")
         .unwrap_or_else(|| panic!("the call, then the answer: {text}"));
     // Fitted to max_image_px = 160 on the long edge, as capture_image sends it.
     assert!(
         text.starts_with("front_camera: 160x120 jpeg, ")
             && text.contains(" ms old (health ok); the picture came with it (image/jpeg, ")
-            && text.ends_with(" bytes), and this offline model cannot see what is in it."),
+            && text.ends_with(" bytes), and this offline model cannot see what is in it.\n"),
         "{text}"
     );
     daemon.shutdown().await;

@@ -290,7 +290,7 @@ async fn all_deltas_of_a_turn_come_before_turn_complete_with_its_message_id() {
     );
     assert_eq!(
         text_of(&seen),
-        "one two three four five six seven eight nine ten"
+        "one two three four five six seven eight nine ten\n"
     );
     assert_eq!(done.message_id, "m-42");
     assert_eq!(done.stop_reason, "end_turn");
@@ -497,7 +497,7 @@ async fn client_tool_round_trip_reports_everything_to_the_model() {
     assert_eq!(done.stop_reason, "end_turn");
     assert_eq!(
         text_of(&seen),
-        "sum failed: 42 (partial)\n[exit code 3; output truncated; took 17 ms]"
+        "sum failed: 42 (partial)\n[exit code 3; output truncated; took 17 ms]\n"
     );
     daemon.shutdown().await;
 }
@@ -616,7 +616,7 @@ async fn unknown_and_duplicate_tool_results_are_ignored() {
     );
     assert_eq!(
         text_of(&seen),
-        "a returned: A-OK\n[exit code 0]\nb returned: B-OK\n[exit code 0]"
+        "a returned: A-OK\n[exit code 0]\nb returned: B-OK\n[exit code 0]\n"
     );
     assert_eq!(done.stop_reason, "end_turn");
     daemon.shutdown().await;
@@ -682,7 +682,7 @@ async fn success_contradicting_exit_code_is_invalid_and_the_call_still_waits() {
     assert!(err.message.contains("exit_code"));
     session.send(result(&request.tool_call_id, "fixed")).await;
     let (seen, _) = until_complete(&mut session).await;
-    assert_eq!(text_of(&seen), "run returned: fixed\n[exit code 0]");
+    assert_eq!(text_of(&seen), "run returned: fixed\n[exit code 0]\n");
     daemon.shutdown().await;
 }
 
@@ -808,7 +808,7 @@ async fn malformed_tool_schema_is_invalid_argument_and_the_session_survives() {
     );
     session.send(user("echo still here")).await;
     let (seen, _) = until_complete(&mut session).await;
-    assert_eq!(text_of(&seen), "still here");
+    assert_eq!(text_of(&seen), "still here\n");
     daemon.shutdown().await;
 }
 
@@ -974,7 +974,7 @@ async fn cancel_turn_during_the_model_stream() {
     let (seen, done) = until_complete(&mut session).await;
     assert_eq!(
         (text_of(&seen).as_str(), done.stop_reason.as_str()),
-        ("after cancel", "end_turn")
+        ("after cancel\n", "end_turn")
     );
     daemon.shutdown().await;
 }
@@ -995,7 +995,7 @@ async fn cancel_turn_during_a_tool_wait_keeps_the_conversation_usable() {
     );
     session.send(user("echo next")).await;
     let (seen, _) = until_complete(&mut session).await;
-    assert_eq!(text_of(&seen), "next");
+    assert_eq!(text_of(&seen), "next\n");
     daemon.shutdown().await;
 }
 
@@ -1233,7 +1233,7 @@ async fn context_over_budget_is_compacted_by_dropping_old_turns() {
     assert!(c.tokens_before > 1_200 && c.tokens_after <= 1_200, "{c:?}");
     assert!(c.messages_after < c.messages_before);
     assert_eq!(done.stop_reason, "end_turn");
-    assert_eq!(text_of(&seen), "fits");
+    assert_eq!(text_of(&seen), "fits\n");
     daemon.shutdown().await;
 }
 

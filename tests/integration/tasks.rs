@@ -720,7 +720,10 @@ async fn bad_requests_get_precise_errors_over_grpc_and_rest() {
 
     for (body, needle) in [
         (json!([1]), "JSON object"),
-        (json!({"prompt": 3}), "`prompt` must be a string"),
+        (
+            json!({"prompt": 3}),
+            "`prompt`: invalid type: integer `3`, expected a string",
+        ),
         (
             json!({"prompt": "status", "colour": "red"}),
             "unknown field `colour`",

@@ -1102,7 +1102,7 @@ async fn the_example_broker_acl_keeps_each_host_to_its_own_record() {
         d,
         port,
         "rover-2",
-        "roz/v1/hosts/rover-2",
+        "roz/v1/hosts/lab/rover-2",
         "rover-2's own record",
     )
     .await;
@@ -1112,7 +1112,7 @@ async fn the_example_broker_acl_keeps_each_host_to_its_own_record() {
         d,
         port,
         "rover-1",
-        "roz/v1/hosts/rover-2",
+        "roz/v1/hosts/lab/rover-2",
         "forged by rover-1",
     )
     .await;
@@ -1120,15 +1120,15 @@ async fn the_example_broker_acl_keeps_each_host_to_its_own_record() {
         d,
         port,
         "rover-1",
-        "roz/v1/hosts/rover-1",
+        "roz/v1/hosts/lab/rover-1",
         "rover-1's own record",
     )
     .await;
     assert_eq!(
         retained(d, port, "rover-2", "roz/v1/hosts/#", 2).await,
         [
-            "roz/v1/hosts/rover-1 rover-1's own record",
-            "roz/v1/hosts/rover-2 rover-2's own record"
+            "roz/v1/hosts/lab/rover-1 rover-1's own record",
+            "roz/v1/hosts/lab/rover-2 rover-2's own record"
         ]
     );
 
@@ -1152,7 +1152,7 @@ async fn the_example_broker_acl_keeps_each_host_to_its_own_record() {
     let rover1 = start_tls(&server, &fleet).await;
     let deadline = tokio::time::Instant::now() + EXPECT_WITHIN;
     loop {
-        let lines = retained(d, port, "rover-2", "roz/v1/hosts/rover-1", 1).await;
+        let lines = retained(d, port, "rover-2", "roz/v1/hosts/lab/rover-1", 1).await;
         if lines
             .iter()
             .any(|l| l.contains("\\\"endpoint\\\":\\\"https://"))
@@ -1323,10 +1323,10 @@ async fn the_example_broker_acl_keeps_the_retained_fleet_stop_from_anyone_but_th
     })
     .await;
     // Its record is on its own topic; the fleet's clear gets through.
-    retained_until(d, port, "roz/v1/hosts/+", 2, |lines| {
+    retained_until(d, port, "roz/v1/hosts/+/+", 2, |lines| {
         lines.len() == 2
-            && lines[0].starts_with("roz/v1/hosts/rover-1 ")
-            && lines[1].starts_with("roz/v1/hosts/rover-2 ")
+            && lines[0].starts_with("roz/v1/hosts/lab/rover-1 ")
+            && lines[1].starts_with("roz/v1/hosts/lab/rover-2 ")
     })
     .await;
     rover1
