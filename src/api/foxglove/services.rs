@@ -21,13 +21,13 @@ use crate::api::auth::Caller;
 use crate::clock::now_ms;
 use crate::config::types::{AiMode, ToolCategory};
 use crate::ooda::act::Origin;
-use crate::safety::{ClearRequest, StopRequest};
+use crate::safety::{ClearRequest, StopRequest, StopSource};
 use crate::session::approvals::{ApprovalView, Asker};
 use crate::session::host_call::{self, Answer, CallSite};
 use crate::session::turn::HostAccess;
 
 /// The stop's source (and the clearer) for calls over Foxglove.
-pub const SOURCE: &str = "foxglove";
+pub const SOURCE: &StopSource = &StopSource::Foxglove;
 
 /// Calls of one client running at once, besides the stop (which never waits).
 const MAX_CALLS_IN_FLIGHT: usize = 8;
