@@ -18,6 +18,9 @@ command -v chromium >/dev/null || apt_packages+=(chromium)
 command -v chromedriver >/dev/null || apt_packages+=(chromium-driver)
 # The camera tests' live MJPEG stream (ffmpeg's testsrc over HTTP).
 command -v ffmpeg >/dev/null || apt_packages+=(ffmpeg)
+# The Foxglove tests' client runs under Debian's node.
+command -v node >/dev/null || apt_packages+=(nodejs)
+command -v npm >/dev/null || apt_packages+=(npm)
 if ((${#apt_packages[@]})); then
   echo "== installing ${apt_packages[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -51,6 +54,18 @@ if [ "$("$venv/bin/python" -c 'import pymodbus; print(pymodbus.__version__)' 2>/
   "$venv/bin/pip" install -q --disable-pip-version-check "pymodbus[serial]==$pymodbus_version"
 fi
 export ROZD_TEST_PYENV="$PWD/$venv"
+
+# The Foxglove tests' independent client: the Foxglove project's
+# @foxglove/ws-protocol (FoxgloveClient) over the ws package, pinned, into
+# target/node.
+node_dir=target/node
+if [ "$(node -p 'require("./'$node_dir'/node_modules/@foxglove/ws-protocol/package.json").version' 2>/dev/null)" != "0.8.0" ] \
+  || [ ! -d "$node_dir/node_modules/ws" ]; then
+  echo "== installing @foxglove/ws-protocol 0.8.0 and ws into $node_dir"
+  mkdir -p "$node_dir"
+  npm install --prefix "$node_dir" --no-audit --no-fund --silent @foxglove/ws-protocol@0.8.0 ws@8.23.1
+fi
+export ROZD_TEST_NODE_MODULES="$PWD/$node_dir/node_modules"
 
 # mdBook builds the book in docs/ (into target/book). Installed once into
 # target/tools, pinned; a second run finds it and skips the build.

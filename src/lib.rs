@@ -35,6 +35,7 @@ pub mod config;
 pub mod daemon;
 pub mod fleet;
 pub mod hw;
+pub mod live;
 pub mod logging;
 pub mod mcp;
 pub mod metrics;

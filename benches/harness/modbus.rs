@@ -1,4 +1,4 @@
-//! Measurement 8, modbus: against PyPI pymodbus's server on loopback TCP
+//! Measurement 9, modbus: against PyPI pymodbus's server on loopback TCP
 //! (the tests' device, `tests/integration/hw_support/modbus_server.py`):
 //!
 //! - one coalesced poll of 32 holding registers (32 sensors read in one

@@ -51,9 +51,40 @@ async fn answer(
         Err(why) => return invalid(&why),
     };
     let by = caller.as_ref().and_then(|c| c.named().map(str::to_string));
-    let Some(call) = ctx.approvals.get(&id) else {
-        let e = crate::session::approvals::ApprovalError::NotFound(id);
-        return json_error(StatusCode::NOT_FOUND, "not_found", &e.to_string()).into_response();
+    match answer_call(&ctx, &id, approve, by, "POST /v1/approvals").await {
+        Ok(view) => Json(json!({ "approved": approve, "call": view })).into_response(),
+        Err(Refused::NotFound(why)) => {
+            json_error(StatusCode::NOT_FOUND, "not_found", &why).into_response()
+        }
+        Err(Refused::OwnCall(why)) => {
+            json_error(StatusCode::FORBIDDEN, "permission_denied", &why).into_response()
+        }
+    }
+}
+
+/// Why an answer was not taken.
+#[derive(Debug)]
+pub(super) enum Refused {
+    /// No such call waits (or it was answered meanwhile).
+    NotFound(String),
+    /// `approvals.require_other_credential`: a credential approving its own
+    /// call (audited).
+    OwnCall(String),
+}
+
+/// Answers waiting call `id` as credential `by`, asked `via` (how the
+/// audit names the request): the one path of every operator's answer
+/// (REST, Foxglove).
+pub(super) async fn answer_call(
+    ctx: &HostContext,
+    id: &str,
+    approve: bool,
+    by: Option<String>,
+    via: &str,
+) -> Result<crate::session::approvals::ApprovalView, Refused> {
+    let Some(call) = ctx.approvals.get(id) else {
+        let e = crate::session::approvals::ApprovalError::NotFound(id.to_string());
+        return Err(Refused::NotFound(e.to_string()));
     };
     if let Err(own) = ctx
         .permissions
@@ -66,21 +97,21 @@ async fn answer(
             &call.tool_call_id,
             &call.tool,
             &call.parameters,
-            "POST /v1/approvals",
+            via,
             by.as_deref(),
             &why,
         );
         if let Err(e) = ctx.store.audit(record).await {
             tracing::error!(error = %e, "cannot write the audit record of a refused approval");
         }
-        return json_error(StatusCode::FORBIDDEN, "permission_denied", &why).into_response();
+        return Err(Refused::OwnCall(why));
     }
-    match ctx.approvals.answer(&id, approve, by.clone()) {
+    match ctx.approvals.answer(id, approve, by.clone()) {
         Ok(view) => {
-            tracing::info!(tool_call_id = %view.tool_call_id, kind = ?view.kind, tool = %view.tool, origin = %view.origin, approve, approved_by = by.as_deref().unwrap_or(""), "a call answered over REST");
-            Json(json!({ "approved": approve, "call": view })).into_response()
+            tracing::info!(tool_call_id = %view.tool_call_id, kind = ?view.kind, tool = %view.tool, origin = %view.origin, approve, approved_by = by.as_deref().unwrap_or(""), via, "a call answered");
+            Ok(view)
         }
-        Err(e) => json_error(StatusCode::NOT_FOUND, "not_found", &e.to_string()).into_response(),
+        Err(e) => Err(Refused::NotFound(e.to_string())),
     }
 }
 

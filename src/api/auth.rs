@@ -228,7 +228,18 @@ pub async fn require_credential(
             .extensions()
             .get::<PeerIdentity>()
             .map(|p| p.subject.clone());
-        match presented(request.headers().get(http::header::AUTHORIZATION)) {
+        // The Foxglove app cannot set headers: at `/foxglove` the token may
+        // come as a `token` query parameter (never logged: only paths are).
+        let from_query = (request.uri().path() == super::foxglove::PATH)
+            .then(|| query_token(request.uri().query()))
+            .flatten();
+        let presented = match presented(request.headers().get(http::header::AUTHORIZATION)) {
+            Presented::Absent => from_query
+                .as_deref()
+                .map_or(Presented::Absent, Presented::Bearer),
+            other => other,
+        };
+        match presented {
             Presented::Bearer(token) => credentials
                 .identify(Identity::Bearer(token))
                 .ok_or("invalid bearer token"),
@@ -272,6 +283,18 @@ pub async fn require_credential(
     let span = tracing::info_span!("request", credential = %caller.credential);
     request.extensions_mut().insert(caller);
     next.run(request).instrument(span).await
+}
+
+/// The `token` parameter of a query (percent-decoded; `+` is itself).
+fn query_token(query: Option<&str>) -> Option<String> {
+    query?.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=')?;
+        (key == "token" && !value.is_empty()).then(|| {
+            percent_encoding::percent_decode_str(value)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+    })
 }
 
 fn unauthenticated(request: &Request, why: &str) -> Response {
@@ -333,6 +356,24 @@ mod tests {
                 .is_none()
         );
         assert!(c.required());
+    }
+
+    #[test]
+    fn a_token_from_the_query() {
+        assert_eq!(query_token(Some("token=abc")), Some("abc".into()));
+        assert_eq!(
+            query_token(Some("x=1&token=a%2Bb%20c+d&y=2")),
+            Some("a+b c+d".into())
+        );
+        for none in [
+            None,
+            Some(""),
+            Some("token="),
+            Some("tokens=abc"),
+            Some("xtoken=a"),
+        ] {
+            assert_eq!(query_token(none), None, "{none:?}");
+        }
     }
 
     #[test]

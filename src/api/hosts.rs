@@ -381,7 +381,7 @@ fn stop_report(hosts: &[HostView], environment: &str, stopped: bool) -> (Vec<Val
         let done = if stopped {
             h.estop_active()
         } else {
-            source.as_deref() != Some(FLEET_SOURCE)
+            !source.as_deref().is_some_and(|s| FLEET_SOURCE.is(s))
         };
         if h.presence.is_live() && !done {
             all = false;

@@ -165,6 +165,42 @@ fn register_cameras(r: &mut Registry, ctx: &HostContext) {
     );
 }
 
+/// The live view's clients and what they were sent or not (`/foxglove`).
+fn register_foxglove(r: &mut Registry) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let c = &crate::live::COUNTS;
+    gauge(
+        r,
+        "foxglove_clients",
+        "Foxglove clients connected",
+        i64::try_from(c.clients.load(Relaxed)).unwrap_or(i64::MAX),
+    );
+    counter(
+        r,
+        "foxglove_messages_sent",
+        "Messages sent to Foxglove clients",
+        c.sent.load(Relaxed),
+    );
+    counter(
+        r,
+        "foxglove_messages_dropped",
+        "Messages not sent to a Foxglove client because its send buffer was full (a slow client)",
+        c.dropped_full.load(Relaxed),
+    );
+    counter(
+        r,
+        "foxglove_messages_too_large",
+        "Messages not sent to Foxglove clients because they were over foxglove.max_message_kb",
+        c.dropped_too_large.load(Relaxed),
+    );
+    counter(
+        r,
+        "foxglove_clients_refused",
+        "Foxglove clients refused at the handshake because foxglove.max_clients were connected",
+        c.refused.load(Relaxed),
+    );
+}
+
 fn register_state(r: &mut Registry, ctx: &HostContext) {
     if let Some((written, dropped, lost)) = ctx.recorder.counts() {
         counter(
@@ -185,6 +221,9 @@ fn register_state(r: &mut Registry, ctx: &HostContext) {
             "Events not recorded because a recording file could not be written",
             lost,
         );
+    }
+    if ctx.config.foxglove.enabled {
+        register_foxglove(r);
     }
     let stats = ctx.ooda.stats();
     counter(r, "loop_ticks", "Ticks of the OODA loop", stats.ticks);

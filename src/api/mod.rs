@@ -8,6 +8,7 @@ mod cameras;
 pub mod connections;
 pub mod convert;
 mod embodiment;
+pub mod foxglove;
 mod gpio;
 mod hosts;
 mod metrics;
@@ -50,7 +51,11 @@ pub enum ApiError {
 }
 
 /// Builds the one router that serves gRPC and REST, behind authentication.
-pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReporter), ApiError> {
+/// `live`: the hub the Foxglove clients at `/foxglove` watch through.
+pub async fn router(
+    ctx: Arc<HostContext>,
+    live: Arc<crate::live::Hub>,
+) -> Result<(axum::Router, HealthReporter), ApiError> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<proto::agent_service_server::AgentServiceServer<agent::AgentApi>>()
@@ -104,6 +109,9 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
         .merge(ui::routes().with_state(ctx.clone()));
     let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
     let credentials = Arc::new(auth::Credentials::from_config(&ctx.config));
+    if ctx.config.foxglove.enabled {
+        router = router.merge(foxglove::routes(ctx.clone(), live));
+    }
     if ctx.config.mcp.enabled {
         // Behind the same token and browser checks as every route; rmcp's
         // own Host and Origin checks get the same names.
@@ -129,6 +137,44 @@ pub async fn router(ctx: Arc<HostContext>) -> Result<(axum::Router, HealthReport
             browser::guard,
         ));
     Ok((router, health_reporter))
+}
+
+/// What `[foxglove] listen` serves: `/foxglove` alone (at `/` too, where
+/// `ws://host:8765` lands), behind the same credentials and browser checks
+/// as the server's listener.
+pub fn foxglove_router(ctx: Arc<HostContext>, live: Arc<crate::live::Hub>) -> axum::Router {
+    let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
+    let credentials = Arc::new(auth::Credentials::from_config(&ctx.config));
+    let inner = foxglove::routes(ctx, live)
+        .fallback(rest::fallback)
+        .method_not_allowed_fallback(rest::method_not_allowed)
+        .layer(axum::middleware::from_fn(reply::json_errors))
+        .layer(axum::middleware::from_fn_with_state(
+            credentials.clone(),
+            auth::require_credential,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            (allowed_hosts, credentials),
+            browser::guard,
+        ));
+    // Before routing, so that `/` reaches the route and its checks.
+    axum::Router::new().fallback_service(tower::ServiceExt::map_request(inner, root_is_foxglove))
+}
+
+/// `/` (with its query) becomes `/foxglove` on Foxglove's own port.
+fn root_is_foxglove(mut request: axum::extract::Request) -> axum::extract::Request {
+    if request.uri().path() == "/" {
+        let target = match request.uri().query() {
+            Some(query) => format!("{}?{query}", foxglove::PATH),
+            None => foxglove::PATH.to_string(),
+        };
+        let mut parts = request.uri().clone().into_parts();
+        parts.path_and_query = target.parse().ok();
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
+        }
+    }
+    request
 }
 
 /// Marks requests that arrived on the local control socket (a request

@@ -20,13 +20,10 @@ use super::reply::json_error;
 use crate::HostContext;
 use crate::proto::{self, safety_service_server::SafetyService};
 use crate::safety::status::{SafetyStatus, status};
-use crate::safety::{ClearRequest, StopRequest};
+use crate::safety::{ClearRequest, StopRequest, StopSource};
 
-/// `StopInfo.source` of a stop triggered through `SafetyService`.
-const GRPC_SOURCE: &str = "grpc";
-
-/// The stop's source, and the clearer, for requests on the local control socket.
-pub const CONTROL_SOCKET_SOURCE: &str = "control-socket";
+/// The source of a stop triggered through `SafetyService`.
+const GRPC_SOURCE: &StopSource = &StopSource::Grpc;
 
 /// Longest reason kept (longer ones are cut, never refused: a stop must not
 /// fail over its wording).
@@ -178,15 +175,19 @@ fn bad_body(why: &str) -> Response {
 
 /// Who asked: `control-socket` for the local control socket, `cli` for the
 /// `rozd` command line over TCP, else `rest`.
-pub(super) fn rest_source(headers: &HeaderMap, control: Option<&ControlSocket>) -> &'static str {
+pub(super) fn rest_source(headers: &HeaderMap, control: Option<&ControlSocket>) -> StopSource {
     if control.is_some() {
-        return CONTROL_SOCKET_SOURCE;
+        return StopSource::ControlSocket;
     }
     let cli = headers
         .get(http::header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ua| ua.starts_with(crate::proto::CLI_USER_AGENT_PREFIX));
-    if cli { "cli" } else { "rest" }
+    if cli {
+        StopSource::Cli
+    } else {
+        StopSource::Rest
+    }
 }
 
 fn status_json(s: SafetyStatus, extra: (&str, bool)) -> Response {
@@ -285,7 +286,7 @@ async fn trigger(
     body: axum::body::Body,
 ) -> Response {
     let source = rest_source(&headers, control.as_deref());
-    let default_reason = if source == "rest" {
+    let default_reason = if source == StopSource::Rest {
         "POST /v1/estop"
     } else {
         "rozd estop"
@@ -301,7 +302,7 @@ async fn trigger(
             };
             let added = ctx
                 .ooda
-                .trigger_stop(StopRequest::new(source, &reason).credential(credential))
+                .trigger_stop(StopRequest::new(&source, &reason).credential(credential))
                 .await;
             (added, request)
         }
@@ -309,7 +310,7 @@ async fn trigger(
             // Latch first; the body, if it comes, names the reason.
             let added = ctx
                 .ooda
-                .trigger_stop(StopRequest::new(source, default_reason).credential(credential))
+                .trigger_stop(StopRequest::new(&source, default_reason).credential(credential))
                 .await;
             let request = pending
                 .finish()
@@ -322,7 +323,7 @@ async fn trigger(
             {
                 let reason = clean_reason(Some(reason), default_reason);
                 let latch = ctx.ooda.protective_stop();
-                if latch.give_reason(source, &reason, credential) && !latch.persisted().await {
+                if latch.give_reason(&source, &reason, credential) && !latch.persisted().await {
                     tracing::error!(
                         "the protective stop's reason could not be written to disk in time"
                     );

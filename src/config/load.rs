@@ -164,6 +164,9 @@ pub struct Config {
     /// The MCP server at `/mcp`.
     #[serde(default)]
     pub mcp: crate::mcp::config::McpConfig,
+    /// The Foxglove WebSocket protocol at `/foxglove`.
+    #[serde(default)]
+    pub foxglove: crate::live::config::FoxgloveConfig,
     /// MCAP recordings; absent: nothing is recorded.
     #[serde(default)]
     pub record: Option<crate::record::config::RecordConfig>,
@@ -419,6 +422,7 @@ impl Config {
             ));
         }
         keep(crate::mcp::config::validate(&self.mcp));
+        keep(crate::live::config::validate(&self.foxglove));
         if let Some(record) = &self.record {
             keep(crate::record::config::validate(record));
         }
@@ -526,6 +530,27 @@ impl Config {
                     self.server.listen
                 ),
             ));
+        }
+        // Foxglove's own port is held to the same rules as the server's.
+        if let Some(listen) = self.foxglove.listen.filter(|a| !a.ip().is_loopback()) {
+            if !self.auth_required() && !self.server.allow_unauthenticated_remote {
+                return Err(Invalid::new(
+                    "foxglove.listen",
+                    format!(
+                        "{listen} is not a loopback address and no auth tokens are configured \
+                         (see server.listen: the same rules hold)"
+                    ),
+                ));
+            }
+            if self.server.tls.is_none() && !self.server.allow_plaintext_remote {
+                return Err(Invalid::new(
+                    "foxglove.listen",
+                    format!(
+                        "{listen} is not a loopback address and [server.tls] is not configured \
+                         (see server.listen: the same rules hold)"
+                    ),
+                ));
+            }
         }
         Ok(())
     }

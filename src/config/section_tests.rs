@@ -834,3 +834,28 @@ fn the_builtin_drive_speed_catches_an_echoing_wheel_speed_once_the_world_disagre
         "{verdicts:?}"
     );
 }
+
+#[test]
+fn foxglove_keys_are_bounded_and_its_own_port_follows_the_servers_rules() {
+    let c = parse("").unwrap().foxglove;
+    assert!(c.enabled && c.listen.is_none());
+    for (key, bad, why) in [
+        ("max_clients", "0", "between 1 and 1000"),
+        ("send_buffer", "0", "between 1 and 65536"),
+        ("max_hz", "0", "between 0.1 and 1000"),
+        ("max_message_kb", "70000", "between 1 and 65536"),
+        ("send_timeout_secs", "0", "between 1 and 3600"),
+    ] {
+        let (line, k, message) = invalid(&format!("[foxglove]\n{key} = {bad}\n"));
+        assert_eq!(
+            (line, k.as_str()),
+            (Some(2), format!("foxglove.{key}").as_str())
+        );
+        assert!(message.contains(why), "{message}");
+    }
+    assert!(parse("[foxglove]\nlisten = \"127.0.0.1:8765\"\n").is_ok());
+    // A non-loopback port of its own needs tokens, like server.listen.
+    let (_, key, message) = invalid("[foxglove]\nlisten = \"0.0.0.0:8765\"\n");
+    assert_eq!(key, "foxglove.listen");
+    assert!(message.contains("no auth tokens"), "{message}");
+}

@@ -172,6 +172,7 @@ impl Config {
             }
         ));
         line(format!("mcp:           {}", self.mcp.describe()));
+        line(format!("foxglove:      {}", self.foxglove.describe()));
         line(format!(
             "record:        {}",
             self.record.as_ref().map_or_else(

@@ -512,7 +512,9 @@ impl Connection {
             drain,
         } = self;
         let service = TowerToHyperService::new(tracked::service(router, tracked, peer));
-        let mut connection = Box::pin(builder.serve_connection(TokioIo::new(io), service));
+        // With upgrades: the Foxglove WebSocket at `/foxglove`.
+        let mut connection =
+            Box::pin(builder.serve_connection_with_upgrades(TokioIo::new(io), service));
         let mut closing = false;
         let bound = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(bound);

@@ -97,6 +97,8 @@ pub struct Daemon {
     router: axum::Router,
     health: tonic_health::server::HealthReporter,
     tls: Option<Arc<ServerTls>>,
+    /// `[foxglove] listen`: its own port, serving `/foxglove` alone.
+    foxglove: Option<(TcpListener, axum::Router)>,
 }
 
 impl Daemon {
@@ -115,7 +117,9 @@ impl Daemon {
         let recorder = start_recorder(&config).await?;
         // Who hears of what the store, the stop and the loop do, composed
         // once: every core below is built with its observers.
-        let (observers, audit_writer) = observers::compose(&recorder);
+        // The live view (Foxglove) hears the same events as the recording.
+        let live = crate::live::Hub::new(config.foxglove.clone());
+        let (observers, audit_writer) = observers::compose(&recorder, &live);
         let store_path = config.store.resolved_path();
         let store_observers = observers.store;
         let store = tokio::task::spawn_blocking(move || {
@@ -211,7 +215,20 @@ impl Daemon {
             ctx.ooda.stop().await;
             return Err(e.into());
         }
-        let (router, health) = api::router(ctx.clone()).await?;
+        let foxglove = match ctx
+            .config
+            .foxglove
+            .listen
+            .filter(|_| ctx.config.foxglove.enabled)
+        {
+            Some(addr) => {
+                let listener =
+                    bind_tcp(addr).map_err(|source| DaemonError::Bind { addr, source })?;
+                Some((listener, api::foxglove_router(ctx.clone(), live.clone())))
+            }
+            None => None,
+        };
+        let (router, health) = api::router(ctx.clone(), live).await?;
         Ok(Daemon {
             listener,
             control,
@@ -219,6 +236,7 @@ impl Daemon {
             router,
             health,
             tls,
+            foxglove,
         })
     }
 
@@ -244,6 +262,7 @@ impl Daemon {
             router,
             health,
             tls,
+            foxglove,
         } = self;
         if let Some(tls) = &tls {
             tokio::spawn(tls.clone().watch(ctx.shutdown.clone()));
@@ -281,6 +300,19 @@ impl Daemon {
                 stop_accepting.clone(),
             ))
         });
+        let foxglove_loop = foxglove.map(|(listener, router)| {
+            // Its own table: a flood there never crowds the API's port.
+            let table =
+                ConnectionTable::new(ctx.config.foxglove.max_clients.saturating_mul(4).max(16));
+            tokio::spawn(accept_loop(
+                listener,
+                router,
+                Arc::new(Mutex::new(table)),
+                shared.clone(),
+                tls.clone(),
+                stop_accepting.clone(),
+            ))
+        });
         let tcp_loop = accept_loop(
             listener,
             router,
@@ -296,6 +328,9 @@ impl Daemon {
                 stop_accepting.cancel();
                 tcp_loop.await;
             }
+        }
+        if let Some(task) = foxglove_loop {
+            let _ = task.await;
         }
         if let Some(task) = control_loop {
             // The loop only returns; a panic inside it is not ours to re-raise here.

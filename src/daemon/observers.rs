@@ -1,5 +1,6 @@
 //! The observers of the cores' events, composed once (DESIGN.md, "Events
-//! out, observers in"): the audit writer, the recording and the metrics.
+//! out, observers in"): the audit writer, the recording, the live view
+//! (Foxglove) and the metrics.
 //! Each core is built with its list ([`Composed`]); nothing is attached
 //! afterwards.
 //!
@@ -63,7 +64,10 @@ impl ActuatorObserver for ActuatorAudit {
 /// store is open. The recording (disabled without `[record]`) hears
 /// everything; the audit, actuator changes and stop changes; the metrics,
 /// actuator commands and stop triggers.
-pub(super) fn compose(recorder: &Arc<Recorder>) -> (Composed, AuditWriter) {
+pub(super) fn compose(
+    recorder: &Arc<Recorder>,
+    live: &Arc<crate::live::Hub>,
+) -> (Composed, AuditWriter) {
     let (actuator_tx, actuators) = mpsc::unbounded_channel();
     let (stop_tx, stops) = mpsc::unbounded_channel();
     let recording = recorder.enabled().then(|| recorder.clone());
@@ -78,6 +82,14 @@ pub(super) fn compose(recorder: &Arc<Recorder>) -> (Composed, AuditWriter) {
         stop.push(recording.clone());
         sensors.push(recording.clone());
         actuators_observers.push(recording);
+    }
+    // The live view: each call returns at once unless a client subscribes.
+    if live.config().enabled {
+        cameras.push(live.clone());
+        store.push(live.clone());
+        stop.push(live.clone());
+        sensors.push(live.clone());
+        actuators_observers.push(live.clone());
     }
     stop.push(Arc::new(StopEventChannel(stop_tx)));
     stop.push(Arc::new(StopMetrics));

@@ -82,13 +82,13 @@ use view::FleetView;
 use crate::HostContext;
 use crate::config::types::HostConfig;
 use crate::hw::mqtt_link::{LinkCounters, LinkStats};
-use crate::safety::ProtectiveStop;
+use crate::safety::{ProtectiveStop, StopSource};
 
 /// Shortest interval between two re-checks of [`Fleet::wait_for`].
 const RECHECK_EVERY: Duration = Duration::from_millis(20);
 
-/// `StopInfo.source` of a protective stop that came from the fleet.
-pub const FLEET_SOURCE: &str = "fleet";
+/// The source of a protective stop that came from the fleet.
+pub const FLEET_SOURCE: &StopSource = &StopSource::Fleet;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {

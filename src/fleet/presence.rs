@@ -684,7 +684,7 @@ impl Presence {
             .state()
             .causes
             .iter()
-            .find(|cause| cause.source == FLEET_SOURCE)
+            .find(|cause| FLEET_SOURCE.is(&cause.source))
             .map(|cause| cause.since_unix_ms);
         // Every message here but the fleet's valid command latches.
         let judged = self.fleet().command_received(payload, fleet_latched_since);

@@ -378,7 +378,7 @@ fn own_record_reports_the_stop() {
         .trigger(crate::safety::StopRequest::new(FLEET_SOURCE, "drill"));
     let estop = f.own_record(RecordStatus::Online).estop.unwrap();
     assert!(estop.active);
-    assert_eq!(estop.source.as_deref(), Some(FLEET_SOURCE));
+    assert_eq!(estop.source.as_deref(), Some("fleet"));
     assert!(f.list(None)[0].estop_active());
     let caps = &f.own.capabilities;
     assert_eq!(caps["host_tools"], "observe");

@@ -25,7 +25,7 @@ use crate::hw::config::{ActuatorSpec, FeedbackSpec};
 use crate::hw::{ActuatorDriver, HwError};
 use crate::observe::Observers;
 use crate::safety::ProtectiveStop;
-use crate::safety::StopRequest;
+use crate::safety::{StopRequest, StopSource};
 
 /// Who asked for a command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -215,9 +215,6 @@ pub struct ActuatorEvent {
     pub error: Option<String>,
 }
 
-/// The protective stop's source for a mismatch: `feedback:<actuator>`.
-pub const FEEDBACK_SOURCE: &str = "feedback:";
-
 /// What the loop finishes for `on_mismatch`: drive `actuator` safe, or
 /// drive everything safe under the stop (already latched) with `source`
 /// and `reason`.
@@ -225,7 +222,7 @@ pub const FEEDBACK_SOURCE: &str = "feedback:";
 pub struct MismatchResponse {
     pub actuator: String,
     pub action: MismatchAction,
-    pub source: String,
+    pub source: StopSource,
     pub reason: String,
 }
 
@@ -735,7 +732,7 @@ impl Actuators {
             let response = MismatchResponse {
                 actuator: entry.spec.name.clone(),
                 action,
-                source: format!("{FEEDBACK_SOURCE}{}", entry.spec.name),
+                source: StopSource::Feedback(entry.spec.name.clone()),
                 reason: format!(
                     "feedback mismatch: {} commanded {}, {} measured {measured} ({} ± {} expected)",
                     entry.spec.name,
@@ -974,7 +971,7 @@ mod tests {
             .unwrap();
         let held = actuators.command("a", 0.1, session("t"), None).await;
         assert!(matches!(held, Err(ActError::Held { .. })), "{held:?}");
-        assert!(stop.trigger(StopRequest::new("test", "bumper")));
+        assert!(stop.trigger(StopRequest::new(&StopSource::Rest, "bumper")));
         let stopped = actuators.command("a", 0.1, session("s"), None).await;
         assert!(
             matches!(&stopped, Err(ActError::EStop { reason, .. }) if reason == "bumper"),
@@ -1192,11 +1189,11 @@ mod tests {
             .step_feedback(1, sample(0.0), None, Instant::now())
             .expect("on_mismatch acts");
         assert_eq!(response.action, MismatchAction::LatchStop);
-        assert_eq!(response.source, "feedback:drive");
+        assert_eq!(response.source, StopSource::Feedback("drive".into()));
         let stop = actuators.estop.active().expect("latched");
         assert_eq!(
             (stop.source, stop.reason),
-            (response.source, response.reason)
+            ("feedback:drive".to_string(), response.reason)
         );
     }
 

@@ -33,8 +33,8 @@ use crate::hw::sim::SimActuator;
 use crate::hw::sim_world::{Quantity, SharedWorld, SimWorld, WorldView};
 use crate::hw::{ActuatorDriver, HwError, Readings};
 use crate::observe::Observers;
-use crate::safety::StopRequest;
 use crate::safety::{ProtectiveStop, StopInfo};
+use crate::safety::{StopRequest, StopSource};
 use act::{ActuatorView, Actuators};
 use orient::AlarmLevel;
 use rules::Rule;
@@ -81,9 +81,6 @@ async fn drive_safe_on_link_changes(
         }
     }
 }
-
-/// The stop cause of a control loop that failed.
-pub const LOOP_SOURCE: &str = "ooda";
 
 /// Longest start-up waits for the serial ports' first open and the MQTT
 /// client's first connection before driving every actuator safe.
@@ -652,7 +649,7 @@ impl Ooda {
         let ((), persisted) = tokio::join!(self.actuators.safe_all(&why), self.estop.persisted());
         if !persisted {
             tracing::error!(
-                source,
+                %source,
                 "the protective stop could not be written to disk in time"
             );
         }
@@ -737,13 +734,13 @@ impl Ooda {
                 let reason = format!("the control loop failed: {why}");
                 // Held like an asserted input: no clear ends it while the
                 // loop is gone (a restart of rozd starts a new one).
+                let source = StopSource::Loop;
                 ooda.estop
-                    .hold(LOOP_SOURCE, LOOP_SOURCE, "the control loop is not running");
-                ooda.estop.trigger(StopRequest::new(LOOP_SOURCE, &reason));
+                    .hold(source.kind(), &source, "the control loop is not running");
+                ooda.estop.trigger(StopRequest::new(&source, &reason));
                 let me = ooda.clone();
                 ooda.runtime.spawn(async move {
-                    me.trigger_stop(StopRequest::new(LOOP_SOURCE, &reason))
-                        .await;
+                    me.trigger_stop(StopRequest::new(&source, &reason)).await;
                 });
             }
         });

@@ -16,7 +16,7 @@ use super::timer::Wake;
 use super::world::Reading;
 use super::{Observation, Ooda, SensorObservation};
 use crate::ooda::act::Origin;
-use crate::safety::StopRequest;
+use crate::safety::{StopRequest, StopSource};
 
 /// What the loop carries from one tick to the next.
 #[derive(Debug)]
@@ -151,7 +151,7 @@ impl Ooda {
     /// (so nothing can be commanded in between), everything that touches a
     /// driver or the network runs as a task.
     fn hand_off(self: &Arc<Self>, index: usize, rule: &rules::Rule) {
-        let source = format!("rule:{}", rule.name);
+        let source = StopSource::Rule(rule.name.clone());
         if let Action::Estop { reason } = &rule.action {
             self.estop.trigger(StopRequest::new(&source, reason));
         }

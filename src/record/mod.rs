@@ -356,35 +356,13 @@ impl StoreObserver for Recorder {
         self.push(Stream::Audit, || Event::Audit(Box::new(record.clone())));
     }
     fn session_started(&self, s: &SessionRecord) {
-        self.session(|| {
-            json!({
-                "event": "session_started",
-                "session_id": s.id,
-                "model": s.model,
-                "environment_id": s.environment_id,
-            })
-        });
+        self.session(|| schema::session_started(s));
     }
     fn session_ended(&self, id: &str, reason: &str) {
-        self.session(|| json!({"event": "session_ended", "session_id": id, "reason": reason}));
+        self.session(|| schema::session_ended(id, reason));
     }
     fn turn_completed(&self, t: &TurnRecord) {
-        self.session(|| {
-            json!({
-                "event": "turn_ended",
-                "session_id": t.session_id,
-                "seq": t.seq,
-                "message_id": t.message_id,
-                "ai_mode": t.ai_mode,
-                "user_content": t.user_content,
-                "messages": t.messages,
-                "stop_reason": t.stop_reason,
-                "input_tokens": t.input_tokens,
-                "output_tokens": t.output_tokens,
-                "started_at_ms": t.started_at_ms,
-                "ended_at_ms": t.ended_at_ms,
-            })
-        });
+        self.session(|| schema::turn_ended(t));
     }
     fn task(&self, body: Value) {
         self.push(Stream::Tasks, || Event::Task(body));

@@ -385,6 +385,39 @@ pub fn message(event: &Event, at_ns: u64) -> Message {
     }
 }
 
+/// The `/sessions` message of a session that started.
+pub fn session_started(s: &crate::store::SessionRecord) -> Value {
+    json!({
+        "event": "session_started",
+        "session_id": s.id,
+        "model": s.model,
+        "environment_id": s.environment_id,
+    })
+}
+
+/// The `/sessions` message of a session that ended.
+pub fn session_ended(id: &str, reason: &str) -> Value {
+    json!({"event": "session_ended", "session_id": id, "reason": reason})
+}
+
+/// The `/sessions` message of a turn that ended, with the messages it added.
+pub fn turn_ended(t: &crate::store::TurnRecord) -> Value {
+    json!({
+        "event": "turn_ended",
+        "session_id": t.session_id,
+        "seq": t.seq,
+        "message_id": t.message_id,
+        "ai_mode": t.ai_mode,
+        "user_content": t.user_content,
+        "messages": t.messages,
+        "stop_reason": t.stop_reason,
+        "input_tokens": t.input_tokens,
+        "output_tokens": t.output_tokens,
+        "started_at_ms": t.started_at_ms,
+        "ended_at_ms": t.ended_at_ms,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,12 +30,12 @@ use crate::hw::HwError;
 use crate::hw::config::{ActuatorTarget, HardwareSpec, Level, Pull, SensorSource};
 use crate::hw::gpio::GpioInput;
 use crate::ooda::Ooda;
-use crate::safety::StopRequest;
+use crate::safety::{StopRequest, StopSource};
 
-/// `StopInfo.source` of stops from the GPIO input.
-pub const GPIO_SOURCE: &str = "gpio";
-/// `StopInfo.source` of stops from the MQTT topic.
-pub const MQTT_SOURCE: &str = "mqtt";
+/// The source of stops from the GPIO input.
+const GPIO_SOURCE: &StopSource = &StopSource::Gpio;
+/// The source of stops from the MQTT topic.
+const MQTT_SOURCE: &StopSource = &StopSource::Mqtt;
 /// Poll period where a GPIO backend reports no edges.
 const POLL: Duration = Duration::from_millis(10);
 /// Ignored messages on the MQTT stop topic are logged at most this often.

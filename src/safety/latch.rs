@@ -6,13 +6,13 @@
 
 use std::collections::BTreeMap;
 
-use super::{ClearRefused, StopEvent, StopInfo};
+use super::{ClearRefused, StopEvent, StopInfo, StopSource};
 
 /// Asks to latch the stop with one cause.
 #[derive(Debug, Clone, Copy)]
 pub struct StopRequest<'a> {
-    /// Where it comes from, e.g. `rest`, `fleet`, `rule:<name>`.
-    pub source: &'a str,
+    /// Where it comes from.
+    pub source: &'a StopSource,
     pub reason: &'a str,
     /// Who asked, where known (a fleet host id); kept with the cause.
     pub by: Option<&'a str>,
@@ -21,8 +21,8 @@ pub struct StopRequest<'a> {
 }
 
 impl<'a> StopRequest<'a> {
-    /// A stop from `source` (e.g. `rest`, `fleet`, `rule:<name>`) for `reason`.
-    pub fn new(source: &'a str, reason: &'a str) -> StopRequest<'a> {
+    /// A stop from `source` for `reason`.
+    pub fn new(source: &'a StopSource, reason: &'a str) -> StopRequest<'a> {
         StopRequest {
             source,
             reason,
@@ -48,7 +48,7 @@ pub enum ClearScope<'a> {
     /// The operator's clear: every cause but those an input still asserts.
     All,
     /// Only this source's cause (the fleet's clear).
-    Source(&'a str),
+    Source(&'a StopSource),
 }
 
 /// Asks to clear.
@@ -71,7 +71,7 @@ impl<'a> ClearRequest<'a> {
     }
 
     /// Only `source`'s cause (the fleet's clear), by `by`.
-    pub fn source(source: &'a str, by: &'a str) -> ClearRequest<'a> {
+    pub fn source(source: &'a StopSource, by: &'a str) -> ClearRequest<'a> {
         ClearRequest {
             scope: ClearScope::Source(source),
             by,
@@ -137,7 +137,7 @@ impl Latch {
     /// Adds the request's cause at `now_ms`. `None` when its source holds a
     /// cause already (which keeps its first reason): nothing changed.
     pub fn trigger(&mut self, request: StopRequest<'_>, now_ms: i64) -> Option<StopEvent> {
-        if self.causes.iter().any(|c| c.source == request.source) {
+        if self.causes.iter().any(|c| request.source.is(&c.source)) {
             return None;
         }
         self.causes.push(StopInfo {
@@ -161,14 +161,14 @@ impl Latch {
     #[allow(clippy::result_unit_err)]
     pub fn give_reason(
         &mut self,
-        source: &str,
+        source: &StopSource,
         reason: &str,
         credential: Option<&str>,
     ) -> Result<Option<StopEvent>, ()> {
         let cause = self
             .causes
             .iter_mut()
-            .find(|c| c.source == source)
+            .find(|c| source.is(&c.source))
             .ok_or(())?;
         if cause.reason == reason {
             return Ok(None);
@@ -234,7 +234,7 @@ impl Latch {
                 Cleared { events, answer }
             }
             ClearScope::Source(source) => {
-                if let Some((input, held)) = self.held.iter().find(|(_, h)| h.source == source) {
+                if let Some((input, held)) = self.held.iter().find(|(_, h)| source.is(&h.source)) {
                     let (event, refused) = refusal(input, held, Vec::new());
                     return Cleared {
                         events: vec![event],
@@ -242,7 +242,7 @@ impl Latch {
                     };
                 }
                 let before = self.causes.len();
-                self.causes.retain(|c| c.source != source);
+                self.causes.retain(|c| !source.is(&c.source));
                 if self.causes.len() == before {
                     return Cleared {
                         events: Vec::new(),
@@ -264,7 +264,7 @@ impl Latch {
 
     /// `input` asserts `source`'s cause: it cannot be cleared until the
     /// input is released. (It does not latch by itself.)
-    pub fn hold(&mut self, input: &str, source: &str, why: &str) {
+    pub fn hold(&mut self, input: &str, source: &StopSource, why: &str) {
         self.held.insert(
             input.to_string(),
             Held {
@@ -291,13 +291,13 @@ mod tests {
 
     const T: i64 = 1_800_000_000_000;
 
-    fn stop<'a>(source: &'a str, reason: &'a str) -> StopRequest<'a> {
-        StopRequest {
-            source,
-            reason,
-            by: None,
-            credential: None,
-        }
+    const REST: &StopSource = &StopSource::Rest;
+    const FLEET: &StopSource = &StopSource::Fleet;
+    const GPIO: &StopSource = &StopSource::Gpio;
+    const MQTT: &StopSource = &StopSource::Mqtt;
+
+    fn stop<'a>(source: &'a StopSource, reason: &'a str) -> StopRequest<'a> {
+        StopRequest::new(source, reason)
     }
 
     fn clear_all(by: &str) -> ClearRequest<'_> {
@@ -317,7 +317,7 @@ mod tests {
         let mut latch = Latch::default();
         let event = latch.trigger(
             StopRequest {
-                source: "fleet",
+                source: FLEET,
                 reason: "drill",
                 by: Some("host-a"),
                 credential: Some("ops"),
@@ -341,8 +341,8 @@ mod tests {
     #[test]
     fn a_second_trigger_of_one_source_keeps_the_first_reason_and_changes_nothing() {
         let mut latch = Latch::default();
-        latch.trigger(stop("rest", "first"), T);
-        assert_eq!(latch.trigger(stop("rest", "second"), T + 5), None);
+        latch.trigger(stop(REST, "first"), T);
+        assert_eq!(latch.trigger(stop(REST, "second"), T + 5), None);
         assert_eq!(latch.causes()[0].reason, "first");
         assert_eq!(latch.generation(), 1);
     }
@@ -350,17 +350,17 @@ mod tests {
     #[test]
     fn causes_of_other_sources_add_up_oldest_first() {
         let mut latch = Latch::default();
-        latch.trigger(stop("rest", "a"), T);
-        latch.trigger(stop("rule:cliff", "b"), T + 1);
-        latch.trigger(stop("fleet", "c"), T + 2);
+        latch.trigger(stop(REST, "a"), T);
+        latch.trigger(stop(&StopSource::Rule("cliff".into()), "b"), T + 1);
+        latch.trigger(stop(FLEET, "c"), T + 2);
         assert_eq!(sources(&latch), ["rest", "rule:cliff", "fleet"]);
     }
 
     #[test]
     fn the_operator_clear_removes_every_cause_and_reports_each() {
         let mut latch = Latch::default();
-        latch.trigger(stop("rest", "a"), T);
-        latch.trigger(stop("fleet", "b"), T);
+        latch.trigger(stop(REST, "a"), T);
+        latch.trigger(stop(FLEET, "b"), T);
         let cleared = latch.clear(clear_all("rest (local)"));
         assert_eq!(cleared.answer, Ok(true));
         assert_eq!(cleared.events.len(), 2);
@@ -373,9 +373,9 @@ mod tests {
     #[test]
     fn a_held_input_keeps_its_cause_and_refuses_the_clear_naming_what_it_cleared() {
         let mut latch = Latch::default();
-        latch.trigger(stop("gpio", "button"), T);
-        latch.trigger(stop("rest", "a"), T);
-        latch.hold("gpio:17", "gpio", "pin 17 is low");
+        latch.trigger(stop(GPIO, "button"), T);
+        latch.trigger(stop(REST, "a"), T);
+        latch.hold("gpio:17", GPIO, "pin 17 is low");
         let cleared = latch.clear(clear_all("op"));
         let refused = cleared.answer.expect_err("refused while held");
         assert_eq!(
@@ -396,17 +396,17 @@ mod tests {
     #[test]
     fn a_source_clear_removes_only_that_source() {
         let mut latch = Latch::default();
-        latch.trigger(stop("rest", "a"), T);
-        latch.trigger(stop("fleet", "b"), T);
+        latch.trigger(stop(REST, "a"), T);
+        latch.trigger(stop(FLEET, "b"), T);
         let cleared = latch.clear(ClearRequest {
-            scope: ClearScope::Source("fleet"),
+            scope: ClearScope::Source(FLEET),
             by: "fleet",
             credential: Some("host-b"),
         });
         assert_eq!(cleared.answer, Ok(true));
         assert_eq!(sources(&latch), ["rest"]);
         let none = latch.clear(ClearRequest {
-            scope: ClearScope::Source("fleet"),
+            scope: ClearScope::Source(FLEET),
             by: "fleet",
             credential: None,
         });
@@ -416,11 +416,11 @@ mod tests {
     #[test]
     fn a_source_clear_of_a_held_source_is_refused_and_removes_nothing() {
         let mut latch = Latch::default();
-        latch.trigger(stop("mqtt", "topic"), T);
-        latch.hold("mqtt:estop", "mqtt", "the topic says stop");
+        latch.trigger(stop(MQTT, "topic"), T);
+        latch.hold("mqtt:estop", MQTT, "the topic says stop");
         let before = latch.generation();
         let cleared = latch.clear(ClearRequest {
-            scope: ClearScope::Source("mqtt"),
+            scope: ClearScope::Source(MQTT),
             by: "op",
             credential: None,
         });
@@ -432,16 +432,16 @@ mod tests {
     #[test]
     fn a_late_reason_replaces_the_default_once_and_never_latches_by_itself() {
         let mut latch = Latch::default();
-        assert_eq!(latch.give_reason("rest", "late", None), Err(()));
+        assert_eq!(latch.give_reason(REST, "late", None), Err(()));
         assert!(latch.causes().is_empty());
-        latch.trigger(stop("rest", "protective stop (REST)"), T);
+        latch.trigger(stop(REST, "protective stop (REST)"), T);
         assert!(matches!(
-            latch.give_reason("rest", "the arm hit the table", Some("ops")),
+            latch.give_reason(REST, "the arm hit the table", Some("ops")),
             Ok(Some(StopEvent::ReasonGiven { .. }))
         ));
         assert_eq!(latch.causes()[0].reason, "the arm hit the table");
         assert_eq!(
-            latch.give_reason("rest", "the arm hit the table", None),
+            latch.give_reason(REST, "the arm hit the table", None),
             Ok(None)
         );
         assert_eq!(latch.generation(), 2);
@@ -455,7 +455,7 @@ mod tests {
             since_unix_ms: T,
             by: None,
         }]);
-        assert_eq!(latch.trigger(stop("rest", "again"), T + 1), None);
+        assert_eq!(latch.trigger(stop(REST, "again"), T + 1), None);
         assert_eq!(latch.clear(clear_all("op")).answer, Ok(true));
         assert!(latch.causes().is_empty());
     }

@@ -25,6 +25,7 @@
 pub mod inputs;
 pub mod latch;
 pub mod persist;
+mod source;
 pub mod status;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -36,10 +37,7 @@ use tokio::sync::{mpsc, watch};
 use crate::observe::Observers;
 use latch::Latch;
 pub use latch::{ClearRequest, ClearScope, StopRequest};
-
-/// `StopInfo.source` of a stop latched because the stop file could not be
-/// read or written at start-up.
-pub const RESTORE_SOURCE: &str = "restore";
+pub use source::StopSource;
 
 /// One cause of the protective stop.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -209,7 +207,7 @@ impl ProtectiveStop {
             ..ProtectiveStop::default()
         };
         let restore_cause = |reason: String| StopInfo {
-            source: RESTORE_SOURCE.into(),
+            source: StopSource::Restore.to_string(),
             reason,
             since_unix_ms: crate::clock::now_ms(),
             by: None,
@@ -227,7 +225,7 @@ impl ProtectiveStop {
         // a stop that could not survive a restart is itself a reason to stop.
         if let Err(e) = file.write_now(&causes) {
             tracing::error!(error = %e, "cannot write the protective-stop file; starting LATCHED");
-            if !causes.iter().any(|c| c.source == RESTORE_SOURCE) {
+            if !causes.iter().any(|c| StopSource::Restore.is(&c.source)) {
                 causes.push(restore_cause(format!(
                     "the stop file cannot be written: {e}"
                 )));
@@ -292,7 +290,7 @@ impl ProtectiveStop {
         let was_active = !latch.causes().is_empty();
         let Some(event) = latch.trigger(request, crate::clock::now_ms()) else {
             tracing::debug!(
-                source,
+                %source,
                 reason,
                 "protective stop already latched by this source"
             );
@@ -300,9 +298,9 @@ impl ProtectiveStop {
         };
         self.changed(&latch);
         if was_active {
-            tracing::warn!(source, reason, "PROTECTIVE STOP: another cause");
+            tracing::warn!(%source, reason, "PROTECTIVE STOP: another cause");
         } else {
-            tracing::warn!(source, reason, "PROTECTIVE STOP");
+            tracing::warn!(%source, reason, "PROTECTIVE STOP");
         }
         self.report(event);
         true
@@ -312,14 +310,14 @@ impl ProtectiveStop {
     /// with a default reason, before the request's body arrived), takes the
     /// reason the body gave. `false` when `source` holds no cause (it was
     /// cleared meanwhile): a late reason never latches by itself.
-    pub fn give_reason(&self, source: &str, reason: &str, credential: Option<&str>) -> bool {
+    pub fn give_reason(&self, source: &StopSource, reason: &str, credential: Option<&str>) -> bool {
         let mut latch = self.lock();
         match latch.give_reason(source, reason, credential) {
             Err(()) => false,
             Ok(None) => true,
             Ok(Some(event)) => {
                 self.changed(&latch);
-                tracing::warn!(source, reason, "PROTECTIVE STOP: its reason arrived");
+                tracing::warn!(%source, reason, "PROTECTIVE STOP: its reason arrived");
                 self.report(event);
                 true
             }
@@ -384,7 +382,7 @@ impl ProtectiveStop {
     /// Marks `input` as asserting `source`'s stop (it does not latch by
     /// itself: latch with [`ProtectiveStop::trigger`] or `Ooda::trigger_stop`
     /// too). While held, that cause cannot be cleared.
-    pub fn hold(&self, input: &str, source: &str, why: &str) {
+    pub fn hold(&self, input: &str, source: &StopSource, why: &str) {
         self.lock().hold(input, source, why);
     }
 
@@ -429,8 +427,21 @@ mod tests {
         assert_eq!(source_kind("control-socket"), "control-socket");
     }
 
-    fn stop(source: &'static str, reason: &'static str) -> StopRequest<'static> {
-        StopRequest::new(source, reason)
+    /// The source a cause's text names (the ones these tests use).
+    fn source(text: &str) -> StopSource {
+        match text.split_once(':') {
+            Some(("rule", name)) => StopSource::Rule(name.into()),
+            _ => match text {
+                "fleet" => StopSource::Fleet,
+                "gpio" => StopSource::Gpio,
+                _ => StopSource::Rest,
+            },
+        }
+    }
+
+    fn stop(text: &'static str, reason: &'static str) -> StopRequest<'static> {
+        // Leaked: a few bytes per test, for a request of 'static lifetime.
+        StopRequest::new(Box::leak(Box::new(source(text))), reason)
     }
 
     #[tokio::test]
@@ -470,7 +481,7 @@ mod tests {
         assert_eq!(sources, ["fleet", "rest", "rule:too_close"]);
         assert_eq!(stop.state().causes[0].by.as_deref(), Some("host-a"));
 
-        let fleet_clear = |by| ClearRequest::source("fleet", by);
+        let fleet_clear = |by| ClearRequest::source(&StopSource::Fleet, by);
         assert_eq!(stop.clear(fleet_clear("fleet: withdrawn")).await, Ok(true));
         assert_eq!(stop.clear(fleet_clear("fleet: again")).await, Ok(false));
         assert_eq!(stop.active().unwrap().source, "rest", "still latched");
@@ -505,7 +516,7 @@ mod tests {
     #[tokio::test]
     async fn a_held_input_keeps_its_cause_and_blocks_only_that() {
         let stop = ProtectiveStop::default();
-        stop.hold("gpio:17", "gpio", "GPIO 17 is low");
+        stop.hold("gpio:17", &StopSource::Gpio, "GPIO 17 is low");
         assert!(stop.trigger(self::stop("gpio", "button")));
         assert!(stop.trigger(self::stop("rest", "operator")));
         let refused = stop.clear(ClearRequest::all("operator")).await.unwrap_err();
@@ -514,7 +525,7 @@ mod tests {
         assert!(stop.clear(ClearRequest::all("operator")).await.is_err());
         assert_eq!(stop.active().unwrap().source, "gpio", "still latched");
         assert!(
-            stop.clear(ClearRequest::source("gpio", "fleet"))
+            stop.clear(ClearRequest::source(&StopSource::Gpio, "fleet"))
                 .await
                 .is_err()
         );

@@ -25,6 +25,8 @@ pub enum Asker {
     Session,
     /// A task's worker.
     Task,
+    /// A Foxglove client's `command_actuator`.
+    Foxglove,
 }
 
 /// A call waiting for approval, as `GET /v1/approvals` lists it.

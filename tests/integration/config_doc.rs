@@ -211,11 +211,25 @@ fn every_record_and_replay_key_is_documented_with_an_example() {
 }
 
 #[test]
-fn every_mcp_key_is_documented_with_an_example() {
-    let start = DOC.find("\n[mcp]\n").expect("an [mcp] section");
+fn every_foxglove_key_is_documented_with_an_example() {
+    let start = DOC.find("\n[foxglove]\n").expect("a [foxglove] section");
     let end = DOC[start..]
         .find("\n[model]\n")
         .map(|i| start + i)
-        .expect("[model] after [mcp]");
+        .expect("[model] after [foxglove]");
+    assert_documented(
+        "[foxglove]",
+        &accepted_keys("[foxglove]\nZZZ\n"),
+        &DOC[start..end],
+    );
+}
+
+#[test]
+fn every_mcp_key_is_documented_with_an_example() {
+    let start = DOC.find("\n[mcp]\n").expect("an [mcp] section");
+    let end = DOC[start..]
+        .find("\n[foxglove]\n")
+        .map(|i| start + i)
+        .expect("[foxglove] after [mcp]");
     assert_documented("[mcp]", &accepted_keys("[mcp]\nZZZ\n"), &DOC[start..end]);
 }

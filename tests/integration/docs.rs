@@ -339,6 +339,7 @@ const TABLES: &[(&str, &str)] = &[
     ("[approvals]", "[approvals]\nZZZ\n"),
     ("[agent]", "[agent]\nZZZ\n"),
     ("[mcp]", "[mcp]\nZZZ\n"),
+    ("[foxglove]", "[foxglove]\nZZZ\n"),
     ("[record]", "[record]\nZZZ\n"),
     ("[replay]", "[replay]\nZZZ\n"),
     ("[model]", "[model]\nZZZ\n"),

@@ -284,7 +284,10 @@ async fn protective_stop_refuses_physical_calls_while_observe_still_works() {
     daemon
         .ctx
         .ooda
-        .trigger_stop(rozd::safety::StopRequest::new("test", "bumper hit"))
+        .trigger_stop(rozd::safety::StopRequest::new(
+            &rozd::safety::StopSource::Rest,
+            "bumper hit",
+        ))
         .await;
     assert_eq!(
         daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),

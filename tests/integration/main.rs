@@ -25,6 +25,7 @@ mod feedback;
 mod fleet;
 mod fleet_env;
 mod fleet_scale;
+mod foxglove;
 mod guides;
 mod hardware_e2e;
 mod host_tools;

@@ -382,8 +382,11 @@ async fn over_tcp_sensors_read_every_type_and_order_and_the_actuators_take_the_o
     assert_eq!(dev.get("holding", 100, 1).await, [4250]);
 
     // The stop writes every safe value.
-    ooda.trigger_stop(rozd::safety::StopRequest::new("test", "modbus drill"))
-        .await;
+    ooda.trigger_stop(rozd::safety::StopRequest::new(
+        &rozd::safety::StopSource::Rest,
+        "modbus drill",
+    ))
+    .await;
     assert_eq!(dev.get("holding", 100, 1).await, [0]);
     assert_eq!(dev.get("coil", 40, 1).await, [0]);
     let writes = dev.writes().await;
@@ -638,8 +641,11 @@ async fn over_rtu_on_a_pty_values_read_writes_land_and_crc_errors_and_slow_repli
         .await
         .expect("applied over RTU again");
     assert_eq!(dev.get("holding", 100, 1).await, [500]);
-    ooda.trigger_stop(rozd::safety::StopRequest::new("test", "rtu drill"))
-        .await;
+    ooda.trigger_stop(rozd::safety::StopRequest::new(
+        &rozd::safety::StopSource::Rest,
+        "rtu drill",
+    ))
+    .await;
     dev.until_value("holding", 100, 0).await;
     daemon.shutdown().await;
     dev.kill().await;

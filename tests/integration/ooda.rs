@@ -288,7 +288,7 @@ async fn protective_stop_drives_safe_refuses_commands_and_clearing_moves_nothing
         .await
         .unwrap();
     ooda.trigger_stop(rozd::safety::StopRequest::new(
-        "test",
+        &rozd::safety::StopSource::Rest,
         "operator pressed stop",
     ))
     .await;
@@ -303,7 +303,7 @@ async fn protective_stop_drives_safe_refuses_commands_and_clearing_moves_nothing
         o.protective_stop.is_some()
     })
     .await;
-    assert_eq!(obs.protective_stop.as_ref().unwrap().source, "test");
+    assert_eq!(obs.protective_stop.as_ref().unwrap().source, "rest");
     let before = ooda.sim_actuator("speed").unwrap().history().len();
     assert_eq!(
         ooda.protective_stop()
