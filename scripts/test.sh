@@ -46,6 +46,13 @@ if [ "$("$venv/bin/python" -c 'import selenium; print(selenium.__version__)' 2>/
   echo "== installing selenium $selenium_version into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "selenium==$selenium_version"
 fi
+# PyPI pymodbus's server is the Modbus tests' device (over TCP, and over RTU
+# on a socat pty pair); pinned, its datastore API moves between releases.
+pymodbus_version=3.16.1
+if [ "$("$venv/bin/python" -c 'import pymodbus; print(pymodbus.__version__)' 2>/dev/null)" != "$pymodbus_version" ]; then
+  echo "== installing pymodbus $pymodbus_version into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "pymodbus[serial]==$pymodbus_version"
+fi
 export ROZD_TEST_PYENV="$PWD/$venv"
 
 # The Foxglove tests' independent client: the Foxglove project's

@@ -139,6 +139,7 @@ struct Events {
     feedback_verdicts: Family<VerdictLabels, Counter>,
     stop_triggers: Family<SourceLabels, Counter>,
     store_writes: Histograms<KindLabels>,
+    modbus_requests: Histograms<LinkLabels>,
     /// Model names seen in configuration; others are labelled `other`.
     /// Shared, not copied: every model call labels six series with one.
     models: Mutex<BTreeSet<Arc<str>>>,
@@ -162,6 +163,7 @@ static EVENTS: LazyLock<Events> = LazyLock::new(|| Events {
     feedback_verdicts: Family::default(),
     stop_triggers: Family::default(),
     store_writes: Family::new_with_constructor(store_histogram),
+    modbus_requests: Family::new_with_constructor(modbus_histogram),
     models: Mutex::new(BTreeSet::from([Arc::from("local")])),
     other_model: Arc::from("other"),
 });
@@ -354,6 +356,27 @@ pub fn store_write(kind: &'static str, took: Duration) {
         .observe(took.as_secs_f64());
 }
 
+/// One Modbus request on `link` (a read, a write or a read-back, whatever
+/// its outcome) and how long it took.
+pub fn modbus_request(link: &str, took: Duration) {
+    EVENTS
+        .modbus_requests
+        .get_or_create(&LinkLabels {
+            link: link.to_string(),
+        })
+        .observe(took.as_secs_f64());
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LinkLabels {
+    link: String,
+}
+
+/// Modbus requests: 100 µs to about 26 s.
+fn modbus_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 4.0, 10))
+}
+
 /// Which format `/metrics` answers in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -474,6 +497,12 @@ pub fn register_events(r: &mut Registry) {
         "Duration of store writes (waiting for the store included), by kind",
         Unit::Seconds,
         e.store_writes.clone(),
+    );
+    r.register_with_unit(
+        "modbus_request_duration",
+        "Duration of Modbus requests (reads, writes, read-backs; failed ones too), by link",
+        Unit::Seconds,
+        e.modbus_requests.clone(),
     );
     r.register(
         "build",

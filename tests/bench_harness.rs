@@ -65,6 +65,9 @@ const EXPECTED: &[&str] = &[
     "camera.cpu_per_frame_us",
     "foxglove.loop_lateness_p99_us",
     "foxglove.cpu_percent",
+    "modbus.poll32.p50_us",
+    "modbus.poll32.p99_us",
+    "modbus.4links_100hz.missed_polls",
 ];
 
 fn check() -> Result<usize, String> {

@@ -14,6 +14,7 @@ pub mod fixtures;
 pub mod footprint;
 pub mod foxglove;
 pub mod host_tool;
+pub mod modbus;
 pub mod report;
 pub mod safe_state;
 pub mod soak;
@@ -102,7 +103,7 @@ impl Scale {
 }
 
 /// The measurements, by number and short name (for `--only`).
-pub const MEASUREMENTS: [(&str, &str); 8] = [
+pub const MEASUREMENTS: [(&str, &str); 9] = [
     ("1", "steps"),
     ("2", "concurrency"),
     ("3", "host-tool"),
@@ -111,6 +112,7 @@ pub const MEASUREMENTS: [(&str, &str); 8] = [
     ("6", "footprint"),
     ("7", "cameras"),
     ("8", "foxglove"),
+    ("9", "modbus"),
 ];
 
 #[derive(Debug, Clone, Default)]
@@ -125,7 +127,7 @@ pub struct Options {
     pub soak: Option<soak::SoakOptions>,
 }
 
-pub const USAGE: &str = "usage: cargo bench --bench rozd -- [--quick] [--out FILE] [--only 1,2,...|steps,concurrency,host-tool,loop,safe-state,footprint,cameras,foxglove] | --soak SECONDS [--sessions N] [--every SECONDS] [--rounds N]";
+pub const USAGE: &str = "usage: cargo bench --bench rozd -- [--quick] [--out FILE] [--only 1,2,...|steps,concurrency,host-tool,loop,safe-state,footprint,cameras,foxglove,modbus] | --soak SECONDS [--sessions N] [--every SECONDS] [--rounds N]";
 
 impl Options {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Options> {
@@ -337,6 +339,9 @@ pub fn run(options: &Options) -> Result<Report> {
                     .context("8. foxglove")?
                     .metrics,
             );
+        }
+        if section("9") {
+            metrics.extend(modbus::modbus(&scale).await.context("9. modbus")?.metrics);
         }
         anyhow::Ok(metrics)
     })?;

@@ -47,6 +47,17 @@ struct ActuatorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LinkLabels {
+    link: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LinkKindLabels {
+    link: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabels {
     status: String,
 }
@@ -377,6 +388,46 @@ fn register_state(r: &mut Registry, ctx: &HostContext) {
         "What an actuator's feedback sensor measures now",
         measured,
     );
+
+    let modbus = ctx.ooda.modbus_stats();
+    if !modbus.is_empty() {
+        let connected: Family<LinkLabels, Gauge> = Family::default();
+        let requests: Family<LinkLabels, Counter> = Family::default();
+        let errors: Family<LinkKindLabels, Counter> = Family::default();
+        let missed: Family<LinkLabels, Counter> = Family::default();
+        for s in &modbus {
+            let link = LinkLabels {
+                link: s.link.clone(),
+            };
+            connected.get_or_create(&link).set(i64::from(s.connected));
+            requests.get_or_create(&link).inc_by(s.requests);
+            missed.get_or_create(&link).inc_by(s.missed_polls);
+            for (kind, n) in &s.errors {
+                errors
+                    .get_or_create(&LinkKindLabels {
+                        link: s.link.clone(),
+                        kind: (*kind).to_string(),
+                    })
+                    .inc_by(*n);
+            }
+        }
+        r.register(
+            "modbus_connected",
+            "1 while a [[modbus]] link is up",
+            connected,
+        );
+        r.register("modbus_requests", "Modbus requests sent, by link", requests);
+        r.register(
+            "modbus_errors",
+            "Failed Modbus requests, by link and kind (exception, timeout, bad_frame, disconnected, protocol)",
+            errors,
+        );
+        r.register(
+            "modbus_missed_polls",
+            "Polls not made because the last period's requests still waited, by link",
+            missed,
+        );
+    }
 
     if let Some(mqtt) = ctx.ooda.mqtt() {
         let s = mqtt.stats();

@@ -145,6 +145,9 @@ pub struct Config {
     pub mqtt: Option<MqttConfig>,
     #[serde(default)]
     pub serial: Vec<SerialPortConfig>,
+    /// `[[modbus]]` links (Modbus TCP servers, RTU lines).
+    #[serde(default)]
+    pub modbus: Vec<crate::hw::config::ModbusLinkConfig>,
     #[serde(default)]
     pub sensors: Vec<SensorConfig>,
     #[serde(default)]
@@ -385,6 +388,7 @@ impl Config {
             &self.gpio,
             self.mqtt.as_ref(),
             &self.serial,
+            &self.modbus,
             &self.sensors,
             &self.actuators,
             self.sim.as_ref(),

@@ -39,6 +39,8 @@ pub use crate::hw::config::{
 pub use crate::model::config::{EndpointConfig, ModelConfig};
 
 #[cfg(test)]
+mod modbus_tests;
+#[cfg(test)]
 mod section_tests;
 #[cfg(test)]
 mod tests;

@@ -45,7 +45,7 @@ pub struct Findings {
 /// opens them, said plainly by `rozd check`.
 pub const NOT_CHECKED: &str = "not checked (only `rozd run` finds out): whether the listen address and \
      control socket are free, the serial ports and cameras can be opened, the brokers \
-     answer and accept the credentials, and the store's directory is writable";
+     and Modbus devices answer (and accept the credentials), and the store's directory is writable";
 
 fn named_variables(config: &Config) -> Vec<String> {
     let mut vars = Vec::new();

@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod gpio;
+pub mod modbus;
 pub mod mqtt;
 pub mod mqtt_link;
 pub mod parse;
@@ -88,6 +89,10 @@ pub trait Readings: Send + Sync + 'static {
     /// Input from a source that could not be used (garbage, overlong or
     /// partial lines, undecodable payloads): counted, logged rate-limited.
     fn rejected(&self, source: &str, why: &str);
+    /// A sensor that its (working) source could not read this time, and
+    /// why (a Modbus exception, no reply): the sensor's health is `error`
+    /// with that message until `None` (or a value) clears it.
+    fn sensor_error(&self, _sensor: &str, _error: Option<&str>) {}
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -111,6 +116,10 @@ pub enum HwError {
     UnexpectedReply(String),
     #[error("{0}")]
     Unsupported(String),
+    /// A Modbus request failed: the device answered with an exception, did
+    /// not answer, or the link is down (`fault` names which).
+    #[error("modbus link {link}: {fault}")]
+    Modbus { link: String, fault: String },
 }
 
 /// An error kept whole (with its own sources), cheap to clone: a driver's

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::hw::config::{ActuatorTarget, HardwareSpec, SensorSource};
 use crate::hw::gpio::{self, GpioActuator, GpioBackend};
+use crate::hw::modbus::{LinkEvent, ModbusActuator, ModbusLinks};
 use crate::hw::mqtt::{Mqtt, MqttActuator};
 use crate::hw::serial::{SerialActuator, SerialPortHandle, SerialPorts};
 use crate::hw::sim::SimActuator;
@@ -40,6 +41,46 @@ use rules::Rule;
 pub use stats::LoopStats;
 use timer::{Realtime, Timer, TimerError};
 use world::{SensorView, SourceView, World};
+/// The actuators on each Modbus link, by link.
+fn modbus_actuators(hardware: &HardwareSpec) -> HashMap<String, Vec<String>> {
+    let mut by_link: HashMap<String, Vec<String>> = HashMap::new();
+    for a in &hardware.actuators {
+        if let ActuatorTarget::Modbus { link, .. } = &a.target {
+            by_link
+                .entry(link.clone())
+                .or_default()
+                .push(a.name.clone());
+        }
+    }
+    by_link
+}
+
+/// Drives the actuators of a Modbus link safe whenever it comes up or goes
+/// down (going down, the drive fails and says so in the actuator's
+/// `safe_unconfirmed`; coming up, it reaches the device).
+async fn drive_safe_on_link_changes(
+    mut changes: tokio::sync::mpsc::UnboundedReceiver<LinkEvent>,
+    by_link: HashMap<String, Vec<String>>,
+    actuators: Arc<Actuators>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let change = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            change = changes.recv() => match change {
+                Some(change) => change,
+                None => return,
+            },
+        };
+        let (link, why) = match &change {
+            LinkEvent::Up(link) => (link, format!("modbus link {link} up")),
+            LinkEvent::Down(link) => (link, format!("modbus link {link} lost")),
+        };
+        for name in by_link.get(link).into_iter().flatten() {
+            let _ = actuators.safe(name, &why).await;
+        }
+    }
+}
 
 /// Longest start-up waits for the serial ports' first open and the MQTT
 /// client's first connection before driving every actuator safe.
@@ -159,6 +200,7 @@ pub struct Ooda {
     sim: Option<SimLoop>,
     serial: SerialPorts,
     mqtt: Option<Mqtt>,
+    modbus: ModbusLinks,
     shutdown: CancellationToken,
 }
 
@@ -230,6 +272,14 @@ impl Ooda {
             readings.clone(),
             shutdown.clone(),
         );
+        let (link_events, mut link_changes) = tokio::sync::mpsc::unbounded_channel();
+        let mut modbus = ModbusLinks::start(
+            &hardware.modbus,
+            &hardware.sensors,
+            readings.clone(),
+            link_events,
+            shutdown.clone(),
+        );
         let mqtt = hardware.mqtt.as_ref().map(|cfg| {
             Mqtt::start(
                 cfg,
@@ -284,6 +334,15 @@ impl Ooda {
                         )));
                     }
                 },
+                ActuatorTarget::Modbus { .. } => match ModbusActuator::from_spec(spec, &modbus) {
+                    Some(driver) => Arc::new(driver),
+                    None => {
+                        return Err(OodaError::Unsupported(format!(
+                            "actuator {}: its modbus link was not started",
+                            spec.name
+                        )));
+                    }
+                },
                 ActuatorTarget::Mqtt { .. } => {
                     match mqtt.as_ref().and_then(|m| MqttActuator::from_spec(spec, m)) {
                         Some(driver) => Arc::new(driver),
@@ -305,6 +364,7 @@ impl Ooda {
         // brokers are not waited for).
         let settled = tokio::time::timeout(START_SETTLE, async {
             serial.first_open_attempts().await;
+            modbus.first_connection_attempts().await;
             if let Some(mqtt) = &mqtt {
                 mqtt.first_connection_attempt().await;
             }
@@ -316,6 +376,17 @@ impl Ooda {
             );
         }
         actuators.safe_all("start-up").await;
+        // A Modbus link that comes up or goes down drives its actuators
+        // safe: the device may have kept the last value while rozd could
+        // not reach it. (What happened before the start-up drive is
+        // covered by it.)
+        while link_changes.try_recv().is_ok() {}
+        tokio::spawn(drive_safe_on_link_changes(
+            link_changes,
+            modbus_actuators(hardware),
+            actuators.clone(),
+            shutdown.clone(),
+        ));
 
         for sensor in &hardware.sensors {
             let name = sensor.name.clone();
@@ -368,8 +439,11 @@ impl Ooda {
                 }
                 // The tick reads the simulated world.
                 SensorSource::World(_) => readings.source_health("sim", crate::hw::Health::Ok),
-                // Serial and MQTT sensors are fed by their port / client tasks.
-                SensorSource::Serial { .. } | SensorSource::Mqtt { .. } => {}
+                // Serial, MQTT and Modbus sensors are fed by their port /
+                // client / link tasks.
+                SensorSource::Serial { .. }
+                | SensorSource::Mqtt { .. }
+                | SensorSource::Modbus { .. } => {}
             }
         }
         let period = Duration::from_secs_f64(1.0 / loop_config.tick_hz);
@@ -408,6 +482,7 @@ impl Ooda {
             sim,
             serial,
             mqtt,
+            modbus,
             shutdown,
         });
         if let Err(e) = ooda.start_loop() {
@@ -516,7 +591,7 @@ impl Ooda {
     pub fn observe_now(&self) -> Observation {
         Observation {
             sim: self.sim_world(),
-            sources: self.world.sources(),
+            sources: self.sources(),
             ..self.observe_now_brief()
         }
     }
@@ -589,6 +664,36 @@ impl Ooda {
         if let Some(mqtt) = &self.mqtt {
             mqtt.join().await;
         }
+    }
+
+    /// Each `[[modbus]]` link's counters.
+    pub fn modbus_stats(&self) -> Vec<crate::hw::modbus::LinkStats> {
+        self.modbus.stats()
+    }
+
+    /// Every source's health, with each Modbus link's counters.
+    fn sources(&self) -> Vec<SourceView> {
+        let mut sources = self.world.sources();
+        for stats in self.modbus.stats() {
+            let name = format!("modbus:{}", stats.link);
+            match sources.iter_mut().find(|s| s.name == name) {
+                Some(s) => s.link = Some(stats),
+                // A link with only actuators has no sensor source.
+                None => sources.push(SourceView {
+                    health: if stats.connected {
+                        crate::hw::HealthKind::Ok
+                    } else {
+                        crate::hw::HealthKind::Disconnected
+                    },
+                    name,
+                    error: None,
+                    rejected: 0,
+                    last_rejection: None,
+                    link: Some(stats),
+                }),
+            }
+        }
+        sources
     }
 
     /// A configured serial port (for raw queries).

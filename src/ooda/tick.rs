@@ -239,7 +239,7 @@ impl Ooda {
             protective_stop_causes: stop.causes,
             sensors,
             actuators: self.actuators.views(now),
-            sources: self.world.sources(),
+            sources: self.sources(),
             sim: self.sim_world(),
         }));
     }

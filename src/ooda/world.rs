@@ -29,6 +29,9 @@ struct SensorState {
     history: VecDeque<(f64, Instant)>,
     trend: Trend,
     source: String,
+    /// Why its working source could not read it last time (see
+    /// [`Readings::sensor_error`]).
+    error: Option<String>,
 }
 
 #[derive(Debug)]
@@ -80,6 +83,7 @@ pub fn source_key(source: &SensorSource) -> String {
         SensorSource::System { .. } => "system".into(),
         SensorSource::Sim(_) | SensorSource::World(_) => "sim".into(),
         SensorSource::Replay(_) => "replay".into(),
+        SensorSource::Modbus { link, .. } => format!("modbus:{link}"),
     }
 }
 
@@ -103,6 +107,9 @@ pub struct SourceView {
     pub error: Option<String>,
     pub rejected: u64,
     pub last_rejection: Option<String>,
+    /// A Modbus link's counters (sources `modbus:<link>`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link: Option<crate::hw::modbus::LinkStats>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -192,6 +199,7 @@ impl World {
                 history: VecDeque::with_capacity(HISTORY),
                 trend: Trend::default(),
                 source: source_key(&s.source),
+                error: None,
             })
             .collect();
         let mut sources = BTreeMap::new();
@@ -265,6 +273,7 @@ impl World {
                 },
                 rejected: s.rejected,
                 last_rejection: s.last_rejection.clone(),
+                link: None,
             })
             .collect()
     }
@@ -274,7 +283,7 @@ impl World {
 /// source's error, if any.
 fn health<'a>(
     spec: &SensorSpec,
-    state: &SensorState,
+    state: &'a SensorState,
     inner: &'a Inner,
     now: Instant,
 ) -> (HealthKind, Option<&'a String>) {
@@ -284,6 +293,7 @@ fn health<'a>(
     match inner.sources.get(&state.source).map(|s| &s.health) {
         Some(Health::Error(e)) => (HealthKind::Error, Some(e)),
         Some(Health::Disconnected) => (HealthKind::Disconnected, None),
+        _ if state.error.is_some() => (HealthKind::Error, state.error.as_ref()),
         _ if state.latest.is_none() => (HealthKind::Stale, None),
         _ if spec
             .stale_after
@@ -356,6 +366,7 @@ impl Readings for World {
             let mut inner = self.lock();
             let state = &mut inner.sensors[i];
             state.latest = Some((value, now));
+            state.error = None;
             if state.history.len() == HISTORY {
                 state.history.pop_front();
             }
@@ -377,6 +388,21 @@ impl Readings for World {
                 other => tracing::warn!(source, health = other.as_str(), "source unhealthy"),
             }
             entry.health = health;
+        }
+    }
+
+    fn sensor_error(&self, sensor: &str, error: Option<&str>) {
+        let Some(i) = self.index_of(sensor) else {
+            return;
+        };
+        let mut inner = self.lock();
+        let state = &mut inner.sensors[i];
+        if state.error.as_deref() != error {
+            match error {
+                Some(e) => tracing::warn!(sensor, error = e, "sensor not read"),
+                None => tracing::info!(sensor, "sensor read again"),
+            }
+            state.error = error.map(str::to_string);
         }
     }
 

@@ -170,6 +170,7 @@ impl EmbodimentView {
                     SensorSource::Sim(sim) => ("sim", every(&sim.every)),
                     SensorSource::World(_) => ("sim", Some(tick_hz)),
                     SensorSource::Replay(_) => ("replay", None),
+                    SensorSource::Modbus { every: e, .. } => ("modbus", every(e)),
                 };
                 SensorView {
                     name: s.name.clone(),

@@ -84,6 +84,9 @@ pub enum Failure {
     Timeout,
     /// The driver or device failed; an actuator went safe.
     Failed,
+    /// The device could not be reached or refused the write (a Modbus
+    /// exception, a link down); the actuator was driven safe.
+    Unavailable,
     /// A PHYSICAL call's audit row could not be written (a full disk, the
     /// store's size cap, an I/O error): the command was not sent.
     Unaudited,
@@ -101,6 +104,7 @@ impl Failure {
             Failure::Held => "held",
             Failure::Timeout => "tool_timeout",
             Failure::Failed => "failed",
+            Failure::Unavailable => "host_unavailable",
             Failure::Unaudited => "store_unavailable",
         }
     }
@@ -113,7 +117,7 @@ impl Failure {
             Failure::EStop => Some(ErrorCode::EStop),
             Failure::Held => Some(ErrorCode::PermissionDenied),
             Failure::Timeout => Some(ErrorCode::ToolTimeout),
-            Failure::Unaudited => Some(ErrorCode::HostUnavailable),
+            Failure::Unaudited | Failure::Unavailable => Some(ErrorCode::HostUnavailable),
             Failure::Invalid | Failure::Blocked | Failure::Denied | Failure::Failed => None,
         }
     }
@@ -134,6 +138,7 @@ impl From<&ToolError> for Failure {
             ToolError::Held(_) => Failure::Held,
             ToolError::Timeout(_) => Failure::Timeout,
             ToolError::Failed(_) => Failure::Failed,
+            ToolError::Unavailable(_) => Failure::Unavailable,
         }
     }
 }
@@ -506,6 +511,7 @@ mod tests {
             (Failure::Denied, None),
             (Failure::Failed, None),
             (Failure::Unaudited, Some(ErrorCode::HostUnavailable)),
+            (Failure::Unavailable, Some(ErrorCode::HostUnavailable)),
         ] {
             assert_eq!(
                 outcome(failure).session_error("t").map(|e| e.code),
@@ -529,11 +535,12 @@ mod tests {
             Failure::Timeout,
             Failure::Failed,
             Failure::Unaudited,
+            Failure::Unavailable,
         ]
         .into_iter()
         .map(Failure::as_str)
         .collect();
-        assert_eq!(codes.len(), 9, "distinct codes");
+        assert_eq!(codes.len(), 10, "distinct codes");
         assert!(Failure::EStop.is_safety() && !Failure::Held.is_safety());
     }
 }

@@ -90,6 +90,10 @@ pub enum ToolError {
     Timeout(String),
     #[error("{0}")]
     Failed(String),
+    /// The device could not be reached or refused (a Modbus exception, a
+    /// link down): `host_unavailable`.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl From<ActError> for ToolError {
@@ -101,6 +105,10 @@ impl From<ActError> for ToolError {
             ActError::EStop { .. } => ToolError::EStop(text),
             ActError::Held { .. } => ToolError::Held(text),
             ActError::Timeout { .. } => ToolError::Timeout(text),
+            ActError::Driver {
+                error: crate::hw::HwError::Modbus { .. },
+                ..
+            } => ToolError::Unavailable(text),
             ActError::Driver { .. } | ActError::Abandoned { .. } | ActError::Closed { .. } => {
                 ToolError::Failed(text)
             }

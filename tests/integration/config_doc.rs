@@ -162,6 +162,17 @@ fn every_hardware_key_is_documented_with_an_example() {
         &accepted_keys("[[serial]]\nname = \"p\"\npath = \"/dev/null\"\nZZZ\n"),
         section("serial ports", Some("sensors")),
     );
+    let modbus = section("Modbus links", Some("simulated world"));
+    assert_documented(
+        "[[modbus]]",
+        &accepted_keys("[[modbus]]\nname = \"m\"\nurl = \"tcp://h\"\nZZZ\n"),
+        modbus,
+    );
+    assert_documented(
+        "[[modbus]] rtu",
+        &accepted_keys("[[modbus]]\nname = \"m\"\nrtu = { port = \"/dev/x\", ZZZ }\n"),
+        modbus,
+    );
 }
 
 #[test]

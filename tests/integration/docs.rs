@@ -353,6 +353,14 @@ const TABLES: &[(&str, &str)] = &[
         "[[serial]]",
         "[[serial]]\nname = \"p\"\npath = \"/dev/null\"\nZZZ\n",
     ),
+    (
+        "[[modbus]]",
+        "[[modbus]]\nname = \"m\"\nurl = \"tcp://h\"\nZZZ\n",
+    ),
+    (
+        "[[modbus]] rtu",
+        "[[modbus]]\nname = \"m\"\nrtu = { port = \"/dev/x\", ZZZ }\n",
+    ),
     ("[sim]", "[sim]\nZZZ\n"),
     ("[sim.battery]", "[sim.battery]\nZZZ\n"),
     ("[sim.motor]", "[sim.motor]\nZZZ\n"),

@@ -33,6 +33,7 @@ mod hosts_wire;
 mod manual;
 mod mcp;
 mod metrics;
+mod modbus;
 mod mqtt;
 mod ooda;
 mod persistence;

@@ -28,6 +28,7 @@ pub(super) fn validate_actuators(
     // An input of the world is driven by one actuator.
     let mut world_inputs: HashMap<Input, String> = HashMap::new();
     let mut specs = Vec::with_capacity(actuators.len());
+    let mut written = super::modbus::Written::default();
     for (i, a) in actuators.iter().enumerate() {
         let key = |k: &str| format!("actuators[{i}].{k}");
         check_name(&a.name, "actuator", &mut names, &key)?;
@@ -38,6 +39,7 @@ pub(super) fn validate_actuators(
             ActuatorKind::Gpio | ActuatorKind::Pwm => pin_target(a, &key, gpio_pins)?,
             ActuatorKind::Serial => serial_target(a, &key, tables)?,
             ActuatorKind::Mqtt => mqtt_target(a, &key, tables)?,
+            ActuatorKind::Modbus => modbus_target(a, &values, &key, tables, &mut written)?,
         };
         let feedback = a
             .feedback
@@ -76,6 +78,17 @@ fn check_keys(a: &ActuatorConfig, key: &dyn Fn(&str) -> String) -> Result<(), In
         ("qos", a.qos.is_some()),
         ("retain", a.retain.is_some()),
         ("input", a.input.is_some()),
+        ("link", a.link.is_some()),
+        ("unit_id", a.unit_id.is_some()),
+        ("register", a.register.is_some()),
+        ("address", a.address.is_some()),
+        ("type", a.value_type.is_some()),
+        ("word_order", a.word_order.is_some()),
+        ("byte_order", a.byte_order.is_some()),
+        ("scale", a.scale.is_some()),
+        ("offset", a.offset.is_some()),
+        ("write", a.write.is_some()),
+        ("read_back", a.read_back.is_some()),
     ];
     let allowed: &[&str] = match a.kind {
         ActuatorKind::Sim => &["input"],
@@ -83,6 +96,19 @@ fn check_keys(a: &ActuatorConfig, key: &dyn Fn(&str) -> String) -> Result<(), In
         ActuatorKind::Pwm => &["pin", "frequency_hz"],
         ActuatorKind::Serial => &["port", "template", "expect", "reply_timeout_ms"],
         ActuatorKind::Mqtt => &["topic", "payload", "qos", "retain"],
+        ActuatorKind::Modbus => &[
+            "link",
+            "unit_id",
+            "register",
+            "address",
+            "type",
+            "word_order",
+            "byte_order",
+            "scale",
+            "offset",
+            "write",
+            "read_back",
+        ],
     };
     if let Some(k) = misplaced(&set, allowed) {
         return Err(Invalid::new(
@@ -402,6 +428,48 @@ fn serial_target(
         template,
         expect,
         reply_timeout: Duration::from_millis(a.reply_timeout_ms.unwrap_or(1_000)),
+    })
+}
+
+/// `modbus`: a holding register or coil of a link, written by no other
+/// actuator; every value it accepts (limits in engineering units) fits
+/// the register's type once scaled.
+fn modbus_target(
+    a: &ActuatorConfig,
+    values: &ValueSet,
+    key: &dyn Fn(&str) -> String,
+    tables: &Tables<'_>,
+    written: &mut super::modbus::Written,
+) -> Result<ActuatorTarget, Invalid> {
+    let keys = super::modbus::PointKeys {
+        link: a.link.as_deref(),
+        unit_id: a.unit_id,
+        register: a.register,
+        address: a.address,
+        value_type: a.value_type,
+        word_order: a.word_order,
+        byte_order: a.byte_order,
+        scale: a.scale,
+        offset: a.offset,
+    };
+    let (link, point) = super::modbus::point(&keys, tables.modbus, key, "kind", true)?;
+    let write = super::modbus::write_mode(a.write, &point, key)?;
+    let limits: Vec<(&str, f64)> = match values {
+        ValueSet::Range { min, max } => vec![("min", *min), ("max", *max)],
+        ValueSet::Allowed(list) => list.iter().map(|v| ("allowed", *v)).collect(),
+    };
+    for (k, v) in limits.into_iter().chain([("safe_value", a.safe_value)]) {
+        point
+            .codec
+            .raw(v)
+            .map_err(|e| Invalid::new(key(k), format!("cannot be written to {point}: {e}")))?;
+    }
+    written.claim(&link, &point, &a.name, key)?;
+    Ok(ActuatorTarget::Modbus {
+        link,
+        point,
+        write,
+        read_back: a.read_back.unwrap_or(true),
     })
 }
 

@@ -8,6 +8,7 @@
 //! that names it rather than something silently ignored.
 
 mod actuators;
+pub mod modbus;
 pub mod schema;
 mod sensors;
 pub mod spec;
@@ -18,14 +19,19 @@ use std::time::Duration;
 pub use super::sim_config::SimWorldConfig;
 pub use crate::config::broker::check_max_packet_size;
 pub use crate::config::types::Invalid;
+pub use modbus::{
+    ModbusLinkConfig, ModbusLinkSpec, ModbusPoint, ModbusTransport, RtuConfig, WriteMode,
+};
 pub use schema::*;
 pub use spec::*;
 
 /// Checks the hardware sections together (cross-references included).
+#[allow(clippy::too_many_arguments)] // one per hardware section
 pub fn validate(
     gpio: &GpioConfig,
     mqtt: Option<&MqttConfig>,
     serial: &[SerialPortConfig],
+    modbus: &[ModbusLinkConfig],
     sensors: &[SensorConfig],
     actuators: &[ActuatorConfig],
     sim: Option<&SimWorldConfig>,
@@ -36,12 +42,15 @@ pub fn validate(
         validate_mqtt(m)?;
     }
     let ports = validate_serial(serial)?;
+    let serial_paths = serial.iter().map(|p| p.path.as_str()).collect();
+    let modbus = modbus::validate_links(modbus, &serial_paths)?;
     // A pin drives one sensor or one actuator.
     let mut gpio_pins: HashMap<u8, String> = HashMap::new();
     let tables = Tables {
         ports: &ports,
         serial,
         have_mqtt: mqtt.is_some(),
+        modbus: &modbus,
     };
     let sensors = sensors::validate_sensors(sensors, &tables, &mut gpio_pins)?;
     let (actuators, world_inputs) = actuators::validate_actuators(
@@ -61,6 +70,7 @@ pub fn validate(
         gpio_backend: gpio.backend,
         mqtt: mqtt.cloned(),
         serial: serial.to_vec(),
+        modbus,
         sensors,
         actuators,
         sim_world,
@@ -74,6 +84,8 @@ struct Tables<'a> {
     serial: &'a [SerialPortConfig],
     /// Whether `[mqtt]` is configured.
     have_mqtt: bool,
+    /// The validated `[[modbus]]` links.
+    modbus: &'a [ModbusLinkSpec],
 }
 
 /// `[mqtt]`: the shared broker fields, its keep-alive sent as 16 bits.

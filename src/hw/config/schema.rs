@@ -97,6 +97,8 @@ pub enum SensorSourceKind {
     System,
     /// A sensor channel of an MCAP recording, played back.
     Replay,
+    /// A register or bit of a `[[modbus]]` link.
+    Modbus,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -225,6 +227,24 @@ pub struct SensorConfig {
     /// A quantity of the simulated world (`[sim]`) instead of a signal.
     #[serde(default)]
     pub quantity: Option<Quantity>,
+    // modbus (also `offset`, `rate_hz`)
+    #[serde(default)]
+    pub link: Option<String>,
+    #[serde(default)]
+    pub unit_id: Option<u8>,
+    #[serde(default)]
+    pub register: Option<crate::hw::modbus::codec::Table>,
+    #[serde(default)]
+    pub address: Option<u16>,
+    #[serde(default, rename = "type")]
+    pub value_type: Option<crate::hw::modbus::codec::ValueType>,
+    #[serde(default)]
+    pub word_order: Option<crate::hw::modbus::codec::Order>,
+    #[serde(default)]
+    pub byte_order: Option<crate::hw::modbus::codec::Order>,
+    /// Engineering value = raw * scale + offset.
+    #[serde(default)]
+    pub scale: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -235,6 +255,8 @@ pub enum ActuatorKind {
     Pwm,
     Serial,
     Mqtt,
+    /// A holding register or coil of a `[[modbus]]` link.
+    Modbus,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -301,6 +323,33 @@ pub struct ActuatorConfig {
     /// it only records what it is told.
     #[serde(default)]
     pub input: Option<Input>,
+    // modbus: the point written (min/max/allowed/safe_value are in
+    // engineering units: raw = (value - offset) / scale)
+    #[serde(default)]
+    pub link: Option<String>,
+    #[serde(default)]
+    pub unit_id: Option<u8>,
+    #[serde(default)]
+    pub register: Option<crate::hw::modbus::codec::Table>,
+    #[serde(default)]
+    pub address: Option<u16>,
+    #[serde(default, rename = "type")]
+    pub value_type: Option<crate::hw::modbus::codec::ValueType>,
+    #[serde(default)]
+    pub word_order: Option<crate::hw::modbus::codec::Order>,
+    #[serde(default)]
+    pub byte_order: Option<crate::hw::modbus::codec::Order>,
+    #[serde(default)]
+    pub scale: Option<f64>,
+    #[serde(default)]
+    pub offset: Option<f64>,
+    /// `single` (FC 6 / FC 5) or `multiple` (FC 16 / FC 15).
+    #[serde(default)]
+    pub write: Option<super::modbus::WriteMode>,
+    /// Read the point back after each write; a different value fails the
+    /// command (and drives the safe value). Default true.
+    #[serde(default)]
+    pub read_back: Option<bool>,
     /// The sensor that measures what the actuator did, and how closely and
     /// how soon it must agree with the command (any kind of actuator).
     #[serde(default)]

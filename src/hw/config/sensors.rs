@@ -32,6 +32,7 @@ pub(super) fn validate_sensors(
             SensorSourceKind::Mqtt => mqtt_source(s, &key, tables)?,
             SensorSourceKind::System => system_source(s, &key)?,
             SensorSourceKind::Replay => replay_source(s, &key)?,
+            SensorSourceKind::Modbus => modbus_source(s, &key, tables)?,
             SensorSourceKind::Sim => match s.quantity {
                 Some(quantity) => SensorSource::World(quantity),
                 None => SensorSource::Sim(sim_spec(s, &key)?),
@@ -74,6 +75,14 @@ fn check_keys(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<(), Inva
         ("rate_hz", s.rate_hz.is_some()),
         ("quantity", s.quantity.is_some()),
         ("channel", s.channel.is_some()),
+        ("link", s.link.is_some()),
+        ("unit_id", s.unit_id.is_some()),
+        ("register", s.register.is_some()),
+        ("address", s.address.is_some()),
+        ("type", s.value_type.is_some()),
+        ("word_order", s.word_order.is_some()),
+        ("byte_order", s.byte_order.is_some()),
+        ("scale", s.scale.is_some()),
     ];
     let allowed: &[&str] = match s.source {
         SensorSourceKind::Serial => &[
@@ -89,6 +98,18 @@ fn check_keys(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<(), Inva
         SensorSourceKind::Mqtt => &["topic", "pointer"],
         SensorSourceKind::System => &["metric", "rate_hz"],
         SensorSourceKind::Replay => &["file", "channel"],
+        SensorSourceKind::Modbus => &[
+            "link",
+            "unit_id",
+            "register",
+            "address",
+            "type",
+            "word_order",
+            "byte_order",
+            "scale",
+            "offset",
+            "rate_hz",
+        ],
         SensorSourceKind::Sim if s.quantity.is_some() => &["quantity"],
         SensorSourceKind::Sim => &[
             "signal",
@@ -252,6 +273,36 @@ fn replay_source(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<Senso
         speed: 1.0,
         looped: false,
     }))
+}
+
+fn modbus_source(
+    s: &SensorConfig,
+    key: &dyn Fn(&str) -> String,
+    tables: &Tables<'_>,
+) -> Result<SensorSource, Invalid> {
+    let keys = super::modbus::PointKeys {
+        link: s.link.as_deref(),
+        unit_id: s.unit_id,
+        register: s.register,
+        address: s.address,
+        value_type: s.value_type,
+        word_order: s.word_order,
+        byte_order: s.byte_order,
+        scale: s.scale,
+        offset: s.offset,
+    };
+    let (link, point) = super::modbus::point(&keys, tables.modbus, key, "source", false)?;
+    let poll = tables
+        .modbus
+        .iter()
+        .find(|l| l.name == link)
+        .map(|l| l.poll)
+        .unwrap_or(Duration::from_millis(100));
+    let every = match s.rate_hz {
+        Some(hz) => rate(&key("rate_hz"), Some(hz), hz)?,
+        None => poll,
+    };
+    Ok(SensorSource::Modbus { link, point, every })
 }
 
 fn alarm_limits(s: &SensorConfig, key: &dyn Fn(&str) -> String) -> Result<AlarmLimits, Invalid> {

@@ -63,6 +63,12 @@ pub enum SensorSource {
     World(Quantity),
     /// A recorded sensor channel, played back at its recorded times.
     Replay(ReplaySpec),
+    /// Polled from a `[[modbus]]` link every `every`.
+    Modbus {
+        link: String,
+        point: super::modbus::ModbusPoint,
+        every: Duration,
+    },
 }
 
 /// A sensor channel of a recording, read at config load.
@@ -125,6 +131,12 @@ pub enum ActuatorTarget {
         payload: String,
         qos: u8,
         retain: bool,
+    },
+    Modbus {
+        link: String,
+        point: super::modbus::ModbusPoint,
+        write: super::modbus::WriteMode,
+        read_back: bool,
     },
 }
 
@@ -233,6 +245,8 @@ pub struct HardwareSpec {
     pub gpio_backend: GpioBackendChoice,
     pub mqtt: Option<MqttConfig>,
     pub serial: Vec<SerialPortConfig>,
+    /// The `[[modbus]]` links.
+    pub modbus: Vec<super::modbus::ModbusLinkSpec>,
     pub sensors: Vec<SensorSpec>,
     pub actuators: Vec<ActuatorSpec>,
     /// The simulated world, when `[sim]` is written or a sensor or
