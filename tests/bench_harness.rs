@@ -63,6 +63,7 @@ const EXPECTED: &[&str] = &[
     "camera.capture_image.p50_us",
     "camera.loop_streaming.lateness_p99_us",
     "camera.cpu_per_frame_us",
+    "camera.idle_private_mib",
     "foxglove.loop_lateness_p99_us",
     "foxglove.cpu_percent",
     "modbus.poll32.p50_us",

@@ -235,7 +235,7 @@ const IDLE_CAMERAS: usize = 4;
 
 /// Private memory (RssAnon) of an idle `rozd` process with
 /// [`IDLE_CAMERAS`] simulated 640×480 cameras beside the same host without
-/// cameras, settled: the growth per camera.
+/// cameras (the floor), settled; the name says the growth per camera.
 async fn idle_footprint(scale: &Scale, group: &mut Group) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut private = Vec::new();
@@ -262,16 +262,15 @@ async fn idle_footprint(scale: &Scale, group: &mut Group) -> Result<()> {
     }
     let per_camera = (private[1] - private[0]) / IDLE_CAMERAS as f64;
     group.add(
-        "camera.idle_private_growth_mib",
+        "camera.idle_private_mib",
         &format!(
-            "idle private memory (RssAnon) per sim camera (640×480, 10 fps; {IDLE_CAMERAS} \
-             cameras beside none: {:.1} MiB beside {:.1} MiB)",
-            private[1], private[0]
+            "idle private memory (RssAnon) with {IDLE_CAMERAS} sim cameras (640×480, 10 fps) vs \
+             none: {per_camera:.2} MiB per camera"
         ),
         "MiB",
         Better::Lower,
-        per_camera,
-        None,
+        private[1],
+        Some(private[0]),
         (1, 1),
     );
     Ok(())
