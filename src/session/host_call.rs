@@ -48,9 +48,8 @@ pub trait CallSite {
     /// Resolves when the caller gives up on the call.
     fn abandoned(&self) -> impl Future<Output = Self::Interrupt> + Send;
 
-    /// What the gate decided (`allowed`, `approved`, `denied`, `blocked`),
-    /// for a caller that counts its calls.
-    fn gated(&mut self, _decision: &'static str) {}
+    /// What the gate decided, for a caller that counts its calls.
+    fn gated(&mut self, _decision: Decision) {}
 }
 
 /// The answer to an approval.
@@ -177,15 +176,44 @@ impl Outcome {
     }
 }
 
+/// What the gate (or a check before it) decided for a call: the audit's
+/// `decision` column and the metrics' `decision` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// The policy allows it.
+    Allowed,
+    /// An approval said yes.
+    Approved,
+    /// An approval said no, or none came in time.
+    Denied,
+    /// The policy blocks it.
+    Blocked,
+    /// Refused before any gate (limits, the protective stop).
+    Refused,
+}
+
+impl Decision {
+    /// The word the audit and the metrics use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allowed => "allowed",
+            Decision::Approved => "approved",
+            Decision::Denied => "denied",
+            Decision::Blocked => "blocked",
+            Decision::Refused => "refused",
+        }
+    }
+}
+
 /// What the gate decided; `decision` is the audit's word for it, and
 /// `approved_by` the credential that answered an approval.
 pub enum Gate {
     Pass {
-        decision: &'static str,
+        decision: Decision,
         approved_by: Option<String>,
     },
     Refused {
-        decision: &'static str,
+        decision: Decision,
         message: String,
         failure: Failure,
         approved_by: Option<String>,
@@ -205,7 +233,7 @@ pub async fn gate<S: CallSite>(
     let verdict = permissions.decide(name, category);
     let gate = match verdict.policy {
         Policy::Block => Gate::Refused {
-            decision: "blocked",
+            decision: Decision::Blocked,
             message: format!("`{name}` is blocked by policy: {}", verdict.reason),
             failure: Failure::Blocked,
             approved_by: None,
@@ -214,11 +242,11 @@ pub async fn gate<S: CallSite>(
             let answer = approve_timed(site, id, name, input, category).await?;
             match answer.verdict {
                 Ok(()) => Gate::Pass {
-                    decision: "approved",
+                    decision: Decision::Approved,
                     approved_by: answer.by,
                 },
                 Err(message) => Gate::Refused {
-                    decision: "denied",
+                    decision: Decision::Denied,
                     message,
                     failure: Failure::Denied,
                     approved_by: answer.by,
@@ -226,12 +254,12 @@ pub async fn gate<S: CallSite>(
             }
         }
         Policy::Allow => Gate::Pass {
-            decision: "allowed",
+            decision: Decision::Allowed,
             approved_by: None,
         },
     };
     site.gated(match &gate {
-        Gate::Pass { decision, .. } | Gate::Refused { decision, .. } => decision,
+        Gate::Pass { decision, .. } | Gate::Refused { decision, .. } => *decision,
     });
     Ok(gate)
 }
@@ -383,15 +411,14 @@ pub async fn run<S: CallSite>(
 
 /// What the gate decided for a call, as the audit writes it.
 struct Decided {
-    /// `allowed`, `approved`, `denied`, `blocked`, `refused`.
-    decision: &'static str,
+    decision: Decision,
     /// The credential that answered the approval.
     approved_by: Option<String>,
 }
 
 /// A call refused before any gate (limits, the protective stop).
 const REFUSED: Decided = Decided {
-    decision: "refused",
+    decision: Decision::Refused,
     approved_by: None,
 };
 
@@ -431,7 +458,7 @@ fn audit_record(
         tool_call_id: Some(id.to_string()),
         tool: Some(tool.to_string()),
         parameters: Some(input.clone()),
-        decision: Some(decided.decision.to_string()),
+        decision: Some(decided.decision.as_str().to_string()),
         approved_by: decided.approved_by.clone(),
         result: result.ok().map(str::to_string),
         error: result.err().map(str::to_string),
@@ -464,7 +491,7 @@ pub fn own_approval_refused(
         tool_call_id: Some(tool_call_id.to_string()),
         tool: Some(tool.to_string()),
         parameters: Some(parameters.clone()),
-        decision: Some("refused".into()),
+        decision: Some(Decision::Refused.as_str().into()),
         error: Some(why.to_string()),
         origin: Some(origin.to_string()),
         credential: credential.map(str::to_string),

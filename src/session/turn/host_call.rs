@@ -9,6 +9,7 @@ use super::tool_call::presence_for;
 use super::{Interrupt, Turn};
 use crate::config::types::ToolCategory;
 use crate::model::Block;
+use crate::session::host_call::Decision;
 use crate::session::host_call::{self, Answer, CallSite};
 use crate::session::tools::Tool;
 use crate::session::{Activity, ServerEvent};
@@ -85,7 +86,7 @@ impl CallSite for Turn {
         Interrupt::Cancelled
     }
 
-    fn gated(&mut self, decision: &'static str) {
+    fn gated(&mut self, decision: Decision) {
         self.last_gate = Some(decision);
     }
 }

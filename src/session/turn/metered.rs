@@ -7,6 +7,7 @@ use super::{Interrupt, ModelReply, Turn, TurnError};
 use crate::config::types::ToolCategory;
 use crate::metrics::{ModelResult, Tokens};
 use crate::model::Block;
+use crate::session::host_call::Decision;
 
 pub(super) fn model_result(reply: &Result<ModelReply, TurnError>) -> ModelResult {
     match reply {
@@ -76,7 +77,7 @@ impl Turn {
         crate::metrics::tool_call(
             tool,
             category,
-            self.last_gate.unwrap_or("refused"),
+            self.last_gate.unwrap_or(Decision::Refused).as_str(),
             outcome,
             took,
         );

@@ -36,6 +36,7 @@ use tool_call::error_result;
 
 use crate::config::types::{AiMode, SessionConfig};
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
+use crate::session::host_call::Decision;
 
 use super::approvals::{Approvals, Asker};
 use super::context::{CompactionLimits, ContextMeter, History};
@@ -252,7 +253,7 @@ struct Turn {
     /// Tokens this turn has spent (model calls and summaries).
     usage: Usage,
     /// What the gate decided for the tool call running now (for its metric).
-    last_gate: Option<&'static str>,
+    last_gate: Option<Decision>,
     /// Images the last host tool answered with, placed right after its
     /// result (`capture_image`).
     tool_images: Vec<Block>,
