@@ -173,11 +173,20 @@ fn close(a: Option<f64>, b: f64) -> bool {
     a.is_some_and(|a| (a - b).abs() < 1e-6)
 }
 
-fn link_source<'a>(obs: &'a Observation, link: &str) -> &'a rozd::ooda::world::SourceView {
+fn find_link<'a>(obs: &'a Observation, link: &str) -> Option<&'a rozd::ooda::world::SourceView> {
     obs.sources
         .iter()
         .find(|s| s.name == format!("modbus:{link}"))
-        .unwrap_or_else(|| panic!("no source modbus:{link} in {:#?}", obs.sources))
+}
+
+fn link_source<'a>(obs: &'a Observation, link: &str) -> &'a rozd::ooda::world::SourceView {
+    find_link(obs, link).unwrap_or_else(|| panic!("no source modbus:{link} in {:#?}", obs.sources))
+}
+
+/// The link's health, once the observation lists the link (the first
+/// observations may come before it does).
+fn link_health<'a>(obs: &'a Observation, link: &str) -> Option<&'a str> {
+    find_link(obs, link).map(|s| s.health.as_str())
 }
 
 /// Sensors of every type and order, an address the server does not have,
@@ -444,7 +453,7 @@ async fn a_server_that_goes_away_is_disconnected_then_back_and_its_actuators_are
 
     dev.kill().await;
     let obs = observed(&ooda, EXPECT_WITHIN, "the link down", |o| {
-        link_source(o, "plc").health.as_str() == "disconnected"
+        link_health(o, "plc") == Some("disconnected")
     })
     .await;
     assert_eq!(
@@ -479,7 +488,7 @@ async fn a_server_that_goes_away_is_disconnected_then_back_and_its_actuators_are
     dev.until_value("holding", 100, 0).await;
     dev.set("holding", 0, &[4321]).await;
     let obs = observed(&ooda, EXPECT_WITHIN, "read again", |o| {
-        close(value(o, "u16_scaled"), 432.1) && link_source(o, "plc").health.as_str() == "ok"
+        close(value(o, "u16_scaled"), 432.1) && link_health(o, "plc") == Some("ok")
     })
     .await;
     assert_eq!(sensor(&obs, "u16_scaled").sensor.health.as_str(), "ok");
@@ -510,7 +519,7 @@ async fn a_write_the_device_refuses_is_host_unavailable_with_the_exception_and_g
     let mut dev = ModbusDevice::tcp(port, &[]).await;
     let daemon = TestDaemon::start(&plc(&tcp_link(port))).await;
     observed(&daemon.ctx.ooda, EXPECT_WITHIN, "link up", |o| {
-        link_source(o, "plc").health.as_str() == "ok"
+        link_health(o, "plc") == Some("ok")
     })
     .await;
     dev.cmd(json!({"busy_writes": 1})).await;
@@ -585,9 +594,8 @@ async fn over_rtu_on_a_pty_values_read_writes_land_and_crc_errors_and_slow_repli
     // A reply whose CRC fails: a bad frame, counted, and the retry reads on.
     dev.cmd(json!({"corrupt": 1})).await;
     let obs = observed(&ooda, EXPECT_WITHIN, "a bad frame counted", |o| {
-        link_source(o, "plc")
-            .link
-            .as_ref()
+        find_link(o, "plc")
+            .and_then(|s| s.link.as_ref())
             .is_some_and(|l| l.errors["bad_frame"] >= 1)
     })
     .await;
