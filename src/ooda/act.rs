@@ -260,7 +260,7 @@ pub trait ActuatorObserver: Send + Sync + std::fmt::Debug {
 pub struct Actuators {
     entries: Vec<Entry>,
     index: HashMap<String, usize>,
-    estop: ProtectiveStop,
+    protective_stop: ProtectiveStop,
     observers: Observers<dyn ActuatorObserver>,
     /// Set by [`Actuators::close`] at shutdown: no command after the last safe drive.
     closed: std::sync::atomic::AtomicBool,
@@ -294,7 +294,7 @@ impl Actuators {
     /// runtime. `observers` hear every change and command from the first.
     pub fn new(
         actuators: Vec<(ActuatorSpec, Arc<dyn ActuatorDriver>)>,
-        estop: ProtectiveStop,
+        protective_stop: ProtectiveStop,
         observers: Observers<dyn ActuatorObserver>,
     ) -> Arc<Actuators> {
         let now = Instant::now();
@@ -327,7 +327,7 @@ impl Actuators {
         let actuators = Arc::new(Actuators {
             entries,
             index,
-            estop,
+            protective_stop,
             observers,
             closed: std::sync::atomic::AtomicBool::new(false),
             holds: Mutex::new(HoldDeadlines::default()),
@@ -486,7 +486,7 @@ impl Actuators {
                 actuator: actuator(),
             });
         }
-        let stop = self.estop.active().map(|s| s.reason);
+        let stop = self.protective_stop.active().map(|s| s.reason);
         let refusal =
             match lock(&entry.state).admit(&entry.spec, value, origin, stop.as_deref(), now) {
                 Ok(()) => return Ok(()),
@@ -538,7 +538,7 @@ impl Actuators {
         .await;
     }
 
-    /// Drives one actuator to its safe value. Never refused: no estop, rate
+    /// Drives one actuator to its safe value. Never refused: no protective stop, rate
     /// or ownership check applies to going safe.
     async fn drive_safe(&self, entry: &Entry, reason: &str) {
         let _io = entry.io.lock().await;
@@ -743,7 +743,7 @@ impl Actuators {
                 ),
             };
             if action == MismatchAction::LatchStop {
-                self.estop
+                self.protective_stop
                     .trigger(StopRequest::new(&response.source, &response.reason));
             }
             response
@@ -1190,7 +1190,7 @@ mod tests {
             .expect("on_mismatch acts");
         assert_eq!(response.action, MismatchAction::LatchStop);
         assert_eq!(response.source, StopSource::Feedback("drive".into()));
-        let stop = actuators.estop.active().expect("latched");
+        let stop = actuators.protective_stop.active().expect("latched");
         assert_eq!(
             (stop.source, stop.reason),
             ("feedback:drive".to_string(), response.reason)

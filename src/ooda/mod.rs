@@ -182,7 +182,7 @@ impl Observation {
 pub struct Ooda {
     world: Arc<World>,
     actuators: Arc<Actuators>,
-    estop: ProtectiveStop,
+    protective_stop: ProtectiveStop,
     rules: Vec<Rule>,
     period: Duration,
     /// Ticks per published Observation.
@@ -259,7 +259,7 @@ impl Ooda {
         rules: Vec<Rule>,
         loop_config: &LoopConfig,
         host_id: &str,
-        estop: ProtectiveStop,
+        protective_stop: ProtectiveStop,
         observers: LoopObservers,
     ) -> Result<Arc<Ooda>, OodaError> {
         let gpio = gpio::open_backend(hardware.gpio_backend).map_err(OodaError::Gpio)?;
@@ -357,7 +357,7 @@ impl Ooda {
             };
             drivers.push((spec.clone(), driver));
         }
-        let actuators = Actuators::new(drivers, estop.clone(), observers.actuators);
+        let actuators = Actuators::new(drivers, protective_stop.clone(), observers.actuators);
         // The start-up safe values must reach the devices, not a port that
         // is not open yet: let each serial port try to open its device and
         // the MQTT client try to connect first (bounded; absent devices and
@@ -453,8 +453,8 @@ impl Ooda {
             latest: watch::Sender::new(Arc::new(Observation {
                 seq: 0,
                 at_unix_ms: crate::clock::now_ms(),
-                protective_stop: estop.active(),
-                protective_stop_causes: estop.state().causes,
+                protective_stop: protective_stop.active(),
+                protective_stop_causes: protective_stop.state().causes,
                 sensors: Vec::new(),
                 actuators: actuators.views(Instant::now()),
                 sources: Vec::new(),
@@ -462,7 +462,7 @@ impl Ooda {
             })),
             world,
             actuators,
-            estop,
+            protective_stop,
             rule_status: watch::Sender::new(vec![
                 rules::RuleStatus {
                     phase: Some(rules::RulePhase::Armed),
@@ -513,7 +513,7 @@ impl Ooda {
         &self.actuators
     }
     pub fn protective_stop(&self) -> &ProtectiveStop {
-        &self.estop
+        &self.protective_stop
     }
     pub fn gpio(&self) -> &Arc<dyn GpioBackend> {
         &self.gpio
@@ -618,7 +618,7 @@ impl Ooda {
                 SensorObservation::new(sensor, alarm, last.and_then(SensorObservation::mark))
             })
             .collect();
-        let stop = self.estop.state();
+        let stop = self.protective_stop.state();
         Observation {
             seq: latest.seq,
             at_unix_ms: crate::clock::now_ms(),
@@ -642,11 +642,14 @@ impl Ooda {
     /// [`ProtectiveStop::trigger`]).
     pub async fn trigger_stop(&self, request: StopRequest<'_>) -> bool {
         let (source, reason) = (request.source, request.reason);
-        let added = self.estop.trigger(request);
+        let added = self.protective_stop.trigger(request);
         // Every actuator is driven even when the stop was latched already:
         // going safe again costs nothing and may catch a driver that failed.
         let why = format!("protective stop ({source}: {reason})");
-        let ((), persisted) = tokio::join!(self.actuators.safe_all(&why), self.estop.persisted());
+        let ((), persisted) = tokio::join!(
+            self.actuators.safe_all(&why),
+            self.protective_stop.persisted()
+        );
         if !persisted {
             tracing::error!(
                 %source,
@@ -735,9 +738,13 @@ impl Ooda {
                 // Held like an asserted input: no clear ends it while the
                 // loop is gone (a restart of rozd starts a new one).
                 let source = StopSource::Loop;
-                ooda.estop
-                    .hold(source.kind(), &source, "the control loop is not running");
-                ooda.estop.trigger(StopRequest::new(&source, &reason));
+                ooda.protective_stop.hold(
+                    source.kind(),
+                    &source,
+                    "the control loop is not running",
+                );
+                ooda.protective_stop
+                    .trigger(StopRequest::new(&source, &reason));
                 let me = ooda.clone();
                 ooda.runtime.spawn(async move {
                     me.trigger_stop(StopRequest::new(&source, &reason)).await;

@@ -153,7 +153,8 @@ impl Ooda {
     fn hand_off(self: &Arc<Self>, index: usize, rule: &rules::Rule) {
         let source = StopSource::Rule(rule.name.clone());
         if let Action::Estop { reason } = &rule.action {
-            self.estop.trigger(StopRequest::new(&source, reason));
+            self.protective_stop
+                .trigger(StopRequest::new(&source, reason));
         }
         let me = self.clone();
         let rule = rule.clone();
@@ -231,7 +232,7 @@ impl Ooda {
             .zip(&state.alarm_marks)
             .map(|((sensor, alarm), mark)| SensorObservation::new(sensor, *alarm, *mark))
             .collect();
-        let stop = self.estop.state();
+        let stop = self.protective_stop.state();
         self.latest.send_replace(Arc::new(Observation {
             seq: state.seq,
             at_unix_ms: crate::clock::now_ms(),
