@@ -714,14 +714,7 @@ impl CallSite for McpCall<'_> {
             biased;
             () = self.present.cancelled() => return Err(Abandoned),
             () = self.request.cancelled() => return Err(Abandoned),
-            answered = waiting.decided() => Answer {
-                verdict: if answered.approve {
-                    Ok(())
-                } else {
-                    Err(format!("an operator denied `{name}`"))
-                },
-                by: answered.by,
-            },
+            answered = waiting.decided() => Answer::from_operator(answered, name),
             approved = self.elicited(id, name, input) => Answer {
                 verdict: if approved {
                     Ok(())
@@ -730,12 +723,7 @@ impl CallSite for McpCall<'_> {
                 },
                 by: self.credential.clone(),
             },
-            () = tokio::time::sleep(Duration::from_secs(secs)) => Answer {
-                verdict: Err(format!(
-                    "`{name}` was not approved within {secs} s (session.approval_timeout_secs): denied"
-                )),
-                by: None,
-            },
+            () = tokio::time::sleep(Duration::from_secs(secs)) => Answer::timed_out(name, secs),
         };
         Ok(answer)
     }

@@ -64,6 +64,31 @@ pub struct Answer {
     pub by: Option<String>,
 }
 
+impl Answer {
+    /// An operator's answer (dashboard, REST, Foxglove) to the approval of
+    /// `name`.
+    pub fn from_operator(answered: super::approvals::Answered, name: &str) -> Answer {
+        Answer {
+            verdict: if answered.approve {
+                Ok(())
+            } else {
+                Err(format!("an operator denied `{name}`"))
+            },
+            by: answered.by,
+        }
+    }
+
+    /// No answer within `secs`: denied.
+    pub fn timed_out(name: &str, secs: u64) -> Answer {
+        Answer {
+            verdict: Err(format!(
+                "`{name}` was not approved within {secs} s (session.approval_timeout_secs): denied"
+            )),
+            by: None,
+        }
+    }
+}
+
 /// Why a host tool call did not run, or failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {

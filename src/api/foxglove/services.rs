@@ -327,20 +327,8 @@ impl CallSite for FoxgloveCall<'_> {
         let answer = tokio::select! {
             biased;
             () = self.gone.cancelled() => return Err(Gone),
-            answered = waiting.decided() => Answer {
-                verdict: if answered.approve {
-                    Ok(())
-                } else {
-                    Err(format!("an operator denied `{name}`"))
-                },
-                by: answered.by,
-            },
-            () = tokio::time::sleep(Duration::from_secs(secs)) => Answer {
-                verdict: Err(format!(
-                    "`{name}` was not approved within {secs} s (session.approval_timeout_secs): denied"
-                )),
-                by: None,
-            },
+            answered = waiting.decided() => Answer::from_operator(answered, name),
+            () = tokio::time::sleep(Duration::from_secs(secs)) => Answer::timed_out(name, secs),
         };
         Ok(answer)
     }
