@@ -373,6 +373,6 @@ impl Fleet {
 
 /// Connects this host to the fleet broker (if `[fleet]` is configured):
 /// presence, the view and the fleet stop run until the daemon shuts down.
-pub fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
+pub(crate) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
     presence::start(ctx)
 }

@@ -130,7 +130,7 @@ struct Gone;
 ///
 /// `credential`: who opened the stream (a token's name or certificate
 /// subject), for the audit of its physical calls.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<HostContext>,
     inbound: SessionInput,
     out: mpsc::Sender<ServerEvent>,

@@ -66,12 +66,12 @@ async fn shutdown_closes_open_session_streams() {
     let mut client = daemon.agent().await;
     let mut session = Session::open(&mut client).await;
     session.start(proto::StartSession::default()).await;
-    let ctx = daemon.ctx.clone();
-    assert_eq!(ctx.sessions.active(), 1);
+    let ctx = daemon.host.clone();
+    assert_eq!(ctx.sessions().active(), 1);
     let shutdown = tokio::spawn(daemon.shutdown());
     session.closed().await.expect("stream ends cleanly");
     shutdown.await.unwrap();
-    assert_eq!(ctx.sessions.active(), 0);
+    assert_eq!(ctx.sessions().active(), 0);
 }
 
 /// A stream that has not started a session yet ends at shutdown too: it

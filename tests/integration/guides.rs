@@ -791,9 +791,6 @@ async fn roz_cli_guide_config_and_approval_commands_work() {
             break;
         }
     }
-    assert_eq!(
-        daemon.ctx.ooda.sim_actuator("lamp").unwrap().value(),
-        Some(1.0)
-    );
+    assert_eq!(daemon.host.sim_actuator("lamp").unwrap().value(), Some(1.0));
     daemon.shutdown().await;
 }

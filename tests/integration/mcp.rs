@@ -164,7 +164,7 @@ async fn rest(
 /// Waits for the next call waiting for approval, checks `GET /v1/approvals`
 /// lists it, and answers it over REST; the listed entry.
 async fn answer_next_approval(daemon: &TestDaemon, approve: bool) -> Value {
-    let approvals = &daemon.ctx.approvals;
+    let approvals = &daemon.host.approvals();
     let mut changes = approvals.subscribe();
     tokio::time::timeout(
         EXPECT_WITHIN,
@@ -193,7 +193,7 @@ async fn answer_next_approval(daemon: &TestDaemon, approve: bool) -> Value {
 
 /// Waits until `arm` is back at its safe value and owned by nobody.
 async fn wait_arm_safe(daemon: &TestDaemon) {
-    let mut observations = daemon.ctx.ooda.subscribe();
+    let mut observations = daemon.host.ooda().subscribe();
     tokio::time::timeout(EXPECT_WITHIN, async {
         loop {
             let safe = observations
@@ -201,7 +201,7 @@ async fn wait_arm_safe(daemon: &TestDaemon) {
                 .actuators
                 .iter()
                 .any(|a| a.name == "arm" && a.at_safe_value && a.owner.is_none());
-            if safe && daemon.ctx.ooda.actuators().value("arm") == Some(0.0) {
+            if safe && daemon.host.ooda().actuators().value("arm") == Some(0.0) {
                 return;
             }
             observations.changed().await.expect("loop alive");
@@ -212,7 +212,7 @@ async fn wait_arm_safe(daemon: &TestDaemon) {
 }
 
 fn arm(daemon: &TestDaemon) -> Option<f64> {
-    daemon.ctx.ooda.actuators().value("arm")
+    daemon.host.ooda().actuators().value("arm")
 }
 
 async fn scenario(transport: Transport) {
@@ -227,7 +227,7 @@ async fn scenario(transport: Transport) {
     let tools = tools["tools"].as_array().expect("tools");
     let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
     assert_eq!(names, ["observe", "read_sensor", "arm", "stop_all"]);
-    for def in daemon.ctx.host_tools.definitions() {
+    for def in daemon.host.host_tools().definitions() {
         let tool = tools
             .iter()
             .find(|t| t["name"] == def.name.as_str())
@@ -355,7 +355,7 @@ async fn scenario(transport: Transport) {
         stopped["structured"]["error"]["code"], "e_stop",
         "{stopped}"
     );
-    assert!(daemon.ctx.approvals.list().is_empty());
+    assert!(daemon.host.approvals().list().is_empty());
     script.expect("await_clear").await;
     let (status, body) = rest(
         &daemon,
@@ -476,12 +476,7 @@ async fn elicitation(transport: Transport) {
     );
     // The client goes on to end its session (the deadman may already have
     // driven the arm safe): what the driver was told shows the refusal.
-    let told = daemon
-        .ctx
-        .ooda
-        .sim_actuator("arm")
-        .expect("sim arm")
-        .history();
+    let told = daemon.host.sim_actuator("arm").expect("sim arm").history();
     assert!(
         !told.contains(&0.2),
         "a declined call changes nothing: {told:?}"
@@ -490,7 +485,7 @@ async fn elicitation(transport: Transport) {
     script.expect("closed").await;
     assert_eq!(script.exit_code().await, Some(0));
     wait_arm_safe(&daemon).await;
-    assert_eq!(daemon.ctx.mcp.sessions.count(), 0);
+    assert_eq!(daemon.host.mcp_session_count(), 0);
     daemon.shutdown().await;
 }
 
@@ -518,7 +513,7 @@ async fn a_call_nobody_answers_is_denied_at_the_approval_timeout() {
         "{denied}"
     );
     assert_eq!(arm(&daemon), Some(0.0));
-    assert!(daemon.ctx.approvals.list().is_empty(), "withdrawn");
+    assert!(daemon.host.approvals().list().is_empty(), "withdrawn");
     script.expect("closed").await;
     daemon.shutdown().await;
 }
@@ -564,7 +559,7 @@ async fn without_the_token_mcp_is_refused_with_401() {
             .is_some_and(|s| s.contains(&json!(401))),
         "{refused}"
     );
-    assert_eq!(daemon.ctx.mcp.sessions.count(), 0);
+    assert_eq!(daemon.host.mcp_session_count(), 0);
     daemon.shutdown().await;
 }
 
@@ -935,7 +930,7 @@ async fn a_body_nested_deeper_than_the_limit_is_400_with_a_json_rpc_error() {
         (400, &json!(-32600)),
         "{body}"
     );
-    assert_eq!(daemon.ctx.mcp.sessions.count(), 1, "no session was created");
+    assert_eq!(daemon.host.mcp_session_count(), 1, "no session was created");
     // The session that was there still works.
     assert_eq!(session.list_tools().await.status(), 200);
     daemon.shutdown().await;
@@ -983,7 +978,7 @@ async fn mcp_sessions_are_capped_idle_ones_make_room_and_busy_ones_refuse_the_ne
         .into_iter()
         .map(|s| tokio::spawn(async move { s.call("arm", json!({"value": 0.5})).await }))
         .collect();
-    let approvals = &daemon.ctx.approvals;
+    let approvals = &daemon.host.approvals();
     let mut changes = approvals.subscribe();
     tokio::time::timeout(
         EXPECT_WITHIN,
@@ -1044,7 +1039,7 @@ async fn mcp_sessions_are_capped_idle_ones_make_room_and_busy_ones_refuse_the_ne
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    assert_eq!(daemon.ctx.mcp.sessions.count(), 2);
+    assert_eq!(daemon.host.mcp_session_count(), 2);
     daemon.shutdown().await;
 }
 
@@ -1178,7 +1173,7 @@ async fn the_embodiment_and_the_manual_are_resources_and_a_prompt() {
         assert_eq!(embodiment["mime_type"], "text/markdown");
         let text = embodiment["text"].as_str().unwrap();
         assert!(text.contains(limits), "{transport:?}: {text}");
-        assert_eq!(text, daemon.ctx.briefings.current().embodiment.markdown);
+        assert_eq!(text, daemon.host.briefing().embodiment.markdown);
         let read = client.expect("read").await;
         assert_eq!(read["uri"], "rozd://manual");
         assert_eq!(
@@ -1200,7 +1195,7 @@ async fn the_embodiment_and_the_manual_are_resources_and_a_prompt() {
             prompt["description"]
                 .as_str()
                 .unwrap()
-                .contains(&daemon.ctx.briefings.current().version),
+                .contains(&daemon.host.briefing().version),
             "{prompt}"
         );
         client.expect("closed").await;

@@ -729,8 +729,8 @@ async fn anthropic_error_event_mid_stream_ends_the_turn_and_nothing_partial_is_r
     fake.no_more_requests();
 
     let (_, turns) = daemon
-        .ctx
-        .store
+        .host
+        .store()
         .session(started.session_id)
         .await
         .unwrap()
@@ -1661,7 +1661,7 @@ fn jpeg_size(base64_data: &str) -> (u32, u32) {
 /// Waits until the daemon's camera has a frame (polling, bounded).
 async fn camera_ready(daemon: &TestDaemon) {
     tokio::time::timeout(common::EXPECT_WITHIN, async {
-        let camera = daemon.ctx.cameras.get("front_camera").expect("camera");
+        let camera = daemon.host.cameras().get("front_camera").expect("camera");
         let mut frames = camera.subscribe();
         while frames.borrow_and_update().is_none() {
             frames.changed().await.expect("camera alive");
@@ -1799,8 +1799,8 @@ async fn capture_image_of_an_unknown_camera_names_the_known_ones() {
     ))
     .await;
     let outcome = daemon
-        .ctx
-        .host_tools
+        .host
+        .host_tools()
         .execute("capture_image", &json!({"camera": "rear"}), "s1")
         .await
         .unwrap_err();
@@ -2105,7 +2105,7 @@ async fn openai_sessions_are_told_the_embodiment_and_the_manual() {
         .unwrap()
         .to_string();
     assert_eq!(request.body["messages"][0]["role"], "system");
-    let briefing = daemon.ctx.briefings.current().text().to_string();
+    let briefing = daemon.host.briefing().text().to_string();
     assert!(system.contains(briefing.trim_end()), "{system}");
     for expected in [
         "`fan` (%): range 0 to 80 %; safe value 80 %; a command holds at most 3000 ms",

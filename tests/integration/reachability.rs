@@ -93,7 +93,7 @@ async fn keep_alive_get(stream: &mut TcpStream, path: &str, token: Option<&str>)
 }
 
 fn latched(daemon: &TestDaemon) -> bool {
-    daemon.ctx.ooda.protective_stop().active().is_some()
+    daemon.host.ooda().protective_stop().active().is_some()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,7 +152,7 @@ async fn a_flood_beyond_the_connection_cap_is_shed_and_the_stop_gets_through() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert!(latched(&daemon));
     assert_eq!(
-        daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
+        daemon.host.sim_actuator("speed").unwrap().value(),
         Some(0.0)
     );
     let health = rozd::cli::client::get(&addr, "/healthz", None)

@@ -1092,7 +1092,7 @@ async fn cancel_session_ends_the_turn_and_closes_the_stream() {
 async fn client_disconnect_mid_turn_ends_the_session() {
     let (hooks, mut calls) = RecordingHooks::new();
     let daemon = TestDaemon::start_full("", |_| {}, hooks.clone()).await;
-    let ctx = daemon.ctx.clone();
+    let ctx = daemon.host.clone();
     let mut session = open(&daemon, vec![pure("hang")]).await;
     session.send(user("call hang {}")).await;
     next_tool_request(&mut session).await;
@@ -1105,10 +1105,10 @@ async fn client_disconnect_mid_turn_ends_the_session() {
             .unwrap()
             .contains(&"turn_interrupted:disconnect".to_string())
     );
-    tokio::time::timeout(common::EXPECT_WITHIN, ctx.sessions.wait_idle())
+    tokio::time::timeout(common::EXPECT_WITHIN, ctx.sessions().wait_idle())
         .await
         .expect("the session closes");
-    let recorded = ctx.store.sessions(10, 0).await.unwrap();
+    let recorded = ctx.store().sessions(10, 0).await.unwrap();
     assert_eq!(recorded[0].end_reason.as_deref(), Some("disconnect"));
     assert_eq!(recorded[0].turns, 1, "the interrupted turn is recorded");
     daemon.shutdown().await;
@@ -1179,8 +1179,8 @@ async fn feedback_is_stored_and_bad_ratings_are_refused() {
     );
     assert_eq!(
         daemon
-            .ctx
-            .store
+            .host
+            .store()
             .feedback_count(started.session_id)
             .await
             .unwrap(),

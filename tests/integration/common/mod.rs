@@ -25,7 +25,8 @@ pub struct TestDaemon {
     pub addr: SocketAddr,
     /// The local control socket (`control.sock` beside the store).
     pub control_socket: std::path::PathBuf,
-    pub ctx: std::sync::Arc<rozd::HostContext>,
+    /// What the test may see of the daemon beyond its ports.
+    pub host: rozd::testing::Probe,
     stop: Option<oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -84,11 +85,11 @@ impl TestDaemon {
 
     fn serve(daemon: rozd::daemon::Daemon, dir: tempfile::TempDir) -> TestDaemon {
         let addr = daemon.local_addr();
-        let ctx = daemon.context();
+        let host = daemon.probe();
         // The default place (the tests do not run under systemd, so there is
         // no $RUNTIME_DIRECTORY): beside the store.
-        let control_socket = ctx
-            .config
+        let control_socket = host
+            .config()
             .store
             .resolved_path()
             .with_file_name("control.sock");
@@ -99,7 +100,7 @@ impl TestDaemon {
         TestDaemon {
             addr,
             control_socket,
-            ctx,
+            host,
             stop: Some(stop),
             served: Some(served),
             _dir: dir,
