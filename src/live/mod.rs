@@ -466,7 +466,7 @@ mod tests {
         for i in 0..5 {
             hub.audit(&AuditRecord {
                 at_ms: i,
-                kind: "test".into(),
+                kind: crate::store::AuditKind::Other("test".into()),
                 ..Default::default()
             });
             // The fast client takes each at once.

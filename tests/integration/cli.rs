@@ -573,7 +573,7 @@ async fn audit_order_desc_lists_the_newest_rows_first() {
             .store()
             .audit(rozd::store::AuditRecord {
                 at_ms,
-                kind: "actuator".into(),
+                kind: rozd::store::AuditKind::Actuator,
                 result: Some(format!("row {at_ms}")),
                 ..Default::default()
             })

@@ -208,7 +208,7 @@ fn turn(session_id: &str, at_ms: i64, size: usize) -> TurnRecord {
 fn audit(at_ms: i64, session_id: &str) -> AuditRecord {
     AuditRecord {
         at_ms,
-        kind: "actuator".into(),
+        kind: rozd::store::AuditKind::Actuator,
         session_id: Some(session_id.into()),
         actuator: Some("speed".into()),
         result: Some("0".into()),
