@@ -78,13 +78,10 @@ async fn shutdown_closes_open_session_streams() {
 /// does not hold the daemon for the whole grace period.
 #[tokio::test]
 async fn shutdown_closes_a_stream_that_has_not_started_a_session() {
-    let daemon = TestDaemon::start_server(
-        "shutdown_grace_secs = 600",
-        "",
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await;
+    let daemon = TestDaemon::setup("")
+        .server("shutdown_grace_secs = 600")
+        .start()
+        .await;
     let mut client = daemon.agent().await;
     let mut session = Session::open(&mut client).await;
     session.send(Req::Ping(proto::Ping {})).await;

@@ -53,13 +53,11 @@ async fn robot(dir: &std::path::Path, extra: &str) -> TestDaemon {
         alice = file("alice.token", ALICE),
         bob = file("bob.token", BOB),
     );
-    TestDaemon::start_server(
-        &server,
-        &format!("{ROBOT}\n{extra}"),
-        |c| c.server.http2_keepalive_secs = 0,
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    TestDaemon::setup(&format!("{ROBOT}\n{extra}"))
+        .server(&server)
+        .paused_clock()
+        .start()
+        .await
 }
 
 const RULE: &str = "[approvals]\nrequire_other_credential = true\n";

@@ -134,13 +134,10 @@ fn target_dir() -> PathBuf {
 }
 
 async fn dashboard_daemon() -> TestDaemon {
-    TestDaemon::start_server(
-        &format!("auth_tokens = [{TOKEN:?}]"),
-        HOST,
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    TestDaemon::setup(HOST)
+        .server(&format!("auth_tokens = [{TOKEN:?}]"))
+        .start()
+        .await
 }
 
 /// A gRPC session that asks its model for `prompt` and, like the published
@@ -726,13 +723,10 @@ async fn chromium_shows_a_feedback_mismatch_as_the_actuators_alarm() {
     let pty = common::pty::PtyPair::start(dir.path()).await;
     // The MCU's end is open, and never answers.
     let _mcu = pty.device();
-    let daemon = TestDaemon::start_server(
-        &format!("auth_tokens = [{TOKEN:?}]"),
-        &format!("{STUCK}{}", silent_motor(&pty.a)),
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await;
+    let daemon = TestDaemon::setup(&format!("{STUCK}{}", silent_motor(&pty.a)))
+        .server(&format!("auth_tokens = [{TOKEN:?}]"))
+        .start()
+        .await;
     common::observed(
         daemon.host.ooda(),
         EXPECT_WITHIN,

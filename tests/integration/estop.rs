@@ -59,17 +59,20 @@ safe_value = 1
 }
 
 async fn robot(extra: &str) -> TestDaemon {
-    TestDaemon::start_adjusted(&robot_toml(extra), |c| c.server.http2_keepalive_secs = 0).await
+    TestDaemon::setup(&robot_toml(extra))
+        .paused_clock()
+        .start()
+        .await
 }
 
 /// With the auth token [`TOKEN`] (as `server.auth_tokens` gives it) and
 /// `safety` in `[safety]`.
 async fn robot_with_token(safety: &str) -> TestDaemon {
-    TestDaemon::start_adjusted(&robot_toml(&format!("[safety]\n{safety}\n")), |c| {
-        c.server.http2_keepalive_secs = 0;
-        c.resolved_tokens = vec![rozd::config::Secret::new(TOKEN)];
-    })
-    .await
+    TestDaemon::setup(&robot_toml(&format!("[safety]\n{safety}\n")))
+        .paused_clock()
+        .token(TOKEN)
+        .start()
+        .await
 }
 
 async fn until(ooda: &Ooda, what: &str, pred: impl Fn(&Observation) -> bool) -> Arc<Observation> {

@@ -65,13 +65,7 @@ scopes = ["admin"]
 }
 
 async fn robot(dir: &std::path::Path) -> TestDaemon {
-    TestDaemon::start_server(
-        &tokens(dir),
-        ROBOT,
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    TestDaemon::setup(ROBOT).server(&tokens(dir)).start().await
 }
 
 /// Where `@foxglove/ws-protocol` and `ws` are installed
@@ -752,12 +746,11 @@ async fn foxglove_clients_beyond_the_cap_are_refused_at_the_handshake() {
 async fn foxglove_own_port_serves_foxglove_alone_with_the_same_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let port = common::broker::free_port();
-    let daemon = TestDaemon::start_server(
-        &tokens(dir.path()),
-        &format!("{ROBOT}\n[foxglove]\nlisten = \"127.0.0.1:{port}\"\n"),
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
+    let daemon = TestDaemon::setup(&format!(
+        "{ROBOT}\n[foxglove]\nlisten = \"127.0.0.1:{port}\"\n"
+    ))
+    .server(&tokens(dir.path()))
+    .start()
     .await;
     // Where `ws://host:8765` lands: `/`, with the token in the query.
     let report = foxglove(json!({
@@ -787,13 +780,10 @@ async fn foxglove_own_port_serves_foxglove_alone_with_the_same_credentials() {
 async fn foxglove_command_that_needs_approval_waits_until_foxglove_approves_or_denies() {
     let dir = tempfile::tempdir().unwrap();
     let robot = ROBOT.replace("policy = \"allow\"", "policy = \"require_confirmation\"");
-    let daemon = TestDaemon::start_server(
-        &tokens(dir.path()),
-        &robot,
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await;
+    let daemon = TestDaemon::setup(&robot)
+        .server(&tokens(dir.path()))
+        .start()
+        .await;
     let url = format!("ws://{}/foxglove?token={OPERATE_SECRET}", daemon.addr);
     for (answer, value) in [("deny", 0.2), ("approve", 0.3)] {
         // The call waits in the host's list of approvals...

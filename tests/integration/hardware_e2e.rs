@@ -85,7 +85,7 @@ fn operator() -> Origin {
 }
 
 async fn start_daemon(config: &str) -> TestDaemon {
-    TestDaemon::start_adjusted(config, |c| c.server.http2_keepalive_secs = 0).await
+    TestDaemon::setup(config).paused_clock().start().await
 }
 
 // ------------------------------------------------------------------ serial device

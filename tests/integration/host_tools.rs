@@ -505,12 +505,10 @@ impl rozd::session::SessionHooks for PanickingHooks {
 
 #[tokio::test]
 async fn a_panic_in_the_session_loop_still_drives_its_actuators_safe() {
-    let daemon = TestDaemon::start_full(
-        &format!("{HOST}\n{ALLOW_SPEED}"),
-        |_| {},
-        std::sync::Arc::new(PanickingHooks),
-    )
-    .await;
+    let daemon = TestDaemon::setup(&format!("{HOST}\n{ALLOW_SPEED}"))
+        .hooks(std::sync::Arc::new(PanickingHooks))
+        .start()
+        .await;
     let (mut session, id) = open(&daemon, vec![]).await;
     session.send(user("set speed 0.5")).await;
     let (_, done) = until_complete(&mut session).await;
@@ -551,10 +549,10 @@ async fn a_panic_in_the_session_loop_still_drives_its_actuators_safe() {
 
 #[tokio::test(start_paused = true)]
 async fn a_whole_number_hold_ms_written_as_a_float_is_held_to_not_dropped() {
-    let daemon = TestDaemon::start_adjusted(&format!("{HOST}\n{ALLOW_SPEED}"), |c| {
-        c.server.http2_keepalive_secs = 0
-    })
-    .await;
+    let daemon = TestDaemon::setup(&format!("{HOST}\n{ALLOW_SPEED}"))
+        .paused_clock()
+        .start()
+        .await;
     let (mut session, _) = open(&daemon, vec![]).await;
     session.wait_bound = std::time::Duration::from_secs(3600);
     let speed = daemon.host.sim_actuator("speed").unwrap();

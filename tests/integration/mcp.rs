@@ -23,10 +23,8 @@ fn python() -> PathBuf {
 
 /// A daemon with one sensor and one actuator, behind a token.
 async fn daemon(extra: &str) -> TestDaemon {
-    TestDaemon::start_server(
-        &format!("auth_tokens = [\"{TOKEN}\"]"),
-        &format!(
-            r#"
+    TestDaemon::setup(&format!(
+        r#"
 {extra}
 [[sensors]]
 name = "temp"
@@ -46,10 +44,9 @@ min = -1.0
 max = 1.0
 safe_value = 0.0
 "#
-        ),
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
+    ))
+    .server(&format!("auth_tokens = [\"{TOKEN}\"]"))
+    .start()
     .await
 }
 
@@ -643,8 +640,7 @@ async fn rozd_mcp_starts_a_new_session_when_the_daemon_restarted() {
     assert_eq!(script.expect("first").await["is_error"], false);
     script.expect("await_restart").await;
     first.shutdown().await;
-    let second = TestDaemon::start_server(
-        &format!("auth_tokens = [\"{TOKEN}\"]"),
+    let second = TestDaemon::setup(
         r#"
 [[sensors]]
 name = "temp"
@@ -653,9 +649,10 @@ unit = "C"
 signal = "constant"
 offset = 21.0
 "#,
-        move |config| config.server.listen = addr,
-        std::sync::Arc::new(rozd::session::LogHooks),
     )
+    .listen(addr)
+    .token(TOKEN)
+    .start()
     .await;
     assert_eq!(second.addr, addr);
     script.go().await;
@@ -852,13 +849,7 @@ async fn daemon_with_operators(dir: &std::path::Path, extra: &str) -> TestDaemon
     let robot = format!(
         "{extra}\n[[actuators]]\nname = \"arm\"\nkind = \"sim\"\nmin = -1.0\nmax = 1.0\nsafe_value = 0.0\n"
     );
-    TestDaemon::start_server(
-        &server,
-        &robot,
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    TestDaemon::setup(&robot).server(&server).start().await
 }
 
 /// An answer that must be a JSON-RPC error: its status and error object.

@@ -69,24 +69,20 @@ safe_value = 1
 "#;
 
 async fn robot(extra: &str) -> TestDaemon {
-    TestDaemon::start_adjusted(
-        &format!("{ROBOT}\n[gpio]\nbackend = \"sim\"\n{extra}"),
-        |c| c.server.http2_keepalive_secs = 0,
-    )
-    .await
+    TestDaemon::setup(&format!("{ROBOT}\n[gpio]\nbackend = \"sim\"\n{extra}"))
+        .paused_clock()
+        .start()
+        .await
 }
 
 /// [`robot`] for tests on tokio's paused clock: the loop ticks on the
 /// runtime's clock (its own thread would tick in real time).
 async fn robot_on_paused_clock(extra: &str) -> TestDaemon {
-    TestDaemon::start_adjusted(
-        &format!("{ROBOT}\n[gpio]\nbackend = \"sim\"\n{extra}"),
-        |c| {
-            c.server.http2_keepalive_secs = 0;
-            c.ooda.timer = rozd::ooda::timer::Timer::Runtime;
-        },
-    )
-    .await
+    let robot = ROBOT.replacen("[ooda]\n", "[ooda]\ntimer = \"runtime\"\n", 1);
+    TestDaemon::setup(&format!("{robot}\n[gpio]\nbackend = \"sim\"\n{extra}"))
+        .paused_clock()
+        .start()
+        .await
 }
 
 #[tokio::test]

@@ -15,7 +15,6 @@
 use crate::common;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use common::control::{closed_by_server, raw_http, unix_request};
 use common::{EXPECT_WITHIN, ROZD, Session, TestDaemon, rozd_cli};
@@ -38,17 +37,8 @@ safe_value = 0.0
 "#;
 
 async fn daemon(server_toml: &str, token: bool) -> TestDaemon {
-    TestDaemon::start_server(
-        server_toml,
-        ROBOT,
-        |c| {
-            if token {
-                c.resolved_tokens = vec![rozd::config::Secret::new(TOKEN)];
-            }
-        },
-        Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    let setup = TestDaemon::setup(ROBOT).server(server_toml);
+    if token { setup.token(TOKEN) } else { setup }.start().await
 }
 
 /// One request on a kept-open HTTP/1.1 connection; reads exactly its answer.

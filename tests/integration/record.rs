@@ -157,15 +157,12 @@ fn record_section(dir: &Path, extra: &str) -> String {
 #[tokio::test]
 async fn a_recording_holds_what_the_observation_and_the_audit_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = TestDaemon::start_server(
-        &format!("auth_tokens = [\"{TOKEN}\"]"),
-        &format!(
-            "{}{ROBOT}",
-            record_section(dir.path(), "observation_hz = 20")
-        ),
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
+    let daemon = TestDaemon::setup(&format!(
+        "{}{ROBOT}",
+        record_section(dir.path(), "observation_hz = 20")
+    ))
+    .server(&format!("auth_tokens = [\"{TOKEN}\"]"))
+    .start()
     .await;
     common::observed(daemon.host.ooda(), EXPECT_WITHIN, "a temperature", |o| {
         o.sensor("temp").is_some_and(|s| s.sensor.value.is_some())
@@ -308,15 +305,12 @@ async fn a_recording_holds_what_the_observation_and_the_audit_reported() {
 #[tokio::test]
 async fn rest_lists_and_downloads_recordings_behind_auth_and_refuses_other_names() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = TestDaemon::start_server(
-        &format!("auth_tokens = [\"{TOKEN}\"]"),
-        &format!(
-            "{}{ROBOT}",
-            record_section(dir.path(), "max_file_kb = 64\nobservation_hz = 50")
-        ),
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
+    let daemon = TestDaemon::setup(&format!(
+        "{}{ROBOT}",
+        record_section(dir.path(), "max_file_kb = 64\nobservation_hz = 50")
+    ))
+    .server(&format!("auth_tokens = [\"{TOKEN}\"]"))
+    .start()
     .await;
     // Wait (bounded) for the first rotation: the writer says so.
     let mut finished = daemon.host.recorder().finished_files().expect("recording");

@@ -78,13 +78,11 @@ scopes = ["admin"]
         read = file("viewer.token", READ_SECRET),
         admin = file("root.token", ADMIN_SECRET),
     );
-    TestDaemon::start_server(
-        &server,
-        ROBOT,
-        |c| c.server.http2_keepalive_secs = 0,
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    TestDaemon::setup(ROBOT)
+        .server(&server)
+        .paused_clock()
+        .start()
+        .await
 }
 
 async fn rest(

@@ -427,7 +427,7 @@ async fn a_fleet_stop_posted_as_curl_posts_it_stops_and_forms_elsewhere_are_stil
     let broker = Broker::start(broker_dir.path()).await;
     let token = broker_dir.path().join("fleet.token");
     std::fs::write(&token, format!("{FLEET_TOKEN}\n")).unwrap();
-    let daemon = TestDaemon::start_adjusted(
+    let daemon = TestDaemon::setup(
         &format!(
             "[host]\nenvironment_id = \"lab\"\n\
              [fleet]\nurl = \"mqtt://127.0.0.1:{}\"\ntoken_file = {:?}\n\
@@ -435,8 +435,9 @@ async fn a_fleet_stop_posted_as_curl_posts_it_stops_and_forms_elsewhere_are_stil
             broker.port,
             token.display().to_string()
         ),
-        |c| c.resolved_tokens = vec![rozd::config::Secret::new(ADMIN)],
     )
+    .token(ADMIN)
+    .start()
     .await;
     let mut changes = daemon.host.fleet().changes();
     tokio::time::timeout(EXPECT_WITHIN, async {

@@ -377,7 +377,7 @@ async fn a_protective_stop_mid_task_fails_every_running_worker_with_e_stop() {
 
 #[tokio::test(start_paused = true)]
 async fn a_task_timeout_fails_its_workers_with_timeout_and_its_actuators_go_safe() {
-    let daemon = TestDaemon::start_adjusted(HOST, |c| c.server.http2_keepalive_secs = 0).await;
+    let daemon = TestDaemon::setup(HOST).paused_clock().start().await;
     let speed = daemon.host.sim_actuator("speed").unwrap();
     // `speed` is allowed; `lamp` waits for an approval that never comes
     // (its own approval timeout, 120 s, is longer than the task's 20 s).

@@ -7,7 +7,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 use rozd::proto;
@@ -118,7 +117,7 @@ fn tls_server(cert: &Path, key: &Path, extra: &str) -> String {
 }
 
 async fn start_tls(server: &str, extra: &str) -> TestDaemon {
-    TestDaemon::start_server(server, extra, |_| {}, Arc::new(rozd::session::LogHooks)).await
+    TestDaemon::setup(extra).server(server).start().await
 }
 
 /// The subject of the certificate a TLS listener at `addr` serves now.
