@@ -34,11 +34,16 @@ pub struct Probe {
     ctx: Arc<HostContext>,
 }
 
-impl Probe {
-    pub(crate) fn new(ctx: Arc<HostContext>) -> Probe {
-        Probe { ctx }
+impl crate::daemon::Daemon {
+    /// What a test of this process may see of the daemon.
+    pub fn probe(&self) -> Probe {
+        Probe {
+            ctx: self.context().clone(),
+        }
     }
+}
 
+impl Probe {
     /// The configuration the daemon runs (validated, with its derived values).
     pub fn config(&self) -> &Config {
         &self.ctx.config

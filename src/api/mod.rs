@@ -2,13 +2,13 @@
 
 mod agent;
 mod approvals;
-pub mod auth;
-pub mod browser;
+pub(crate) mod auth;
+pub(crate) mod browser;
 mod cameras;
-pub mod connections;
+pub(crate) mod connections;
 pub mod convert;
 mod embodiment;
-pub mod foxglove;
+pub(crate) mod foxglove;
 mod gpio;
 mod hosts;
 mod metrics;
@@ -18,10 +18,10 @@ pub mod relay;
 mod reply;
 mod rest;
 mod safety;
-pub mod scopes;
+pub(crate) mod scopes;
 mod tasks;
-pub mod tracked;
-pub mod ui;
+pub(crate) mod tracked;
+pub(crate) mod ui;
 
 /// A connection's verified client certificate (a request extension).
 pub use crate::tls::PeerIdentity;

@@ -13,14 +13,14 @@
 //! - `files`: JPEG files from a directory, looping
 //! - [`replay`]: a recording's camera frames at their recorded times
 
-pub mod config;
+pub(crate) mod config;
 mod files;
-pub mod health;
+pub(crate) mod health;
 mod http;
 pub mod jpeg;
 pub mod mjpeg;
-pub mod replay;
-pub mod sim;
+pub(crate) mod replay;
+pub(crate) mod sim;
 
 use parking_lot::Mutex;
 use std::sync::Arc;

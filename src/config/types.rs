@@ -298,29 +298,8 @@ fn first_env_dir(var: &str) -> Option<PathBuf> {
     (!first.is_empty()).then(|| PathBuf::from(first))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogConfig {
-    pub level: String,
-    pub format: LogFormat,
-}
-
-impl Default for LogConfig {
-    fn default() -> Self {
-        LogConfig {
-            level: "info".to_string(),
-            format: LogFormat::Text,
-        }
-    }
-}
+// `[log]` belongs to the logging module (which imports no configuration).
+pub use crate::logging::{LogConfig, LogFormat};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]

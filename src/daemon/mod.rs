@@ -249,9 +249,10 @@ impl Daemon {
         self.control.as_ref().map(|c| c.path.as_path())
     }
 
-    /// What a test of this process may see of the daemon (see [`crate::testing`]).
-    pub fn probe(&self) -> crate::testing::Probe {
-        crate::testing::Probe::new(self.ctx.clone())
+    /// The shared context, for the testing facade (`Daemon::probe`, in
+    /// `testing.rs`, which depends on the daemon and not the reverse).
+    pub(crate) fn context(&self) -> &Arc<HostContext> {
+        &self.ctx
     }
 
     /// Serves until `shutdown` resolves, then drains gracefully.
@@ -556,8 +557,8 @@ async fn reload_on_sighup(
 /// Reads the operator's manual again (from where the configuration said at
 /// start): sessions started from now on are told the new text, open ones
 /// keep theirs. A manual that cannot be read keeps the old one, logged.
-/// What SIGHUP does for the manual (and [`crate::testing::Probe::reload_manual`]
-/// for a daemon run in-process, which installs no signal handlers).
+/// What SIGHUP does for the manual (and `Probe::reload_manual` for a
+/// daemon run in-process, which installs no signal handlers).
 pub(crate) async fn reload_manual(ctx: &Arc<HostContext>) {
     let config = ctx.config.clone();
     match tokio::task::spawn_blocking(move || config.read_manual()).await {

@@ -16,8 +16,8 @@
 //! - [`config`]: the `foxglove` section
 //! - [`policy`]: one client's subscriptions and rate limits (pure)
 
-pub mod config;
-pub mod policy;
+pub(crate) mod config;
+pub(crate) mod policy;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

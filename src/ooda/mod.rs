@@ -6,10 +6,10 @@
 pub mod act;
 pub(crate) mod admission;
 pub mod feedback;
-pub mod metered;
+pub(crate) mod metered;
 pub mod orient;
 pub mod rules;
-pub mod stats;
+pub(crate) mod stats;
 mod tick;
 pub mod timer;
 pub mod world;

@@ -11,8 +11,8 @@
 //! - [`worker`]: one worker's turn and the driver that answers for it
 
 mod live;
-pub mod state;
-pub mod worker;
+pub(crate) mod state;
+pub(crate) mod worker;
 
 pub use live::LiveTask;
 use live::lock;
