@@ -21,60 +21,50 @@ pub const STREAMS: &[&str] = &[
     "cameras",
 ];
 
+/// `[record]`. Every key has its default, stated once in [`Default`].
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RecordConfig {
     /// `false` keeps the section but records nothing.
-    #[serde(default = "default_enabled")]
     pub enabled: bool,
     /// Where the `.mcap` files go; default: `recordings/` beside the store.
-    #[serde(default)]
     pub directory: Option<PathBuf>,
     /// A file is finished and a new one started once it holds this many KiB.
-    #[serde(default = "default_max_file_kb")]
     pub max_file_kb: u64,
     /// ... or once it has been open this many seconds.
-    #[serde(default = "default_max_file_secs")]
     pub max_file_secs: u64,
     /// The oldest finished files are deleted while all of them together
     /// exceed this many MiB; 0: no cap.
-    #[serde(default = "default_max_total_mb")]
     pub max_total_mb: u64,
     /// ... or while there are more finished files than this; 0: no cap.
-    #[serde(default)]
     pub max_files: u32,
     /// Which streams are recorded (see [`STREAMS`]); default: all.
-    #[serde(default = "default_streams")]
     pub streams: Vec<String>,
     /// How often the whole Observation is recorded on `/observation`.
-    #[serde(default = "default_observation_hz")]
     pub observation_hz: f64,
     /// Frames per second each camera records on `/cameras/<name>` at most.
-    #[serde(default = "default_camera_hz")]
     pub camera_hz: f64,
     /// Messages waiting for the writer at most; more are dropped and counted.
-    #[serde(default = "default_queue")]
     pub queue: usize,
     /// The open chunk is closed and flushed to the file this often: what a
     /// `kill -9` can lose at most.
-    #[serde(default = "default_flush_ms")]
     pub flush_ms: u64,
 }
 
 impl Default for RecordConfig {
     fn default() -> Self {
         RecordConfig {
-            enabled: default_enabled(),
+            enabled: true,
             directory: None,
-            max_file_kb: default_max_file_kb(),
-            max_file_secs: default_max_file_secs(),
-            max_total_mb: default_max_total_mb(),
+            max_file_kb: 64 * 1024,
+            max_file_secs: 3600,
+            max_total_mb: 1024,
             max_files: 0,
-            streams: default_streams(),
-            observation_hz: default_observation_hz(),
-            camera_hz: default_camera_hz(),
-            queue: default_queue(),
-            flush_ms: default_flush_ms(),
+            streams: STREAMS.iter().map(ToString::to_string).collect(),
+            observation_hz: 1.0,
+            camera_hz: 1.0,
+            queue: 4096,
+            flush_ms: 1000,
         }
     }
 }
@@ -117,34 +107,6 @@ impl RecordConfig {
             self.observation_hz
         )
     }
-}
-
-fn default_enabled() -> bool {
-    true
-}
-fn default_max_file_kb() -> u64 {
-    64 * 1024
-}
-fn default_max_file_secs() -> u64 {
-    3600
-}
-fn default_max_total_mb() -> u64 {
-    1024
-}
-fn default_streams() -> Vec<String> {
-    STREAMS.iter().map(ToString::to_string).collect()
-}
-fn default_observation_hz() -> f64 {
-    1.0
-}
-fn default_camera_hz() -> f64 {
-    1.0
-}
-fn default_queue() -> usize {
-    4096
-}
-fn default_flush_ms() -> u64 {
-    1000
 }
 
 /// Checks `[record]`; an error names the key (`record.<key>`) and why.
@@ -215,32 +177,26 @@ pub fn validate(record: &RecordConfig) -> Result<(), Invalid> {
 
 /// `[replay]`: how replayed sensors and cameras (`source = "replay"`) play.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct ReplayConfig {
     /// Playback speed: 1 is real time, 10 ten times faster.
-    #[serde(default = "default_speed")]
     pub speed: f64,
     /// Start again from the beginning after the last value.
-    #[serde(default, rename = "loop")]
+    #[serde(rename = "loop")]
     pub looped: bool,
     /// Let replayed sensors run beside actuators that are not simulated
     /// (a recording would then move real hardware).
-    #[serde(default)]
     pub allow_real_actuators: bool,
 }
 
 impl Default for ReplayConfig {
     fn default() -> Self {
         ReplayConfig {
-            speed: default_speed(),
+            speed: 1.0,
             looped: false,
             allow_real_actuators: false,
         }
     }
-}
-
-fn default_speed() -> f64 {
-    1.0
 }
 
 /// Checks `[replay]` against the validated hardware (a replayed sensor
