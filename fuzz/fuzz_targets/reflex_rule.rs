@@ -85,7 +85,7 @@ fuzz_target!(|data: &[u8]| {
         condition,
         hold: Duration::from_millis(u64::from(data.len() as u8)),
         cooldown: Duration::from_millis(10),
-        action: Action::Estop {
+        action: Action::ProtectiveStop {
             reason: "fuzz".into(),
         },
     };

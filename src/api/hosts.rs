@@ -553,7 +553,7 @@ async fn fleet_command(
     } else {
         local_note = "this host's stop was not cleared";
     }
-    let command = match fleet.publish_estop(&environment, stop, &reason) {
+    let command = match fleet.publish_stop(&environment, stop, &reason) {
         Ok(c) => c,
         Err(e) => {
             let (status, code) = match e {

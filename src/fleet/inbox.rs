@@ -399,7 +399,7 @@ impl Fleet {
         payload: &[u8],
         fleet_latched_since: Option<i64>,
     ) -> JudgedCommand {
-        let topic = self.topics.estop(&self.own.environment_id);
+        let topic = self.topics.stop(&self.own.environment_id);
         let message = stop::read(self.key.as_ref(), &topic, payload);
         let verdict =
             lock(&self.gate).decide(&message, crate::clock::now_ms(), fleet_latched_since);

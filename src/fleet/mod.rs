@@ -121,7 +121,7 @@ pub struct Fleet {
     own: HostRecord,
     config: Option<FleetConfig>,
     topics: Topics,
-    estop: ProtectiveStop,
+    protective_stop: ProtectiveStop,
     view: Mutex<FleetView>,
     /// Bumped on every change of the view (and of this host's stop), so
     /// waiters re-check without polling.
@@ -189,7 +189,7 @@ impl Fleet {
         fleet: Option<&FleetConfig>,
         offer: Offer,
         bound: SocketAddr,
-        estop: ProtectiveStop,
+        protective_stop: ProtectiveStop,
     ) -> Fleet {
         let mut models = vec!["local".to_string()];
         models.extend(offer.models);
@@ -253,7 +253,7 @@ impl Fleet {
             ),
             config: fleet,
             own,
-            estop,
+            protective_stop,
             changed: tokio::sync::watch::Sender::new(0),
             client: Mutex::new(None),
             link: LinkCounters::new(max_packet_size),

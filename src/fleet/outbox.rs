@@ -11,7 +11,7 @@ impl Fleet {
     pub fn own_record(&self, status: RecordStatus) -> HostRecord {
         let mut record = self.own.clone();
         record.status = status;
-        record.estop = Some(match self.estop.active() {
+        record.estop = Some(match self.protective_stop.active() {
             Some(stop) => EstopState {
                 active: true,
                 source: Some(stop.source),
@@ -103,7 +103,7 @@ impl Fleet {
 
     /// Publishes a retained fleet stop command (`stop`) or its withdrawal
     /// for `environment_id`. Returns the command.
-    pub fn publish_estop(
+    pub fn publish_stop(
         &self,
         environment_id: &str,
         stop: bool,
@@ -124,7 +124,7 @@ impl Fleet {
             id: Some(uuid::Uuid::new_v4().to_string()),
             at_ms: Some(crate::clock::now_ms()),
         };
-        let topic = self.topics.estop(environment_id);
+        let topic = self.topics.stop(environment_id);
         let payload = self.seal(&topic, &command)?;
         if payload.len() > record::MAX_COMMAND_BYTES {
             return Err(FleetError::Invalid(format!(

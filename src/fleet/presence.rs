@@ -93,7 +93,7 @@ pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
         backoff,
         heartbeat,
         own_topic: fleet.own_topic(),
-        estop_topic: fleet.topics.estop(fleet.environment_id()),
+        stop_topic: fleet.topics.stop(fleet.environment_id()),
         rejects: LogLimiter::new(REJECT_LOG_EVERY),
         impostor_log: LogLimiter::new(REJECT_LOG_EVERY),
         resync_at: None,
@@ -148,7 +148,7 @@ struct Presence {
     backoff: crate::hw::mqtt_link::Backoff,
     heartbeat: Duration,
     own_topic: String,
-    estop_topic: String,
+    stop_topic: String,
     rejects: LogLimiter,
     impostor_log: LogLimiter,
     /// When the records not resent since the last new session are dropped.
@@ -315,7 +315,7 @@ impl Presence {
     fn subscribe(&mut self, what: Subscription) {
         let (filter, qos) = match what {
             Subscription::Stop | Subscription::StopAgain => {
-                (self.estop_topic.clone(), QoS::AtLeastOnce)
+                (self.stop_topic.clone(), QoS::AtLeastOnce)
             }
             Subscription::Records => {
                 let topics = &self.fleet().topics;
@@ -363,7 +363,7 @@ impl Presence {
             Subscription::Stop => {
                 if !granted {
                     tracing::error!(
-                        topic = %self.estop_topic,
+                        topic = %self.stop_topic,
                         "fleet: the broker refused the subscription to the fleet stop ({:?}); \
                          this host does not hear fleet stops (check the broker's ACL)",
                         ack.return_codes
@@ -500,7 +500,7 @@ impl Presence {
             self.own_record_seen(&p.payload);
         } else if topic == DROPPED_TOPIC {
             self.broker_dropped(&p.payload);
-        } else if topic == self.estop_topic {
+        } else if topic == self.stop_topic {
             if p.retain && self.stop_applied.as_deref() == Some(&p.payload[..]) {
                 // The retained command again, as asked for every heartbeat:
                 // this session took it already.
@@ -692,7 +692,7 @@ impl Presence {
         let kind = match &judged.verdict {
             Verdict::AlreadyApplied => return,
             Verdict::Refused(why) => {
-                let topic = self.estop_topic.clone();
+                let topic = self.stop_topic.clone();
                 self.reject(&topic, &format!("not applied: {why}"));
                 return;
             }
@@ -724,7 +724,7 @@ impl Presence {
             && let Some(more) = self.rejects.allow(Instant::now())
         {
             tracing::warn!(
-                topic = %self.estop_topic,
+                topic = %self.stop_topic,
                 "fleet: {} latches this host's stop anyway (everything on the stop topic but the \
                  fleet's clear stops; nothing else of it is trusted) ({more} more ignored since \
                  the last report)",

@@ -426,7 +426,7 @@ impl Topics {
         format!("{}/hosts/+/{id}", self.prefix)
     }
 
-    pub fn estop(&self, environment_id: &str) -> String {
+    pub fn stop(&self, environment_id: &str) -> String {
         format!("{}/estop/{environment_id}", self.prefix)
     }
 
@@ -648,7 +648,7 @@ mod tests {
         assert_eq!(t.hosts_in("lab"), "roz/v1/hosts/lab/+");
         assert_eq!(t.all_hosts(), "roz/v1/hosts/+/+");
         assert_eq!(t.host_anywhere("a"), "roz/v1/hosts/+/a");
-        assert_eq!(t.estop("lab"), "roz/v1/estop/lab");
+        assert_eq!(t.stop("lab"), "roz/v1/estop/lab");
         assert_eq!(t.host_of("roz/v1/hosts/lab/a"), Some(("lab", "a")));
         // an older rozd's topic, no environment: not a record topic now
         assert_eq!(t.host_of("roz/v1/hosts/a"), None);

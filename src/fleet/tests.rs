@@ -110,7 +110,7 @@ fn without_a_fleet_only_this_host_is_known() {
         Err(FleetError::NotFound(_))
     ));
     assert!(matches!(
-        f.publish_estop("lab", true, "x"),
+        f.publish_stop("lab", true, "x"),
         Err(FleetError::NotConfigured)
     ));
     assert!(matches!(
@@ -374,7 +374,7 @@ fn own_record_reports_the_stop() {
         f.own_record(RecordStatus::Online).estop,
         Some(EstopState::default())
     );
-    f.estop
+    f.protective_stop
         .trigger(crate::safety::StopRequest::new(FLEET_SOURCE, "drill"));
     let estop = f.own_record(RecordStatus::Online).estop.unwrap();
     assert!(estop.active);

@@ -72,7 +72,7 @@ pub enum Action {
         actuator: String,
         value: f64,
     },
-    Estop {
+    ProtectiveStop {
         reason: String,
     },
     Publish {
@@ -174,7 +174,7 @@ impl std::fmt::Display for Action {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Action::Command { actuator, value } => write!(f, "set {actuator} to {value}"),
-            Action::Estop { reason } => write!(f, "protective stop ({reason})"),
+            Action::ProtectiveStop { reason } => write!(f, "protective stop ({reason})"),
             Action::Publish { topic, payload, .. } => {
                 write!(f, "publish {payload:?} to {topic}")
             }
@@ -566,7 +566,7 @@ pub fn build_rules(
                         "an estop action takes only `estop` and `reason`",
                     ));
                 }
-                Action::Estop {
+                Action::ProtectiveStop {
                     reason: a
                         .reason
                         .clone()
@@ -755,7 +755,7 @@ mod tests {
             condition: parse_condition("dist < 1", &names()).unwrap(),
             hold: Duration::from_millis(100),
             cooldown: Duration::from_millis(1000),
-            action: Action::Estop { reason: "x".into() },
+            action: Action::ProtectiveStop { reason: "x".into() },
         };
         let near = F([("dist", 0.5)].into_iter().collect());
         let far = F([("dist", 5.0)].into_iter().collect());

@@ -152,7 +152,7 @@ impl Ooda {
     /// driver or the network runs as a task.
     fn hand_off(self: &Arc<Self>, index: usize, rule: &rules::Rule) {
         let source = StopSource::Rule(rule.name.clone());
-        if let Action::Estop { reason } = &rule.action {
+        if let Action::ProtectiveStop { reason } = &rule.action {
             self.protective_stop
                 .trigger(StopRequest::new(&source, reason));
         }
@@ -171,7 +171,7 @@ impl Ooda {
                         format!("{actuator} not set: {e}")
                     }
                 },
-                Action::Estop { reason } => {
+                Action::ProtectiveStop { reason } => {
                     me.trigger_stop(StopRequest::new(&source, reason)).await;
                     "protective stop latched".to_string()
                 }

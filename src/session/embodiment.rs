@@ -262,7 +262,7 @@ impl EmbodimentView {
             stop_inputs.push(format!("MQTT topic `{topic}` (1, true or stop)"));
         }
         for r in config.rules {
-            if matches!(r.action, crate::ooda::rules::Action::Estop { .. }) {
+            if matches!(r.action, crate::ooda::rules::Action::ProtectiveStop { .. }) {
                 stop_inputs.push(format!("reflex rule `{}`", r.name));
             }
         }

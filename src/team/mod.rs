@@ -358,7 +358,7 @@ async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
     };
     let deadline = tokio::time::sleep(Duration::from_secs(u64::from(task.timeout_secs)));
     tokio::pin!(deadline);
-    let mut estop = ctx.ooda.protective_stop().subscribe();
+    let mut stop = ctx.ooda.protective_stop().subscribe();
     let mut running = task.running.subscribe();
     let mut lead_end = lead_id.as_ref().and_then(|id| {
         lock(&task.ends)
@@ -383,7 +383,7 @@ async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
                 }
             }
             () = &mut deadline, if !stopping => task.stop(StopCause::Timeout),
-            changed = estop.wait_for(crate::safety::StopState::is_active), if !stopping => {
+            changed = stop.wait_for(crate::safety::StopState::is_active), if !stopping => {
                 let why = match changed {
                     Ok(state) => state.describe(),
                     Err(_) => "protective stop".into(),

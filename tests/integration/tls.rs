@@ -1271,7 +1271,7 @@ async fn the_example_broker_acl_keeps_the_retained_fleet_stop_from_anyone_but_th
     rover1
         .host
         .fleet()
-        .publish_estop("lab", true, "drill")
+        .publish_stop("lab", true, "drill")
         .expect("rover-1 publishes the fleet stop");
     let stop = retained_until(d, port, topic, 1, |lines| {
         lines.iter().any(|l| l.contains("\\\"stop\\\":true"))
@@ -1331,7 +1331,7 @@ async fn the_example_broker_acl_keeps_the_retained_fleet_stop_from_anyone_but_th
     rover1
         .host
         .fleet()
-        .publish_estop("lab", false, "drill over")
+        .publish_stop("lab", false, "drill over")
         .expect("rover-1 publishes the clear");
     until("rover-2 cleared by the fleet", || {
         !latch.state().is_active()
