@@ -20,6 +20,7 @@ use super::reply::json_error;
 use crate::HostContext;
 use crate::proto::{self, safety_service_server::SafetyService};
 use crate::safety::status::{SafetyStatus, status};
+
 use crate::safety::{ClearRequest, StopRequest, StopSource};
 
 /// The source of a stop triggered through `SafetyService`.
@@ -28,6 +29,15 @@ const GRPC_SOURCE: &StopSource = &StopSource::Grpc;
 /// Longest reason kept (longer ones are cut, never refused: a stop must not
 /// fail over its wording).
 const MAX_REASON_CHARS: usize = 500;
+
+/// The safety state now, from this daemon's loop and configuration.
+fn safety_now(ctx: &HostContext) -> SafetyStatus {
+    status(
+        &ctx.ooda,
+        &ctx.config.safety,
+        &ctx.config.host.environment_id,
+    )
+}
 
 pub struct SafetyApi {
     ctx: Arc<HostContext>,
@@ -75,7 +85,7 @@ impl SafetyService for SafetyApi {
         request: Request<proto::GetSafetyStatusRequest>,
     ) -> Result<tonic::Response<proto::SafetyStatus>, Status> {
         self.check_environment(&request.get_ref().environment_id)?;
-        let s = status(&self.ctx);
+        let s = safety_now(&self.ctx);
         Ok(tonic::Response::new(proto::SafetyStatus {
             environment_id: s.environment_id,
             estop_active: s.estop_active,
@@ -204,7 +214,7 @@ fn status_value(s: SafetyStatus, extra: (&str, bool)) -> serde_json::Value {
 
 /// `GET /v1/safety`.
 async fn get_status(State(ctx): State<Arc<HostContext>>) -> Json<SafetyStatus> {
-    Json(status(&ctx))
+    Json(safety_now(&ctx))
 }
 
 /// The most of a stop request's body that is read: a reason is short, and a
@@ -332,7 +342,7 @@ async fn trigger(
             (added, request)
         }
     };
-    let mut reply = status_value(status(&ctx), ("triggered", added));
+    let mut reply = status_value(safety_now(&ctx), ("triggered", added));
     if let (Err(why), Some(object)) = (request, reply.as_object_mut()) {
         tracing::warn!(%why, "protective stop triggered; its request body was ignored");
         object.insert(
@@ -366,7 +376,7 @@ async fn clear(
         .clear(ClearRequest::all(&by).credential(credential))
         .await;
     match cleared {
-        Ok(cleared) => status_json(status(&ctx), ("cleared", cleared)),
+        Ok(cleared) => status_json(safety_now(&ctx), ("cleared", cleared)),
         Err(refused) => json_error(
             StatusCode::CONFLICT,
             "failed_precondition",

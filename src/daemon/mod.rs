@@ -211,7 +211,7 @@ impl Daemon {
             // A fresh context: not set before.
             let _ = ctx.tls.set(tls.clone());
         }
-        if let Err(e) = crate::fleet::start(&ctx) {
+        if let Err(e) = crate::fleet::start(&ctx.fleet, &ctx.ooda, &ctx.shutdown) {
             ctx.ooda.stop().await;
             return Err(e.into());
         }

@@ -79,7 +79,6 @@ use seal::MessageKey;
 use stop::StopGate;
 use view::FleetView;
 
-use crate::HostContext;
 use crate::config::types::HostConfig;
 use crate::hw::mqtt_link::{LinkCounters, LinkStats};
 use crate::safety::{ProtectiveStop, StopSource};
@@ -373,6 +372,10 @@ impl Fleet {
 
 /// Connects this host to the fleet broker (if `[fleet]` is configured):
 /// presence, the view and the fleet stop run until the daemon shuts down.
-pub(crate) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
-    presence::start(ctx)
+pub(crate) fn start(
+    fleet: &Arc<Fleet>,
+    ooda: &Arc<crate::ooda::Ooda>,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Result<(), FleetError> {
+    presence::start(fleet, ooda, shutdown)
 }

@@ -37,8 +37,9 @@ use super::stop::{StopKind, Verdict};
 use super::subscriptions::{self, Subscription, Subscriptions};
 use super::view::{LogLimiter, Transition};
 use super::{FLEET_SOURCE, Fleet, FleetError, LookupRequest, lock};
-use crate::HostContext;
+use crate::ooda::Ooda;
 use crate::safety::{ClearRequest, StopRequest};
+use tokio_util::sync::CancellationToken;
 
 /// Requests queued for the event loop (records, commands, subscriptions).
 const REQUEST_QUEUE: usize = 256;
@@ -53,8 +54,11 @@ const CHANGES_LOGGED: usize = 10;
 /// Where mosquitto publishes how many messages it dropped (for any client).
 pub(super) const DROPPED_TOPIC: &str = "$SYS/broker/publish/messages/dropped";
 
-pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
-    let fleet = &ctx.fleet;
+pub(super) fn start(
+    fleet: &Arc<Fleet>,
+    ooda: &Arc<Ooda>,
+    shutdown: &CancellationToken,
+) -> Result<(), FleetError> {
     let Some(config) = fleet.config() else {
         return Ok(());
     };
@@ -87,7 +91,9 @@ pub(super) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
         "fleet: joining"
     );
     let task = Presence {
-        ctx: ctx.clone(),
+        fleet: fleet.clone(),
+        ooda: ooda.clone(),
+        shutdown: shutdown.clone(),
         client,
         eventloop,
         backoff,
@@ -142,7 +148,11 @@ enum Step {
 }
 
 struct Presence {
-    ctx: Arc<HostContext>,
+    fleet: Arc<Fleet>,
+    /// Whose stop the fleet's stop command latches, and whose stop this
+    /// host's record reports.
+    ooda: Arc<Ooda>,
+    shutdown: CancellationToken,
     client: AsyncClient,
     eventloop: EventLoop,
     backoff: crate::hw::mqtt_link::Backoff,
@@ -173,14 +183,14 @@ struct Presence {
 
 impl Presence {
     fn fleet(&self) -> &Fleet {
-        &self.ctx.fleet
+        &self.fleet
     }
 
     async fn run(mut self) {
-        let shutdown = self.ctx.shutdown.clone();
+        let shutdown = self.shutdown.clone();
         let mut heartbeat = tokio::time::interval(self.heartbeat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut stops = self.ctx.ooda.protective_stop().subscribe();
+        let mut stops = self.ooda.protective_stop().subscribe();
         let mut failures: u32 = 0;
         loop {
             let resync = self.resync_at.map(|(_, at)| at);
@@ -237,7 +247,7 @@ impl Presence {
                     } else {
                         tracing::debug!(url = %self.url, "fleet: attempt {failures} failed: {e}; next in {delay:?}");
                     }
-                    set_will(&mut self.eventloop, &self.ctx.fleet);
+                    set_will(&mut self.eventloop, &self.fleet);
                     tokio::select! {
                         () = shutdown.cancelled() => break,
                         () = tokio::time::sleep(delay) => {}
@@ -679,7 +689,7 @@ impl Presence {
     }
 
     fn command(&mut self, payload: &[u8]) {
-        let latch = self.ctx.ooda.protective_stop();
+        let latch = self.ooda.protective_stop();
         let fleet_latched_since = latch
             .state()
             .causes
@@ -739,7 +749,7 @@ impl Presence {
             .map(|host| format!("host {host}"));
         // Beside the loop: driving actuators safe may take their deadline,
         // and the broker connection must keep being served meanwhile.
-        let ooda = self.ctx.ooda.clone();
+        let ooda = self.ooda.clone();
         tokio::spawn(async move {
             ooda.trigger_stop(StopRequest::new(FLEET_SOURCE, &reason).by(by.as_deref()))
                 .await
@@ -766,7 +776,7 @@ impl Presence {
     /// Clean shutdown: publish `offline` ourselves, then disconnect (so the
     /// broker does not publish the last will).
     async fn leave(mut self) {
-        let fleet = self.ctx.fleet.clone();
+        let fleet = self.fleet.clone();
         let was_connected = fleet.link.take_connected();
         if !was_connected {
             tracing::debug!("fleet: not connected at shutdown; the last will marks us offline");

@@ -52,7 +52,6 @@ use crate::clock::now_ms;
 use crate::config::types::{AiMode, ToolCategory};
 use crate::session::approvals::{ApprovalView, Asker};
 use crate::session::host_call::{self, Answer, CallSite, Outcome};
-use crate::session::turn::HostAccess;
 
 /// The latest Observation, as a resource.
 pub const OBSERVATION_URI: &str = "roz://observation";
@@ -320,7 +319,8 @@ impl ServerHandler for HostServer {
         let owner = sessions::owner(&session);
         let origin = format!("mcp:{}", client_name(&context.peer));
         let credential = credential(&context.extensions);
-        let host = HostAccess::new(ctx, Asker::Mcp, &owner, origin.clone(), AiMode::React, None)
+        let host = ctx
+            .host_access(Asker::Mcp, &owner, origin.clone(), AiMode::React, None)
             .with_credential(credential.clone());
         // The client's user answers as the client's own credential: not
         // asked when a credential may not approve its own calls.

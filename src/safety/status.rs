@@ -4,7 +4,8 @@ use serde::Serialize;
 
 use super::StopInfo;
 use super::inputs::{GpioStopInput, mqtt_input_name};
-use crate::HostContext;
+use crate::config::types::SafetyConfig;
+use crate::ooda::Ooda;
 use crate::ooda::orient::AlarmLevel;
 
 /// `level` while nothing is latched.
@@ -51,9 +52,10 @@ pub struct InputStatus {
     pub received: Option<u64>,
 }
 
-/// The safety state now.
-pub(crate) fn status(ctx: &HostContext) -> SafetyStatus {
-    let latch = ctx.ooda.protective_stop();
+/// The safety state now: the loop's latch and alarms, and the configured
+/// stop inputs of `safety` on the host of `environment_id`.
+pub(crate) fn status(ooda: &Ooda, safety: &SafetyConfig, environment_id: &str) -> SafetyStatus {
+    let latch = ooda.protective_stop();
     let state = latch.state();
     let stop = state.first().cloned();
     let held = latch.held_inputs();
@@ -64,15 +66,14 @@ pub(crate) fn status(ctx: &HostContext) -> SafetyStatus {
         .collect();
     active_guards.extend(held.iter().map(|input| format!("stop_input:{input}")));
     active_guards.extend(
-        ctx.ooda
-            .observation()
+        ooda.observation()
             .sensors
             .iter()
             .filter(|s| s.alarm == AlarmLevel::Critical)
             .map(|s| format!("critical_alarm:{}", s.sensor.name)),
     );
     let mut inputs = Vec::new();
-    if let Some(g) = GpioStopInput::from_config(&ctx.config.safety) {
+    if let Some(g) = GpioStopInput::from_config(safety) {
         let name = g.name();
         inputs.push(InputStatus {
             asserted: Some(held.contains(&name)),
@@ -82,9 +83,9 @@ pub(crate) fn status(ctx: &HostContext) -> SafetyStatus {
             name,
         });
     }
-    if let Some(topic) = &ctx.config.safety.estop_mqtt_topic {
+    if let Some(topic) = &safety.estop_mqtt_topic {
         // The input has a broker connection of its own.
-        let link = ctx.ooda.mqtt().and_then(|m| m.stop_input_stats());
+        let link = ooda.mqtt().and_then(|m| m.stop_input_stats());
         inputs.push(InputStatus {
             name: mqtt_input_name(topic),
             asserted: None,
@@ -94,7 +95,7 @@ pub(crate) fn status(ctx: &HostContext) -> SafetyStatus {
         });
     }
     SafetyStatus {
-        environment_id: ctx.config.host.environment_id.clone(),
+        environment_id: environment_id.to_string(),
         estop_active: stop.is_some(),
         level: if stop.is_some() {
             LEVEL_PROTECTIVE_STOP

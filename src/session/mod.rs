@@ -429,15 +429,16 @@ impl Runner<'_> {
             ),
             meter: session.meter,
             live_tokens: session.live_tokens.clone(),
-            host: turn::HostAccess::new(
-                &self.ctx,
-                approvals::Asker::Session,
-                &session.id,
-                format!("session {}", session.id),
-                plan.ai_mode,
-                None,
-            )
-            .with_credential(self.credential.clone()),
+            host: self
+                .ctx
+                .host_access(
+                    approvals::Asker::Session,
+                    &session.id,
+                    format!("session {}", session.id),
+                    plan.ai_mode,
+                    None,
+                )
+                .with_credential(self.credential.clone()),
         };
         let cancel = CancellationToken::new();
         let (inbox_tx, inbox_rx) = mpsc::channel(TURN_INBOX);

@@ -23,7 +23,7 @@ use crate::model::{Block, Message};
 use crate::ooda::act::Origin;
 use crate::session::context::{ContextMeter, History};
 use crate::session::tools::ToolRegistry;
-use crate::session::turn::{self, HostAccess, TurnInput, TurnLimits, TurnNote, TurnSetup};
+use crate::session::turn::{self, TurnInput, TurnLimits, TurnNote, TurnSetup};
 use crate::session::{Activity, ErrorCode, ServerEvent, StopReason, ToolOutcome, ToolSpec};
 
 pub const SPAWN_WORKER: &str = "spawn_worker";
@@ -170,15 +170,15 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
         model,
         meter: ContextMeter::default(),
         live_tokens: Arc::default(),
-        host: HostAccess::new(
-            ctx,
-            crate::session::approvals::Asker::Task,
-            &plan.worker_id,
-            format!("task {} worker {}", task.id, plan.worker_id),
-            plan.mode,
-            Some(notes_tx),
-        )
-        .with_credential(task.credential.clone()),
+        host: ctx
+            .host_access(
+                crate::session::approvals::Asker::Task,
+                &plan.worker_id,
+                format!("task {} worker {}", task.id, plan.worker_id),
+                plan.mode,
+                Some(notes_tx),
+            )
+            .with_credential(task.credential.clone()),
     };
     let (out_tx, mut out) = mpsc::channel(256);
     let (inbox, inbox_rx) = mpsc::channel(64);

@@ -24,7 +24,6 @@ use crate::ooda::act::Origin;
 use crate::safety::{ClearRequest, StopRequest, StopSource};
 use crate::session::approvals::{ApprovalView, Asker};
 use crate::session::host_call::{self, Answer, CallSite};
-use crate::session::turn::HostAccess;
 
 /// The stop's source (and the clearer) for calls over Foxglove.
 pub const SOURCE: &StopSource = &StopSource::Foxglove;
@@ -254,15 +253,16 @@ impl Job {
         let input = Value::Object(input);
         let credential = self.caller.named().map(str::to_string);
         let origin = format!("foxglove:{}", self.caller.name());
-        let host = HostAccess::new(
-            &self.ctx,
-            Asker::Foxglove,
-            &self.owner,
-            origin.clone(),
-            AiMode::React,
-            None,
-        )
-        .with_credential(credential.clone());
+        let host = self
+            .ctx
+            .host_access(
+                Asker::Foxglove,
+                &self.owner,
+                origin.clone(),
+                AiMode::React,
+                None,
+            )
+            .with_credential(credential.clone());
         let id = uuid::Uuid::new_v4().to_string();
         let mut site = FoxgloveCall {
             ctx: &self.ctx,

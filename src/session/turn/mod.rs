@@ -34,7 +34,7 @@ mod tool_call;
 use metered::{model_result, model_tokens};
 use tool_call::error_result;
 
-use crate::config::types::{AiMode, SessionConfig};
+use crate::config::types::SessionConfig;
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
 use crate::session::host_call::Decision;
 
@@ -43,7 +43,6 @@ use super::context::{CompactionLimits, ContextMeter, History};
 use super::permissions::PermissionPolicy;
 use super::tools::ToolRegistry;
 use super::{Activity, ErrorCode, Presence, ServerEvent, SessionError, StopReason, ToolOutcome};
-use crate::HostContext;
 use crate::ooda::Ooda;
 use crate::ooda::orient::AlarmLevel;
 use crate::store::Store;
@@ -77,30 +76,6 @@ pub struct HostAccess {
 }
 
 impl HostAccess {
-    /// The host as `owner` (a session id or a task worker's id) sees it in
-    /// `ai_mode`; `label` is how the audit names the caller.
-    pub(crate) fn new(
-        ctx: &HostContext,
-        asker: Asker,
-        owner: &str,
-        label: String,
-        ai_mode: AiMode,
-        notes: Option<mpsc::UnboundedSender<TurnNote>>,
-    ) -> HostAccess {
-        HostAccess {
-            session_id: owner.to_string(),
-            label,
-            credential: None,
-            asker,
-            approvals: ctx.approvals.clone(),
-            notes,
-            tools: ctx.host_tools.clone(),
-            registry: ctx.host_registry.clone(),
-            store: ctx.store.clone(),
-            observe: (ai_mode == AiMode::OodaReAct).then(|| ctx.ooda.clone()),
-        }
-    }
-
     /// The credential the audit names for this turn's physical calls.
     pub fn with_credential(mut self, credential: Option<String>) -> HostAccess {
         self.credential = credential;
