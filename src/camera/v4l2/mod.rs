@@ -53,11 +53,14 @@ pub(super) async fn run(camera: Arc<Camera>, shutdown: CancellationToken) {
     run_with(camera, V4l2Opener, shutdown).await;
 }
 
-/// What one read came back with.
-type Read<S> = (
-    S,
-    Result<Option<Result<frames::Encoded, super::jpeg::FrameError>>, DeviceError>,
-);
+/// What one read came back with: the device (handed back), what it
+/// delivered (nothing within the wait, a frame or why it is unusable, or
+/// the device's failure), and when.
+struct Delivery<S> {
+    source: S,
+    got: Result<Option<Result<frames::Encoded, super::jpeg::FrameError>>, DeviceError>,
+    at: Instant,
+}
 
 async fn run_with<O: Opener>(camera: Arc<Camera>, opener: O, shutdown: CancellationToken) {
     let Source::V4l2(want) = camera.spec.source.clone() else {
@@ -114,30 +117,41 @@ async fn run_with<O: Opener>(camera: Arc<Camera>, opener: O, shutdown: Cancellat
                     continue;
                 };
                 let started = tokio::time::Instant::now();
-                let read = blocking(&shutdown, move || -> Read<O::Source> {
+                let read = blocking(&shutdown, move || {
                     let layout = source.layout();
-                    let got = source.next_frame(within).map(|raw| {
+                    let raw = source.next_frame(within);
+                    // Captured when the device handed it over (a YUYV
+                    // frame's encode is not its age).
+                    let at = now();
+                    let got = raw.map(|raw| {
                         raw.map(|raw| frames::to_jpeg(raw, &layout, quality, max_bytes))
                     });
-                    (source, got)
+                    Delivery { source, got, at }
                 })
                 .await;
                 let Some(read) = read else {
                     return;
                 };
-                let at = now();
                 match read {
                     // The source was dropped with the panic.
                     Err(why) => {
                         camera.link_down(why);
-                        link.failed(at);
+                        link.failed(now());
                     }
-                    Ok((source, Err(error))) => {
+                    Ok(Delivery {
+                        source,
+                        got: Err(error),
+                        at,
+                    }) => {
                         close(&camera, Some(source), &shutdown).await;
                         camera.link_down(error.to_string());
                         link.failed(at);
                     }
-                    Ok((source, Ok(None))) => {
+                    Ok(Delivery {
+                        source,
+                        got: Ok(None),
+                        ..
+                    }) => {
                         open = Some(source);
                         // `None` means nothing came within the wait: a
                         // device that says so sooner does not spin the loop.
@@ -146,7 +160,11 @@ async fn run_with<O: Opener>(camera: Arc<Camera>, opener: O, shutdown: Cancellat
                             () = tokio::time::sleep_until(started + within) => {}
                         }
                     }
-                    Ok((source, Ok(Some(frame)))) => {
+                    Ok(Delivery {
+                        source,
+                        got: Ok(Some(frame)),
+                        at,
+                    }) => {
                         open = Some(source);
                         link.heard(at);
                         match frame {
