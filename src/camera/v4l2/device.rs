@@ -155,8 +155,20 @@ impl OpenDevice {
         format.width = want.width;
         format.height = want.height;
         format.fourcc = fourcc;
-        let agreed = device.set_format(&format).map_err(fail("set its format"))?;
         let wanted = || format!("{} at {}x{}", want.format.as_str(), want.width, want.height);
+        let agreed = device.set_format(&format).map_err(|e| {
+            // Most drivers answer a format they lack with another one; some
+            // refuse it outright.
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                DeviceError::Unsupported {
+                    path: path.to_path_buf(),
+                    wanted: wanted(),
+                    offers: offers(&device),
+                }
+            } else {
+                DeviceError::classify(path, "set its format", e)
+            }
+        })?;
         if agreed.fourcc != fourcc {
             return Err(DeviceError::Unsupported {
                 path: path.to_path_buf(),
@@ -226,43 +238,50 @@ impl FrameSource for OpenDevice {
     }
 }
 
-/// What `device` offers, for an error: `MJPG 1280x720 640x480; YUYV 640x480`.
+/// What `device` offers, for an error.
 fn offers(device: &Device) -> String {
     let Ok(formats) = device.enum_formats() else {
         return "(the device does not list its formats)".into();
     };
-    let mut listed = Vec::new();
-    for description in formats {
-        let name = description
-            .fourcc
-            .str()
-            .map(str::to_string)
-            .unwrap_or_else(|_| format!("{:?}", description.fourcc.repr));
-        let mut sizes = Vec::new();
-        for size in device
-            .enum_framesizes(description.fourcc)
-            .unwrap_or_default()
-        {
-            sizes.push(match size.size {
-                FrameSizeEnum::Discrete(d) => format!("{}x{}", d.width, d.height),
-                FrameSizeEnum::Stepwise(s) => format!(
-                    "{}x{} to {}x{}",
-                    s.min_width, s.min_height, s.max_width, s.max_height
-                ),
-            });
-            if sizes.len() == MAX_LISTED {
-                break;
-            }
-        }
-        listed.push(format!("{name} {}", sizes.join(" ")).trim().to_string());
-        if listed.len() == MAX_LISTED {
-            break;
-        }
+    let listed: Vec<(String, Vec<String>)> = formats
+        .into_iter()
+        .take(MAX_LISTED)
+        .map(|description| {
+            let name = description
+                .fourcc
+                .str()
+                .map(str::to_string)
+                .unwrap_or_else(|_| format!("{:?}", description.fourcc.repr));
+            let sizes = device
+                .enum_framesizes(description.fourcc)
+                .unwrap_or_default()
+                .into_iter()
+                .take(MAX_LISTED)
+                .map(|size| match size.size {
+                    FrameSizeEnum::Discrete(d) => format!("{}x{}", d.width, d.height),
+                    FrameSizeEnum::Stepwise(s) => format!(
+                        "{}x{} to {}x{}",
+                        s.min_width, s.min_height, s.max_width, s.max_height
+                    ),
+                })
+                .collect();
+            (name, sizes)
+        })
+        .collect();
+    describe_offers(&listed)
+}
+
+/// Formats (as the device names them) with their sizes, as one line:
+/// `MJPG 1280x720 640x480; YUYV 640x480 (...)`.
+fn describe_offers(formats: &[(String, Vec<String>)]) -> String {
+    if formats.is_empty() {
+        return "nothing (the device lists no formats)".into();
     }
-    if listed.is_empty() {
-        return "nothing (no formats listed)".into();
-    }
-    // Named as the device names them; say which two rozd takes.
+    let listed: Vec<String> = formats
+        .iter()
+        .map(|(name, sizes)| format!("{name} {}", sizes.join(" ")).trim().to_string())
+        .collect();
+    // Say which two rozd takes, by the names the device uses.
     format!(
         "{} (format = \"mjpeg\" is MJPG, \"yuyv\" is YUYV)",
         listed.join("; ")
@@ -302,6 +321,24 @@ mod tests {
             matches!(error, DeviceError::Io { .. } | DeviceError::Gone(_)),
             "{error:?}"
         );
+    }
+
+    #[test]
+    fn an_unsupported_format_lists_what_the_device_offers() {
+        let error = DeviceError::Unsupported {
+            path: "/dev/video0".into(),
+            wanted: "yuyv at 1920x1080".into(),
+            offers: describe_offers(&[
+                ("MJPG".into(), vec!["1920x1080".into(), "640x480".into()]),
+                ("H264".into(), vec!["16x16 to 1920x1080".into()]),
+            ]),
+        };
+        assert_eq!(
+            error.to_string(),
+            "/dev/video0 does not offer yuyv at 1920x1080; it offers: MJPG 1920x1080 640x480; \
+             H264 16x16 to 1920x1080 (format = \"mjpeg\" is MJPG, \"yuyv\" is YUYV)"
+        );
+        assert!(describe_offers(&[]).contains("lists no formats"));
     }
 
     #[test]
