@@ -248,8 +248,7 @@ fn v4l2_frames(
     copy: &Samples,
     group: &mut Group,
 ) -> Result<()> {
-    use rozd::camera::config::PixelFormat;
-    use rozd::camera::v4l2::frames::{self, Layout, RANGE, RawFrame};
+    use rozd::camera::v4l2::frames::{self, Layout, PixelFormat, RANGE, RawFrame};
     let yuyv = frames::yuyv_from_rgb(rgb, WIDTH, HEIGHT);
     let layout = Layout {
         format: PixelFormat::Yuyv,

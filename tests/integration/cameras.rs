@@ -724,8 +724,7 @@ async fn a_v4l2_camera_without_its_device_is_disconnected_and_the_daemon_serves_
 /// decodes the JPEG to the frame's colours.
 #[test]
 fn a_yuyv_frame_encoded_by_rozd_decodes_in_pillow_to_its_colours() {
-    use rozd::camera::config::PixelFormat;
-    use rozd::camera::v4l2::frames::{self, Layout, RawFrame};
+    use rozd::camera::v4l2::frames::{self, Layout, PixelFormat, RawFrame};
     const COLOURS: [[u8; 3]; 4] = [[220, 30, 30], [30, 200, 40], [40, 60, 210], [16, 16, 16]];
     let (w, h) = (320u32, 240u32);
     let mut rgb = Vec::with_capacity((w * h * 3) as usize);

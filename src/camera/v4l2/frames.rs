@@ -16,7 +16,8 @@
 
 use bytes::Bytes;
 
-use crate::camera::config::PixelFormat;
+// Re-exported: the benchmarks and tests build layouts without the config.
+pub use crate::camera::config::PixelFormat;
 use crate::camera::health::Rejection;
 use crate::camera::jpeg::{self, FrameError};
 
