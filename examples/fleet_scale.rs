@@ -341,11 +341,11 @@ async fn main() -> Result<(), String> {
     let daemon = rozd::daemon::Daemon::bind(config)
         .await
         .map_err(|e| e.to_string())?;
-    let ctx = daemon.context();
+    let ctx = daemon.probe();
     let want = args.presences + 1;
-    let mut changes = ctx.fleet.changes();
+    let mut changes = ctx.fleet().changes();
     let full = tokio::time::timeout(Duration::from_secs(600), async {
-        while ctx.fleet.host_count() < want {
+        while ctx.fleet().host_count() < want {
             if changes.changed().await.is_err() {
                 break;
             }
@@ -353,10 +353,10 @@ async fn main() -> Result<(), String> {
     })
     .await;
     let view_time = joined.elapsed();
-    if full.is_err() || ctx.fleet.host_count() < want {
+    if full.is_err() || ctx.fleet().host_count() < want {
         return Err(format!(
             "the view has {} of {want} hosts after 600 s",
-            ctx.fleet.host_count()
+            ctx.fleet().host_count()
         ));
     }
     println!("1. full view: a new rozd listed all {want} hosts {view_time:?} after it started");
@@ -375,7 +375,7 @@ async fn main() -> Result<(), String> {
     };
     // The counter's own retained burst passes first.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let received = || ctx.fleet.link_stats().map_or(0, |s| s.link.received);
+    let received = || ctx.fleet().link_stats().map_or(0, |s| s.link.received);
     let (records0, alive0) = (
         records.load(std::sync::atomic::Ordering::Relaxed),
         alive.load(std::sync::atomic::Ordering::Relaxed),
@@ -411,7 +411,7 @@ async fn main() -> Result<(), String> {
         let mut took = Vec::new();
         for _ in 0..200 {
             let t = Instant::now();
-            let page = ctx.fleet.page(None, offset, PAGE);
+            let page = ctx.fleet().page(None, offset, PAGE);
             took.push(t.elapsed());
             std::hint::black_box(page);
         }
@@ -424,9 +424,9 @@ async fn main() -> Result<(), String> {
     }
 
     // 4. mass kill: every simulated host's connection drops at once
-    let mut changes = ctx.fleet.changes();
-    let offline = |ctx: &rozd::HostContext| {
-        ctx.fleet
+    let mut changes = ctx.fleet().changes();
+    let offline = |ctx: &rozd::testing::Probe| {
+        ctx.fleet()
             .presence_counts()
             .iter()
             .find(|(p, _)| p.as_str() == "offline")

@@ -84,6 +84,15 @@ echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
+# The fuzz targets (run by scripts/fuzz.sh, outside this check) are a crate
+# of their own: checked here so that a change to rozd cannot leave them
+# broken until the next fuzzing run.
+# The configuration is the aggregate that imports every subsystem's
+# settings: a module it reaches must not import it back.
+echo "== no import cycle through the configuration"
+python3 scripts/module_cycles.py | tail -1
+echo "== cargo check fuzz targets"
+cargo check --locked --manifest-path fuzz/Cargo.toml --bins
 echo "== mdbook build docs"
 # mdBook exits 0 on some errors (an {{#include}} it cannot read): fail on any
 # ERROR or WARN it logs. Broken links are tests/integration/docs.rs's job.

@@ -23,6 +23,7 @@
 //! - [`camera`]: cameras: capture threads, latest frame and health, JPEG checks and fitting
 //! - [`tls`]: rustls (ring) for the listener (reloadable), the CLI and relays
 //! - [`proto`]: the generated roz.v1 types, servers and clients (shared by `api` and `cli`)
+//! - [`testing`]: what tests, benches and examples may hold of an in-process daemon
 //! - [`cli`]: the command-line clients of a running daemon (`rozd status`, `estop`,
 //!   `hosts`, `task`, `chat`): connection, HTTP client, formatters
 #![forbid(unsafe_code)]
@@ -35,19 +36,20 @@ pub mod config;
 pub mod daemon;
 pub mod fleet;
 pub mod hw;
-pub mod live;
+pub(crate) mod live;
 pub mod logging;
-pub mod mcp;
-pub mod metrics;
+pub(crate) mod mcp;
+pub(crate) mod metrics;
 pub mod model;
-pub mod observe;
+pub(crate) mod observe;
 pub mod ooda;
 pub mod proto;
 pub mod record;
 pub mod safety;
 pub mod session;
 pub mod store;
-pub mod team;
+pub(crate) mod team;
+pub mod testing;
 pub mod tls;
 pub mod tools;
 
@@ -62,9 +64,12 @@ use crate::config::Config;
 /// Version of this build, reported by `--version` and `/v1/status`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// What every part of the running daemon shares.
+/// What the parts of the running daemon that serve requests share: the
+/// daemon builds it once and hands it to the API layer (and the session,
+/// task and MCP engines it drives). Private to the crate: tests see a
+/// daemon through [`testing::Probe`].
 #[derive(Debug)]
-pub struct HostContext {
+pub(crate) struct HostContext {
     pub config: Arc<Config>,
     pub started_at: Instant,
     pub listen_addr: SocketAddr,

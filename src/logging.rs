@@ -7,7 +7,32 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::{LogConfig, LogFormat};
+use serde::Deserialize;
+
+/// `[log]`: how much is logged and in which form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".to_string(),
+            format: LogFormat::Text,
+        }
+    }
+}
 
 /// Logs go to journald when systemd started the daemon with a journal (its
 /// `JOURNAL_STREAM` is set and the socket exists), else to stderr.

@@ -191,8 +191,8 @@ pub async fn cameras(scale: &Scale) -> Result<Group> {
     // capture_image on the simulated camera, end to end.
     let daemon = Daemon::start(SIM_CAMERA).await?;
     let camera = daemon
-        .ctx
-        .cameras
+        .host
+        .cameras()
         .get("front_camera")
         .context("the sim camera")?
         .clone();
@@ -210,8 +210,8 @@ pub async fn cameras(scale: &Scale) -> Result<Group> {
     for _ in 0..trials {
         let t = Instant::now();
         let answer = daemon
-            .ctx
-            .host_tools
+            .host
+            .host_tools()
             .execute("capture_image", &input, "bench")
             .await
             .map_err(|e| anyhow!("capture_image: {e}"))?;
@@ -417,11 +417,11 @@ async fn loop_run(
     for camera in viewers {
         watching.push(tokio::spawn(viewer(daemon.addr, camera, stop.clone())));
     }
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let before = ooda.stats();
     let frames_before: u64 = daemon
-        .ctx
-        .cameras
+        .host
+        .cameras()
         .views()
         .iter()
         .map(|v| v.health.frames)
@@ -431,8 +431,8 @@ async fn loop_run(
     let cpu = super::steps::process_cpu().saturating_sub(cpu);
     let stats = ooda.stats();
     let frames: u64 = daemon
-        .ctx
-        .cameras
+        .host
+        .cameras()
         .views()
         .iter()
         .map(|v| v.health.frames)

@@ -263,7 +263,7 @@ async fn loaded(scale: &Scale, group: &mut Group) -> Result<()> {
     let hz = 100.0;
     let period = Duration::from_secs_f64(1.0 / hz);
     let daemon = Daemon::start(&host(hz)).await?;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let before = ooda.stats();
     let thread = std::thread::spawn({
         let duration = scale.loop_for;
@@ -347,9 +347,10 @@ async fn reflex(scale: &Scale, group: &mut Group) -> Result<()> {
     for hz in [100.0, 1000.0] {
         let period_us = 1e6 / hz;
         let daemon = Daemon::start(&reflex_host(hz)).await?;
-        let ooda = daemon.ctx.ooda.clone();
-        let chip = ooda.gpio().as_sim().ok_or_else(|| anyhow!("sim GPIO"))?;
-        let sim = ooda
+        let ooda = daemon.host.ooda().clone();
+        let chip = ooda.sim_gpio().ok_or_else(|| anyhow!("sim GPIO"))?;
+        let sim = daemon
+            .host
             .sim_actuator("a0")
             .ok_or_else(|| anyhow!("sim actuator a0"))?;
         let mut reactions = Samples::default();
@@ -530,8 +531,8 @@ async fn feedback_latency(scale: &Scale, group: &mut Group) -> Result<()> {
     let hz = 100.0;
     let period_us = 1e6 / hz;
     let daemon = Daemon::start(&feedback_latency_host(hz)).await?;
-    let ooda = daemon.ctx.ooda.clone();
-    let chip = ooda.gpio().as_sim().ok_or_else(|| anyhow!("sim GPIO"))?;
+    let ooda = daemon.host.ooda().clone();
+    let chip = ooda.sim_gpio().ok_or_else(|| anyhow!("sim GPIO"))?;
     let actuators = ooda.actuators().clone();
     let operator = || Origin::Operator("benchmark".into());
     let wait = Duration::from_secs(10);

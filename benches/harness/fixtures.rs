@@ -47,7 +47,7 @@ pub fn builtin_host(store: &std::path::Path) -> String {
 /// A daemon served from this process (on the harness's runtime).
 pub struct Daemon {
     pub addr: SocketAddr,
-    pub ctx: Arc<rozd::HostContext>,
+    pub host: rozd::testing::Probe,
     stop: Option<oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -81,14 +81,14 @@ impl Daemon {
         config.server.max_concurrent_streams = config.server.max_concurrent_streams.max(1_024);
         let daemon = rozd::daemon::Daemon::bind(config).await?;
         let addr = daemon.local_addr();
-        let ctx = daemon.context();
+        let host = daemon.probe();
         let (stop, stopped) = oneshot::channel::<()>();
         let served = tokio::spawn(daemon.serve(async move {
             let _ = stopped.await;
         }));
         Ok(Daemon {
             addr,
-            ctx,
+            host,
             stop: Some(stop),
             served: Some(served),
             _dir: dir,

@@ -78,7 +78,7 @@ async fn client(
 /// the clients received over `duration`.
 async fn run(text: &str, clients: usize, duration: Duration) -> Result<(u64, u64, Duration, u64)> {
     let daemon = Daemon::start(text).await?;
-    let c = &daemon.ctx.config;
+    let c = &daemon.host.config();
     // Every channel: the five fixed ones, each sensor and actuator, the scene.
     let channels = u32::try_from(5 + c.sensors.len() + c.actuators.len() + 1)?;
     let stop = tokio_util::sync::CancellationToken::new();
@@ -87,7 +87,7 @@ async fn run(text: &str, clients: usize, duration: Duration) -> Result<(u64, u64
         .collect();
     // Let the handshakes and subscriptions land before measuring.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let before = ooda.stats();
     let cpu = super::steps::process_cpu();
     tokio::time::sleep(duration).await;

@@ -190,8 +190,7 @@ pub async fn host_tool(scale: &Scale) -> Result<Group> {
     ))
     .await?;
     let sim = daemon
-        .ctx
-        .ooda
+        .host
         .sim_actuator("speed")
         .ok_or_else(|| anyhow!("no sim actuator"))?;
 

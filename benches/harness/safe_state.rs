@@ -170,15 +170,17 @@ async fn post(client: &reqwest::Client, url: &str) -> Result<()> {
 
 async fn protective_stop(scale: &Scale, group: &mut Group) -> Result<()> {
     let daemon = Daemon::start(&robot()).await?;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let sims: Vec<Arc<SimActuator>> = ACTUATORS
         .iter()
         .map(|name| {
-            ooda.sim_actuator(name)
+            daemon
+                .host
+                .sim_actuator(name)
                 .ok_or_else(|| anyhow!("sim actuator {name}"))
         })
         .collect::<Result<_>>()?;
-    let chip = ooda.gpio().as_sim().ok_or_else(|| anyhow!("sim GPIO"))?;
+    let chip = ooda.sim_gpio().ok_or_else(|| anyhow!("sim GPIO"))?;
     let floor_sims: Vec<Arc<SimActuator>> = ACTUATORS.iter().map(|_| SimActuator::new()).collect();
     let floor_addr = rest_floor(floor_sims.clone()).await?;
     let floor_chip = gpio_floor(floor_sims.clone())?;

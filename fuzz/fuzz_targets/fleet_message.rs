@@ -16,7 +16,7 @@ fn key() -> &'static seal::MessageKey {
 
 fuzz_target!(|payload: &[u8]| {
     let topics = record::Topics::new("roz");
-    let host_topic = topics.host("h1");
+    let host_topic = topics.host("lab", "h1");
     if let Ok(body) = seal::open(key(), &host_topic, payload) {
         let _ = record::parse_record("h1", body.as_bytes());
     }

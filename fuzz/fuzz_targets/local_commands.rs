@@ -37,6 +37,7 @@ fuzz_target!(|data: &[u8]| {
         tools: tools.into(),
         max_output_tokens: 256,
         estimated_input_tokens: None,
+        tool_choice: None,
     };
     let (_, events) = rozd::model::local::respond(&request);
     // Answer the first tool call it made, and ask again.

@@ -81,6 +81,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = rules::eval_bool(&condition, &facts);
     let rule = Rule {
         name: "fuzz".into(),
+        when: text.to_string(),
         condition,
         hold: Duration::from_millis(u64::from(data.len() as u8)),
         cooldown: Duration::from_millis(10),

@@ -25,7 +25,7 @@ pub fn routes() -> Router<Arc<HostContext>> {
 }
 
 fn sim(ctx: &HostContext) -> Option<&SimGpio> {
-    ctx.ooda.gpio().as_sim()
+    ctx.ooda.sim_gpio().map(|chip| &**chip)
 }
 
 /// The answer on real GPIO.

@@ -2,13 +2,13 @@
 
 mod agent;
 mod approvals;
-pub mod auth;
-pub mod browser;
+pub(crate) mod auth;
+pub(crate) mod browser;
 mod cameras;
-pub mod connections;
+pub(crate) mod connections;
 pub mod convert;
 mod embodiment;
-pub mod foxglove;
+pub(crate) mod foxglove;
 mod gpio;
 mod hosts;
 mod metrics;
@@ -18,10 +18,10 @@ pub mod relay;
 mod reply;
 mod rest;
 mod safety;
-pub mod scopes;
+pub(crate) mod scopes;
 mod tasks;
-pub mod tracked;
-pub mod ui;
+pub(crate) mod tracked;
+pub(crate) mod ui;
 
 /// A connection's verified client certificate (a request extension).
 pub use crate::tls::PeerIdentity;
@@ -52,7 +52,7 @@ pub enum ApiError {
 
 /// Builds the one router that serves gRPC and REST, behind authentication.
 /// `live`: the hub the Foxglove clients at `/foxglove` watch through.
-pub async fn router(
+pub(crate) async fn router(
     ctx: Arc<HostContext>,
     live: Arc<crate::live::Hub>,
 ) -> Result<(axum::Router, HealthReporter), ApiError> {
@@ -142,7 +142,7 @@ pub async fn router(
 /// What `[foxglove] listen` serves: `/foxglove` alone (at `/` too, where
 /// `ws://host:8765` lands), behind the same credentials and browser checks
 /// as the server's listener.
-pub fn foxglove_router(ctx: Arc<HostContext>, live: Arc<crate::live::Hub>) -> axum::Router {
+pub(crate) fn foxglove_router(ctx: Arc<HostContext>, live: Arc<crate::live::Hub>) -> axum::Router {
     let allowed_hosts = Arc::new(browser::AllowedHosts::from_config(&ctx.config));
     let credentials = Arc::new(auth::Credentials::from_config(&ctx.config));
     let inner = foxglove::routes(ctx, live)
@@ -188,7 +188,7 @@ pub struct ControlSocket;
 /// GPIO's `GET /v1/gpio`, `POST /v1/gpio/{pin}`, without
 /// bearer tokens (only root and the daemon's group may open the socket) and
 /// without the browser checks (no browser can open a Unix socket).
-pub fn control_router(ctx: Arc<HostContext>) -> axum::Router {
+pub(crate) fn control_router(ctx: Arc<HostContext>) -> axum::Router {
     rest::control_routes()
         .merge(safety::routes())
         .merge(gpio::routes())

@@ -76,7 +76,7 @@ pub fn is_page(path: &str) -> bool {
             .is_some_and(|name| ASSETS.iter().any(|(n, _, _)| *n == name))
 }
 
-pub fn routes() -> Router<Arc<HostContext>> {
+pub(crate) fn routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/ui", get(index))
         .route("/ui/{name}", get(asset))

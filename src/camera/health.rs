@@ -196,6 +196,7 @@ impl CameraState {
         self.last_error = Some(message);
     }
 
+    #[cfg(test)]
     pub fn rejections(&self) -> Rejected {
         self.rejected
     }

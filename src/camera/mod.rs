@@ -14,14 +14,14 @@
 //! - [`replay`]: a recording's camera frames at their recorded times
 //! - [`v4l2`]: USB and CSI cameras through V4L2, hot-pluggable
 
-pub mod config;
+pub(crate) mod config;
 mod files;
-pub mod health;
+pub(crate) mod health;
 mod http;
 pub mod jpeg;
 pub mod mjpeg;
-pub mod replay;
-pub mod sim;
+pub(crate) mod replay;
+pub(crate) mod sim;
 pub mod v4l2;
 
 use parking_lot::Mutex;

@@ -11,7 +11,7 @@ use super::locate::{DOCUMENT, locate_key, locate_span};
 use super::types::{
     FLEET_CREDENTIAL, HostConfig, Invalid, LogConfig, MAX_SOCKET_PATH, NamedClient, NamedToken,
     PermissionRuleConfig, SafetyConfig, Secret, ServerConfig, SessionConfig, StoreConfig,
-    TasksConfig, check_allowed_host_entry, parse_scopes, token_lines, valid_id,
+    TasksConfig, check_allowed_host_entry, parse_scopes, token_lines, valid_id, within,
 };
 use crate::hw::config::{
     ActuatorConfig, GpioConfig, HardwareSpec, MqttConfig, SensorConfig, SerialPortConfig,
@@ -110,99 +110,138 @@ impl fmt::Display for ConfigSource {
 
 // ------------------------------------------------------------------ schema
 
-#[derive(Debug, Clone, Deserialize)]
+/// The file as written: every section, before validation. Private: a
+/// [`Config`] exists only validated, made by [`Config::parse`].
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Config {
+struct RawConfig {
     #[serde(default)]
-    pub host: HostConfig,
+    host: HostConfig,
     #[serde(default)]
-    pub server: ServerConfig,
+    server: ServerConfig,
     #[serde(default)]
-    pub log: LogConfig,
+    log: LogConfig,
     #[serde(default)]
-    pub store: StoreConfig,
+    store: StoreConfig,
     #[serde(default)]
-    pub session: SessionConfig,
+    session: SessionConfig,
     #[serde(default)]
-    pub tasks: TasksConfig,
+    tasks: TasksConfig,
     #[serde(default)]
-    pub permissions: Vec<PermissionRuleConfig>,
+    permissions: Vec<PermissionRuleConfig>,
     /// Who may answer approvals.
     #[serde(default)]
-    pub approvals: super::types::ApprovalsConfig,
+    approvals: super::types::ApprovalsConfig,
     /// What every session is told about the robot.
     #[serde(default)]
-    pub agent: super::types::AgentConfig,
+    agent: super::types::AgentConfig,
     #[serde(default)]
-    pub model: ModelConfig,
+    model: ModelConfig,
     #[serde(default)]
-    pub ooda: OodaConfig,
+    ooda: OodaConfig,
     #[serde(default)]
-    pub safety: SafetyConfig,
+    safety: SafetyConfig,
     #[serde(default)]
-    pub gpio: GpioConfig,
+    gpio: GpioConfig,
     #[serde(default)]
-    pub mqtt: Option<MqttConfig>,
+    mqtt: Option<MqttConfig>,
     #[serde(default)]
-    pub serial: Vec<SerialPortConfig>,
+    serial: Vec<SerialPortConfig>,
     /// `[[modbus]]` links (Modbus TCP servers, RTU lines).
     #[serde(default)]
-    pub modbus: Vec<crate::hw::config::ModbusLinkConfig>,
+    modbus: Vec<crate::hw::config::ModbusLinkConfig>,
     #[serde(default)]
-    pub sensors: Vec<SensorConfig>,
+    sensors: Vec<SensorConfig>,
     #[serde(default)]
-    pub actuators: Vec<ActuatorConfig>,
+    actuators: Vec<ActuatorConfig>,
     #[serde(default)]
-    pub rules: Vec<crate::ooda::rules::RuleConfig>,
+    rules: Vec<crate::ooda::rules::RuleConfig>,
     /// The simulated world that sim sensors with a `quantity` read and sim
     /// actuators with an `input` drive.
     #[serde(default)]
-    pub sim: Option<crate::hw::config::SimWorldConfig>,
+    sim: Option<crate::hw::config::SimWorldConfig>,
     /// The fleet registry's broker; absent: this host alone.
     #[serde(default)]
-    pub fleet: Option<crate::fleet::config::FleetConfig>,
+    fleet: Option<crate::fleet::config::FleetConfig>,
     /// The MCP server at `/mcp`.
     #[serde(default)]
-    pub mcp: crate::mcp::config::McpConfig,
+    mcp: crate::mcp::config::McpConfig,
     /// The Foxglove WebSocket protocol at `/foxglove`.
     #[serde(default)]
-    pub foxglove: crate::live::config::FoxgloveConfig,
+    foxglove: crate::live::config::FoxgloveConfig,
     /// MCAP recordings; absent: nothing is recorded.
     #[serde(default)]
-    pub record: Option<crate::record::config::RecordConfig>,
+    record: Option<crate::record::config::RecordConfig>,
     /// How replayed sensors (`source = "replay"`) play.
     #[serde(default)]
-    pub replay: crate::record::config::ReplayConfig,
+    replay: crate::record::config::ReplayConfig,
     /// `[[cameras]]`: what the host's cameras are and where they read.
     #[serde(default)]
+    cameras: Vec<crate::camera::config::CameraConfig>,
+}
+
+/// The validated configuration: its sections as the file gave them (each
+/// checked), and what validation derived from them (hardware specs, reflex
+/// rules, cameras, credentials, the manual). Made only by [`Config::parse`]
+/// (through [`Config::discover`], [`Config::load_file`], [`Config::builtin`]);
+/// nothing edits it afterwards.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub host: HostConfig,
+    pub server: ServerConfig,
+    pub log: LogConfig,
+    pub store: StoreConfig,
+    pub session: SessionConfig,
+    pub tasks: TasksConfig,
+    pub permissions: Vec<PermissionRuleConfig>,
+    /// Who may answer approvals.
+    pub approvals: super::types::ApprovalsConfig,
+    /// What every session is told about the robot.
+    pub agent: super::types::AgentConfig,
+    pub model: ModelConfig,
+    pub ooda: OodaConfig,
+    pub safety: SafetyConfig,
+    pub gpio: GpioConfig,
+    pub mqtt: Option<MqttConfig>,
+    pub serial: Vec<SerialPortConfig>,
+    /// `[[modbus]]` links (Modbus TCP servers, RTU lines).
+    pub modbus: Vec<crate::hw::config::ModbusLinkConfig>,
+    pub sensors: Vec<SensorConfig>,
+    pub actuators: Vec<ActuatorConfig>,
+    pub rules: Vec<crate::ooda::rules::RuleConfig>,
+    /// The simulated world that sim sensors with a `quantity` read and sim
+    /// actuators with an `input` drive.
+    pub sim: Option<crate::hw::config::SimWorldConfig>,
+    /// The fleet registry's broker; absent: this host alone.
+    pub fleet: Option<crate::fleet::config::FleetConfig>,
+    /// The MCP server at `/mcp`.
+    pub mcp: crate::mcp::config::McpConfig,
+    /// The Foxglove WebSocket protocol at `/foxglove`.
+    pub foxglove: crate::live::config::FoxgloveConfig,
+    /// MCAP recordings; absent: nothing is recorded.
+    pub record: Option<crate::record::config::RecordConfig>,
+    /// How replayed sensors (`source = "replay"`) play.
+    pub replay: crate::record::config::ReplayConfig,
+    /// `[[cameras]]`: what the host's cameras are and where they read.
     pub cameras: Vec<crate::camera::config::CameraConfig>,
     /// The validated cameras.
-    #[serde(skip)]
     pub camera_specs: Vec<crate::camera::config::CameraSpec>,
     /// The validated reflex rules.
-    #[serde(skip)]
     pub reflex_rules: Vec<crate::ooda::rules::Rule>,
     /// The validated hardware sections.
-    #[serde(skip)]
     pub hardware: HardwareSpec,
     /// Tokens read from `server.auth_token_file`, merged with `server.auth_tokens`:
     /// admin tokens, named `auth_tokens[<n>]` in this order.
-    #[serde(skip)]
     pub resolved_tokens: Vec<Secret>,
     /// `[[server.tokens]]` with their secrets read.
-    #[serde(skip)]
     pub named_tokens: Vec<NamedToken>,
     /// `[[server.clients]]` with their scopes parsed.
-    #[serde(skip)]
     pub named_clients: Vec<NamedClient>,
-    #[serde(skip)]
     pub source: Option<ConfigSource>,
     /// The operator's manual, read at load (`[agent] manual_file`, the
     /// default path, or the built-in rover's); absent: none.
-    #[serde(skip)]
     pub manual: Option<crate::session::embodiment::Manual>,
     /// This is the built-in simulated rover, whose manual is built in too.
-    #[serde(skip)]
     pub builtin_manual: bool,
 }
 
@@ -253,6 +292,78 @@ impl OodaConfig {
 }
 
 // ------------------------------------------------------------------ loading
+
+impl RawConfig {
+    /// The sections, with nothing derived yet: what [`Config::check`]
+    /// validates and completes.
+    fn unchecked(self, source: ConfigSource) -> Config {
+        let RawConfig {
+            host,
+            server,
+            log,
+            store,
+            session,
+            tasks,
+            permissions,
+            approvals,
+            agent,
+            model,
+            ooda,
+            safety,
+            gpio,
+            mqtt,
+            serial,
+            modbus,
+            sensors,
+            actuators,
+            rules,
+            sim,
+            fleet,
+            mcp,
+            foxglove,
+            record,
+            replay,
+            cameras,
+        } = self;
+        Config {
+            host,
+            server,
+            log,
+            store,
+            session,
+            tasks,
+            permissions,
+            approvals,
+            agent,
+            model,
+            ooda,
+            safety,
+            gpio,
+            mqtt,
+            serial,
+            modbus,
+            sensors,
+            actuators,
+            rules,
+            sim,
+            fleet,
+            mcp,
+            foxglove,
+            record,
+            replay,
+            cameras,
+            camera_specs: Vec::new(),
+            reflex_rules: Vec::new(),
+            hardware: HardwareSpec::default(),
+            resolved_tokens: Vec::new(),
+            named_tokens: Vec::new(),
+            named_clients: Vec::new(),
+            source: Some(source),
+            manual: None,
+            builtin_manual: false,
+        }
+    }
+}
 
 impl Config {
     /// Finds and loads the configuration: `explicit` (from `--config`) >
@@ -306,7 +417,7 @@ impl Config {
         let mut set_aside: Vec<String> = Vec::new();
         let mut current = text.to_string();
         let parsed = loop {
-            match toml::from_str::<Config>(&current) {
+            match toml::from_str::<RawConfig>(&current) {
                 Ok(config) => break Some(config),
                 Err(e) => {
                     let message = e.message().trim().to_string();
@@ -340,8 +451,8 @@ impl Config {
         };
         // The checks of what was read need all of it: only a file without
         // such errors gets them (each section reports its first error).
-        if let Some(mut config) = parsed.filter(|_| errors.is_empty()) {
-            config.source = Some(source);
+        if let Some(raw) = parsed.filter(|_| errors.is_empty()) {
+            let mut config = raw.unchecked(source);
             let invalid = config.check();
             if invalid.is_empty() {
                 return Ok(config);
@@ -589,49 +700,32 @@ impl Config {
             ));
         }
         // Upper bounds keep `now + period` far from overflowing an Instant.
-        if !(1..=86_400).contains(&self.session.keepalive_secs) {
-            return Err(Invalid::new(
-                "session.keepalive_secs",
-                "must be between 1 and 86400",
-            ));
-        }
-        if self.session.default_tool_timeout_ms == 0 {
-            return Err(Invalid::new(
-                "session.default_tool_timeout_ms",
-                "must be at least 1",
-            ));
-        }
-        if !(1..=86_400).contains(&self.session.approval_timeout_secs) {
-            return Err(Invalid::new(
-                "session.approval_timeout_secs",
-                "must be between 1 and 86400",
-            ));
-        }
-        if self.session.max_cycles == 0 {
-            return Err(Invalid::new("session.max_cycles", "must be at least 1"));
-        }
-        if self.session.default_max_context_tokens < 1024 {
-            return Err(Invalid::new(
-                "session.default_max_context_tokens",
-                "must be at least 1024",
-            ));
-        }
+        within(
+            "session.keepalive_secs",
+            self.session.keepalive_secs,
+            1..=86_400,
+        )?;
+        within(
+            "session.default_tool_timeout_ms",
+            self.session.default_tool_timeout_ms,
+            1..,
+        )?;
+        within(
+            "session.approval_timeout_secs",
+            self.session.approval_timeout_secs,
+            1..=86_400,
+        )?;
+        within("session.max_cycles", self.session.max_cycles, 1..)?;
+        within(
+            "session.default_max_context_tokens",
+            self.session.default_max_context_tokens,
+            1024..,
+        )?;
         let t = &self.tasks;
-        if !(1..=1024).contains(&t.max_concurrent) {
-            return Err(Invalid::new(
-                "tasks.max_concurrent",
-                "must be between 1 and 1024",
-            ));
-        }
-        if t.max_workers > 256 {
-            return Err(Invalid::new("tasks.max_workers", "must be at most 256"));
-        }
-        if !(1..=31_536_000).contains(&t.max_timeout_secs) {
-            return Err(Invalid::new(
-                "tasks.max_timeout_secs",
-                "must be between 1 and 31536000 (a year)",
-            ));
-        }
+        within("tasks.max_concurrent", t.max_concurrent, 1..=1024)?;
+        within("tasks.max_workers", t.max_workers, ..=256)?;
+        within("tasks.max_timeout_secs", t.max_timeout_secs, 1..=31_536_000)
+            .map_err(|e| e.noting("a year"))?;
         if t.default_timeout_secs == 0 || t.default_timeout_secs > t.max_timeout_secs {
             return Err(Invalid::new(
                 "tasks.default_timeout_secs",
@@ -652,18 +746,17 @@ impl Config {
                 ),
             ));
         }
-        if !(1..=1024 * 1024).contains(&self.agent.manual_max_bytes) {
-            return Err(Invalid::new(
-                "agent.manual_max_bytes",
-                "must be between 1 and 1048576 (1 MiB)",
-            ));
-        }
-        if !(256..=100_000).contains(&self.agent.embodiment_max_tokens) {
-            return Err(Invalid::new(
-                "agent.embodiment_max_tokens",
-                "must be between 256 and 100000",
-            ));
-        }
+        within(
+            "agent.manual_max_bytes",
+            self.agent.manual_max_bytes,
+            1..=1024 * 1024,
+        )
+        .map_err(|e| e.noting("1 MiB"))?;
+        within(
+            "agent.embodiment_max_tokens",
+            self.agent.embodiment_max_tokens,
+            256..=100_000,
+        )?;
         for (i, rule) in self.permissions.iter().enumerate() {
             if rule.tool_pattern.trim().is_empty() {
                 return Err(Invalid::new(
@@ -752,61 +845,37 @@ impl Config {
                 "realtime_priority and cpu_affinity apply to the loop's own thread: use timer = \"thread\"",
             ));
         }
-        if self.safety.default_timeout_ms == 0 {
-            return Err(Invalid::new(
-                "safety.default_timeout_ms",
-                "must be at least 1",
-            ));
-        }
+        within(
+            "safety.default_timeout_ms",
+            self.safety.default_timeout_ms,
+            1..,
+        )?;
         Ok(())
     }
 
     /// The connection limits, timeouts, allowed hosts and control socket of `[server]`.
     fn validate_server(&self) -> Result<(), Invalid> {
         let s = &self.server;
-        if !(4..=1_048_576).contains(&s.max_connections) {
-            return Err(Invalid::new(
-                "server.max_connections",
-                "must be between 4 and 1048576",
-            ));
-        }
-        if !(1..=3_600).contains(&s.header_read_timeout_secs) {
-            return Err(Invalid::new(
-                "server.header_read_timeout_secs",
-                "must be between 1 and 3600",
-            ));
-        }
-        if !(1..=86_400).contains(&s.idle_timeout_secs) {
-            return Err(Invalid::new(
-                "server.idle_timeout_secs",
-                "must be between 1 and 86400",
-            ));
-        }
-        if !(1..=65_536).contains(&s.max_concurrent_streams) {
-            return Err(Invalid::new(
-                "server.max_concurrent_streams",
-                "must be between 1 and 65536",
-            ));
-        }
+        within("server.max_connections", s.max_connections, 4..=1_048_576)?;
+        within(
+            "server.header_read_timeout_secs",
+            s.header_read_timeout_secs,
+            1..=3_600,
+        )?;
+        within("server.idle_timeout_secs", s.idle_timeout_secs, 1..=86_400)?;
+        within(
+            "server.max_concurrent_streams",
+            s.max_concurrent_streams,
+            1..=65_536,
+        )?;
         let session = &self.session;
-        if !(1..=65_536).contains(&session.max_sessions) {
-            return Err(Invalid::new(
-                "session.max_sessions",
-                "must be between 1 and 65536",
-            ));
-        }
-        if session.max_session_bytes < 1024 {
-            return Err(Invalid::new(
-                "session.max_session_bytes",
-                "must be at least 1024",
-            ));
-        }
-        if session.max_session_tools == 0 {
-            return Err(Invalid::new(
-                "session.max_session_tools",
-                "must be at least 1",
-            ));
-        }
+        within("session.max_sessions", session.max_sessions, 1..=65_536)?;
+        within(
+            "session.max_session_bytes",
+            session.max_session_bytes,
+            1024..,
+        )?;
+        within("session.max_session_tools", session.max_session_tools, 1..)?;
         if let Some(tls) = &s.tls {
             validate_server_tls(tls)?;
         }
@@ -1050,12 +1119,11 @@ impl Config {
 /// listener can serve (the key belongs to the certificate, the client CAs
 /// are CA certificates).
 fn validate_server_tls(tls: &super::types::ServerTlsConfig) -> Result<(), Invalid> {
-    if !(1..=300).contains(&tls.handshake_timeout_secs) {
-        return Err(Invalid::new(
-            "server.tls.handshake_timeout_secs",
-            "must be between 1 and 300",
-        ));
-    }
+    within(
+        "server.tls.handshake_timeout_secs",
+        tls.handshake_timeout_secs,
+        1..=300,
+    )?;
     if tls.reload_check_secs > 86_400 {
         return Err(Invalid::new(
             "server.tls.reload_check_secs",

@@ -17,12 +17,12 @@
 //! Sub-modules import only `config::types` and `config::broker`, never the
 //! aggregate (the test `sub_modules_do_not_import_the_aggregate` keeps it so).
 
-pub mod broker;
+pub(crate) mod broker;
 mod load;
 mod locate;
 mod scope;
 mod summary;
-pub mod types;
+pub(crate) mod types;
 mod wording;
 
 pub use load::{

@@ -656,3 +656,36 @@ fn every_section_checked_reports_its_error_in_one_run() {
     assert_eq!(lines, sorted, "in line order: {said:?}");
     assert!(said[2].2.contains("nosuch"), "{said:?}");
 }
+
+/// The one bound check words each kind of bound alike, and a value that is
+/// not a number is outside every range.
+#[test]
+fn within_words_each_bound_and_refuses_not_a_number() {
+    use crate::config::types::within;
+    assert!(within("a.b", 5, 1..=10).is_ok());
+    let e = within("a.b", 0, 1..=86_400).unwrap_err();
+    assert_eq!(
+        (e.key.as_str(), e.message.as_str()),
+        ("a.b", "must be between 1 and 86400")
+    );
+    assert_eq!(
+        within("k", 0u32, 1..).unwrap_err().message,
+        "must be at least 1"
+    );
+    assert_eq!(
+        within("k", 300u32, ..=256).unwrap_err().message,
+        "must be at most 256"
+    );
+    assert_eq!(
+        within("k", f64::NAN, 0.1..=1000.0).unwrap_err().message,
+        "must be between 0.1 and 1000"
+    );
+    assert!(within("k", f64::INFINITY, 0.1..=1000.0).is_err());
+    assert_eq!(
+        within("k", 0, 1..=31_536_000)
+            .map_err(|e| e.noting("a year"))
+            .unwrap_err()
+            .message,
+        "must be between 1 and 31536000 (a year)"
+    );
+}

@@ -31,6 +31,36 @@ impl Invalid {
             message: message.into(),
         }
     }
+
+    /// The message with `note` after it, in brackets: what a bound means
+    /// (`"a year"`, `"1 MiB"`).
+    pub fn noting(mut self, note: &str) -> Invalid {
+        self.message = format!("{} ({note})", self.message);
+        self
+    }
+}
+
+/// The one check of a numeric bound: `value` (of `key`) within `range`, or
+/// the error saying which bound it broke, worded alike everywhere
+/// ("must be between 1 and 86400", "must be at least 1", "must be at most
+/// 256").
+pub fn within<T, R>(key: impl Into<String>, value: T, range: R) -> Result<(), Invalid>
+where
+    T: PartialOrd + std::fmt::Display,
+    R: std::ops::RangeBounds<T>,
+{
+    use std::ops::Bound::{Included, Unbounded};
+    if range.contains(&value) {
+        return Ok(());
+    }
+    let message = match (range.start_bound(), range.end_bound()) {
+        (Included(low), Included(high)) => format!("must be between {low} and {high}"),
+        (Included(low), Unbounded) => format!("must be at least {low}"),
+        (Unbounded, Included(high)) => format!("must be at most {high}"),
+        // Exclusive bounds say so in their own words at their call sites.
+        _ => "is out of range".to_string(),
+    };
+    Err(Invalid::new(key, message))
 }
 
 impl fmt::Display for Invalid {
@@ -298,29 +328,8 @@ fn first_env_dir(var: &str) -> Option<PathBuf> {
     (!first.is_empty()).then(|| PathBuf::from(first))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogConfig {
-    pub level: String,
-    pub format: LogFormat,
-}
-
-impl Default for LogConfig {
-    fn default() -> Self {
-        LogConfig {
-            level: "info".to_string(),
-            format: LogFormat::Text,
-        }
-    }
-}
+// `[log]` belongs to the logging module (which imports no configuration).
+pub use crate::logging::{LogConfig, LogFormat};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]

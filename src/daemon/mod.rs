@@ -249,8 +249,10 @@ impl Daemon {
         self.control.as_ref().map(|c| c.path.as_path())
     }
 
-    pub fn context(&self) -> Arc<HostContext> {
-        self.ctx.clone()
+    /// The shared context, for the testing facade (`Daemon::probe`, in
+    /// `testing.rs`, which depends on the daemon and not the reverse).
+    pub(crate) fn context(&self) -> &Arc<HostContext> {
+        &self.ctx
     }
 
     /// Serves until `shutdown` resolves, then drains gracefully.
@@ -481,7 +483,7 @@ async fn start_recorder(config: &Config) -> Result<Arc<crate::record::Recorder>,
 pub async fn run(config: Config) -> Result<(), DaemonError> {
     let daemon = Daemon::bind(config).await?;
     let addr = daemon.local_addr();
-    let ctx = daemon.context();
+    let ctx = daemon.ctx.clone();
     tracing::info!(
         %addr,
         host_id = %ctx.config.host.id,
@@ -555,9 +557,9 @@ async fn reload_on_sighup(
 /// Reads the operator's manual again (from where the configuration said at
 /// start): sessions started from now on are told the new text, open ones
 /// keep theirs. A manual that cannot be read keeps the old one, logged.
-/// What SIGHUP does for the manual (public for the tests of a daemon run
-/// in-process, which installs no signal handlers).
-pub async fn reload_manual(ctx: &Arc<HostContext>) {
+/// What SIGHUP does for the manual (and `Probe::reload_manual` for a
+/// daemon run in-process, which installs no signal handlers).
+pub(crate) async fn reload_manual(ctx: &Arc<HostContext>) {
     let config = ctx.config.clone();
     match tokio::task::spawn_blocking(move || config.read_manual()).await {
         Ok(Ok(manual)) => {

@@ -21,7 +21,7 @@ use crate::ooda::feedback::FeedbackStatus;
 use crate::ooda::metered::ActuatorMetrics;
 use crate::record::Recorder;
 use crate::safety::{StopEvent, StopEventChannel, StopMetrics, StopObserver};
-use crate::store::{AuditRecord, Store, StoreObserver};
+use crate::store::{AuditKind, AuditRecord, Store, StoreObserver};
 
 /// Every core's observers.
 pub(super) struct Composed {
@@ -134,7 +134,7 @@ async fn write_actuator_changes(store: Store, mut changes: mpsc::UnboundedReceiv
         };
         let record = AuditRecord {
             at_ms: now,
-            kind: "actuator".into(),
+            kind: AuditKind::Actuator,
             session_id: event.session_id,
             actuator: Some(event.actuator),
             result: Some(event.value.to_string()),
@@ -172,7 +172,7 @@ fn verdict_record(event: &VerdictEvent, now: i64) -> AuditRecord {
     });
     AuditRecord {
         at_ms: now,
-        kind: "feedback".into(),
+        kind: AuditKind::Feedback,
         session_id: event.session_id.clone(),
         actuator: Some(event.actuator.clone()),
         parameters: Some(serde_json::json!({
@@ -220,7 +220,7 @@ async fn write_stop_changes(store: Store, mut changes: mpsc::UnboundedReceiver<S
                 };
                 // A fleet stop over MQTT has no credential: its signer.
                 (
-                    "protective_stop",
+                    AuditKind::ProtectiveStop,
                     origin,
                     Some(reason),
                     None,
@@ -232,14 +232,14 @@ async fn write_stop_changes(store: Store, mut changes: mpsc::UnboundedReceiver<S
                 source,
                 credential,
             } => (
-                "protective_stop_cleared",
+                AuditKind::ProtectiveStopCleared,
                 by,
                 Some(format!("cleared cause {source}")),
                 None,
                 credential,
             ),
             StopEvent::Restored { causes } => (
-                "protective_stop_restored",
+                AuditKind::ProtectiveStopRestored,
                 "start-up".to_string(),
                 Some(format!(
                     "latched at start-up as before the restart: {}",
@@ -253,7 +253,7 @@ async fn write_stop_changes(store: Store, mut changes: mpsc::UnboundedReceiver<S
                 reason,
                 credential,
             } => (
-                "protective_stop_reason",
+                AuditKind::ProtectiveStopReason,
                 source,
                 Some(reason),
                 None,
@@ -264,7 +264,7 @@ async fn write_stop_changes(store: Store, mut changes: mpsc::UnboundedReceiver<S
                 input,
                 credential,
             } => (
-                "protective_stop_clear_refused",
+                AuditKind::ProtectiveStopClearRefused,
                 by,
                 None,
                 Some(format!("stop input {input} still asserts the stop")),
@@ -273,7 +273,7 @@ async fn write_stop_changes(store: Store, mut changes: mpsc::UnboundedReceiver<S
         };
         let record = crate::store::AuditRecord {
             at_ms: now,
-            kind: kind.into(),
+            kind,
             result,
             error,
             origin: Some(origin),

@@ -45,7 +45,7 @@
 //! broker, and what it ignores); the I/O-free [`view`], [`record`], [`seal`]
 //! and [`stop`]; and [`config`].
 
-pub mod config;
+pub(crate) mod config;
 mod inbox;
 mod lookup;
 mod outbox;
@@ -54,7 +54,7 @@ pub mod record;
 mod registry;
 mod routing;
 pub mod seal;
-pub mod stop;
+pub(crate) mod stop;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
@@ -373,6 +373,6 @@ impl Fleet {
 
 /// Connects this host to the fleet broker (if `[fleet]` is configured):
 /// presence, the view and the fleet stop run until the daemon shuts down.
-pub fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
+pub(crate) fn start(ctx: &Arc<HostContext>) -> Result<(), FleetError> {
     presence::start(ctx)
 }

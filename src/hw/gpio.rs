@@ -31,9 +31,28 @@ pub trait GpioBackend: Send + Sync + fmt::Debug {
     fn name(&self) -> &'static str;
     fn input(&self, pin: u8, pull: Pull) -> Result<Box<dyn GpioInput>, HwError>;
     fn output(&self, pin: u8) -> Result<Box<dyn GpioOutput>, HwError>;
-    /// The simulated chip, when this backend is one (for tests and demos).
-    fn as_sim(&self) -> Option<&SimGpio> {
-        None
+}
+
+/// The backend `[gpio] backend` chose, opened. `sim` is the same chip by its
+/// own type when it is the simulated one, whose inputs the REST API sets to
+/// rehearse (`POST /v1/gpio/{pin}`); real pins are set by the hardware.
+#[derive(Debug, Clone)]
+pub struct OpenedGpio {
+    pub backend: Arc<dyn GpioBackend>,
+    pub sim: Option<Arc<SimGpio>>,
+}
+
+impl OpenedGpio {
+    fn sim() -> OpenedGpio {
+        let chip = Arc::new(SimGpio::default());
+        OpenedGpio {
+            backend: chip.clone(),
+            sim: Some(chip),
+        }
+    }
+
+    fn real(backend: Arc<dyn GpioBackend>) -> OpenedGpio {
+        OpenedGpio { backend, sim: None }
     }
 }
 
@@ -43,12 +62,14 @@ pub fn is_raspberry_pi() -> bool {
 }
 
 /// The backend `[gpio] backend` asks for: `auto` is rppal on a Pi, sim elsewhere.
-pub fn open_backend(choice: GpioBackendChoice) -> Result<Arc<dyn GpioBackend>, HwError> {
+pub fn open_backend(choice: GpioBackendChoice) -> Result<OpenedGpio, HwError> {
     match choice {
-        GpioBackendChoice::Sim => Ok(Arc::new(SimGpio::default())),
-        GpioBackendChoice::Rppal => Ok(Arc::new(RppalGpio::open()?)),
-        GpioBackendChoice::Auto if is_raspberry_pi() => Ok(Arc::new(RppalGpio::open()?)),
-        GpioBackendChoice::Auto => Ok(Arc::new(SimGpio::default())),
+        GpioBackendChoice::Sim => Ok(OpenedGpio::sim()),
+        GpioBackendChoice::Rppal => Ok(OpenedGpio::real(Arc::new(RppalGpio::open()?))),
+        GpioBackendChoice::Auto if is_raspberry_pi() => {
+            Ok(OpenedGpio::real(Arc::new(RppalGpio::open()?)))
+        }
+        GpioBackendChoice::Auto => Ok(OpenedGpio::sim()),
     }
 }
 
@@ -190,9 +211,6 @@ impl GpioBackend for SimGpio {
             pins: self.pins.clone(),
             pin,
         }))
-    }
-    fn as_sim(&self) -> Option<&SimGpio> {
-        Some(self)
     }
 }
 
@@ -453,7 +471,13 @@ mod tests {
                 open_backend(GpioBackendChoice::Rppal),
                 Err(HwError::Unsupported(_))
             ));
-            assert_eq!(open_backend(GpioBackendChoice::Auto).unwrap().name(), "sim");
+            assert_eq!(
+                open_backend(GpioBackendChoice::Auto)
+                    .unwrap()
+                    .backend
+                    .name(),
+                "sim"
+            );
         }
     }
 }

@@ -9,12 +9,12 @@ pub mod modbus;
 pub mod mqtt;
 pub mod mqtt_link;
 pub mod parse;
-pub mod replay;
+pub(crate) mod replay;
 pub mod serial;
 pub mod sim;
-pub mod sim_config;
+pub(crate) mod sim_config;
 pub mod sim_world;
-pub mod system;
+pub(crate) mod system;
 
 use std::fmt;
 use std::future::Future;

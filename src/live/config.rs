@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use crate::config::types::Invalid;
+use crate::config::types::{Invalid, within};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -67,35 +67,11 @@ impl FoxgloveConfig {
 
 /// Checks the section; an error names the key (`foxglove.<key>`) and why.
 pub fn validate(c: &FoxgloveConfig) -> Result<(), Invalid> {
-    if !(1..=1000).contains(&c.max_clients) {
-        return Err(Invalid::new(
-            "foxglove.max_clients",
-            "must be between 1 and 1000",
-        ));
-    }
-    if !(1..=65_536).contains(&c.send_buffer) {
-        return Err(Invalid::new(
-            "foxglove.send_buffer",
-            "must be between 1 and 65536",
-        ));
-    }
-    if !(c.max_hz.is_finite() && (0.1..=1000.0).contains(&c.max_hz)) {
-        return Err(Invalid::new(
-            "foxglove.max_hz",
-            "must be between 0.1 and 1000",
-        ));
-    }
-    if !(1..=65_536).contains(&c.max_message_kb) {
-        return Err(Invalid::new(
-            "foxglove.max_message_kb",
-            "must be between 1 and 65536",
-        ));
-    }
-    if !(1..=3600).contains(&c.send_timeout_secs) {
-        return Err(Invalid::new(
-            "foxglove.send_timeout_secs",
-            "must be between 1 and 3600",
-        ));
-    }
+    within("foxglove.max_clients", c.max_clients, 1..=1000)?;
+    within("foxglove.send_buffer", c.send_buffer, 1..=65_536)?;
+    // Not a number and infinities are outside every range.
+    within("foxglove.max_hz", c.max_hz, 0.1..=1000.0)?;
+    within("foxglove.max_message_kb", c.max_message_kb, 1..=65_536)?;
+    within("foxglove.send_timeout_secs", c.send_timeout_secs, 1..=3600)?;
     Ok(())
 }

@@ -16,8 +16,8 @@
 //! - [`config`]: the `foxglove` section
 //! - [`policy`]: one client's subscriptions and rate limits (pure)
 
-pub mod config;
-pub mod policy;
+pub(crate) mod config;
+pub(crate) mod policy;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -466,7 +466,7 @@ mod tests {
         for i in 0..5 {
             hub.audit(&AuditRecord {
                 at_ms: i,
-                kind: "test".into(),
+                kind: crate::store::AuditKind::Other("test".into()),
                 ..Default::default()
             });
             // The fast client takes each at once.

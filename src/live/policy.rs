@@ -74,10 +74,7 @@ impl Subscriptions {
         self.by_topic.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.by_topic.is_empty()
-    }
-
+    #[cfg(test)]
     pub fn wants(&self, topic: &str) -> bool {
         self.by_topic.contains_key(topic)
     }

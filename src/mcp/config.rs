@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-use crate::config::types::Invalid;
+use crate::config::types::{Invalid, within};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -63,23 +63,8 @@ pub const MAX_MAX_SESSIONS: usize = 10_000;
 
 /// Checks the section; an error names the key (`mcp.<key>`) and why.
 pub fn validate(mcp: &McpConfig) -> Result<(), Invalid> {
-    if !(10..=86_400).contains(&mcp.session_idle_secs) {
-        return Err(Invalid::new(
-            "mcp.session_idle_secs",
-            "must be between 10 and 86400",
-        ));
-    }
-    if !(1..=MAX_MAX_SESSIONS).contains(&mcp.max_sessions) {
-        return Err(Invalid::new(
-            "mcp.max_sessions",
-            format!("must be between 1 and {MAX_MAX_SESSIONS}"),
-        ));
-    }
-    if !(1..=3600).contains(&mcp.keepalive_secs) {
-        return Err(Invalid::new(
-            "mcp.keepalive_secs",
-            "must be between 1 and 3600",
-        ));
-    }
+    within("mcp.session_idle_secs", mcp.session_idle_secs, 10..=86_400)?;
+    within("mcp.max_sessions", mcp.max_sessions, 1..=MAX_MAX_SESSIONS)?;
+    within("mcp.keepalive_secs", mcp.keepalive_secs, 1..=3600)?;
     Ok(())
 }

@@ -40,7 +40,7 @@ use crate::api::auth::Caller;
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// JSON-RPC's error codes, and the server-defined ones rozd answers.
-pub mod code {
+pub(crate) mod code {
     /// The body is not JSON (or nested too deep for the parser).
     pub const PARSE_ERROR: i64 = -32700;
     /// JSON, but not a JSON-RPC message; or a body too large.

@@ -15,10 +15,10 @@
 //! `rozd mcp`, the stdio server that relays to `/mcp`, is a command-line
 //! client: [`crate::cli::mcp`].
 
-pub mod config;
-pub mod gate;
-pub mod server;
-pub mod sessions;
+pub(crate) mod config;
+pub(crate) mod gate;
+pub(crate) mod server;
+pub(crate) mod sessions;
 
 use std::sync::Arc;
 

@@ -71,7 +71,7 @@ const MAX_CLIENT_NAME: usize = 64;
 /// sessions behind [`super::gate`] (bodies, the session cap, ownership),
 /// its Host and Origin allow-lists taken from the browser checks (`hosts`:
 /// `None` allows any host), and its streams ended at shutdown.
-pub fn router(ctx: Arc<HostContext>, hosts: Option<Vec<String>>) -> axum::Router {
+pub(crate) fn router(ctx: Arc<HostContext>, hosts: Option<Vec<String>>) -> axum::Router {
     let mcp = &ctx.config.mcp;
     let local = {
         let mut local = LocalSessionManager::default();

@@ -287,10 +287,6 @@ impl Table {
         });
         views
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
 }
 
 /// The open MCP sessions.
@@ -736,7 +732,7 @@ mod tests {
             !table.seat(reservation, "late", t0),
             "a released seat seats nothing"
         );
-        assert!(table.is_empty());
+        assert_eq!(table.len(), 0);
         let Admission::Seated { reservation, .. } = table.admit(&who("a")) else {
             panic!("free again")
         };

@@ -4,15 +4,15 @@
 //! OpenAI-compatible Chat Completions servers ([`openai`]). Nothing here
 //! knows gRPC.
 
-pub mod anthropic;
-pub mod check;
-pub mod config;
+pub(crate) mod anthropic;
+pub(crate) mod check;
+pub(crate) mod config;
 pub mod decode;
 mod http;
 pub mod local;
-pub mod openai;
+pub(crate) mod openai;
 pub mod sse;
-pub mod tokens;
+pub(crate) mod tokens;
 
 use std::fmt;
 use std::sync::Arc;

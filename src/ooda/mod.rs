@@ -6,10 +6,10 @@
 pub mod act;
 pub(crate) mod admission;
 pub mod feedback;
-pub mod metered;
+pub(crate) mod metered;
 pub mod orient;
 pub mod rules;
-pub mod stats;
+pub(crate) mod stats;
 mod tick;
 pub mod timer;
 pub mod world;
@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::hw::config::{ActuatorTarget, HardwareSpec, SensorSource};
-use crate::hw::gpio::{self, GpioActuator, GpioBackend};
+use crate::hw::gpio::{self, GpioActuator, GpioBackend, SimGpio};
 use crate::hw::modbus::{LinkEvent, ModbusActuator, ModbusLinks};
 use crate::hw::mqtt::{Mqtt, MqttActuator};
 use crate::hw::serial::{SerialActuator, SerialPortHandle, SerialPorts};
@@ -196,6 +196,8 @@ pub struct Ooda {
     rule_status: watch::Sender<Vec<rules::RuleStatus>>,
     tick_history: Mutex<stats::TickHistory>,
     gpio: Arc<dyn GpioBackend>,
+    /// The GPIO chip when it is the simulated one (see [`gpio::OpenedGpio`]).
+    sim_gpio: Option<Arc<SimGpio>>,
     sim_actuators: HashMap<String, Arc<SimActuator>>,
     sim: Option<SimLoop>,
     serial: SerialPorts,
@@ -262,7 +264,10 @@ impl Ooda {
         protective_stop: ProtectiveStop,
         observers: LoopObservers,
     ) -> Result<Arc<Ooda>, OodaError> {
-        let gpio = gpio::open_backend(hardware.gpio_backend).map_err(OodaError::Gpio)?;
+        let gpio::OpenedGpio {
+            backend: gpio,
+            sim: sim_gpio,
+        } = gpio::open_backend(hardware.gpio_backend).map_err(OodaError::Gpio)?;
         let world = Arc::new(World::new(hardware.sensors.clone(), observers.sensors));
         let shutdown = CancellationToken::new();
         let readings: Arc<dyn Readings> = world.clone();
@@ -478,6 +483,7 @@ impl Ooda {
             runtime: tokio::runtime::Handle::current(),
             tick_history: Mutex::new(stats::TickHistory::default()),
             gpio,
+            sim_gpio,
             sim_actuators,
             sim,
             serial,
@@ -518,12 +524,16 @@ impl Ooda {
     pub fn gpio(&self) -> &Arc<dyn GpioBackend> {
         &self.gpio
     }
+    /// The simulated GPIO chip, when `[gpio] backend` chose it.
+    pub fn sim_gpio(&self) -> Option<&Arc<SimGpio>> {
+        self.sim_gpio.as_ref()
+    }
     /// The MQTT client, when `[mqtt]` is configured.
     pub fn mqtt(&self) -> Option<&Mqtt> {
         self.mqtt.as_ref()
     }
     /// A simulated actuator's driver (what it was actually told).
-    pub fn sim_actuator(&self, name: &str) -> Option<Arc<SimActuator>> {
+    pub(crate) fn sim_actuator(&self, name: &str) -> Option<Arc<SimActuator>> {
         self.sim_actuators.get(name).cloned()
     }
     /// The simulated world's rover now, when the host runs a world.

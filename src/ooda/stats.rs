@@ -71,10 +71,6 @@ impl TickHistory {
         }
     }
 
-    pub fn ticks(&self) -> u64 {
-        self.ticks
-    }
-
     pub fn stats(&self, tick_hz: f64, timer: &'static str, realtime: RealtimeView) -> LoopStats {
         let late = sorted(&self.late);
         let exec = sorted(&self.exec);

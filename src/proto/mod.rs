@@ -6,7 +6,7 @@
 
 tonic::include_proto!("roz.v1");
 
-pub mod json;
+pub(crate) mod json;
 
 /// Encoded `FileDescriptorSet` of `proto/`, served by reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

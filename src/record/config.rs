@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::config::types::Invalid;
+use crate::config::types::{Invalid, within};
 use crate::hw::config::{ActuatorTarget, HardwareSpec, SensorSource};
 
 /// The streams a recording can hold, by their `streams` name.
@@ -160,18 +160,14 @@ pub fn validate(record: &RecordConfig) -> Result<(), Invalid> {
             ));
         }
     }
-    if !(16..=4 * 1024 * 1024).contains(&record.max_file_kb) {
-        return Err(Invalid::new(
-            "record.max_file_kb",
-            "must be between 16 and 4194304 (4 GiB)",
-        ));
-    }
-    if !(1..=7 * 86_400).contains(&record.max_file_secs) {
-        return Err(Invalid::new(
-            "record.max_file_secs",
-            "must be between 1 and 604800 (a week)",
-        ));
-    }
+    within(
+        "record.max_file_kb",
+        record.max_file_kb,
+        16..=4 * 1024 * 1024,
+    )
+    .map_err(|e| e.noting("4 GiB"))?;
+    within("record.max_file_secs", record.max_file_secs, 1..=7 * 86_400)
+        .map_err(|e| e.noting("a week"))?;
     if record.max_total_mb != 0 && record.max_total_mb * 1024 < record.max_file_kb {
         return Err(Invalid::new(
             "record.max_total_mb",
@@ -212,18 +208,8 @@ pub fn validate(record: &RecordConfig) -> Result<(), Invalid> {
             format!("{hz} is outside 0 < camera_hz <= 30"),
         ));
     }
-    if !(16..=1_048_576).contains(&record.queue) {
-        return Err(Invalid::new(
-            "record.queue",
-            "must be between 16 and 1048576",
-        ));
-    }
-    if !(10..=60_000).contains(&record.flush_ms) {
-        return Err(Invalid::new(
-            "record.flush_ms",
-            "must be between 10 and 60000",
-        ));
-    }
+    within("record.queue", record.queue, 16..=1_048_576)?;
+    within("record.flush_ms", record.flush_ms, 10..=60_000)?;
     Ok(())
 }
 

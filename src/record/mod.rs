@@ -14,10 +14,10 @@
 //! - [`files`]: names, listing, safe resolution, retention, crash recovery
 //! - [`read`]: reading files back (info, replay tracks); a leaf
 
-pub mod config;
+pub(crate) mod config;
 pub mod files;
 pub mod read;
-pub mod schema;
+pub(crate) mod schema;
 mod writer;
 
 use parking_lot::Mutex;

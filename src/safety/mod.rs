@@ -23,10 +23,10 @@
 //! a crash or a watchdog kill brings rozd back up latched.
 
 pub mod inputs;
-pub mod latch;
-pub mod persist;
+pub(crate) mod latch;
+pub(crate) mod persist;
 mod source;
-pub mod status;
+pub(crate) mod status;
 
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::Arc;

@@ -52,7 +52,7 @@ pub struct InputStatus {
 }
 
 /// The safety state now.
-pub fn status(ctx: &HostContext) -> SafetyStatus {
+pub(crate) fn status(ctx: &HostContext) -> SafetyStatus {
     let latch = ctx.ooda.protective_stop();
     let state = latch.state();
     let stop = state.first().cloned();

@@ -5,7 +5,7 @@
 //! Sizes are estimates ([`crate::model::tokens`]) scaled by a factor learnt
 //! from the provider's reported usage, so they track the real tokenizer.
 
-use crate::model::{self, Block, Message, ModelRequest, Role};
+use crate::model::{self, Block, Message, Role};
 
 /// Tool results at most this big (estimated tokens) are not worth eliding.
 const ELIDE_MIN_TOKENS: u32 = 32;
@@ -49,11 +49,6 @@ impl Default for ContextMeter {
 }
 
 impl ContextMeter {
-    /// Tokens of a whole request.
-    pub fn tokens(&self, request: &ModelRequest) -> u32 {
-        self.scaled(request.input_tokens())
-    }
-
     /// An estimate in real tokens.
     pub fn scaled(&self, estimate: u32) -> u32 {
         let v = (f64::from(estimate) * self.scale).ceil();

@@ -20,7 +20,7 @@ use super::turn::HostAccess;
 use super::{ErrorCode, SessionError};
 use crate::clock::now_ms;
 use crate::config::types::{Policy, ToolCategory};
-use crate::store::AuditRecord;
+use crate::store::{AuditKind, AuditRecord};
 use crate::tools::ToolError;
 
 /// What differs between the callers of a host tool.
@@ -478,7 +478,7 @@ fn audit_record(
     let ended = now_ms();
     AuditRecord {
         at_ms: ended,
-        kind: "tool_call".into(),
+        kind: AuditKind::ToolCall,
         session_id: Some(host.session_id.clone()),
         tool_call_id: Some(id.to_string()),
         tool: Some(tool.to_string()),
@@ -511,7 +511,7 @@ pub fn own_approval_refused(
 ) -> AuditRecord {
     AuditRecord {
         at_ms: now_ms(),
-        kind: "approval".into(),
+        kind: AuditKind::Approval,
         session_id: Some(session_id.to_string()),
         tool_call_id: Some(tool_call_id.to_string()),
         tool: Some(tool.to_string()),

@@ -5,19 +5,19 @@
 //! session's data and rules live in [`state`], a turn's model/tool loop in
 //! [`turn`].
 
-pub mod approvals;
-pub mod context;
-pub mod embodiment;
-pub mod host_call;
-pub mod permissions;
+pub(crate) mod approvals;
+pub(crate) mod context;
+pub(crate) mod embodiment;
+pub(crate) mod host_call;
+pub(crate) mod permissions;
 mod record;
 mod registry;
 mod running;
-pub mod schema;
-pub mod state;
-pub mod tools;
-pub mod turn;
-pub mod types;
+pub(crate) mod schema;
+pub(crate) mod state;
+pub(crate) mod tools;
+pub(crate) mod turn;
+pub(crate) mod types;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,7 +130,7 @@ struct Gone;
 ///
 /// `credential`: who opened the stream (a token's name or certificate
 /// subject), for the audit of its physical calls.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<HostContext>,
     inbound: SessionInput,
     out: mpsc::Sender<ServerEvent>,

@@ -34,6 +34,7 @@ pub struct SessionLimits {
 
 impl SessionLimits {
     /// No bound (unit tests of other rules).
+    #[cfg(test)]
     pub const NONE: SessionLimits = SessionLimits {
         max_bytes: u64::MAX,
         max_tools: u32::MAX,

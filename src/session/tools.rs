@@ -161,10 +161,6 @@ impl ToolRegistry {
             .map(|t| super::state::tool_bytes(&t.spec))
             .sum()
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.tools.is_empty()
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

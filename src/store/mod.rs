@@ -186,13 +186,107 @@ pub enum AuditOrder {
     NewestFirst,
 }
 
+/// What an audit row records. Stored, served and recorded as its
+/// [`AuditKind::as_str`] spelling (`GET /v1/audit`'s `kind`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AuditKind {
+    /// A PHYSICAL tool call.
+    #[default]
+    ToolCall,
+    /// An actuator change: a command, a hold's expiry, a drive to safe.
+    Actuator,
+    /// A verdict of an actuator's feedback.
+    Feedback,
+    /// An approval answer refused (`[approvals] require_other_credential`).
+    Approval,
+    /// A cause added to the protective stop.
+    ProtectiveStop,
+    /// A cause removed from the protective stop.
+    ProtectiveStopCleared,
+    /// A clear refused because a stop input still asserts the stop.
+    ProtectiveStopClearRefused,
+    /// The stop latched again at start-up, as before the restart.
+    ProtectiveStopRestored,
+    /// A stop that latched before its body arrived got its reason.
+    ProtectiveStopReason,
+    /// A kind this version does not write (a row of another version of
+    /// rozd), kept as it was written rather than failing the read.
+    Other(String),
+}
+
+impl AuditKind {
+    pub fn as_str(&self) -> &str {
+        match self {
+            AuditKind::ToolCall => "tool_call",
+            AuditKind::Actuator => "actuator",
+            AuditKind::Feedback => "feedback",
+            AuditKind::Approval => "approval",
+            AuditKind::ProtectiveStop => "protective_stop",
+            AuditKind::ProtectiveStopCleared => "protective_stop_cleared",
+            AuditKind::ProtectiveStopClearRefused => "protective_stop_clear_refused",
+            AuditKind::ProtectiveStopRestored => "protective_stop_restored",
+            AuditKind::ProtectiveStopReason => "protective_stop_reason",
+            AuditKind::Other(kind) => kind,
+        }
+    }
+
+    /// The kind spelled `text` (as [`AuditKind::as_str`] writes it).
+    pub fn parse(text: &str) -> AuditKind {
+        [
+            AuditKind::ToolCall,
+            AuditKind::Actuator,
+            AuditKind::Feedback,
+            AuditKind::Approval,
+            AuditKind::ProtectiveStop,
+            AuditKind::ProtectiveStopCleared,
+            AuditKind::ProtectiveStopClearRefused,
+            AuditKind::ProtectiveStopRestored,
+            AuditKind::ProtectiveStopReason,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == text)
+        .unwrap_or_else(|| AuditKind::Other(text.to_string()))
+    }
+}
+
+impl std::fmt::Display for AuditKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for AuditKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for AuditKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl rusqlite::types::ToSql for AuditKind {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(self.as_str().into())
+    }
+}
+
+impl rusqlite::types::FromSql for AuditKind {
+    fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        value.as_str().map(AuditKind::parse)
+    }
+}
+
 /// One audited physical action: a PHYSICAL tool call (`kind = "tool_call"`)
-/// or an actuator change (`kind = "actuator"`: commands, safe-state drives).
+/// or an actuator change (`kind = "actuator"`: commands, safe-state drives),
+/// and the other [`AuditKind`]s.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct AuditRecord {
     pub id: i64,
     pub at_ms: i64,
-    pub kind: String,
+    pub kind: AuditKind,
     pub session_id: Option<String>,
     pub tool_call_id: Option<String>,
     pub tool: Option<String>,
@@ -770,7 +864,7 @@ mod tests {
         let mut full = None;
         for i in 0..64 {
             let record = AuditRecord {
-                kind: "tool_call".into(),
+                kind: AuditKind::ToolCall,
                 tool: Some(format!("fill {i}")),
                 result: Some(big.clone()),
                 ..Default::default()
@@ -799,7 +893,7 @@ mod tests {
             .audit_finish(
                 id,
                 AuditRecord {
-                    kind: "tool_call".into(),
+                    kind: AuditKind::ToolCall,
                     result: Some("done".into()),
                     ..Default::default()
                 },
@@ -810,6 +904,82 @@ mod tests {
         let rows = store.audit_records(None, None, 1000).await.unwrap();
         let last = rows.last().unwrap();
         assert_eq!((last.id, last.result.as_deref()), (id, Some("done")));
+    }
+
+    /// Every kind is stored as its spelling and read back as itself; a
+    /// kind this version does not know (another version's row) reads as
+    /// written instead of failing the read.
+    #[tokio::test]
+    async fn audit_kinds_are_stored_as_their_spelling_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rozd.db");
+        let store = Store::open(&path, Default::default()).unwrap();
+        let kinds = [
+            AuditKind::ToolCall,
+            AuditKind::Actuator,
+            AuditKind::Feedback,
+            AuditKind::Approval,
+            AuditKind::ProtectiveStop,
+            AuditKind::ProtectiveStopCleared,
+            AuditKind::ProtectiveStopClearRefused,
+            AuditKind::ProtectiveStopRestored,
+            AuditKind::ProtectiveStopReason,
+        ];
+        for kind in &kinds {
+            let record = AuditRecord {
+                kind: kind.clone(),
+                ..Default::default()
+            };
+            store.audit(record).await.unwrap();
+        }
+        store
+            .with_write("audit", |c| {
+                c.execute(
+                    "INSERT INTO audit (at_ms, kind) VALUES (1, 'from_a_later_rozd')",
+                    [],
+                )
+                .map(drop)
+            })
+            .await
+            .unwrap();
+        let rows = store.audit_records(None, None, 100).await.unwrap();
+        let read: Vec<AuditKind> = rows.iter().map(|r| r.kind.clone()).collect();
+        let mut expected = kinds.to_vec();
+        expected.push(AuditKind::Other("from_a_later_rozd".into()));
+        assert_eq!(read, expected);
+        let spelled: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                serde_json::to_value(r).unwrap()["kind"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            spelled,
+            [
+                "tool_call",
+                "actuator",
+                "feedback",
+                "approval",
+                "protective_stop",
+                "protective_stop_cleared",
+                "protective_stop_clear_refused",
+                "protective_stop_restored",
+                "protective_stop_reason",
+                "from_a_later_rozd"
+            ]
+        );
+        let raw: Vec<String> = store
+            .with_conn(|c| {
+                let mut stmt = c.prepare("SELECT kind FROM audit ORDER BY id")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                rows.collect()
+            })
+            .await
+            .unwrap();
+        assert_eq!(raw, spelled);
     }
 
     /// A store written before `approved_by` existed (schema 4) opens, its
@@ -835,7 +1005,7 @@ mod tests {
         store
             .audit(AuditRecord {
                 at_ms: 2,
-                kind: "tool_call".into(),
+                kind: AuditKind::ToolCall,
                 decision: Some("approved".into()),
                 credential: Some("alice".into()),
                 approved_by: Some("bob".into()),
@@ -866,7 +1036,7 @@ mod tests {
             store
                 .audit(AuditRecord {
                     at_ms,
-                    kind: "actuator".into(),
+                    kind: AuditKind::Actuator,
                     session_id: Some(if at_ms % 2 == 0 { "even" } else { "odd" }.into()),
                     ..Default::default()
                 })

@@ -198,7 +198,7 @@ mod tests {
         store
             .audit(AuditRecord {
                 at_ms: now_ms(),
-                kind: "actuator".into(),
+                kind: crate::store::AuditKind::Actuator,
                 ..Default::default()
             })
             .await

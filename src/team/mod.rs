@@ -11,8 +11,8 @@
 //! - [`worker`]: one worker's turn and the driver that answers for it
 
 mod live;
-pub mod state;
-pub mod worker;
+pub(crate) mod state;
+pub(crate) mod worker;
 
 pub use live::LiveTask;
 use live::lock;
@@ -235,7 +235,7 @@ fn check_task_id(ctx: &HostContext, id: &str) -> Result<(), TaskError> {
 }
 
 /// Creates and starts a task.
-pub async fn create(ctx: &Arc<HostContext>, new: NewTask) -> Result<TaskView, TaskError> {
+pub(crate) async fn create(ctx: &Arc<HostContext>, new: NewTask) -> Result<TaskView, TaskError> {
     let config = &ctx.config;
     let prompt = new.prompt.trim().to_string();
     if prompt.is_empty() {
@@ -481,19 +481,23 @@ fn view(ctx: &HostContext, row: TaskRow) -> TaskView {
     }
 }
 
-pub async fn get(ctx: &HostContext, id: &str) -> Result<TaskView, TaskError> {
+pub(crate) async fn get(ctx: &HostContext, id: &str) -> Result<TaskView, TaskError> {
     let row = load_row(ctx, id).await?;
     Ok(view(ctx, row))
 }
 
 /// Tasks, newest first.
-pub async fn list(ctx: &HostContext, limit: u32, offset: u32) -> Result<Vec<TaskView>, TaskError> {
+pub(crate) async fn list(
+    ctx: &HostContext,
+    limit: u32,
+    offset: u32,
+) -> Result<Vec<TaskView>, TaskError> {
     let rows = ctx.store.tasks(limit, offset).await?;
     Ok(rows.into_iter().map(|r| view(ctx, r)).collect())
 }
 
 /// Stops a running task; its workers exit and their actuators go safe.
-pub async fn cancel(ctx: &HostContext, id: &str) -> Result<(), TaskError> {
+pub(crate) async fn cancel(ctx: &HostContext, id: &str) -> Result<(), TaskError> {
     let row = load_row(ctx, id).await?;
     match ctx.tasks.get(id) {
         Some(task) => {
@@ -530,7 +534,7 @@ impl AnsweredVia {
 /// `approvals.require_other_credential`, the credential that created the
 /// task may deny its calls but not approve them (refused and audited; the
 /// call keeps waiting).
-pub async fn approve(
+pub(crate) async fn approve(
     ctx: &HostContext,
     task_id: &str,
     tool_call_id: &str,
@@ -606,7 +610,7 @@ pub enum Follow {
 /// Follows a task's log from its start: every stored entry in order, then
 /// new ones as they are written, until the task has finished and every
 /// entry is delivered. The task must exist (checked before streaming).
-pub async fn follow(
+pub(crate) async fn follow(
     ctx: Arc<HostContext>,
     task_id: String,
     which: Follow,

@@ -111,7 +111,7 @@ fn system_prompt(ctx: &HostContext, task: &LiveTask, plan: &WorkerPlan) -> Strin
 
 /// Runs one worker to its end. Its actuators are back at their safe values
 /// (those it still held) when this returns.
-pub async fn run(ctx: Arc<HostContext>, task: Arc<LiveTask>, plan: WorkerPlan) -> WorkerEnd {
+pub(crate) async fn run(ctx: Arc<HostContext>, task: Arc<LiveTask>, plan: WorkerPlan) -> WorkerEnd {
     let end = drive(&ctx, &task, &plan).await;
     let origin = Origin::Session(plan.worker_id.clone());
     let released = ctx

@@ -6,7 +6,7 @@
 
 pub mod client;
 pub mod server;
-pub mod x509;
+pub(crate) mod x509;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

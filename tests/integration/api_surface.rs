@@ -66,25 +66,22 @@ async fn shutdown_closes_open_session_streams() {
     let mut client = daemon.agent().await;
     let mut session = Session::open(&mut client).await;
     session.start(proto::StartSession::default()).await;
-    let ctx = daemon.ctx.clone();
-    assert_eq!(ctx.sessions.active(), 1);
+    let ctx = daemon.host.clone();
+    assert_eq!(ctx.sessions().active(), 1);
     let shutdown = tokio::spawn(daemon.shutdown());
     session.closed().await.expect("stream ends cleanly");
     shutdown.await.unwrap();
-    assert_eq!(ctx.sessions.active(), 0);
+    assert_eq!(ctx.sessions().active(), 0);
 }
 
 /// A stream that has not started a session yet ends at shutdown too: it
 /// does not hold the daemon for the whole grace period.
 #[tokio::test]
 async fn shutdown_closes_a_stream_that_has_not_started_a_session() {
-    let daemon = TestDaemon::start_server(
-        "shutdown_grace_secs = 600",
-        "",
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await;
+    let daemon = TestDaemon::setup("")
+        .server("shutdown_grace_secs = 600")
+        .start()
+        .await;
     let mut client = daemon.agent().await;
     let mut session = Session::open(&mut client).await;
     session.send(Req::Ping(proto::Ping {})).await;

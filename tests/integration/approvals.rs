@@ -53,13 +53,11 @@ async fn robot(dir: &std::path::Path, extra: &str) -> TestDaemon {
         alice = file("alice.token", ALICE),
         bob = file("bob.token", BOB),
     );
-    TestDaemon::start_server(
-        &server,
-        &format!("{ROBOT}\n{extra}"),
-        |c| c.server.http2_keepalive_secs = 0,
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    TestDaemon::setup(&format!("{ROBOT}\n{extra}"))
+        .server(&server)
+        .paused_clock()
+        .start()
+        .await
 }
 
 const RULE: &str = "[approvals]\nrequire_other_credential = true\n";
@@ -297,7 +295,7 @@ async fn with_require_other_credential_an_mcp_caller_cannot_approve_its_own_call
         "{refused:?}"
     );
     assert_eq!(
-        daemon.ctx.ooda.actuators().value("arm"),
+        daemon.host.ooda().actuators().value("arm"),
         Some(0.0),
         "nothing moved"
     );
@@ -485,7 +483,7 @@ async fn with_require_other_credential_a_tasks_creator_cannot_approve_its_calls(
         "{rows:?}"
     );
     assert_eq!(rows[1]["origin"], "ApproveToolUse", "{rows:?}");
-    assert_eq!(daemon.ctx.ooda.actuators().value("lamp"), Some(0.0));
+    assert_eq!(daemon.host.ooda().actuators().value("lamp"), Some(0.0));
     // Bob approves over gRPC.
     let after = TaskServiceClient::with_interceptor(daemon.channel().await, Token(BOB))
         .approve_tool_use(proto::ApproveToolUseRequest {
@@ -572,7 +570,7 @@ async fn a_sessions_call_names_its_stream_credential_as_approver() {
     let id = lamp_call(&mut session).await;
     decide(&session, &id, true).await;
     errors_until_complete(&mut session).await;
-    assert_eq!(daemon.ctx.ooda.actuators().value("lamp"), Some(1.0));
+    assert_eq!(daemon.host.ooda().actuators().value("lamp"), Some(1.0));
     let rows = rows_of(&daemon, "tool_call", &id).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(
@@ -615,7 +613,7 @@ async fn with_require_other_credential_a_session_cannot_approve_its_own_call() {
         (1, &json!("alice"), &json!("PermissionDecision")),
         "{rows:?}"
     );
-    assert_eq!(daemon.ctx.ooda.actuators().value("lamp"), Some(0.0));
+    assert_eq!(daemon.host.ooda().actuators().value("lamp"), Some(0.0));
     // Still waiting: its own client may deny it.
     decide(&session, &id, false).await;
     errors_until_complete(&mut session).await;
@@ -625,7 +623,7 @@ async fn with_require_other_credential_a_session_cannot_approve_its_own_call() {
         (&json!("denied"), &json!("alice")),
         "{rows:?}"
     );
-    assert_eq!(daemon.ctx.ooda.actuators().value("lamp"), Some(0.0));
+    assert_eq!(daemon.host.ooda().actuators().value("lamp"), Some(0.0));
     daemon.shutdown().await;
 }
 
@@ -701,7 +699,7 @@ async fn an_operator_answers_a_sessions_call_at_v1_approvals_and_the_first_answe
     let (status, body) = answer_mcp(&daemon, BOB, &id, true).await;
     assert_eq!(status, 200, "{body}");
     errors_until_complete(&mut session).await;
-    assert_eq!(daemon.ctx.ooda.actuators().value("lamp"), Some(1.0));
+    assert_eq!(daemon.host.ooda().actuators().value("lamp"), Some(1.0));
     let (status, body) = answer_mcp(&daemon, BOB, &id, false).await;
     assert_eq!(status, 404, "answered once: {body}");
     let rows = rows_of(&daemon, "tool_call", &id).await;
@@ -771,11 +769,11 @@ async fn with_require_other_credential_a_session_cannot_approve_its_own_call_at_
         (1, &json!("POST /v1/approvals")),
         "{refused:?}"
     );
-    assert_eq!(daemon.ctx.ooda.actuators().value("lamp"), Some(0.0));
+    assert_eq!(daemon.host.ooda().actuators().value("lamp"), Some(0.0));
     let (status, body) = answer_mcp(&daemon, BOB, &id, true).await;
     assert_eq!(status, 200, "{body}");
     errors_until_complete(&mut session).await;
-    assert_eq!(daemon.ctx.ooda.actuators().value("lamp"), Some(1.0));
+    assert_eq!(daemon.host.ooda().actuators().value("lamp"), Some(1.0));
     daemon.shutdown().await;
 }
 
@@ -886,10 +884,7 @@ async fn rozd_approvals_lists_and_answers_a_sessions_call() {
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.starts_with("approved lamp"), "{out}");
     assert!(errors_until_complete(&mut session).await.is_empty());
-    assert_eq!(
-        daemon.ctx.ooda.sim_actuator("lamp").unwrap().value(),
-        Some(1.0)
-    );
+    assert_eq!(daemon.host.sim_actuator("lamp").unwrap().value(), Some(1.0));
     let row = rows_of(&daemon, "tool_call", &id).await;
     assert_eq!(row.last().unwrap()["approved_by"], "bob", "{row:?}");
 

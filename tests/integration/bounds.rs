@@ -10,13 +10,11 @@ use rozd::api::proto::session_request::Request as Req;
 use rozd::api::proto::session_response::Response as Resp;
 
 async fn daemon(session: &str, server: &str) -> TestDaemon {
-    TestDaemon::start_server(
-        server,
-        &format!("[session]\n{session}\n"),
-        |c| c.server.http2_keepalive_secs = 0,
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    TestDaemon::setup(&format!("[session]\n{session}\n"))
+        .server(server)
+        .paused_clock()
+        .start()
+        .await
 }
 
 async fn open(daemon: &TestDaemon) -> Session {

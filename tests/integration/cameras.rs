@@ -440,8 +440,8 @@ async fn a_recording_holds_camera_frames_foxglove_and_pillow_read() {
         loop {
             every.tick().await;
             if daemon
-                .ctx
-                .recorder
+                .host
+                .recorder()
                 .counts()
                 .is_some_and(|(written, _, _)| written >= 3)
             {
@@ -562,8 +562,8 @@ async fn record_files_camera(directory: &Path, records: &Path, frames: u64) -> s
         loop {
             every.tick().await;
             if daemon
-                .ctx
-                .recorder
+                .host
+                .recorder()
                 .counts()
                 .is_some_and(|(written, _, _)| written >= frames)
             {

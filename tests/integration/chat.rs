@@ -332,7 +332,7 @@ unit = "degC"
 "#,
     )
     .await;
-    let host = daemon.ctx.config.host.id.clone();
+    let host = daemon.host.config().host.id.clone();
     let addr = daemon.addr.to_string();
     let quiet = ChatProcess::spawn(&addr, &["--prompt", "status", "--host-id", &host])
         .finish()

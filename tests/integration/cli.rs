@@ -492,7 +492,7 @@ safe_value = 0.0
     )
     .await;
     // The alarm has been evaluated once the Observation says so.
-    let mut observations = daemon.ctx.ooda.subscribe();
+    let mut observations = daemon.host.ooda().subscribe();
     tokio::time::timeout(
         crate::common::EXPECT_WITHIN,
         observations.wait_for(|o| {
@@ -569,11 +569,11 @@ async fn audit_order_desc_lists_the_newest_rows_first() {
     let daemon = crate::common::TestDaemon::start("").await;
     for at_ms in 1..=4 {
         daemon
-            .ctx
-            .store
+            .host
+            .store()
             .audit(rozd::store::AuditRecord {
                 at_ms,
-                kind: "actuator".into(),
+                kind: rozd::store::AuditKind::Actuator,
                 result: Some(format!("row {at_ms}")),
                 ..Default::default()
             })

@@ -134,13 +134,10 @@ fn target_dir() -> PathBuf {
 }
 
 async fn dashboard_daemon() -> TestDaemon {
-    TestDaemon::start_server(
-        &format!("auth_tokens = [{TOKEN:?}]"),
-        HOST,
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    TestDaemon::setup(HOST)
+        .server(&format!("auth_tokens = [{TOKEN:?}]"))
+        .start()
+        .await
 }
 
 /// A gRPC session that asks its model for `prompt` and, like the published
@@ -518,8 +515,8 @@ async fn rules_show_their_condition_state_and_what_their_last_firing_did() {
     );
     let before = rozd::clock::now_ms();
     daemon
-        .ctx
-        .ooda
+        .host
+        .ooda()
         .actuators()
         .command(
             "turn_rate",
@@ -556,7 +553,7 @@ async fn rules_show_their_condition_state_and_what_their_last_firing_did() {
             .is_some_and(|t| t >= before),
         "{fired}"
     );
-    assert_eq!(daemon.ctx.ooda.actuators().value("turn_rate"), Some(0.0));
+    assert_eq!(daemon.host.ooda().actuators().value("turn_rate"), Some(0.0));
     daemon.shutdown().await;
 }
 
@@ -726,15 +723,12 @@ async fn chromium_shows_a_feedback_mismatch_as_the_actuators_alarm() {
     let pty = common::pty::PtyPair::start(dir.path()).await;
     // The MCU's end is open, and never answers.
     let _mcu = pty.device();
-    let daemon = TestDaemon::start_server(
-        &format!("auth_tokens = [{TOKEN:?}]"),
-        &format!("{STUCK}{}", silent_motor(&pty.a)),
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await;
+    let daemon = TestDaemon::setup(&format!("{STUCK}{}", silent_motor(&pty.a)))
+        .server(&format!("auth_tokens = [{TOKEN:?}]"))
+        .start()
+        .await;
     common::observed(
-        &daemon.ctx.ooda,
+        daemon.host.ooda(),
         EXPECT_WITHIN,
         "drive_speed's mismatch alarm and motor's unconfirmed safe value",
         |o| {
@@ -781,7 +775,7 @@ async fn chromium_shows_a_feedback_mismatch_as_the_actuators_alarm() {
     }
     assert!(shots.join("dashboard-mismatch.png").exists());
     // What the page showed last is what rozd says: confirmed, no alarm.
-    let observation = daemon.ctx.ooda.observe_now();
+    let observation = daemon.host.ooda().observe_now();
     let drive = observation
         .actuators
         .iter()

@@ -208,7 +208,7 @@ fn turn(session_id: &str, at_ms: i64, size: usize) -> TurnRecord {
 fn audit(at_ms: i64, session_id: &str) -> AuditRecord {
     AuditRecord {
         at_ms,
-        kind: "actuator".into(),
+        kind: rozd::store::AuditKind::Actuator,
         session_id: Some(session_id.into()),
         actuator: Some("speed".into()),
         result: Some("0".into()),
@@ -245,8 +245,8 @@ async fn the_store_forgets_what_is_older_than_retain_days_but_keeps_the_rest() {
     }
     let daemon = daemon_on(&path, "retain_days = 30").await;
     let ids: Vec<String> = daemon
-        .ctx
-        .store
+        .host
+        .store()
         .sessions(50, 0)
         .await
         .unwrap()
@@ -255,8 +255,8 @@ async fn the_store_forgets_what_is_older_than_retain_days_but_keeps_the_rest() {
         .collect();
     assert_eq!(ids, ["young"]);
     let audited: Vec<Option<String>> = daemon
-        .ctx
-        .store
+        .host
+        .store()
         .audit_records(None, None, 100)
         .await
         .unwrap()
@@ -291,7 +291,7 @@ async fn the_size_cap_drops_the_oldest_sessions_never_a_young_audit_row_and_vacu
             .unwrap_or(0);
     assert!(before > 3 * 1024 * 1024, "{before}");
     let daemon = daemon_on(&path, "retain_days = 30\nmax_size_mb = 1").await;
-    let store = &daemon.ctx.store;
+    let store = &daemon.host.store();
     let kept = store.sessions(500, 0).await.unwrap();
     assert!(!kept.is_empty() && kept.len() < 200, "{}", kept.len());
     // Newest first: the newest are the ones kept.

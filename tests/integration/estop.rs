@@ -59,17 +59,20 @@ safe_value = 1
 }
 
 async fn robot(extra: &str) -> TestDaemon {
-    TestDaemon::start_adjusted(&robot_toml(extra), |c| c.server.http2_keepalive_secs = 0).await
+    TestDaemon::setup(&robot_toml(extra))
+        .paused_clock()
+        .start()
+        .await
 }
 
 /// With the auth token [`TOKEN`] (as `server.auth_tokens` gives it) and
 /// `safety` in `[safety]`.
 async fn robot_with_token(safety: &str) -> TestDaemon {
-    TestDaemon::start_adjusted(&robot_toml(&format!("[safety]\n{safety}\n")), |c| {
-        c.server.http2_keepalive_secs = 0;
-        c.resolved_tokens = vec![rozd::config::Secret::new(TOKEN)];
-    })
-    .await
+    TestDaemon::setup(&robot_toml(&format!("[safety]\n{safety}\n")))
+        .paused_clock()
+        .token(TOKEN)
+        .start()
+        .await
 }
 
 async fn until(ooda: &Ooda, what: &str, pred: impl Fn(&Observation) -> bool) -> Arc<Observation> {
@@ -82,19 +85,22 @@ fn operator() -> Origin {
 
 /// Commands `speed` to 0.5 (held: no hold_ms) and checks the driver got it.
 async fn hold_speed(daemon: &TestDaemon) {
-    let ooda = &daemon.ctx.ooda;
+    let ooda = daemon.host.ooda();
     ooda.actuators()
         .command("speed", 0.5, operator(), None)
         .await
         .expect("speed accepted");
-    assert_eq!(ooda.sim_actuator("speed").unwrap().value(), Some(0.5));
+    assert_eq!(
+        daemon.host.sim_actuator("speed").unwrap().value(),
+        Some(0.5)
+    );
 }
 
 /// The stop is latched from `source`: speed is back at its safe value (the
 /// driver was told so, and the next Observation shows it), and commands are
 /// refused with `EStop`.
 async fn assert_stopped(daemon: &TestDaemon, source: &str) {
-    let ooda = &daemon.ctx.ooda;
+    let ooda = daemon.host.ooda();
     let obs = until(ooda, "the stop in an Observation with speed safe", |o| {
         o.protective_stop.is_some()
             && o.actuators
@@ -103,7 +109,7 @@ async fn assert_stopped(daemon: &TestDaemon, source: &str) {
     })
     .await;
     assert_eq!(obs.protective_stop.as_ref().unwrap().source, source);
-    let speed = ooda.sim_actuator("speed").unwrap();
+    let speed = daemon.host.sim_actuator("speed").unwrap();
     assert_eq!(speed.value(), Some(0.0), "the held actuator went safe");
     assert_eq!(speed.history().last(), Some(&0.0), "{:?}", speed.history());
     let refused = ooda
@@ -120,9 +126,9 @@ async fn assert_clear_moves_nothing<F: std::future::Future<Output = ()>>(
     daemon: &TestDaemon,
     clear: F,
 ) {
-    let ooda = &daemon.ctx.ooda;
-    let speed = ooda.sim_actuator("speed").unwrap();
-    let brake = ooda.sim_actuator("brake").unwrap();
+    let ooda = daemon.host.ooda();
+    let speed = daemon.host.sim_actuator("speed").unwrap();
+    let brake = daemon.host.sim_actuator("brake").unwrap();
     let before = (speed.history(), brake.history());
     clear.await;
     assert!(ooda.protective_stop().active().is_none(), "cleared");
@@ -171,10 +177,10 @@ async fn rest_estop_latches_and_clearing_needs_a_token_and_moves_nothing() {
     let (status, body) = json(client.post(format!("{url}/v1/estop")).send().await.unwrap()).await;
     assert_eq!(status, 401, "{body}");
     assert_eq!(body["error"]["code"], "unauthenticated");
-    assert!(daemon.ctx.ooda.protective_stop().active().is_none());
+    assert!(daemon.host.ooda().protective_stop().active().is_none());
 
     assert_eq!(
-        daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
+        daemon.host.sim_actuator("speed").unwrap().value(),
         Some(0.5)
     );
 
@@ -197,7 +203,7 @@ async fn rest_estop_latches_and_clearing_needs_a_token_and_moves_nothing() {
     assert_eq!(body["stop"]["reason"], "person in the cell");
     // The answer comes after the actuators were driven: no tick needed.
     assert_eq!(
-        daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
+        daemon.host.sim_actuator("speed").unwrap().value(),
         Some(0.0)
     );
     assert_stopped(&daemon, "rest").await;
@@ -257,7 +263,7 @@ async fn rest_estop_latches_and_clearing_needs_a_token_and_moves_nothing() {
     )
     .await;
     assert_eq!(status, 401);
-    assert!(daemon.ctx.ooda.protective_stop().active().is_some());
+    assert!(daemon.host.ooda().protective_stop().active().is_some());
 
     assert_clear_moves_nothing(&daemon, async {
         let (status, body) = json(
@@ -353,7 +359,7 @@ async fn grpc_safety_service_triggers_reports_and_clears() {
     assert_eq!(status.environment_id, "lab");
     assert!(!status.estop_active);
     assert_eq!(status.level, "normal");
-    until(&daemon.ctx.ooda, "the distance alarm", |o| {
+    until(daemon.host.ooda(), "the distance alarm", |o| {
         o.sensor("distance")
             .is_some_and(|s| s.alarm == rozd::ooda::orient::AlarmLevel::Critical)
     })
@@ -383,7 +389,7 @@ async fn grpc_safety_service_triggers_reports_and_clears() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
-    assert!(daemon.ctx.ooda.protective_stop().active().is_none());
+    assert!(daemon.host.ooda().protective_stop().active().is_none());
 
     client
         .trigger_estop(proto::TriggerEstopRequest {
@@ -394,7 +400,13 @@ async fn grpc_safety_service_triggers_reports_and_clears() {
         .expect("TriggerEstop");
     assert_stopped(&daemon, "grpc").await;
     assert_eq!(
-        daemon.ctx.ooda.protective_stop().active().unwrap().reason,
+        daemon
+            .host
+            .ooda()
+            .protective_stop()
+            .active()
+            .unwrap()
+            .reason,
         "gRPC stop"
     );
     let status = grpc_status(&mut client).await;
@@ -410,7 +422,7 @@ async fn grpc_safety_service_triggers_reports_and_clears() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
-    assert!(daemon.ctx.ooda.protective_stop().active().is_some());
+    assert!(daemon.host.ooda().protective_stop().active().is_some());
 
     assert_clear_moves_nothing(&daemon, async {
         client
@@ -534,7 +546,7 @@ async fn cli_estop_and_clear_against_a_running_daemon() {
     let (code, _, stderr) = rozd_cli(&["estop", "--addr", &addr]).await;
     assert_eq!(code, Some(3), "{stderr}");
     assert!(stderr.contains("NOT triggered"), "{stderr}");
-    assert!(daemon.ctx.ooda.protective_stop().active().is_none());
+    assert!(daemon.host.ooda().protective_stop().active().is_none());
 
     let (code, stdout, stderr) = rozd_cli(&[
         "estop",
@@ -567,7 +579,7 @@ async fn cli_estop_and_clear_against_a_running_daemon() {
         stderr.contains("401") && stderr.contains("NOT cleared"),
         "{stderr}"
     );
-    assert!(daemon.ctx.ooda.protective_stop().active().is_some());
+    assert!(daemon.host.ooda().protective_stop().active().is_some());
 
     assert_clear_moves_nothing(&daemon, async {
         let (code, stdout, stderr) = rozd_cli(&[
@@ -603,8 +615,8 @@ const STOP_PIN: u8 = 5;
 #[tokio::test]
 async fn gpio_stop_input_latches_and_holds_until_released() {
     let daemon = robot_with_token(&format!("estop_gpio_pin = {STOP_PIN}")).await;
-    let ooda = daemon.ctx.ooda.clone();
-    let chip = ooda.gpio().as_sim().expect("sim GPIO");
+    let ooda = daemon.host.ooda().clone();
+    let chip = ooda.sim_gpio().expect("sim GPIO");
     // Active low with the default pull-up: idle high, nothing latched.
     assert_eq!(chip.level(STOP_PIN), Some(true));
     assert!(ooda.protective_stop().active().is_none());
@@ -684,7 +696,7 @@ async fn gpio_stop_input_active_at_start_up_latches_before_anything_moves() {
         "[safety]\nestop_gpio_pin = {STOP_PIN}\nestop_gpio_active = \"high\"\nestop_gpio_pull = \"up\"\n"
     ))
     .await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let obs = until(&ooda, "the start-up stop", |o| o.protective_stop.is_some()).await;
     let stop = obs.protective_stop.clone().unwrap();
     assert_eq!(stop.source, "gpio");
@@ -695,7 +707,7 @@ async fn gpio_stop_input_active_at_start_up_latches_before_anything_moves() {
         .await
         .unwrap_err();
     assert!(matches!(err, ActError::EStop { .. }), "{err}");
-    let history = ooda.sim_actuator("speed").unwrap().history();
+    let history = daemon.host.sim_actuator("speed").unwrap().history();
     assert!(
         !history.is_empty() && history.iter().all(|v| *v == 0.0),
         "speed never left its safe value: {history:?}"
@@ -715,7 +727,7 @@ async fn mqtt_stop_topic_latches_and_cannot_clear() {
         broker.port
     ))
     .await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     hold_speed(&daemon).await;
 
     // Retained, so it reaches us whether or not the subscription is in
@@ -950,8 +962,8 @@ async fn a_stop_from_a_second_source_adds_a_cause_and_an_operator_clear_removes_
          [[rules]]\nname = \"door_open\"\nwhen = \"door == 0\"\nthen = { estop = true, reason = \"door opened\" }\n",
     )
     .await;
-    let ooda = daemon.ctx.ooda.clone();
-    let chip = ooda.gpio().as_sim().expect("sim GPIO");
+    let ooda = daemon.host.ooda().clone();
+    let chip = ooda.sim_gpio().expect("sim GPIO");
     let (status, body) = rest_post(&daemon, "/v1/estop", &json!({"reason": "drill"})).await;
     assert_eq!((status, &body["triggered"]), (200, &json!(true)), "{body}");
 
@@ -1051,9 +1063,9 @@ async fn a_fleet_clear_never_clears_a_later_local_stop() {
         token.display().to_string()
     ))
     .await;
-    let mut changes = daemon.ctx.fleet.changes();
+    let mut changes = daemon.host.fleet().changes();
     tokio::time::timeout(EXPECT_WITHIN, async {
-        while !daemon.ctx.fleet.is_connected() {
+        while !daemon.host.fleet().is_connected() {
             changes.changed().await.expect("fleet alive");
         }
     })
@@ -1088,8 +1100,8 @@ async fn a_fleet_clear_never_clears_a_later_local_stop() {
     assert_eq!(safety["level"], "protective_stop", "{safety}");
     assert_eq!(safety["stop"]["reason"], "person in cell");
     let refused = daemon
-        .ctx
-        .ooda
+        .host
+        .ooda()
         .actuators()
         .command("speed", 0.3, operator(), None)
         .await
@@ -1250,7 +1262,7 @@ async fn a_stop_request_with_a_bad_body_still_stops() {
             assert!(why.contains("over 65536 bytes"), "{body}");
         }
         assert_eq!(
-            daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
+            daemon.host.sim_actuator("speed").unwrap().value(),
             Some(0.0)
         );
     }

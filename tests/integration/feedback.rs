@@ -86,13 +86,13 @@ fn returned(text: &str, tool: &str) -> Value {
 }
 
 async fn until(daemon: &TestDaemon, what: &str, pred: impl Fn(&Observation) -> bool) {
-    common::observed(&daemon.ctx.ooda, EXPECT_WITHIN, what, pred).await;
+    common::observed(daemon.host.ooda(), EXPECT_WITHIN, what, pred).await;
 }
 
 /// Polls `GET path` once per published Observation until `pred` holds of
 /// its body (bounded): for what is written behind a queue, like the audit.
 async fn rest_until(daemon: &TestDaemon, path: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let mut ticks = daemon.ctx.ooda.subscribe();
+    let mut ticks = daemon.host.ooda().subscribe();
     let mut last = Value::Null;
     let reached = tokio::time::timeout(EXPECT_WITHIN, async {
         loop {

@@ -882,7 +882,7 @@ async fn without_a_fleet_the_registry_is_this_host_alone() {
         "{}",
         r.body
     );
-    assert!(daemon.ctx.ooda.protective_stop().active().is_some());
+    assert!(daemon.host.ooda().protective_stop().active().is_some());
 
     // `rozd hosts` prints the registry.
     let out = Command::new(ROZD)

@@ -65,13 +65,7 @@ scopes = ["admin"]
 }
 
 async fn robot(dir: &std::path::Path) -> TestDaemon {
-    TestDaemon::start_server(
-        &tokens(dir),
-        ROBOT,
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    TestDaemon::setup(ROBOT).server(&tokens(dir)).start().await
 }
 
 /// Where `@foxglove/ws-protocol` and `ws` are installed
@@ -325,7 +319,7 @@ async fn foxglove_read_token_lists_subscribes_decodes_and_stops_but_cannot_comma
         .filter_map(|m| m["body"]["kind"].as_str())
         .collect();
     assert!(!kinds.contains(&"command"), "{kinds:?}");
-    assert_eq!(daemon.ctx.ooda.observe_now().actuators[0].value, 0.0);
+    assert_eq!(daemon.host.ooda().observe_now().actuators[0].value, 0.0);
     daemon.shutdown().await;
 }
 
@@ -442,7 +436,15 @@ async fn foxglove_command_actuator_takes_the_physical_path_and_admin_clears() {
         (Some(true), Some(false)),
         "{report}"
     );
-    assert!(daemon.ctx.ooda.protective_stop().state().causes.is_empty());
+    assert!(
+        daemon
+            .host
+            .ooda()
+            .protective_stop()
+            .state()
+            .causes
+            .is_empty()
+    );
     daemon.shutdown().await;
 }
 
@@ -609,7 +611,7 @@ async fn foxglove_sim_scene_shows_the_room_and_the_rover_where_it_is() {
             .unwrap_or_else(|| panic!("no entity {id}: {scene}"))
             .clone()
     };
-    let sim = daemon.ctx.ooda.sim_spec().expect("a simulated world").0;
+    let sim = daemon.host.ooda().sim_spec().expect("a simulated world").0;
     // The floor, four walls and every obstacle.
     assert_eq!(
         entity("room")["cubes"].as_array().map(Vec::len),
@@ -618,7 +620,7 @@ async fn foxglove_sim_scene_shows_the_room_and_the_rover_where_it_is() {
     // The rover stands still at its start: where the scene shows it.
     let rover = entity("rover");
     let at = &rover["cylinders"][0]["pose"]["position"];
-    let view = daemon.ctx.ooda.sim_world().unwrap();
+    let view = daemon.host.ooda().sim_world().unwrap();
     assert!(
         (at["x"].as_f64().unwrap() - view.x).abs() < 1e-9
             && (at["y"].as_f64().unwrap() - view.y).abs() < 1e-9,
@@ -641,7 +643,7 @@ async fn foxglove_connection_that_ends_sends_what_it_commanded_to_safe() {
     assert_eq!(report["calls"][0]["ok"], true, "{report}");
     // The client has exited: its connection ended; the held value goes safe.
     common::observed(
-        &daemon.ctx.ooda,
+        daemon.host.ooda(),
         EXPECT_WITHIN,
         "speed back at its safe value after the Foxglove client left",
         |o| {
@@ -744,12 +746,11 @@ async fn foxglove_clients_beyond_the_cap_are_refused_at_the_handshake() {
 async fn foxglove_own_port_serves_foxglove_alone_with_the_same_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let port = common::broker::free_port();
-    let daemon = TestDaemon::start_server(
-        &tokens(dir.path()),
-        &format!("{ROBOT}\n[foxglove]\nlisten = \"127.0.0.1:{port}\"\n"),
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
+    let daemon = TestDaemon::setup(&format!(
+        "{ROBOT}\n[foxglove]\nlisten = \"127.0.0.1:{port}\"\n"
+    ))
+    .server(&tokens(dir.path()))
+    .start()
     .await;
     // Where `ws://host:8765` lands: `/`, with the token in the query.
     let report = foxglove(json!({
@@ -779,13 +780,10 @@ async fn foxglove_own_port_serves_foxglove_alone_with_the_same_credentials() {
 async fn foxglove_command_that_needs_approval_waits_until_foxglove_approves_or_denies() {
     let dir = tempfile::tempdir().unwrap();
     let robot = ROBOT.replace("policy = \"allow\"", "policy = \"require_confirmation\"");
-    let daemon = TestDaemon::start_server(
-        &tokens(dir.path()),
-        &robot,
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await;
+    let daemon = TestDaemon::setup(&robot)
+        .server(&tokens(dir.path()))
+        .start()
+        .await;
     let url = format!("ws://{}/foxglove?token={OPERATE_SECRET}", daemon.addr);
     for (answer, value) in [("deny", 0.2), ("approve", 0.3)] {
         // The call waits in the host's list of approvals...
@@ -835,7 +833,7 @@ async fn foxglove_command_that_needs_approval_waits_until_foxglove_approves_or_d
         assert_eq!(answered["calls"][0]["ok"], true, "{answered}");
         let report = waiting.await.unwrap();
         let result = &report["calls"][0];
-        let moved = daemon.ctx.ooda.observe_now().actuators[0].value;
+        let moved = daemon.host.ooda().observe_now().actuators[0].value;
         if answer == "approve" {
             // Applied (and, its client gone, released by the deadman since).
             assert_eq!(result["ok"], true, "{report}");

@@ -399,13 +399,10 @@ async fn tls_guide_recipe_and_client_commands_work_against_the_daemon() {
         file("rozd.pem"),
         file("rozd.key")
     );
-    let daemon = crate::common::TestDaemon::start_server(
-        &server,
-        "",
-        |_| {},
-        Arc::new(rozd::session::LogHooks),
-    )
-    .await;
+    let daemon = crate::common::TestDaemon::setup("")
+        .server(&server)
+        .start()
+        .await;
     let port = daemon.addr.port().to_string();
 
     // The clients block, on this daemon's port: every command succeeds.
@@ -733,12 +730,11 @@ async fn roz_cli_guide_config_and_approval_commands_work() {
         .filter(|l| !l.starts_with('[') && !l.starts_with("listen"))
         .map(|l| format!("{l}\n"))
         .collect();
-    let daemon = crate::common::TestDaemon::start_server(
-        &server,
+    let daemon = crate::common::TestDaemon::setup(
         "[[actuators]]\nname = \"lamp\"\nkind = \"sim\"\nallowed = [0, 1]\nsafe_value = 0\n",
-        |_| {},
-        Arc::new(rozd::session::LogHooks),
     )
+    .server(&server)
+    .start()
     .await;
     let mut client = AgentServiceClient::with_interceptor(daemon.channel().await, Token(SECRET));
     let (tx, rx) = tokio::sync::mpsc::channel(16);
@@ -791,9 +787,6 @@ async fn roz_cli_guide_config_and_approval_commands_work() {
             break;
         }
     }
-    assert_eq!(
-        daemon.ctx.ooda.sim_actuator("lamp").unwrap().value(),
-        Some(1.0)
-    );
+    assert_eq!(daemon.host.sim_actuator("lamp").unwrap().value(), Some(1.0));
     daemon.shutdown().await;
 }

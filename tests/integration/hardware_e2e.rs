@@ -85,7 +85,7 @@ fn operator() -> Origin {
 }
 
 async fn start_daemon(config: &str) -> TestDaemon {
-    TestDaemon::start_adjusted(config, |c| c.server.http2_keepalive_secs = 0).await
+    TestDaemon::setup(config).paused_clock().start().await
 }
 
 // ------------------------------------------------------------------ serial device
@@ -145,7 +145,7 @@ async fn serial_sensor_and_actuator_through_the_daemon_and_a_device_that_comes_b
     let mut dev = pty.device();
     // start-up: the device gets the safe value before anything else
     let daemon = start_serial_robot(&pty, &mut dev).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let act = ooda.actuators().clone();
 
     // Observe: a line from the device becomes the sensor's value.
@@ -276,7 +276,7 @@ async fn shutdown_drives_the_serial_actuator_safe_before_the_port_closes() {
     let pty = PtyPair::start(dir.path()).await;
     let mut dev = pty.device();
     let daemon = start_serial_robot(&pty, &mut dev).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let act = ooda.actuators().clone();
     let (applied, ()) = tokio::join!(
         act.command("motor", 0.8, operator(), None),
@@ -422,7 +422,7 @@ async fn mqtt_sensors_actuator_and_reflex_publish_through_the_daemon() {
     publish(port, "plant/level", "3", true).await;
 
     let daemon = start_daemon(&mqtt_robot(port)).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let act = ooda.actuators().clone();
     // start-up: the safe value is published before anything else
     sub.expect("robot/cmd/fan", r#"{"fan": 0}"#).await;

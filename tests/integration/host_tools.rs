@@ -70,7 +70,7 @@ fn errors(seen: &[Resp]) -> Vec<String> {
 }
 
 async fn wait_safe(daemon: &TestDaemon, actuator: &str) {
-    let mut rx = daemon.ctx.ooda.subscribe();
+    let mut rx = daemon.host.ooda().subscribe();
     tokio::time::timeout(common::EXPECT_WITHIN, async {
         loop {
             let at_safe = rx
@@ -79,10 +79,10 @@ async fn wait_safe(daemon: &TestDaemon, actuator: &str) {
                 .iter()
                 .any(|a| a.name == actuator && a.at_safe_value);
             if at_safe
-                && daemon.ctx.ooda.actuators().value(actuator)
+                && daemon.host.ooda().actuators().value(actuator)
                     == daemon
-                        .ctx
-                        .ooda
+                        .host
+                        .ooda()
                         .actuators()
                         .spec(actuator)
                         .map(|s| s.safe_value)
@@ -195,7 +195,7 @@ async fn the_local_model_moves_an_actuator_after_approval_and_reads_it_back() {
         }
     };
     assert_eq!(
-        daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
+        daemon.host.sim_actuator("speed").unwrap().value(),
         Some(0.0),
         "nothing moves before approval"
     );
@@ -220,7 +220,7 @@ async fn the_local_model_moves_an_actuator_after_approval_and_reads_it_back() {
         text_of(&seen)
     );
     assert_eq!(
-        daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
+        daemon.host.sim_actuator("speed").unwrap().value(),
         Some(0.3)
     );
 
@@ -262,10 +262,7 @@ async fn out_of_range_and_non_numeric_values_are_safety_violations() {
             text_of(&seen)
         );
     }
-    assert_eq!(
-        daemon.ctx.ooda.sim_actuator("speed").unwrap().history(),
-        [0.0]
-    );
+    assert_eq!(daemon.host.sim_actuator("speed").unwrap().history(), [0.0]);
     let refused = audit(&daemon, &session_id)
         .await
         .into_iter()
@@ -282,15 +279,15 @@ async fn protective_stop_refuses_physical_calls_while_observe_still_works() {
     session.send(user("set speed 0.5")).await;
     until_complete(&mut session).await;
     daemon
-        .ctx
-        .ooda
+        .host
+        .ooda()
         .trigger_stop(rozd::safety::StopRequest::new(
             &rozd::safety::StopSource::Rest,
             "bumper hit",
         ))
         .await;
     assert_eq!(
-        daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
+        daemon.host.sim_actuator("speed").unwrap().value(),
         Some(0.0)
     );
     session.send(user("set speed 0.2")).await;
@@ -321,10 +318,10 @@ async fn disconnect_returns_the_sessions_actuators_to_safe() {
     let (mut session, session_id) = open(&daemon, vec![]).await;
     session.send(user("set speed 0.4")).await;
     until_complete(&mut session).await;
-    assert_eq!(daemon.ctx.ooda.actuators().value("speed"), Some(0.4));
+    assert_eq!(daemon.host.ooda().actuators().value("speed"), Some(0.4));
     drop(session);
     wait_safe(&daemon, "speed").await;
-    tokio::time::timeout(common::EXPECT_WITHIN, daemon.ctx.sessions.wait_idle())
+    tokio::time::timeout(common::EXPECT_WITHIN, daemon.host.sessions().wait_idle())
         .await
         .unwrap();
     let records = audit(&daemon, &session_id).await;
@@ -370,7 +367,7 @@ async fn cancel_turn_returns_the_sessions_actuators_to_safe() {
             break;
         }
     }
-    assert_eq!(daemon.ctx.ooda.actuators().value("speed"), Some(0.6));
+    assert_eq!(daemon.host.ooda().actuators().value("speed"), Some(0.6));
     let (_, done) = session.cancel_turn().await;
     assert_eq!(done.stop_reason, "cancelled");
     wait_safe(&daemon, "speed").await;
@@ -387,7 +384,7 @@ async fn another_session_cannot_take_a_held_actuator() {
     second.send(user("set speed 0.9")).await;
     let (seen, _) = until_complete(&mut second).await;
     assert_eq!(errors(&seen), ["permission_denied"]);
-    assert_eq!(daemon.ctx.ooda.actuators().value("speed"), Some(0.2));
+    assert_eq!(daemon.host.ooda().actuators().value("speed"), Some(0.2));
     daemon.shutdown().await;
 }
 
@@ -483,7 +480,7 @@ async fn a_stuck_serial_actuator_times_out_and_ends_at_its_safe_value() {
         .unwrap()
         .unwrap();
     assert_eq!(safe.as_deref(), Some("V 0"));
-    assert_eq!(daemon.ctx.ooda.actuators().value("valve"), Some(0.0));
+    assert_eq!(daemon.host.ooda().actuators().value("valve"), Some(0.0));
     let records = audit(&daemon, &session_id).await;
     assert!(
         records.iter().any(|r| r["kind"] == "tool_call"
@@ -508,17 +505,15 @@ impl rozd::session::SessionHooks for PanickingHooks {
 
 #[tokio::test]
 async fn a_panic_in_the_session_loop_still_drives_its_actuators_safe() {
-    let daemon = TestDaemon::start_full(
-        &format!("{HOST}\n{ALLOW_SPEED}"),
-        |_| {},
-        std::sync::Arc::new(PanickingHooks),
-    )
-    .await;
+    let daemon = TestDaemon::setup(&format!("{HOST}\n{ALLOW_SPEED}"))
+        .hooks(std::sync::Arc::new(PanickingHooks))
+        .start()
+        .await;
     let (mut session, id) = open(&daemon, vec![]).await;
     session.send(user("set speed 0.5")).await;
     let (_, done) = until_complete(&mut session).await;
     assert_eq!(done.stop_reason, "end_turn");
-    assert_eq!(daemon.ctx.ooda.actuators().value("speed"), Some(0.5));
+    assert_eq!(daemon.host.ooda().actuators().value("speed"), Some(0.5));
     // A slow turn is running when the session is cancelled: closing it
     // calls the hook, which panics before the loop's own deadman runs.
     session.send(user("wait 600000; echo never")).await;
@@ -529,11 +524,11 @@ async fn a_panic_in_the_session_loop_still_drives_its_actuators_safe() {
         }))
         .await;
     wait_safe(&daemon, "speed").await;
-    assert_eq!(daemon.ctx.ooda.actuators().value("speed"), Some(0.0));
+    assert_eq!(daemon.host.ooda().actuators().value("speed"), Some(0.0));
     // The daemon goes on: the end is recorded and a new session works.
     let recorded = tokio::time::timeout(common::EXPECT_WITHIN, async {
         loop {
-            let sessions = daemon.ctx.store.sessions(10, 0).await.unwrap();
+            let sessions = daemon.host.store().sessions(10, 0).await.unwrap();
             if let Some(s) = sessions.iter().find(|s| s.id == id)
                 && s.end_reason.is_some()
             {
@@ -554,13 +549,13 @@ async fn a_panic_in_the_session_loop_still_drives_its_actuators_safe() {
 
 #[tokio::test(start_paused = true)]
 async fn a_whole_number_hold_ms_written_as_a_float_is_held_to_not_dropped() {
-    let daemon = TestDaemon::start_adjusted(&format!("{HOST}\n{ALLOW_SPEED}"), |c| {
-        c.server.http2_keepalive_secs = 0
-    })
-    .await;
+    let daemon = TestDaemon::setup(&format!("{HOST}\n{ALLOW_SPEED}"))
+        .paused_clock()
+        .start()
+        .await;
     let (mut session, _) = open(&daemon, vec![]).await;
     session.wait_bound = std::time::Duration::from_secs(3600);
-    let speed = daemon.ctx.ooda.sim_actuator("speed").unwrap();
+    let speed = daemon.host.sim_actuator("speed").unwrap();
     let mut applied = speed.applied();
     session
         .send(user("call speed {\"value\": 0.6, \"hold_ms\": 500.0}"))
@@ -594,8 +589,8 @@ async fn stop_all_needs_no_approval_even_under_a_rule_that_asks_for_everything()
     let daemon =
         host("[[permissions]]\ntool_pattern = \"*\"\npolicy = \"require_confirmation\"\n").await;
     daemon
-        .ctx
-        .ooda
+        .host
+        .ooda()
         .actuators()
         .command(
             "speed",
@@ -616,7 +611,7 @@ async fn stop_all_needs_no_approval_even_under_a_rule_that_asks_for_everything()
     );
     assert_eq!(done.stop_reason, "end_turn");
     assert_eq!(
-        daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
+        daemon.host.sim_actuator("speed").unwrap().value(),
         Some(0.0)
     );
     daemon.shutdown().await;

@@ -43,7 +43,7 @@ async fn get_embodiment_answers_json_and_markdown_and_refuses_an_unknown_format(
     let addr = daemon.addr.to_string();
     let (status, body) = crate::common::rest_get(&daemon, "/v1/embodiment").await;
     assert_eq!(status, 200, "{body}");
-    let current = daemon.ctx.briefings.current();
+    let current = daemon.host.briefing();
     assert_eq!(body["version"], current.version.as_str());
     let arm = &body["embodiment"]["actuators"][0];
     assert_eq!(
@@ -112,11 +112,11 @@ async fn a_manual_that_cannot_be_read_at_a_reload_keeps_the_previous_one() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = daemon(dir.path()).await;
     let manual = dir.path().join("AGENTS.md");
-    let before = daemon.ctx.briefings.current();
+    let before = daemon.host.briefing();
     std::fs::remove_file(&manual).unwrap();
     std::fs::create_dir(&manual).unwrap();
-    rozd::daemon::reload_manual(&daemon.ctx).await;
-    let after = daemon.ctx.briefings.current();
+    daemon.host.reload_manual().await;
+    let after = daemon.host.briefing();
     assert_eq!(after.version, before.version);
     assert!(
         after
@@ -126,8 +126,8 @@ async fn a_manual_that_cannot_be_read_at_a_reload_keeps_the_previous_one() {
 
     std::fs::remove_dir(&manual).unwrap();
     std::fs::write(&manual, "The cell is closed on Sundays.\n").unwrap();
-    rozd::daemon::reload_manual(&daemon.ctx).await;
-    let reloaded = daemon.ctx.briefings.current();
+    daemon.host.reload_manual().await;
+    let reloaded = daemon.host.briefing();
     assert_ne!(reloaded.version, before.version);
     assert!(reloaded.text().contains("The cell is closed on Sundays."));
     assert!(!reloaded.text().contains("Keep the arm down"));

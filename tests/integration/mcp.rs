@@ -23,10 +23,8 @@ fn python() -> PathBuf {
 
 /// A daemon with one sensor and one actuator, behind a token.
 async fn daemon(extra: &str) -> TestDaemon {
-    TestDaemon::start_server(
-        &format!("auth_tokens = [\"{TOKEN}\"]"),
-        &format!(
-            r#"
+    TestDaemon::setup(&format!(
+        r#"
 {extra}
 [[sensors]]
 name = "temp"
@@ -46,10 +44,9 @@ min = -1.0
 max = 1.0
 safe_value = 0.0
 "#
-        ),
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
+    ))
+    .server(&format!("auth_tokens = [\"{TOKEN}\"]"))
+    .start()
     .await
 }
 
@@ -164,7 +161,7 @@ async fn rest(
 /// Waits for the next call waiting for approval, checks `GET /v1/approvals`
 /// lists it, and answers it over REST; the listed entry.
 async fn answer_next_approval(daemon: &TestDaemon, approve: bool) -> Value {
-    let approvals = &daemon.ctx.approvals;
+    let approvals = &daemon.host.approvals();
     let mut changes = approvals.subscribe();
     tokio::time::timeout(
         EXPECT_WITHIN,
@@ -193,7 +190,7 @@ async fn answer_next_approval(daemon: &TestDaemon, approve: bool) -> Value {
 
 /// Waits until `arm` is back at its safe value and owned by nobody.
 async fn wait_arm_safe(daemon: &TestDaemon) {
-    let mut observations = daemon.ctx.ooda.subscribe();
+    let mut observations = daemon.host.ooda().subscribe();
     tokio::time::timeout(EXPECT_WITHIN, async {
         loop {
             let safe = observations
@@ -201,7 +198,7 @@ async fn wait_arm_safe(daemon: &TestDaemon) {
                 .actuators
                 .iter()
                 .any(|a| a.name == "arm" && a.at_safe_value && a.owner.is_none());
-            if safe && daemon.ctx.ooda.actuators().value("arm") == Some(0.0) {
+            if safe && daemon.host.ooda().actuators().value("arm") == Some(0.0) {
                 return;
             }
             observations.changed().await.expect("loop alive");
@@ -212,7 +209,7 @@ async fn wait_arm_safe(daemon: &TestDaemon) {
 }
 
 fn arm(daemon: &TestDaemon) -> Option<f64> {
-    daemon.ctx.ooda.actuators().value("arm")
+    daemon.host.ooda().actuators().value("arm")
 }
 
 async fn scenario(transport: Transport) {
@@ -227,7 +224,7 @@ async fn scenario(transport: Transport) {
     let tools = tools["tools"].as_array().expect("tools");
     let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
     assert_eq!(names, ["observe", "read_sensor", "arm", "stop_all"]);
-    for def in daemon.ctx.host_tools.definitions() {
+    for def in daemon.host.host_tools().definitions() {
         let tool = tools
             .iter()
             .find(|t| t["name"] == def.name.as_str())
@@ -355,7 +352,7 @@ async fn scenario(transport: Transport) {
         stopped["structured"]["error"]["code"], "e_stop",
         "{stopped}"
     );
-    assert!(daemon.ctx.approvals.list().is_empty());
+    assert!(daemon.host.approvals().list().is_empty());
     script.expect("await_clear").await;
     let (status, body) = rest(
         &daemon,
@@ -476,12 +473,7 @@ async fn elicitation(transport: Transport) {
     );
     // The client goes on to end its session (the deadman may already have
     // driven the arm safe): what the driver was told shows the refusal.
-    let told = daemon
-        .ctx
-        .ooda
-        .sim_actuator("arm")
-        .expect("sim arm")
-        .history();
+    let told = daemon.host.sim_actuator("arm").expect("sim arm").history();
     assert!(
         !told.contains(&0.2),
         "a declined call changes nothing: {told:?}"
@@ -490,7 +482,7 @@ async fn elicitation(transport: Transport) {
     script.expect("closed").await;
     assert_eq!(script.exit_code().await, Some(0));
     wait_arm_safe(&daemon).await;
-    assert_eq!(daemon.ctx.mcp.sessions.count(), 0);
+    assert_eq!(daemon.host.mcp_session_count(), 0);
     daemon.shutdown().await;
 }
 
@@ -518,7 +510,7 @@ async fn a_call_nobody_answers_is_denied_at_the_approval_timeout() {
         "{denied}"
     );
     assert_eq!(arm(&daemon), Some(0.0));
-    assert!(daemon.ctx.approvals.list().is_empty(), "withdrawn");
+    assert!(daemon.host.approvals().list().is_empty(), "withdrawn");
     script.expect("closed").await;
     daemon.shutdown().await;
 }
@@ -564,7 +556,7 @@ async fn without_the_token_mcp_is_refused_with_401() {
             .is_some_and(|s| s.contains(&json!(401))),
         "{refused}"
     );
-    assert_eq!(daemon.ctx.mcp.sessions.count(), 0);
+    assert_eq!(daemon.host.mcp_session_count(), 0);
     daemon.shutdown().await;
 }
 
@@ -648,8 +640,7 @@ async fn rozd_mcp_starts_a_new_session_when_the_daemon_restarted() {
     assert_eq!(script.expect("first").await["is_error"], false);
     script.expect("await_restart").await;
     first.shutdown().await;
-    let second = TestDaemon::start_server(
-        &format!("auth_tokens = [\"{TOKEN}\"]"),
+    let second = TestDaemon::setup(
         r#"
 [[sensors]]
 name = "temp"
@@ -658,9 +649,10 @@ unit = "C"
 signal = "constant"
 offset = 21.0
 "#,
-        move |config| config.server.listen = addr,
-        std::sync::Arc::new(rozd::session::LogHooks),
     )
+    .listen(addr)
+    .token(TOKEN)
+    .start()
     .await;
     assert_eq!(second.addr, addr);
     script.go().await;
@@ -857,13 +849,7 @@ async fn daemon_with_operators(dir: &std::path::Path, extra: &str) -> TestDaemon
     let robot = format!(
         "{extra}\n[[actuators]]\nname = \"arm\"\nkind = \"sim\"\nmin = -1.0\nmax = 1.0\nsafe_value = 0.0\n"
     );
-    TestDaemon::start_server(
-        &server,
-        &robot,
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    TestDaemon::setup(&robot).server(&server).start().await
 }
 
 /// An answer that must be a JSON-RPC error: its status and error object.
@@ -935,7 +921,7 @@ async fn a_body_nested_deeper_than_the_limit_is_400_with_a_json_rpc_error() {
         (400, &json!(-32600)),
         "{body}"
     );
-    assert_eq!(daemon.ctx.mcp.sessions.count(), 1, "no session was created");
+    assert_eq!(daemon.host.mcp_session_count(), 1, "no session was created");
     // The session that was there still works.
     assert_eq!(session.list_tools().await.status(), 200);
     daemon.shutdown().await;
@@ -983,7 +969,7 @@ async fn mcp_sessions_are_capped_idle_ones_make_room_and_busy_ones_refuse_the_ne
         .into_iter()
         .map(|s| tokio::spawn(async move { s.call("arm", json!({"value": 0.5})).await }))
         .collect();
-    let approvals = &daemon.ctx.approvals;
+    let approvals = &daemon.host.approvals();
     let mut changes = approvals.subscribe();
     tokio::time::timeout(
         EXPECT_WITHIN,
@@ -1044,7 +1030,7 @@ async fn mcp_sessions_are_capped_idle_ones_make_room_and_busy_ones_refuse_the_ne
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    assert_eq!(daemon.ctx.mcp.sessions.count(), 2);
+    assert_eq!(daemon.host.mcp_session_count(), 2);
     daemon.shutdown().await;
 }
 
@@ -1178,7 +1164,7 @@ async fn the_embodiment_and_the_manual_are_resources_and_a_prompt() {
         assert_eq!(embodiment["mime_type"], "text/markdown");
         let text = embodiment["text"].as_str().unwrap();
         assert!(text.contains(limits), "{transport:?}: {text}");
-        assert_eq!(text, daemon.ctx.briefings.current().embodiment.markdown);
+        assert_eq!(text, daemon.host.briefing().embodiment.markdown);
         let read = client.expect("read").await;
         assert_eq!(read["uri"], "rozd://manual");
         assert_eq!(
@@ -1200,7 +1186,7 @@ async fn the_embodiment_and_the_manual_are_resources_and_a_prompt() {
             prompt["description"]
                 .as_str()
                 .unwrap()
-                .contains(&daemon.ctx.briefings.current().version),
+                .contains(&daemon.host.briefing().version),
             "{prompt}"
         );
         client.expect("closed").await;

@@ -224,13 +224,10 @@ async fn read_sensor_in_a_session(daemon: &TestDaemon) {
 
 #[tokio::test]
 async fn prometheus_scrapes_ticks_and_tool_calls() {
-    let daemon = TestDaemon::start_server(
-        &format!("auth_tokens = [{TOKEN:?}]"),
-        HOST,
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await;
+    let daemon = TestDaemon::setup(HOST)
+        .server(&format!("auth_tokens = [{TOKEN:?}]"))
+        .start()
+        .await;
 
     // Like every read route: a token when tokens are configured.
     let (status, _, _) = http_get(daemon.addr, "/metrics", &[]).await;

@@ -323,7 +323,7 @@ async fn load_values(dev: &mut ModbusDevice) {
 
 async fn every_value_read(daemon: &TestDaemon) -> std::sync::Arc<Observation> {
     observed(
-        &daemon.ctx.ooda,
+        daemon.host.ooda(),
         EXPECT_WITHIN,
         "every modbus sensor read",
         |o| {
@@ -346,7 +346,7 @@ async fn over_tcp_sensors_read_every_type_and_order_and_the_actuators_take_the_o
     let mut dev = ModbusDevice::tcp(port, &[]).await;
     load_values(&mut dev).await;
     let daemon = TestDaemon::start(&plc(&tcp_link(port))).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
 
     let obs = every_value_read(&daemon).await;
     for name in ["u16_scaled", "f32_little_offset", "input_17"] {
@@ -443,7 +443,7 @@ async fn a_server_that_goes_away_is_disconnected_then_back_and_its_actuators_are
     let mut dev = ModbusDevice::tcp(port, &[]).await;
     load_values(&mut dev).await;
     let daemon = TestDaemon::start(&plc(&tcp_link(port))).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     every_value_read(&daemon).await;
     ooda.actuators()
         .command("speed", 30.0, operator(), None)
@@ -518,7 +518,7 @@ async fn a_write_the_device_refuses_is_host_unavailable_with_the_exception_and_g
     let port = common::broker::free_port();
     let mut dev = ModbusDevice::tcp(port, &[]).await;
     let daemon = TestDaemon::start(&plc(&tcp_link(port))).await;
-    observed(&daemon.ctx.ooda, EXPECT_WITHIN, "link up", |o| {
+    observed(daemon.host.ooda(), EXPECT_WITHIN, "link up", |o| {
         link_health(o, "plc") == Some("ok")
     })
     .await;
@@ -559,7 +559,7 @@ async fn a_write_the_device_refuses_is_host_unavailable_with_the_exception_and_g
         [(6, 100, vec![0]), (6, 100, vec![3000]), (6, 100, vec![0])],
         "{writes:?}"
     );
-    assert_eq!(daemon.ctx.ooda.actuators().value("speed"), Some(0.0));
+    assert_eq!(daemon.host.ooda().actuators().value("speed"), Some(0.0));
     daemon.shutdown().await;
     dev.kill().await;
 }
@@ -575,7 +575,7 @@ async fn over_rtu_on_a_pty_values_read_writes_land_and_crc_errors_and_slow_repli
         pty.a.display()
     );
     let daemon = TestDaemon::start(&plc(&link)).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     every_value_read(&daemon).await;
     observed(&ooda, EXPECT_WITHIN, "the exception named over RTU", |o| {
         sensor(o, "nowhere")
@@ -673,8 +673,8 @@ async fn modbus_reads_and_writes_are_recorded_like_every_drivers() {
     .await;
     every_value_read(&daemon).await;
     daemon
-        .ctx
-        .ooda
+        .host
+        .ooda()
         .actuators()
         .command("speed", 42.5, operator(), None)
         .await
@@ -746,7 +746,7 @@ async fn the_first_hardware_guides_vfd_works_against_the_pymodbus_server_as_writ
     let mut dev = ModbusDevice::tcp(port, &[]).await;
     let config = block.replace("tcp://192.168.1.50:502", &format!("tcp://127.0.0.1:{port}"));
     let daemon = TestDaemon::start(&config).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
 
     dev.cmd(typed[0].clone()).await;
     observed(&ooda, EXPECT_WITHIN, "vfd_frequency reads 25 Hz", |o| {

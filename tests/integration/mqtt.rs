@@ -537,7 +537,7 @@ async fn until_rest(
     what: &str,
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let mut ticks = daemon.ctx.ooda.subscribe();
+    let mut ticks = daemon.host.ooda().subscribe();
     let mut last = serde_json::Value::Null;
     let found = tokio::time::timeout(EXPECT_WITHIN, async {
         loop {
@@ -585,7 +585,7 @@ async fn an_oversized_message_disables_neither_the_stop_input_nor_sensors_nor_ac
     let (_watcher, mut valve) = subscriber(port, "plant/cmd/valve").await;
     publish(port, "plant/level", "1", true).await;
     let daemon = common::TestDaemon::start(&plant(port, "rozd-plant")).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     // start-up: the valve is driven to its safe value over MQTT
     assert_eq!(&received(&mut valve).await.payload[..], b"0");
     until_rest(&daemon, "/v1/observation", "level 1", |o| {

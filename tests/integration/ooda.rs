@@ -69,30 +69,26 @@ safe_value = 1
 "#;
 
 async fn robot(extra: &str) -> TestDaemon {
-    TestDaemon::start_adjusted(
-        &format!("{ROBOT}\n[gpio]\nbackend = \"sim\"\n{extra}"),
-        |c| c.server.http2_keepalive_secs = 0,
-    )
-    .await
+    TestDaemon::setup(&format!("{ROBOT}\n[gpio]\nbackend = \"sim\"\n{extra}"))
+        .paused_clock()
+        .start()
+        .await
 }
 
 /// [`robot`] for tests on tokio's paused clock: the loop ticks on the
 /// runtime's clock (its own thread would tick in real time).
 async fn robot_on_paused_clock(extra: &str) -> TestDaemon {
-    TestDaemon::start_adjusted(
-        &format!("{ROBOT}\n[gpio]\nbackend = \"sim\"\n{extra}"),
-        |c| {
-            c.server.http2_keepalive_secs = 0;
-            c.ooda.timer = rozd::ooda::timer::Timer::Runtime;
-        },
-    )
-    .await
+    let robot = ROBOT.replacen("[ooda]\n", "[ooda]\ntimer = \"runtime\"\n", 1);
+    TestDaemon::setup(&format!("{robot}\n[gpio]\nbackend = \"sim\"\n{extra}"))
+        .paused_clock()
+        .start()
+        .await
 }
 
 #[tokio::test]
 async fn observation_over_rest_shows_values_alarms_and_safe_actuators() {
     let daemon = robot("").await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     until(&ooda, common::EXPECT_WITHIN, |o| {
         o.sensor("distance")
             .is_some_and(|s| s.sensor.value.is_some())
@@ -162,17 +158,18 @@ async fn observation_over_rest_shows_values_alarms_and_safe_actuators() {
 #[tokio::test]
 async fn every_actuator_is_driven_safe_at_start_up() {
     let daemon = robot("").await;
-    let ooda = &daemon.ctx.ooda;
-    assert_eq!(ooda.sim_actuator("speed").unwrap().history(), [0.0]);
-    assert_eq!(ooda.sim_actuator("brake").unwrap().history(), [1.0]);
-    assert_eq!(ooda.gpio().as_sim().unwrap().level(22), Some(false));
+    let ooda = daemon.host.ooda();
+    assert_eq!(daemon.host.sim_actuator("speed").unwrap().history(), [0.0]);
+    assert_eq!(daemon.host.sim_actuator("brake").unwrap().history(), [1.0]);
+    assert_eq!(ooda.sim_gpio().unwrap().level(22), Some(false));
     daemon.shutdown().await;
 }
 
 #[tokio::test]
 async fn shutdown_drives_commanded_actuators_safe() {
     let daemon = robot("").await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
+    let speed = daemon.host.sim_actuator("speed").unwrap();
     ooda.actuators()
         .command("speed", 0.4, Origin::Operator("test".into()), None)
         .await
@@ -181,17 +178,17 @@ async fn shutdown_drives_commanded_actuators_safe() {
         .command("lamp", 1.0, Origin::Operator("test".into()), None)
         .await
         .unwrap();
-    assert_eq!(ooda.sim_actuator("speed").unwrap().value(), Some(0.4));
-    assert_eq!(ooda.gpio().as_sim().unwrap().level(22), Some(true));
+    assert_eq!(speed.value(), Some(0.4));
+    assert_eq!(ooda.sim_gpio().unwrap().level(22), Some(true));
     daemon.shutdown().await;
-    assert_eq!(ooda.sim_actuator("speed").unwrap().value(), Some(0.0));
-    assert_eq!(ooda.gpio().as_sim().unwrap().level(22), Some(false));
+    assert_eq!(speed.value(), Some(0.0));
+    assert_eq!(ooda.sim_gpio().unwrap().level(22), Some(false));
 }
 
 #[tokio::test]
 async fn out_of_range_non_finite_and_disallowed_values_are_refused_not_clamped() {
     let daemon = robot("").await;
-    let act = daemon.ctx.ooda.actuators().clone();
+    let act = daemon.host.ooda().actuators().clone();
     let origin = || Origin::Operator("test".into());
     for (name, value, needle) in [
         ("speed", 1.5, "outside the allowed values [-1, 1]"),
@@ -208,7 +205,7 @@ async fn out_of_range_non_finite_and_disallowed_values_are_refused_not_clamped()
         }
     }
     assert_eq!(
-        daemon.ctx.ooda.sim_actuator("speed").unwrap().history(),
+        daemon.host.sim_actuator("speed").unwrap().history(),
         [0.0],
         "nothing reached the driver"
     );
@@ -222,7 +219,7 @@ async fn out_of_range_non_finite_and_disallowed_values_are_refused_not_clamped()
 #[tokio::test(start_paused = true)]
 async fn rate_limit_refuses_commands_that_come_too_fast() {
     let daemon = robot_on_paused_clock("").await;
-    let act = daemon.ctx.ooda.actuators().clone();
+    let act = daemon.host.ooda().actuators().clone();
     let origin = || Origin::Operator("test".into());
     act.command("speed", 0.1, origin(), None).await.unwrap();
     let err = act.command("speed", 0.2, origin(), None).await.unwrap_err();
@@ -238,7 +235,7 @@ async fn rate_limit_refuses_commands_that_come_too_fast() {
 #[tokio::test(start_paused = true)]
 async fn hold_expiry_returns_the_actuator_to_safe() {
     let daemon = robot_on_paused_clock("").await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let applied = ooda
         .actuators()
         .command("speed", 0.3, Origin::Operator("t".into()), None)
@@ -246,7 +243,7 @@ async fn hold_expiry_returns_the_actuator_to_safe() {
         .unwrap();
     assert_eq!(applied.hold_ms, Some(2000));
     let commanded_at = tokio::time::Instant::now();
-    let sim = ooda.sim_actuator("speed").unwrap();
+    let sim = daemon.host.sim_actuator("speed").unwrap();
     until(&ooda, LONG, |o| {
         o.actuators
             .iter()
@@ -279,7 +276,7 @@ async fn hold_expiry_returns_the_actuator_to_safe() {
 #[tokio::test]
 async fn protective_stop_drives_safe_refuses_commands_and_clearing_moves_nothing() {
     let daemon = robot("").await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let act = ooda.actuators().clone();
     act.command("speed", 0.5, Origin::Operator("t".into()), None)
         .await
@@ -292,8 +289,14 @@ async fn protective_stop_drives_safe_refuses_commands_and_clearing_moves_nothing
         "operator pressed stop",
     ))
     .await;
-    assert_eq!(ooda.sim_actuator("speed").unwrap().value(), Some(0.0));
-    assert_eq!(ooda.sim_actuator("brake").unwrap().value(), Some(1.0));
+    assert_eq!(
+        daemon.host.sim_actuator("speed").unwrap().value(),
+        Some(0.0)
+    );
+    assert_eq!(
+        daemon.host.sim_actuator("brake").unwrap().value(),
+        Some(1.0)
+    );
     let err = act
         .command("speed", 0.1, Origin::Operator("t".into()), None)
         .await
@@ -304,7 +307,7 @@ async fn protective_stop_drives_safe_refuses_commands_and_clearing_moves_nothing
     })
     .await;
     assert_eq!(obs.protective_stop.as_ref().unwrap().source, "rest");
-    let before = ooda.sim_actuator("speed").unwrap().history().len();
+    let before = daemon.host.sim_actuator("speed").unwrap().history().len();
     assert_eq!(
         ooda.protective_stop()
             .clear(rozd::safety::ClearRequest::all("test"))
@@ -312,7 +315,7 @@ async fn protective_stop_drives_safe_refuses_commands_and_clearing_moves_nothing
         Ok(true)
     );
     assert_eq!(
-        ooda.sim_actuator("speed").unwrap().history().len(),
+        daemon.host.sim_actuator("speed").unwrap().history().len(),
         before,
         "clearing moves nothing"
     );
@@ -328,12 +331,12 @@ async fn reflex_rule_commands_an_actuator_without_any_model() {
         "[[rules]]\nname = \"too_close\"\nwhen = \"distance < 0.3 and brake == 0\"\nthen = { actuator = \"brake\", value = 1 }\n",
     )
     .await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     ooda.actuators()
         .command("brake", 0.0, Origin::Operator("t".into()), None)
         .await
         .unwrap();
-    let brake = ooda.sim_actuator("brake").unwrap();
+    let brake = daemon.host.sim_actuator("brake").unwrap();
     // start-up safe value, our release, the rule's command
     until(&ooda, common::EXPECT_WITHIN, |_| {
         brake.history() == [1.0, 0.0, 1.0]
@@ -352,7 +355,7 @@ async fn reflex_rule_commands_an_actuator_without_any_model() {
 #[tokio::test(start_paused = true)]
 async fn a_sensor_that_stops_sending_goes_stale_and_a_rule_reacts() {
     let daemon = robot_on_paused_clock("[[rules]]\nname = \"door_silent\"\nwhen = \"stale(door)\"\nfor_ms = 100\nthen = { estop = true, reason = \"door sensor silent\" }\n").await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let obs = until(&ooda, LONG, |o| {
         o.sensor("door")
             .is_some_and(|s| s.sensor.health == rozd::hw::HealthKind::Ok)
@@ -381,8 +384,8 @@ async fn a_sensor_that_stops_sending_goes_stale_and_a_rule_reacts() {
 #[tokio::test(start_paused = true)]
 async fn gpio_input_is_debounced_and_honours_the_active_level() {
     let daemon = robot_on_paused_clock("").await;
-    let ooda = daemon.ctx.ooda.clone();
-    let chip = ooda.gpio().as_sim().expect("sim backend");
+    let ooda = daemon.host.ooda().clone();
+    let chip = ooda.sim_gpio().expect("sim backend");
     until(&ooda, LONG, |o| {
         o.sensor("door")
             .is_some_and(|s| s.sensor.value == Some(0.0))
@@ -432,7 +435,7 @@ fn rules_are_type_checked_at_config_load_naming_the_line() {
 #[tokio::test]
 async fn an_absurd_hold_from_a_caller_does_not_overflow() {
     let daemon = robot("").await;
-    let act = daemon.ctx.ooda.actuators().clone();
+    let act = daemon.host.ooda().actuators().clone();
     let applied = act
         .command(
             "brake",

@@ -729,8 +729,8 @@ async fn anthropic_error_event_mid_stream_ends_the_turn_and_nothing_partial_is_r
     fake.no_more_requests();
 
     let (_, turns) = daemon
-        .ctx
-        .store
+        .host
+        .store()
         .session(started.session_id)
         .await
         .unwrap()
@@ -749,11 +749,10 @@ async fn anthropic_error_event_mid_stream_ends_the_turn_and_nothing_partial_is_r
 async fn http_429_is_retried_after_its_retry_after() {
     let mut fake = FakeProvider::start().await;
     fake.wait = PAUSED_WAIT;
-    let daemon = TestDaemon::start_adjusted(
-        &fake.anthropic_endpoint("claude", "claude-test-1", ""),
-        |c| c.server.http2_keepalive_secs = 0,
-    )
-    .await;
+    let daemon = TestDaemon::setup(&fake.anthropic_endpoint("claude", "claude-test-1", ""))
+        .paused_clock()
+        .start()
+        .await;
     fake.reply(Reply::Status {
         code: 429,
         headers: vec![
@@ -789,13 +788,10 @@ async fn http_429_is_retried_after_its_retry_after() {
 async fn overload_until_the_retry_budget_is_spent_is_a_retryable_model_error() {
     let mut fake = FakeProvider::start().await;
     fake.wait = PAUSED_WAIT;
-    let daemon = TestDaemon::start_adjusted(
-        &format!(
+    let daemon = TestDaemon::setup(&format!(
             "[model]\nretry_budget_ms = 5000\nretry_initial_backoff_ms = 500\nretry_max_backoff_ms = 2000\n{}",
             fake.anthropic_endpoint("claude", "claude-test-1", "")
-        ),
-        |c| c.server.http2_keepalive_secs = 0,
-    )
+        )).paused_clock().start()
     .await;
     *fake.script.fallback.lock().unwrap() = Some((
         529,
@@ -874,13 +870,10 @@ async fn connection_failures_are_retried_within_the_budget() {
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed);
-    let daemon = TestDaemon::start_adjusted(
-        &format!(
+    let daemon = TestDaemon::setup(&format!(
             "[model]\nretry_budget_ms = 3000\n[[model.endpoints]]\nname = \"box\"\nprovider = \"openai\"\n\
              model = \"m\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\n"
-        ),
-        |c| c.server.http2_keepalive_secs = 0,
-    )
+        )).paused_clock().start()
     .await;
     let (mut session, _) = open(&daemon, Some("box"), vec![]).await;
     session.wait_bound = PAUSED_WAIT;
@@ -914,10 +907,10 @@ async fn connection_failures_are_retried_within_the_budget() {
 async fn the_same_http_500_is_retried_twice_then_reported_with_the_servers_message() {
     let mut fake = FakeProvider::start().await;
     fake.wait = PAUSED_WAIT;
-    let daemon = TestDaemon::start_adjusted(&fake.openai_endpoint("box", "m", ""), |c| {
-        c.server.http2_keepalive_secs = 0
-    })
-    .await;
+    let daemon = TestDaemon::setup(&fake.openai_endpoint("box", "m", ""))
+        .paused_clock()
+        .start()
+        .await;
     *fake.script.fallback.lock().unwrap() = Some((
         500,
         json!({"error": {"message": "7 validation errors for ChatCompletionRequest", "type": "internal_server_error"}})
@@ -1011,10 +1004,13 @@ async fn http_401_is_not_retried_and_reports_the_provider_message() {
 async fn a_stalled_stream_hits_the_idle_timeout_and_ends_the_turn() {
     let mut fake = FakeProvider::start().await;
     fake.wait = PAUSED_WAIT;
-    let daemon = TestDaemon::start_adjusted(
-        &fake.anthropic_endpoint("claude", "claude-test-1", "idle_timeout_ms = 30000"),
-        |c| c.server.http2_keepalive_secs = 0,
-    )
+    let daemon = TestDaemon::setup(&fake.anthropic_endpoint(
+        "claude",
+        "claude-test-1",
+        "idle_timeout_ms = 30000",
+    ))
+    .paused_clock()
+    .start()
     .await;
     let mut events = anthropic(&[Part::Text("Starting ")], "end_turn", U::default());
     events.truncate(events.len() - 6);
@@ -1410,13 +1406,12 @@ async fn the_session_token_budget_is_budget_exceeded_before_the_next_call() {
 async fn keepalive_reports_the_provider_figures_and_the_endpoint_window() {
     let mut fake = FakeProvider::start().await;
     fake.wait = PAUSED_WAIT;
-    let daemon = TestDaemon::start_adjusted(
-        &format!(
-            "[session]\nkeepalive_secs = 5\n{}",
-            fake.anthropic_endpoint("claude", "claude-test-1", "max_context_tokens = 8000")
-        ),
-        |c| c.server.http2_keepalive_secs = 0,
-    )
+    let daemon = TestDaemon::setup(&format!(
+        "[session]\nkeepalive_secs = 5\n{}",
+        fake.anthropic_endpoint("claude", "claude-test-1", "max_context_tokens = 8000")
+    ))
+    .paused_clock()
+    .start()
     .await;
     fake.stream(anthropic(
         &[Part::Text("noted")],
@@ -1661,7 +1656,7 @@ fn jpeg_size(base64_data: &str) -> (u32, u32) {
 /// Waits until the daemon's camera has a frame (polling, bounded).
 async fn camera_ready(daemon: &TestDaemon) {
     tokio::time::timeout(common::EXPECT_WITHIN, async {
-        let camera = daemon.ctx.cameras.get("front_camera").expect("camera");
+        let camera = daemon.host.cameras().get("front_camera").expect("camera");
         let mut frames = camera.subscribe();
         while frames.borrow_and_update().is_none() {
             frames.changed().await.expect("camera alive");
@@ -1799,8 +1794,8 @@ async fn capture_image_of_an_unknown_camera_names_the_known_ones() {
     ))
     .await;
     let outcome = daemon
-        .ctx
-        .host_tools
+        .host
+        .host_tools()
         .execute("capture_image", &json!({"camera": "rear"}), "s1")
         .await
         .unwrap_err();
@@ -2105,7 +2100,7 @@ async fn openai_sessions_are_told_the_embodiment_and_the_manual() {
         .unwrap()
         .to_string();
     assert_eq!(request.body["messages"][0]["role"], "system");
-    let briefing = daemon.ctx.briefings.current().text().to_string();
+    let briefing = daemon.host.briefing().text().to_string();
     assert!(system.contains(briefing.trim_end()), "{system}");
     for expected in [
         "`fan` (%): range 0 to 80 %; safe value 80 %; a command holds at most 3000 ms",

@@ -15,7 +15,6 @@
 use crate::common;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use common::control::{closed_by_server, raw_http, unix_request};
 use common::{EXPECT_WITHIN, ROZD, Session, TestDaemon, rozd_cli};
@@ -38,17 +37,8 @@ safe_value = 0.0
 "#;
 
 async fn daemon(server_toml: &str, token: bool) -> TestDaemon {
-    TestDaemon::start_server(
-        server_toml,
-        ROBOT,
-        |c| {
-            if token {
-                c.resolved_tokens = vec![rozd::config::Secret::new(TOKEN)];
-            }
-        },
-        Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    let setup = TestDaemon::setup(ROBOT).server(server_toml);
+    if token { setup.token(TOKEN) } else { setup }.start().await
 }
 
 /// One request on a kept-open HTTP/1.1 connection; reads exactly its answer.
@@ -93,7 +83,7 @@ async fn keep_alive_get(stream: &mut TcpStream, path: &str, token: Option<&str>)
 }
 
 fn latched(daemon: &TestDaemon) -> bool {
-    daemon.ctx.ooda.protective_stop().active().is_some()
+    daemon.host.ooda().protective_stop().active().is_some()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,7 +142,7 @@ async fn a_flood_beyond_the_connection_cap_is_shed_and_the_stop_gets_through() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert!(latched(&daemon));
     assert_eq!(
-        daemon.ctx.ooda.sim_actuator("speed").unwrap().value(),
+        daemon.host.sim_actuator("speed").unwrap().value(),
         Some(0.0)
     );
     let health = rozd::cli::client::get(&addr, "/healthz", None)

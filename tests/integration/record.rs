@@ -157,24 +157,21 @@ fn record_section(dir: &Path, extra: &str) -> String {
 #[tokio::test]
 async fn a_recording_holds_what_the_observation_and_the_audit_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = TestDaemon::start_server(
-        &format!("auth_tokens = [\"{TOKEN}\"]"),
-        &format!(
-            "{}{ROBOT}",
-            record_section(dir.path(), "observation_hz = 20")
-        ),
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
+    let daemon = TestDaemon::setup(&format!(
+        "{}{ROBOT}",
+        record_section(dir.path(), "observation_hz = 20")
+    ))
+    .server(&format!("auth_tokens = [\"{TOKEN}\"]"))
+    .start()
     .await;
-    common::observed(&daemon.ctx.ooda, EXPECT_WITHIN, "a temperature", |o| {
+    common::observed(daemon.host.ooda(), EXPECT_WITHIN, "a temperature", |o| {
         o.sensor("temp").is_some_and(|s| s.sensor.value.is_some())
     })
     .await;
     // A command through the one actuator path, then the stop over REST.
     daemon
-        .ctx
-        .ooda
+        .host
+        .ooda()
         .actuators()
         .command("arm", 0.5, Origin::Operator("test".into()), None)
         .await
@@ -308,18 +305,15 @@ async fn a_recording_holds_what_the_observation_and_the_audit_reported() {
 #[tokio::test]
 async fn rest_lists_and_downloads_recordings_behind_auth_and_refuses_other_names() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = TestDaemon::start_server(
-        &format!("auth_tokens = [\"{TOKEN}\"]"),
-        &format!(
-            "{}{ROBOT}",
-            record_section(dir.path(), "max_file_kb = 64\nobservation_hz = 50")
-        ),
-        |_| {},
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
+    let daemon = TestDaemon::setup(&format!(
+        "{}{ROBOT}",
+        record_section(dir.path(), "max_file_kb = 64\nobservation_hz = 50")
+    ))
+    .server(&format!("auth_tokens = [\"{TOKEN}\"]"))
+    .start()
     .await;
     // Wait (bounded) for the first rotation: the writer says so.
-    let mut finished = daemon.ctx.recorder.finished_files().expect("recording");
+    let mut finished = daemon.host.recorder().finished_files().expect("recording");
     tokio::time::timeout(EXPECT_WITHIN, finished.wait_for(|n| *n >= 1))
         .await
         .expect("a file is finished by rotation")
@@ -529,7 +523,7 @@ async fn a_replayed_recording_reproduces_the_values_and_fires_the_rule_at_the_sa
         csv.display().to_string()
     ))
     .await;
-    common::observed(&daemon.ctx.ooda, EXPECT_WITHIN, "the rule stops", |o| {
+    common::observed(daemon.host.ooda(), EXPECT_WITHIN, "the rule stops", |o| {
         o.protective_stop.is_some()
     })
     .await;
@@ -555,7 +549,7 @@ async fn a_replayed_recording_reproduces_the_values_and_fires_the_rule_at_the_sa
     ))
     .await;
     let stopped = common::observed(
-        &daemon.ctx.ooda,
+        daemon.host.ooda(),
         EXPECT_WITHIN,
         "the rule stops again",
         |o| o.protective_stop.is_some(),
@@ -613,14 +607,14 @@ async fn a_replayed_recording_reproduces_the_values_and_fires_the_rule_at_the_sa
 async fn rozd_record_list_and_info_read_the_files() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = TestDaemon::start(&format!("{}{ROBOT}", record_section(dir.path(), ""))).await;
-    common::observed(&daemon.ctx.ooda, EXPECT_WITHIN, "a value", |o| {
+    common::observed(daemon.host.ooda(), EXPECT_WITHIN, "a value", |o| {
         o.sensor("temp").is_some_and(|s| s.sensor.value.is_some())
     })
     .await;
     let addr = daemon.addr.to_string();
     let (code, out, err) = common::rozd_cli(&["status", "--addr", &addr]).await;
     assert_eq!(code, Some(0), "{err}");
-    let current = daemon.ctx.recorder.current_file().expect("a file");
+    let current = daemon.host.recorder().current_file().expect("a file");
     assert!(
         out.contains(&format!("recording:    {current} (")) && out.contains(" 0 dropped)"),
         "{out}"

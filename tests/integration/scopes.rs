@@ -78,13 +78,11 @@ scopes = ["admin"]
         read = file("viewer.token", READ_SECRET),
         admin = file("root.token", ADMIN_SECRET),
     );
-    TestDaemon::start_server(
-        &server,
-        ROBOT,
-        |c| c.server.http2_keepalive_secs = 0,
-        std::sync::Arc::new(rozd::session::LogHooks),
-    )
-    .await
+    TestDaemon::setup(ROBOT)
+        .server(&server)
+        .paused_clock()
+        .start()
+        .await
 }
 
 async fn rest(
@@ -221,7 +219,7 @@ async fn a_read_token_reads_and_stops_but_cannot_command_or_clear() {
         .await
         .expect_err("StreamSession with a read token");
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
-    assert_eq!(daemon.ctx.ooda.actuators().value("speed"), Some(0.0));
+    assert_eq!(daemon.host.ooda().actuators().value("speed"), Some(0.0));
 
     // Anyone may stop ...
     let (status, body) = rest(
@@ -264,7 +262,7 @@ async fn a_read_token_reads_and_stops_but_cannot_command_or_clear() {
         .await
         .expect_err("ClearEstop with a read token");
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
-    assert!(daemon.ctx.ooda.protective_stop().active().is_some());
+    assert!(daemon.host.ooda().protective_stop().active().is_some());
 
     // Host registration is admin's.
     let (status, body) = rest(
@@ -342,7 +340,7 @@ async fn an_operate_token_drives_an_actuator_and_its_audit_names_it() {
             break;
         }
     }
-    assert_eq!(daemon.ctx.ooda.actuators().value("speed"), Some(0.3));
+    assert_eq!(daemon.host.ooda().actuators().value("speed"), Some(0.3));
     let rows = audit(&daemon).await;
     let call = rows
         .iter()

@@ -554,7 +554,7 @@ async fn unknown_tool_from_the_model_is_an_error_result() {
 
 #[tokio::test(start_paused = true)]
 async fn client_tool_timeout_is_enforced_and_late_results_are_ignored() {
-    let daemon = TestDaemon::start_adjusted("", |c| c.server.http2_keepalive_secs = 0).await;
+    let daemon = TestDaemon::setup("").paused_clock().start().await;
     let mut session = open(
         &daemon,
         vec![tool(
@@ -868,10 +868,10 @@ async fn denied_approval_tells_the_model_and_never_runs_the_tool() {
 
 #[tokio::test(start_paused = true)]
 async fn approval_timeout_counts_as_denied() {
-    let daemon = TestDaemon::start_adjusted("[session]\napproval_timeout_secs = 30\n", |c| {
-        c.server.http2_keepalive_secs = 0
-    })
-    .await;
+    let daemon = TestDaemon::setup("[session]\napproval_timeout_secs = 30\n")
+        .paused_clock()
+        .start()
+        .await;
     let mut session = open(&daemon, vec![physical("arm")]).await;
     session.wait_bound = PAUSED_WAIT;
     session.send(user("call arm {}")).await;
@@ -1061,7 +1061,7 @@ async fn wait_for(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, wanted:
 #[tokio::test]
 async fn cancel_session_ends_the_turn_and_closes_the_stream() {
     let (hooks, mut calls) = RecordingHooks::new();
-    let daemon = TestDaemon::start_full("", |_| {}, hooks.clone()).await;
+    let daemon = TestDaemon::setup("").hooks(hooks.clone()).start().await;
     let mut session = open(&daemon, vec![pure("hang")]).await;
     session.send(user_with_id("call hang {}", "t1")).await;
     next_tool_request(&mut session).await;
@@ -1091,8 +1091,8 @@ async fn cancel_session_ends_the_turn_and_closes_the_stream() {
 #[tokio::test]
 async fn client_disconnect_mid_turn_ends_the_session() {
     let (hooks, mut calls) = RecordingHooks::new();
-    let daemon = TestDaemon::start_full("", |_| {}, hooks.clone()).await;
-    let ctx = daemon.ctx.clone();
+    let daemon = TestDaemon::setup("").hooks(hooks.clone()).start().await;
+    let ctx = daemon.host.clone();
     let mut session = open(&daemon, vec![pure("hang")]).await;
     session.send(user("call hang {}")).await;
     next_tool_request(&mut session).await;
@@ -1105,10 +1105,10 @@ async fn client_disconnect_mid_turn_ends_the_session() {
             .unwrap()
             .contains(&"turn_interrupted:disconnect".to_string())
     );
-    tokio::time::timeout(common::EXPECT_WITHIN, ctx.sessions.wait_idle())
+    tokio::time::timeout(common::EXPECT_WITHIN, ctx.sessions().wait_idle())
         .await
         .expect("the session closes");
-    let recorded = ctx.store.sessions(10, 0).await.unwrap();
+    let recorded = ctx.store().sessions(10, 0).await.unwrap();
     assert_eq!(recorded[0].end_reason.as_deref(), Some("disconnect"));
     assert_eq!(recorded[0].turns, 1, "the interrupted turn is recorded");
     daemon.shutdown().await;
@@ -1116,10 +1116,10 @@ async fn client_disconnect_mid_turn_ends_the_session() {
 
 #[tokio::test(start_paused = true)]
 async fn keepalive_arrives_every_keepalive_secs_with_token_counts() {
-    let daemon = TestDaemon::start_adjusted("[session]\nkeepalive_secs = 7\n", |c| {
-        c.server.http2_keepalive_secs = 0
-    })
-    .await;
+    let daemon = TestDaemon::setup("[session]\nkeepalive_secs = 7\n")
+        .paused_clock()
+        .start()
+        .await;
     let mut client = daemon.agent().await;
     let mut session = Session::open(&mut client).await;
     session.wait_bound = PAUSED_WAIT;
@@ -1179,8 +1179,8 @@ async fn feedback_is_stored_and_bad_ratings_are_refused() {
     );
     assert_eq!(
         daemon
-            .ctx
-            .store
+            .host
+            .store()
             .feedback_count(started.session_id)
             .await
             .unwrap(),

@@ -75,7 +75,7 @@ async fn drive(ooda: &Ooda, speed: f64) {
 #[tokio::test(start_paused = true)]
 async fn commanding_a_speed_changes_the_range_at_exactly_that_rate() {
     let daemon = rover(without_rules, true).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let at_rest = until(&ooda, |o| {
         o.sensor("front_distance")
             .is_some_and(|s| s.sensor.value.is_some())
@@ -104,7 +104,7 @@ async fn commanding_a_speed_changes_the_range_at_exactly_that_rate() {
 #[tokio::test(start_paused = true)]
 async fn the_shipped_rule_stops_the_rover_at_0_3_m() {
     let daemon = rover(str::to_string, true).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     until(&ooda, |o| {
         o.sensor("front_distance")
             .is_some_and(|s| s.sensor.value.is_some())
@@ -129,7 +129,7 @@ async fn the_shipped_rule_stops_the_rover_at_0_3_m() {
         value(&stopped, "front_distance")
     );
     // Start-up's safe value, our command, the rule's stop: nothing else.
-    let driver = ooda.sim_actuator("drive_speed").unwrap();
+    let driver = daemon.host.sim_actuator("drive_speed").unwrap();
     assert_eq!(driver.history(), [0.0, 0.3, 0.0]);
     assert_eq!(value(&later, "bumper"), 0.0);
     assert_eq!(later.sim.as_ref().map(|s| s.collisions), Some(0));
@@ -139,7 +139,7 @@ async fn the_shipped_rule_stops_the_rover_at_0_3_m() {
 #[tokio::test(start_paused = true)]
 async fn without_the_rule_the_rover_bumps_into_the_wall_and_a_collision_is_counted() {
     let daemon = rover(without_rules, true).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     until(&ooda, |o| {
         o.sensor("front_distance")
             .is_some_and(|s| s.sensor.value.is_some())
@@ -163,7 +163,7 @@ async fn without_the_rule_the_rover_bumps_into_the_wall_and_a_collision_is_count
 #[tokio::test(start_paused = true)]
 async fn the_battery_drains_faster_and_the_motor_heats_at_speed() {
     let daemon = rover(without_rules, true).await;
-    let ooda = daemon.ctx.ooda.clone();
+    let ooda = daemon.host.ooda().clone();
     let start = until(&ooda, |o| {
         o.sensor("battery_voltage")
             .is_some_and(|s| s.sensor.value.is_some())
@@ -225,7 +225,7 @@ async fn an_ooda_session_sees_the_range_it_caused_in_the_next_observation() {
         if expect.is_none() {
             assert!(!text.contains("error"), "{text}");
             // The next cycle starts once the rover has visibly moved.
-            until(&daemon.ctx.ooda, |o| {
+            until(daemon.host.ooda(), |o| {
                 value(o, "front_distance") < START_RANGE - 0.05
             })
             .await;
@@ -328,7 +328,7 @@ async fn the_same_seed_and_commands_give_the_same_observations() {
             )
         };
         let daemon = rover(noisy, true).await;
-        let ooda = daemon.ctx.ooda.clone();
+        let ooda = daemon.host.ooda().clone();
         let mut rx = ooda.subscribe();
         let mut seen = Vec::new();
         while seen.len() < 100 {

@@ -427,7 +427,7 @@ async fn a_fleet_stop_posted_as_curl_posts_it_stops_and_forms_elsewhere_are_stil
     let broker = Broker::start(broker_dir.path()).await;
     let token = broker_dir.path().join("fleet.token");
     std::fs::write(&token, format!("{FLEET_TOKEN}\n")).unwrap();
-    let daemon = TestDaemon::start_adjusted(
+    let daemon = TestDaemon::setup(
         &format!(
             "[host]\nenvironment_id = \"lab\"\n\
              [fleet]\nurl = \"mqtt://127.0.0.1:{}\"\ntoken_file = {:?}\n\
@@ -435,12 +435,13 @@ async fn a_fleet_stop_posted_as_curl_posts_it_stops_and_forms_elsewhere_are_stil
             broker.port,
             token.display().to_string()
         ),
-        |c| c.resolved_tokens = vec![rozd::config::Secret::new(ADMIN)],
     )
+    .token(ADMIN)
+    .start()
     .await;
-    let mut changes = daemon.ctx.fleet.changes();
+    let mut changes = daemon.host.fleet().changes();
     tokio::time::timeout(EXPECT_WITHIN, async {
-        while !daemon.ctx.fleet.is_connected() {
+        while !daemon.host.fleet().is_connected() {
             changes.changed().await.expect("fleet alive");
         }
     })
@@ -483,7 +484,7 @@ async fn a_fleet_stop_posted_as_curl_posts_it_stops_and_forms_elsewhere_are_stil
         (&json!(true), &json!("x")),
         "{body}"
     );
-    let latched = daemon.ctx.ooda.protective_stop().state();
+    let latched = daemon.host.ooda().protective_stop().state();
     assert_eq!(latched.causes.len(), 1, "{latched:?}");
     assert_eq!(latched.causes[0].source, "fleet");
     assert!(latched.causes[0].reason.ends_with(": x"), "{latched:?}");
@@ -515,7 +516,7 @@ async fn a_fleet_stop_posted_as_curl_posts_it_stops_and_forms_elsewhere_are_stil
         (403, &json!("cross_origin")),
         "{body}"
     );
-    assert!(daemon.ctx.ooda.protective_stop().state().is_active());
+    assert!(daemon.host.ooda().protective_stop().state().is_active());
     // With a valid bearer token the request cannot be a browser's forgery:
     // curl's form is accepted there too.
     let (status, body) = curl(
@@ -532,9 +533,9 @@ async fn a_fleet_stop_posted_as_curl_posts_it_stops_and_forms_elsewhere_are_stil
     .await;
     assert_eq!((status, &body["stop"]), (200, &json!(false)), "{body}");
     assert!(
-        !daemon.ctx.ooda.protective_stop().state().is_active(),
+        !daemon.host.ooda().protective_stop().state().is_active(),
         "{:?}",
-        daemon.ctx.ooda.protective_stop().state()
+        daemon.host.ooda().protective_stop().state()
     );
     // An invalid token earns nothing: the guard refuses as before.
     let (status, body) = curl(
@@ -588,6 +589,6 @@ async fn two_host_headers_are_a_bad_request_and_a_stop_still_latches() {
     )
     .await;
     assert_eq!((status, &body["triggered"]), (200, &json!(true)), "{body}");
-    assert!(daemon.ctx.ooda.protective_stop().state().is_active());
+    assert!(daemon.host.ooda().protective_stop().state().is_active());
     daemon.shutdown().await;
 }

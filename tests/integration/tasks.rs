@@ -214,7 +214,7 @@ fn check_lifecycles(lines: &[String]) -> Vec<String> {
 #[tokio::test]
 async fn a_team_of_three_workers_reads_and_moves_and_every_watcher_sees_the_same_events() {
     let daemon = host("").await;
-    let speed = daemon.ctx.ooda.sim_actuator("speed").unwrap();
+    let speed = daemon.host.sim_actuator("speed").unwrap();
     let task = create(
         &daemon,
         r#"spawn react "read distance"; spawn react "read distance; read distance"; spawn react "set speed 0.5"; await"#,
@@ -224,7 +224,7 @@ async fn a_team_of_three_workers_reads_and_moves_and_every_watcher_sees_the_same
     assert_eq!(task.status, "pending");
     assert_eq!(
         task.host_id.as_deref(),
-        Some(daemon.ctx.config.host.id.as_str())
+        Some(daemon.host.config().host.id.as_str())
     );
     let id = task.id.clone();
     let mut early = Watch::open(&daemon, &id).await;
@@ -233,7 +233,7 @@ async fn a_team_of_three_workers_reads_and_moves_and_every_watcher_sees_the_same
     let mut workers = check_lifecycles(&seen_early);
     workers.sort();
     assert_eq!(workers, ["w0", "w1", "w2", "w3"], "{seen_early:#?}");
-    let host_id = &daemon.ctx.config.host.id;
+    let host_id = &daemon.host.config().host.id;
     for w in ["w0", "w1", "w2", "w3"] {
         assert!(
             seen_early.contains(&format!("started {w} on {host_id}")),
@@ -377,8 +377,8 @@ async fn a_protective_stop_mid_task_fails_every_running_worker_with_e_stop() {
 
 #[tokio::test(start_paused = true)]
 async fn a_task_timeout_fails_its_workers_with_timeout_and_its_actuators_go_safe() {
-    let daemon = TestDaemon::start_adjusted(HOST, |c| c.server.http2_keepalive_secs = 0).await;
-    let speed = daemon.ctx.ooda.sim_actuator("speed").unwrap();
+    let daemon = TestDaemon::setup(HOST).paused_clock().start().await;
+    let speed = daemon.host.sim_actuator("speed").unwrap();
     // `speed` is allowed; `lamp` waits for an approval that never comes
     // (its own approval timeout, 120 s, is longer than the task's 20 s).
     let task = create(&daemon, "set speed 0.5; set lamp 1", Some(20)).await;
@@ -401,8 +401,7 @@ async fn a_task_timeout_fails_its_workers_with_timeout_and_its_actuators_go_safe
     assert_eq!(speed.value(), Some(0.0));
     assert_eq!(
         daemon
-            .ctx
-            .ooda
+            .host
             .sim_actuator("lamp")
             .unwrap()
             .history()
@@ -417,7 +416,7 @@ async fn a_task_timeout_fails_its_workers_with_timeout_and_its_actuators_go_safe
 #[tokio::test]
 async fn an_out_of_range_command_fails_the_worker_with_safety_violation() {
     let daemon = host("").await;
-    let speed = daemon.ctx.ooda.sim_actuator("speed").unwrap();
+    let speed = daemon.host.sim_actuator("speed").unwrap();
     let task = create(&daemon, "set speed 5; set speed 0.5", None).await;
     let lines = Watch::open(&daemon, &task.id).await.until_end().await;
     check_lifecycles(&lines);
@@ -504,7 +503,7 @@ async fn a_provider_error_fails_the_worker_with_model_error() {
     assert_eq!(
         lines,
         [
-            format!("started w0 on {}", daemon.ctx.config.host.id),
+            format!("started w0 on {}", daemon.host.config().host.id),
             "phase w0 1 ooda_re_act".to_string(),
             "failed w0 model_error".to_string(),
             "exited w0".to_string()
@@ -554,7 +553,7 @@ async fn pending_call(daemon: &TestDaemon, task_id: &str) -> proto::PendingAppro
 #[tokio::test]
 async fn approvals_through_approve_tool_use_and_through_rest_both_decide_the_call() {
     let daemon = host("").await;
-    let lamp = daemon.ctx.ooda.sim_actuator("lamp").unwrap();
+    let lamp = daemon.host.sim_actuator("lamp").unwrap();
     let mut client = tasks(&daemon).await;
 
     // gRPC: approved, the lamp goes on; the worker's exit turns it off.
@@ -685,7 +684,7 @@ async fn bad_requests_get_precise_errors_over_grpc_and_rest() {
         ),
         Code::InvalidArgument
     );
-    let unknown = format!("{}:{}", daemon.ctx.config.host.id, uuid::Uuid::new_v4());
+    let unknown = format!("{}:{}", daemon.host.config().host.id, uuid::Uuid::new_v4());
     assert_eq!(
         code(
             client
@@ -775,7 +774,7 @@ async fn bad_requests_get_precise_errors_over_grpc_and_rest() {
 #[tokio::test]
 async fn cancelling_a_task_exits_its_workers_without_failure_and_makes_actuators_safe() {
     let daemon = host("").await;
-    let speed = daemon.ctx.ooda.sim_actuator("speed").unwrap();
+    let speed = daemon.host.sim_actuator("speed").unwrap();
     let task = create(&daemon, "set speed 0.5; set lamp 1", None).await;
     pending_call(&daemon, &task.id).await;
     assert_eq!(speed.value(), Some(0.5));
@@ -805,15 +804,15 @@ async fn a_graceful_shutdown_mid_task_fails_it_as_interrupted_with_safe_actuator
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("rozd.db");
     let daemon = TestDaemon::start_with_store(&store, HOST).await;
-    let speed = daemon.ctx.ooda.sim_actuator("speed").unwrap();
+    let speed = daemon.host.sim_actuator("speed").unwrap();
     let task = create(&daemon, "set speed 0.5; set lamp 1", None).await;
     pending_call(&daemon, &task.id).await;
     assert_eq!(speed.value(), Some(0.5));
     // The first step of the shutdown, alone: the tasks stop their workers
     // and record their end; the actuators are safe before the daemon's own
     // last safe drive (`ooda.stop`) could have done it.
-    daemon.ctx.shutdown.cancel();
-    tokio::time::timeout(EXPECT_WITHIN, daemon.ctx.tasks.wait_idle())
+    daemon.host.begin_shutdown();
+    tokio::time::timeout(EXPECT_WITHIN, daemon.host.tasks().wait_idle())
         .await
         .expect("the task ends");
     assert_eq!(speed.value(), Some(0.0));
@@ -861,10 +860,7 @@ fn a_restart_after_a_crash_mid_task_replays_the_interrupted_history() {
             .await;
         (task.id, before)
     });
-    assert_eq!(
-        first.ctx.ooda.sim_actuator("speed").unwrap().value(),
-        Some(0.5)
-    );
+    assert_eq!(first.host.sim_actuator("speed").unwrap().value(), Some(0.5));
     drop(crashing);
     drop(first);
 
@@ -1105,7 +1101,7 @@ async fn cancelling_a_task_mid_command_still_ends_with_the_valve_safe() {
     device.answer("V 0", "OK").await;
     let updates = statuses(&daemon, &task.id, EXPECT_WITHIN).await;
     assert_eq!(status_names(&updates).last(), Some(&"cancelled"));
-    assert_eq!(daemon.ctx.ooda.actuators().value("valve"), Some(0.0));
+    assert_eq!(daemon.host.ooda().actuators().value("valve"), Some(0.0));
     // Shutdown drives the safe value once more; the device answers it.
     let shutdown = tokio::spawn(daemon.shutdown());
     device.answer("V 0", "OK").await;
@@ -1125,7 +1121,7 @@ async fn a_task_worker_is_told_the_embodiment_and_the_manual() {
         manual.display().to_string()
     ))
     .await;
-    let briefing = daemon.ctx.briefings.current().text().to_string();
+    let briefing = daemon.host.briefing().text().to_string();
     assert!(briefing.contains("Tasks run only when the cell is empty."));
     let (status, created) = rest_post(&daemon, "/v1/tasks", &json!({"prompt": "context"})).await;
     assert_eq!(status, 201, "{created}");

@@ -7,7 +7,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 use rozd::proto;
@@ -118,7 +117,7 @@ fn tls_server(cert: &Path, key: &Path, extra: &str) -> String {
 }
 
 async fn start_tls(server: &str, extra: &str) -> TestDaemon {
-    TestDaemon::start_server(server, extra, |_| {}, Arc::new(rozd::session::LogHooks)).await
+    TestDaemon::setup(extra).server(server).start().await
 }
 
 /// The subject of the certificate a TLS listener at `addr` serves now.
@@ -570,7 +569,7 @@ async fn a_certificate_rotated_on_disk_is_served_without_a_restart() {
         assert!(tokio::time::Instant::now() < deadline, "never reloaded");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(daemon.ctx.tls.get().unwrap().status().reloads, 1);
+    assert_eq!(daemon.host.tls().unwrap().status().reloads, 1);
     daemon.shutdown().await;
 }
 
@@ -1266,12 +1265,12 @@ async fn the_example_broker_acl_keeps_the_retained_fleet_stop_from_anyone_but_th
     let (server, fleet) = fleet_host(d, "rover-1", port);
     let rover1 = start_tls(&server, &fleet).await;
     until("rover-1 joins the fleet", || {
-        rover1.ctx.fleet.is_connected()
+        rover1.host.fleet().is_connected()
     })
     .await;
     rover1
-        .ctx
-        .fleet
+        .host
+        .fleet()
         .publish_estop("lab", true, "drill")
         .expect("rover-1 publishes the fleet stop");
     let stop = retained_until(d, port, topic, 1, |lines| {
@@ -1317,7 +1316,7 @@ async fn the_example_broker_acl_keeps_the_retained_fleet_stop_from_anyone_but_th
     // A host that joins now latches from the retained stop.
     let (server, fleet) = fleet_host(d, "rover-2", port);
     let rover2 = start_tls(&server, &fleet).await;
-    let latch = rover2.ctx.ooda.protective_stop().clone();
+    let latch = rover2.host.ooda().protective_stop().clone();
     until("rover-2 latches the fleet stop", || {
         latch.state().causes.iter().any(|c| c.source == "fleet")
     })
@@ -1330,8 +1329,8 @@ async fn the_example_broker_acl_keeps_the_retained_fleet_stop_from_anyone_but_th
     })
     .await;
     rover1
-        .ctx
-        .fleet
+        .host
+        .fleet()
         .publish_estop("lab", false, "drill over")
         .expect("rover-1 publishes the clear");
     until("rover-2 cleared by the fleet", || {
@@ -1395,15 +1394,15 @@ async fn a_client_certificate_maps_to_its_scopes_by_subject() {
     assert_eq!(curl("POST", url("/v1/estop"), c, k).await, "200");
     let (c, k) = viewer();
     assert_eq!(curl("POST", url("/v1/estop/clear"), c, k).await, "403");
-    assert!(daemon.ctx.ooda.protective_stop().active().is_some());
+    assert!(daemon.host.ooda().protective_stop().active().is_some());
     assert_eq!(
         curl("GET", url("/v1/status"), other_cert, other_key).await,
         "401",
         "a verified certificate whose subject is not in server.clients"
     );
     let rows = daemon
-        .ctx
-        .store
+        .host
+        .store()
         .audit_records(None, None, 100)
         .await
         .unwrap();

@@ -59,7 +59,7 @@ struct Foxglove {
 }
 
 /// `GET /foxglove`.
-pub fn routes(ctx: Arc<HostContext>, hub: Arc<Hub>) -> axum::Router {
+pub(crate) fn routes(ctx: Arc<HostContext>, hub: Arc<Hub>) -> axum::Router {
     axum::Router::new()
         .route(PATH, get(upgrade))
         .with_state(Foxglove { ctx, hub })

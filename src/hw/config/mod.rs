@@ -8,10 +8,10 @@
 //! that names it rather than something silently ignored.
 
 mod actuators;
-pub mod modbus;
-pub mod schema;
+pub(crate) mod modbus;
+pub(crate) mod schema;
 mod sensors;
-pub mod spec;
+pub(crate) mod spec;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

@@ -24,8 +24,8 @@
 //! - RTU: frames are at least `frame_gap` apart (3.5 characters by
 //!   default).
 
-pub mod codec;
-pub mod plan;
+pub(crate) mod codec;
+pub(crate) mod plan;
 
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
@@ -523,10 +523,10 @@ impl LinkTask {
             Ok(response) => {
                 let values: Vec<(&str, Option<f64>)> = match &response {
                     Response::ReadHoldingRegisters(words) | Response::ReadInputRegisters(words) => {
-                        req.from_words(words).collect()
+                        req.values_in_words(words).collect()
                     }
                     Response::ReadCoils(bits) | Response::ReadDiscreteInputs(bits) => {
-                        req.from_bits(bits).collect()
+                        req.values_in_bits(bits).collect()
                     }
                     _ => Vec::new(),
                 };

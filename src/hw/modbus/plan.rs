@@ -45,7 +45,7 @@ pub struct ReadRequest {
 impl ReadRequest {
     /// The sensors' values from a register reply (`None` for a sensor the
     /// reply is too short for).
-    pub fn from_words<'a>(
+    pub fn values_in_words<'a>(
         &'a self,
         words: &'a [u16],
     ) -> impl Iterator<Item = (&'a str, Option<f64>)> + 'a {
@@ -58,7 +58,7 @@ impl ReadRequest {
     }
 
     /// The sensors' values from a bit reply.
-    pub fn from_bits<'a>(
+    pub fn values_in_bits<'a>(
         &'a self,
         bits: &'a [bool],
     ) -> impl Iterator<Item = (&'a str, Option<f64>)> + 'a {
@@ -496,7 +496,7 @@ mod tests {
                 }
             })
             .collect();
-        let values: Vec<(&str, Option<f64>)> = first.from_words(&words).collect();
+        let values: Vec<(&str, Option<f64>)> = first.values_in_words(&words).collect();
         assert_eq!(
             values,
             [
@@ -506,7 +506,7 @@ mod tests {
             ]
         );
         let bits = [true, false, false, true];
-        let coils: Vec<_> = groups[0].requests[3].from_bits(&bits).collect();
+        let coils: Vec<_> = groups[0].requests[3].values_in_bits(&bits).collect();
         assert_eq!(coils, [("coil_0", Some(1.0)), ("coil_3", Some(1.0))]);
     }
 

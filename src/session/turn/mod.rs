@@ -79,7 +79,7 @@ pub struct HostAccess {
 impl HostAccess {
     /// The host as `owner` (a session id or a task worker's id) sees it in
     /// `ai_mode`; `label` is how the audit names the caller.
-    pub fn new(
+    pub(crate) fn new(
         ctx: &HostContext,
         asker: Asker,
         owner: &str,

@@ -25,56 +25,94 @@ pub struct TestDaemon {
     pub addr: SocketAddr,
     /// The local control socket (`control.sock` beside the store).
     pub control_socket: std::path::PathBuf,
-    pub ctx: std::sync::Arc<rozd::HostContext>,
+    /// What the test may see of the daemon beyond its ports.
+    pub host: rozd::testing::Probe,
     stop: Option<oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
+}
+
+/// A daemon to start: its configuration is text, validated as a file
+/// is; nothing is changed after validation.
+pub struct Setup {
+    listen: String,
+    /// Plain keys of `[server]`, written before `server_toml` (which may
+    /// open sub-tables such as `[[server.tokens]]`).
+    server_keys: String,
+    server_toml: String,
+    extra_toml: String,
+    hooks: std::sync::Arc<dyn rozd::session::SessionHooks>,
+}
+
+impl Setup {
+    /// Adds `toml` to the `[server]` table.
+    pub fn server(mut self, toml: &str) -> Setup {
+        self.server_toml.push_str(toml);
+        self.server_toml.push('\n');
+        self
+    }
+
+    /// For a test on tokio's paused clock: no HTTP/2 keepalive pings
+    /// (`http2_keepalive_secs = 0`), whose timer would advance the clock.
+    pub fn paused_clock(mut self) -> Setup {
+        self.server_keys.push_str("http2_keepalive_secs = 0\n");
+        self
+    }
+
+    /// Listening on `addr` (a port a daemon before it had) instead of an
+    /// ephemeral port.
+    pub fn listen(mut self, addr: SocketAddr) -> Setup {
+        self.listen = addr.to_string();
+        self
+    }
+
+    /// With the API token `token` (`server.auth_tokens`).
+    pub fn token(mut self, token: &str) -> Setup {
+        self.server_keys
+            .push_str(&format!("auth_tokens = [{token:?}]\n"));
+        self
+    }
+
+    /// With these session hooks.
+    pub fn hooks(mut self, hooks: std::sync::Arc<dyn rozd::session::SessionHooks>) -> Setup {
+        self.hooks = hooks;
+        self
+    }
+
+    pub async fn start(self) -> TestDaemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let text = format!(
+            "[server]\nlisten = {:?}\n{}{}\n[store]\npath = {:?}\n{}",
+            self.listen,
+            self.server_keys,
+            self.server_toml,
+            dir.path().join("rozd.db").display().to_string(),
+            self.extra_toml
+        );
+        let config = Config::parse(&text, ConfigSource::BuiltIn).expect("test config is valid");
+        let daemon = rozd::daemon::Daemon::bind_with_hooks(config, self.hooks)
+            .await
+            .expect("bind");
+        TestDaemon::serve(daemon, dir)
+    }
 }
 
 impl TestDaemon {
     /// Starts a daemon from config text; `listen` is forced to an ephemeral
     /// loopback port and the store into a temporary directory.
     pub async fn start(extra_toml: &str) -> TestDaemon {
-        Self::start_adjusted(extra_toml, |_| {}).await
+        Self::setup(extra_toml).start().await
     }
 
-    /// [`TestDaemon::start`], then `adjust` edits the parsed config before binding.
-    pub async fn start_adjusted(extra_toml: &str, adjust: impl FnOnce(&mut Config)) -> TestDaemon {
-        Self::start_full(
-            extra_toml,
-            adjust,
-            std::sync::Arc::new(rozd::session::LogHooks),
-        )
-        .await
-    }
-
-    /// Starts with config text, a config adjustment and session hooks.
-    pub async fn start_full(
-        extra_toml: &str,
-        adjust: impl FnOnce(&mut Config),
-        hooks: std::sync::Arc<dyn rozd::session::SessionHooks>,
-    ) -> TestDaemon {
-        Self::start_server("", extra_toml, adjust, hooks).await
-    }
-
-    /// [`TestDaemon::start_full`] with `server_toml` added to its `[server]` table.
-    pub async fn start_server(
-        server_toml: &str,
-        extra_toml: &str,
-        adjust: impl FnOnce(&mut Config),
-        hooks: std::sync::Arc<dyn rozd::session::SessionHooks>,
-    ) -> TestDaemon {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let text = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\n{server_toml}\n[store]\npath = {:?}\n{extra_toml}",
-            dir.path().join("rozd.db").display().to_string()
-        );
-        let mut config = Config::parse(&text, ConfigSource::BuiltIn).expect("test config is valid");
-        adjust(&mut config);
-        let daemon = rozd::daemon::Daemon::bind_with_hooks(config, hooks)
-            .await
-            .expect("bind");
-        Self::serve(daemon, dir)
+    /// A daemon of `extra_toml` with more said of it (see [`Setup`]).
+    pub fn setup(extra_toml: &str) -> Setup {
+        Setup {
+            listen: "127.0.0.1:0".into(),
+            server_keys: String::new(),
+            server_toml: String::new(),
+            extra_toml: extra_toml.to_string(),
+            hooks: std::sync::Arc::new(rozd::session::LogHooks),
+        }
     }
 
     pub async fn start_with(config: Config, dir: tempfile::TempDir) -> TestDaemon {
@@ -84,11 +122,11 @@ impl TestDaemon {
 
     fn serve(daemon: rozd::daemon::Daemon, dir: tempfile::TempDir) -> TestDaemon {
         let addr = daemon.local_addr();
-        let ctx = daemon.context();
+        let host = daemon.probe();
         // The default place (the tests do not run under systemd, so there is
         // no $RUNTIME_DIRECTORY): beside the store.
-        let control_socket = ctx
-            .config
+        let control_socket = host
+            .config()
             .store
             .resolved_path()
             .with_file_name("control.sock");
@@ -99,7 +137,7 @@ impl TestDaemon {
         TestDaemon {
             addr,
             control_socket,
-            ctx,
+            host,
             stop: Some(stop),
             served: Some(served),
             _dir: dir,
