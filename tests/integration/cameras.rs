@@ -1,7 +1,9 @@
 //! Cameras (issue 33) with real parts: Debian's `ffmpeg` serving a live
 //! MJPEG stream on loopback, the real `rozd` binary, a real HTTP client,
 //! and Pillow decoding every JPEG rozd serves. Bad cameras are loopback
-//! servers that send garbage, oversized and mistyped frames.
+//! servers that send garbage, oversized and mistyped frames. V4L2 has no
+//! device on these machines: a V4L2 camera is tested with its device
+//! missing, and its frame path (YUYV to JPEG) through Pillow.
 //!
 //! No sleeps to synchronise: each wait polls `/v1/cameras` until a
 //! condition holds, within a generous bound.
