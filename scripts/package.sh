@@ -23,7 +23,9 @@ die() {
 }
 
 # Debian arch -> Rust target triple, cross C compiler (for rusqlite's bundled
-# SQLite and ring), and the apt packages providing it.
+# SQLite and ring), and the apt packages providing it and the target's
+# headers (the kernel's among them: bindgen reads linux/videodev2.h for the
+# v4l crate's bindings).
 rust_target() {
   case "$1" in
     amd64) echo x86_64-unknown-linux-gnu ;;
@@ -42,8 +44,8 @@ cross_gcc() {
 cross_apt() {
   case "$1" in
     amd64) echo "" ;;
-    arm64) echo "gcc-aarch64-linux-gnu libc6-dev-arm64-cross" ;;
-    armhf) echo "gcc-arm-linux-gnueabihf libc6-dev-armhf-cross" ;;
+    arm64) echo "gcc-aarch64-linux-gnu libc6-dev-arm64-cross linux-libc-dev-arm64-cross" ;;
+    armhf) echo "gcc-arm-linux-gnueabihf libc6-dev-armhf-cross linux-libc-dev-armhf-cross" ;;
   esac
 }
 
@@ -51,7 +53,8 @@ cross_apt() {
   die "this script builds on an amd64 Debian/Ubuntu machine (dpkg reports '$(dpkg --print-architecture 2>/dev/null || echo none)')"
 
 # ---------------------------------------------------------------- prerequisites
-wanted=(dpkg-dev qemu-user-static)
+# libclang: bindgen generates the v4l crate's V4L2 bindings at build time.
+wanted=(dpkg-dev qemu-user-static libclang-dev)
 for arch in $arches; do
   rust_target "$arch" >/dev/null
   # shellcheck disable=SC2207 # space-separated package names
@@ -100,6 +103,9 @@ for arch in $arches; do
     target_env=${target//-/_}
     export "CC_${target_env}=$gcc"
     export "CARGO_TARGET_${target_env^^}_LINKER=$gcc"
+    # bindgen (libclang, told the target) reads the target's headers from
+    # the cross sysroot, not the build machine's /usr/include.
+    export "BINDGEN_EXTRA_CLANG_ARGS_${target_env}=-isystem /usr/${gcc%-gcc}/include"
   fi
   if [ "$arch" = amd64 ]; then
     # The native build: target/release, shared with `cargo run --release`.

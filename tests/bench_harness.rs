@@ -60,6 +60,8 @@ const EXPECTED: &[&str] = &[
     "footprint.binary_mib",
     "camera.encode_640x480.p50_us",
     "camera.passthrough_check_640x480.p50_us",
+    "camera.yuyv_encode_640x480.p50_us",
+    "camera.v4l2_mjpeg_passthrough_640x480.p50_us",
     "camera.capture_image.p50_us",
     "camera.loop_streaming.lateness_p99_us",
     "camera.cpu_per_frame_us",

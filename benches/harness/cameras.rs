@@ -44,13 +44,14 @@ const SIM_CAMERA: &str = "[sim]\n[[sensors]]\nname = \"front_distance\"\nsource 
                           [[cameras]]\nname = \"front_camera\"\nsource = \"sim\"\n\
                           width = 640\nheight = 480\nfps = 10\n";
 
-/// Times Pillow's encode of raw RGB (argv: file, width, height, quality,
-/// trials); prints one duration in µs per line.
+/// Times Pillow's encode of raw pixels (argv: file, width, height,
+/// quality, trials, mode: "RGB" or "YCbCr", 8 bits a channel); prints one
+/// duration in µs per line.
 const PILLOW: &str = r#"
 import io, sys, time
 from PIL import Image
-path, w, h, q, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-im = Image.frombytes("RGB", (w, h), open(path, "rb").read())
+path, w, h, q, n, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+im = Image.frombytes(mode, (w, h), open(path, "rb").read())
 for _ in range(n):
     out = io.BytesIO()
     t = time.perf_counter()
@@ -81,10 +82,10 @@ fn python() -> Option<PathBuf> {
 }
 
 /// Pillow's encode times, or why there are none.
-fn pillow(rgb: &[u8], trials: usize) -> Result<Samples, String> {
+fn pillow(pixels: &[u8], mode: &str, trials: usize) -> Result<Samples, String> {
     let python = python().ok_or("no Python with Pillow (ROZD_TEST_PYENV, <target>/pyenv)")?;
     let mut file = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
-    file.write_all(rgb).map_err(|e| e.to_string())?;
+    file.write_all(pixels).map_err(|e| e.to_string())?;
     let out = std::process::Command::new(python)
         .arg("-c")
         .arg(PILLOW)
@@ -94,6 +95,7 @@ fn pillow(rgb: &[u8], trials: usize) -> Result<Samples, String> {
             HEIGHT.to_string(),
             QUALITY.to_string(),
             trials.to_string(),
+            mode.to_string(),
         ])
         .output()
         .map_err(|e| e.to_string())?;
@@ -125,7 +127,7 @@ pub async fn cameras(scale: &Scale) -> Result<Group> {
             .map_err(|e| anyhow!("encode: {}", e.message))?;
         encode.push(t.elapsed());
     }
-    let floor = pillow(&rgb, trials);
+    let floor = pillow(&rgb, "RGB", trials);
     let note = match &floor {
         Ok(_) => {
             "encode: Pillow (libjpeg-turbo) on the same picture at the same quality, in its own \
@@ -135,7 +137,10 @@ pub async fn cameras(scale: &Scale) -> Result<Group> {
         Err(why) => format!("encode: no floor ({why})"),
     };
     let note = format!(
-        "{note}; pass-through check: copying the frame's bytes; capture_image: the latest frame \
+        "{note}; YUYV encode: Pillow encoding the same frame's YCbCr (expanded to 4:4:4 \
+         beforehand, untimed: Pillow reads no YUYV); pass-through check, and a V4L2 MJPEG frame \
+         passed through (copied out of the driver's buffer, padding cut, checked): copying the \
+         frame's bytes; capture_image: the latest frame \
          taken and base64-encoded; loop while streaming: the same host without cameras, run just \
          before; CPU per captured frame (the run with cameras less the run without, per frame): \
          rozd's own encode of one 640×480 picture (p50), the least a frame costs"
@@ -180,6 +185,8 @@ pub async fn cameras(scale: &Scale) -> Result<Group> {
         &copy,
         &[P50, P99],
     );
+
+    v4l2_frames(trials, &rgb, &jpeg, &copy, &mut group)?;
 
     // capture_image on the simulated camera, end to end.
     let daemon = Daemon::start(SIM_CAMERA).await?;
@@ -228,6 +235,89 @@ pub async fn cameras(scale: &Scale) -> Result<Group> {
     streaming(scale, &mut group, encode.percentile(0.5), encode.len()).await?;
     idle_footprint(scale, &mut group).await?;
     Ok(group)
+}
+
+/// A V4L2 camera's frames, through the path a device's frames take
+/// (`camera::v4l2::frames::to_jpeg`): a 640×480 YUYV frame encoded, beside
+/// Pillow encoding the same frame's YCbCr; an MJPEG frame passed through,
+/// beside `copy` (copying its bytes).
+fn v4l2_frames(
+    trials: usize,
+    rgb: &[u8],
+    jpeg: &[u8],
+    copy: &Samples,
+    group: &mut Group,
+) -> Result<()> {
+    use rozd::camera::v4l2::frames::{self, Layout, PixelFormat, RANGE, RawFrame};
+    let yuyv = frames::yuyv_from_rgb(rgb, WIDTH, HEIGHT);
+    let layout = Layout {
+        format: PixelFormat::Yuyv,
+        width: WIDTH,
+        height: HEIGHT,
+        stride: WIDTH as usize * 2,
+    };
+    let mut encode = Samples::default();
+    for _ in 0..trials {
+        let t = Instant::now();
+        let frame = frames::yuyv_to_jpeg(std::hint::black_box(&yuyv), &layout, QUALITY)
+            .map_err(|e| anyhow!("YUYV encode: {}", e.message))?;
+        encode.push(t.elapsed());
+        std::hint::black_box(frame);
+    }
+    // The same frame as full-range YCbCr 4:4:4, what Pillow can take.
+    let mut ycbcr = Vec::with_capacity(yuyv.len() * 3 / 2);
+    for pair in yuyv.chunks_exact(4) {
+        let (cb, cr) = (
+            RANGE.chroma[usize::from(pair[1])],
+            RANGE.chroma[usize::from(pair[3])],
+        );
+        ycbcr.extend_from_slice(&[RANGE.luma[usize::from(pair[0])], cb, cr]);
+        ycbcr.extend_from_slice(&[RANGE.luma[usize::from(pair[2])], cb, cr]);
+    }
+    match pillow(&ycbcr, "YCbCr", trials) {
+        Ok(pillow) => group.latencies(
+            "camera.yuyv_encode_640x480",
+            "encode a 640×480 YUYV frame to JPEG",
+            &encode,
+            &pillow,
+            &[P50, P99],
+        ),
+        Err(_) => group.add(
+            "camera.yuyv_encode_640x480.p50_us",
+            "encode a 640×480 YUYV frame to JPEG p50",
+            "µs",
+            Better::Lower,
+            encode.percentile(0.5),
+            None,
+            (encode.len(), 0),
+        ),
+    }
+
+    let mjpeg = Layout {
+        format: PixelFormat::Mjpeg,
+        stride: 0,
+        ..layout
+    };
+    let mut pass = Samples::default();
+    for _ in 0..trials * 10 {
+        let t = Instant::now();
+        let raw = RawFrame {
+            data: std::hint::black_box(jpeg).to_vec(),
+            damaged: false,
+        };
+        let frame = frames::to_jpeg(raw, &mjpeg, QUALITY, 4 << 20)
+            .map_err(|e| anyhow!("MJPEG pass-through: {}", e.message))?;
+        pass.push(t.elapsed());
+        std::hint::black_box(frame);
+    }
+    group.latencies(
+        "camera.v4l2_mjpeg_passthrough_640x480",
+        "V4L2 MJPEG pass-through of a 640×480 frame",
+        &pass,
+        copy,
+        &[P50, P99],
+    );
+    Ok(())
 }
 
 /// Cameras in the idle-footprint run beside none.

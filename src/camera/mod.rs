@@ -12,6 +12,7 @@
 //! - [`sim`]: the simulated world's first-person view
 //! - `files`: JPEG files from a directory, looping
 //! - [`replay`]: a recording's camera frames at their recorded times
+//! - [`v4l2`]: USB and CSI cameras through V4L2, hot-pluggable
 
 pub(crate) mod config;
 mod files;
@@ -21,6 +22,7 @@ pub mod jpeg;
 pub mod mjpeg;
 pub(crate) mod replay;
 pub(crate) mod sim;
+pub mod v4l2;
 
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -201,7 +203,7 @@ impl Cameras {
     }
 
     /// Starts each camera's capture (threads for rendering and files, a
-    /// task for network cameras) until `shutdown`; `world`: the simulated
+    /// task for network and V4L2 cameras) until `shutdown`; `world`: the simulated
     /// world a `sim` camera renders (validation made sure there is one).
     pub fn start(
         specs: &[CameraSpec],
@@ -216,6 +218,11 @@ impl Cameras {
             match &spec.source {
                 Source::Http { .. } => {
                     tokio::spawn(http::run(camera.clone(), stop));
+                }
+                // A task; the device's blocking calls on tokio's blocking
+                // threads, where a panic is caught as the device's failure.
+                Source::V4l2(_) => {
+                    tokio::spawn(v4l2::run(camera.clone(), stop));
                 }
                 Source::Sim { .. } => {
                     let Some(world) = world.clone() else {

@@ -1,7 +1,9 @@
 //! Cameras (issue 33) with real parts: Debian's `ffmpeg` serving a live
 //! MJPEG stream on loopback, the real `rozd` binary, a real HTTP client,
 //! and Pillow decoding every JPEG rozd serves. Bad cameras are loopback
-//! servers that send garbage, oversized and mistyped frames.
+//! servers that send garbage, oversized and mistyped frames. V4L2 has no
+//! device on these machines: a V4L2 camera is tested with its device
+//! missing, and its frame path (YUYV to JPEG) through Pillow.
 //!
 //! No sleeps to synchronise: each wait polls `/v1/cameras` until a
 //! condition holds, within a generous bound.
@@ -659,4 +661,124 @@ async fn a_replay_camera_plays_a_recordings_frames_back() {
             && error.contains("channels with frames: /cameras/cam"),
         "{error}"
     );
+}
+
+/// A V4L2 camera whose device is not there (this machine has no V4L2 at
+/// all): the daemon starts, serves, and shows the camera `disconnected`,
+/// saying why, through the same API as every camera.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v4l2_camera_without_its_device_is_disconnected_and_the_daemon_serves_on() {
+    let missing = "/dev/video-rozd-test-never-present";
+    assert!(!Path::new(missing).exists());
+    let daemon = TestDaemon::start(&format!(
+        "[[cameras]]\nname = \"usb\"\nsource = \"v4l2\"\ndevice = \"{missing}\"\n\
+         format = \"yuyv\"\nwidth = 320\nheight = 240\nfps = 15\n"
+    ))
+    .await;
+    let base = daemon.url();
+    let view = until(&base, "usb", "disconnected", |c| {
+        c["health"] == "disconnected"
+    })
+    .await;
+    assert_eq!(view["source"], "v4l2");
+    assert_eq!(view["frames"], 0);
+    let why = view["last_error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains(missing) && why.contains("unplugged"),
+        "the error names the device and the usual cause: {view}"
+    );
+
+    // Serving on: health, status, the camera's refusal, metrics.
+    let health = client()
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let status = get_json(&base, "/v1/status").await;
+    assert_eq!(status["cameras"][0]["name"], "usb");
+    assert_eq!(status["cameras"][0]["health"], "disconnected");
+    let snapshot = client()
+        .get(format!("{base}/v1/cameras/usb/snapshot.jpg"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(snapshot.status(), 503);
+    let body: Value = snapshot.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unavailable");
+    let metrics = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("rozd_camera_health{camera=\"usb\",health=\"disconnected\"} 1"),
+        "{metrics}"
+    );
+    daemon.shutdown().await;
+}
+
+/// A YUYV frame as a camera sends it (studio range, chroma shared by each
+/// pair of pixels), through rozd's V4L2 frame path: Pillow (libjpeg)
+/// decodes the JPEG to the frame's colours.
+#[test]
+fn a_yuyv_frame_encoded_by_rozd_decodes_in_pillow_to_its_colours() {
+    use rozd::camera::v4l2::frames::{self, Layout, PixelFormat, RawFrame};
+    const COLOURS: [[u8; 3]; 4] = [[220, 30, 30], [30, 200, 40], [40, 60, 210], [16, 16, 16]];
+    let (w, h) = (320u32, 240u32);
+    let mut rgb = Vec::with_capacity((w * h * 3) as usize);
+    for _ in 0..h {
+        for x in 0..w {
+            rgb.extend_from_slice(&COLOURS[(x * 4 / w) as usize]);
+        }
+    }
+    let layout = Layout {
+        format: PixelFormat::Yuyv,
+        width: w,
+        height: h,
+        stride: w as usize * 2,
+    };
+    let raw = RawFrame {
+        data: frames::yuyv_from_rgb(&rgb, w, h),
+        damaged: false,
+    };
+    let frame = frames::to_jpeg(raw, &layout, 90, 1 << 20).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("yuyv.jpg");
+    std::fs::write(&file, &frame.jpeg).unwrap();
+    let out = std::process::Command::new(common::pyenv_tool("python"))
+        .arg("-c")
+        .arg(
+            "import sys\nfrom PIL import Image\nim = Image.open(sys.argv[1])\nim.load()\n\
+             assert im.format == 'JPEG' and im.mode == 'RGB', (im.format, im.mode)\n\
+             print(im.size[0], im.size[1])\n\
+             for band in range(4):\n    x = band * im.size[0] // 4 + im.size[0] // 8\n    \
+             print(*im.getpixel((x, im.size[1] // 2)))",
+        )
+        .arg(&file)
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "Pillow cannot decode: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("320 240"));
+    for (band, colour) in COLOURS.iter().enumerate() {
+        let got: Vec<u8> = lines
+            .next()
+            .unwrap_or_default()
+            .split(' ')
+            .map(|v| v.parse().unwrap())
+            .collect();
+        assert!(
+            got.iter().zip(colour).all(|(a, b)| a.abs_diff(*b) <= 8),
+            "band {band}: Pillow reads {got:?} for {colour:?}"
+        );
+    }
 }
