@@ -230,22 +230,25 @@ impl AuditKind {
         }
     }
 
+    /// Every kind this version writes.
+    pub const KNOWN: [AuditKind; 9] = [
+        AuditKind::ToolCall,
+        AuditKind::Actuator,
+        AuditKind::Feedback,
+        AuditKind::Approval,
+        AuditKind::ProtectiveStop,
+        AuditKind::ProtectiveStopCleared,
+        AuditKind::ProtectiveStopClearRefused,
+        AuditKind::ProtectiveStopRestored,
+        AuditKind::ProtectiveStopReason,
+    ];
+
     /// The kind spelled `text` (as [`AuditKind::as_str`] writes it).
     pub fn parse(text: &str) -> AuditKind {
-        [
-            AuditKind::ToolCall,
-            AuditKind::Actuator,
-            AuditKind::Feedback,
-            AuditKind::Approval,
-            AuditKind::ProtectiveStop,
-            AuditKind::ProtectiveStopCleared,
-            AuditKind::ProtectiveStopClearRefused,
-            AuditKind::ProtectiveStopRestored,
-            AuditKind::ProtectiveStopReason,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == text)
-        .unwrap_or_else(|| AuditKind::Other(text.to_string()))
+        AuditKind::KNOWN
+            .into_iter()
+            .find(|k| k.as_str() == text)
+            .unwrap_or_else(|| AuditKind::Other(text.to_string()))
     }
 }
 
@@ -914,17 +917,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rozd.db");
         let store = Store::open(&path, Default::default()).unwrap();
-        let kinds = [
-            AuditKind::ToolCall,
-            AuditKind::Actuator,
-            AuditKind::Feedback,
-            AuditKind::Approval,
-            AuditKind::ProtectiveStop,
-            AuditKind::ProtectiveStopCleared,
-            AuditKind::ProtectiveStopClearRefused,
-            AuditKind::ProtectiveStopRestored,
-            AuditKind::ProtectiveStopReason,
-        ];
+        let kinds = AuditKind::KNOWN;
         for kind in &kinds {
             let record = AuditRecord {
                 kind: kind.clone(),

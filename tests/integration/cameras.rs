@@ -50,6 +50,18 @@ fn ffmpeg(port: u16) -> Child {
         .expect("ffmpeg runs (scripts/test.sh installs it)")
 }
 
+/// The body of a GET of `url`, as text.
+async fn get_text(url: String) -> String {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 fn client() -> reqwest::Client {
     // rustls' process-wide provider (ring), as rozd installs it.
     let _ = rozd::tls::provider();
@@ -243,14 +255,7 @@ async fn an_http_camera_follows_a_real_mjpeg_stream_through_unplug_and_back() {
     })
     .await;
     assert!(back["reconnects"].as_u64() >= Some(1), "{back}");
-    let metrics = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(format!("{base}/metrics")).await;
     assert!(
         metrics.contains("rozd_camera_health{camera=\"bench\",health=\"ok\"} 1"),
         "{metrics}"
@@ -706,14 +711,7 @@ async fn a_v4l2_camera_without_its_device_is_disconnected_and_the_daemon_serves_
     assert_eq!(snapshot.status(), 503);
     let body: Value = snapshot.json().await.unwrap();
     assert_eq!(body["error"]["code"], "unavailable");
-    let metrics = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(format!("{base}/metrics")).await;
     assert!(
         metrics.contains("rozd_camera_health{camera=\"usb\",health=\"disconnected\"} 1"),
         "{metrics}"
