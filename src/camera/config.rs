@@ -11,7 +11,7 @@ use bytes::Bytes;
 
 use serde::Deserialize;
 
-use crate::config::types::{Invalid, valid_id};
+use crate::config::types::{Invalid, valid_id, within};
 
 /// Where a camera's frames come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -437,36 +437,13 @@ pub fn validate(cameras: &[CameraConfig], have_world: bool) -> Result<Vec<Camera
                 }
             }
         };
-        if !(1..=65_536).contains(&c.max_frame_kb) {
-            return Err(Invalid::new(
-                key("max_frame_kb"),
-                "must be between 1 and 65536 (64 MiB)",
-            ));
-        }
-        if !(100..=3_600_000).contains(&c.stale_after_ms) {
-            return Err(Invalid::new(
-                key("stale_after_ms"),
-                "must be between 100 and 3600000 (an hour)",
-            ));
-        }
-        if !(64..=8192).contains(&c.max_image_px) {
-            return Err(Invalid::new(
-                key("max_image_px"),
-                "must be between 64 and 8192",
-            ));
-        }
-        if !(8..=5120).contains(&c.max_image_kb) {
-            return Err(Invalid::new(
-                key("max_image_kb"),
-                "must be between 8 and 5120 (5 MiB, the largest image providers take)",
-            ));
-        }
-        if !(1..=100).contains(&c.jpeg_quality) {
-            return Err(Invalid::new(
-                key("jpeg_quality"),
-                "must be between 1 and 100",
-            ));
-        }
+        within(key("max_frame_kb"), c.max_frame_kb, 1..=65_536).map_err(|e| e.noting("64 MiB"))?;
+        within(key("stale_after_ms"), c.stale_after_ms, 100..=3_600_000)
+            .map_err(|e| e.noting("an hour"))?;
+        within(key("max_image_px"), c.max_image_px, 64..=8192)?;
+        within(key("max_image_kb"), c.max_image_kb, 8..=5120)
+            .map_err(|e| e.noting("5 MiB, the largest image providers take"))?;
+        within(key("jpeg_quality"), c.jpeg_quality, 1..=100)?;
         let s = c.max_stream_fps;
         if !(s.is_finite() && s > 0.0 && s <= 60.0) {
             return Err(Invalid::new(
@@ -474,9 +451,7 @@ pub fn validate(cameras: &[CameraConfig], have_world: bool) -> Result<Vec<Camera
                 format!("{s} is outside 0 < max_stream_fps <= 60"),
             ));
         }
-        if !(1..=64).contains(&c.max_viewers) {
-            return Err(Invalid::new(key("max_viewers"), "must be between 1 and 64"));
-        }
+        within(key("max_viewers"), c.max_viewers, 1..=64)?;
         specs.push(CameraSpec {
             name: c.name.clone(),
             description: c.description.clone(),

@@ -19,6 +19,7 @@ use std::time::Duration;
 pub use super::sim_config::SimWorldConfig;
 pub use crate::config::broker::check_max_packet_size;
 pub use crate::config::types::Invalid;
+use crate::config::types::within;
 pub use modbus::{
     ModbusLinkConfig, ModbusLinkSpec, ModbusPoint, ModbusTransport, RtuConfig, WriteMode,
 };
@@ -134,9 +135,7 @@ fn validate_serial(serial: &[SerialPortConfig]) -> Result<HashSet<&str>, Invalid
         if !(1..=2).contains(&p.stop_bits) {
             return Err(Invalid::new(key("stop_bits"), "must be 1 or 2"));
         }
-        if p.max_line < 8 || p.max_line > 65_536 {
-            return Err(Invalid::new(key("max_line"), "must be between 8 and 65536"));
-        }
+        within(key("max_line"), p.max_line, 8..=65_536)?;
         match (&p.query, p.query_hz) {
             (Some(q), hz) => {
                 if q.is_empty() {
@@ -147,9 +146,7 @@ fn validate_serial(serial: &[SerialPortConfig]) -> Result<HashSet<&str>, Invalid
             (None, Some(_)) => return Err(Invalid::new(key("query_hz"), "needs `query`")),
             (None, None) => {}
         }
-        if p.reconnect_ms == 0 {
-            return Err(Invalid::new(key("reconnect_ms"), "must be at least 1"));
-        }
+        within(key("reconnect_ms"), p.reconnect_ms, 1..)?;
     }
     Ok(port_names)
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{Invalid, Parity, rate, require, valid_name};
+use crate::config::types::within;
 use crate::hw::modbus::codec::{Codec, Order, Table, ValueType};
 
 /// `[[modbus]]`: one Modbus link (a TCP server, or a device on a serial
@@ -235,15 +236,8 @@ pub(super) fn validate_links(
                 }
             }
         };
-        if !(1..=60_000).contains(&l.timeout_ms) {
-            return Err(Invalid::new(
-                key("timeout_ms"),
-                "must be between 1 and 60000",
-            ));
-        }
-        if l.retries > 10 {
-            return Err(Invalid::new(key("retries"), "must be at most 10"));
-        }
+        within(key("timeout_ms"), l.timeout_ms, 1..=60_000)?;
+        within(key("retries"), l.retries, ..=10)?;
         let frame_gap = match (&transport, l.frame_gap_ms) {
             (ModbusTransport::Tcp { .. }, Some(_)) => {
                 return Err(Invalid::new(
@@ -264,18 +258,9 @@ pub(super) fn validate_links(
             (ModbusTransport::Rtu { baud, .. }, None) => default_frame_gap(*baud),
         };
         let poll = rate(&key("poll_hz"), Some(l.poll_hz), l.poll_hz)?;
-        if !(1..=125).contains(&l.max_registers) {
-            return Err(Invalid::new(
-                key("max_registers"),
-                "must be between 1 and 125",
-            ));
-        }
-        if l.max_gap > 125 {
-            return Err(Invalid::new(key("max_gap"), "must be at most 125"));
-        }
-        if l.reconnect_min_ms == 0 {
-            return Err(Invalid::new(key("reconnect_min_ms"), "must be at least 1"));
-        }
+        within(key("max_registers"), l.max_registers, 1..=125)?;
+        within(key("max_gap"), l.max_gap, ..=125)?;
+        within(key("reconnect_min_ms"), l.reconnect_min_ms, 1..)?;
         if l.reconnect_max_ms < l.reconnect_min_ms {
             return Err(Invalid::new(
                 key("reconnect_max_ms"),
