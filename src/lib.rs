@@ -109,33 +109,6 @@ pub(crate) struct HostContext {
 }
 
 impl HostContext {
-    /// The host as `owner` (a session id or a task worker's id) sees it in
-    /// `ai_mode`, for one turn engine; `label` is how the audit names the
-    /// caller.
-    pub(crate) fn host_access(
-        &self,
-        asker: session::approvals::Asker,
-        owner: &str,
-        label: String,
-        ai_mode: config::types::AiMode,
-        notes: Option<tokio::sync::mpsc::UnboundedSender<session::turn::TurnNote>>,
-    ) -> session::turn::HostAccess {
-        session::turn::HostAccess {
-            session_id: owner.to_string(),
-            label,
-            credential: None,
-            asker,
-            approvals: self.approvals.clone(),
-            notes,
-            tools: self.host_tools.clone(),
-            registry: self.host_registry.clone(),
-            store: self.store.clone(),
-            observe: (ai_mode == config::types::AiMode::OodaReAct).then(|| self.ooda.clone()),
-        }
-    }
-}
-
-impl HostContext {
     pub fn new(
         config: Arc<Config>,
         listen_addr: SocketAddr,
@@ -224,5 +197,30 @@ impl HostContext {
             shutdown: CancellationToken::new(),
             tls: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The host as `owner` (a session id or a task worker's id) sees it in
+    /// `ai_mode`, for one turn engine; `label` is how the audit names the
+    /// caller.
+    pub(crate) fn host_access(
+        &self,
+        asker: session::approvals::Asker,
+        owner: &str,
+        label: String,
+        ai_mode: config::types::AiMode,
+        notes: Option<tokio::sync::mpsc::UnboundedSender<session::turn::TurnNote>>,
+    ) -> session::turn::HostAccess {
+        session::turn::HostAccess {
+            session_id: owner.to_string(),
+            label,
+            credential: None,
+            asker,
+            approvals: self.approvals.clone(),
+            notes,
+            tools: self.host_tools.clone(),
+            registry: self.host_registry.clone(),
+            store: self.store.clone(),
+            observe: (ai_mode == config::types::AiMode::OodaReAct).then(|| self.ooda.clone()),
+        }
     }
 }
