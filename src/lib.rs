@@ -65,18 +65,19 @@ use crate::config::Config;
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// What the parts of the running daemon that serve requests share: the
-/// daemon builds it once and hands it to the API layer (and the session,
-/// task and MCP engines it drives). Private to the crate: tests see a
-/// daemon through [`testing::Probe`].
+/// daemon builds it once and hands it to the API layer (and the task and
+/// MCP engines it drives). The session engine gets only its
+/// [`session::SessionHost`], a turn its [`session::turn::TurnHost`].
+/// Private to the crate: tests see a daemon through [`testing::Probe`].
 #[derive(Debug)]
 pub(crate) struct HostContext {
     pub config: Arc<Config>,
     pub started_at: Instant,
     pub listen_addr: SocketAddr,
-    pub sessions: session::SessionRegistry,
+    pub sessions: Arc<session::SessionRegistry>,
     /// Tasks running on this host.
     pub tasks: team::Tasks,
-    pub models: model::ModelRegistry,
+    pub models: Arc<model::ModelRegistry>,
     pub permissions: Arc<session::permissions::PermissionPolicy>,
     pub store: store::Store,
     pub hooks: Arc<dyn session::SessionHooks>,
@@ -181,13 +182,13 @@ impl HostContext {
             approvals: Arc::default(),
             host_tools,
             host_registry: Arc::new(host_registry),
-            models: model::ModelRegistry::from_config(&config.model),
+            models: Arc::new(model::ModelRegistry::from_config(&config.model)),
             permissions,
             briefings,
             config,
             started_at: Instant::now(),
             listen_addr,
-            sessions: session::SessionRegistry::default(),
+            sessions: Arc::default(),
             tasks: team::Tasks::default(),
             store,
             hooks,
@@ -197,6 +198,36 @@ impl HostContext {
             shutdown: CancellationToken::new(),
             tls: std::sync::OnceLock::new(),
         })
+    }
+
+    /// What a turn's host tool calls reach.
+    pub(crate) fn turn_host(&self) -> session::turn::TurnHost {
+        session::turn::TurnHost {
+            approvals: self.approvals.clone(),
+            tools: self.host_tools.clone(),
+            registry: self.host_registry.clone(),
+            store: self.store.clone(),
+            ooda: self.ooda.clone(),
+        }
+    }
+
+    /// What the session engine uses, for one session stream.
+    pub(crate) fn session_host(&self) -> session::SessionHost {
+        session::SessionHost {
+            limits: self.config.session.clone(),
+            this_host: self.config.host.clone(),
+            default_max_output_tokens: self.config.model.max_output_tokens,
+            sessions: self.sessions.clone(),
+            models: self.models.clone(),
+            permissions: self.permissions.clone(),
+            store: self.store.clone(),
+            hooks: self.hooks.clone(),
+            ooda: self.ooda.clone(),
+            recorder: self.recorder.clone(),
+            briefings: self.briefings.clone(),
+            shutdown: self.shutdown.clone(),
+            turn: self.turn_host(),
+        }
     }
 
     /// The host as `owner` (a session id or a task worker's id) sees it in
@@ -210,17 +241,6 @@ impl HostContext {
         ai_mode: config::types::AiMode,
         notes: Option<tokio::sync::mpsc::UnboundedSender<session::turn::TurnNote>>,
     ) -> session::turn::HostAccess {
-        session::turn::HostAccess {
-            session_id: owner.to_string(),
-            label,
-            credential: None,
-            asker,
-            approvals: self.approvals.clone(),
-            notes,
-            tools: self.host_tools.clone(),
-            registry: self.host_registry.clone(),
-            store: self.store.clone(),
-            observe: (ai_mode == config::types::AiMode::OodaReAct).then(|| self.ooda.clone()),
-        }
+        self.turn_host().access(asker, owner, label, ai_mode, notes)
     }
 }

@@ -142,7 +142,7 @@ async fn read_client(
                 let first = convert::client_event(request);
                 let rest = local_input(incoming, relay_out);
                 let input = futures_util::stream::once(std::future::ready(first)).chain(rest);
-                session::run(ctx, Box::pin(input), local_out, credential).await;
+                session::run(ctx.session_host(), Box::pin(input), local_out, credential).await;
                 return;
             }
             Ok(Route::Remote(remote)) => {

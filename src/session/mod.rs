@@ -29,7 +29,6 @@ use tokio_util::sync::CancellationToken;
 pub use registry::{Listed, OpenSession, SessionRegistry, SessionSlot, StreamKind};
 pub use types::*;
 
-use crate::HostContext;
 use crate::clock::now_ms;
 use crate::store::{SessionRecord, TurnRecord};
 use running::{RunningTurn, TurnFailed};
@@ -106,8 +105,31 @@ impl End {
     }
 }
 
+/// What the session engine uses of the host, each named: the daemon hands
+/// one to every session stream. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionHost {
+    /// `[session]`.
+    pub limits: crate::config::types::SessionConfig,
+    /// `[host]`: who this host is (sessions are told, and recorded with it).
+    pub this_host: crate::config::types::HostConfig,
+    /// `model.max_output_tokens`, for a model without its own.
+    pub default_max_output_tokens: u32,
+    pub sessions: Arc<SessionRegistry>,
+    pub models: Arc<crate::model::ModelRegistry>,
+    pub permissions: Arc<permissions::PermissionPolicy>,
+    pub store: crate::store::Store,
+    pub hooks: Arc<dyn SessionHooks>,
+    pub ooda: Arc<crate::ooda::Ooda>,
+    pub recorder: Arc<crate::record::Recorder>,
+    pub briefings: Arc<embodiment::Briefings>,
+    pub shutdown: CancellationToken,
+    /// What each turn's host tool calls reach.
+    pub turn: turn::TurnHost,
+}
+
 struct Runner<'a> {
-    ctx: Arc<HostContext>,
+    host: SessionHost,
     /// The credential that opened the stream (the audit names it).
     credential: Option<String>,
     /// The stream's entry among the open sessions.
@@ -131,7 +153,7 @@ struct Gone;
 /// `credential`: who opened the stream (a token's name or certificate
 /// subject), for the audit of its physical calls.
 pub(crate) async fn run(
-    ctx: Arc<HostContext>,
+    host: SessionHost,
     inbound: SessionInput,
     out: mpsc::Sender<ServerEvent>,
     credential: Option<String>,
@@ -139,7 +161,7 @@ pub(crate) async fn run(
     use tracing::Instrument as _;
     let started: Arc<parking_lot::Mutex<Option<String>>> = Arc::default();
     let joined = tokio::spawn(
-        run_loop(ctx.clone(), inbound, out, started.clone(), credential).in_current_span(),
+        run_loop(host.clone(), inbound, out, started.clone(), credential).in_current_span(),
     )
     .await;
     if let Err(e) = joined {
@@ -147,15 +169,15 @@ pub(crate) async fn run(
         tracing::error!(error = %e, session_id = ?id, "session task failed");
         if let Some(id) = id {
             let origin = crate::ooda::act::Origin::Session(id.clone());
-            let released = ctx
+            let released = host
                 .ooda
                 .actuators()
                 .release(&origin, "session task failed")
                 .await;
             tracing::warn!(session_id = %id, ?released, "deadman after a failed session task");
-            ctx.hooks.session_ended(&id, "internal_error");
+            host.hooks.session_ended(&id, "internal_error");
             crate::metrics::session_ended("internal_error");
-            if let Err(e) = ctx
+            if let Err(e) = host
                 .store
                 .session_ended(id.clone(), "internal_error".into())
                 .await
@@ -167,20 +189,20 @@ pub(crate) async fn run(
 }
 
 async fn run_loop(
-    ctx: Arc<HostContext>,
+    host: SessionHost,
     mut inbound: SessionInput,
     out: mpsc::Sender<ServerEvent>,
     started: Arc<parking_lot::Mutex<Option<String>>>,
     credential: Option<String>,
 ) {
-    let registry = ctx.clone();
-    let active = registry.sessions.enter(credential.clone());
-    let period = Duration::from_secs(ctx.config.session.keepalive_secs);
+    let registry = host.sessions.clone();
+    let active = registry.enter(credential.clone());
+    let period = Duration::from_secs(host.limits.keepalive_secs);
     let mut keepalive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let shutdown = ctx.shutdown.clone();
+    let shutdown = host.shutdown.clone();
     let mut runner = Runner {
-        ctx,
+        host,
         credential,
         listed: &active.listed,
         slot: None,
@@ -323,9 +345,9 @@ impl Runner<'_> {
         if let Some(e) = self.host_collision(&request.tools, "start.tools") {
             return self.send(ServerEvent::Error(e)).await;
         }
-        let ctx = &self.ctx;
-        let limits = &ctx.config.session;
-        let Some(slot) = ctx.sessions.admit(limits.max_sessions as usize) else {
+        let host = &self.host;
+        let limits = &host.limits;
+        let Some(slot) = host.sessions.admit(limits.max_sessions as usize) else {
             tracing::warn!(
                 max_sessions = limits.max_sessions,
                 "StartSession refused: session.max_sessions sessions are running"
@@ -338,9 +360,9 @@ impl Runner<'_> {
         };
         let session = match Session::start(
             request,
-            ctx.briefings.current(),
-            &ctx.config.host,
-            &ctx.models,
+            host.briefings.current(),
+            &host.this_host,
+            &host.models,
             limits.default_max_context_tokens,
             state::SessionLimits {
                 max_bytes: limits.max_session_bytes,
@@ -352,7 +374,7 @@ impl Runner<'_> {
         };
         let record = SessionRecord {
             id: session.id.clone(),
-            host_id: ctx.config.host.id.clone(),
+            host_id: host.this_host.id.clone(),
             environment_id: session.environment_id.clone(),
             model: session.model.name().to_string(),
             started_at_ms: now_ms(),
@@ -361,7 +383,7 @@ impl Runner<'_> {
             turns: 0,
             briefing_version: Some(session.briefing.version.clone()),
         };
-        if let Err(e) = ctx.store.session_started(record).await {
+        if let Err(e) = host.store.session_started(record).await {
             tracing::error!(error = %e, "cannot record the new session");
             return self
                 .error(
@@ -397,7 +419,7 @@ impl Runner<'_> {
         let Some(session) = self.session.as_ref() else {
             return Ok(());
         };
-        let plan = match session.plan_turn(user, &self.ctx.config.host) {
+        let plan = match session.plan_turn(user, &self.host.this_host) {
             Ok(plan) => plan,
             Err(e) => return self.send(ServerEvent::Error(e)).await,
         };
@@ -409,7 +431,6 @@ impl Runner<'_> {
         let Some(session) = self.session.as_ref() else {
             return;
         };
-        let config = &self.ctx.config;
         let mut conversation = session.conversation.clone();
         conversation.push(plan.user_message);
         let setup = TurnSetup {
@@ -418,10 +439,10 @@ impl Runner<'_> {
             system: plan.system,
             tools: plan.tools,
             conversation,
-            permissions: self.ctx.permissions.clone(),
+            permissions: self.host.permissions.clone(),
             limits: TurnLimits::new(
-                &config.session,
-                config.model.max_output_tokens,
+                &self.host.limits,
+                self.host.default_max_output_tokens,
                 session.model.as_ref(),
                 session.context_budget,
                 session.tokens_spent,
@@ -430,8 +451,9 @@ impl Runner<'_> {
             meter: session.meter,
             live_tokens: session.live_tokens.clone(),
             host: self
-                .ctx
-                .host_access(
+                .host
+                .turn
+                .access(
                     approvals::Asker::Session,
                     &session.id,
                     format!("session {}", session.id),
@@ -446,7 +468,7 @@ impl Runner<'_> {
             turn::run(setup, self.out.clone(), inbox_rx, cancel.clone()),
             inbox_tx,
         );
-        self.ctx.recorder.session(|| {
+        self.host.recorder.session(|| {
             serde_json::json!({"event": "turn_started",
             "session_id": session.id, "message_id": plan.message_id,
             "ai_mode": plan.ai_mode.as_str(), "user_content": plan.user_content})
@@ -464,7 +486,7 @@ impl Runner<'_> {
     /// A client tool may not take a host tool's name.
     fn host_collision(&self, tools: &[ToolSpec], field: &str) -> Option<SessionError> {
         tools.iter().enumerate().find_map(|(i, t)| {
-            self.ctx.host_registry.get(&t.name).map(|_| {
+            self.host.turn.registry.get(&t.name).map(|_| {
                 SessionError::new(
                     ErrorCode::InvalidArgument,
                     format!(
@@ -479,10 +501,11 @@ impl Runner<'_> {
     /// Effective rules: one per host tool (its actual decision), then the
     /// configured rules and the defaults for client tools.
     fn permission_views(&self) -> Vec<PermissionView> {
-        let policy = &self.ctx.permissions;
+        let policy = &self.host.permissions;
         let mut views: Vec<PermissionView> = self
-            .ctx
-            .host_tools
+            .host
+            .turn
+            .tools
             .definitions()
             .iter()
             .map(|d| {
@@ -503,7 +526,7 @@ impl Runner<'_> {
     async fn release_actuators(&self, reason: &str) {
         if let Some(session) = &self.session {
             let origin = crate::ooda::act::Origin::Session(session.id.clone());
-            let released = self.ctx.ooda.actuators().release(&origin, reason).await;
+            let released = self.host.ooda.actuators().release(&origin, reason).await;
             if !released.is_empty() {
                 tracing::warn!(session_id = %session.id, reason, ?released, "deadman: session's actuators sent to safe values");
             }
@@ -560,7 +583,7 @@ impl Runner<'_> {
             session_id
         };
         match self
-            .ctx
+            .host
             .store
             .feedback(session_id.clone(), message_id.clone(), rating.clone())
             .await
@@ -602,7 +625,7 @@ impl Runner<'_> {
             Err(e) => {
                 // A panicking turn must not take the session (or the daemon) down.
                 tracing::error!(error = %e, message_id = %turn.plan_message_id, "turn failed");
-                self.ctx.hooks.turn_interrupted(&session.id, "turn failed");
+                self.host.hooks.turn_interrupted(&session.id, "turn failed");
                 TurnOutcome {
                     conversation: session.conversation.clone(),
                     added: Vec::new(),
@@ -618,7 +641,7 @@ impl Runner<'_> {
             }
         };
         if outcome.stop_reason == StopReason::Cancelled {
-            self.ctx
+            self.host
                 .hooks
                 .turn_interrupted(&session.id, "turn cancelled");
         }
@@ -643,7 +666,7 @@ impl Runner<'_> {
         session.meter = outcome.meter;
         session.remember_expired(outcome.expired_calls);
         let mut errors = Vec::new();
-        if let Err(e) = self.ctx.store.turn_completed(record).await {
+        if let Err(e) = self.host.store.turn_completed(record).await {
             tracing::error!(error = %e, "cannot record the turn");
             errors.push(SessionError::new(
                 ErrorCode::Internal,
@@ -707,7 +730,7 @@ impl Runner<'_> {
                 }
             };
             if let Some(session) = &self.session {
-                self.ctx.hooks.turn_interrupted(&session.id, end.as_str());
+                self.host.hooks.turn_interrupted(&session.id, end.as_str());
             }
             if let Some(report) = self.record_turn(joined).await
                 && end != End::Disconnect
@@ -718,10 +741,10 @@ impl Runner<'_> {
         self.release_actuators(&format!("session ended: {}", end.as_str()))
             .await;
         if let Some(session) = &self.session {
-            self.ctx.hooks.session_ended(&session.id, end.as_str());
+            self.host.hooks.session_ended(&session.id, end.as_str());
             crate::metrics::session_ended(end.as_str());
             if let Err(e) = self
-                .ctx
+                .host
                 .store
                 .session_ended(session.id.clone(), end.as_str().to_string())
                 .await

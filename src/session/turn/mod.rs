@@ -34,7 +34,7 @@ mod tool_call;
 use metered::{model_result, model_tokens};
 use tool_call::error_result;
 
-use crate::config::types::SessionConfig;
+use crate::config::types::{AiMode, SessionConfig};
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
 use crate::session::host_call::Decision;
 
@@ -73,6 +73,42 @@ pub struct HostAccess {
     /// Set in `ooda_re_act` mode: the latest Observation goes into the
     /// model's context before every model call.
     pub observe: Option<Arc<Ooda>>,
+}
+
+/// What a turn's host tool calls reach of the host.
+#[derive(Debug, Clone)]
+pub(crate) struct TurnHost {
+    pub approvals: Arc<Approvals>,
+    pub tools: Arc<HostTools>,
+    pub registry: Arc<ToolRegistry>,
+    pub store: Store,
+    pub ooda: Arc<Ooda>,
+}
+
+impl TurnHost {
+    /// The host as `owner` (a session id or a task worker's id) sees it in
+    /// `ai_mode`; `label` is how the audit names the caller.
+    pub(crate) fn access(
+        &self,
+        asker: Asker,
+        owner: &str,
+        label: String,
+        ai_mode: AiMode,
+        notes: Option<mpsc::UnboundedSender<TurnNote>>,
+    ) -> HostAccess {
+        HostAccess {
+            session_id: owner.to_string(),
+            label,
+            credential: None,
+            asker,
+            approvals: self.approvals.clone(),
+            notes,
+            tools: self.tools.clone(),
+            registry: self.registry.clone(),
+            store: self.store.clone(),
+            observe: (ai_mode == AiMode::OodaReAct).then(|| self.ooda.clone()),
+        }
+    }
 }
 
 impl HostAccess {
