@@ -65,9 +65,10 @@ use crate::config::Config;
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// What the parts of the running daemon that serve requests share: the
-/// daemon builds it once and hands it to the API layer (and the task and
-/// MCP engines it drives). The session engine gets only its
-/// [`session::SessionHost`], a turn its [`session::turn::TurnHost`].
+/// daemon builds it once and hands it to the API layer (the MCP server
+/// included). The session engine gets only its [`session::SessionHost`],
+/// the task engine its [`team::TeamHost`], a turn its
+/// [`session::turn::TurnHost`].
 /// Private to the crate: tests see a daemon through [`testing::Probe`].
 #[derive(Debug)]
 pub(crate) struct HostContext {
@@ -75,8 +76,8 @@ pub(crate) struct HostContext {
     pub started_at: Instant,
     pub listen_addr: SocketAddr,
     pub sessions: Arc<session::SessionRegistry>,
-    /// Tasks running on this host.
-    pub tasks: team::Tasks,
+    /// The task engine: the tasks running on this host and what they use.
+    pub team: Arc<team::TeamHost>,
     pub models: Arc<model::ModelRegistry>,
     pub permissions: Arc<session::permissions::PermissionPolicy>,
     pub store: store::Store,
@@ -176,26 +177,50 @@ impl HostContext {
             listen_addr,
             ooda.protective_stop().clone(),
         ));
+        let approvals: Arc<session::approvals::Approvals> = Arc::default();
+        let host_registry = Arc::new(host_registry);
+        let models = Arc::new(model::ModelRegistry::from_config(&config.model));
+        let shutdown = CancellationToken::new();
+        let team = Arc::new(team::TeamHost {
+            tasks: team::Tasks::default(),
+            settings: config.tasks.clone(),
+            this_host: config.host.clone(),
+            session_limits: config.session.clone(),
+            default_max_output_tokens: config.model.max_output_tokens,
+            models: models.clone(),
+            ooda: ooda.clone(),
+            permissions: permissions.clone(),
+            store: store.clone(),
+            briefings: briefings.clone(),
+            shutdown: shutdown.clone(),
+            turn: session::turn::TurnHost {
+                approvals: approvals.clone(),
+                tools: host_tools.clone(),
+                registry: host_registry.clone(),
+                store: store.clone(),
+                ooda: ooda.clone(),
+            },
+        });
         Arc::new(HostContext {
             fleet,
             mcp: Arc::new(mcp::Mcp::new(ooda.clone(), &config.mcp)),
-            approvals: Arc::default(),
+            approvals,
             host_tools,
-            host_registry: Arc::new(host_registry),
-            models: Arc::new(model::ModelRegistry::from_config(&config.model)),
+            host_registry,
+            models,
             permissions,
             briefings,
             config,
             started_at: Instant::now(),
             listen_addr,
             sessions: Arc::default(),
-            tasks: team::Tasks::default(),
+            team,
             store,
             hooks,
             ooda,
             recorder,
             cameras,
-            shutdown: CancellationToken::new(),
+            shutdown,
             tls: std::sync::OnceLock::new(),
         })
     }

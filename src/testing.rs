@@ -72,7 +72,7 @@ impl Probe {
 
     /// Tasks running on this host.
     pub fn tasks(&self) -> &Tasks {
-        &self.ctx.tasks
+        &self.ctx.team.tasks
     }
 
     /// Calls waiting for an operator's answer.

@@ -217,7 +217,7 @@ pub async fn watch_team(
             .into_inner();
         return Ok(relayed(host, stream));
     }
-    let entries = team::follow(ctx, task_id, Follow::TeamEvents)
+    let entries = team::follow(ctx.team.clone(), task_id, Follow::TeamEvents)
         .await
         .map_err(status_of)?;
     let events = ReceiverStream::new(entries).filter_map(|entry| match entry {
@@ -267,7 +267,7 @@ impl TaskService for TaskApi {
             return TaskServiceClient::new(channel).create_task(r).await;
         }
         let view = team::create(
-            &self.ctx,
+            &self.ctx.team,
             NewTask {
                 prompt: r.prompt,
                 environment_id: r.environment_id,
@@ -296,7 +296,7 @@ impl TaskService for TaskApi {
                 .get_task(request.into_inner())
                 .await;
         }
-        let view = team::get(&self.ctx, &request.get_ref().id)
+        let view = team::get(&self.ctx.team, &request.get_ref().id)
             .await
             .map_err(status_of)?;
         Ok(GrpcResponse::new(task_proto(view)))
@@ -308,7 +308,7 @@ impl TaskService for TaskApi {
     ) -> Result<GrpcResponse<proto::ListTasksResponse>, Status> {
         let r = request.get_ref();
         let (limit, offset) = page(r.limit, r.offset).map_err(status_of)?;
-        let views = team::list(&self.ctx, limit, offset)
+        let views = team::list(&self.ctx.team, limit, offset)
             .await
             .map_err(status_of)?;
         Ok(GrpcResponse::new(proto::ListTasksResponse {
@@ -331,7 +331,7 @@ impl TaskService for TaskApi {
                 .cancel_task(request.into_inner())
                 .await;
         }
-        team::cancel(&self.ctx, &request.get_ref().id)
+        team::cancel(&self.ctx.team, &request.get_ref().id)
             .await
             .map_err(status_of)?;
         Ok(GrpcResponse::new(proto::CancelTaskResponse {}))
@@ -367,7 +367,7 @@ impl TaskService for TaskApi {
             return Err(Status::invalid_argument("tool_call_id must not be empty"));
         }
         let view = team::approve(
-            &self.ctx,
+            &self.ctx.team,
             &r.task_id,
             &r.tool_call_id,
             r.approved,
@@ -397,7 +397,7 @@ impl TaskService for TaskApi {
             return Ok(GrpcResponse::new(relayed(host, stream)));
         }
         let task_id = request.into_inner().task_id;
-        let entries = team::follow(self.ctx.clone(), task_id.clone(), Follow::Status)
+        let entries = team::follow(self.ctx.team.clone(), task_id.clone(), Follow::Status)
             .await
             .map_err(status_of)?;
         let updates = ReceiverStream::new(entries).map(move |entry| match entry {
@@ -502,7 +502,7 @@ async fn create_rest(
         timeout_secs: body.timeout_secs,
         credential: caller.as_ref().and_then(|c| c.named().map(str::to_string)),
     };
-    match team::create(&ctx, new).await {
+    match team::create(&ctx.team, new).await {
         Ok(view) => (StatusCode::CREATED, Json(view)).into_response(),
         Err(e) => rest_error(e),
     }
@@ -536,14 +536,14 @@ async fn list_rest(
         Ok(p) => p,
         Err(e) => return rest_error(e),
     };
-    match team::list(&ctx, limit, offset).await {
+    match team::list(&ctx.team, limit, offset).await {
         Ok(views) => Json(json!({ "data": views })).into_response(),
         Err(e) => rest_error(e),
     }
 }
 
 async fn get_rest(State(ctx): State<Arc<HostContext>>, Path(id): Path<String>) -> Response {
-    match team::get(&ctx, &id).await {
+    match team::get(&ctx.team, &id).await {
         Ok(view) => Json(view).into_response(),
         Err(e) => rest_error(e),
     }
@@ -552,7 +552,7 @@ async fn get_rest(State(ctx): State<Arc<HostContext>>, Path(id): Path<String>) -
 /// `GET /v1/tasks/{id}/events`: the task's whole stored log (status changes
 /// and team events), oldest first.
 async fn events_rest(State(ctx): State<Arc<HostContext>>, Path(id): Path<String>) -> Response {
-    if let Err(e) = team::get(&ctx, &id).await {
+    if let Err(e) = team::get(&ctx.team, &id).await {
         return rest_error(e);
     }
     let mut all = Vec::new();
@@ -576,10 +576,10 @@ async fn events_rest(State(ctx): State<Arc<HostContext>>, Path(id): Path<String>
 }
 
 async fn cancel_rest(State(ctx): State<Arc<HostContext>>, Path(id): Path<String>) -> Response {
-    if let Err(e) = team::cancel(&ctx, &id).await {
+    if let Err(e) = team::cancel(&ctx.team, &id).await {
         return rest_error(e);
     }
-    match team::get(&ctx, &id).await {
+    match team::get(&ctx.team, &id).await {
         Ok(view) => Json(view).into_response(),
         Err(e) => rest_error(e),
     }
@@ -599,7 +599,7 @@ async fn approve_rest(
         Err(e) => return rest_error(e),
     };
     let by = caller.as_ref().and_then(|c| c.named().map(str::to_string));
-    match team::approve(&ctx, &id, &call, approved, by, team::AnsweredVia::Rest).await {
+    match team::approve(&ctx.team, &id, &call, approved, by, team::AnsweredVia::Rest).await {
         Ok(view) => Json(view).into_response(),
         Err(e) => rest_error(e),
     }

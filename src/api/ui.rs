@@ -270,7 +270,7 @@ async fn feed(ctx: Arc<HostContext>, after: u64, tx: mpsc::Sender<Result<Bytes, 
                     sessions = now;
                     open &= send(frame("sessions", last_seq, &sessions)).await;
                 }
-                match crate::team::list(&ctx, STREAM_TASKS, 0).await {
+                match crate::team::list(&ctx.team, STREAM_TASKS, 0).await {
                     Ok(list) => {
                         let now = json!(list);
                         if now != tasks {

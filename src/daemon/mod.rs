@@ -363,7 +363,7 @@ impl Daemon {
             // their streams close; wait for that too.
             ctx.sessions.wait_idle().await;
             // Tasks stop their workers on shutdown and record their end.
-            ctx.tasks.wait_idle().await;
+            ctx.team.tasks.wait_idle().await;
         };
         if tokio::time::timeout(grace, drained).await.is_err() {
             tracing::warn!(

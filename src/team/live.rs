@@ -59,8 +59,8 @@ impl LiveTask {
     }
 
     /// Appends a team event to the store, then wakes the watchers.
-    pub(super) async fn publish(&self, ctx: &HostContext, event: TeamEvent) {
-        let stored = ctx
+    pub(super) async fn publish(&self, team: &TeamHost, event: TeamEvent) {
+        let stored = team
             .store
             .task_event(
                 self.id.clone(),
@@ -81,7 +81,7 @@ impl LiveTask {
     /// watchers. A final status is tried a few times: watchers end on it.
     pub(super) async fn set_status(
         &self,
-        ctx: &HostContext,
+        team: &TeamHost,
         status: TaskStatus,
         detail: Option<String>,
     ) {
@@ -91,7 +91,7 @@ impl LiveTask {
         }
         let attempts: u64 = if status.is_terminal() { 3 } else { 1 };
         for attempt in 1..=attempts {
-            match ctx
+            match team
                 .store
                 .task_status(self.id.clone(), status.as_str().to_string(), detail.clone())
                 .await
@@ -113,7 +113,7 @@ impl LiveTask {
 
     /// The status a running task shows (running or waiting_approval),
     /// written if it changed; nothing once the task is stopping.
-    pub(super) async fn refresh_status(&self, ctx: &HostContext) {
+    pub(super) async fn refresh_status(&self, team: &TeamHost) {
         let (status, detail) = {
             let state = lock(&self.state);
             if state.stopping.is_some() {
@@ -127,12 +127,12 @@ impl LiveTask {
             });
             (state.live_status(), detail)
         };
-        self.set_status(ctx, status, detail).await;
+        self.set_status(team, status, detail).await;
     }
 
     pub(super) async fn approval_waiting(
         &self,
-        ctx: &HostContext,
+        team: &TeamHost,
         mut pending: PendingApproval,
         inbox: mpsc::Sender<TurnInput>,
     ) {
@@ -148,10 +148,10 @@ impl LiveTask {
                 .approvals
                 .insert(pending.tool_call_id.clone(), pending);
         }
-        self.refresh_status(ctx).await;
+        self.refresh_status(team).await;
     }
 
-    pub(super) async fn approvals_done(&self, ctx: &HostContext, worker_id: &str) {
+    pub(super) async fn approvals_done(&self, team: &TeamHost, worker_id: &str) {
         let removed: Vec<String> = {
             let mut state = lock(&self.state);
             let ids: Vec<String> = state
@@ -174,7 +174,7 @@ impl LiveTask {
                 inboxes.remove(id);
             }
         }
-        self.refresh_status(ctx).await;
+        self.refresh_status(team).await;
     }
 
     /// The end receivers of the given workers (default: every worker but the caller).

@@ -25,7 +25,6 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::HostContext;
 use crate::clock::now_ms;
 use crate::session::turn::TurnInput;
 use crate::store::{StoreError, StoredTaskEvent, TaskRow};
@@ -89,6 +88,30 @@ pub struct ApprovalView {
     pub parameters: serde_json::Value,
 }
 
+/// What the task engine uses of the host, each named: built once by the
+/// daemon's context.
+#[derive(Debug)]
+pub(crate) struct TeamHost {
+    /// The tasks running on this daemon.
+    pub tasks: Tasks,
+    /// `[tasks]`.
+    pub settings: crate::config::types::TasksConfig,
+    /// `[host]`: who this host is (a task's id and host name it).
+    pub this_host: crate::config::types::HostConfig,
+    /// `[session]`: a worker's turns are bounded as a session's.
+    pub session_limits: crate::config::types::SessionConfig,
+    /// `model.max_output_tokens`, for a model without its own.
+    pub default_max_output_tokens: u32,
+    pub models: Arc<crate::model::ModelRegistry>,
+    pub ooda: Arc<crate::ooda::Ooda>,
+    pub permissions: Arc<crate::session::permissions::PermissionPolicy>,
+    pub store: crate::store::Store,
+    pub briefings: Arc<crate::session::embodiment::Briefings>,
+    pub shutdown: CancellationToken,
+    /// What each worker's host tool calls reach.
+    pub turn: crate::session::turn::TurnHost,
+}
+
 /// The tasks running on this daemon.
 #[derive(Debug)]
 pub struct Tasks {
@@ -127,18 +150,18 @@ impl Tasks {
 
 /// Starts a worker of `task`; its id, or why not.
 fn start_worker(
-    ctx: &Arc<HostContext>,
+    team: &Arc<TeamHost>,
     task: &Arc<LiveTask>,
     prompt: String,
     mode: crate::config::types::AiMode,
     lead: bool,
 ) -> Result<String, String> {
-    let index = lock(&task.state).admit_worker(ctx.config.tasks.max_workers)?;
+    let index = lock(&task.state).admit_worker(team.settings.max_workers)?;
     task.running.send_modify(|n| *n += 1);
     let worker_id = format!("{}:w{index}", task.id);
     let (end_tx, end_rx) = watch::channel(None);
     lock(&task.ends).push((worker_id.clone(), end_rx));
-    let ctx = ctx.clone();
+    let team = team.clone();
     let task = task.clone();
     let plan = worker::WorkerPlan {
         worker_id: worker_id.clone(),
@@ -150,21 +173,21 @@ fn start_worker(
         let _counted = RunningGuard(task.clone());
         let worker_id = plan.worker_id.clone();
         task.publish(
-            &ctx,
+            &team,
             TeamEvent::Started {
                 worker_id: worker_id.clone(),
-                host_id: ctx.config.host.id.clone(),
+                host_id: team.this_host.id.clone(),
             },
         )
         .await;
         // In its own task, so that even a panic in the driver ends in a
         // recorded failure and safe actuators.
-        let end = match tokio::spawn(worker::run(ctx.clone(), task.clone(), plan)).await {
+        let end = match tokio::spawn(worker::run(team.clone(), task.clone(), plan)).await {
             Ok(end) => end,
             Err(e) => {
                 tracing::error!(%worker_id, error = %e, "worker task failed");
                 let origin = crate::ooda::act::Origin::Session(worker_id.clone());
-                ctx.ooda
+                team.ooda
                     .actuators()
                     .release(&origin, "task worker failed")
                     .await;
@@ -187,10 +210,10 @@ fn start_worker(
             WorkerEnd::Cancelled => None,
         };
         if let Some(event) = outcome {
-            task.publish(&ctx, event).await;
+            task.publish(&team, event).await;
         }
         task.publish(
-            &ctx,
+            &team,
             TeamEvent::Exited {
                 worker_id: worker_id.clone(),
                 parent_task_id: task.id.clone(),
@@ -199,7 +222,7 @@ fn start_worker(
         .await;
         lock(&task.state).worker_exited(&worker_id);
         lock(&task.approval_inboxes).retain(|_, inbox| !inbox.is_closed());
-        task.refresh_status(&ctx).await;
+        task.refresh_status(&team).await;
         let _ = end_tx.send(Some(end));
     });
     Ok(worker_id)
@@ -222,21 +245,20 @@ pub fn task_owner(id: &str) -> Result<&str, TaskError> {
 }
 
 /// A task id of this host that is well formed.
-fn check_task_id(ctx: &HostContext, id: &str) -> Result<(), TaskError> {
+fn check_task_id(team: &TeamHost, id: &str) -> Result<(), TaskError> {
     let owner = task_owner(id)?;
-    if owner != ctx.config.host.id {
+    if owner != team.this_host.id {
         return Err(TaskError::NotFound(format!(
             "task {id} belongs to host {owner:?}, not this one ({:?}); ask that host, or use \
              roz.v1.TaskService, which routes by the id",
-            ctx.config.host.id
+            team.this_host.id
         )));
     }
     Ok(())
 }
 
 /// Creates and starts a task.
-pub(crate) async fn create(ctx: &Arc<HostContext>, new: NewTask) -> Result<TaskView, TaskError> {
-    let config = &ctx.config;
+pub(crate) async fn create(team: &Arc<TeamHost>, new: NewTask) -> Result<TaskView, TaskError> {
     let prompt = new.prompt.trim().to_string();
     if prompt.is_empty() {
         return Err(TaskError::InvalidArgument(
@@ -249,62 +271,62 @@ pub(crate) async fn create(ctx: &Arc<HostContext>, new: NewTask) -> Result<TaskV
         )));
     }
     if let Some(host) = new.host_id.as_deref().filter(|h| !h.is_empty())
-        && host != config.host.id
+        && host != team.this_host.id
     {
         return Err(TaskError::NotFound(format!(
             "host {host:?} is not this host ({:?}); tasks for another host are created through \
              roz.v1.TaskService, which routes by host_id",
-            config.host.id
+            team.this_host.id
         )));
     }
     let environment_id = if new.environment_id.is_empty() {
-        config.host.environment_id.clone()
-    } else if new.environment_id == config.host.environment_id {
+        team.this_host.environment_id.clone()
+    } else if new.environment_id == team.this_host.environment_id {
         new.environment_id
     } else {
         return Err(TaskError::InvalidArgument(format!(
             "environment_id {:?} is not this host's environment ({:?})",
-            new.environment_id, config.host.environment_id
+            new.environment_id, team.this_host.environment_id
         )));
     };
     let timeout_secs = match new.timeout_secs {
-        None => config.tasks.default_timeout_secs,
+        None => team.settings.default_timeout_secs,
         Some(0) => {
             return Err(TaskError::InvalidArgument(
                 "timeout_secs must be at least 1".into(),
             ));
         }
-        Some(t) if t > config.tasks.max_timeout_secs => {
+        Some(t) if t > team.settings.max_timeout_secs => {
             return Err(TaskError::InvalidArgument(format!(
                 "timeout_secs {t} is above this host's limit of {} (tasks.max_timeout_secs)",
-                config.tasks.max_timeout_secs
+                team.settings.max_timeout_secs
             )));
         }
         Some(t) => t,
     };
-    if let Err(e) = ctx.models.resolve(config.tasks.model.as_deref()) {
+    if let Err(e) = team.models.resolve(team.settings.model.as_deref()) {
         return Err(TaskError::FailedPrecondition(format!(
             "the task model is not available: {e}"
         )));
     }
-    let stop = ctx.ooda.protective_stop().state();
+    let stop = team.ooda.protective_stop().state();
     if stop.is_active() {
         return Err(TaskError::FailedPrecondition(format!(
             "a protective stop is active ({}); clear it before starting a task",
             stop.describe()
         )));
     }
-    if ctx.shutdown.is_cancelled() {
+    if team.shutdown.is_cancelled() {
         return Err(TaskError::FailedPrecondition(
             "the daemon is shutting down".into(),
         ));
     }
     let now = now_ms();
     let row = TaskRow {
-        id: format!("{}:{}", config.host.id, uuid::Uuid::new_v4()),
+        id: format!("{}:{}", team.this_host.id, uuid::Uuid::new_v4()),
         prompt,
         environment_id,
-        host_id: config.host.id.clone(),
+        host_id: team.this_host.id.clone(),
         status: TaskStatus::Pending.as_str().to_string(),
         detail: None,
         timeout_secs,
@@ -325,31 +347,31 @@ pub(crate) async fn create(ctx: &Arc<HostContext>, new: NewTask) -> Result<TaskV
         status: tokio::sync::Mutex::new(TaskStatus::Pending),
     });
     {
-        let mut live = ctx.tasks.live();
-        if live.len() >= config.tasks.max_concurrent as usize {
+        let mut live = team.tasks.live();
+        if live.len() >= team.settings.max_concurrent as usize {
             return Err(TaskError::ResourceExhausted(format!(
                 "{} task(s) are running, the most this host runs at once (tasks.max_concurrent)",
                 live.len()
             )));
         }
         live.insert(row.id.clone(), task.clone());
-        ctx.tasks.active.send_modify(|n| *n += 1);
+        team.tasks.active.send_modify(|n| *n += 1);
     }
-    if let Err(e) = ctx.store.task_created(row.clone()).await {
-        ctx.tasks.live().remove(&row.id);
-        ctx.tasks.active.send_modify(|n| *n = n.saturating_sub(1));
+    if let Err(e) = team.store.task_created(row.clone()).await {
+        team.tasks.live().remove(&row.id);
+        team.tasks.active.send_modify(|n| *n = n.saturating_sub(1));
         return Err(e.into());
     }
     tracing::info!(task_id = %row.id, timeout_secs, "task created");
     let view = task.view(row.clone());
-    tokio::spawn(supervise(ctx.clone(), task, row.prompt));
+    tokio::spawn(supervise(team.clone(), task, row.prompt));
     Ok(view)
 }
 
 /// Runs a task: its lead, the stop conditions, then its final status.
-async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
-    task.set_status(&ctx, TaskStatus::Running, None).await;
-    let lead_id = match start_worker(&ctx, &task, prompt, ctx.config.tasks.ai_mode, true) {
+async fn supervise(team: Arc<TeamHost>, task: Arc<LiveTask>, prompt: String) {
+    task.set_status(&team, TaskStatus::Running, None).await;
+    let lead_id = match start_worker(&team, &task, prompt, team.settings.ai_mode, true) {
         Ok(id) => Some(id),
         Err(e) => {
             tracing::error!(task_id = %task.id, error = %e, "cannot start the task's lead");
@@ -358,7 +380,7 @@ async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
     };
     let deadline = tokio::time::sleep(Duration::from_secs(u64::from(task.timeout_secs)));
     tokio::pin!(deadline);
-    let mut stop = ctx.ooda.protective_stop().subscribe();
+    let mut stop = team.ooda.protective_stop().subscribe();
     let mut running = task.running.subscribe();
     let mut lead_end = lead_id.as_ref().and_then(|id| {
         lock(&task.ends)
@@ -367,7 +389,7 @@ async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
             .map(|(_, end)| end.clone())
     });
     let _live = LiveGuard {
-        ctx: ctx.clone(),
+        team: team.clone(),
         task_id: task.id.clone(),
     };
     loop {
@@ -390,7 +412,7 @@ async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
                 };
                 task.stop(StopCause::EStop(why));
             }
-            () = ctx.shutdown.cancelled(), if !stopping => task.stop(StopCause::Shutdown),
+            () = team.shutdown.cancelled(), if !stopping => task.stop(StopCause::Shutdown),
         }
     }
     let lead_end = lead_id.and_then(|id| {
@@ -411,7 +433,7 @@ async fn supervise(ctx: Arc<HostContext>, task: Arc<LiveTask>, prompt: String) {
             "the task's agent could not start".into(),
         ),
     };
-    task.set_status(&ctx, status, Some(detail)).await;
+    task.set_status(&team, status, Some(detail)).await;
     tracing::info!(task_id = %task.id, status = status.as_str(), "task finished");
 }
 
@@ -440,14 +462,14 @@ async fn lead_failed(lead: &mut Option<watch::Receiver<Option<WorkerEnd>>>) -> W
 
 /// Takes a task off the running list when its supervisor ends, however it ends.
 struct LiveGuard {
-    ctx: Arc<HostContext>,
+    team: Arc<TeamHost>,
     task_id: String,
 }
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
-        self.ctx.tasks.live().remove(&self.task_id);
-        self.ctx
+        self.team.tasks.live().remove(&self.task_id);
+        self.team
             .tasks
             .active
             .send_modify(|n| *n = n.saturating_sub(1));
@@ -463,16 +485,16 @@ impl Drop for RunningGuard {
     }
 }
 
-async fn load_row(ctx: &HostContext, id: &str) -> Result<TaskRow, TaskError> {
-    check_task_id(ctx, id)?;
-    ctx.store
+async fn load_row(team: &TeamHost, id: &str) -> Result<TaskRow, TaskError> {
+    check_task_id(team, id)?;
+    team.store
         .task(id.to_string())
         .await?
         .ok_or_else(|| TaskError::NotFound(format!("no task {id:?} on this host")))
 }
 
-fn view(ctx: &HostContext, row: TaskRow) -> TaskView {
-    match ctx.tasks.get(&row.id) {
+fn view(team: &TeamHost, row: TaskRow) -> TaskView {
+    match team.tasks.get(&row.id) {
         Some(task) => task.view(row),
         None => TaskView {
             row,
@@ -481,25 +503,25 @@ fn view(ctx: &HostContext, row: TaskRow) -> TaskView {
     }
 }
 
-pub(crate) async fn get(ctx: &HostContext, id: &str) -> Result<TaskView, TaskError> {
-    let row = load_row(ctx, id).await?;
-    Ok(view(ctx, row))
+pub(crate) async fn get(team: &TeamHost, id: &str) -> Result<TaskView, TaskError> {
+    let row = load_row(team, id).await?;
+    Ok(view(team, row))
 }
 
 /// Tasks, newest first.
 pub(crate) async fn list(
-    ctx: &HostContext,
+    team: &TeamHost,
     limit: u32,
     offset: u32,
 ) -> Result<Vec<TaskView>, TaskError> {
-    let rows = ctx.store.tasks(limit, offset).await?;
-    Ok(rows.into_iter().map(|r| view(ctx, r)).collect())
+    let rows = team.store.tasks(limit, offset).await?;
+    Ok(rows.into_iter().map(|r| view(team, r)).collect())
 }
 
 /// Stops a running task; its workers exit and their actuators go safe.
-pub(crate) async fn cancel(ctx: &HostContext, id: &str) -> Result<(), TaskError> {
-    let row = load_row(ctx, id).await?;
-    match ctx.tasks.get(id) {
+pub(crate) async fn cancel(team: &TeamHost, id: &str) -> Result<(), TaskError> {
+    let row = load_row(team, id).await?;
+    match team.tasks.get(id) {
         Some(task) => {
             task.stop(StopCause::Cancelled);
             Ok(())
@@ -535,15 +557,15 @@ impl AnsweredVia {
 /// task may deny its calls but not approve them (refused and audited; the
 /// call keeps waiting).
 pub(crate) async fn approve(
-    ctx: &HostContext,
+    team: &TeamHost,
     task_id: &str,
     tool_call_id: &str,
     approved: bool,
     by: Option<String>,
     via: AnsweredVia,
 ) -> Result<TaskView, TaskError> {
-    let row = load_row(ctx, task_id).await?;
-    let Some(task) = ctx.tasks.get(task_id) else {
+    let row = load_row(team, task_id).await?;
+    let Some(task) = team.tasks.get(task_id) else {
         return Err(TaskError::FailedPrecondition(format!(
             "task {task_id} has already finished ({})",
             row.status
@@ -552,7 +574,7 @@ pub(crate) async fn approve(
     let waiting = lock(&task.state).approvals.get(tool_call_id).cloned();
     if let Some(call) = waiting
         && let Err(own) =
-            ctx.permissions
+            team.permissions
                 .may_answer(task.credential.as_deref(), by.as_deref(), approved)
     {
         let why = own.to_string();
@@ -571,7 +593,7 @@ pub(crate) async fn approve(
             by.as_deref(),
             &why,
         );
-        if let Err(e) = ctx.store.audit(record).await {
+        if let Err(e) = team.store.audit(record).await {
             tracing::error!(error = %e, "cannot write the audit record of a refused approval");
         }
         return Err(TaskError::PermissionDenied(why));
@@ -595,8 +617,8 @@ pub(crate) async fn approve(
             pending.worker_id
         )));
     }
-    task.refresh_status(ctx).await;
-    let row = load_row(ctx, task_id).await?;
+    task.refresh_status(team).await;
+    let row = load_row(team, task_id).await?;
     Ok(task.view(row))
 }
 
@@ -611,22 +633,22 @@ pub enum Follow {
 /// new ones as they are written, until the task has finished and every
 /// entry is delivered. The task must exist (checked before streaming).
 pub(crate) async fn follow(
-    ctx: Arc<HostContext>,
+    team: Arc<TeamHost>,
     task_id: String,
     which: Follow,
 ) -> Result<mpsc::Receiver<Result<StoredTaskEvent, TaskError>>, TaskError> {
-    load_row(&ctx, &task_id).await?;
+    load_row(&team, &task_id).await?;
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let status_only = Some(which == Follow::Status);
-        let mut wake = ctx.tasks.get(&task_id).map(|t| t.log_seq.subscribe());
+        let mut wake = team.tasks.get(&task_id).map(|t| t.log_seq.subscribe());
         let mut cursor = 0;
         loop {
             // Finished is read before the log: every entry of a finished
             // task was written before its final status. Whether it still runs
             // is read before that: a task stops running after its final status.
-            let running = ctx.tasks.get(&task_id).is_some();
-            let finished = match ctx.store.task(task_id.clone()).await {
+            let running = team.tasks.get(&task_id).is_some();
+            let finished = match team.store.task(task_id.clone()).await {
                 Ok(Some(row)) => TaskStatus::is_terminal_str(&row.status),
                 Ok(None) => true,
                 Err(e) => {
@@ -635,7 +657,7 @@ pub(crate) async fn follow(
                 }
             };
             loop {
-                let batch = match ctx
+                let batch = match team
                     .store
                     .task_events(task_id.clone(), cursor, status_only, WATCH_BATCH)
                     .await

@@ -15,9 +15,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::LiveTask;
 use super::state::{FailReason, PendingApproval, StopCause, TeamEvent, WorkerEnd};
-use crate::HostContext;
+use super::{LiveTask, TeamHost};
 use crate::config::types::{AiMode, ToolCategory};
 use crate::model::{Block, Message};
 use crate::ooda::act::Origin;
@@ -84,8 +83,8 @@ pub fn team_tools(await_timeout_ms: u32) -> Result<ToolRegistry, String> {
     )
 }
 
-fn system_prompt(ctx: &HostContext, task: &LiveTask, plan: &WorkerPlan) -> String {
-    let host = &ctx.config.host;
+fn system_prompt(team: &TeamHost, task: &LiveTask, plan: &WorkerPlan) -> String {
+    let host = &team.this_host;
     let mut text = format!(
         "You are worker {} of task {} on rozd host {:?} ({}), environment {:?}. \
          You run headless: no user reads your answers while you work and none will answer \
@@ -105,16 +104,16 @@ fn system_prompt(ctx: &HostContext, task: &LiveTask, plan: &WorkerPlan) -> Strin
     }
     // What the host is and its rules, as every session is told.
     text.push_str("\n\n");
-    text.push_str(ctx.briefings.current().text().trim_end());
+    text.push_str(team.briefings.current().text().trim_end());
     text
 }
 
 /// Runs one worker to its end. Its actuators are back at their safe values
 /// (those it still held) when this returns.
-pub(crate) async fn run(ctx: Arc<HostContext>, task: Arc<LiveTask>, plan: WorkerPlan) -> WorkerEnd {
-    let end = drive(&ctx, &task, &plan).await;
+pub(crate) async fn run(team: Arc<TeamHost>, task: Arc<LiveTask>, plan: WorkerPlan) -> WorkerEnd {
+    let end = drive(&team, &task, &plan).await;
     let origin = Origin::Session(plan.worker_id.clone());
-    let released = ctx
+    let released = team
         .ooda
         .actuators()
         .release(&origin, "task worker ended")
@@ -125,9 +124,8 @@ pub(crate) async fn run(ctx: Arc<HostContext>, task: Arc<LiveTask>, plan: Worker
     end
 }
 
-async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) -> WorkerEnd {
-    let config = &ctx.config;
-    let model = match ctx.models.resolve(config.tasks.model.as_deref()) {
+async fn drive(team: &Arc<TeamHost>, task: &Arc<LiveTask>, plan: &WorkerPlan) -> WorkerEnd {
+    let model = match team.models.resolve(team.settings.model.as_deref()) {
         Ok(model) => model,
         Err(e) => {
             return WorkerEnd::Failed {
@@ -151,18 +149,18 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
     let (notes_tx, mut notes) = mpsc::unbounded_channel();
     let setup = TurnSetup {
         message_id: plan.worker_id.clone(),
-        system: system_prompt(ctx, task, plan),
+        system: system_prompt(team, task, plan),
         tools,
         conversation: History::new(vec![Message::user(vec![Block::Text(plan.prompt.clone())])]),
-        permissions: ctx.permissions.clone(),
+        permissions: team.permissions.clone(),
         limits: TurnLimits::new(
-            &config.session,
-            config.model.max_output_tokens,
+            &team.session_limits,
+            team.default_max_output_tokens,
             model.as_ref(),
             model
                 .max_context_tokens()
-                .map_or(config.session.default_max_context_tokens, |window| {
-                    window.min(config.session.default_max_context_tokens)
+                .map_or(team.session_limits.default_max_context_tokens, |window| {
+                    window.min(team.session_limits.default_max_context_tokens)
                 }),
             0,
             true,
@@ -170,8 +168,9 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
         model,
         meter: ContextMeter::default(),
         live_tokens: Arc::default(),
-        host: ctx
-            .host_access(
+        host: team
+            .turn
+            .access(
                 crate::session::approvals::Asker::Task,
                 &plan.worker_id,
                 format!("task {} worker {}", task.id, plan.worker_id),
@@ -187,7 +186,7 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
     let cancel = task.stop.child_token();
     let mut handle = tokio::spawn(turn::run(setup, out_tx, inbox_rx, cancel.clone()));
     let mut driver = Driver {
-        ctx,
+        team,
         task,
         plan,
         inbox,
@@ -232,7 +231,7 @@ async fn drive(ctx: &Arc<HostContext>, task: &Arc<LiveTask>, plan: &WorkerPlan) 
 }
 
 struct Driver<'a> {
-    ctx: &'a Arc<HostContext>,
+    team: &'a Arc<TeamHost>,
     task: &'a Arc<LiveTask>,
     plan: &'a WorkerPlan,
     inbox: mpsc::Sender<TurnInput>,
@@ -249,7 +248,7 @@ impl Driver<'_> {
             TurnNote::Cycle(n) => {
                 self.task
                     .publish(
-                        self.ctx,
+                        self.team,
                         TeamEvent::Phase {
                             worker_id: self.plan.worker_id.clone(),
                             phase: n,
@@ -266,7 +265,7 @@ impl Driver<'_> {
                 self.call_names.insert(id, (name.clone(), parameters));
                 self.task
                     .publish(
-                        self.ctx,
+                        self.team,
                         TeamEvent::ToolCall {
                             worker_id: self.plan.worker_id.clone(),
                             tool: name,
@@ -292,7 +291,7 @@ impl Driver<'_> {
                 let (tool, parameters) = self.call_names.get(&detail).cloned().unwrap_or_default();
                 self.task
                     .approval_waiting(
-                        self.ctx,
+                        self.team,
                         PendingApproval {
                             tool_call_id: detail.clone(),
                             call_id: detail,
@@ -308,7 +307,7 @@ impl Driver<'_> {
             // more (an approval that timed out was denied by the turn).
             ServerEvent::Activity { .. } => {
                 self.task
-                    .approvals_done(self.ctx, &self.plan.worker_id)
+                    .approvals_done(self.team, &self.plan.worker_id)
                     .await
             }
             ServerEvent::Error(e) => {
@@ -349,13 +348,13 @@ impl Driver<'_> {
                     .unwrap_or_default()
                     .to_string();
                 let mode = match parameters.get("ai_mode").and_then(Value::as_str) {
-                    None => Ok(self.ctx.config.tasks.ai_mode),
+                    None => Ok(self.team.settings.ai_mode),
                     Some(text) => AiMode::parse(text).ok_or_else(|| {
                         format!("ai_mode {text:?} is not one of {}", AiMode::EXPECTED)
                     }),
                 };
                 match mode
-                    .and_then(|mode| super::start_worker(self.ctx, self.task, prompt, mode, false))
+                    .and_then(|mode| super::start_worker(self.team, self.task, prompt, mode, false))
                 {
                     Ok(worker_id) => reply(true, json!({ "worker_id": worker_id })),
                     Err(why) => reply(false, json!({ "error": why })),
