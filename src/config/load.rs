@@ -297,6 +297,8 @@ impl RawConfig {
     /// The sections, with nothing derived yet: what [`Config::check`]
     /// validates and completes.
     fn unchecked(self, source: ConfigSource) -> Config {
+        // Taken apart field by field (not `self.host`, ...): a section added
+        // to the file's form does not compile until it has its place here.
         let RawConfig {
             host,
             server,

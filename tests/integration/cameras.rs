@@ -50,16 +50,14 @@ fn ffmpeg(port: u16) -> Child {
         .expect("ffmpeg runs (scripts/test.sh installs it)")
 }
 
+/// The answer to a GET of `url`.
+async fn get(url: String) -> reqwest::Response {
+    client().get(url).send().await.unwrap()
+}
+
 /// The body of a GET of `url`, as text.
 async fn get_text(url: String) -> String {
-    client()
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    get(url).await.text().await.unwrap()
 }
 
 fn client() -> reqwest::Client {
@@ -195,20 +193,12 @@ async fn an_http_camera_follows_a_real_mjpeg_stream_through_unplug_and_back() {
     assert_eq!(ok["source"], "http");
 
     // The snapshot and the stream are JPEGs Pillow decodes, at the camera's size.
-    let snapshot = client()
-        .get(format!("{base}/v1/cameras/bench/snapshot.jpg"))
-        .send()
-        .await
-        .unwrap();
+    let snapshot = get(format!("{base}/v1/cameras/bench/snapshot.jpg")).await;
     assert_eq!(snapshot.status(), 200);
     assert_eq!(snapshot.headers()["content-type"], "image/jpeg");
     let snap_file = dir.path().join("snapshot.jpg");
     std::fs::write(&snap_file, snapshot.bytes().await.unwrap()).unwrap();
-    let stream = client()
-        .get(format!("{base}/v1/cameras/bench/stream.mjpeg"))
-        .send()
-        .await
-        .unwrap();
+    let stream = get(format!("{base}/v1/cameras/bench/stream.mjpeg")).await;
     assert_eq!(stream.status(), 200);
     let parts = stream_parts(stream, 3).await;
     let mut files = vec![snap_file.clone()];
@@ -227,17 +217,9 @@ async fn an_http_camera_follows_a_real_mjpeg_stream_through_unplug_and_back() {
     })
     .await;
     assert!(gone["last_error"].is_string(), "{gone}");
-    let health = client()
-        .get(format!("{base}/healthz"))
-        .send()
-        .await
-        .unwrap();
+    let health = get(format!("{base}/healthz")).await;
     assert_eq!(health.status(), 200);
-    let snapshot = client()
-        .get(format!("{base}/v1/cameras/bench/snapshot.jpg"))
-        .send()
-        .await
-        .unwrap();
+    let snapshot = get(format!("{base}/v1/cameras/bench/snapshot.jpg")).await;
     // No recent frame: 503 with a JSON body that says why, once the last one is old.
     if snapshot.status() != 200 {
         assert_eq!(snapshot.status(), 503);
@@ -381,11 +363,7 @@ async fn bad_camera_input_is_a_counted_error_state_never_a_crash() {
         assert!(view["last_error"].is_string(), "{view}");
         // Not ok; `error` while the refusals are fresh.
         assert_ne!(view["health"], "ok", "{view}");
-        let snapshot = client()
-            .get(format!("{base}/v1/cameras/{kind}/snapshot.jpg"))
-            .send()
-            .await
-            .unwrap();
+        let snapshot = get(format!("{base}/v1/cameras/{kind}/snapshot.jpg")).await;
         assert_eq!(snapshot.status(), 503, "{kind}");
     }
     let error = until(&base, "garbage", "in error", |c| c["health"] == "error").await;
@@ -394,11 +372,7 @@ async fn bad_camera_input_is_a_counted_error_state_never_a_crash() {
         "{error}"
     );
     // The daemon serves on, and a name that does not exist is a clear 404.
-    let unknown = client()
-        .get(format!("{base}/v1/cameras/nope/snapshot.jpg"))
-        .send()
-        .await
-        .unwrap();
+    let unknown = get(format!("{base}/v1/cameras/nope/snapshot.jpg")).await;
     assert_eq!(unknown.status(), 404);
     let body: Value = unknown.json().await.unwrap();
     assert!(
@@ -522,18 +496,10 @@ async fn a_files_camera_loops_its_pictures_and_the_stream_is_bounded_in_viewers(
     );
 
     // One viewer at a time: the second is refused while the first watches.
-    let first = client()
-        .get(format!("{base}/v1/cameras/replayed/stream.mjpeg"))
-        .send()
-        .await
-        .unwrap();
+    let first = get(format!("{base}/v1/cameras/replayed/stream.mjpeg")).await;
     assert_eq!(first.status(), 200);
     until(&base, "replayed", "watched", |c| c["viewers"] == 1).await;
-    let second = client()
-        .get(format!("{base}/v1/cameras/replayed/stream.mjpeg"))
-        .send()
-        .await
-        .unwrap();
+    let second = get(format!("{base}/v1/cameras/replayed/stream.mjpeg")).await;
     assert_eq!(second.status(), 503);
     let body: Value = second.json().await.unwrap();
     assert_eq!(body["error"]["code"], "too_many_viewers");
@@ -620,11 +586,7 @@ async fn a_replay_camera_plays_a_recordings_frames_back() {
         })
         .await;
         // The snapshot is the recorded picture itself (or already the next).
-        let shot = client()
-            .get(format!("{base}/v1/cameras/cam/snapshot.jpg"))
-            .send()
-            .await
-            .unwrap();
+        let shot = get(format!("{base}/v1/cameras/cam/snapshot.jpg")).await;
         assert_eq!(shot.status(), 200);
         let shot = shot.bytes().await.unwrap();
         assert!(
@@ -694,20 +656,12 @@ async fn a_v4l2_camera_without_its_device_is_disconnected_and_the_daemon_serves_
     );
 
     // Serving on: health, status, the camera's refusal, metrics.
-    let health = client()
-        .get(format!("{base}/healthz"))
-        .send()
-        .await
-        .unwrap();
+    let health = get(format!("{base}/healthz")).await;
     assert_eq!(health.status(), 200);
     let status = get_json(&base, "/v1/status").await;
     assert_eq!(status["cameras"][0]["name"], "usb");
     assert_eq!(status["cameras"][0]["health"], "disconnected");
-    let snapshot = client()
-        .get(format!("{base}/v1/cameras/usb/snapshot.jpg"))
-        .send()
-        .await
-        .unwrap();
+    let snapshot = get(format!("{base}/v1/cameras/usb/snapshot.jpg")).await;
     assert_eq!(snapshot.status(), 503);
     let body: Value = snapshot.json().await.unwrap();
     assert_eq!(body["error"]["code"], "unavailable");
