@@ -14,12 +14,15 @@
 //! A request in flight is never displaced by a newcomer: with no place to
 //! take, the newcomer is refused ([`Seat::Refused`]). A connection whose
 //! first request is a stop ([`Arrival::Stop`]) is never displaced before
-//! that request has started, and when the table has no place to free it is
+//! that request has ended, and when the table has no place to free it is
 //! seated beyond the cap (at most [`STOP_OVERFLOW`] such): a stop never
 //! waits behind a full table.
 //!
 //! Out of file descriptors ([`ConnectionTable::shed`]) the same order
-//! applies, then the one whose last activity is oldest.
+//! applies, then the one whose last activity is oldest, a request in flight
+//! included; but never a stop before its request has ended (its caller
+//! would not learn that the stop latched, or the stop would be dropped
+//! before it ran).
 //!
 //! A connection is idle while no request is in flight on it; it has been
 //! idle since its last request ended (or since it opened).
@@ -63,8 +66,9 @@ pub enum Seat<T> {
 struct Entry<T> {
     closer: T,
     authenticated: bool,
-    /// Its first request is a stop that has not started yet: not displaced.
-    stop_pending: bool,
+    /// Its first request is a stop that has not ended yet: neither
+    /// displaced nor shed.
+    stop: bool,
     in_flight: u32,
     /// When it last opened, started or ended a request.
     active_at: Instant,
@@ -97,6 +101,7 @@ impl<T> ConnectionTable<T> {
         self.entries.len()
     }
 
+    #[cfg(test)]
     pub fn limit(&self) -> usize {
         self.limit
     }
@@ -130,7 +135,7 @@ impl<T> ConnectionTable<T> {
             Entry {
                 closer,
                 authenticated: false,
-                stop_pending: stop,
+                stop,
                 in_flight: 0,
                 active_at: now,
             },
@@ -146,8 +151,6 @@ impl<T> ConnectionTable<T> {
 
     pub fn request_started(&mut self, id: ConnectionId, now: Instant) {
         if let Some(e) = self.entries.get_mut(&id) {
-            // In flight now, which protects it as much.
-            e.stop_pending = false;
             e.in_flight = e.in_flight.saturating_add(1);
             e.active_at = now;
         }
@@ -155,6 +158,9 @@ impl<T> ConnectionTable<T> {
 
     pub fn request_ended(&mut self, id: ConnectionId, now: Instant) {
         if let Some(e) = self.entries.get_mut(&id) {
+            // Its first request (a stop, perhaps) has ended: an ordinary
+            // connection from now on.
+            e.stop = false;
             e.in_flight = e.in_flight.saturating_sub(1);
             e.active_at = now;
         }
@@ -171,8 +177,8 @@ impl<T> ConnectionTable<T> {
     /// open now less [`SHED_HEADROOM`] (so that the rest of the process —
     /// the store, the watchdog notification, the control socket — finds
     /// descriptors again), and removes and returns the connections above it
-    /// (at least one, unless the table is empty: then the descriptors are
-    /// used elsewhere).
+    /// (at least one, unless the table holds only stops on their way or
+    /// nothing: then the descriptors are used elsewhere).
     pub fn shed(&mut self) -> Vec<T> {
         self.limit = self.entries.len().saturating_sub(SHED_HEADROOM).max(1);
         let mut shed = Vec::new();
@@ -215,7 +221,7 @@ impl<T> ConnectionTable<T> {
     /// The oldest unauthenticated connection, else the longest-idle one,
     /// among those with nothing in flight and no stop on its way.
     fn displaceable(&self) -> Option<ConnectionId> {
-        let free = |e: &Entry<T>| e.in_flight == 0 && !e.stop_pending;
+        let free = |e: &Entry<T>| e.in_flight == 0 && !e.stop;
         self.entries
             .iter()
             .find(|(_, e)| !e.authenticated && free(e))
@@ -230,12 +236,15 @@ impl<T> ConnectionTable<T> {
     }
 
     /// Out of descriptors something must go: as for a newcomer, else the
-    /// one whose last activity is oldest (a stop on its way last of all).
+    /// one whose last activity is oldest, but never a stop whose request
+    /// has not ended (it ends within the header and body timeouts, and is
+    /// sheddable then).
     fn evict(&mut self) -> Option<T> {
         let least_active = || {
             self.entries
                 .iter()
-                .min_by_key(|(_, e)| (e.stop_pending, e.active_at))
+                .filter(|(_, e)| !e.stop)
+                .min_by_key(|(_, e)| e.active_at)
                 .map(|(id, _)| *id)
         };
         let victim = self.displaceable().or_else(least_active)?;
@@ -257,12 +266,17 @@ pub type LobbyId = u64;
 /// oldest is dropped for a newcomer once it has waited [`LOBBY_GRACE`] (it
 /// had its chance); before that the newcomer is refused, so that a
 /// connection whose request is on its way is not crowded out by a flood.
-/// Bare connections opened to crowd the table wait here, not in it.
+/// Bare connections opened to crowd the table wait here, not in it; and
+/// when the process runs out of file descriptors, those that have waited
+/// past their grace are the first to go ([`Lobby::shed`]).
 #[derive(Debug)]
 pub struct Lobby<T> {
     limit: usize,
     next_id: LobbyId,
     waiting: VecDeque<(LobbyId, Instant, T)>,
+    /// Dropped or shed but not yet left: their descriptors are on their
+    /// way back.
+    closing: BTreeSet<LobbyId>,
 }
 
 /// How long a connection in a full lobby keeps its place.
@@ -274,6 +288,7 @@ impl<T> Lobby<T> {
             limit: limit.max(1),
             next_id: 0,
             waiting: VecDeque::new(),
+            closing: BTreeSet::new(),
         }
     }
 
@@ -285,7 +300,10 @@ impl<T> Lobby<T> {
         if self.waiting.len() >= self.limit {
             match self.waiting.front() {
                 Some((_, since, _)) if now.saturating_duration_since(*since) >= LOBBY_GRACE => {
-                    dropped = self.waiting.pop_front().map(|(_, _, c)| c);
+                    dropped = self.waiting.pop_front().map(|(id, _, c)| {
+                        self.closing.insert(id);
+                        c
+                    });
                 }
                 _ => return Err(closer),
             }
@@ -298,12 +316,38 @@ impl<T> Lobby<T> {
 
     /// It left (seated, refused, closed or timed out). Unknown ids are ignored.
     pub fn leave(&mut self, id: LobbyId) {
+        self.closing.remove(&id);
         if let Some(at) = self.waiting.iter().position(|(i, _, _)| *i == id) {
             self.waiting.remove(at);
         }
     }
 
-    #[cfg(test)]
+    /// The process ran out of file descriptors: removes and returns up to
+    /// `most` of the oldest connections that have waited past their grace
+    /// (a flood's bare connections, in all likelihood; a client that has
+    /// sent nothing for [`LOBBY_GRACE`] connects again). They count as
+    /// [`Lobby::closing`] until they leave.
+    pub fn shed(&mut self, now: Instant, most: usize) -> Vec<T> {
+        let mut shed = Vec::new();
+        while shed.len() < most {
+            match self.waiting.front() {
+                Some((_, since, _)) if now.saturating_duration_since(*since) >= LOBBY_GRACE => {
+                    if let Some((id, _, closer)) = self.waiting.pop_front() {
+                        self.closing.insert(id);
+                        shed.push(closer);
+                    }
+                }
+                _ => break,
+            }
+        }
+        shed
+    }
+
+    /// Connections dropped or shed whose leaving has not been reported.
+    pub fn closing(&self) -> usize {
+        self.closing.len()
+    }
+
     pub fn len(&self) -> usize {
         self.waiting.len()
     }
@@ -486,6 +530,38 @@ mod tests {
     }
 
     #[test]
+    fn out_of_descriptors_a_stop_is_never_shed_before_its_request_has_ended() {
+        // Seen in CI: out of descriptors, a `POST /v1/estop` over TCP was
+        // the only connection in the table; accept took one more from the
+        // backlog, the table shed the stop while its request was in flight,
+        // and its caller got no answer.
+        let t0 = Instant::now();
+        let mut table = ConnectionTable::new(10);
+        let Seat::Seated { id: stop, .. } = table.open("stop", Arrival::Stop, t0) else {
+            panic!("the stop has a free place");
+        };
+        let (busy, _) = open(&mut table, "busy", t0 + secs(1));
+        table.request_started(stop, t0 + secs(2));
+        table.request_started(busy, t0 + secs(3));
+        // The ordinary request in flight goes though it is the newer one.
+        assert_eq!(table.shed(), ["busy"]);
+        // The stop alone: nothing is shed.
+        assert!(table.shed().is_empty());
+        assert_eq!(table.len(), 1);
+        // Not before it has started either.
+        let Seat::Seated { id: pending, .. } = table.open("pending", Arrival::Stop, t0) else {
+            panic!("a stop finds a place beyond the cap");
+        };
+        assert!(table.shed().is_empty());
+        // Once its request has ended it is an ordinary connection.
+        table.request_ended(stop, t0 + secs(4));
+        assert_eq!(table.shed(), ["stop"]);
+        table.request_started(pending, t0 + secs(5));
+        table.request_ended(pending, t0 + secs(5));
+        assert_eq!(table.shed(), ["pending"]);
+    }
+
+    #[test]
     fn the_stop_overflow_is_bounded() {
         let t0 = Instant::now();
         let mut table = ConnectionTable::new(1);
@@ -510,6 +586,33 @@ mod tests {
         assert_eq!(lobby.len(), 2);
         let (_d, dropped) = lobby.enter("d", t0 + secs(5)).unwrap();
         assert_eq!(dropped, Some("b"));
+    }
+
+    #[test]
+    fn out_of_descriptors_the_lobby_sheds_its_oldest_past_their_grace() {
+        // Seen in CI: out of descriptors, bare connections in the lobby
+        // held nearly every descriptor until their header timeout while
+        // only the table was shed, so TCP stayed unreachable that long.
+        let t0 = Instant::now();
+        let mut lobby = Lobby::new(100);
+        let ids: Vec<_> = (0..5)
+            .map(|i| lobby.enter(i, t0 + secs(i)).unwrap().0)
+            .collect();
+        // Nobody past the grace yet: nothing goes.
+        assert!(lobby.shed(t0 + LOBBY_GRACE / 2, 10).is_empty());
+        // At 3 s, 0..=2 have waited a second or more; at most two go.
+        assert_eq!(lobby.shed(t0 + secs(3), 2), [0, 1]);
+        assert_eq!(lobby.shed(t0 + secs(3), 10), [2]);
+        assert_eq!((lobby.len(), lobby.closing()), (2, 3));
+        // Each counts as closing until it has left.
+        lobby.leave(ids[0]);
+        lobby.leave(ids[0]);
+        assert_eq!(lobby.closing(), 2);
+        lobby.leave(ids[1]);
+        lobby.leave(ids[2]);
+        lobby.leave(ids[3]);
+        assert_eq!((lobby.len(), lobby.closing()), (1, 0));
+        assert_eq!(lobby.shed(t0 + secs(60), 10), [4]);
     }
 
     #[test]

@@ -143,8 +143,8 @@ impl Acceptor for UnixListener {
 #[derive(Clone)]
 pub(super) struct Shared {
     pub(super) builder: Arc<auto::Builder<TokioExecutor>>,
-    /// The TCP table: the one that sheds when descriptors run out.
-    pub(super) pressure: SharedTable,
+    /// The TCP listener's: what sheds when descriptors run out.
+    pub(super) pressure: Seats,
     pub(super) reserve: Arc<FdReserve>,
     /// Told whenever a connection ends (a descriptor came free).
     pub(super) closed: Arc<Notify>,
@@ -196,11 +196,54 @@ pub(super) fn out_of_descriptors(e: &std::io::Error) -> bool {
     )
 }
 
+/// Where one listener's connections wait: the lobby until they show their
+/// first bytes, then the table.
+#[derive(Clone)]
+pub(super) struct Seats {
+    pub(super) table: SharedTable,
+    pub(super) lobby: SharedLobby,
+}
+
+impl Seats {
+    /// A table of `limit` places, and a lobby as large (at least
+    /// [`MIN_LOBBY`]): a flood of one listener never crowds another's.
+    pub(super) fn new(limit: usize) -> Seats {
+        Seats {
+            table: Arc::new(Mutex::new(ConnectionTable::new(limit))),
+            lobby: Arc::new(Mutex::new(Lobby::new(limit.max(MIN_LOBBY)))),
+        }
+    }
+
+    fn len(&self) -> usize {
+        tracked::lock(&self.table).len() + lock_lobby(&self.lobby).len()
+    }
+
+    /// Connections shed whose descriptors are still on their way back.
+    fn closing(&self) -> usize {
+        tracked::lock(&self.table).closing() + lock_lobby(&self.lobby).closing()
+    }
+
+    /// Out of file descriptors: sheds the lobby's connections that have
+    /// waited past their grace (up to [`SHED_HEADROOM`]), else the table's
+    /// (see [`ConnectionTable::shed`]).
+    fn shed(&self) {
+        let stale = lock_lobby(&self.lobby).shed(tokio::time::Instant::now(), SHED_HEADROOM);
+        let shed = if stale.is_empty() {
+            tracked::lock(&self.table).shed()
+        } else {
+            stale
+        };
+        for connection in shed {
+            connection.shed();
+        }
+    }
+}
+
 /// Accepts connections until `stop` is cancelled.
 pub(super) async fn accept_loop<A: Acceptor>(
     acceptor: A,
     router: axum::Router,
-    table: SharedTable,
+    seats: Seats,
     shared: Shared,
     tls: Option<Arc<ServerTls>>,
     stop: CancellationToken,
@@ -209,10 +252,7 @@ pub(super) async fn accept_loop<A: Acceptor>(
     reap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_warning: Option<tokio::time::Instant> = None;
     let mut unreported = 0u64;
-    // This listener's own (a flood of one never crowds the other's), as
-    // large as its table.
-    let lobby_limit = tracked::lock(&table).limit().max(MIN_LOBBY);
-    let lobby = Arc::new(Mutex::new(Lobby::new(lobby_limit)));
+    let Seats { table, lobby } = seats;
     loop {
         tokio::select! {
             accepted = acceptor.accept() => match accepted {
@@ -233,7 +273,7 @@ pub(super) async fn accept_loop<A: Acceptor>(
                     unreported += 1;
                     let now = tokio::time::Instant::now();
                     if last_warning.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10)) {
-                        let tcp_connections = tracked::lock(&shared.pressure).len();
+                        let tcp_connections = shared.pressure.len();
                         tracing::warn!(
                             listener = A::WHAT,
                             error = %e,
@@ -248,12 +288,12 @@ pub(super) async fn accept_loop<A: Acceptor>(
                     // Connections already shed give their descriptors back
                     // as their tasks end; shed more (and hold fewer) only
                     // when none are on their way.
-                    let returning = !A::URGENT && tracked::lock(&shared.pressure).closing() > 0;
+                    let returning = !A::URGENT && shared.pressure.closing() > 0;
                     if shared.reserve.release() {
                         // The reserve's descriptor takes the waiting
                         // connection now.
                         if !returning {
-                            shed_tcp(&shared.pressure);
+                            shared.pressure.shed();
                         }
                     } else {
                         // Wait for a descriptor to come free (bounded)
@@ -263,9 +303,9 @@ pub(super) async fn accept_loop<A: Acceptor>(
                             () = stop.cancelled() => break,
                         }
                         if !shared.reserve.restore()
-                            && (A::URGENT || tracked::lock(&shared.pressure).closing() == 0)
+                            && (A::URGENT || shared.pressure.closing() == 0)
                         {
-                            shed_tcp(&shared.pressure);
+                            shared.pressure.shed();
                         }
                     }
                 }
@@ -296,14 +336,6 @@ pub(super) async fn accept_loop<A: Acceptor>(
             }
             () = stop.cancelled() => break,
         }
-    }
-}
-
-/// Sheds TCP connections for descriptors (see [`ConnectionTable::shed`]).
-pub(super) fn shed_tcp(table: &SharedTable) {
-    let shed = tracked::lock(table).shed();
-    for connection in shed {
-        connection.shed();
     }
 }
 

@@ -10,11 +10,13 @@
 //!
 //! Two accept loops, each its own task: TCP (gRPC and REST, capped at
 //! `server.max_connections`) and the local control socket (the stop and its
-//! status, not subject to the TCP cap). Each keeps a [`ConnectionTable`]:
-//! a full table sheds a connection for each newcomer, idle connections are
-//! closed, and when the process runs out of file descriptors the TCP table
-//! sheds one (and stays smaller) while a reserved descriptor lets the
-//! waiting connection in, so accept never spins and the stop stays reachable.
+//! status, not subject to the TCP cap). Each keeps its [`Seats`], a lobby
+//! and a [`ConnectionTable`]: a full table sheds a connection for each
+//! newcomer, idle connections are closed, and when the process runs out of
+//! file descriptors the TCP lobby sheds the bare connections past their
+//! grace, else the TCP table sheds (and stays smaller), never a stop before
+//! its request has ended, while a reserved descriptor lets the waiting
+//! connection in: accept never spins and the stop stays reachable.
 
 use parking_lot::Mutex;
 use std::future::Future;
@@ -34,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::HostContext;
 use crate::api;
-use crate::api::connections::{ConnectionTable, Lobby, Seat};
+use crate::api::connections::{ConnectionTable, Lobby, SHED_HEADROOM, Seat};
 use crate::api::tracked::{self, Closer, SharedTable};
 use crate::config::Config;
 use crate::tls::{PeerIdentity, ServerTls};
@@ -273,14 +275,14 @@ impl Daemon {
         let builder = Arc::new(connection_builder(&ctx.config));
         let max_connections = usize::try_from(server.max_connections).unwrap_or(usize::MAX);
         warn_if_fd_limit_is_low(server.max_connections);
-        let tcp_table: SharedTable = Arc::new(Mutex::new(ConnectionTable::new(max_connections)));
+        let tcp_seats = Seats::new(max_connections);
         // Every connection task holds a sender; when all are gone, `alive`
         // yields `None`: every connection has ended.
         let (alive_tx, mut alive) = tokio::sync::mpsc::channel::<()>(1);
         let drain = CancellationToken::new();
         let shared = Shared {
             builder,
-            pressure: tcp_table.clone(),
+            pressure: tcp_seats.clone(),
             reserve: Arc::new(FdReserve::new()),
             closed: Arc::new(Notify::new()),
             idle_timeout: Duration::from_secs(server.idle_timeout_secs),
@@ -294,22 +296,19 @@ impl Daemon {
             tokio::spawn(accept_loop(
                 control.listener,
                 api::control_router(ctx.clone()),
-                Arc::new(Mutex::new(ConnectionTable::new(
-                    CONTROL_SOCKET_MAX_CONNECTIONS,
-                ))),
+                Seats::new(CONTROL_SOCKET_MAX_CONNECTIONS),
                 shared.clone(),
                 None,
                 stop_accepting.clone(),
             ))
         });
         let foxglove_loop = foxglove.map(|(listener, router)| {
-            // Its own table: a flood there never crowds the API's port.
-            let table =
-                ConnectionTable::new(ctx.config.foxglove.max_clients.saturating_mul(4).max(16));
+            // Its own seats: a flood there never crowds the API's port.
+            let seats = Seats::new(ctx.config.foxglove.max_clients.saturating_mul(4).max(16));
             tokio::spawn(accept_loop(
                 listener,
                 router,
-                Arc::new(Mutex::new(table)),
+                seats,
                 shared.clone(),
                 tls.clone(),
                 stop_accepting.clone(),
@@ -318,7 +317,7 @@ impl Daemon {
         let tcp_loop = accept_loop(
             listener,
             router,
-            tcp_table,
+            tcp_seats,
             shared,
             tls,
             stop_accepting.clone(),

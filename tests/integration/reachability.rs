@@ -357,7 +357,10 @@ impl LimitedRozd {
         std::fs::write(
             &config,
             format!(
-                "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n",
+                // Bare connections wait for their first bytes far longer
+                // than the test: TCP comes back only by shedding them.
+                "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout_secs = 300\n\
+                 [store]\npath = {:?}\n",
                 dir.path().join("rozd.db").display().to_string()
             ),
         )
