@@ -20,6 +20,7 @@ use super::turn::HostAccess;
 use super::{ErrorCode, SessionError};
 use crate::clock::now_ms;
 use crate::config::types::{Policy, ToolCategory};
+pub use crate::store::Decision;
 use crate::store::{AuditKind, AuditRecord};
 use crate::tools::ToolError;
 
@@ -201,35 +202,6 @@ impl Outcome {
     }
 }
 
-/// What the gate (or a check before it) decided for a call: the audit's
-/// `decision` column and the metrics' `decision` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// The policy allows it.
-    Allowed,
-    /// An approval said yes.
-    Approved,
-    /// An approval said no, or none came in time.
-    Denied,
-    /// The policy blocks it.
-    Blocked,
-    /// Refused before any gate (limits, the protective stop).
-    Refused,
-}
-
-impl Decision {
-    /// The word the audit and the metrics use.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Decision::Allowed => "allowed",
-            Decision::Approved => "approved",
-            Decision::Denied => "denied",
-            Decision::Blocked => "blocked",
-            Decision::Refused => "refused",
-        }
-    }
-}
-
 /// What the gate decided; `decision` is the audit's word for it, and
 /// `approved_by` the credential that answered an approval.
 pub enum Gate {
@@ -284,7 +256,7 @@ pub async fn gate<S: CallSite>(
         },
     };
     site.gated(match &gate {
-        Gate::Pass { decision, .. } | Gate::Refused { decision, .. } => *decision,
+        Gate::Pass { decision, .. } | Gate::Refused { decision, .. } => decision.clone(),
     });
     Ok(gate)
 }
@@ -483,7 +455,7 @@ fn audit_record(
         tool_call_id: Some(id.to_string()),
         tool: Some(tool.to_string()),
         parameters: Some(input.clone()),
-        decision: Some(decided.decision.as_str().to_string()),
+        decision: Some(decided.decision.clone()),
         approved_by: decided.approved_by.clone(),
         result: result.ok().map(str::to_string),
         error: result.err().map(str::to_string),
@@ -516,7 +488,7 @@ pub fn own_approval_refused(
         tool_call_id: Some(tool_call_id.to_string()),
         tool: Some(tool.to_string()),
         parameters: Some(parameters.clone()),
-        decision: Some(Decision::Refused.as_str().into()),
+        decision: Some(Decision::Refused),
         error: Some(why.to_string()),
         origin: Some(origin.to_string()),
         credential: credential.map(str::to_string),

@@ -282,6 +282,82 @@ impl rusqlite::types::FromSql for AuditKind {
     }
 }
 
+/// What the gate (or a check before it) decided for a tool call: the
+/// audit's `decision` column and the metrics' `decision` label. Stored,
+/// served and recorded as its [`Decision::as_str`] spelling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The policy allows it.
+    Allowed,
+    /// An approval said yes.
+    Approved,
+    /// An approval said no, or none came in time.
+    Denied,
+    /// The policy blocks it.
+    Blocked,
+    /// Refused before any gate (limits, the protective stop), or an
+    /// approval answer refused.
+    Refused,
+    /// A word this version does not write (a row of another version of
+    /// rozd), kept as it was written rather than failing the read.
+    Other(String),
+}
+
+impl Decision {
+    /// The word the audit and the metrics use.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Decision::Allowed => "allowed",
+            Decision::Approved => "approved",
+            Decision::Denied => "denied",
+            Decision::Blocked => "blocked",
+            Decision::Refused => "refused",
+            Decision::Other(word) => word,
+        }
+    }
+
+    /// Every decision this version writes.
+    pub const KNOWN: [Decision; 5] = [
+        Decision::Allowed,
+        Decision::Approved,
+        Decision::Denied,
+        Decision::Blocked,
+        Decision::Refused,
+    ];
+
+    /// The decision spelled `text` (as [`Decision::as_str`] writes it).
+    pub fn parse(text: &str) -> Decision {
+        Decision::KNOWN
+            .into_iter()
+            .find(|d| d.as_str() == text)
+            .unwrap_or_else(|| Decision::Other(text.to_string()))
+    }
+}
+
+impl std::fmt::Display for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Decision {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl rusqlite::types::ToSql for Decision {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(self.as_str().into())
+    }
+}
+
+impl rusqlite::types::FromSql for Decision {
+    fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        value.as_str().map(Decision::parse)
+    }
+}
+
 /// One audited physical action: a PHYSICAL tool call (`kind = "tool_call"`)
 /// or an actuator change (`kind = "actuator"`: commands, safe-state drives),
 /// and the other [`AuditKind`]s.
@@ -295,8 +371,7 @@ pub struct AuditRecord {
     pub tool: Option<String>,
     pub actuator: Option<String>,
     pub parameters: Option<serde_json::Value>,
-    /// `allowed`, `approved`, `denied`, `blocked` or `refused`.
-    pub decision: Option<String>,
+    pub decision: Option<Decision>,
     pub result: Option<String>,
     pub error: Option<String>,
     pub origin: Option<String>,
@@ -975,6 +1050,64 @@ mod tests {
         assert_eq!(raw, spelled);
     }
 
+    /// Every decision is stored as its spelling (the words audit rows have
+    /// always carried) and read back as itself; a word this version does
+    /// not write reads as written, and a row without one reads as none.
+    #[tokio::test]
+    async fn decisions_are_stored_as_their_spelling_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("rozd.db"), Default::default()).unwrap();
+        for decision in Decision::KNOWN {
+            let record = AuditRecord {
+                decision: Some(decision),
+                ..Default::default()
+            };
+            store.audit(record).await.unwrap();
+        }
+        store
+            .with_write("audit", |c| {
+                c.execute(
+                    "INSERT INTO audit (at_ms, kind, decision) VALUES (1, 'tool_call', 'escalated')",
+                    [],
+                )?;
+                c.execute("INSERT INTO audit (at_ms, kind) VALUES (2, 'actuator')", [])
+                    .map(drop)
+            })
+            .await
+            .unwrap();
+        let rows = store.audit_records(None, None, 100).await.unwrap();
+        let read: Vec<Option<Decision>> = rows.iter().map(|r| r.decision.clone()).collect();
+        let mut expected: Vec<_> = Decision::KNOWN.into_iter().map(Some).collect();
+        expected.extend([Some(Decision::Other("escalated".into())), None]);
+        assert_eq!(read, expected);
+        let raw: Vec<Option<String>> = store
+            .with_conn(|c| {
+                let mut stmt = c.prepare("SELECT decision FROM audit ORDER BY id")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                rows.collect()
+            })
+            .await
+            .unwrap();
+        let served: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| serde_json::to_value(r).unwrap()["decision"].clone())
+            .collect();
+        let words = [
+            "allowed",
+            "approved",
+            "denied",
+            "blocked",
+            "refused",
+            "escalated",
+        ];
+        let mut spelled: Vec<Option<String>> = words.iter().map(|w| Some(w.to_string())).collect();
+        spelled.push(None);
+        assert_eq!(raw, spelled);
+        let mut json: Vec<serde_json::Value> = words.iter().map(|w| serde_json::json!(w)).collect();
+        json.push(serde_json::Value::Null);
+        assert_eq!(served, json);
+    }
+
     /// A store written before `approved_by` existed (schema 4) opens, its
     /// rows read with `approved_by` null, and new rows carry it.
     #[tokio::test]
@@ -999,7 +1132,7 @@ mod tests {
             .audit(AuditRecord {
                 at_ms: 2,
                 kind: AuditKind::ToolCall,
-                decision: Some("approved".into()),
+                decision: Some(Decision::Approved),
                 credential: Some("alice".into()),
                 approved_by: Some("bob".into()),
                 ..Default::default()

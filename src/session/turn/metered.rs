@@ -77,7 +77,10 @@ impl Turn {
         crate::metrics::tool_call(
             tool,
             category,
-            self.last_gate.unwrap_or(Decision::Refused).as_str(),
+            self.last_gate
+                .as_ref()
+                .unwrap_or(&Decision::Refused)
+                .as_str(),
             outcome,
             took,
         );
