@@ -250,8 +250,8 @@ pub(super) async fn accept_loop<A: Acceptor>(
 ) {
     let mut reap = tokio::time::interval((shared.idle_timeout / 4).max(Duration::from_millis(250)));
     reap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_warning: Option<tokio::time::Instant> = None;
-    let mut unreported = 0u64;
+    // A flood must not fill the journal.
+    let mut out_of_descriptors_log = crate::logging::LogLimiter::default();
     let Seats { table, lobby } = seats;
     loop {
         tokio::select! {
@@ -269,21 +269,15 @@ pub(super) async fn accept_loop<A: Acceptor>(
                     serve_connection(io, first, &router, &table, &lobby, &shared, tls.as_deref());
                 }
                 Err(e) if out_of_descriptors(&e) => {
-                    // Logged at most every 10 s: a flood must not fill the journal.
-                    unreported += 1;
-                    let now = tokio::time::Instant::now();
-                    if last_warning.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10)) {
-                        let tcp_connections = shared.pressure.len();
+                    if let Some(held_back) = out_of_descriptors_log.allow(tokio::time::Instant::now()) {
                         tracing::warn!(
                             listener = A::WHAT,
                             error = %e,
-                            times = unreported,
-                            tcp_connections,
+                            times = held_back + 1,
+                            tcp_connections = shared.pressure.len(),
                             "accept failed: out of file descriptors; shedding TCP connections \
                              (from now on the TCP table holds fewer than it held; raise LimitNOFILE)"
                         );
-                        last_warning = Some(now);
-                        unreported = 0;
                     }
                     // Connections already shed give their descriptors back
                     // as their tasks end; shed more (and hold fewer) only
