@@ -3,7 +3,7 @@
 //! body has been sent (a gRPC stream: until it ends), and carries a
 //! [`Connection`] so that authentication can mark the connection.
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -16,12 +16,6 @@ use super::connections::{ConnectionId, ConnectionTable};
 
 /// A listener's table; a connection's entry holds what closes it.
 pub type SharedTable = Arc<Mutex<ConnectionTable<Closer>>>;
-
-/// The table, also after a panic elsewhere (its data stay consistent: every
-/// method finishes its change before returning).
-pub fn lock(table: &SharedTable) -> MutexGuard<'_, ConnectionTable<Closer>> {
-    table.lock()
-}
 
 /// How the accept loop asks a connection's task to close it.
 #[derive(Debug, Clone, Default)]
@@ -66,7 +60,7 @@ impl Connection {
     /// A request on it passed authentication: it is not shed before
     /// connections that never did.
     pub fn mark_authenticated(&self) {
-        lock(&self.table).authenticated(self.id);
+        self.table.lock().authenticated(self.id);
     }
 }
 
@@ -75,14 +69,20 @@ struct InFlight(Connection);
 
 impl InFlight {
     fn start(connection: Connection) -> Self {
-        lock(&connection.table).request_started(connection.id, tokio::time::Instant::now());
+        connection
+            .table
+            .lock()
+            .request_started(connection.id, tokio::time::Instant::now());
         InFlight(connection)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        lock(&self.0.table).request_ended(self.0.id, tokio::time::Instant::now());
+        self.0
+            .table
+            .lock()
+            .request_ended(self.0.id, tokio::time::Instant::now());
     }
 }
 

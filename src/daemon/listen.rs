@@ -215,21 +215,24 @@ impl Seats {
     }
 
     fn len(&self) -> usize {
-        tracked::lock(&self.table).len() + lock_lobby(&self.lobby).len()
+        self.table.lock().len() + self.lobby.lock().len()
     }
 
     /// Connections shed whose descriptors are still on their way back.
     fn closing(&self) -> usize {
-        tracked::lock(&self.table).closing() + lock_lobby(&self.lobby).closing()
+        self.table.lock().closing() + self.lobby.lock().closing()
     }
 
     /// Out of file descriptors: sheds the lobby's connections that have
     /// waited past their grace (up to [`SHED_HEADROOM`]), else the table's
     /// (see [`ConnectionTable::shed`]).
     fn shed(&self) {
-        let stale = lock_lobby(&self.lobby).shed(tokio::time::Instant::now(), SHED_HEADROOM);
+        let stale = self
+            .lobby
+            .lock()
+            .shed(tokio::time::Instant::now(), SHED_HEADROOM);
         let shed = if stale.is_empty() {
-            tracked::lock(&self.table).shed()
+            self.table.lock().shed()
         } else {
             stale
         };
@@ -321,7 +324,7 @@ pub(super) async fn accept_loop<A: Acceptor>(
                 }
             },
             _ = reap.tick() => {
-                let expired = tracked::lock(&table)
+                let expired = table.lock()
                     .expire_idle(tokio::time::Instant::now(), shared.idle_timeout);
                 for connection in expired {
                     connection.expire();
@@ -339,10 +342,6 @@ pub(super) const MIN_LOBBY: usize = 256;
 
 /// A listener's lobby.
 pub(super) type SharedLobby = Arc<Mutex<Lobby<Closer>>>;
-
-fn lock_lobby(lobby: &SharedLobby) -> parking_lot::MutexGuard<'_, Lobby<Closer>> {
-    lobby.lock()
-}
 
 /// Serves `io` on its own task. It waits in `lobby` (whose oldest is
 /// dropped when it is full) until it has shown its first bytes, within
@@ -366,7 +365,10 @@ pub(super) fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'stati
     let known = crate::api::connections::classify(&first).filter(|_| tls.is_none());
     let waiting = match known {
         Some(_) => None,
-        None => match lock_lobby(lobby).enter(closer.clone(), tokio::time::Instant::now()) {
+        None => match lobby
+            .lock()
+            .enter(closer.clone(), tokio::time::Instant::now())
+        {
             Ok((waiting, dropped)) => {
                 if let Some(dropped) = dropped {
                     dropped.shed();
@@ -451,16 +453,15 @@ impl Seating {
             () = self.drain.cancelled() => None,
         };
         if let Some(waiting) = self.waiting {
-            lock_lobby(&self.lobby).leave(waiting);
+            self.lobby.lock().leave(waiting);
         }
         let Some(Arrived { io, peer, arrival }) = arrived else {
             return;
         };
-        let seat = tracked::lock(&self.table).open(
-            self.closer.clone(),
-            arrival,
-            tokio::time::Instant::now(),
-        );
+        let seat =
+            self.table
+                .lock()
+                .open(self.closer.clone(), arrival, tokio::time::Instant::now());
         match seat {
             Seat::Seated { id, evicted } => {
                 for victim in evicted {
@@ -475,7 +476,7 @@ impl Seating {
                     drain: self.drain,
                 };
                 connection.serve(io, peer).await;
-                tracked::lock(&table).close(id);
+                table.lock().close(id);
             }
             Seat::Refused(_) => {
                 tracing::debug!("connection refused: every place has a request in flight");

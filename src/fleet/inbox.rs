@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::record::{self, RecordStatus, Rejected};
 use super::stop::{self, Defect, Message, StopKind, Verdict};
 use super::view::{Applied, Presence};
-use super::{Fleet, lock, seal};
+use super::{Fleet, seal};
 
 /// How many messages from the broker this host did not take, by why.
 /// Shown as `fleet.ignored` by `GET /v1/hosts`.
@@ -203,7 +203,7 @@ impl Fleet {
             return Ok(None);
         }
         let judged = self.open_record(topic, payload).and_then(|body| {
-            lock(&self.view).check_looked_up(
+            self.view.lock().check_looked_up(
                 environment,
                 id,
                 body.as_bytes(),
@@ -245,7 +245,7 @@ impl Fleet {
         } else {
             self.open_record(topic, payload)?
         };
-        let applied = lock(&self.view).apply_on(
+        let applied = self.view.lock().apply_on(
             environment,
             id,
             body.as_bytes(),
@@ -305,7 +305,10 @@ impl Fleet {
                 newest_ms: now_ms.saturating_sub(stop::MAX_CLOCK_SKEW_MS),
             });
         }
-        let changed = lock(&self.view).heard(id, Some(&alive.instance), Instant::now());
+        let changed = self
+            .view
+            .lock()
+            .heard(id, Some(&alive.instance), Instant::now());
         if let Some(t) = changed {
             super::presence::log_changes(&[t]);
             self.bump();
@@ -334,7 +337,7 @@ impl Fleet {
         // far in the future would be refused by the other hosts anyway.
         let stamp = r.stamp_ms();
         if stamp <= crate::clock::now_ms().saturating_add(stop::MAX_CLOCK_SKEW_MS) {
-            let mut floor = lock(&self.stamp_floor);
+            let mut floor = self.stamp_floor.lock();
             *floor = (*floor).max(stamp);
         }
         if r.status != RecordStatus::Online {
@@ -402,7 +405,9 @@ impl Fleet {
         let topic = self.topics.stop(&self.own.environment_id);
         let message = stop::read(self.key.as_ref(), &topic, payload);
         let verdict =
-            lock(&self.gate).decide(&message, crate::clock::now_ms(), fleet_latched_since);
+            self.gate
+                .lock()
+                .decide(&message, crate::clock::now_ms(), fleet_latched_since);
         match &message {
             Message::Untrusted(defect) => {
                 match defect {

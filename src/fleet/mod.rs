@@ -60,7 +60,7 @@ mod subscriptions;
 mod tests;
 pub mod view;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -163,10 +163,6 @@ pub struct FleetLinkStats {
     /// saw its count (`$SYS/broker/publish/messages/dropped`); `None` when
     /// the broker does not publish it (or the ACL hides it).
     pub broker_dropped_messages: Option<u64>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock()
 }
 
 /// What this host offers, as its record's capabilities advertise it.
@@ -317,13 +313,13 @@ impl Fleet {
     /// Messages the broker dropped since this host first saw its count
     /// (`None`: the broker does not say).
     pub fn broker_dropped(&self) -> Option<u64> {
-        let dropped = lock(&self.dropped);
+        let dropped = self.dropped.lock();
         dropped.available().then(|| dropped.since_join())
     }
 
     /// How many hosts the registry holds (this one included).
     pub fn host_count(&self) -> usize {
-        lock(&self.view).len() + 1
+        self.view.lock().len() + 1
     }
 
     /// Changes whenever the view (or this host's stop) changes.
@@ -359,7 +355,7 @@ impl Fleet {
 
     /// Waits until the broker connection task has ended (after shutdown).
     pub async fn join(&self) {
-        let task = lock(&self.task).take();
+        let task = self.task.lock().take();
         if let Some(task) = task {
             let _ = task.await;
         }

@@ -4,7 +4,7 @@
 //! environment) and fleet stop commands.
 
 use super::record::{self, EstopCommand, EstopState, HostRecord, OfflineCause, RecordStatus};
-use super::{Fleet, FleetError, config, lock, seal};
+use super::{Fleet, FleetError, config, seal};
 
 impl Fleet {
     /// This host's record now.
@@ -52,7 +52,7 @@ impl Fleet {
     }
 
     fn next_stamp(&self) -> i64 {
-        let mut floor = lock(&self.stamp_floor);
+        let mut floor = self.stamp_floor.lock();
         let stamp = crate::clock::now_ms().max(floor.saturating_add(1));
         *floor = stamp;
         stamp
@@ -77,7 +77,7 @@ impl Fleet {
         payload: Vec<u8>,
         retain: bool,
     ) -> Result<(), FleetError> {
-        let client = lock(&self.client).clone();
+        let client = self.client.lock().clone();
         let Some(client) = client else {
             return Err(if self.config.is_some() {
                 FleetError::Disconnected
@@ -137,7 +137,7 @@ impl Fleet {
         if environment_id == self.own.environment_id {
             // The caller applies it here; its echo from the broker is not
             // applied again.
-            lock(&self.gate).published(&command, crate::clock::now_ms());
+            self.gate.lock().published(&command, crate::clock::now_ms());
         }
         tracing::warn!(
             environment_id,

@@ -36,7 +36,7 @@ use super::record::{OfflineCause, RecordStatus, Rejected};
 use super::stop::{StopKind, Verdict};
 use super::subscriptions::{self, Subscription, Subscriptions};
 use super::view::{LogLimiter, Transition};
-use super::{FLEET_SOURCE, Fleet, FleetError, LookupRequest, lock};
+use super::{FLEET_SOURCE, Fleet, FleetError, LookupRequest};
 use crate::ooda::Ooda;
 use crate::safety::{ClearRequest, StopRequest};
 use tokio_util::sync::CancellationToken;
@@ -72,13 +72,13 @@ pub(super) fn start(
     .map_err(|why| FleetError::Setup(why.replace("mqtt.", "fleet.")))?;
     let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
     set_will(&mut eventloop, fleet);
-    *lock(&fleet.client) = Some(client.clone());
+    *fleet.client.lock() = Some(client.clone());
     let backoff = crate::hw::mqtt_link::Backoff::new(
         Duration::from_millis(config.reconnect_min_ms),
         Duration::from_millis(config.reconnect_max_ms),
     );
     let heartbeat = Duration::from_secs(config.heartbeat_secs);
-    let Some(lookup_requests) = lock(&fleet.lookup_requests).take() else {
+    let Some(lookup_requests) = fleet.lookup_requests.lock().take() else {
         return Err(FleetError::Setup(
             "the fleet's broker connection was started twice".into(),
         ));
@@ -112,7 +112,7 @@ pub(super) fn start(
         lookup_requests,
         legacy_cleared: false,
     };
-    *lock(&fleet.task) = Some(tokio::spawn(task.run()));
+    *fleet.task.lock() = Some(tokio::spawn(task.run()));
     Ok(())
 }
 
@@ -194,7 +194,7 @@ impl Presence {
         let mut failures: u32 = 0;
         loop {
             let resync = self.resync_at.map(|(_, at)| at);
-            let due = lock(&self.fleet().view).next_due();
+            let due = self.fleet().view.lock().next_due();
             let lookup_due = self.lookups.next_deadline();
             let step = tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -235,7 +235,7 @@ impl Presence {
                         self.answer(done, false);
                     }
                     // Deaf to liveness while away: nothing ages by it.
-                    let changed = lock(&self.fleet().view).set_watching(None, Instant::now());
+                    let changed = self.fleet().view.lock().set_watching(None, Instant::now());
                     if !changed.is_empty() {
                         log_changes(&changed);
                     }
@@ -267,7 +267,7 @@ impl Presence {
                     self.fleet().bump();
                 }
                 Step::Due => {
-                    let changed = lock(&self.fleet().view).advance(Instant::now());
+                    let changed = self.fleet().view.lock().advance(Instant::now());
                     if !changed.is_empty() {
                         log_changes(&changed);
                         self.fleet().bump();
@@ -281,7 +281,7 @@ impl Presence {
                 }
                 Step::Resync => {
                     if let Some((since, _)) = self.resync_at.take() {
-                        let gone = lock(&self.fleet().view).prune_older_than(since);
+                        let gone = self.fleet().view.lock().prune_older_than(since);
                         if !gone.is_empty() {
                             tracing::info!(hosts = ?gone, "fleet: records cleared while we were away");
                             self.fleet().bump();
@@ -397,8 +397,11 @@ impl Presence {
                 // From now on the hosts of this environment that publish
                 // their records on change age here by their liveness.
                 let environment = self.fleet().environment_id().to_string();
-                let changed =
-                    lock(&self.fleet().view).set_watching(Some(&environment), Instant::now());
+                let changed = self
+                    .fleet()
+                    .view
+                    .lock()
+                    .set_watching(Some(&environment), Instant::now());
                 if !changed.is_empty() {
                     log_changes(&changed);
                 }
@@ -436,7 +439,7 @@ impl Presence {
             return;
         };
         let (grew, total) = {
-            let mut dropped = lock(&self.fleet().dropped);
+            let mut dropped = self.fleet().dropped.lock();
             let grew = dropped.seen(count);
             (grew, dropped.since_join())
         };

@@ -11,7 +11,7 @@ use super::config::ViewScope;
 use super::lookup::Outcome;
 use super::record::{self, HostRecord, OfflineCause, RecordStatus};
 use super::view::{Entry, FleetView, Presence, Why};
-use super::{Fleet, FleetError, lock};
+use super::{Fleet, FleetError};
 
 /// A host as listed: its record, its presence, and how long ago this host
 /// last heard from it.
@@ -108,7 +108,7 @@ impl Fleet {
         let now = Instant::now();
         let own_id = self.own.id.as_str();
         let own_listed = environment_id.is_none_or(|env| env == self.own.environment_id);
-        let view = lock(&self.view);
+        let view = self.view.lock();
         let total = view.count_in(environment_id) + usize::from(own_listed);
         // This host, in its place among the others by id.
         let below = view.range(environment_id, (Bound::Unbounded, Bound::Excluded(own_id)));
@@ -130,7 +130,7 @@ impl Fleet {
     /// Hosts by presence (this one included), as of the view's latest
     /// transition: kept as things change, no listing.
     pub fn presence_counts(&self) -> [(Presence, usize); 5] {
-        let mut counts = lock(&self.view).counts();
+        let mut counts = self.view.lock().counts();
         for (presence, n) in &mut counts {
             if *presence == Presence::Online {
                 *n += 1;
@@ -201,7 +201,7 @@ impl Fleet {
             return Some(self.own_view());
         }
         let now = Instant::now();
-        let view = lock(&self.view);
+        let view = self.view.lock();
         view.get(id).map(|e| entry_view(&view, e, now))
     }
 
@@ -254,7 +254,7 @@ impl Fleet {
         // Into the view only if it holds that environment (else a lookup
         // finds it).
         if self.holds(&record.environment_id) {
-            let stored = lock(&self.view).insert(record.clone(), Instant::now());
+            let stored = self.view.lock().insert(record.clone(), Instant::now());
             if let Err(e) = stored {
                 tracing::warn!("the registered host is published but not in this view: {e}");
             }
@@ -286,7 +286,7 @@ impl Fleet {
             Some(h) => h.record.environment_id,
         };
         self.publish(&self.topics.host(&environment, id), Vec::new(), true)?;
-        lock(&self.view).remove(id);
+        self.view.lock().remove(id);
         tracing::info!(id, "deregistered a host");
         self.bump();
         Ok(())

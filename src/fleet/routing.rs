@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::config::ViewScope;
 use super::record::{HostRecord, RecordStatus};
 use super::view::{self, Presence};
-use super::{Fleet, FleetConfig, lock, stop};
+use super::{Fleet, FleetConfig, stop};
 use crate::config::types::Secret;
 
 /// Another rozd that a request for its `host_id` goes to.
@@ -76,7 +76,7 @@ impl Fleet {
             )));
         };
         let now = Instant::now();
-        let view = lock(&self.view);
+        let view = self.view.lock();
         let Some(entry) = view.get(host_id) else {
             return Err(RouteError::NotFound(
                 if self.view_scope() == ViewScope::Fleet {
@@ -127,7 +127,7 @@ impl Fleet {
         let Some(config) = &self.config else {
             return routed;
         };
-        if lock(&self.view).get(host_id).is_some() {
+        if self.view.lock().get(host_id).is_some() {
             // In the view, and not a relay target (a registered host).
             return routed;
         }

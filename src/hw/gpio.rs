@@ -2,7 +2,7 @@
 //! backend trait. `rppal` drives a Raspberry Pi's GPIO character device;
 //! `sim` is a scriptable chip for machines without GPIO (and for tests).
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -94,10 +94,6 @@ impl SimPin {
 
 type SimPins = Arc<Mutex<HashMap<u8, SimPin>>>;
 
-fn lock(pins: &SimPins) -> MutexGuard<'_, HashMap<u8, SimPin>> {
-    pins.lock()
-}
-
 /// A simulated GPIO chip. Tests and demos drive inputs with
 /// [`SimGpio::set_level`] and read outputs with [`SimGpio::level`].
 #[derive(Debug, Default)]
@@ -108,7 +104,7 @@ pub struct SimGpio {
 impl SimGpio {
     /// Drives an input pin's electrical level (as the outside world would).
     pub fn set_level(&self, pin: u8, high: bool) {
-        let mut pins = lock(&self.pins);
+        let mut pins = self.pins.lock();
         let p = pins.entry(pin).or_insert_with(|| SimPin::new(false, false));
         p.level
             .send_if_modified(|l| std::mem::replace(l, high) != high);
@@ -116,13 +112,13 @@ impl SimGpio {
 
     /// A pin's current level.
     pub fn level(&self, pin: u8) -> Option<bool> {
-        lock(&self.pins).get(&pin).map(|p| *p.level.borrow())
+        self.pins.lock().get(&pin).map(|p| *p.level.borrow())
     }
 
     /// Drives input `pin` from outside (an operator rehearsing a stop
     /// button, `POST /v1/gpio/{pin}`): refused for a pin an actuator drives.
     pub fn set_input(&self, pin: u8, high: bool) -> Result<(), HwError> {
-        if lock(&self.pins).get(&pin).is_some_and(|p| p.output) {
+        if self.pins.lock().get(&pin).is_some_and(|p| p.output) {
             return Err(HwError::Unsupported(format!(
                 "GPIO {pin} is an output: an actuator drives it"
             )));
@@ -133,7 +129,9 @@ impl SimGpio {
 
     /// Every pin in use: (pin, level, whether an actuator drives it), by pin.
     pub fn pins(&self) -> Vec<(u8, bool, bool)> {
-        let mut pins: Vec<(u8, bool, bool)> = lock(&self.pins)
+        let mut pins: Vec<(u8, bool, bool)> = self
+            .pins
+            .lock()
             .iter()
             .map(|(pin, p)| (*pin, *p.level.borrow(), p.output))
             .collect();
@@ -143,7 +141,7 @@ impl SimGpio {
 
     /// A PWM output's (frequency, duty), if PWM was set.
     pub fn pwm(&self, pin: u8) -> Option<(f64, f64)> {
-        lock(&self.pins).get(&pin).and_then(|p| p.pwm)
+        self.pins.lock().get(&pin).and_then(|p| p.pwm)
     }
 }
 
@@ -167,7 +165,7 @@ struct SimOutput {
 
 impl GpioOutput for SimOutput {
     fn set(&mut self, high: bool) -> Result<(), HwError> {
-        let mut pins = lock(&self.pins);
+        let mut pins = self.pins.lock();
         let p = pins
             .entry(self.pin)
             .or_insert_with(|| SimPin::new(false, true));
@@ -176,7 +174,7 @@ impl GpioOutput for SimOutput {
         Ok(())
     }
     fn pwm(&mut self, frequency_hz: f64, duty: f64) -> Result<(), HwError> {
-        let mut pins = lock(&self.pins);
+        let mut pins = self.pins.lock();
         let p = pins
             .entry(self.pin)
             .or_insert_with(|| SimPin::new(false, true));
@@ -191,7 +189,7 @@ impl GpioBackend for SimGpio {
         "sim"
     }
     fn input(&self, pin: u8, pull: Pull) -> Result<Box<dyn GpioInput>, HwError> {
-        let mut pins = lock(&self.pins);
+        let mut pins = self.pins.lock();
         let p = pins
             .entry(pin)
             .or_insert_with(|| SimPin::new(pull == Pull::Up, false));
@@ -203,7 +201,8 @@ impl GpioBackend for SimGpio {
         }))
     }
     fn output(&self, pin: u8) -> Result<Box<dyn GpioOutput>, HwError> {
-        lock(&self.pins)
+        self.pins
+            .lock()
             .entry(pin)
             .or_insert_with(|| SimPin::new(false, true))
             .output = true;

@@ -42,7 +42,7 @@
 //! The password is read from the environment variable named by
 //! `password_env` and never logged.
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,10 +78,6 @@ const REQUEST_QUEUE: usize = 64;
 
 /// Sensors fed by one topic.
 type Topics = HashMap<String, Vec<(String, LineParser)>>;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock()
-}
 
 /// Raw-payload listeners added with [`Mqtt::listen`].
 #[derive(Debug, Default)]
@@ -188,7 +184,9 @@ impl Mqtt {
 
     /// The stop input connection's counters, once [`Mqtt::listen`] made it.
     pub fn stop_input_stats(&self) -> Option<LinkStats> {
-        lock(&self.inner.stop)
+        self.inner
+            .stop
+            .lock()
             .as_ref()
             .map(|link| link.counters.stats())
     }
@@ -255,7 +253,7 @@ impl Mqtt {
             )));
         }
         let link = {
-            let mut slot = lock(&self.inner.stop);
+            let mut slot = self.inner.stop.lock();
             match &*slot {
                 Some(link) => link.clone(),
                 None => {
@@ -291,7 +289,7 @@ impl Mqtt {
     /// Waits until the event-loop tasks have ended (after `shutdown`).
     pub async fn join(&self) {
         self.inner.main.join().await;
-        let stop = lock(&self.inner.stop).clone();
+        let stop = self.inner.stop.lock().clone();
         if let Some(stop) = stop {
             stop.join().await;
         }
@@ -374,7 +372,7 @@ impl Link {
             ),
             health: None,
         };
-        *lock(&link.task) = Some(tokio::spawn(task.run()));
+        *link.task.lock() = Some(tokio::spawn(task.run()));
         link
     }
 
@@ -384,7 +382,7 @@ impl Link {
         };
         let (tx, rx) = mpsc::unbounded_channel();
         {
-            let mut guard = lock(&self.listeners);
+            let mut guard = self.listeners.lock();
             let listeners = &mut *guard;
             let senders = listeners.by_topic.entry(topic.to_string()).or_default();
             if senders.is_empty() {
@@ -396,11 +394,11 @@ impl Link {
         // `connected` before it looks; if it has looked already, we are
         // connected and subscribe here. Whoever takes a topic subscribes it.
         if self.counters.is_connected() {
-            let pending = std::mem::take(&mut lock(&self.listeners).unsubscribed);
+            let pending = std::mem::take(&mut self.listeners.lock().unsubscribed);
             for t in pending {
                 if let Err(e) = client.try_subscribe(t.clone(), QoS::AtLeastOnce) {
                     tracing::warn!(topic = %t, "mqtt: cannot subscribe now ({e}); retrying at the next connection");
-                    lock(&self.listeners).unsubscribed.push(t);
+                    self.listeners.lock().unsubscribed.push(t);
                 }
             }
         }
@@ -408,7 +406,7 @@ impl Link {
     }
 
     async fn join(&self) {
-        let task = lock(&self.task).take();
+        let task = self.task.lock().take();
         if let Some(task) = task {
             let _ = task.await;
         }
@@ -511,7 +509,7 @@ impl EventTask {
     /// through the request channel, which may be full of publishes).
     fn subscribe(&mut self, everything: bool) {
         let mut topics: Vec<String> = {
-            let mut listeners = lock(&self.link.listeners);
+            let mut listeners = self.link.listeners.lock();
             let pending = std::mem::take(&mut listeners.unsubscribed);
             if everything {
                 listeners.by_topic.keys().cloned().collect()
@@ -567,7 +565,7 @@ impl EventTask {
             return;
         }
         let listened = {
-            let mut listeners = lock(&self.link.listeners);
+            let mut listeners = self.link.listeners.lock();
             match listeners.by_topic.get_mut(topic) {
                 Some(senders) => {
                     senders.retain(|tx| tx.send(p.payload.to_vec()).is_ok());

@@ -10,7 +10,7 @@
 //! and every change of its state happens under it, so what the audit hears
 //! is in the order the device saw it.
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -374,7 +374,7 @@ impl Actuators {
 
     /// The current value of an actuator.
     pub fn value(&self, name: &str) -> Option<f64> {
-        self.entry(name).ok().map(|e| lock(&e.state).value())
+        self.entry(name).ok().map(|e| e.state.lock().value())
     }
 
     /// Commands `value` on behalf of `origin`. `hold` shortens (never
@@ -451,7 +451,7 @@ impl Actuators {
             return Err(failure);
         }
         let change = {
-            let mut state = lock(&entry.state);
+            let mut state = entry.state.lock();
             let change = state.applied(&entry.spec, value, &origin, hold, now);
             entry.set_at_safe(&state);
             change
@@ -488,7 +488,11 @@ impl Actuators {
         }
         let stop = self.protective_stop.active().map(|s| s.reason);
         let refusal =
-            match lock(&entry.state).admit(&entry.spec, value, origin, stop.as_deref(), now) {
+            match entry
+                .state
+                .lock()
+                .admit(&entry.spec, value, origin, stop.as_deref(), now)
+            {
                 Ok(()) => return Ok(()),
                 Err(refusal) => refusal,
             };
@@ -518,20 +522,20 @@ impl Actuators {
     /// Sets (or clears) when actuator `index` goes back to safe, waking the
     /// expiry task if it now has to wake earlier.
     fn set_hold_deadline(&self, index: usize, deadline: Option<Instant>) {
-        if lock(&self.holds).set(index, deadline) {
+        if self.holds.lock().set(index, deadline) {
             self.holds_changed.notify_one();
         }
     }
 
     /// Drives safe every actuator whose hold has run out by `now`.
     async fn expire_due(&self, now: Instant) {
-        let due = lock(&self.holds).take_due(now);
+        let due = self.holds.lock().take_due(now);
         futures_util::future::join_all(due.into_iter().map(|i| async move {
             let entry = &self.entries[i];
             let _io = entry.io.lock().await;
             // Under the driver lock: a command that came meanwhile has
             // renewed or ended the hold, and stands.
-            if lock(&entry.state).hold_expired(Instant::now()) {
+            if entry.state.lock().hold_expired(Instant::now()) {
                 self.drive_safe_locked(entry, "hold_ms expired").await;
             }
         }))
@@ -558,7 +562,7 @@ impl Actuators {
         // it; the views say when it did not.
         let now = Instant::now();
         let previous_owner = {
-            let mut state = lock(&entry.state);
+            let mut state = entry.state.lock();
             let owner = state.went_safe(&entry.spec, error.clone(), now);
             entry.set_at_safe(&state);
             owner
@@ -618,7 +622,7 @@ impl Actuators {
     pub async fn release(&self, origin: &Origin, reason: &str) -> Vec<String> {
         let released = futures_util::future::join_all(self.entries.iter().map(|e| async move {
             let _io = e.io.lock().await;
-            let owned = lock(&e.state).owner() == Some(origin);
+            let owned = e.state.lock().owner() == Some(origin);
             if owned {
                 self.drive_safe_locked(e, reason).await;
             }
@@ -641,7 +645,7 @@ impl Actuators {
     ) -> Option<Started> {
         let feedback = entry.feedback.as_ref()?;
         let by_rozd = matches!(origin, Origin::Safety(_));
-        let mut watched = lock(&feedback.watched);
+        let mut watched = feedback.watched.lock();
         let (started, replaced) = watched.watch.command(&feedback.spec, value, by_rozd, now);
         if let Some(verdict) = replaced {
             let previous = watched.origin.clone();
@@ -720,7 +724,7 @@ impl Actuators {
         let feedback = entry.feedback.as_ref()?;
         // Without the state's lock: this runs for every watch every tick.
         let at_safe = entry.at_safe.load(std::sync::atomic::Ordering::Acquire);
-        let mut watched = lock(&feedback.watched);
+        let mut watched = feedback.watched.lock();
         let verdict = watched
             .watch
             .step_checked(&feedback.spec, sample, cross, now)?;
@@ -765,7 +769,7 @@ impl Actuators {
         let wait_for = async {
             loop {
                 {
-                    let watched = lock(&feedback.watched);
+                    let watched = feedback.watched.lock();
                     if let Some(verdict) = watched.watch.first_of(episode) {
                         return Some(verdict.clone());
                     }
@@ -786,14 +790,14 @@ impl Actuators {
     /// `None` for an unknown actuator or one without feedback.
     pub fn mismatch(&self, name: &str) -> Option<f64> {
         let feedback = self.entry(name).ok()?.feedback.as_ref()?;
-        Some(f64::from(u8::from(lock(&feedback.watched).watch.alarm())))
+        Some(f64::from(u8::from(feedback.watched.lock().watch.alarm())))
     }
 
     pub fn views(&self, now: Instant) -> Vec<ActuatorView> {
         self.entries
             .iter()
             .map(|e| {
-                let s = lock(&e.state);
+                let s = e.state.lock();
                 ActuatorView {
                     name: e.spec.name.clone(),
                     unit: e.spec.unit.clone(),
@@ -807,7 +811,7 @@ impl Actuators {
                     since_ms: ms(now.saturating_duration_since(s.since())),
                     hold_remaining_ms: s.hold_until().map(|t| ms(t.saturating_duration_since(now))),
                     feedback: e.feedback.as_ref().map(|f| {
-                        let view = lock(&f.watched).watch.view();
+                        let view = f.watched.lock().watch.view();
                         ActuatorFeedback {
                             feedback_sensor: f.spec.sensor.clone(),
                             feedback_status: view.status,
@@ -851,7 +855,7 @@ async fn apply_within_deadline(entry: &Entry, value: f64) -> Result<(), ActError
 async fn expire_holds(actuators: Weak<Actuators>, changed: Arc<tokio::sync::Notify>) {
     loop {
         let next = match actuators.upgrade() {
-            Some(a) => lock(&a.holds).next(),
+            Some(a) => a.holds.lock().next(),
             None => return,
         };
         match next {
@@ -869,10 +873,6 @@ async fn expire_holds(actuators: Weak<Actuators>, changed: Arc<tokio::sync::Noti
         let Some(a) = actuators.upgrade() else { return };
         a.expire_due(Instant::now()).await;
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock()
 }
 
 #[cfg(test)]
@@ -1031,7 +1031,7 @@ mod tests {
 
     impl ActuatorObserver for Verdicts {
         fn feedback_verdict(&self, event: &VerdictEvent) {
-            lock(&self.0).push(event.clone());
+            self.0.lock().push(event.clone());
         }
     }
 
@@ -1103,7 +1103,7 @@ mod tests {
         let verdict = waiter.await.unwrap().expect("a verdict");
         assert_eq!(verdict.status, FeedbackStatus::Confirmed);
         assert_eq!((verdict.measured, verdict.settled_ms), (Some(0.29), 20));
-        let heard = lock(&verdicts.0).clone();
+        let heard = verdicts.0.lock().clone();
         assert_eq!(heard.len(), 1);
         assert_eq!(heard[0].actuator, "drive");
         assert_eq!(heard[0].session_id.as_deref(), Some("s"));
@@ -1157,7 +1157,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(read.status, FeedbackStatus::Mismatch);
-        assert_eq!(lock(&verdicts.0).last().map(|e| &e.verdict), Some(&read));
+        assert_eq!(verdicts.0.lock().last().map(|e| &e.verdict), Some(&read));
         // The loop drives it safe; the stuck drive reads 0: confirmed, and
         // the alarm stays (rozd's own drive does not clear it).
         actuators.safe("drive", "feedback mismatch").await.unwrap();
@@ -1167,7 +1167,7 @@ mod tests {
                 .step_feedback(1, sample(0.0), None, Instant::now())
                 .is_none()
         );
-        let heard = lock(&verdicts.0).clone();
+        let heard = verdicts.0.lock().clone();
         let last = heard.last().unwrap();
         assert_eq!(last.verdict.status, FeedbackStatus::Confirmed);
         assert_eq!(last.verdict.commanded, 0.0);

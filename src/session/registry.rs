@@ -3,7 +3,7 @@
 //! the session streams open now (`GET /v1/sessions/open`, the dashboard):
 //! local sessions and the relays to other hosts that pass through here.
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -134,21 +134,17 @@ impl SessionRegistry {
 
     /// The session streams open now, oldest first.
     pub fn open(&self) -> Vec<OpenSession> {
-        lock(&self.open).values().cloned().collect()
+        self.open.lock().values().cloned().collect()
     }
 
     fn list(&self, session: OpenSession) -> Listed {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
-        lock(&self.open).insert(key, session);
+        self.open.lock().insert(key, session);
         Listed {
             open: self.open.clone(),
             key,
         }
     }
-}
-
-fn lock(open: &Mutex<BTreeMap<u64, OpenSession>>) -> MutexGuard<'_, BTreeMap<u64, OpenSession>> {
-    open.lock()
 }
 
 /// An open session stream's entry in the list; taken off when dropped.
@@ -161,7 +157,7 @@ pub struct Listed {
 impl Listed {
     /// The stream's session started: its id and model.
     pub fn started(&self, id: &str, model: &str) {
-        if let Some(entry) = lock(&self.open).get_mut(&self.key) {
+        if let Some(entry) = self.open.lock().get_mut(&self.key) {
             entry.id = Some(id.to_string());
             entry.model = Some(model.to_string());
         }
@@ -170,7 +166,7 @@ impl Listed {
 
 impl Drop for Listed {
     fn drop(&mut self) {
-        lock(&self.open).remove(&self.key);
+        self.open.lock().remove(&self.key);
     }
 }
 

@@ -31,18 +31,14 @@ pub struct LiveTask {
     pub(super) status: tokio::sync::Mutex<TaskStatus>,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock()
-}
-
 impl LiveTask {
     pub(super) fn stopping(&self) -> Option<StopCause> {
-        lock(&self.state).stopping.clone()
+        self.state.lock().stopping.clone()
     }
 
     /// Stops every worker of the task (the first cause is the one reported).
     pub(super) fn stop(&self, cause: StopCause) {
-        if lock(&self.state).stop(cause.clone()) {
+        if self.state.lock().stop(cause.clone()) {
             tracing::info!(task_id = %self.id, ?cause, "stopping task");
         }
         self.stop.cancel();
@@ -115,7 +111,7 @@ impl LiveTask {
     /// written if it changed; nothing once the task is stopping.
     pub(super) async fn refresh_status(&self, team: &TeamHost) {
         let (status, detail) = {
-            let state = lock(&self.state);
+            let state = self.state.lock();
             if state.stopping.is_some() {
                 return;
             }
@@ -137,13 +133,15 @@ impl LiveTask {
         inbox: mpsc::Sender<TurnInput>,
     ) {
         {
-            let mut state = lock(&self.state);
+            let mut state = self.state.lock();
             // Providers make call ids unique per conversation, not per task:
             // two workers may wait on the same one.
             if state.approvals.contains_key(&pending.tool_call_id) {
                 pending.tool_call_id = format!("{}:{}", pending.worker_id, pending.call_id);
             }
-            lock(&self.approval_inboxes).insert(pending.tool_call_id.clone(), inbox);
+            self.approval_inboxes
+                .lock()
+                .insert(pending.tool_call_id.clone(), inbox);
             state
                 .approvals
                 .insert(pending.tool_call_id.clone(), pending);
@@ -153,7 +151,7 @@ impl LiveTask {
 
     pub(super) async fn approvals_done(&self, team: &TeamHost, worker_id: &str) {
         let removed: Vec<String> = {
-            let mut state = lock(&self.state);
+            let mut state = self.state.lock();
             let ids: Vec<String> = state
                 .approvals
                 .values()
@@ -169,7 +167,7 @@ impl LiveTask {
             return;
         }
         {
-            let mut inboxes = lock(&self.approval_inboxes);
+            let mut inboxes = self.approval_inboxes.lock();
             for id in &removed {
                 inboxes.remove(id);
             }
@@ -183,7 +181,7 @@ impl LiveTask {
         wanted: Option<Vec<String>>,
         caller: &str,
     ) -> Result<Vec<WorkerEndWatch>, String> {
-        let ends = lock(&self.ends);
+        let ends = self.ends.lock();
         match wanted {
             None => Ok(ends
                 .iter()
@@ -205,7 +203,9 @@ impl LiveTask {
     pub(super) fn view(&self, row: TaskRow) -> TaskView {
         TaskView {
             row,
-            pending_approvals: lock(&self.state)
+            pending_approvals: self
+                .state
+                .lock()
                 .approvals
                 .values()
                 .map(|p| ApprovalView {

@@ -15,7 +15,6 @@ pub(crate) mod state;
 pub(crate) mod worker;
 
 pub use live::LiveTask;
-use live::lock;
 
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
@@ -156,11 +155,11 @@ fn start_worker(
     mode: crate::config::types::AiMode,
     lead: bool,
 ) -> Result<String, String> {
-    let index = lock(&task.state).admit_worker(team.settings.max_workers)?;
+    let index = task.state.lock().admit_worker(team.settings.max_workers)?;
     task.running.send_modify(|n| *n += 1);
     let worker_id = format!("{}:w{index}", task.id);
     let (end_tx, end_rx) = watch::channel(None);
-    lock(&task.ends).push((worker_id.clone(), end_rx));
+    task.ends.lock().push((worker_id.clone(), end_rx));
     let team = team.clone();
     let task = task.clone();
     let plan = worker::WorkerPlan {
@@ -220,8 +219,10 @@ fn start_worker(
             },
         )
         .await;
-        lock(&task.state).worker_exited(&worker_id);
-        lock(&task.approval_inboxes).retain(|_, inbox| !inbox.is_closed());
+        task.state.lock().worker_exited(&worker_id);
+        task.approval_inboxes
+            .lock()
+            .retain(|_, inbox| !inbox.is_closed());
         task.refresh_status(&team).await;
         let _ = end_tx.send(Some(end));
     });
@@ -383,7 +384,8 @@ async fn supervise(team: Arc<TeamHost>, task: Arc<LiveTask>, prompt: String) {
     let mut stop = team.ooda.protective_stop().subscribe();
     let mut running = task.running.subscribe();
     let mut lead_end = lead_id.as_ref().and_then(|id| {
-        lock(&task.ends)
+        task.ends
+            .lock()
             .iter()
             .find(|(w, _)| w == id)
             .map(|(_, end)| end.clone())
@@ -416,7 +418,8 @@ async fn supervise(team: Arc<TeamHost>, task: Arc<LiveTask>, prompt: String) {
         }
     }
     let lead_end = lead_id.and_then(|id| {
-        lock(&task.ends)
+        task.ends
+            .lock()
             .iter()
             .find(|(w, _)| *w == id)
             .and_then(|(_, end)| end.borrow().clone())
@@ -571,7 +574,7 @@ pub(crate) async fn approve(
             row.status
         )));
     };
-    let waiting = lock(&task.state).approvals.get(tool_call_id).cloned();
+    let waiting = task.state.lock().approvals.get(tool_call_id).cloned();
     if let Some(call) = waiting
         && let Err(own) =
             team.permissions
@@ -598,8 +601,8 @@ pub(crate) async fn approve(
         }
         return Err(TaskError::PermissionDenied(why));
     }
-    let pending = lock(&task.state).approvals.remove(tool_call_id);
-    let inbox = lock(&task.approval_inboxes).remove(tool_call_id);
+    let pending = task.state.lock().approvals.remove(tool_call_id);
+    let inbox = task.approval_inboxes.lock().remove(tool_call_id);
     let (Some(pending), Some(inbox)) = (pending, inbox) else {
         return Err(TaskError::NotFound(format!(
             "no tool call {tool_call_id:?} waits for approval in task {task_id}"
