@@ -121,6 +121,7 @@ impl HostContext {
         cameras: Arc<camera::Cameras>,
     ) -> Arc<Self> {
         let raw_ports = config
+            .hardware
             .serial
             .iter()
             .filter(|p| p.allow_raw)
@@ -141,8 +142,15 @@ impl HostContext {
             session::tools::ToolRegistry::default()
         });
         let offer = fleet::Offer {
-            sensors: config.sensors.iter().map(|s| s.name.clone()).collect(),
-            actuators: config.actuators.iter().map(|a| a.name.clone()).collect(),
+            sensors: config
+                .hardware
+                .sensors
+                .iter()
+                .map(|s| s.name.clone())
+                .collect(),
+            actuators: (config.hardware.actuators.iter())
+                .map(|a| a.name.clone())
+                .collect(),
             models: config
                 .model
                 .endpoints

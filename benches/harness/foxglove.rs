@@ -80,7 +80,7 @@ async fn run(text: &str, clients: usize, duration: Duration) -> Result<(u64, u64
     let daemon = Daemon::start(text).await?;
     let c = &daemon.host.config();
     // Every channel: the five fixed ones, each sensor and actuator, the scene.
-    let channels = u32::try_from(5 + c.sensors.len() + c.actuators.len() + 1)?;
+    let channels = u32::try_from(5 + c.hardware.sensors.len() + c.hardware.actuators.len() + 1)?;
     let stop = tokio_util::sync::CancellationToken::new();
     let watching: Vec<_> = (0..clients)
         .map(|_| tokio::spawn(client(daemon.addr, channels, stop.clone())))

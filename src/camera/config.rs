@@ -571,16 +571,16 @@ mod tests {
              [[cameras]]\nname = \"net\"\nsource = \"http\"\nurl = \"http://127.0.0.1:81/stream\"\n",
         )
         .unwrap();
-        assert_eq!(ok.camera_specs.len(), 2);
+        assert_eq!(ok.cameras.len(), 2);
         assert!(matches!(
-            ok.camera_specs[0].source,
+            ok.cameras[0].source,
             Source::Sim {
                 width: 640,
                 height: 480,
                 ..
             }
         ));
-        assert_eq!(ok.camera_specs[1].max_image_px, 1568);
+        assert_eq!(ok.cameras[1].max_image_px, 1568);
         let cases: &[(&str, usize, &str, &str)] = &[
             (
                 "[[cameras]]\nname = \"c\"\nsource = \"v4l2\"\n",
@@ -723,7 +723,7 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(
-            config.camera_specs[0].source,
+            config.cameras[0].source,
             Source::V4l2(V4l2Spec {
                 device: missing.into(),
                 format: PixelFormat::Yuyv,
@@ -732,13 +732,13 @@ mod tests {
                 fps: 30.0,
             })
         );
-        assert_eq!(config.camera_specs[0].source.kind().as_str(), "v4l2");
+        assert_eq!(config.cameras[0].source.kind().as_str(), "v4l2");
         // The defaults: MJPEG, 640x480, 15 fps.
         let config =
             parse("[[cameras]]\nname = \"usb\"\nsource = \"v4l2\"\ndevice = \"/dev/video0\"\n")
                 .unwrap();
         assert_eq!(
-            config.camera_specs[0].source,
+            config.cameras[0].source,
             Source::V4l2(V4l2Spec {
                 device: "/dev/video0".into(),
                 format: PixelFormat::Mjpeg,

@@ -182,9 +182,11 @@ struct RawConfig {
 
 /// The validated configuration: its sections as the file gave them (each
 /// checked), and what validation derived from them (hardware specs, reflex
-/// rules, cameras, credentials, the manual). Made only by [`Config::parse`]
-/// (through [`Config::discover`], [`Config::load_file`], [`Config::builtin`]);
-/// nothing edits it afterwards.
+/// rules, cameras, credentials, the manual). The sections that validation
+/// turns into specs (the hardware sections, `[[rules]]`, `[[cameras]]`)
+/// are here only as their specs: no reader can take the unchecked form.
+/// Made only by [`Config::parse`] (through [`Config::discover`],
+/// [`Config::load_file`], [`Config::builtin`]); nothing edits it afterwards.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub host: HostConfig,
@@ -201,17 +203,10 @@ pub struct Config {
     pub model: ModelConfig,
     pub ooda: OodaConfig,
     pub safety: SafetyConfig,
-    pub gpio: GpioConfig,
-    pub mqtt: Option<MqttConfig>,
-    pub serial: Vec<SerialPortConfig>,
-    /// `[[modbus]]` links (Modbus TCP servers, RTU lines).
-    pub modbus: Vec<crate::hw::config::ModbusLinkConfig>,
-    pub sensors: Vec<SensorConfig>,
+    /// `[[actuators]]` as written, which `GET /v1/actuators` serves (`min`
+    /// and `max` unset where the file leaves them); everything that drives
+    /// or describes an actuator reads [`Config::hardware`].
     pub actuators: Vec<ActuatorConfig>,
-    pub rules: Vec<crate::ooda::rules::RuleConfig>,
-    /// The simulated world that sim sensors with a `quantity` read and sim
-    /// actuators with an `input` drive.
-    pub sim: Option<crate::hw::config::SimWorldConfig>,
     /// The fleet registry's broker; absent: this host alone.
     pub fleet: Option<crate::fleet::config::FleetConfig>,
     /// The MCP server at `/mcp`.
@@ -222,13 +217,12 @@ pub struct Config {
     pub record: Option<crate::record::config::RecordConfig>,
     /// How replayed sensors (`source = "replay"`) play.
     pub replay: crate::record::config::ReplayConfig,
-    /// `[[cameras]]`: what the host's cameras are and where they read.
-    pub cameras: Vec<crate::camera::config::CameraConfig>,
-    /// The validated cameras.
-    pub camera_specs: Vec<crate::camera::config::CameraSpec>,
-    /// The validated reflex rules.
+    /// `[[cameras]]`, validated.
+    pub cameras: Vec<crate::camera::config::CameraSpec>,
+    /// `[[rules]]`, validated: the reflex rules.
     pub reflex_rules: Vec<crate::ooda::rules::Rule>,
-    /// The validated hardware sections.
+    /// The hardware sections (`[gpio]`, `[mqtt]`, `[[serial]]`,
+    /// `[[modbus]]`, `[[sensors]]`, `[[actuators]]`, `[sim]`), validated.
     pub hardware: HardwareSpec,
     /// Tokens read from `server.auth_token_file`, merged with `server.auth_tokens`:
     /// admin tokens, named `auth_tokens[<n>]` in this order.
@@ -291,12 +285,27 @@ impl OodaConfig {
     }
 }
 
+/// The sections of the file that validation turns into specs (the
+/// hardware, the reflex rules, the cameras): [`Config::check`] reads them,
+/// and only the specs stay.
+struct SpecSections {
+    gpio: GpioConfig,
+    mqtt: Option<MqttConfig>,
+    serial: Vec<SerialPortConfig>,
+    modbus: Vec<crate::hw::config::ModbusLinkConfig>,
+    sensors: Vec<SensorConfig>,
+    actuators: Vec<ActuatorConfig>,
+    rules: Vec<crate::ooda::rules::RuleConfig>,
+    sim: Option<crate::hw::config::SimWorldConfig>,
+    cameras: Vec<crate::camera::config::CameraConfig>,
+}
+
 // ------------------------------------------------------------------ loading
 
 impl RawConfig {
-    /// The sections, with nothing derived yet: what [`Config::check`]
-    /// validates and completes.
-    fn unchecked(self, source: ConfigSource) -> Config {
+    /// The sections, with nothing derived yet, and the sections to derive
+    /// it from: what [`Config::check`] validates and completes.
+    fn unchecked(self, source: ConfigSource) -> (Config, SpecSections) {
         // Taken apart field by field (not `self.host`, ...): a section added
         // to the file's form does not compile until it has its place here.
         let RawConfig {
@@ -327,7 +336,7 @@ impl RawConfig {
             replay,
             cameras,
         } = self;
-        Config {
+        let config = Config {
             host,
             server,
             log,
@@ -340,21 +349,13 @@ impl RawConfig {
             model,
             ooda,
             safety,
-            gpio,
-            mqtt,
-            serial,
-            modbus,
-            sensors,
-            actuators,
-            rules,
-            sim,
+            actuators: actuators.clone(),
             fleet,
             mcp,
             foxglove,
             record,
             replay,
-            cameras,
-            camera_specs: Vec::new(),
+            cameras: Vec::new(),
             reflex_rules: Vec::new(),
             hardware: HardwareSpec::default(),
             resolved_tokens: Vec::new(),
@@ -363,7 +364,19 @@ impl RawConfig {
             source: Some(source),
             manual: None,
             builtin_manual: false,
-        }
+        };
+        let sections = SpecSections {
+            gpio,
+            mqtt,
+            serial,
+            modbus,
+            sensors,
+            actuators,
+            rules,
+            sim,
+            cameras,
+        };
+        (config, sections)
     }
 }
 
@@ -454,8 +467,8 @@ impl Config {
         // The checks of what was read need all of it: only a file without
         // such errors gets them (each section reports its first error).
         if let Some(raw) = parsed.filter(|_| errors.is_empty()) {
-            let mut config = raw.unchecked(source);
-            let invalid = config.check();
+            let (mut config, sections) = raw.unchecked(source);
+            let invalid = config.check(&sections);
             if invalid.is_empty() {
                 return Ok(config);
             }
@@ -485,7 +498,7 @@ impl Config {
     /// rules, tokens). Returns every section's first error: an operator
     /// fixing a file sees all its sections' problems in one run. A check
     /// that needs what another derives runs only when that one passed.
-    fn check(&mut self) -> Vec<Invalid> {
+    fn check(&mut self, sections: &SpecSections) -> Vec<Invalid> {
         let mut errors = Vec::new();
         let mut keep = |result: Result<(), Invalid>| match result {
             Ok(()) => true,
@@ -496,15 +509,15 @@ impl Config {
         };
         keep(self.validate());
         keep(self.validate_server());
-        keep(self.check_reserved_names());
+        keep(check_reserved_names(&sections.actuators));
         let hardware = crate::hw::config::validate(
-            &self.gpio,
-            self.mqtt.as_ref(),
-            &self.serial,
-            &self.modbus,
-            &self.sensors,
-            &self.actuators,
-            self.sim.as_ref(),
+            &sections.gpio,
+            sections.mqtt.as_ref(),
+            &sections.serial,
+            &sections.modbus,
+            &sections.sensors,
+            &sections.actuators,
+            sections.sim.as_ref(),
             self.safety.default_timeout_ms,
         );
         let hardware_ok = match hardware {
@@ -519,19 +532,19 @@ impl Config {
                 &self.safety,
                 &self.hardware,
             ));
-            keep(self.build_reflex_rules());
+            keep(self.build_reflex_rules(&sections.rules));
             keep(crate::record::config::validate_replay(
                 &self.replay,
                 &mut self.hardware,
             ));
-            keep(self.check_cameras());
+            keep(self.check_cameras(&sections.cameras));
         }
         if let Some(fleet) = self.fleet.as_mut() {
             keep(crate::fleet::config::validate(
                 fleet,
                 &self.host,
                 &self.server,
-                self.mqtt.as_ref(),
+                sections.mqtt.as_ref(),
             ));
         }
         keep(crate::mcp::config::validate(&self.mcp));
@@ -552,25 +565,14 @@ impl Config {
         errors
     }
 
-    fn check_reserved_names(&self) -> Result<(), Invalid> {
-        if let Some((i, a)) = self
-            .actuators
-            .iter()
-            .enumerate()
-            .find(|(_, a)| crate::tools::RESERVED.contains(&a.name.as_str()))
-        {
-            return Err(Invalid::new(
-                format!("actuators[{i}].name"),
-                format!("{:?} is the name of a host tool; choose another", a.name),
-            ));
-        }
-        Ok(())
-    }
-
     /// Builds the reflex rules (they need the hardware specs).
-    fn build_reflex_rules(&mut self) -> Result<(), Invalid> {
+    fn build_reflex_rules(
+        &mut self,
+        rules: &[crate::ooda::rules::RuleConfig],
+    ) -> Result<(), Invalid> {
         // Rules read sensors, and each actuator with feedback's alarm.
         let sensor_names = self
+            .hardware
             .sensors
             .iter()
             .map(|s| s.name.clone())
@@ -582,22 +584,29 @@ impl Config {
                     .map(|a| format!("{}{}", a.name, crate::ooda::feedback::MISMATCH_SUFFIX)),
             )
             .collect();
-        let actuator_names = self.actuators.iter().map(|a| a.name.clone()).collect();
+        let actuator_names = self
+            .hardware
+            .actuators
+            .iter()
+            .map(|a| a.name.clone())
+            .collect();
         self.reflex_rules = crate::ooda::rules::build_rules(
-            &self.rules,
+            rules,
             &sensor_names,
             &actuator_names,
-            self.mqtt.is_some(),
+            self.hardware.mqtt.is_some(),
         )?;
         Ok(())
     }
 
     /// Cameras (the simulated one needs the simulated world).
-    fn check_cameras(&mut self) -> Result<(), Invalid> {
-        self.camera_specs =
-            crate::camera::config::validate(&self.cameras, self.hardware.sim_world.is_some())?;
+    fn check_cameras(
+        &mut self,
+        cameras: &[crate::camera::config::CameraConfig],
+    ) -> Result<(), Invalid> {
+        self.cameras = crate::camera::config::validate(cameras, self.hardware.sim_world.is_some())?;
         // Replayed cameras play like replayed sensors, so the two stay in step.
-        for spec in &mut self.camera_specs {
+        for spec in &mut self.cameras {
             if let crate::camera::config::Source::Replay { speed, looped, .. } = &mut spec.source {
                 (*speed, *looped) = (self.replay.speed, self.replay.looped);
             }
@@ -917,7 +926,7 @@ impl Config {
             host: &self.host,
             hardware: &self.hardware,
             rules: &self.reflex_rules,
-            cameras: &self.camera_specs,
+            cameras: &self.cameras,
             safety: &self.safety,
             approval_timeout_secs: self.session.approval_timeout_secs,
             tick_hz: self.ooda.tick_hz,
@@ -990,7 +999,7 @@ impl Config {
                     .map(|p| ("server.tls.client_ca_file", p)),
             );
         }
-        if let Some(mqtt) = &self.mqtt {
+        if let Some(mqtt) = &self.hardware.mqtt {
             files.extend(mqtt.ca_file.as_deref().map(|p| ("mqtt.ca_file", p)));
             files.extend(mqtt.cert_file.as_deref().map(|p| ("mqtt.cert_file", p)));
         }
@@ -1115,6 +1124,21 @@ impl Config {
             + self.named_clients.len()
             + usize::from(self.fleet.as_ref().is_some_and(|f| f.token.is_some()))
     }
+}
+
+/// No actuator takes a host tool's name.
+fn check_reserved_names(actuators: &[ActuatorConfig]) -> Result<(), Invalid> {
+    if let Some((i, a)) = actuators
+        .iter()
+        .enumerate()
+        .find(|(_, a)| crate::tools::RESERVED.contains(&a.name.as_str()))
+    {
+        return Err(Invalid::new(
+            format!("actuators[{i}].name"),
+            format!("{:?} is the name of a host tool; choose another", a.name),
+        ));
+    }
+    Ok(())
 }
 
 /// `[server.tls]`: its bounds, and that its files make a certificate the

@@ -180,8 +180,9 @@ impl Config {
                 |r| r.describe(&self.store.resolved_path())
             )
         ));
-        let sensors: Vec<&str> = self.sensors.iter().map(|s| s.name.as_str()).collect();
-        let actuators: Vec<&str> = self.actuators.iter().map(|a| a.name.as_str()).collect();
+        let hardware = &self.hardware;
+        let sensors: Vec<&str> = hardware.sensors.iter().map(|s| s.name.as_str()).collect();
+        let actuators: Vec<&str> = hardware.actuators.iter().map(|a| a.name.as_str()).collect();
         line(format!(
             "sensors:       {} [{}]",
             sensors.len(),

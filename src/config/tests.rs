@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::types::{ServerConfig, default_store_path};
 use super::*;
+use crate::hw::config::{ActuatorTarget, SensorSource};
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(
@@ -111,13 +112,16 @@ fn builtin_config_is_a_valid_simulated_host() {
     assert_eq!(c.server.listen, ServerConfig::default().listen);
     assert!(!c.auth_required());
     // No hardware needed: only simulated and host-system sources.
+    assert!(c.hardware.sensors.iter().all(|s| matches!(
+        s.source,
+        SensorSource::Sim(_) | SensorSource::World(_) | SensorSource::System { .. }
+    )));
+    let actuators = &c.hardware.actuators;
     assert!(
-        c.sensors
-            .iter()
-            .all(|s| matches!(s.source, SensorSourceKind::Sim | SensorSourceKind::System))
+        (actuators.iter()).all(|a| matches!(a.target, ActuatorTarget::Sim { .. })),
+        "{actuators:?}"
     );
-    assert!(c.actuators.iter().all(|a| a.kind == ActuatorKind::Sim));
-    assert!(c.sensors.len() >= 3 && !c.actuators.is_empty());
+    assert!(c.hardware.sensors.len() >= 3 && !actuators.is_empty());
     assert_eq!(
         Some(c.host.id),
         machine_hostname().or(Some("rozd-host".into()))

@@ -186,7 +186,7 @@ impl Daemon {
         // Cameras capture on their own threads and tasks until the loop
         // stops; the recording hears their frames.
         let cameras = match crate::camera::Cameras::start(
-            &config.camera_specs,
+            &config.cameras,
             ooda.sim_handle(),
             observers.cameras,
             &ooda.shutdown_token(),

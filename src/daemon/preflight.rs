@@ -52,7 +52,7 @@ fn named_variables(config: &Config) -> Vec<String> {
     if let Some(var) = config.fleet.as_ref().and_then(|f| f.password_env.clone()) {
         vars.push(var);
     }
-    if let Some(var) = config.mqtt.as_ref().and_then(|m| m.password_env.clone()) {
+    if let Some(var) = (config.hardware.mqtt.as_ref()).and_then(|m| m.password_env.clone()) {
         vars.push(var);
     }
     vars
@@ -62,7 +62,7 @@ fn named_variables(config: &Config) -> Vec<String> {
 /// order of sections.
 pub fn check(config: &Config, facts: &HostFacts) -> Findings {
     let mut found = Findings::default();
-    if config.gpio.backend == GpioBackendChoice::Rppal && !facts.raspberry_pi {
+    if config.hardware.gpio_backend == GpioBackendChoice::Rppal && !facts.raspberry_pi {
         found.errors.push(
             "gpio.backend = \"rppal\": this machine is not a Raspberry Pi (/proc/device-tree/model \
              does not say so), so rozd run would refuse to start; use \"auto\" (rppal on a Pi, \
@@ -70,7 +70,7 @@ pub fn check(config: &Config, facts: &HostFacts) -> Findings {
                 .to_string(),
         );
     }
-    if let Some(var) = config.mqtt.as_ref().and_then(|m| m.password_env.as_deref())
+    if let Some(var) = (config.hardware.mqtt.as_ref()).and_then(|m| m.password_env.as_deref())
         && !facts.env_set.contains(var)
     {
         found.warnings.push(format!(

@@ -113,9 +113,14 @@ async fn upgrade(
 /// The channels of this host.
 fn channels(ctx: &HostContext) -> Vec<Channel> {
     let c = &ctx.config;
-    let sensors: Vec<&str> = c.sensors.iter().map(|s| s.name.as_str()).collect();
-    let actuators: Vec<&str> = c.actuators.iter().map(|a| a.name.as_str()).collect();
-    let cameras: Vec<&str> = c.camera_specs.iter().map(|s| s.name.as_str()).collect();
+    let sensors: Vec<&str> = c.hardware.sensors.iter().map(|s| s.name.as_str()).collect();
+    let actuators: Vec<&str> = c
+        .hardware
+        .actuators
+        .iter()
+        .map(|a| a.name.as_str())
+        .collect();
+    let cameras: Vec<&str> = c.cameras.iter().map(|s| s.name.as_str()).collect();
     protocol::channels(
         &sensors,
         &actuators,
@@ -342,13 +347,10 @@ mod tests {
         let layout: serde_json::Value =
             serde_json::from_str(include_str!("../../../examples/foxglove-layout.json")).unwrap();
         let config = crate::config::Config::builtin().unwrap();
-        let sensors: Vec<&str> = config.sensors.iter().map(|s| s.name.as_str()).collect();
-        let actuators: Vec<&str> = config.actuators.iter().map(|a| a.name.as_str()).collect();
-        let cameras: Vec<&str> = config
-            .camera_specs
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect();
+        let hardware = &config.hardware;
+        let sensors: Vec<&str> = hardware.sensors.iter().map(|s| s.name.as_str()).collect();
+        let actuators: Vec<&str> = hardware.actuators.iter().map(|a| a.name.as_str()).collect();
+        let cameras: Vec<&str> = config.cameras.iter().map(|c| c.name.as_str()).collect();
         let channels = protocol::channels(
             &sensors,
             &actuators,

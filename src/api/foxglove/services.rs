@@ -223,7 +223,8 @@ impl Job {
         let Some(actuator) = text(request, "actuator") else {
             return Err("invalid_argument: the request must name the actuator".into());
         };
-        let configured = self.ctx.config.actuators.iter().any(|a| a.name == actuator);
+        let actuators = &self.ctx.config.hardware.actuators;
+        let configured = actuators.iter().any(|a| a.name == actuator);
         let tool = self
             .ctx
             .host_registry
@@ -231,13 +232,7 @@ impl Job {
             .filter(|t| configured && t.spec.category == ToolCategory::Physical)
             .cloned();
         let Some(tool) = tool else {
-            let names: Vec<&str> = self
-                .ctx
-                .config
-                .actuators
-                .iter()
-                .map(|a| a.name.as_str())
-                .collect();
+            let names: Vec<&str> = actuators.iter().map(|a| a.name.as_str()).collect();
             return Err(format!(
                 "invalid_argument: no actuator {actuator:?}; this host has: {}",
                 names.join(", ")
