@@ -54,12 +54,14 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Config text without `[server]`/`[store]`: those point at an
-    /// ephemeral loopback port and a temporary store.
+    /// Config text without `[server]`/`[store]`/`[session]`: those point
+    /// at an ephemeral loopback port and a temporary store, with the bounds
+    /// of [`builtin_host`].
     pub async fn start(host: &str) -> Result<Daemon> {
         let dir = tempfile::tempdir()?;
         let text = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = {:?}\n{host}",
+            "[server]\nlisten = \"127.0.0.1:0\"\nmax_concurrent_streams = 1024\n\
+             [store]\npath = {:?}\n[session]\nmax_sessions = 1000\n{host}",
             dir.path().join("rozd.db").display().to_string()
         );
         Self::start_text(&text, dir).await
@@ -73,12 +75,8 @@ impl Daemon {
     }
 
     async fn start_text(text: &str, dir: tempfile::TempDir) -> Result<Daemon> {
-        let mut config = Config::parse(text, ConfigSource::BuiltIn)
+        let config = Config::parse(text, ConfigSource::BuiltIn)
             .map_err(|e| anyhow!("benchmark config: {e}"))?;
-        // The concurrency measurement runs 100 sessions at once, beyond the
-        // default bound a Pi 4 is given (`session.max_sessions`).
-        config.session.max_sessions = config.session.max_sessions.max(1_000);
-        config.server.max_concurrent_streams = config.server.max_concurrent_streams.max(1_024);
         let daemon = rozd::daemon::Daemon::bind(config).await?;
         let addr = daemon.local_addr();
         let host = daemon.probe();

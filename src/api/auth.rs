@@ -314,21 +314,21 @@ fn unauthenticated(request: &Request, why: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::types::{NamedToken, Secret};
     use crate::config::{Config, ConfigSource};
 
+    /// An admin token, a named read token (from its file) and a client
+    /// certificate's subject, configured as an operator writes them.
     fn credentials() -> Credentials {
-        let mut config = Config::parse("", ConfigSource::BuiltIn).unwrap();
-        config.resolved_tokens = vec![Secret::new("alpha")];
-        config.named_tokens = vec![NamedToken {
-            name: "viewer".into(),
-            secret: Secret::new("beta"),
-            scope: Scope::Read,
-        }];
-        config.named_clients = vec![NamedClient {
-            subject: "CN=rover-2".into(),
-            scope: Scope::Operate,
-        }];
+        let dir = tempfile::tempdir().unwrap();
+        let token_file = dir.path().join("viewer.token");
+        std::fs::write(&token_file, "beta\n").unwrap();
+        let text = format!(
+            "[server]\nauth_tokens = [\"alpha\"]\n\
+             [[server.tokens]]\nname = \"viewer\"\ntoken_file = {:?}\nscopes = [\"read\"]\n\
+             [[server.clients]]\nsubject = \"CN=rover-2\"\nscopes = [\"operate\"]\n",
+            token_file.display().to_string()
+        );
+        let config = Config::parse(&text, ConfigSource::BuiltIn).unwrap();
         Credentials::from_config(&config)
     }
 

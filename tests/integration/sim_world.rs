@@ -26,17 +26,18 @@ const TICK_S: f64 = 0.02;
 /// `edit` applied to its text first.
 async fn rover(edit: impl FnOnce(&str) -> String, paused: bool) -> TestDaemon {
     let dir = tempfile::tempdir().unwrap();
+    // No HTTP/2 pings (they would run on a paused clock too); paused, the
+    // loop ticks on the runtime's (paused) clock.
     let text = format!(
-        "{}\n[store]\npath = {:?}\n",
-        edit(BUILTIN_CONFIG).replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:0\""),
-        dir.path().join("rozd.db").display().to_string()
+        "{}\n[store]\npath = {:?}\n[ooda]\ntimer = {:?}\n",
+        edit(BUILTIN_CONFIG).replace(
+            "listen = \"127.0.0.1:8080\"",
+            "listen = \"127.0.0.1:0\"\nhttp2_keepalive_secs = 0"
+        ),
+        dir.path().join("rozd.db").display().to_string(),
+        if paused { "runtime" } else { "thread" }
     );
-    let mut config = Config::parse(&text, ConfigSource::BuiltIn).expect("built-in config");
-    config.server.http2_keepalive_secs = 0;
-    if paused {
-        // The loop ticks on the runtime's (paused) clock.
-        config.ooda.timer = rozd::ooda::timer::Timer::Runtime;
-    }
+    let config = Config::parse(&text, ConfigSource::BuiltIn).expect("built-in config");
     TestDaemon::start_with(config, dir).await
 }
 
