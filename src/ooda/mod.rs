@@ -11,7 +11,7 @@ pub mod orient;
 pub mod rules;
 pub(crate) mod stats;
 mod tick;
-pub mod timer;
+pub(crate) mod timer;
 pub mod world;
 
 use parking_lot::Mutex;
