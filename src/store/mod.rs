@@ -242,45 +242,59 @@ impl AuditKind {
         AuditKind::ProtectiveStopRestored,
         AuditKind::ProtectiveStopReason,
     ];
-
-    /// The kind spelled `text` (as [`AuditKind::as_str`] writes it).
-    pub fn parse(text: &str) -> AuditKind {
-        AuditKind::KNOWN
-            .into_iter()
-            .find(|k| k.as_str() == text)
-            .unwrap_or_else(|| AuditKind::Other(text.to_string()))
-    }
 }
 
-impl std::fmt::Display for AuditKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// How an audit vocabulary (an enum with `as_str`, its `KNOWN` values and
+/// `Other(String)`) is read, displayed, serialized and stored: as its
+/// spelling; a spelling this version does not know reads as written
+/// (`Other`), a row of another version of rozd, rather than failing.
+macro_rules! spelled_as_str {
+    ($vocabulary:ident) => {
+        impl $vocabulary {
+            /// The value spelled `text` (as `as_str` writes it).
+            pub fn parse(text: &str) -> $vocabulary {
+                $vocabulary::KNOWN
+                    .into_iter()
+                    .find(|known| known.as_str() == text)
+                    .unwrap_or_else(|| $vocabulary::Other(text.to_string()))
+            }
+        }
+
+        impl std::fmt::Display for $vocabulary {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl Serialize for $vocabulary {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl PartialEq<&str> for $vocabulary {
+            fn eq(&self, other: &&str) -> bool {
+                self.as_str() == *other
+            }
+        }
+
+        impl rusqlite::types::ToSql for $vocabulary {
+            fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+                Ok(self.as_str().into())
+            }
+        }
+
+        impl rusqlite::types::FromSql for $vocabulary {
+            fn column_result(
+                value: rusqlite::types::ValueRef<'_>,
+            ) -> rusqlite::types::FromSqlResult<Self> {
+                value.as_str().map($vocabulary::parse)
+            }
+        }
+    };
 }
 
-impl Serialize for AuditKind {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
-
-impl PartialEq<&str> for AuditKind {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
-    }
-}
-
-impl rusqlite::types::ToSql for AuditKind {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        Ok(self.as_str().into())
-    }
-}
-
-impl rusqlite::types::FromSql for AuditKind {
-    fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
-        value.as_str().map(AuditKind::parse)
-    }
-}
+spelled_as_str!(AuditKind);
 
 /// What the gate (or a check before it) decided for a tool call: the
 /// audit's `decision` column and the metrics' `decision` label. Stored,
@@ -324,39 +338,9 @@ impl Decision {
         Decision::Blocked,
         Decision::Refused,
     ];
-
-    /// The decision spelled `text` (as [`Decision::as_str`] writes it).
-    pub fn parse(text: &str) -> Decision {
-        Decision::KNOWN
-            .into_iter()
-            .find(|d| d.as_str() == text)
-            .unwrap_or_else(|| Decision::Other(text.to_string()))
-    }
 }
 
-impl std::fmt::Display for Decision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl Serialize for Decision {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
-
-impl rusqlite::types::ToSql for Decision {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        Ok(self.as_str().into())
-    }
-}
-
-impl rusqlite::types::FromSql for Decision {
-    fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
-        value.as_str().map(Decision::parse)
-    }
-}
+spelled_as_str!(Decision);
 
 /// One audited physical action: a PHYSICAL tool call (`kind = "tool_call"`)
 /// or an actuator change (`kind = "actuator"`: commands, safe-state drives),
