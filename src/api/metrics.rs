@@ -1,4 +1,5 @@
-//! `/metrics`: the event metrics ([`crate::metrics`]) and the state of the
+//! `/metrics`: the event metrics (each subsystem's, registered by its
+//! `metrics::register`), the build's info and the state of the
 //! running daemon (loop counters, recordings, sessions, sensors, actuators,
 //! cameras, the stop, the fleet) sampled from the [`HostContext`] now.
 
@@ -9,12 +10,19 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::HostContext;
-use crate::metrics::{Format, encode, register_events};
+use crate::metrics::{Format, encode, register_build};
 
 /// Every metric, the daemon's state sampled now.
 pub fn render(ctx: &HostContext, format: Format) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::with_prefix("rozd");
-    register_events(&mut registry);
+    // The event metrics, each subsystem's own.
+    crate::ooda::metrics::register(&mut registry);
+    crate::session::metrics::register(&mut registry);
+    crate::model::metrics::register(&mut registry);
+    crate::safety::metrics::register(&mut registry);
+    crate::store::metrics::register(&mut registry);
+    crate::hw::modbus::metrics::register(&mut registry);
+    register_build(&mut registry);
     register_state(&mut registry, ctx);
     encode(&registry, format)
 }

@@ -10,6 +10,7 @@ pub(crate) mod config;
 pub mod decode;
 mod http;
 pub mod local;
+pub(crate) mod metrics;
 pub(crate) mod openai;
 pub mod sse;
 pub(crate) mod tokens;
@@ -316,7 +317,7 @@ pub struct ModelRegistry {
 impl ModelRegistry {
     /// The registry for a configuration's (validated) `[model]` section.
     pub fn from_config(config: &config::ModelConfig) -> Self {
-        crate::metrics::known_models(config.endpoints.iter().map(|e| e.model.as_str()));
+        metrics::known_models(config.endpoints.iter().map(|e| e.model.as_str()));
         let endpoints = config
             .endpoints
             .iter()

@@ -1,5 +1,5 @@
 //! The actuators' events as metrics: an observer that turns them into the
-//! plain labels of [`crate::metrics`] (which knows nothing of the loop).
+//! plain labels of the loop's own metrics ([`super::metrics`]).
 
 use super::act::{ActError, ActuatorEvent, ActuatorObserver, Applied, Origin, VerdictEvent};
 
@@ -19,7 +19,7 @@ impl ActuatorObserver for ActuatorMetrics {
             } else {
                 "driver_error"
             };
-            crate::metrics::actuator_command(&event.actuator, "safety", result);
+            super::metrics::actuator_command(&event.actuator, "safety", result);
         }
     }
 
@@ -33,10 +33,10 @@ impl ActuatorObserver for ActuatorMetrics {
             Ok(_) => "applied",
             Err(e) => e.kind(),
         };
-        crate::metrics::actuator_command(actuator, origin.kind(), result);
+        super::metrics::actuator_command(actuator, origin.kind(), result);
     }
 
     fn feedback_verdict(&self, event: &VerdictEvent) {
-        crate::metrics::feedback_verdict(&event.actuator, event.verdict.status.as_str());
+        super::metrics::feedback_verdict(&event.actuator, event.verdict.status.as_str());
     }
 }

@@ -7,6 +7,7 @@ pub mod act;
 pub(crate) mod admission;
 pub mod feedback;
 pub(crate) mod metered;
+pub(crate) mod metrics;
 pub mod orient;
 pub mod rules;
 pub(crate) mod stats;

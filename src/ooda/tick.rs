@@ -141,7 +141,7 @@ impl Ooda {
             state.until_publish -= 1;
         }
         let exec = started.elapsed();
-        crate::metrics::loop_tick(wake.late, exec);
+        super::metrics::loop_tick(wake.late, exec);
         self.tick_history
             .lock()
             .tick(micros(wake.late), micros(exec), wake.skipped);

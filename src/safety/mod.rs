@@ -24,6 +24,7 @@
 
 pub mod inputs;
 pub(crate) mod latch;
+pub(crate) mod metrics;
 pub(crate) mod persist;
 mod source;
 pub(crate) mod status;
@@ -164,7 +165,7 @@ pub struct StopMetrics;
 impl StopObserver for StopMetrics {
     fn stop_changed(&self, event: &StopEvent, _causes: &[StopInfo]) {
         if let StopEvent::Triggered { source, .. } = event {
-            crate::metrics::stop_triggered(source_kind(source));
+            metrics::stop_triggered(source_kind(source));
         }
     }
 }

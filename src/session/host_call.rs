@@ -280,7 +280,7 @@ async fn approve_timed<S: CallSite>(
         }) => "denied",
         Err(_) => "cancelled",
     };
-    crate::metrics::approval_wait(asked.elapsed(), result);
+    super::metrics::approval_wait(asked.elapsed(), result);
     answer
 }
 

@@ -9,6 +9,7 @@ pub(crate) mod approvals;
 pub(crate) mod context;
 pub(crate) mod embodiment;
 pub(crate) mod host_call;
+pub(crate) mod metrics;
 pub(crate) mod permissions;
 mod record;
 mod registry;
@@ -176,7 +177,7 @@ pub(crate) async fn run(
                 .await;
             tracing::warn!(session_id = %id, ?released, "deadman after a failed session task");
             host.hooks.session_ended(&id, "internal_error");
-            crate::metrics::session_ended("internal_error");
+            metrics::session_ended("internal_error");
             if let Err(e) = host
                 .store
                 .session_ended(id.clone(), "internal_error".into())
@@ -742,7 +743,7 @@ impl Runner<'_> {
             .await;
         if let Some(session) = &self.session {
             self.host.hooks.session_ended(&session.id, end.as_str());
-            crate::metrics::session_ended(end.as_str());
+            metrics::session_ended(end.as_str());
             if let Err(e) = self
                 .host
                 .store

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 mod health;
+pub(crate) mod metrics;
 mod retention;
 mod tasks;
 
@@ -502,7 +503,7 @@ impl Store {
     ) -> Result<T, StoreError> {
         let started = std::time::Instant::now();
         let result = self.with_conn(f).await;
-        crate::metrics::store_write(kind, started.elapsed());
+        metrics::store_write(kind, started.elapsed());
         self.health.wrote(&result);
         result
     }

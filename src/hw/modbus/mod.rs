@@ -25,6 +25,7 @@
 //!   default).
 
 pub(crate) mod codec;
+pub(crate) mod metrics;
 pub(crate) mod plan;
 
 use std::collections::{HashMap, HashSet};
@@ -640,7 +641,7 @@ impl LinkTask {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .push(took_us);
-            crate::metrics::modbus_request(&self.spec.name, took);
+            metrics::modbus_request(&self.spec.name, took);
             let fault = match result {
                 Ok(Ok(Ok(response))) => match short_reply(&request, &response) {
                     None => return Ok(response),

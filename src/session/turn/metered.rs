@@ -1,12 +1,13 @@
-//! What a turn reports to [`crate::metrics`]: model calls, tool calls and
+//! What a turn reports to the metrics ([`crate::session::metrics`],
+//! [`crate::model::metrics`]): model calls, tool calls and
 //! approvals, with bounded labels (a client's tool is `client`, never its name).
 
 use std::time::Duration;
 
 use super::{Interrupt, ModelReply, Turn, TurnError};
 use crate::config::types::ToolCategory;
-use crate::metrics::{ModelResult, Tokens};
 use crate::model::Block;
+use crate::model::metrics::{ModelResult, Tokens};
 use crate::session::host_call::Decision;
 
 pub(super) fn model_result(reply: &Result<ModelReply, TurnError>) -> ModelResult {
@@ -74,7 +75,7 @@ impl Turn {
             Ok(_) => "ok",
             Err(_) => "cancelled",
         };
-        crate::metrics::tool_call(
+        crate::session::metrics::tool_call(
             tool,
             category,
             self.last_gate

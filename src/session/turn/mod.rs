@@ -375,7 +375,7 @@ pub async fn run(
         }
         Err(TurnError::Failed(e)) => (StopReason::Error, Some(e)),
     };
-    crate::metrics::turn_ended(stop_reason.as_str());
+    crate::session::metrics::turn_ended(stop_reason.as_str());
     TurnOutcome {
         conversation: conversation.into_history(),
         added: turn.added,
@@ -462,7 +462,7 @@ impl Turn {
                 .store(self.meter.scaled(estimate), Ordering::Relaxed);
             let asked = std::time::Instant::now();
             let reply = self.call_model(model, request).await;
-            crate::metrics::model_call(
+            crate::model::metrics::model_call(
                 model.name(),
                 asked.elapsed(),
                 model_result(&reply),
