@@ -279,7 +279,8 @@ pub(super) async fn accept_loop<A: Acceptor>(
                             times = held_back + 1,
                             tcp_connections = shared.pressure.len(),
                             "accept failed: out of file descriptors; shedding TCP connections \
-                             (from now on the TCP table holds fewer than it held; raise LimitNOFILE)"
+                             (those that sent nothing first, else the table, which then holds \
+                             fewer than it held; raise LimitNOFILE)"
                         );
                     }
                     // Connections already shed give their descriptors back
