@@ -20,8 +20,7 @@ use super::turn::HostAccess;
 use super::{ErrorCode, SessionError};
 use crate::clock::now_ms;
 use crate::config::types::{Policy, ToolCategory};
-pub use crate::store::Decision;
-use crate::store::{AuditKind, AuditRecord};
+use crate::store::{AuditKind, AuditRecord, Decision};
 use crate::tools::ToolError;
 
 /// What differs between the callers of a host tool.

@@ -9,10 +9,10 @@ use super::tool_call::presence_for;
 use super::{Interrupt, Turn};
 use crate::config::types::ToolCategory;
 use crate::model::Block;
-use crate::session::host_call::Decision;
 use crate::session::host_call::{self, Answer, CallSite};
 use crate::session::tools::Tool;
 use crate::session::{Activity, ServerEvent};
+use crate::store::Decision;
 
 impl Turn {
     /// A host tool: runs inside rozd under the daemon's own deadline, never

@@ -8,7 +8,7 @@ use super::{Interrupt, ModelReply, Turn, TurnError};
 use crate::config::types::ToolCategory;
 use crate::model::Block;
 use crate::model::metrics::{ModelResult, Tokens};
-use crate::session::host_call::Decision;
+use crate::store::Decision;
 
 pub(super) fn model_result(reply: &Result<ModelReply, TurnError>) -> ModelResult {
     match reply {

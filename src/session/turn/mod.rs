@@ -36,7 +36,7 @@ use tool_call::error_result;
 
 use crate::config::types::{AiMode, SessionConfig};
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
-use crate::session::host_call::Decision;
+use crate::store::Decision;
 
 use super::approvals::{Approvals, Asker};
 use super::context::{CompactionLimits, ContextMeter, History};
