@@ -233,15 +233,10 @@ impl HostContext {
         })
     }
 
-    /// What a turn's host tool calls reach.
+    /// What a turn's host tool calls reach: built once, with the task
+    /// engine's [`team::TeamHost`], and the same for every turn.
     pub(crate) fn turn_host(&self) -> session::turn::TurnHost {
-        session::turn::TurnHost {
-            approvals: self.approvals.clone(),
-            tools: self.host_tools.clone(),
-            registry: self.host_registry.clone(),
-            store: self.store.clone(),
-            ooda: self.ooda.clone(),
-        }
+        self.team.turn.clone()
     }
 
     /// What the session engine uses, for one session stream.

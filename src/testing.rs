@@ -6,7 +6,9 @@
 //! socket) like any client. Some things cannot be seen from there without
 //! waiting on a wall clock: a simulated actuator's own value, the moment
 //! every session has ended, the briefing a session is told. [`Probe`] gives
-//! those, read-only, by name. It is the only way in: the daemon's shared
+//! those by name (mostly views; a few handles, such as the loop, the
+//! approvals and the shutdown, act as an operator would). It is the only
+//! way in: the daemon's shared
 //! context is private to the daemon and its API layer, so what a change
 //! reaches is what its signatures say.
 

@@ -1,7 +1,7 @@
 //! The table of open connections of one listener: which to shed when it is
 //! full or the process runs out of file descriptors, and which have been
 //! idle too long. Plain data and methods, no I/O: the accept loop in
-//! `daemon.rs` asks it and closes what it says (`T` is whatever closes a
+//! `daemon/listen.rs` asks it and closes what it says (`T` is whatever closes a
 //! connection there).
 //!
 //! A connection is seated once it has shown its first bytes (see
@@ -20,7 +20,8 @@
 //!
 //! Out of file descriptors ([`ConnectionTable::shed`]) the same order
 //! applies, then the one whose last activity is oldest, a request in flight
-//! included; but never a stop before its request has ended (its caller
+//! included, then a stop whose head has not all come yet (one that stalls
+//! must not pin the table); never a stop whose request runs (its caller
 //! would not learn that the stop latched, or the stop would be dropped
 //! before it ran).
 //!
@@ -177,8 +178,8 @@ impl<T> ConnectionTable<T> {
     /// open now less [`SHED_HEADROOM`] (so that the rest of the process —
     /// the store, the watchdog notification, the control socket — finds
     /// descriptors again), and removes and returns the connections above it
-    /// (at least one, unless the table holds only stops on their way or
-    /// nothing: then the descriptors are used elsewhere).
+    /// (at least one, unless the table holds only stops whose request runs,
+    /// or nothing: then the descriptors are used elsewhere).
     pub fn shed(&mut self) -> Vec<T> {
         self.limit = self.entries.len().saturating_sub(SHED_HEADROOM).max(1);
         let mut shed = Vec::new();
@@ -236,15 +237,15 @@ impl<T> ConnectionTable<T> {
     }
 
     /// Out of descriptors something must go: as for a newcomer, else the
-    /// one whose last activity is oldest, but never a stop whose request
-    /// has not ended (it ends within the header and body timeouts, and is
-    /// sheddable then).
+    /// one whose last activity is oldest, stops whose request has not
+    /// started last of all; never a stop whose request runs (it ends within
+    /// the body's bound, and is sheddable then).
     fn evict(&mut self) -> Option<T> {
         let least_active = || {
             self.entries
                 .iter()
-                .filter(|(_, e)| !e.stop)
-                .min_by_key(|(_, e)| e.active_at)
+                .filter(|(_, e)| !(e.stop && e.in_flight > 0))
+                .min_by_key(|(_, e)| (e.stop, e.active_at))
                 .map(|(id, _)| *id)
         };
         let victim = self.displaceable().or_else(least_active)?;
@@ -267,8 +268,9 @@ pub type LobbyId = u64;
 /// had its chance); before that the newcomer is refused, so that a
 /// connection whose request is on its way is not crowded out by a flood.
 /// Bare connections opened to crowd the table wait here, not in it; and
-/// when the process runs out of file descriptors, those that have waited
-/// past their grace are the first to go ([`Lobby::shed`]).
+/// when the process runs out of file descriptors, those that have sent
+/// nothing and have waited past their grace are the first to go
+/// ([`Lobby::shed`]).
 #[derive(Debug)]
 pub struct Lobby<T> {
     limit: usize,
@@ -298,14 +300,9 @@ impl<T> Lobby<T> {
     pub fn enter(&mut self, closer: T, now: Instant) -> Result<(LobbyId, Option<T>), T> {
         let mut dropped = None;
         if self.waiting.len() >= self.limit {
-            match self.waiting.front() {
-                Some((_, since, _)) if now.saturating_duration_since(*since) >= LOBBY_GRACE => {
-                    dropped = self.waiting.pop_front().map(|(id, _, c)| {
-                        self.closing.insert(id);
-                        c
-                    });
-                }
-                _ => return Err(closer),
+            dropped = self.shed(now, 1, |_| true).pop();
+            if dropped.is_none() {
+                return Err(closer);
             }
         }
         let id = self.next_id;
@@ -322,22 +319,28 @@ impl<T> Lobby<T> {
         }
     }
 
-    /// The process ran out of file descriptors: removes and returns up to
-    /// `most` of the oldest connections that have waited past their grace
-    /// (a flood's bare connections, in all likelihood; a client that has
-    /// sent nothing for [`LOBBY_GRACE`] connects again). They count as
+    /// Removes and returns up to `most` of the oldest connections that have
+    /// waited past their grace and are `bare` (out of file descriptors: those
+    /// that have sent nothing, a flood's in all likelihood; a client silent
+    /// for [`LOBBY_GRACE`] connects again). They count as
     /// [`Lobby::closing`] until they leave.
-    pub fn shed(&mut self, now: Instant, most: usize) -> Vec<T> {
-        let mut shed = Vec::new();
-        while shed.len() < most {
-            match self.waiting.front() {
-                Some((_, since, _)) if now.saturating_duration_since(*since) >= LOBBY_GRACE => {
-                    if let Some((id, _, closer)) = self.waiting.pop_front() {
-                        self.closing.insert(id);
-                        shed.push(closer);
-                    }
-                }
-                _ => break,
+    pub fn shed(&mut self, now: Instant, most: usize, bare: impl Fn(&T) -> bool) -> Vec<T> {
+        // Oldest first: once one is within its grace, so are the rest.
+        let ids: Vec<LobbyId> = self
+            .waiting
+            .iter()
+            .take_while(|(_, since, _)| now.saturating_duration_since(*since) >= LOBBY_GRACE)
+            .filter(|(_, _, closer)| bare(closer))
+            .take(most)
+            .map(|(id, _, _)| *id)
+            .collect();
+        let mut shed = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(at) = self.waiting.iter().position(|(i, _, _)| *i == id)
+                && let Some((_, _, closer)) = self.waiting.remove(at)
+            {
+                self.closing.insert(id);
+                shed.push(closer);
             }
         }
         shed
@@ -548,17 +551,26 @@ mod tests {
         // The stop alone: nothing is shed.
         assert!(table.shed().is_empty());
         assert_eq!(table.len(), 1);
-        // Not before it has started either.
-        let Seat::Seated { id: pending, .. } = table.open("pending", Arrival::Stop, t0) else {
-            panic!("a stop finds a place beyond the cap");
-        };
-        assert!(table.shed().is_empty());
         // Once its request has ended it is an ordinary connection.
         table.request_ended(stop, t0 + secs(4));
         assert_eq!(table.shed(), ["stop"]);
-        table.request_started(pending, t0 + secs(5));
-        table.request_ended(pending, t0 + secs(5));
-        assert_eq!(table.shed(), ["pending"]);
+        assert!(table.shed().is_empty());
+
+        // A stop whose head has not all come goes last of all, but goes:
+        // heads that stall must not pin the table.
+        let mut table = ConnectionTable::new(10);
+        let Seat::Seated { id: running, .. } = table.open("running", Arrival::Stop, t0) else {
+            panic!("the stop has a free place");
+        };
+        table.request_started(running, t0);
+        let Seat::Seated { .. } = table.open("pending", Arrival::Stop, t0) else {
+            panic!("the stop has a free place");
+        };
+        let (idle, _) = open(&mut table, "idle", t0 + secs(9));
+        table.authenticated(idle);
+        // Down to one place: the idle one first, then the pending stop.
+        assert_eq!(table.shed(), ["idle", "pending"]);
+        assert!(table.shed().is_empty(), "the running stop stays");
     }
 
     #[test]
@@ -582,37 +594,41 @@ mod tests {
         assert_eq!(lobby.enter("early", t0 + LOBBY_GRACE / 2), Err("early"));
         let (_c, dropped) = lobby.enter("c", t0 + LOBBY_GRACE).unwrap();
         assert_eq!(dropped, Some("a"));
+        assert_eq!(lobby.closing(), 1, "dropped, not yet gone");
         lobby.leave(a);
-        assert_eq!(lobby.len(), 2);
+        assert_eq!((lobby.len(), lobby.closing()), (2, 0));
         let (_d, dropped) = lobby.enter("d", t0 + secs(5)).unwrap();
         assert_eq!(dropped, Some("b"));
     }
 
     #[test]
-    fn out_of_descriptors_the_lobby_sheds_its_oldest_past_their_grace() {
+    fn out_of_descriptors_the_lobby_sheds_its_oldest_bare_ones_past_their_grace() {
         // Seen in CI: out of descriptors, bare connections in the lobby
         // held nearly every descriptor until their header timeout while
         // only the table was shed, so TCP stayed unreachable that long.
         let t0 = Instant::now();
         let mut lobby = Lobby::new(100);
-        let ids: Vec<_> = (0..5)
+        let ids: Vec<_> = (0..6)
             .map(|i| lobby.enter(i, t0 + secs(i)).unwrap().0)
             .collect();
+        let bare = |c: &u64| *c != 1;
         // Nobody past the grace yet: nothing goes.
-        assert!(lobby.shed(t0 + LOBBY_GRACE / 2, 10).is_empty());
-        // At 3 s, 0..=2 have waited a second or more; at most two go.
-        assert_eq!(lobby.shed(t0 + secs(3), 2), [0, 1]);
-        assert_eq!(lobby.shed(t0 + secs(3), 10), [2]);
-        assert_eq!((lobby.len(), lobby.closing()), (2, 3));
+        assert!(lobby.shed(t0 + LOBBY_GRACE / 2, 10, bare).is_empty());
+        // At 4 s, 0..=3 have waited a second or more; 1 has sent bytes (a
+        // stop on its way, perhaps) and stays; at most two go.
+        assert_eq!(lobby.shed(t0 + secs(4), 2, bare), [0, 2]);
+        assert_eq!(lobby.shed(t0 + secs(4), 10, bare), [3]);
+        assert_eq!((lobby.len(), lobby.closing()), (3, 3));
         // Each counts as closing until it has left.
         lobby.leave(ids[0]);
         lobby.leave(ids[0]);
         assert_eq!(lobby.closing(), 2);
-        lobby.leave(ids[1]);
         lobby.leave(ids[2]);
         lobby.leave(ids[3]);
-        assert_eq!((lobby.len(), lobby.closing()), (1, 0));
-        assert_eq!(lobby.shed(t0 + secs(60), 10), [4]);
+        assert_eq!((lobby.len(), lobby.closing()), (3, 0));
+        assert_eq!(lobby.shed(t0 + secs(60), 10, bare), [4, 5]);
+        assert_eq!(lobby.len(), 1);
+        lobby.leave(ids[1]);
     }
 
     #[test]

@@ -15,16 +15,20 @@ use crate::metrics::{Format, encode, register_build};
 /// Every metric, the daemon's state sampled now.
 pub fn render(ctx: &HostContext, format: Format) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::with_prefix("rozd");
-    // The event metrics, each subsystem's own.
-    crate::ooda::metrics::register(&mut registry);
-    crate::session::metrics::register(&mut registry);
-    crate::model::metrics::register(&mut registry);
-    crate::safety::metrics::register(&mut registry);
-    crate::store::metrics::register(&mut registry);
-    crate::hw::modbus::metrics::register(&mut registry);
-    register_build(&mut registry);
+    register_events(&mut registry);
     register_state(&mut registry, ctx);
     encode(&registry, format)
+}
+
+/// The event metrics, each subsystem's own, and the build's info.
+fn register_events(registry: &mut Registry) {
+    crate::ooda::metrics::register(registry);
+    crate::session::metrics::register(registry);
+    crate::model::metrics::register(registry);
+    crate::safety::metrics::register(registry);
+    crate::store::metrics::register(registry);
+    crate::hw::modbus::metrics::register(registry);
+    register_build(registry);
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -491,6 +495,63 @@ fn register_state(r: &mut Registry, ctx: &HostContext) {
             "fleet_broker_dropped_messages",
             "Messages the fleet broker dropped (for any client, $SYS/broker/publish/messages/dropped) since this host first saw its count",
             dropped,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every event metric is registered, once: a subsystem whose
+    /// `register` is no longer called would drop its families silently.
+    #[test]
+    fn every_event_metric_is_registered() {
+        // A family shows once it has a series: one event of each.
+        let took = std::time::Duration::from_millis(1);
+        crate::ooda::metrics::loop_tick(took, took);
+        crate::ooda::metrics::actuator_command("metrics-test", "operator", "applied");
+        crate::ooda::metrics::feedback_verdict("metrics-test", "confirmed");
+        crate::session::metrics::session_ended("metrics-test");
+        crate::session::metrics::turn_ended("metrics-test");
+        crate::session::metrics::tool_call("metrics-test", "pure", "allowed", "ok", took);
+        crate::session::metrics::approval_wait(took, "metrics-test");
+        let tokens = crate::model::metrics::Tokens::default();
+        let failed = crate::model::metrics::ModelResult::Error;
+        crate::model::metrics::model_call("metrics-test", took, failed, tokens);
+        crate::safety::metrics::stop_triggered("metrics-test");
+        crate::store::metrics::store_write("metrics-test", took);
+        crate::hw::modbus::metrics::modbus_request("metrics-test", took);
+        let mut registry = Registry::with_prefix("rozd");
+        register_events(&mut registry);
+        let text = encode(&registry, Format::Text).unwrap();
+        let mut families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        families.sort_unstable();
+        assert_eq!(
+            families,
+            [
+                "rozd_actuator_commands_total",
+                "rozd_actuator_feedback_verdicts_total",
+                "rozd_approval_wait_seconds",
+                "rozd_build_info",
+                "rozd_loop_lateness_seconds",
+                "rozd_loop_tick_exec_seconds",
+                "rozd_modbus_request_duration_seconds",
+                "rozd_model_call_duration_seconds",
+                "rozd_model_calls_total",
+                "rozd_model_errors_total",
+                "rozd_model_tokens_total",
+                "rozd_protective_stop_triggers_total",
+                "rozd_sessions_ended_total",
+                "rozd_store_write_duration_seconds",
+                "rozd_tool_call_duration_seconds",
+                "rozd_tool_calls_total",
+                "rozd_turns_total",
+            ]
         );
     }
 }

@@ -6,6 +6,7 @@
 use parking_lot::Mutex;
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::body::Body;
 use http_body_util::BodyExt as _;
@@ -22,6 +23,9 @@ pub type SharedTable = Arc<Mutex<ConnectionTable<Closer>>>;
 pub struct Closer {
     shed: CancellationToken,
     expire: CancellationToken,
+    /// A byte has come from the peer (a request's, a TLS ClientHello): it
+    /// is no bare connection, and the lobby does not shed it for descriptors.
+    heard: Arc<AtomicBool>,
 }
 
 impl Closer {
@@ -34,6 +38,21 @@ impl Closer {
     /// Gracefully: it idled out (HTTP/2 gets a GOAWAY).
     pub fn expire(&self) {
         self.expire.cancel();
+    }
+
+    /// Whether it has been told to shed.
+    pub fn is_shed(&self) -> bool {
+        self.shed.is_cancelled()
+    }
+
+    /// A byte came from the peer.
+    pub fn mark_heard(&self) {
+        self.heard.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a byte has come from the peer.
+    pub fn heard(&self) -> bool {
+        self.heard.load(Ordering::Relaxed)
     }
 
     pub async fn shed_requested(&self) {

@@ -184,7 +184,8 @@ struct RawConfig {
 /// checked), and what validation derived from them (hardware specs, reflex
 /// rules, cameras, credentials, the manual). The sections that validation
 /// turns into specs (the hardware sections, `[[rules]]`, `[[cameras]]`)
-/// are here only as their specs: no reader can take the unchecked form.
+/// are here only as their specs, but for `[[actuators]]` as written (see
+/// [`Config::actuators`]).
 /// Made only by [`Config::parse`] (through [`Config::discover`],
 /// [`Config::load_file`], [`Config::builtin`]); nothing edits it afterwards.
 #[derive(Debug, Clone)]
@@ -287,14 +288,14 @@ impl OodaConfig {
 
 /// The sections of the file that validation turns into specs (the
 /// hardware, the reflex rules, the cameras): [`Config::check`] reads them,
-/// and only the specs stay.
+/// and only the specs stay (and `[[actuators]]` as written, which `Config`
+/// keeps for `GET /v1/actuators`).
 struct SpecSections {
     gpio: GpioConfig,
     mqtt: Option<MqttConfig>,
     serial: Vec<SerialPortConfig>,
     modbus: Vec<crate::hw::config::ModbusLinkConfig>,
     sensors: Vec<SensorConfig>,
-    actuators: Vec<ActuatorConfig>,
     rules: Vec<crate::ooda::rules::RuleConfig>,
     sim: Option<crate::hw::config::SimWorldConfig>,
     cameras: Vec<crate::camera::config::CameraConfig>,
@@ -349,7 +350,7 @@ impl RawConfig {
             model,
             ooda,
             safety,
-            actuators: actuators.clone(),
+            actuators,
             fleet,
             mcp,
             foxglove,
@@ -371,7 +372,6 @@ impl RawConfig {
             serial,
             modbus,
             sensors,
-            actuators,
             rules,
             sim,
             cameras,
@@ -509,14 +509,14 @@ impl Config {
         };
         keep(self.validate());
         keep(self.validate_server());
-        keep(check_reserved_names(&sections.actuators));
+        keep(check_reserved_names(&self.actuators));
         let hardware = crate::hw::config::validate(
             &sections.gpio,
             sections.mqtt.as_ref(),
             &sections.serial,
             &sections.modbus,
             &sections.sensors,
-            &sections.actuators,
+            &self.actuators,
             sections.sim.as_ref(),
             self.safety.default_timeout_ms,
         );

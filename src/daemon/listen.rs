@@ -159,7 +159,7 @@ pub(super) struct Shared {
 
 /// One file descriptor held back for the moment the process runs out:
 /// released, it lets accept take the waiting connection instead of failing
-/// again at once, while the TCP table sheds a connection to pay it back.
+/// again at once, while the TCP [`Seats`] shed a connection to pay it back.
 pub(super) struct FdReserve(pub(super) Mutex<Option<std::fs::File>>);
 
 impl FdReserve {
@@ -214,27 +214,30 @@ impl Seats {
         }
     }
 
+    // One lock at a time (each count is taken before the next lock).
     fn len(&self) -> usize {
-        self.table.lock().len() + self.lobby.lock().len()
+        let seated = self.table.lock().len();
+        seated + self.lobby.lock().len()
     }
 
     /// Connections shed whose descriptors are still on their way back.
     fn closing(&self) -> usize {
-        self.table.lock().closing() + self.lobby.lock().closing()
+        let seated = self.table.lock().closing();
+        seated + self.lobby.lock().closing()
     }
 
-    /// Out of file descriptors: sheds the lobby's connections that have
-    /// waited past their grace (up to [`SHED_HEADROOM`]), else the table's
-    /// (see [`ConnectionTable::shed`]).
-    fn shed(&self) {
-        let stale = self
+    /// Out of file descriptors: sheds the lobby's bare connections (nothing
+    /// heard from them) that have waited past their grace, up to
+    /// [`SHED_HEADROOM`], else the table's (see [`ConnectionTable::shed`]).
+    fn shed(&self, now: tokio::time::Instant) {
+        let bare = self
             .lobby
             .lock()
-            .shed(tokio::time::Instant::now(), SHED_HEADROOM);
-        let shed = if stale.is_empty() {
+            .shed(now, SHED_HEADROOM, |closer| !closer.heard());
+        let shed = if bare.is_empty() {
             self.table.lock().shed()
         } else {
-            stale
+            bare
         };
         for connection in shed {
             connection.shed();
@@ -291,7 +294,7 @@ pub(super) async fn accept_loop<A: Acceptor>(
                         // The reserve's descriptor takes the waiting
                         // connection now.
                         if !returning {
-                            shared.pressure.shed();
+                            shared.pressure.shed(tokio::time::Instant::now());
                         }
                     } else {
                         // Wait for a descriptor to come free (bounded)
@@ -303,7 +306,7 @@ pub(super) async fn accept_loop<A: Acceptor>(
                         if !shared.reserve.restore()
                             && (A::URGENT || shared.pressure.closing() == 0)
                         {
-                            shared.pressure.shed();
+                            shared.pressure.shed(tokio::time::Instant::now());
                         }
                     }
                 }
@@ -362,6 +365,10 @@ pub(super) fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'stati
     tls: Option<&ServerTls>,
 ) {
     let closer = Closer::default();
+    if !first.is_empty() {
+        closer.mark_heard();
+    }
+    let io = Heard::new(io, closer.clone());
     // Known already (plaintext only): no wait in the lobby.
     let known = crate::api::connections::classify(&first).filter(|_| tls.is_none());
     let waiting = match known {
@@ -370,11 +377,14 @@ pub(super) fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'stati
             .lock()
             .enter(closer.clone(), tokio::time::Instant::now())
         {
-            Ok((waiting, dropped)) => {
+            Ok((id, dropped)) => {
                 if let Some(dropped) = dropped {
                     dropped.shed();
                 }
-                Some(waiting)
+                Some(LobbyPlace {
+                    lobby: lobby.clone(),
+                    id,
+                })
             }
             Err(_) => {
                 tracing::debug!("connection refused: the lobby is full of newer ones");
@@ -387,7 +397,6 @@ pub(super) fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'stati
     let seating = Seating {
         router: router.clone(),
         table: table.clone(),
-        lobby: lobby.clone(),
         waiting,
         closer,
         builder: shared.builder.clone(),
@@ -433,9 +442,8 @@ pub(super) fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'stati
 struct Seating {
     router: axum::Router,
     table: SharedTable,
-    lobby: SharedLobby,
     /// Its place in the lobby (none: its first bytes were there already).
-    waiting: Option<crate::api::connections::LobbyId>,
+    waiting: Option<LobbyPlace>,
     closer: Closer,
     builder: Arc<auto::Builder<TokioExecutor>>,
     drain: CancellationToken,
@@ -453,36 +461,146 @@ impl Seating {
             () = self.closer.shed_requested() => None,
             () = self.drain.cancelled() => None,
         };
-        if let Some(waiting) = self.waiting {
-            self.lobby.lock().leave(waiting);
-        }
+        drop(self.waiting);
         let Some(Arrived { io, peer, arrival }) = arrived else {
             return;
         };
-        let seat =
-            self.table
-                .lock()
-                .open(self.closer.clone(), arrival, tokio::time::Instant::now());
+        // Shed from the lobby just as its first bytes came: an ordinary
+        // request goes as it was told to, a stop is served all the same
+        // (with a closer of its own).
+        let closer = match (self.closer.is_shed(), arrival) {
+            (false, _) => self.closer,
+            (true, Arrival::Stop) => {
+                let fresh = Closer::default();
+                fresh.mark_heard();
+                fresh
+            }
+            (true, Arrival::Other) => return,
+        };
+        let seat = self
+            .table
+            .lock()
+            .open(closer.clone(), arrival, tokio::time::Instant::now());
         match seat {
             Seat::Seated { id, evicted } => {
                 for victim in evicted {
                     victim.shed();
                 }
-                let table = self.table.clone();
+                let _seated = SeatedPlace {
+                    table: self.table.clone(),
+                    id,
+                };
                 let connection = Connection {
                     router: self.router,
                     tracked: tracked::Connection::new(id, self.table),
                     builder: self.builder,
-                    closer: self.closer,
+                    closer,
                     drain: self.drain,
                 };
                 connection.serve(io, peer).await;
-                table.lock().close(id);
             }
             Seat::Refused(_) => {
                 tracing::debug!("connection refused: every place has a request in flight");
             }
         }
+    }
+}
+
+/// A connection's place in its lobby, left when dropped (whatever ends
+/// the wait, a panic included: a place left behind would count as closing
+/// for ever and stop the shedding).
+struct LobbyPlace {
+    lobby: SharedLobby,
+    id: crate::api::connections::LobbyId,
+}
+
+impl Drop for LobbyPlace {
+    fn drop(&mut self) {
+        self.lobby.lock().leave(self.id);
+    }
+}
+
+/// A connection's place in its table, given up when dropped (a panic
+/// included).
+struct SeatedPlace {
+    table: SharedTable,
+    id: crate::api::connections::ConnectionId,
+}
+
+impl Drop for SeatedPlace {
+    fn drop(&mut self) {
+        self.table.lock().close(self.id);
+    }
+}
+
+/// `io`, telling its [`Closer`] when the first byte comes from the peer
+/// (a request's, a TLS ClientHello): from then on it is no bare
+/// connection, and the lobby does not shed it when descriptors run out.
+struct Heard<I> {
+    inner: I,
+    /// Until the first byte.
+    closer: Option<Closer>,
+}
+
+impl<I> Heard<I> {
+    fn new(inner: I, closer: Closer) -> Self {
+        Heard {
+            inner,
+            closer: Some(closer),
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Heard<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before
+            && let Some(closer) = self.closer.take()
+        {
+            closer.mark_heard();
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Heard<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, data)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -577,5 +695,61 @@ impl Connection {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::connections::LOBBY_GRACE;
+
+    /// Out of descriptors, the lobby's bare connections past their grace
+    /// go first and the table keeps its seats; a connection heard from
+    /// stays; with no bare one left, the table sheds.
+    #[tokio::test]
+    async fn out_of_descriptors_bare_lobby_connections_go_before_the_table() {
+        let seats = Seats::new(10);
+        let t0 = tokio::time::Instant::now();
+        let (bare, heard) = (Closer::default(), Closer::default());
+        heard.mark_heard();
+        for closer in [&bare, &heard] {
+            seats.lobby.lock().enter(closer.clone(), t0).unwrap();
+        }
+        let seated = Closer::default();
+        let open = seats.table.lock().open(seated.clone(), Arrival::Other, t0);
+        assert!(matches!(open, Seat::Seated { .. }));
+
+        // Within the grace: the lobby keeps them, the table sheds.
+        seats.shed(t0 + LOBBY_GRACE / 2);
+        assert!(!bare.is_shed() && !heard.is_shed());
+        assert!(seated.is_shed());
+        let second = Closer::default();
+        let open = seats.table.lock().open(second.clone(), Arrival::Other, t0);
+        assert!(matches!(open, Seat::Seated { .. }));
+
+        // Past it: the bare one goes, the table keeps its seat.
+        seats.shed(t0 + LOBBY_GRACE);
+        assert!(bare.is_shed() && !heard.is_shed() && !second.is_shed());
+        assert_eq!(seats.closing(), 2, "the shed seat and the bare one");
+        // Nothing bare left: the table sheds again.
+        seats.shed(t0 + LOBBY_GRACE * 2);
+        assert!(second.is_shed() && !heard.is_shed());
+    }
+
+    /// The first byte read marks the connection heard; a read of nothing
+    /// does not.
+    #[tokio::test]
+    async fn a_connection_is_heard_from_its_first_byte() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (mut client, server) = tokio::io::duplex(64);
+        let closer = Closer::default();
+        let mut io = Heard::new(server, closer.clone());
+        let mut buf = [0u8; 8];
+        let nothing = tokio::time::timeout(Duration::from_millis(1), io.read(&mut buf)).await;
+        assert!(nothing.is_err(), "nothing to read yet");
+        assert!(!closer.heard());
+        client.write_all(b"P").await.unwrap();
+        assert_eq!(io.read(&mut buf).await.unwrap(), 1);
+        assert!(closer.heard());
     }
 }

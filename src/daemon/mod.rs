@@ -14,8 +14,8 @@
 //! and a [`ConnectionTable`]: a full table sheds a connection for each
 //! newcomer, idle connections are closed, and when the process runs out of
 //! file descriptors the TCP lobby sheds the bare connections past their
-//! grace, else the TCP table sheds (and stays smaller), never a stop before
-//! its request has ended, while a reserved descriptor lets the waiting
+//! grace, else the TCP table sheds (and stays smaller), never a stop while
+//! its request runs, while a reserved descriptor lets the waiting
 //! connection in: accept never spins and the stop stays reachable.
 
 use parking_lot::Mutex;
@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::HostContext;
 use crate::api;
-use crate::api::connections::{ConnectionTable, Lobby, SHED_HEADROOM, Seat};
+use crate::api::connections::{Arrival, ConnectionTable, Lobby, SHED_HEADROOM, Seat};
 use crate::api::tracked::{self, Closer, SharedTable};
 use crate::config::Config;
 use crate::tls::{PeerIdentity, ServerTls};

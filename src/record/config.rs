@@ -130,7 +130,7 @@ pub fn validate(record: &RecordConfig) -> Result<(), Invalid> {
     .map_err(|e| e.noting("4 GiB"))?;
     within("record.max_file_secs", record.max_file_secs, 1..=7 * 86_400)
         .map_err(|e| e.noting("a week"))?;
-    if record.max_total_mb != 0 && record.max_total_mb * 1024 < record.max_file_kb {
+    if record.max_total_mb != 0 && record.max_total_mb.saturating_mul(1024) < record.max_file_kb {
         return Err(Invalid::new(
             "record.max_total_mb",
             format!(
@@ -290,6 +290,14 @@ mod tests {
                 RecordConfig {
                     max_total_mb: 1,
                     max_file_kb: 4096,
+                    ..Default::default()
+                },
+                "record.max_total_mb",
+            ),
+            (
+                // So large that it overflowed in KiB before the cap was checked.
+                RecordConfig {
+                    max_total_mb: i64::MAX as u64,
                     ..Default::default()
                 },
                 "record.max_total_mb",

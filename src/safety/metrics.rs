@@ -19,7 +19,7 @@ pub(super) static STOP_TRIGGERS: LazyLock<Family<SourceLabels, Counter>> =
 
 /// A cause was added to the protective stop; `kind`: the kind of its
 /// source (`rule`, not `rule:<name>`: see `safety::source_kind`).
-pub(super) fn stop_triggered(kind: &str) {
+pub(crate) fn stop_triggered(kind: &str) {
     STOP_TRIGGERS
         .get_or_create(&SourceLabels {
             source: kind.to_string(),

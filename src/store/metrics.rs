@@ -25,7 +25,7 @@ static WRITES: LazyLock<Histograms<KindLabels>> =
     LazyLock::new(|| Family::new_with_constructor(store_histogram));
 
 /// One store write (`session`, `turn`, `feedback`, `audit`, `task`, ...), queueing included.
-pub(super) fn store_write(kind: &'static str, took: Duration) {
+pub(crate) fn store_write(kind: &'static str, took: Duration) {
     WRITES
         .get_or_create(&KindLabels {
             kind: kind.to_string(),

@@ -187,161 +187,131 @@ pub enum AuditOrder {
     NewestFirst,
 }
 
-/// What an audit row records. Stored, served and recorded as its
-/// [`AuditKind::as_str`] spelling (`GET /v1/audit`'s `kind`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum AuditKind {
-    /// A PHYSICAL tool call.
-    #[default]
-    ToolCall,
-    /// An actuator change: a command, a hold's expiry, a drive to safe.
-    Actuator,
-    /// A verdict of an actuator's feedback.
-    Feedback,
-    /// An approval answer refused (`[approvals] require_other_credential`).
-    Approval,
-    /// A cause added to the protective stop.
-    ProtectiveStop,
-    /// A cause removed from the protective stop.
-    ProtectiveStopCleared,
-    /// A clear refused because a stop input still asserts the stop.
-    ProtectiveStopClearRefused,
-    /// The stop latched again at start-up, as before the restart.
-    ProtectiveStopRestored,
-    /// A stop that latched before its body arrived got its reason.
-    ProtectiveStopReason,
-    /// A kind this version does not write (a row of another version of
-    /// rozd), kept as it was written rather than failing the read.
-    Other(String),
-}
-
-impl AuditKind {
-    pub fn as_str(&self) -> &str {
-        match self {
-            AuditKind::ToolCall => "tool_call",
-            AuditKind::Actuator => "actuator",
-            AuditKind::Feedback => "feedback",
-            AuditKind::Approval => "approval",
-            AuditKind::ProtectiveStop => "protective_stop",
-            AuditKind::ProtectiveStopCleared => "protective_stop_cleared",
-            AuditKind::ProtectiveStopClearRefused => "protective_stop_clear_refused",
-            AuditKind::ProtectiveStopRestored => "protective_stop_restored",
-            AuditKind::ProtectiveStopReason => "protective_stop_reason",
-            AuditKind::Other(kind) => kind,
+/// An audit vocabulary, declared once as its variants and their spellings:
+/// the enum (with `Other(String)` for a spelling this version does not
+/// write, a row of another version of rozd, kept as written rather than
+/// failing the read), `as_str`, `KNOWN`, `parse`, and its display,
+/// serialization and SQLite conversions, all as its spelling.
+macro_rules! audit_vocabulary {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $( $(#[$variant_meta:meta])* $variant:ident => $word:literal, )+
         }
-    }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum $name {
+            $( $(#[$variant_meta])* $variant, )+
+            /// A spelling this version does not write (a row of another
+            /// version of rozd), kept as it was written.
+            Other(String),
+        }
 
-    /// Every kind this version writes.
-    pub const KNOWN: [AuditKind; 9] = [
-        AuditKind::ToolCall,
-        AuditKind::Actuator,
-        AuditKind::Feedback,
-        AuditKind::Approval,
-        AuditKind::ProtectiveStop,
-        AuditKind::ProtectiveStopCleared,
-        AuditKind::ProtectiveStopClearRefused,
-        AuditKind::ProtectiveStopRestored,
-        AuditKind::ProtectiveStopReason,
-    ];
-}
+        impl $name {
+            /// Its spelling: what is stored, served and recorded.
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $( $name::$variant => $word, )+
+                    $name::Other(word) => word,
+                }
+            }
 
-/// How an audit vocabulary (an enum with `as_str`, its `KNOWN` values and
-/// `Other(String)`) is read, displayed, serialized and stored: as its
-/// spelling; a spelling this version does not know reads as written
-/// (`Other`), a row of another version of rozd, rather than failing.
-macro_rules! spelled_as_str {
-    ($vocabulary:ident) => {
-        impl $vocabulary {
+            /// Every value this version writes.
+            pub const KNOWN: &'static [$name] = &[$( $name::$variant ),+];
+
             /// The value spelled `text` (as `as_str` writes it).
-            pub fn parse(text: &str) -> $vocabulary {
-                $vocabulary::KNOWN
-                    .into_iter()
+            pub fn parse(text: &str) -> $name {
+                $name::KNOWN
+                    .iter()
                     .find(|known| known.as_str() == text)
-                    .unwrap_or_else(|| $vocabulary::Other(text.to_string()))
+                    .cloned()
+                    .unwrap_or_else(|| $name::Other(text.to_string()))
             }
         }
 
-        impl std::fmt::Display for $vocabulary {
+        impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.as_str())
             }
         }
 
-        impl Serialize for $vocabulary {
+        impl serde::Serialize for $name {
             fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
                 serializer.serialize_str(self.as_str())
             }
         }
 
-        impl PartialEq<&str> for $vocabulary {
+        impl PartialEq<&str> for $name {
             fn eq(&self, other: &&str) -> bool {
                 self.as_str() == *other
             }
         }
 
-        impl rusqlite::types::ToSql for $vocabulary {
+        impl rusqlite::types::ToSql for $name {
             fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
                 Ok(self.as_str().into())
             }
         }
 
-        impl rusqlite::types::FromSql for $vocabulary {
+        impl rusqlite::types::FromSql for $name {
             fn column_result(
                 value: rusqlite::types::ValueRef<'_>,
             ) -> rusqlite::types::FromSqlResult<Self> {
-                value.as_str().map($vocabulary::parse)
+                value.as_str().map($name::parse)
             }
         }
     };
 }
 
-spelled_as_str!(AuditKind);
-
-/// What the gate (or a check before it) decided for a tool call: the
-/// audit's `decision` column and the metrics' `decision` label. Stored,
-/// served and recorded as its [`Decision::as_str`] spelling.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    /// The policy allows it.
-    Allowed,
-    /// An approval said yes.
-    Approved,
-    /// An approval said no, or none came in time.
-    Denied,
-    /// The policy blocks it.
-    Blocked,
-    /// Refused before any gate (limits, the protective stop), or an
-    /// approval answer refused.
-    Refused,
-    /// A word this version does not write (a row of another version of
-    /// rozd), kept as it was written rather than failing the read.
-    Other(String),
-}
-
-impl Decision {
-    /// The word the audit and the metrics use.
-    pub fn as_str(&self) -> &str {
-        match self {
-            Decision::Allowed => "allowed",
-            Decision::Approved => "approved",
-            Decision::Denied => "denied",
-            Decision::Blocked => "blocked",
-            Decision::Refused => "refused",
-            Decision::Other(word) => word,
-        }
+audit_vocabulary! {
+    /// What an audit row records (`GET /v1/audit`'s `kind`).
+    pub enum AuditKind {
+        /// A PHYSICAL tool call.
+        ToolCall => "tool_call",
+        /// An actuator change: a command, a hold's expiry, a drive to safe.
+        Actuator => "actuator",
+        /// A verdict of an actuator's feedback.
+        Feedback => "feedback",
+        /// An approval answer refused (`[approvals] require_other_credential`).
+        Approval => "approval",
+        /// A cause added to the protective stop.
+        ProtectiveStop => "protective_stop",
+        /// A cause removed from the protective stop.
+        ProtectiveStopCleared => "protective_stop_cleared",
+        /// A clear refused because a stop input still asserts the stop.
+        ProtectiveStopClearRefused => "protective_stop_clear_refused",
+        /// The stop latched again at start-up, as before the restart.
+        ProtectiveStopRestored => "protective_stop_restored",
+        /// A stop that latched before its body arrived got its reason.
+        ProtectiveStopReason => "protective_stop_reason",
     }
-
-    /// Every decision this version writes.
-    pub const KNOWN: [Decision; 5] = [
-        Decision::Allowed,
-        Decision::Approved,
-        Decision::Denied,
-        Decision::Blocked,
-        Decision::Refused,
-    ];
 }
 
-spelled_as_str!(Decision);
+/// A row says its kind; the default is the most common one, a tool call.
+impl Default for AuditKind {
+    fn default() -> Self {
+        AuditKind::ToolCall
+    }
+}
+
+audit_vocabulary! {
+    /// What the gate (or a check before it) decided for a tool call: the
+    /// audit's `decision` column and the metrics' `decision` label.
+    pub enum Decision {
+        /// The policy allows it.
+        Allowed => "allowed",
+        /// An approval said yes.
+        Approved => "approved",
+        /// An approval said no, or none came in time.
+        Denied => "denied",
+        /// The policy blocks it.
+        Blocked => "blocked",
+        /// Refused before any gate (limits, the protective stop), or an
+        /// approval answer refused.
+        Refused => "refused",
+    }
+}
 
 /// One audited physical action: a PHYSICAL tool call (`kind = "tool_call"`)
 /// or an actuator change (`kind = "actuator"`: commands, safe-state drives),
@@ -978,7 +948,7 @@ mod tests {
         let path = dir.path().join("rozd.db");
         let store = Store::open(&path, Default::default()).unwrap();
         let kinds = AuditKind::KNOWN;
-        for kind in &kinds {
+        for kind in kinds {
             let record = AuditRecord {
                 kind: kind.clone(),
                 ..Default::default()
@@ -1044,7 +1014,7 @@ mod tests {
         let store = Store::open(&dir.path().join("rozd.db"), Default::default()).unwrap();
         for decision in Decision::KNOWN {
             let record = AuditRecord {
-                decision: Some(decision),
+                decision: Some(decision.clone()),
                 ..Default::default()
             };
             store.audit(record).await.unwrap();
@@ -1062,7 +1032,7 @@ mod tests {
             .unwrap();
         let rows = store.audit_records(None, None, 100).await.unwrap();
         let read: Vec<Option<Decision>> = rows.iter().map(|r| r.decision.clone()).collect();
-        let mut expected: Vec<_> = Decision::KNOWN.into_iter().map(Some).collect();
+        let mut expected: Vec<_> = Decision::KNOWN.iter().cloned().map(Some).collect();
         expected.extend([Some(Decision::Other("escalated".into())), None]);
         assert_eq!(read, expected);
         let raw: Vec<Option<String>> = store

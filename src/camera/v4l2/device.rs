@@ -27,6 +27,11 @@ use crate::camera::config::V4l2Spec;
 /// Buffers the driver fills in turn: enough to ride out a late reader,
 /// few enough to keep the latest frame recent.
 const BUFFERS: u32 = 4;
+
+/// How long a device that has just started streaming may take to send its
+/// first frame: USB webcams often take a second or two (exposure, their
+/// own start-up). It runs on a blocking thread, not the loop's.
+const FIRST_FRAME_WITHIN: Duration = Duration::from_secs(5);
 /// Most formats and sizes an error lists.
 const MAX_LISTED: usize = 24;
 
@@ -122,6 +127,9 @@ pub struct OpenDevice {
     // unmaps its buffers.
     stream: MmapStream<'static>,
     _device: Device,
+    /// The stream has delivered a frame (so it is streaming, its buffers
+    /// queued).
+    streaming: bool,
 }
 
 impl std::fmt::Debug for OpenDevice {
@@ -204,6 +212,7 @@ impl OpenDevice {
             },
             stream,
             _device: device,
+            streaming: false,
         })
     }
 }
@@ -214,24 +223,45 @@ impl FrameSource for OpenDevice {
     }
 
     fn next_frame(&mut self, within: Duration) -> Result<Option<RawFrame>, DeviceError> {
-        // At least a millisecond: a zero timeout would return at once.
-        self.stream
-            .set_timeout(within.clamp(Duration::from_millis(1), Duration::from_secs(60)));
+        // v4l's `next` queues the buffer it last handed out again before it
+        // waits, so a wait that timed out inside it would queue that buffer
+        // twice at the next call (EINVAL). Once streaming, rozd waits for a
+        // filled buffer itself and calls `next` only when one is there; the
+        // first call (which queues every buffer and starts the stream) waits
+        // inside `next`, and a device with no first frame is reopened.
+        if self.streaming {
+            // At least a millisecond: a zero timeout would return at once.
+            let ms = within
+                .clamp(Duration::from_millis(1), Duration::from_secs(60))
+                .as_millis();
+            match self
+                .stream
+                .handle()
+                .poll(libc::POLLIN, i32::try_from(ms).unwrap_or(60_000))
+            {
+                Ok(0) => return Ok(None),
+                Ok(_) => self.stream.clear_timeout(),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(None),
+                Err(e) => return Err(DeviceError::classify(&self.path, "wait for a frame", e)),
+            }
+        } else {
+            self.stream.set_timeout(FIRST_FRAME_WITHIN);
+        }
         match CaptureStream::next(&mut self.stream) {
             Ok((buffer, meta)) => {
+                self.streaming = true;
                 let used = (meta.bytesused as usize).min(buffer.len());
                 Ok(Some(RawFrame {
                     data: buffer[..used].to_vec(),
                     damaged: meta.flags.contains(BufferFlags::ERROR),
                 }))
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-                ) =>
-            {
-                Ok(None)
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && !self.streaming => {
+                Err(DeviceError::Io {
+                    path: self.path.clone(),
+                    what: "wait for the first frame after starting the stream",
+                    source: e,
+                })
             }
             Err(e) => Err(DeviceError::classify(&self.path, "read a frame", e)),
         }

@@ -201,7 +201,17 @@ impl<'a> YuyvImage<'a> {
         }
         let row = usize::from(width) * 2;
         let stride = layout.stride.max(row);
-        let needed = stride * (usize::from(height) - 1) + row;
+        // The stride is the driver's word: checked, so that a bogus one is
+        // a refused frame, not an overflow (a 32-bit Pi has 32-bit sizes).
+        let Some(needed) = stride
+            .checked_mul(usize::from(height) - 1)
+            .and_then(|rows| rows.checked_add(row))
+        else {
+            return Err(FrameError::new(
+                Rejection::Garbage,
+                format!("a YUYV row stride of {stride} bytes is not plausible"),
+            ));
+        };
         if data.len() < needed {
             return Err(FrameError::new(
                 Rejection::Truncated,
@@ -450,5 +460,13 @@ mod tests {
         assert_eq!(odd.why, Rejection::Garbage);
         let big = why(yuyv_from_rgb(&bands(64, 48), 64, 48), &yuyv_layout, 200);
         assert_eq!(big.why, Rejection::Oversized);
+        // A driver's stride so large the rows' size does not fit a usize.
+        let bogus = Layout {
+            stride: usize::MAX / 2,
+            ..yuyv_layout
+        };
+        let stride = why(vec![128; 64 * 2 * 48], &bogus, 1 << 20);
+        assert_eq!(stride.why, Rejection::Garbage);
+        assert!(stride.message.contains("stride"), "{}", stride.message);
     }
 }

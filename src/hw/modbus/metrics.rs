@@ -26,7 +26,7 @@ static REQUESTS: LazyLock<Histograms<LinkLabels>> =
 
 /// One Modbus request on `link` (a read, a write or a read-back, whatever
 /// its outcome) and how long it took.
-pub(super) fn modbus_request(link: &str, took: Duration) {
+pub(crate) fn modbus_request(link: &str, took: Duration) {
     REQUESTS
         .get_or_create(&LinkLabels {
             link: link.to_string(),
