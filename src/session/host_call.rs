@@ -49,7 +49,35 @@ pub trait CallSite {
     fn abandoned(&self) -> impl Future<Output = Self::Interrupt> + Send;
 
     /// What the gate decided, for a caller that counts its calls.
-    fn gated(&mut self, _decision: Decision) {}
+    fn gated(&mut self, _decision: GateDecision) {}
+}
+
+/// What the gate (or a check before it) decided for a call: one of five,
+/// each written to the audit as its [`Decision`] (which spells it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateDecision {
+    /// The policy allows it.
+    Allowed,
+    /// An approval said yes.
+    Approved,
+    /// An approval said no, or none came in time.
+    Denied,
+    /// The policy blocks it.
+    Blocked,
+    /// Refused before any gate (limits, the protective stop).
+    Refused,
+}
+
+impl From<GateDecision> for Decision {
+    fn from(decision: GateDecision) -> Decision {
+        match decision {
+            GateDecision::Allowed => Decision::Allowed,
+            GateDecision::Approved => Decision::Approved,
+            GateDecision::Denied => Decision::Denied,
+            GateDecision::Blocked => Decision::Blocked,
+            GateDecision::Refused => Decision::Refused,
+        }
+    }
 }
 
 /// The answer to an approval.
@@ -205,11 +233,11 @@ impl Outcome {
 /// `approved_by` the credential that answered an approval.
 pub enum Gate {
     Pass {
-        decision: Decision,
+        decision: GateDecision,
         approved_by: Option<String>,
     },
     Refused {
-        decision: Decision,
+        decision: GateDecision,
         message: String,
         failure: Failure,
         approved_by: Option<String>,
@@ -229,7 +257,7 @@ pub async fn gate<S: CallSite>(
     let verdict = permissions.decide(name, category);
     let gate = match verdict.policy {
         Policy::Block => Gate::Refused {
-            decision: Decision::Blocked,
+            decision: GateDecision::Blocked,
             message: format!("`{name}` is blocked by policy: {}", verdict.reason),
             failure: Failure::Blocked,
             approved_by: None,
@@ -238,11 +266,11 @@ pub async fn gate<S: CallSite>(
             let answer = approve_timed(site, id, name, input, category).await?;
             match answer.verdict {
                 Ok(()) => Gate::Pass {
-                    decision: Decision::Approved,
+                    decision: GateDecision::Approved,
                     approved_by: answer.by,
                 },
                 Err(message) => Gate::Refused {
-                    decision: Decision::Denied,
+                    decision: GateDecision::Denied,
                     message,
                     failure: Failure::Denied,
                     approved_by: answer.by,
@@ -250,12 +278,12 @@ pub async fn gate<S: CallSite>(
             }
         }
         Policy::Allow => Gate::Pass {
-            decision: Decision::Allowed,
+            decision: GateDecision::Allowed,
             approved_by: None,
         },
     };
     site.gated(match &gate {
-        Gate::Pass { decision, .. } | Gate::Refused { decision, .. } => decision.clone(),
+        Gate::Pass { decision, .. } | Gate::Refused { decision, .. } => *decision,
     });
     Ok(gate)
 }
@@ -407,14 +435,14 @@ pub async fn run<S: CallSite>(
 
 /// What the gate decided for a call, as the audit writes it.
 struct Decided {
-    decision: Decision,
+    decision: GateDecision,
     /// The credential that answered the approval.
     approved_by: Option<String>,
 }
 
 /// A call refused before any gate (limits, the protective stop).
 const REFUSED: Decided = Decided {
-    decision: Decision::Refused,
+    decision: GateDecision::Refused,
     approved_by: None,
 };
 
@@ -454,7 +482,7 @@ fn audit_record(
         tool_call_id: Some(id.to_string()),
         tool: Some(tool.to_string()),
         parameters: Some(input.clone()),
-        decision: Some(decided.decision.clone()),
+        decision: Some(decided.decision.into()),
         approved_by: decided.approved_by.clone(),
         result: result.ok().map(str::to_string),
         error: result.err().map(str::to_string),

@@ -9,10 +9,9 @@ use super::tool_call::presence_for;
 use super::{Interrupt, Turn};
 use crate::config::types::ToolCategory;
 use crate::model::Block;
-use crate::session::host_call::{self, Answer, CallSite};
+use crate::session::host_call::{self, Answer, CallSite, GateDecision};
 use crate::session::tools::Tool;
 use crate::session::{Activity, ServerEvent};
-use crate::store::Decision;
 
 impl Turn {
     /// A host tool: runs inside rozd under the daemon's own deadline, never
@@ -86,7 +85,7 @@ impl CallSite for Turn {
         Interrupt::Cancelled
     }
 
-    fn gated(&mut self, decision: Decision) {
+    fn gated(&mut self, decision: GateDecision) {
         self.last_gate = Some(decision);
     }
 }

@@ -8,6 +8,7 @@ use super::{Interrupt, ModelReply, Turn, TurnError};
 use crate::config::types::ToolCategory;
 use crate::model::Block;
 use crate::model::metrics::{ModelResult, Tokens};
+use crate::session::host_call::GateDecision;
 use crate::store::Decision;
 
 pub(super) fn model_result(reply: &Result<ModelReply, TurnError>) -> ModelResult {
@@ -78,10 +79,7 @@ impl Turn {
         crate::session::metrics::tool_call(
             tool,
             category,
-            self.last_gate
-                .as_ref()
-                .unwrap_or(&Decision::Refused)
-                .as_str(),
+            Decision::from(self.last_gate.unwrap_or(GateDecision::Refused)).as_str(),
             outcome,
             took,
         );

@@ -36,7 +36,7 @@ use tool_call::error_result;
 
 use crate::config::types::{AiMode, SessionConfig};
 use crate::model::{self, Block, Message, Model, ModelEvent, ModelRequest, ModelStop, Usage};
-use crate::store::Decision;
+use crate::session::host_call::GateDecision;
 
 use super::approvals::{Approvals, Asker};
 use super::context::{CompactionLimits, ContextMeter, History};
@@ -264,7 +264,7 @@ struct Turn {
     /// Tokens this turn has spent (model calls and summaries).
     usage: Usage,
     /// What the gate decided for the tool call running now (for its metric).
-    last_gate: Option<Decision>,
+    last_gate: Option<GateDecision>,
     /// Images the last host tool answered with, placed right after its
     /// result (`capture_image`).
     tool_images: Vec<Block>,
