@@ -617,10 +617,7 @@ fn record(path: Option<&Path>, command: RecordCommand) -> ExitCode {
                         None => {
                             eprintln!(
                                 "rozd: the configuration ({}) has no [record] section; give --dir",
-                                config
-                                    .source
-                                    .as_ref()
-                                    .map_or_else(String::new, ToString::to_string)
+                                config.source
                             );
                             return ExitCode::from(EXIT_CONFIG);
                         }
@@ -654,10 +651,7 @@ fn check(path: Option<&Path>) -> ExitCode {
 /// Prints what `rozd run` would refuse on this machine (one line each,
 /// naming the file) and gives the configuration-error exit status.
 fn refuse(config: &rozd::config::Config, errors: &[String]) -> ExitCode {
-    let file = config
-        .source
-        .as_ref()
-        .map_or_else(String::new, ToString::to_string);
+    let file = &config.source;
     for error in errors {
         eprintln!("rozd: invalid configuration for this machine: {file}: {error}");
     }

@@ -146,7 +146,7 @@ async fn read_client(
                 return;
             }
             Ok(Route::Remote(remote)) => {
-                let keepalive = ctx.config.server.http2_keepalive_secs;
+                let keepalive = ctx.config.server.http2_keepalive;
                 match relay::open_session(&remote, keepalive, request).await {
                     Ok(opened) => {
                         drop(local_out);

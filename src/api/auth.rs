@@ -99,7 +99,8 @@ impl Credentials {
     /// hosts relay here with it) and `[[server.clients]]`.
     pub fn from_config(config: &Config) -> Credentials {
         let mut tokens: Vec<Token> = config
-            .resolved_tokens
+            .auth
+            .admin_tokens
             .iter()
             .enumerate()
             .map(|(i, t)| Token {
@@ -108,7 +109,7 @@ impl Credentials {
                 scope: Scope::Admin,
             })
             .collect();
-        tokens.extend(config.named_tokens.iter().map(|t| Token {
+        tokens.extend(config.auth.tokens.iter().map(|t| Token {
             name: Arc::from(t.name.as_str()),
             digest: digest(t.secret.expose()),
             scope: t.scope,
@@ -123,7 +124,7 @@ impl Credentials {
         Credentials {
             required: config.auth_required(),
             tokens,
-            clients: config.named_clients.clone(),
+            clients: config.auth.clients.clone(),
         }
     }
 

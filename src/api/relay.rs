@@ -85,12 +85,12 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Connects to `remote`'s advertised endpoint (within [`CONNECT_TIMEOUT`]),
-/// with HTTP/2 keepalive pings every half of `keepalive_secs` (0: none), so
+/// with HTTP/2 keepalive pings every half of `keepalive` (`None`: none), so
 /// that a host that vanishes silently is noticed. Failures are
 /// [`RouteError::Unavailable`].
 pub async fn connect(
     remote: &RemoteHost,
-    keepalive_secs: u64,
+    keepalive: Option<Duration>,
 ) -> Result<RemoteChannel, RouteError> {
     let unavailable = |why: String| {
         RouteError::Unavailable(format!(
@@ -114,8 +114,8 @@ pub async fn connect(
         .map_err(|e| unavailable(chain(&e)))?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true);
-    if keepalive_secs > 0 {
-        let half = Duration::from_millis(keepalive_secs.saturating_mul(500));
+    if let Some(bound) = keepalive {
+        let half = bound / 2;
         endpoint = endpoint
             .http2_keep_alive_interval(half)
             .keep_alive_timeout(half)
@@ -186,10 +186,10 @@ pub struct OpenedSession {
 /// `StartSession`, unchanged).
 pub async fn open_session(
     remote: &RemoteHost,
-    keepalive_secs: u64,
+    keepalive: Option<Duration>,
     first: proto::SessionRequest,
 ) -> Result<OpenedSession, RouteError> {
-    let channel = connect(remote, keepalive_secs).await?;
+    let channel = connect(remote, keepalive).await?;
     let mut client = AgentServiceClient::new(channel);
     let (upstream, rx) = mpsc::channel(UPSTREAM_QUEUE);
     // The receiver is alive: this cannot fail.

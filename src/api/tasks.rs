@@ -83,7 +83,7 @@ async fn owner(
     match ctx.fleet.route_to(host_id, relayed_by).await {
         Ok(Route::Local) => Ok(Owner::Local),
         Ok(Route::Remote(remote)) => {
-            let channel = relay::connect(&remote, ctx.config.server.http2_keepalive_secs)
+            let channel = relay::connect(&remote, ctx.config.server.http2_keepalive)
                 .await
                 .map_err(|e| relay::route_status(&e))?;
             Ok(Owner::Remote(remote.id, channel))

@@ -10,6 +10,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 
+use crate::config::ControlSocket;
 use crate::proto::CLI_USER_AGENT_PREFIX;
 
 /// What [`url_part`] leaves as it is: RFC 3986's unreserved characters.
@@ -321,19 +322,19 @@ pub fn control_socket(config: Option<&Path>, addr_given: bool) -> Option<PathBuf
         .as_deref()
         .and_then(|f| std::fs::read_to_string(f).ok())
         .unwrap_or_default();
-    let (server, store) = lenient_socket_settings(&text);
-    match &server.control_socket {
-        Some(path) if path.as_os_str().is_empty() => None,
-        Some(path) => Some(path.clone()),
-        None => {
+    let (socket, store) = lenient_socket_settings(&text);
+    match &socket {
+        ControlSocket::Disabled => None,
+        ControlSocket::At(path) => Some(path.clone()),
+        ControlSocket::Default => {
             let mut candidates = Vec::new();
             if std::env::var_os("RUNTIME_DIRECTORY").is_some() {
-                candidates.extend(server.control_socket_path(&store));
+                candidates.extend(socket.path(&store));
             }
             if is_system {
                 candidates.push(PathBuf::from(SYSTEMD_CONTROL_SOCKET));
             }
-            candidates.extend(server.control_socket_path(&store));
+            candidates.extend(socket.path(&store));
             candidates.iter().find(|p| p.exists()).cloned()
         }
     }
@@ -344,10 +345,8 @@ pub const SYSTEMD_CONTROL_SOCKET: &str = "/run/rozd/control.sock";
 
 /// `server.control_socket` and `store.path` of a configuration text, each
 /// default when absent or unreadable.
-fn lenient_socket_settings(
-    text: &str,
-) -> (crate::config::ServerConfig, crate::config::StoreConfig) {
-    let mut server = crate::config::ServerConfig::default();
+fn lenient_socket_settings(text: &str) -> (ControlSocket, crate::config::StoreConfig) {
+    let mut socket = ControlSocket::Default;
     let mut store = crate::config::StoreConfig::default();
     if let Ok(value) = text.parse::<toml::Table>() {
         let string = |table: &str, key: &str| {
@@ -357,10 +356,10 @@ fn lenient_socket_settings(
                 .and_then(toml::Value::as_str)
                 .map(PathBuf::from)
         };
-        server.control_socket = string("server", "control_socket");
+        socket = ControlSocket::from_setting(string("server", "control_socket"));
         store.path = string("store", "path");
     }
-    (server, store)
+    (socket, store)
 }
 
 /// How a client command reaches the daemon of a configuration file: its
@@ -499,13 +498,15 @@ mod tests {
 
     #[test]
     fn socket_settings_are_read_leniently() {
-        let (server, store) = lenient_socket_settings(
+        let (socket, store) = lenient_socket_settings(
             "[server]\ncontrol_socket = \"/tmp/x.sock\"\nunknown = 1\n[store]\npath = \"/var/tmp/r.db\"\n",
         );
-        assert_eq!(server.control_socket, Some(PathBuf::from("/tmp/x.sock")));
+        assert_eq!(socket, ControlSocket::At(PathBuf::from("/tmp/x.sock")));
         assert_eq!(store.path, Some(PathBuf::from("/var/tmp/r.db")));
-        let (server, store) = lenient_socket_settings("not toml [");
-        assert_eq!(server.control_socket, None);
+        let (socket, _) = lenient_socket_settings("[server]\ncontrol_socket = \"\"\n");
+        assert_eq!(socket, ControlSocket::Disabled);
+        let (socket, store) = lenient_socket_settings("not toml [");
+        assert_eq!(socket, ControlSocket::Default);
         assert_eq!(store.path, None);
     }
 

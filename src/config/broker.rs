@@ -171,17 +171,11 @@ pub struct BrokerFields<'a> {
 /// handshake.
 pub fn check(fields: &BrokerFields<'_>, limits: &BrokerLimits) -> Result<(), Invalid> {
     let key = |k: &str| format!("{}.{k}", limits.section);
-    let keep_alive = &limits.keep_alive_secs;
-    if !keep_alive.contains(&fields.keep_alive_secs) {
-        return Err(Invalid::new(
-            key("keep_alive_secs"),
-            format!(
-                "must be between {} and {}",
-                keep_alive.start(),
-                keep_alive.end()
-            ),
-        ));
-    }
+    super::types::within(
+        key("keep_alive_secs"),
+        fields.keep_alive_secs,
+        limits.keep_alive_secs.clone(),
+    )?;
     if fields.reconnect_min_ms == 0 || fields.reconnect_max_ms < fields.reconnect_min_ms {
         return Err(Invalid::new(
             key("reconnect_max_ms"),

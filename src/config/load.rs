@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::locate::{DOCUMENT, locate_key, locate_span};
+use super::server::RawServer;
 use super::types::{
-    FLEET_CREDENTIAL, HostConfig, Invalid, LogConfig, MAX_SOCKET_PATH, NamedClient, NamedToken,
-    PermissionRuleConfig, SafetyConfig, Secret, ServerConfig, SessionConfig, StoreConfig,
-    TasksConfig, check_allowed_host_entry, parse_scopes, token_lines, valid_id, within,
+    AuthConfig, HostConfig, Invalid, LogConfig, PermissionRuleConfig, SafetyConfig, ServerConfig,
+    SessionConfig, StoreConfig, TasksConfig, valid_id, within,
 };
 use crate::hw::config::{
     ActuatorConfig, GpioConfig, HardwareSpec, MqttConfig, SensorConfig, SerialPortConfig,
@@ -118,7 +118,7 @@ struct RawConfig {
     #[serde(default)]
     host: HostConfig,
     #[serde(default)]
-    server: ServerConfig,
+    server: RawServer,
     #[serde(default)]
     log: LogConfig,
     #[serde(default)]
@@ -225,14 +225,10 @@ pub struct Config {
     /// The hardware sections (`[gpio]`, `[mqtt]`, `[[serial]]`,
     /// `[[modbus]]`, `[[sensors]]`, `[[actuators]]`, `[sim]`), validated.
     pub hardware: HardwareSpec,
-    /// Tokens read from `server.auth_token_file`, merged with `server.auth_tokens`:
-    /// admin tokens, named `auth_tokens[<n>]` in this order.
-    pub resolved_tokens: Vec<Secret>,
-    /// `[[server.tokens]]` with their secrets read.
-    pub named_tokens: Vec<NamedToken>,
-    /// `[[server.clients]]` with their scopes parsed.
-    pub named_clients: Vec<NamedClient>,
-    pub source: Option<ConfigSource>,
+    /// The credentials `[server]` configures, their secrets read.
+    pub auth: AuthConfig,
+    /// Where this configuration was read from.
+    pub source: ConfigSource,
     /// The operator's manual, read at load (`[agent] manual_file`, the
     /// default path, or the built-in rover's); absent: none.
     pub manual: Option<crate::session::embodiment::Manual>,
@@ -286,11 +282,13 @@ impl OodaConfig {
     }
 }
 
-/// The sections of the file that validation turns into specs (the
-/// hardware, the reflex rules, the cameras): [`Config::check`] reads them,
-/// and only the specs stay (and `[[actuators]]` as written, which `Config`
+/// The sections of the file that validation turns into other types (the
+/// hardware, the reflex rules, the cameras into specs; `[server]` into
+/// its settings and credentials): [`Config::check`] reads them, and only
+/// what they became stays (and `[[actuators]]` as written, which `Config`
 /// keeps for `GET /v1/actuators`).
 struct SpecSections {
+    server: RawServer,
     gpio: GpioConfig,
     mqtt: Option<MqttConfig>,
     serial: Vec<SerialPortConfig>,
@@ -339,7 +337,7 @@ impl RawConfig {
         } = self;
         let config = Config {
             host,
-            server,
+            server: server.settings(),
             log,
             store,
             session,
@@ -359,14 +357,13 @@ impl RawConfig {
             cameras: Vec::new(),
             reflex_rules: Vec::new(),
             hardware: HardwareSpec::default(),
-            resolved_tokens: Vec::new(),
-            named_tokens: Vec::new(),
-            named_clients: Vec::new(),
-            source: Some(source),
+            auth: AuthConfig::default(),
+            source,
             manual: None,
             builtin_manual: false,
         };
         let sections = SpecSections {
+            server,
             gpio,
             mqtt,
             serial,
@@ -508,7 +505,8 @@ impl Config {
             }
         };
         keep(self.validate());
-        keep(self.validate_server());
+        keep(sections.server.check());
+        keep(self.validate_session_limits());
         keep(check_reserved_names(&self.actuators));
         let hardware = crate::hw::config::validate(
             &sections.gpio,
@@ -543,7 +541,10 @@ impl Config {
             keep(crate::fleet::config::validate(
                 fleet,
                 &self.host,
-                &self.server,
+                &crate::fleet::config::Listener {
+                    listen: self.server.listen,
+                    tls: self.server.tls.is_some(),
+                },
                 sections.mqtt.as_ref(),
             ));
         }
@@ -552,7 +553,13 @@ impl Config {
         if let Some(record) = &self.record {
             keep(crate::record::config::validate(record));
         }
-        let tokens_ok = keep(self.resolve_tokens()) && keep(self.resolve_credentials());
+        let tokens_ok = match sections.server.auth() {
+            Ok(auth) => {
+                self.auth = auth;
+                true
+            }
+            Err(e) => keep(Err(e)),
+        };
         match self.read_manual() {
             Ok(manual) => self.manual = manual,
             Err(e) => {
@@ -697,17 +704,6 @@ impl Config {
                     "{:?} is not a log level or filter (try \"info\", \"debug\", \"rozd=debug,info\")",
                     self.log.level
                 ),
-            ));
-        }
-        if self
-            .server
-            .auth_tokens
-            .iter()
-            .any(|t| t.expose().trim().is_empty())
-        {
-            return Err(Invalid::new(
-                "server.auth_tokens",
-                "tokens must not be empty",
             ));
         }
         // Upper bounds keep `now + period` far from overflowing an Instant.
@@ -864,21 +860,8 @@ impl Config {
         Ok(())
     }
 
-    /// The connection limits, timeouts, allowed hosts and control socket of `[server]`.
-    fn validate_server(&self) -> Result<(), Invalid> {
-        let s = &self.server;
-        within("server.max_connections", s.max_connections, 4..=1_048_576)?;
-        within(
-            "server.header_read_timeout_secs",
-            s.header_read_timeout_secs,
-            1..=3_600,
-        )?;
-        within("server.idle_timeout_secs", s.idle_timeout_secs, 1..=86_400)?;
-        within(
-            "server.max_concurrent_streams",
-            s.max_concurrent_streams,
-            1..=65_536,
-        )?;
+    /// How many sessions, and how much each may hold.
+    fn validate_session_limits(&self) -> Result<(), Invalid> {
         let session = &self.session;
         within("session.max_sessions", session.max_sessions, 1..=65_536)?;
         within(
@@ -887,36 +870,6 @@ impl Config {
             1024..,
         )?;
         within("session.max_session_tools", session.max_session_tools, 1..)?;
-        if let Some(tls) = &s.tls {
-            validate_server_tls(tls)?;
-        }
-        for (i, host) in s.allowed_hosts.iter().enumerate() {
-            if let Err(why) = check_allowed_host_entry(host) {
-                return Err(Invalid::new(
-                    "server.allowed_hosts",
-                    format!("entry {i} ({host:?}): {why}"),
-                ));
-            }
-        }
-        if let Some(path) = &s.control_socket
-            && !path.as_os_str().is_empty()
-        {
-            if !path.is_absolute() {
-                return Err(Invalid::new(
-                    "server.control_socket",
-                    format!(
-                        "{:?} is not an absolute path (or \"\" to disable the control socket)",
-                        path.display()
-                    ),
-                ));
-            }
-            if path.as_os_str().len() > MAX_SOCKET_PATH {
-                return Err(Invalid::new(
-                    "server.control_socket",
-                    format!("a Unix socket path has at most {MAX_SOCKET_PATH} bytes"),
-                ));
-            }
-        }
         Ok(())
     }
 
@@ -955,21 +908,6 @@ impl Config {
         Manual::read(&path, max)
             .map(Some)
             .map_err(|e| Invalid::new("agent.manual_file", e.to_string()))
-    }
-
-    fn resolve_tokens(&mut self) -> Result<(), Invalid> {
-        let mut tokens = self.server.auth_tokens.clone();
-        if let Some(path) = &self.server.auth_token_file {
-            let content = std::fs::read_to_string(path).map_err(|e| {
-                Invalid::new(
-                    "server.auth_token_file",
-                    format!("cannot read {}: {e}", path.display()),
-                )
-            })?;
-            tokens.extend(token_lines(&content).map(Secret::new));
-        }
-        self.resolved_tokens = tokens;
-        Ok(())
     }
 
     /// What an operator should know that does not stop rozd from starting:
@@ -1015,114 +953,16 @@ impl Config {
         warnings
     }
 
-    /// `[[server.tokens]]` (secrets read from their variable or file) and
-    /// `[[server.clients]]`, validated: unique non-empty names and subjects,
-    /// known scopes, a secret that is not empty and not shared.
-    fn resolve_credentials(&mut self) -> Result<(), Invalid> {
-        let mut tokens: Vec<NamedToken> = Vec::new();
-        for (i, t) in self.server.tokens.iter().enumerate() {
-            let key = |field: &str| format!("server.tokens[{i}].{field}");
-            if t.name.trim().is_empty() || t.name.chars().any(char::is_control) {
-                return Err(Invalid::new(
-                    key("name"),
-                    "must be a non-empty printable name",
-                ));
-            }
-            if t.name.starts_with("auth_tokens[") || t.name == FLEET_CREDENTIAL {
-                return Err(Invalid::new(
-                    key("name"),
-                    format!("{:?} is reserved; choose another name", t.name),
-                ));
-            }
-            if tokens.iter().any(|o| o.name == t.name) {
-                return Err(Invalid::new(
-                    key("name"),
-                    format!("{:?} names another token too", t.name),
-                ));
-            }
-            let scope = parse_scopes(&t.scopes).map_err(|m| Invalid::new(key("scopes"), m))?;
-            let secret = match (&t.token_env, &t.token_file) {
-                (Some(var), None) => std::env::var(var).map_err(|e| {
-                    Invalid::new(key("token_env"), format!("environment variable {var}: {e}"))
-                })?,
-                (None, Some(path)) => {
-                    let text = std::fs::read_to_string(path).map_err(|e| {
-                        Invalid::new(
-                            key("token_file"),
-                            format!("cannot read {}: {e}", path.display()),
-                        )
-                    })?;
-                    token_lines(&text).next().unwrap_or_default().to_string()
-                }
-                _ => {
-                    return Err(Invalid::new(
-                        format!("server.tokens[{i}]"),
-                        "give exactly one of token_env and token_file",
-                    ));
-                }
-            };
-            let secret = secret.trim().to_string();
-            if secret.is_empty() {
-                let field = if t.token_env.is_some() {
-                    "token_env"
-                } else {
-                    "token_file"
-                };
-                return Err(Invalid::new(key(field), "the token is empty"));
-            }
-            let shared = tokens.iter().any(|o| o.secret.expose() == secret)
-                || self.resolved_tokens.iter().any(|o| o.expose() == secret);
-            if shared {
-                return Err(Invalid::new(
-                    format!("server.tokens[{i}]"),
-                    "this token is also another credential's; each credential needs its own",
-                ));
-            }
-            tokens.push(NamedToken {
-                name: t.name.clone(),
-                secret: Secret::new(secret),
-                scope,
-            });
-        }
-        let mut clients: Vec<NamedClient> = Vec::new();
-        for (i, c) in self.server.clients.iter().enumerate() {
-            let key = |field: &str| format!("server.clients[{i}].{field}");
-            if c.subject.trim().is_empty() {
-                return Err(Invalid::new(key("subject"), "must not be empty"));
-            }
-            if clients.iter().any(|o| o.subject == c.subject) {
-                return Err(Invalid::new(
-                    key("subject"),
-                    format!("{:?} is listed twice", c.subject),
-                ));
-            }
-            let scope = parse_scopes(&c.scopes).map_err(|m| Invalid::new(key("scopes"), m))?;
-            clients.push(NamedClient {
-                subject: c.subject.clone(),
-                scope,
-            });
-        }
-        self.named_tokens = tokens;
-        self.named_clients = clients;
-        Ok(())
-    }
-
     /// Whether requests must carry a credential: any token (including the
     /// fleet's, which other hosts present when they relay here) or client
     /// certificate subject is configured.
     pub fn auth_required(&self) -> bool {
-        !self.resolved_tokens.is_empty()
-            || !self.named_tokens.is_empty()
-            || !self.named_clients.is_empty()
-            || self.fleet.as_ref().is_some_and(|f| f.token.is_some())
+        !self.auth.is_empty() || self.fleet.as_ref().is_some_and(|f| f.token.is_some())
     }
 
     /// How many credentials are configured (for `rozd check`).
     pub fn credential_count(&self) -> usize {
-        self.resolved_tokens.len()
-            + self.named_tokens.len()
-            + self.named_clients.len()
-            + usize::from(self.fleet.as_ref().is_some_and(|f| f.token.is_some()))
+        self.auth.len() + usize::from(self.fleet.as_ref().is_some_and(|f| f.token.is_some()))
     }
 }
 
@@ -1138,49 +978,5 @@ fn check_reserved_names(actuators: &[ActuatorConfig]) -> Result<(), Invalid> {
             format!("{:?} is the name of a host tool; choose another", a.name),
         ));
     }
-    Ok(())
-}
-
-/// `[server.tls]`: its bounds, and that its files make a certificate the
-/// listener can serve (the key belongs to the certificate, the client CAs
-/// are CA certificates).
-fn validate_server_tls(tls: &super::types::ServerTlsConfig) -> Result<(), Invalid> {
-    within(
-        "server.tls.handshake_timeout_secs",
-        tls.handshake_timeout_secs,
-        1..=300,
-    )?;
-    if tls.reload_check_secs > 86_400 {
-        return Err(Invalid::new(
-            "server.tls.reload_check_secs",
-            "must be between 0 (only on SIGHUP) and 86400",
-        ));
-    }
-    if tls.client_auth != super::types::ClientAuth::None && tls.client_ca_file.is_none() {
-        return Err(Invalid::new(
-            "server.tls.client_ca_file",
-            format!(
-                "client_auth = \"{}\" needs the CAs that client certificates chain to",
-                tls.client_auth.as_str()
-            ),
-        ));
-    }
-    crate::tls::server::check(tls).map_err(|e| {
-        let key = match &e {
-            crate::tls::TlsError::Read { path, .. }
-            | crate::tls::TlsError::Pem { path, .. }
-            | crate::tls::TlsError::Certificate { path, .. } => {
-                if *path == tls.key_file {
-                    "server.tls.key_file"
-                } else if Some(path) == tls.client_ca_file.as_ref() {
-                    "server.tls.client_ca_file"
-                } else {
-                    "server.tls.cert_file"
-                }
-            }
-            crate::tls::TlsError::Config { .. } => "server.tls",
-        };
-        Invalid::new(key, e.to_string())
-    })?;
     Ok(())
 }

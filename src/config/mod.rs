@@ -11,6 +11,8 @@
 //!   `[fleet]` share; a leaf too.
 //! - `load`: the aggregate [`Config`]: finds, reads and validates, calling
 //!   the sub-modules' validators (hw, safety, ooda, model, fleet).
+//! - `server`: `[server]` as written and its validation into the listener's
+//!   settings ([`ServerConfig`]) and credentials ([`AuthConfig`]).
 //! - `summary`: `rozd check`'s human-readable summary.
 //! - `locate`: the line of a key, from the `toml` crate's spans.
 //!
@@ -21,6 +23,7 @@ pub(crate) mod broker;
 mod load;
 mod locate;
 mod scope;
+mod server;
 mod summary;
 pub(crate) mod types;
 mod wording;
@@ -30,13 +33,6 @@ pub use load::{
     OodaConfig, SYSTEM_CONFIG_PATH,
 };
 pub use types::*;
-
-pub use crate::hw::config::{
-    ActuatorConfig, ActuatorKind, GpioConfig, HardwareSpec, MqttConfig, SensorConfig,
-    SensorSourceKind, SerialPortConfig,
-};
-/// `[model]` and `[[model.endpoints]]`: defined and validated in `model::config`.
-pub use crate::model::config::{EndpointConfig, ModelConfig};
 
 #[cfg(test)]
 mod modbus_tests;

@@ -1,6 +1,6 @@
 //! `rozd check`: a human-readable summary of the effective configuration.
 
-use super::load::{BUILTIN_NAME, Config};
+use super::load::Config;
 
 impl Config {
     /// `[server.tls]` in one line: the certificate's subject and end, and
@@ -27,10 +27,7 @@ impl Config {
 
     /// A human-readable summary of the effective configuration (no secrets).
     pub fn summary(&self) -> String {
-        let source = self
-            .source
-            .as_ref()
-            .map_or_else(|| BUILTIN_NAME.to_string(), ToString::to_string);
+        let source = &self.source;
         let mut out = String::new();
         let mut line = |s: String| {
             out.push_str(&s);
@@ -47,7 +44,7 @@ impl Config {
         line(format!(
             "auth:          {}",
             if self.auth_required() {
-                let clients = self.named_clients.len();
+                let clients = self.auth.clients.len();
                 let tokens = self.credential_count().saturating_sub(clients);
                 if clients == 0 {
                     format!("{tokens} bearer token(s)")
@@ -62,7 +59,9 @@ impl Config {
         let server = &self.server;
         line(format!(
             "connections:   at most {} over TCP, HTTP/1 head within {} s, idle closed after {} s",
-            server.max_connections, server.header_read_timeout_secs, server.idle_timeout_secs
+            server.max_connections,
+            server.header_read_timeout.as_secs(),
+            server.idle_timeout.as_secs()
         ));
         line(format!(
             "allowed hosts: {}",
@@ -74,7 +73,7 @@ impl Config {
         ));
         line(format!(
             "control:       {}",
-            server.control_socket_path(&self.store).map_or_else(
+            server.control_socket.path(&self.store).map_or_else(
                 || "no control socket".to_string(),
                 |p| p.display().to_string()
             )

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::types::{ServerConfig, default_store_path};
+use super::types::{ControlSocket, default_store_path};
 use super::*;
 use crate::hw::config::{ActuatorTarget, SensorSource};
 
@@ -109,7 +109,7 @@ fn one_parser_for_every_ai_mode_spelling() {
 #[test]
 fn builtin_config_is_a_valid_simulated_host() {
     let c = Config::parse(BUILTIN_CONFIG, ConfigSource::BuiltIn).unwrap();
-    assert_eq!(c.server.listen, ServerConfig::default().listen);
+    assert_eq!(c.server.listen, "127.0.0.1:8080".parse().unwrap());
     assert!(!c.auth_required());
     // No hardware needed: only simulated and host-system sources.
     assert!(c.hardware.sensors.iter().all(|s| matches!(
@@ -243,6 +243,16 @@ fn server_limits_hosts_and_socket_errors_name_line_and_key() {
             "server.idle_timeout_secs",
         ),
         (
+            "[server]\nshutdown_grace_secs = 3601\n",
+            2,
+            "server.shutdown_grace_secs",
+        ),
+        (
+            "[server]\nhttp2_keepalive_secs = 86401\n",
+            2,
+            "server.http2_keepalive_secs",
+        ),
+        (
             "[server]\nallowed_hosts = [\"robot.lab\", \"http://x\"]\n",
             2,
             "server.allowed_hosts",
@@ -269,19 +279,76 @@ fn server_limits_hosts_and_socket_errors_name_line_and_key() {
         parse("[server]\nmax_connections = 32\nallowed_hosts = [\"*\"]\ncontrol_socket = \"\"\n")
             .unwrap();
     assert_eq!(c.server.max_connections, 32);
-    assert_eq!(c.server.control_socket_path(&c.store), None);
+    assert_eq!(c.server.control_socket, ControlSocket::Disabled);
+    assert_eq!(c.server.control_socket.path(&c.store), None);
     let c = parse("[server]\ncontrol_socket = \"/run/x/c.sock\"\n").unwrap();
     assert_eq!(
-        c.server.control_socket_path(&c.store),
+        c.server.control_socket.path(&c.store),
         Some(PathBuf::from("/run/x/c.sock"))
     );
     let c = parse("[store]\npath = \"/var/tmp/r/rozd.db\"\n").unwrap();
     if std::env::var_os("RUNTIME_DIRECTORY").is_none() {
         assert_eq!(
-            c.server.control_socket_path(&c.store),
+            c.server.control_socket.path(&c.store),
             Some(PathBuf::from("/var/tmp/r/control.sock"))
         );
     }
+}
+
+#[test]
+fn server_durations_are_read_as_durations_and_zero_keepalive_as_none() {
+    use std::time::Duration;
+    let c = parse("").unwrap();
+    assert_eq!(c.server.shutdown_grace, Duration::from_secs(5));
+    assert_eq!(c.server.http2_keepalive, Some(Duration::from_secs(5)));
+    assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(c.server.idle_timeout, Duration::from_secs(120));
+    assert_eq!(c.server.control_socket, ControlSocket::Default);
+    let c = parse(
+        "[server]\nshutdown_grace_secs = 0\nhttp2_keepalive_secs = 0\n\
+         header_read_timeout_secs = 3600\nidle_timeout_secs = 1\n",
+    )
+    .unwrap();
+    assert_eq!(c.server.shutdown_grace, Duration::ZERO);
+    assert_eq!(c.server.http2_keepalive, None);
+    assert_eq!(c.server.header_read_timeout, Duration::from_secs(3600));
+    assert_eq!(c.server.idle_timeout, Duration::from_secs(1));
+}
+
+#[test]
+fn credentials_are_gathered_with_their_secrets_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("viewer");
+    std::fs::write(&file, "viewer-secret\n").unwrap();
+    let c = parse(&format!(
+        "[server]\nauth_tokens = [\"admin-secret\"]\n\
+         [[server.tokens]]\nname = \"viewer\"\ntoken_file = {:?}\nscopes = [\"read\", \"operate\"]\n\
+         [[server.clients]]\nsubject = \"CN=rover-2\"\nscopes = [\"read\"]\n",
+        file.display().to_string()
+    ))
+    .unwrap();
+    let admin: Vec<&str> = c.auth.admin_tokens.iter().map(Secret::expose).collect();
+    assert_eq!(admin, ["admin-secret"]);
+    assert_eq!(c.auth.tokens.len(), 1);
+    assert_eq!(c.auth.tokens[0].name, "viewer");
+    assert_eq!(c.auth.tokens[0].secret.expose(), "viewer-secret");
+    assert_eq!(c.auth.tokens[0].scope, Scope::Operate);
+    assert_eq!(c.auth.clients[0].subject, "CN=rover-2");
+    assert_eq!(c.auth.clients[0].scope, Scope::Read);
+    assert_eq!(c.credential_count(), 3);
+    // The same secret as an admin token is refused, naming the entry.
+    std::fs::write(&file, "admin-secret\n").unwrap();
+    let text = format!(
+        "[server]\nauth_tokens = [\"admin-secret\"]\n\
+         [[server.tokens]]\nname = \"viewer\"\ntoken_file = {:?}\nscopes = [\"read\"]\n",
+        file.display().to_string()
+    );
+    let (_, line, key) = invalid(&text);
+    assert_eq!(
+        (line, key.as_str()),
+        (Some(3), "server.tokens[0]"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -294,7 +361,7 @@ fn token_file_is_read_and_secrets_are_not_printed() {
         path.display().to_string()
     ))
     .unwrap();
-    let tokens: Vec<&str> = c.resolved_tokens.iter().map(Secret::expose).collect();
+    let tokens: Vec<&str> = c.auth.admin_tokens.iter().map(Secret::expose).collect();
     assert_eq!(tokens, ["alpha-token", "beta-token"]);
     let printed = format!("{c:?}{}", c.summary());
     assert!(!printed.contains("alpha-token") && !printed.contains("beta-token"));

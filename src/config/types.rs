@@ -10,6 +10,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -44,7 +45,7 @@ impl Invalid {
 /// the error saying which bound it broke, worded alike everywhere
 /// ("must be between 1 and 86400", "must be at least 1", "must be at most
 /// 256").
-pub fn within<T, R>(key: impl Into<String>, value: T, range: R) -> Result<(), Invalid>
+pub(crate) fn within<T, R>(key: impl Into<String>, value: T, range: R) -> Result<(), Invalid>
 where
     T: PartialOrd + std::fmt::Display,
     R: std::ops::RangeBounds<T>,
@@ -119,73 +120,116 @@ impl HostConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// `[server]`, validated: how the listener listens. Its credentials are
+/// [`AuthConfig`]; the file's form (with the defaults) is
+/// `config::server::RawServer`.
+#[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
-    pub auth_tokens: Vec<Secret>,
-    pub auth_token_file: Option<PathBuf>,
     pub allow_unauthenticated_remote: bool,
     /// Lets a non-loopback listener serve without TLS (tokens and sessions
     /// then cross the network in cleartext).
     pub allow_plaintext_remote: bool,
     /// `[server.tls]`: the listener serves TLS (absent: plaintext).
     pub tls: Option<ServerTlsConfig>,
-    /// How long open streams get to finish after SIGTERM before they are cut.
-    pub shutdown_grace_secs: u64,
+    /// How long open streams get to finish after SIGTERM before they are
+    /// cut (`shutdown_grace_secs`).
+    pub shutdown_grace: Duration,
     /// Bound within which a silently vanished client is detected (HTTP/2
-    /// pings every half of it, each answered within the other half); 0 disables.
-    pub http2_keepalive_secs: u64,
+    /// pings every half of it, each answered within the other half;
+    /// `http2_keepalive_secs`); `None`: no pings.
+    pub http2_keepalive: Option<Duration>,
     /// Most TCP connections open at once; a new one beyond it evicts the
     /// oldest connection that has not completed an authenticated request,
     /// else the longest-idle one.
     pub max_connections: u32,
     /// Bound on receiving an HTTP/1 request head (also on the wait for the
-    /// next request on a keep-alive connection).
-    pub header_read_timeout_secs: u64,
+    /// next request on a keep-alive connection; `header_read_timeout_secs`).
+    pub header_read_timeout: Duration,
     /// A connection (HTTP/1 or HTTP/2, TCP or the control socket) with no
-    /// request in flight for this long is closed.
-    pub idle_timeout_secs: u64,
+    /// request in flight for this long is closed (`idle_timeout_secs`).
+    pub idle_timeout: Duration,
     /// Host names (besides the daemon's own) that requests may name in
     /// `Host` / `:authority`; `"*"` accepts any.
     pub allowed_hosts: Vec<String>,
-    /// The local control socket; `""` disables it. Default: see
-    /// [`ServerConfig::control_socket_path`].
-    pub control_socket: Option<PathBuf>,
-    /// Named bearer tokens with scopes.
-    pub tokens: Vec<TokenConfig>,
-    /// Client certificate subjects with scopes.
-    pub clients: Vec<ClientConfig>,
+    /// The local control socket.
+    pub control_socket: ControlSocket,
     /// HTTP/2 streams one connection may have open at once.
     pub max_concurrent_streams: u32,
+}
+
+/// `server.control_socket`: where the local control socket is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlSocket {
+    /// Not set: see [`ControlSocket::path`].
+    Default,
+    /// An absolute path.
+    At(PathBuf),
+    /// `""`: no control socket.
+    Disabled,
+}
+
+impl ControlSocket {
+    /// The setting as the file gives it: absent, `""` (disabled) or a path.
+    pub fn from_setting(setting: Option<PathBuf>) -> ControlSocket {
+        match setting {
+            None => ControlSocket::Default,
+            Some(p) if p.as_os_str().is_empty() => ControlSocket::Disabled,
+            Some(p) => ControlSocket::At(p),
+        }
+    }
+
+    /// Where the daemon listens for local control: the path when one is
+    /// set (`None` when disabled); else `$RUNTIME_DIRECTORY/control.sock`
+    /// under systemd (`/run/rozd/control.sock`); else `control.sock` in the
+    /// store's directory (`~/.local/state/rozd/control.sock` for a developer).
+    pub fn path(&self, store: &StoreConfig) -> Option<PathBuf> {
+        match self {
+            ControlSocket::Disabled => None,
+            ControlSocket::At(p) => Some(p.clone()),
+            ControlSocket::Default => Some(
+                first_env_dir("RUNTIME_DIRECTORY")
+                    .map(|dir| dir.join(CONTROL_SOCKET_NAME))
+                    .unwrap_or_else(|| {
+                        store
+                            .resolved_path()
+                            .parent()
+                            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+                            .join(CONTROL_SOCKET_NAME)
+                    }),
+            ),
+        }
+    }
+}
+
+/// The credentials `[server]` configures, validated: secrets read (from
+/// `auth_token_file`, each token's variable or file) and scopes parsed.
+/// The fleet token is `[fleet]`'s (see `Config::auth_required`).
+#[derive(Debug, Clone, Default)]
+pub struct AuthConfig {
+    /// `server.auth_tokens`, then the lines of `server.auth_token_file`:
+    /// admin tokens, named `auth_tokens[<n>]` in this order.
+    pub admin_tokens: Vec<Secret>,
+    /// `[[server.tokens]]`.
+    pub tokens: Vec<NamedToken>,
+    /// `[[server.clients]]`.
+    pub clients: Vec<NamedClient>,
+}
+
+impl AuthConfig {
+    /// How many credentials these are.
+    pub fn len(&self) -> usize {
+        self.admin_tokens.len() + self.tokens.len() + self.clients.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The name under which the fleet token (`[fleet] token`, presented by
 /// other hosts that relay here) appears in logs and the audit.
 pub const FLEET_CREDENTIAL: &str = "fleet";
-
-/// One `[[server.tokens]]`: a named bearer token, read from the environment
-/// or a file (never written in the configuration itself).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenConfig {
-    pub name: String,
-    #[serde(default)]
-    pub token_env: Option<String>,
-    #[serde(default)]
-    pub token_file: Option<PathBuf>,
-    #[serde(default)]
-    pub scopes: Vec<String>,
-}
-
-/// One `[[server.clients]]`: a client certificate's subject and its scopes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClientConfig {
-    pub subject: String,
-    #[serde(default)]
-    pub scopes: Vec<String>,
-}
 
 /// A credential as the authentication layer uses it: its name (what logs
 /// and the audit show), its secret and its scope.
@@ -206,7 +250,7 @@ pub struct NamedClient {
 /// The highest of `scopes` (each includes the lower ones); `Err` names the
 /// first unknown entry. An empty list is an error: a credential that may
 /// do nothing is a mistake.
-pub fn parse_scopes(scopes: &[String]) -> Result<Scope, String> {
+pub(crate) fn parse_scopes(scopes: &[String]) -> Result<Scope, String> {
     let mut highest = None;
     for scope in scopes {
         let parsed = Scope::parse(scope)
@@ -214,29 +258,6 @@ pub fn parse_scopes(scopes: &[String]) -> Result<Scope, String> {
         highest = highest.max(Some(parsed));
     }
     highest.ok_or_else(|| format!("give at least one scope ({})", Scope::NAMES))
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            auth_tokens: Vec::new(),
-            auth_token_file: None,
-            allow_unauthenticated_remote: false,
-            allow_plaintext_remote: false,
-            tls: None,
-            shutdown_grace_secs: 5,
-            http2_keepalive_secs: 5,
-            max_connections: 1024,
-            header_read_timeout_secs: 10,
-            idle_timeout_secs: 120,
-            allowed_hosts: Vec::new(),
-            control_socket: None,
-            tokens: Vec::new(),
-            clients: Vec::new(),
-            max_concurrent_streams: 32,
-        }
-    }
 }
 
 /// Whether the listener asks clients for a certificate (`server.tls.client_auth`).
@@ -295,30 +316,6 @@ fn default_reload_check_secs() -> u64 {
 pub const CONTROL_SOCKET_NAME: &str = "control.sock";
 /// Longest path a Unix socket can have (`sun_path` is 108 bytes with its NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
-
-impl ServerConfig {
-    /// Where the daemon listens for local control: `control_socket` when set
-    /// (`None` when it is `""`: disabled); else `$RUNTIME_DIRECTORY/control.sock`
-    /// under systemd (`/run/rozd/control.sock`); else `control.sock` in the
-    /// store's directory (`~/.local/state/rozd/control.sock` for a developer).
-    pub fn control_socket_path(&self, store: &StoreConfig) -> Option<PathBuf> {
-        match &self.control_socket {
-            Some(p) if p.as_os_str().is_empty() => None,
-            Some(p) => Some(p.clone()),
-            None => Some(
-                first_env_dir("RUNTIME_DIRECTORY")
-                    .map(|dir| dir.join(CONTROL_SOCKET_NAME))
-                    .unwrap_or_else(|| {
-                        store
-                            .resolved_path()
-                            .parent()
-                            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
-                            .join(CONTROL_SOCKET_NAME)
-                    }),
-            ),
-        }
-    }
-}
 
 /// The first of the colon-separated directories systemd passes in `var`
 /// (`STATE_DIRECTORY`, `RUNTIME_DIRECTORY`), if any.
@@ -658,14 +655,14 @@ pub fn machine_hostname() -> Option<String> {
 
 /// The tokens of a token file: its lines, trimmed, without blank lines and
 /// `#` comments.
-pub fn token_lines(text: &str) -> impl Iterator<Item = &str> {
+pub(crate) fn token_lines(text: &str) -> impl Iterator<Item = &str> {
     text.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
 }
 
 /// A host id: 1-128 letters, digits, '-', '_', '.'.
-pub fn valid_id(s: &str) -> bool {
+pub(crate) fn valid_id(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && s.chars()
@@ -674,7 +671,7 @@ pub fn valid_id(s: &str) -> bool {
 
 /// Checks one `server.allowed_hosts` entry: `"*"`, or a host name without
 /// scheme, port or path.
-pub fn check_allowed_host_entry(entry: &str) -> Result<(), &'static str> {
+pub(crate) fn check_allowed_host_entry(entry: &str) -> Result<(), &'static str> {
     if entry == "*" {
         return Ok(());
     }

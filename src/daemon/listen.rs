@@ -29,11 +29,11 @@ pub(super) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(server.header_read_timeout_secs));
+        .header_read_timeout(server.header_read_timeout);
     // HTTP/2 pings detect a peer that vanished without closing its
     // connection (a client on a dropped Wi-Fi link), so its session ends
     // and its actuators go safe promptly.
-    let keepalive = server.http2_keepalive_secs;
+    let keepalive = server.http2_keepalive;
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -43,12 +43,8 @@ pub(super) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor
         .max_concurrent_streams(server.max_concurrent_streams)
         // Half the bound pinging, half waiting for the answer: a silent
         // peer is dropped within `http2_keepalive_secs`.
-        .keep_alive_interval(
-            (keepalive > 0).then(|| Duration::from_millis(keepalive.saturating_mul(500))),
-        )
-        .keep_alive_timeout(Duration::from_millis(
-            keepalive.saturating_mul(500).max(500),
-        ));
+        .keep_alive_interval(keepalive.map(|bound| bound / 2))
+        .keep_alive_timeout((keepalive.unwrap_or_default() / 2).max(Duration::from_millis(500)));
     builder
 }
 

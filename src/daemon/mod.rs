@@ -150,7 +150,7 @@ impl Daemon {
         let local = listener
             .local_addr()
             .map_err(|source| DaemonError::Bind { addr, source })?;
-        let control = match config.server.control_socket_path(&config.store) {
+        let control = match config.server.control_socket.path(&config.store) {
             Some(path) => Some(ControlSocket::bind(path)?),
             None => None,
         };
@@ -285,8 +285,8 @@ impl Daemon {
             pressure: tcp_seats.clone(),
             reserve: Arc::new(FdReserve::new()),
             closed: Arc::new(Notify::new()),
-            idle_timeout: Duration::from_secs(server.idle_timeout_secs),
-            first_bytes_within: Duration::from_secs(server.header_read_timeout_secs),
+            idle_timeout: server.idle_timeout,
+            first_bytes_within: server.header_read_timeout,
             drain: drain.clone(),
             alive: alive_tx,
         };
@@ -353,7 +353,7 @@ impl Daemon {
                 .await;
         }
         ctx.shutdown.cancel();
-        let grace = Duration::from_secs(ctx.config.server.shutdown_grace_secs);
+        let grace = ctx.config.server.shutdown_grace;
         let drained = async {
             // Every connection finishes what it is serving, then closes.
             drain.cancel();
@@ -486,7 +486,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     tracing::info!(
         %addr,
         host_id = %ctx.config.host.id,
-        config = %ctx.config.source.as_ref().map_or_else(String::new, ToString::to_string),
+        config = %ctx.config.source,
         "rozd {} serving gRPC and REST", crate::VERSION
     );
     let briefing = ctx.briefings.current();
@@ -580,7 +580,7 @@ pub(crate) async fn reload_manual(ctx: &Arc<HostContext>) {
 /// it is how an operator gives a full store room without a restart); a file
 /// that does not load changes nothing and is logged.
 async fn reload_store_cap(ctx: &HostContext) {
-    let Some(crate::config::ConfigSource::File(path)) = ctx.config.source.clone() else {
+    let crate::config::ConfigSource::File(path) = ctx.config.source.clone() else {
         return;
     };
     let loaded = tokio::task::spawn_blocking(move || crate::config::Config::load_file(&path)).await;

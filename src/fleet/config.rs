@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use crate::config::broker::broker_section;
-use crate::config::types::{HostConfig, Invalid, Secret, ServerConfig, token_lines};
+use crate::config::types::{HostConfig, Invalid, Secret, token_lines, within};
 use crate::hw::config::MqttConfig;
 
 /// Default topic prefix: records on `roz/v1/hosts/<env>/<id>`, stops on `roz/v1/estop/<env>`.
@@ -135,12 +135,20 @@ pub fn topic_level_ok(s: &str) -> bool {
     !s.is_empty() && s.len() <= 128 && !s.contains(['/', '+', '#', '\0'])
 }
 
+/// What `[fleet]` is checked against of the listener (`[server]`).
+pub struct Listener {
+    /// `server.listen`.
+    pub listen: std::net::SocketAddr,
+    /// `[server.tls]` is configured.
+    pub tls: bool,
+}
+
 /// Checks `[fleet]` and reads the token, which a fleet requires (it keys
 /// the MAC of every fleet message).
 pub fn validate(
     fleet: &mut FleetConfig,
     host: &HostConfig,
-    server: &ServerConfig,
+    server: &Listener,
     mqtt: Option<&MqttConfig>,
 ) -> Result<(), Invalid> {
     let err = |key: &str, message: String| Err(Invalid::new(format!("fleet.{key}"), message));
@@ -153,19 +161,12 @@ pub fn validate(
             min_packet_size: MIN_MAX_PACKET,
         },
     )?;
-    if !(1..=3600).contains(&fleet.heartbeat_secs) {
-        return err("heartbeat_secs", "must be between 1 and 3600".into());
-    }
-    if !LOOKUP_TIMEOUT_MS.contains(&fleet.lookup_timeout_ms) {
-        return err(
-            "lookup_timeout_ms",
-            format!(
-                "must be between {} and {}",
-                LOOKUP_TIMEOUT_MS.start(),
-                LOOKUP_TIMEOUT_MS.end()
-            ),
-        );
-    }
+    within("fleet.heartbeat_secs", fleet.heartbeat_secs, 1..=3600)?;
+    within(
+        "fleet.lookup_timeout_ms",
+        fleet.lookup_timeout_ms,
+        LOOKUP_TIMEOUT_MS,
+    )?;
     let prefix = &fleet.topic_prefix;
     if prefix.is_empty()
         || prefix.len() > 128
@@ -198,7 +199,7 @@ pub fn validate(
             );
         }
     }
-    fleet.listener_tls = server.tls.is_some();
+    fleet.listener_tls = server.tls;
     if fleet.cert_file.is_some() && fleet.ca_file.is_none() {
         return err(
             "ca_file",
@@ -215,7 +216,7 @@ pub fn validate(
             if let Err(why) = check_endpoint(endpoint) {
                 return err("advertise", why);
             }
-            if endpoint.starts_with("https://") && server.tls.is_none() {
+            if endpoint.starts_with("https://") && !server.tls {
                 return err(
                     "advertise",
                     format!("{endpoint:?} is https://, but [server.tls] is not configured"),

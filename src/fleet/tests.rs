@@ -9,7 +9,7 @@ use super::seal::{self, MessageKey};
 use super::stop::{self, Defect, Message, StopKind, Verdict};
 use super::view::Presence;
 use super::*;
-use crate::config::types::{Secret, ServerConfig};
+use crate::config::types::Secret;
 
 const TOKEN: &str = "unit-fleet-token";
 
@@ -34,7 +34,11 @@ fn fleet(section: &str) -> Fleet {
             token_file().display().to_string()
         ))
         .unwrap();
-        config::validate(&mut f, &host, &ServerConfig::default(), None).unwrap();
+        let listener = config::Listener {
+            listen: "127.0.0.1:8080".parse().unwrap(),
+            tls: false,
+        };
+        config::validate(&mut f, &host, &listener, None).unwrap();
         f
     });
     let offer = Offer {

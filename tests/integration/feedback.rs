@@ -25,12 +25,14 @@ async fn rover(edit: impl FnOnce(&str) -> String, extra: &str) -> TestDaemon {
     let dir = tempfile::tempdir().unwrap();
     let text = format!(
         "{}\n{ALLOW}\n{extra}\n[store]\npath = {:?}\n",
-        edit(BUILTIN_CONFIG).replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:0\""),
+        edit(BUILTIN_CONFIG).replace(
+            "listen = \"127.0.0.1:8080\"",
+            "listen = \"127.0.0.1:0\"\nhttp2_keepalive_secs = 0"
+        ),
         dir.path().join("rozd.db").display().to_string()
     );
-    let mut config =
+    let config =
         Config::parse(&text, ConfigSource::BuiltIn).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    config.server.http2_keepalive_secs = 0;
     TestDaemon::start_with(config, dir).await
 }
 

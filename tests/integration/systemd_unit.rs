@@ -118,7 +118,9 @@ fn unit_has_a_private_runtime_directory_and_room_for_every_connection() {
         .find(|(k, _)| *k == "LimitNOFILE")
         .map(|(_, v)| v.parse().expect("LimitNOFILE is one number (soft = hard)"))
         .expect("systemd/rozd.service sets LimitNOFILE");
-    let default_connections = u64::from(rozd::config::ServerConfig::default().max_connections);
+    // What a configuration that does not set it gets.
+    let unset = rozd::config::Config::parse("", rozd::config::ConfigSource::BuiltIn).unwrap();
+    let default_connections = u64::from(unset.server.max_connections);
     assert!(
         limit >= 4 * default_connections,
         "LimitNOFILE={limit} leaves too little room beside server.max_connections = {default_connections}"

@@ -921,7 +921,7 @@ async fn a_relay_sends_the_fleet_token_only_to_the_host_its_certificate_names() 
     );
     let rover2 = start_tls(&server, "[host]\nid = \"rover-2\"\n").await;
     let genuine = remote("rover-2", &format!("https://{}", rover2.addr), d);
-    let channel = rozd::api::relay::connect(&genuine, 0)
+    let channel = rozd::api::relay::connect(&genuine, None)
         .await
         .expect("relay to rover-2");
     let mut safety = proto::safety_service_client::SafetyServiceClient::new(channel);
@@ -933,7 +933,7 @@ async fn a_relay_sends_the_fleet_token_only_to_the_host_its_certificate_names() 
 
     // Another fleet member's valid certificate, but it does not name rover-2.
     let (endpoint, read) = trap(&d.join("rover-1.pem"), &d.join("rover-1.key")).await;
-    match rozd::api::relay::connect(&remote("rover-2", &endpoint, d), 0).await {
+    match rozd::api::relay::connect(&remote("rover-2", &endpoint, d), None).await {
         Err(rozd::fleet::RouteError::Unavailable(why)) => {
             assert!(why.contains("certificate"), "{why}")
         }
@@ -952,7 +952,7 @@ async fn a_relay_sends_the_fleet_token_only_to_the_host_its_certificate_names() 
     std::fs::write(outsider.path("rover-2.key"), key.serialize_pem()).unwrap();
     let (endpoint, read) = trap(&outsider.path("rover-2.pem"), &outsider.path("rover-2.key")).await;
     assert!(
-        rozd::api::relay::connect(&remote("rover-2", &endpoint, d), 0)
+        rozd::api::relay::connect(&remote("rover-2", &endpoint, d), None)
             .await
             .is_err()
     );

@@ -247,12 +247,8 @@ pub(super) fn validate_links(
             }
             (ModbusTransport::Tcp { .. }, None) => Duration::ZERO,
             (ModbusTransport::Rtu { .. }, Some(ms)) => {
-                if !(ms.is_finite() && (0.0..=1000.0).contains(&ms)) {
-                    return Err(Invalid::new(
-                        key("frame_gap_ms"),
-                        "must be between 0 and 1000",
-                    ));
-                }
+                // NaN and the infinities are outside too.
+                within(key("frame_gap_ms"), ms, 0.0..=1000.0)?;
                 Duration::from_secs_f64(ms / 1000.0)
             }
             (ModbusTransport::Rtu { baud, .. }, None) => default_frame_gap(*baud),
