@@ -78,7 +78,6 @@ pub(crate) struct HostContext {
     pub sessions: Arc<session::SessionRegistry>,
     /// The task engine: the tasks running on this host and what they use.
     pub team: Arc<team::TeamHost>,
-    pub models: Arc<model::ModelRegistry>,
     pub permissions: Arc<session::permissions::PermissionPolicy>,
     pub store: store::Store,
     pub hooks: Arc<dyn session::SessionHooks>,
@@ -189,16 +188,14 @@ impl HostContext {
         let host_registry = Arc::new(host_registry);
         let models = Arc::new(model::ModelRegistry::from_config(&config.model));
         let shutdown = CancellationToken::new();
-        let team = Arc::new(team::TeamHost {
-            tasks: team::Tasks::default(),
-            settings: config.tasks.clone(),
+        let agent = Arc::new(session::AgentHost {
+            limits: config.session.clone(),
             this_host: config.host.clone(),
-            session_limits: config.session.clone(),
             default_max_output_tokens: config.model.max_output_tokens,
             models: models.clone(),
-            ooda: ooda.clone(),
             permissions: permissions.clone(),
             store: store.clone(),
+            ooda: ooda.clone(),
             briefings: briefings.clone(),
             shutdown: shutdown.clone(),
             turn: session::turn::TurnHost {
@@ -209,13 +206,17 @@ impl HostContext {
                 ooda: ooda.clone(),
             },
         });
+        let team = Arc::new(team::TeamHost {
+            tasks: team::Tasks::default(),
+            settings: config.tasks.clone(),
+            agent,
+        });
         Arc::new(HostContext {
             fleet,
             mcp: Arc::new(mcp::Mcp::new(ooda.clone(), &config.mcp)),
             approvals,
             host_tools,
             host_registry,
-            models,
             permissions,
             briefings,
             config,
@@ -233,28 +234,20 @@ impl HostContext {
         })
     }
 
-    /// What a turn's host tool calls reach: built once, with the task
-    /// engine's [`team::TeamHost`], and the same for every turn.
+    /// What a turn's host tool calls reach: built once, with the
+    /// [`session::AgentHost`] sessions and task workers share, and the same
+    /// for every turn.
     pub(crate) fn turn_host(&self) -> session::turn::TurnHost {
-        self.team.turn.clone()
+        self.team.agent.turn.clone()
     }
 
     /// What the session engine uses, for one session stream.
     pub(crate) fn session_host(&self) -> session::SessionHost {
         session::SessionHost {
-            limits: self.config.session.clone(),
-            this_host: self.config.host.clone(),
-            default_max_output_tokens: self.config.model.max_output_tokens,
+            agent: self.team.agent.clone(),
             sessions: self.sessions.clone(),
-            models: self.models.clone(),
-            permissions: self.permissions.clone(),
-            store: self.store.clone(),
             hooks: self.hooks.clone(),
-            ooda: self.ooda.clone(),
             recorder: self.recorder.clone(),
-            briefings: self.briefings.clone(),
-            shutdown: self.shutdown.clone(),
-            turn: self.turn_host(),
         }
     }
 

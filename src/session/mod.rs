@@ -106,27 +106,38 @@ impl End {
     }
 }
 
-/// What the session engine uses of the host, each named: the daemon hands
-/// one to every session stream. Cheap to clone.
-#[derive(Debug, Clone)]
-pub(crate) struct SessionHost {
-    /// `[session]`.
+/// What every agent's turns use of the host, a session's or a task
+/// worker's, each named: built once by the daemon's context and shared by
+/// [`SessionHost`] and the task engine's host.
+#[derive(Debug)]
+pub(crate) struct AgentHost {
+    /// `[session]`: a session's limits, which bound a task worker's turns
+    /// too.
     pub limits: crate::config::types::SessionConfig,
-    /// `[host]`: who this host is (sessions are told, and recorded with it).
+    /// `[host]`: who this host is (sessions and tasks are told, and
+    /// recorded with it).
     pub this_host: crate::config::types::HostConfig,
     /// `model.max_output_tokens`, for a model without its own.
     pub default_max_output_tokens: u32,
-    pub sessions: Arc<SessionRegistry>,
     pub models: Arc<crate::model::ModelRegistry>,
     pub permissions: Arc<permissions::PermissionPolicy>,
     pub store: crate::store::Store,
-    pub hooks: Arc<dyn SessionHooks>,
     pub ooda: Arc<crate::ooda::Ooda>,
-    pub recorder: Arc<crate::record::Recorder>,
     pub briefings: Arc<embodiment::Briefings>,
     pub shutdown: CancellationToken,
     /// What each turn's host tool calls reach.
     pub turn: turn::TurnHost,
+}
+
+/// What the session engine uses of the host, each named: the daemon hands
+/// one to every session stream. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionHost {
+    /// What a session's turns use, as a task worker's do.
+    pub agent: Arc<AgentHost>,
+    pub sessions: Arc<SessionRegistry>,
+    pub hooks: Arc<dyn SessionHooks>,
+    pub recorder: Arc<crate::record::Recorder>,
 }
 
 struct Runner<'a> {
@@ -171,6 +182,7 @@ pub(crate) async fn run(
         if let Some(id) = id {
             let origin = crate::ooda::act::Origin::Session(id.clone());
             let released = host
+                .agent
                 .ooda
                 .actuators()
                 .release(&origin, "session task failed")
@@ -179,6 +191,7 @@ pub(crate) async fn run(
             host.hooks.session_ended(&id, "internal_error");
             metrics::session_ended("internal_error");
             if let Err(e) = host
+                .agent
                 .store
                 .session_ended(id.clone(), "internal_error".into())
                 .await
@@ -198,10 +211,10 @@ async fn run_loop(
 ) {
     let registry = host.sessions.clone();
     let active = registry.enter(credential.clone());
-    let period = Duration::from_secs(host.limits.keepalive_secs);
+    let period = Duration::from_secs(host.agent.limits.keepalive_secs);
     let mut keepalive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let shutdown = host.shutdown.clone();
+    let shutdown = host.agent.shutdown.clone();
     let mut runner = Runner {
         host,
         credential,
@@ -347,7 +360,7 @@ impl Runner<'_> {
             return self.send(ServerEvent::Error(e)).await;
         }
         let host = &self.host;
-        let limits = &host.limits;
+        let limits = &host.agent.limits;
         let Some(slot) = host.sessions.admit(limits.max_sessions as usize) else {
             tracing::warn!(
                 max_sessions = limits.max_sessions,
@@ -361,9 +374,9 @@ impl Runner<'_> {
         };
         let session = match Session::start(
             request,
-            host.briefings.current(),
-            &host.this_host,
-            &host.models,
+            host.agent.briefings.current(),
+            &host.agent.this_host,
+            &host.agent.models,
             limits.default_max_context_tokens,
             state::SessionLimits {
                 max_bytes: limits.max_session_bytes,
@@ -375,7 +388,7 @@ impl Runner<'_> {
         };
         let record = SessionRecord {
             id: session.id.clone(),
-            host_id: host.this_host.id.clone(),
+            host_id: host.agent.this_host.id.clone(),
             environment_id: session.environment_id.clone(),
             model: session.model.name().to_string(),
             started_at_ms: now_ms(),
@@ -384,7 +397,7 @@ impl Runner<'_> {
             turns: 0,
             briefing_version: Some(session.briefing.version.clone()),
         };
-        if let Err(e) = host.store.session_started(record).await {
+        if let Err(e) = host.agent.store.session_started(record).await {
             tracing::error!(error = %e, "cannot record the new session");
             return self
                 .error(
@@ -420,7 +433,7 @@ impl Runner<'_> {
         let Some(session) = self.session.as_ref() else {
             return Ok(());
         };
-        let plan = match session.plan_turn(user, &self.host.this_host) {
+        let plan = match session.plan_turn(user, &self.host.agent.this_host) {
             Ok(plan) => plan,
             Err(e) => return self.send(ServerEvent::Error(e)).await,
         };
@@ -440,10 +453,10 @@ impl Runner<'_> {
             system: plan.system,
             tools: plan.tools,
             conversation,
-            permissions: self.host.permissions.clone(),
+            permissions: self.host.agent.permissions.clone(),
             limits: TurnLimits::new(
-                &self.host.limits,
-                self.host.default_max_output_tokens,
+                &self.host.agent.limits,
+                self.host.agent.default_max_output_tokens,
                 session.model.as_ref(),
                 session.context_budget,
                 session.tokens_spent,
@@ -453,6 +466,7 @@ impl Runner<'_> {
             live_tokens: session.live_tokens.clone(),
             host: self
                 .host
+                .agent
                 .turn
                 .access(
                     approvals::Asker::Session,
@@ -487,7 +501,7 @@ impl Runner<'_> {
     /// A client tool may not take a host tool's name.
     fn host_collision(&self, tools: &[ToolSpec], field: &str) -> Option<SessionError> {
         tools.iter().enumerate().find_map(|(i, t)| {
-            self.host.turn.registry.get(&t.name).map(|_| {
+            self.host.agent.turn.registry.get(&t.name).map(|_| {
                 SessionError::new(
                     ErrorCode::InvalidArgument,
                     format!(
@@ -502,9 +516,10 @@ impl Runner<'_> {
     /// Effective rules: one per host tool (its actual decision), then the
     /// configured rules and the defaults for client tools.
     fn permission_views(&self) -> Vec<PermissionView> {
-        let policy = &self.host.permissions;
+        let policy = &self.host.agent.permissions;
         let mut views: Vec<PermissionView> = self
             .host
+            .agent
             .turn
             .tools
             .definitions()
@@ -527,7 +542,13 @@ impl Runner<'_> {
     async fn release_actuators(&self, reason: &str) {
         if let Some(session) = &self.session {
             let origin = crate::ooda::act::Origin::Session(session.id.clone());
-            let released = self.host.ooda.actuators().release(&origin, reason).await;
+            let released = self
+                .host
+                .agent
+                .ooda
+                .actuators()
+                .release(&origin, reason)
+                .await;
             if !released.is_empty() {
                 tracing::warn!(session_id = %session.id, reason, ?released, "deadman: session's actuators sent to safe values");
             }
@@ -585,6 +606,7 @@ impl Runner<'_> {
         };
         match self
             .host
+            .agent
             .store
             .feedback(session_id.clone(), message_id.clone(), rating.clone())
             .await
@@ -667,7 +689,7 @@ impl Runner<'_> {
         session.meter = outcome.meter;
         session.remember_expired(outcome.expired_calls);
         let mut errors = Vec::new();
-        if let Err(e) = self.host.store.turn_completed(record).await {
+        if let Err(e) = self.host.agent.store.turn_completed(record).await {
             tracing::error!(error = %e, "cannot record the turn");
             errors.push(SessionError::new(
                 ErrorCode::Internal,
@@ -746,6 +768,7 @@ impl Runner<'_> {
             metrics::session_ended(end.as_str());
             if let Err(e) = self
                 .host
+                .agent
                 .store
                 .session_ended(session.id.clone(), end.as_str().to_string())
                 .await

@@ -57,6 +57,7 @@ impl LiveTask {
     /// Appends a team event to the store, then wakes the watchers.
     pub(super) async fn publish(&self, team: &TeamHost, event: TeamEvent) {
         let stored = team
+            .agent
             .store
             .task_event(
                 self.id.clone(),
@@ -88,6 +89,7 @@ impl LiveTask {
         let attempts: u64 = if status.is_terminal() { 3 } else { 1 };
         for attempt in 1..=attempts {
             match team
+                .agent
                 .store
                 .task_status(self.id.clone(), status.as_str().to_string(), detail.clone())
                 .await

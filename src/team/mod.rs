@@ -95,20 +95,9 @@ pub(crate) struct TeamHost {
     pub tasks: Tasks,
     /// `[tasks]`.
     pub settings: crate::config::types::TasksConfig,
-    /// `[host]`: who this host is (a task's id and host name it).
-    pub this_host: crate::config::types::HostConfig,
-    /// `[session]`: a worker's turns are bounded as a session's.
-    pub session_limits: crate::config::types::SessionConfig,
-    /// `model.max_output_tokens`, for a model without its own.
-    pub default_max_output_tokens: u32,
-    pub models: Arc<crate::model::ModelRegistry>,
-    pub ooda: Arc<crate::ooda::Ooda>,
-    pub permissions: Arc<crate::session::permissions::PermissionPolicy>,
-    pub store: crate::store::Store,
-    pub briefings: Arc<crate::session::embodiment::Briefings>,
-    pub shutdown: CancellationToken,
-    /// What each worker's host tool calls reach.
-    pub turn: crate::session::turn::TurnHost,
+    /// What a worker's turns use, as a session's do (a task's id and host
+    /// name it `agent.this_host`; its turns are bounded by `agent.limits`).
+    pub agent: Arc<crate::session::AgentHost>,
 }
 
 /// The tasks running on this daemon.
@@ -175,7 +164,7 @@ fn start_worker(
             &team,
             TeamEvent::Started {
                 worker_id: worker_id.clone(),
-                host_id: team.this_host.id.clone(),
+                host_id: team.agent.this_host.id.clone(),
             },
         )
         .await;
@@ -186,7 +175,8 @@ fn start_worker(
             Err(e) => {
                 tracing::error!(%worker_id, error = %e, "worker task failed");
                 let origin = crate::ooda::act::Origin::Session(worker_id.clone());
-                team.ooda
+                team.agent
+                    .ooda
                     .actuators()
                     .release(&origin, "task worker failed")
                     .await;
@@ -248,11 +238,11 @@ pub fn task_owner(id: &str) -> Result<&str, TaskError> {
 /// A task id of this host that is well formed.
 fn check_task_id(team: &TeamHost, id: &str) -> Result<(), TaskError> {
     let owner = task_owner(id)?;
-    if owner != team.this_host.id {
+    if owner != team.agent.this_host.id {
         return Err(TaskError::NotFound(format!(
             "task {id} belongs to host {owner:?}, not this one ({:?}); ask that host, or use \
              roz.v1.TaskService, which routes by the id",
-            team.this_host.id
+            team.agent.this_host.id
         )));
     }
     Ok(())
@@ -272,22 +262,22 @@ pub(crate) async fn create(team: &Arc<TeamHost>, new: NewTask) -> Result<TaskVie
         )));
     }
     if let Some(host) = new.host_id.as_deref().filter(|h| !h.is_empty())
-        && host != team.this_host.id
+        && host != team.agent.this_host.id
     {
         return Err(TaskError::NotFound(format!(
             "host {host:?} is not this host ({:?}); tasks for another host are created through \
              roz.v1.TaskService, which routes by host_id",
-            team.this_host.id
+            team.agent.this_host.id
         )));
     }
     let environment_id = if new.environment_id.is_empty() {
-        team.this_host.environment_id.clone()
-    } else if new.environment_id == team.this_host.environment_id {
+        team.agent.this_host.environment_id.clone()
+    } else if new.environment_id == team.agent.this_host.environment_id {
         new.environment_id
     } else {
         return Err(TaskError::InvalidArgument(format!(
             "environment_id {:?} is not this host's environment ({:?})",
-            new.environment_id, team.this_host.environment_id
+            new.environment_id, team.agent.this_host.environment_id
         )));
     };
     let timeout_secs = match new.timeout_secs {
@@ -305,29 +295,29 @@ pub(crate) async fn create(team: &Arc<TeamHost>, new: NewTask) -> Result<TaskVie
         }
         Some(t) => t,
     };
-    if let Err(e) = team.models.resolve(team.settings.model.as_deref()) {
+    if let Err(e) = team.agent.models.resolve(team.settings.model.as_deref()) {
         return Err(TaskError::FailedPrecondition(format!(
             "the task model is not available: {e}"
         )));
     }
-    let stop = team.ooda.protective_stop().state();
+    let stop = team.agent.ooda.protective_stop().state();
     if stop.is_active() {
         return Err(TaskError::FailedPrecondition(format!(
             "a protective stop is active ({}); clear it before starting a task",
             stop.describe()
         )));
     }
-    if team.shutdown.is_cancelled() {
+    if team.agent.shutdown.is_cancelled() {
         return Err(TaskError::FailedPrecondition(
             "the daemon is shutting down".into(),
         ));
     }
     let now = now_ms();
     let row = TaskRow {
-        id: format!("{}:{}", team.this_host.id, uuid::Uuid::new_v4()),
+        id: format!("{}:{}", team.agent.this_host.id, uuid::Uuid::new_v4()),
         prompt,
         environment_id,
-        host_id: team.this_host.id.clone(),
+        host_id: team.agent.this_host.id.clone(),
         status: TaskStatus::Pending.as_str().to_string(),
         detail: None,
         timeout_secs,
@@ -358,7 +348,7 @@ pub(crate) async fn create(team: &Arc<TeamHost>, new: NewTask) -> Result<TaskVie
         live.insert(row.id.clone(), task.clone());
         team.tasks.active.send_modify(|n| *n += 1);
     }
-    if let Err(e) = team.store.task_created(row.clone()).await {
+    if let Err(e) = team.agent.store.task_created(row.clone()).await {
         team.tasks.live().remove(&row.id);
         team.tasks.active.send_modify(|n| *n = n.saturating_sub(1));
         return Err(e.into());
@@ -381,7 +371,7 @@ async fn supervise(team: Arc<TeamHost>, task: Arc<LiveTask>, prompt: String) {
     };
     let deadline = tokio::time::sleep(Duration::from_secs(u64::from(task.timeout_secs)));
     tokio::pin!(deadline);
-    let mut stop = team.ooda.protective_stop().subscribe();
+    let mut stop = team.agent.ooda.protective_stop().subscribe();
     let mut running = task.running.subscribe();
     let mut lead_end = lead_id.as_ref().and_then(|id| {
         task.ends
@@ -414,7 +404,7 @@ async fn supervise(team: Arc<TeamHost>, task: Arc<LiveTask>, prompt: String) {
                 };
                 task.stop(StopCause::EStop(why));
             }
-            () = team.shutdown.cancelled(), if !stopping => task.stop(StopCause::Shutdown),
+            () = team.agent.shutdown.cancelled(), if !stopping => task.stop(StopCause::Shutdown),
         }
     }
     let lead_end = lead_id.and_then(|id| {
@@ -490,7 +480,8 @@ impl Drop for RunningGuard {
 
 async fn load_row(team: &TeamHost, id: &str) -> Result<TaskRow, TaskError> {
     check_task_id(team, id)?;
-    team.store
+    team.agent
+        .store
         .task(id.to_string())
         .await?
         .ok_or_else(|| TaskError::NotFound(format!("no task {id:?} on this host")))
@@ -517,7 +508,7 @@ pub(crate) async fn list(
     limit: u32,
     offset: u32,
 ) -> Result<Vec<TaskView>, TaskError> {
-    let rows = team.store.tasks(limit, offset).await?;
+    let rows = team.agent.store.tasks(limit, offset).await?;
     Ok(rows.into_iter().map(|r| view(team, r)).collect())
 }
 
@@ -577,7 +568,8 @@ pub(crate) async fn approve(
     let waiting = task.state.lock().approvals.get(tool_call_id).cloned();
     if let Some(call) = waiting
         && let Err(own) =
-            team.permissions
+            team.agent
+                .permissions
                 .may_answer(task.credential.as_deref(), by.as_deref(), approved)
     {
         let why = own.to_string();
@@ -596,7 +588,7 @@ pub(crate) async fn approve(
             by.as_deref(),
             &why,
         );
-        if let Err(e) = team.store.audit(record).await {
+        if let Err(e) = team.agent.store.audit(record).await {
             tracing::error!(error = %e, "cannot write the audit record of a refused approval");
         }
         return Err(TaskError::PermissionDenied(why));
@@ -651,7 +643,7 @@ pub(crate) async fn follow(
             // task was written before its final status. Whether it still runs
             // is read before that: a task stops running after its final status.
             let running = team.tasks.get(&task_id).is_some();
-            let finished = match team.store.task(task_id.clone()).await {
+            let finished = match team.agent.store.task(task_id.clone()).await {
                 Ok(Some(row)) => TaskStatus::is_terminal_str(&row.status),
                 Ok(None) => true,
                 Err(e) => {
@@ -661,6 +653,7 @@ pub(crate) async fn follow(
             };
             loop {
                 let batch = match team
+                    .agent
                     .store
                     .task_events(task_id.clone(), cursor, status_only, WATCH_BATCH)
                     .await

@@ -84,7 +84,7 @@ pub fn team_tools(await_timeout_ms: u32) -> Result<ToolRegistry, String> {
 }
 
 fn system_prompt(team: &TeamHost, task: &LiveTask, plan: &WorkerPlan) -> String {
-    let host = &team.this_host;
+    let host = &team.agent.this_host;
     let mut text = format!(
         "You are worker {} of task {} on rozd host {:?} ({}), environment {:?}. \
          You run headless: no user reads your answers while you work and none will answer \
@@ -104,7 +104,7 @@ fn system_prompt(team: &TeamHost, task: &LiveTask, plan: &WorkerPlan) -> String 
     }
     // What the host is and its rules, as every session is told.
     text.push_str("\n\n");
-    text.push_str(team.briefings.current().text().trim_end());
+    text.push_str(team.agent.briefings.current().text().trim_end());
     text
 }
 
@@ -114,6 +114,7 @@ pub(crate) async fn run(team: Arc<TeamHost>, task: Arc<LiveTask>, plan: WorkerPl
     let end = drive(&team, &task, &plan).await;
     let origin = Origin::Session(plan.worker_id.clone());
     let released = team
+        .agent
         .ooda
         .actuators()
         .release(&origin, "task worker ended")
@@ -125,7 +126,7 @@ pub(crate) async fn run(team: Arc<TeamHost>, task: Arc<LiveTask>, plan: WorkerPl
 }
 
 async fn drive(team: &Arc<TeamHost>, task: &Arc<LiveTask>, plan: &WorkerPlan) -> WorkerEnd {
-    let model = match team.models.resolve(team.settings.model.as_deref()) {
+    let model = match team.agent.models.resolve(team.settings.model.as_deref()) {
         Ok(model) => model,
         Err(e) => {
             return WorkerEnd::Failed {
@@ -152,15 +153,15 @@ async fn drive(team: &Arc<TeamHost>, task: &Arc<LiveTask>, plan: &WorkerPlan) ->
         system: system_prompt(team, task, plan),
         tools,
         conversation: History::new(vec![Message::user(vec![Block::Text(plan.prompt.clone())])]),
-        permissions: team.permissions.clone(),
+        permissions: team.agent.permissions.clone(),
         limits: TurnLimits::new(
-            &team.session_limits,
-            team.default_max_output_tokens,
+            &team.agent.limits,
+            team.agent.default_max_output_tokens,
             model.as_ref(),
             model
                 .max_context_tokens()
-                .map_or(team.session_limits.default_max_context_tokens, |window| {
-                    window.min(team.session_limits.default_max_context_tokens)
+                .map_or(team.agent.limits.default_max_context_tokens, |window| {
+                    window.min(team.agent.limits.default_max_context_tokens)
                 }),
             0,
             true,
@@ -169,6 +170,7 @@ async fn drive(team: &Arc<TeamHost>, task: &Arc<LiveTask>, plan: &WorkerPlan) ->
         meter: ContextMeter::default(),
         live_tokens: Arc::default(),
         host: team
+            .agent
             .turn
             .access(
                 crate::session::approvals::Asker::Task,
