@@ -80,7 +80,7 @@ fn host_proto(h: &HostView) -> proto::Host {
         if let Some(endpoint) = &r.endpoint {
             capabilities.insert("endpoint".into(), endpoint.clone());
         }
-        capabilities.insert("estop_active".into(), h.estop_active().to_string());
+        capabilities.insert("estop_active".into(), h.stop_active().to_string());
     }
     if let Some(why) = h.why {
         capabilities.insert("why".into(), why.as_str().to_string());
@@ -197,7 +197,7 @@ pub(super) fn host_json(h: &HostView) -> Value {
         "this_host": h.this_host,
         "capabilities": r.capabilities,
         "endpoint": r.endpoint,
-        "estop_active": h.estop_active(),
+        "estop_active": h.stop_active(),
         "estop": r.estop.as_ref().filter(|e| e.active),
         "created_at_ms": r.created_at_ms,
         "last_heartbeat_ms": r.last_heartbeat_ms,
@@ -379,7 +379,7 @@ fn stop_report(hosts: &[HostView], environment: &str, stopped: bool) -> (Vec<Val
             .filter(|e| e.active)
             .and_then(|e| e.source.clone());
         let done = if stopped {
-            h.estop_active()
+            h.stop_active()
         } else {
             !source.as_deref().is_some_and(|s| FLEET_SOURCE.is(s))
         };
@@ -389,7 +389,7 @@ fn stop_report(hosts: &[HostView], environment: &str, stopped: bool) -> (Vec<Val
         out.push(json!({
             "id": h.record.id,
             "status": h.presence.as_str(),
-            "estop_active": h.estop_active(),
+            "estop_active": h.stop_active(),
             "estop_source": source,
         }));
     }

@@ -3,7 +3,7 @@
 //! changes), that it is alive (every heartbeat, for the hosts of its
 //! environment) and fleet stop commands.
 
-use super::record::{self, EstopCommand, EstopState, HostRecord, OfflineCause, RecordStatus};
+use super::record::{self, FleetStopCommand, HostRecord, OfflineCause, RecordStatus, ReportedStop};
 use super::{Fleet, FleetError, config, seal};
 
 impl Fleet {
@@ -12,13 +12,13 @@ impl Fleet {
         let mut record = self.own.clone();
         record.status = status;
         record.estop = Some(match self.protective_stop.active() {
-            Some(stop) => EstopState {
+            Some(stop) => ReportedStop {
                 active: true,
                 source: Some(stop.source),
                 reason: Some(stop.reason),
                 since_unix_ms: Some(stop.since_unix_ms),
             },
-            None => EstopState::default(),
+            None => ReportedStop::default(),
         });
         record.last_heartbeat_ms = Some(crate::clock::now_ms());
         record
@@ -108,7 +108,7 @@ impl Fleet {
         environment_id: &str,
         stop: bool,
         reason: &str,
-    ) -> Result<EstopCommand, FleetError> {
+    ) -> Result<FleetStopCommand, FleetError> {
         if self.config.is_none() {
             return Err(FleetError::NotConfigured);
         }
@@ -117,7 +117,7 @@ impl Fleet {
                 "environment_id {environment_id:?} must be 1-128 characters without '/', '+', '#'"
             )));
         }
-        let command = EstopCommand {
+        let command = FleetStopCommand {
             stop,
             reason: reason.to_string(),
             by: Some(self.own.id.clone()),

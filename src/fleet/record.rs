@@ -80,7 +80,7 @@ pub enum OfflineCause {
 
 /// A host's protective-stop state, as it reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct EstopState {
+pub struct ReportedStop {
     pub active: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
@@ -108,7 +108,7 @@ pub struct HostRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub estop: Option<EstopState>,
+    pub estop: Option<ReportedStop>,
     /// The publisher's heartbeat interval (a record older than three of them is stale).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_secs: Option<u64>,
@@ -277,7 +277,7 @@ pub fn parse_record(topic_id: &str, payload: &[u8]) -> Result<HostRecord, Reject
 
 /// A fleet-wide protective-stop command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EstopCommand {
+pub struct FleetStopCommand {
     /// `true`: stop every host of the environment; `false`: withdraw the
     /// stop (hosts clear a latch that came from the fleet).
     pub stop: bool,
@@ -299,7 +299,7 @@ pub struct EstopCommand {
 /// defect (`Rejected::Malformed`) without repeating anything of the
 /// message: nothing in a message that is not a valid command is trusted,
 /// and the defect goes into the audit.
-pub fn parse_command(payload: &[u8]) -> Result<EstopCommand, Rejected> {
+pub fn parse_command(payload: &[u8]) -> Result<FleetStopCommand, Rejected> {
     if payload.len() > MAX_COMMAND_BYTES {
         return Err(Rejected::Oversized {
             len: payload.len(),
@@ -310,7 +310,7 @@ pub fn parse_command(payload: &[u8]) -> Result<EstopCommand, Rejected> {
         return Err(Rejected::Malformed("a blank message".into()));
     }
     if crate::safety::inputs::is_stop_payload(payload) {
-        return Ok(EstopCommand {
+        return Ok(FleetStopCommand {
             stop: true,
             reason: String::new(),
             by: None,
@@ -320,7 +320,7 @@ pub fn parse_command(payload: &[u8]) -> Result<EstopCommand, Rejected> {
     }
     // Only an object: serde would also take the fields as an array.
     let object = payload.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-    let parsed = serde_json::from_slice(payload).and_then(|command: EstopCommand| {
+    let parsed = serde_json::from_slice(payload).and_then(|command: FleetStopCommand| {
         if object {
             Ok(command)
         } else {

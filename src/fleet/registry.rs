@@ -32,7 +32,7 @@ pub struct HostView {
 }
 
 impl HostView {
-    pub fn estop_active(&self) -> bool {
+    pub fn stop_active(&self) -> bool {
         self.record.estop.as_ref().is_some_and(|e| e.active)
     }
 }

@@ -38,7 +38,7 @@
 //!   published a newer command (a stop and at once its clear). An untrusted
 //!   message latches whenever it arrives (its `id` means nothing).
 
-use super::record::{self, EstopCommand, Rejected};
+use super::record::{self, FleetStopCommand, Rejected};
 use super::seal::{self, MessageKey, Unauthentic};
 
 /// How far a clear's issue time may be from this host's clock, either way.
@@ -49,7 +49,7 @@ pub const MAX_CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     /// Sealed with the fleet key for this topic, and a valid command.
-    Authentic(EstopCommand),
+    Authentic(FleetStopCommand),
     /// Anything else: it latches (see the module), and nothing in it is
     /// trusted.
     Untrusted(Defect),
@@ -264,7 +264,7 @@ impl StopGate {
 
     /// This host published `command` (and applied it itself): its echo
     /// from the broker is [`Verdict::AlreadyApplied`].
-    pub fn published(&mut self, command: &EstopCommand, now_ms: i64) {
+    pub fn published(&mut self, command: &FleetStopCommand, now_ms: i64) {
         if let Some(id) = &command.id
             && command.stop
         {
@@ -298,7 +298,7 @@ impl StopGate {
         Ok(at_ms)
     }
 
-    fn applied(&mut self, command: &EstopCommand, at_ms: i64) {
+    fn applied(&mut self, command: &FleetStopCommand, at_ms: i64) {
         self.last_id.clone_from(&command.id);
         self.newest_at_ms = Some(self.newest_at_ms.map_or(at_ms, |n| n.max(at_ms)));
     }
@@ -320,7 +320,7 @@ mod tests {
     trait DecideCommand {
         fn decide_command(
             &mut self,
-            command: &EstopCommand,
+            command: &FleetStopCommand,
             authentic: bool,
             now_ms: i64,
             since: Option<i64>,
@@ -330,7 +330,7 @@ mod tests {
     impl DecideCommand for StopGate {
         fn decide_command(
             &mut self,
-            command: &EstopCommand,
+            command: &FleetStopCommand,
             authentic: bool,
             now_ms: i64,
             since: Option<i64>,
@@ -344,8 +344,8 @@ mod tests {
         }
     }
 
-    fn cmd(stop: bool, id: &str, at_ms: Option<i64>) -> EstopCommand {
-        EstopCommand {
+    fn cmd(stop: bool, id: &str, at_ms: Option<i64>) -> FleetStopCommand {
+        FleetStopCommand {
             stop,
             reason: String::new(),
             by: Some("a".into()),

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::inbox::{JudgedCommand, OwnElsewhere, OwnTopic};
-use super::record::{EstopCommand, EstopState, HostRecord, RecordStatus, Rejected};
+use super::record::{FleetStopCommand, HostRecord, RecordStatus, Rejected, ReportedStop};
 use super::seal::{self, MessageKey};
 use super::stop::{self, Defect, Message, StopKind, Verdict};
 use super::view::Presence;
@@ -376,14 +376,14 @@ fn own_record_reports_the_stop() {
     let f = fleet(FLEET);
     assert_eq!(
         f.own_record(RecordStatus::Online).estop,
-        Some(EstopState::default())
+        Some(ReportedStop::default())
     );
     f.protective_stop
         .trigger(crate::safety::StopRequest::new(FLEET_SOURCE, "drill"));
     let estop = f.own_record(RecordStatus::Online).estop.unwrap();
     assert!(estop.active);
     assert_eq!(estop.source.as_deref(), Some("fleet"));
-    assert!(f.list(None)[0].estop_active());
+    assert!(f.list(None)[0].stop_active());
     let caps = &f.own.capabilities;
     assert_eq!(caps["host_tools"], "observe");
     assert_eq!(caps["models"], "local");
@@ -438,7 +438,7 @@ fn own_records_are_sealed_and_their_stamps_only_grow() {
 }
 
 fn sealed_command(stop: bool, id: &str, at_ms: i64) -> Vec<u8> {
-    let c = EstopCommand {
+    let c = FleetStopCommand {
         stop,
         reason: "drill".into(),
         by: Some("b".into()),
@@ -499,7 +499,7 @@ fn stop_commands_anyone_may_stop_only_the_fleet_clears() {
     let elsewhere = seal::seal(
         &key(),
         "roz/v1/estop/other",
-        &serde_json::to_string(&EstopCommand {
+        &serde_json::to_string(&FleetStopCommand {
             stop: false,
             reason: String::new(),
             by: None,
@@ -627,7 +627,7 @@ fn every_message_on_the_stop_topic_but_the_fleets_clear_latches_with_its_defect(
 
 #[test]
 fn the_audit_names_only_authentic_senders() {
-    let mut c = EstopCommand {
+    let mut c = FleetStopCommand {
         stop: true,
         reason: "smoke".into(),
         by: Some("mallory".into()),
