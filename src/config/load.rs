@@ -182,10 +182,10 @@ struct RawConfig {
 
 /// The validated configuration: its sections as the file gave them (each
 /// checked), and what validation derived from them (hardware specs, reflex
-/// rules, cameras, credentials, the manual). The sections that validation
-/// turns into specs (the hardware sections, `[[rules]]`, `[[cameras]]`)
-/// are here only as their specs, but for `[[actuators]]` as written (see
-/// [`Config::actuators`]).
+/// rules, cameras, the listener's settings and credentials, the manual).
+/// The sections that validation turns into other types (the hardware
+/// sections, `[[rules]]`, `[[cameras]]`, `[server]`) are here only as
+/// those, but for `[[actuators]]` as written (see [`Config::actuators`]).
 /// Made only by [`Config::parse`] (through [`Config::discover`],
 /// [`Config::load_file`], [`Config::builtin`]); nothing edits it afterwards.
 #[derive(Debug, Clone)]
