@@ -27,6 +27,7 @@
 //! - [`cli`]: the command-line clients of a running daemon (`rozd status`, `estop`,
 //!   `hosts`, `task`, `chat`): connection, HTTP client, formatters
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod api;
 pub mod camera;
@@ -110,7 +111,7 @@ pub(crate) struct HostContext {
 }
 
 impl HostContext {
-    pub fn new(
+    pub(crate) fn new(
         config: Arc<Config>,
         listen_addr: SocketAddr,
         store: store::Store,

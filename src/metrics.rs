@@ -19,10 +19,11 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 /// The `Content-Type` of the OpenMetrics text answer.
-pub const OPENMETRICS_CONTENT_TYPE: &str =
+pub(crate) const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// The `Content-Type` of the Prometheus text (0.0.4) answer.
-pub const TEXT_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+pub(crate) const TEXT_CONTENT_TYPE: &str =
+    prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// A family of histograms made by a bucket function.
 pub(crate) type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -44,7 +45,7 @@ struct BuildLabels {
 
 /// Which format `/metrics` answers in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// OpenMetrics 1.0 text (what Prometheus asks for).
     OpenMetrics,
     /// The Prometheus text format 0.0.4 (curl, promtool).
@@ -53,14 +54,14 @@ pub enum Format {
 
 impl Format {
     /// OpenMetrics when the `Accept` header names it, else the classic text.
-    pub fn from_accept(accept: Option<&str>) -> Format {
+    pub(crate) fn from_accept(accept: Option<&str>) -> Format {
         match accept {
             Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
             _ => Format::Text,
         }
     }
 
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Format::OpenMetrics => OPENMETRICS_CONTENT_TYPE,
             Format::Text => TEXT_CONTENT_TYPE,
@@ -69,7 +70,7 @@ impl Format {
 }
 
 /// Encodes `registry` in `format`.
-pub fn encode(registry: &Registry, format: Format) -> Result<String, std::fmt::Error> {
+pub(crate) fn encode(registry: &Registry, format: Format) -> Result<String, std::fmt::Error> {
     let mut out = String::new();
     match format {
         Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, registry)?,
@@ -79,7 +80,7 @@ pub fn encode(registry: &Registry, format: Format) -> Result<String, std::fmt::E
 }
 
 /// Registers this build's info (`rozd_build_info`) in `r`.
-pub fn register_build(r: &mut Registry) {
+pub(crate) fn register_build(r: &mut Registry) {
     r.register(
         "build",
         "This build of rozd",

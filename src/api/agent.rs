@@ -21,12 +21,12 @@ use crate::session;
 /// keeping a stalled client from growing memory without limit.
 const SESSION_QUEUE: usize = 256;
 
-pub struct AgentApi {
+pub(super) struct AgentApi {
     ctx: Arc<HostContext>,
 }
 
 impl AgentApi {
-    pub fn new(ctx: Arc<HostContext>) -> Self {
+    pub(super) fn new(ctx: Arc<HostContext>) -> Self {
         AgentApi { ctx }
     }
 }

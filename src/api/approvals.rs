@@ -22,7 +22,7 @@ use super::reply::{json_body, json_error};
 use crate::HostContext;
 use crate::session::host_call::own_approval_refused;
 
-pub fn routes() -> Router<Arc<HostContext>> {
+pub(super) fn routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/v1/approvals", get(list))
         .route("/v1/approvals/{id}", post(answer))
@@ -119,7 +119,7 @@ pub(super) async fn answer_call(
 /// of them), and nothing else.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Answer {
+pub(super) struct Answer {
     #[serde(default)]
     pub(super) approve: Option<bool>,
     #[serde(default)]
@@ -128,7 +128,7 @@ pub struct Answer {
 
 impl Answer {
     /// The answer, when exactly one spelling gave it.
-    pub fn decision(&self) -> Option<bool> {
+    pub(super) fn decision(&self) -> Option<bool> {
         match (self.approve, self.approved) {
             (Some(approve), None) | (None, Some(approve)) => Some(approve),
             _ => None,

@@ -29,14 +29,14 @@ use crate::tls::PeerIdentity;
 /// token's name, a certificate subject, `anonymous` when no credentials are
 /// configured, `control-socket` on the local socket) and its scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
+pub(crate) struct Caller {
     pub credential: Arc<str>,
     pub scope: Scope,
 }
 
 impl Caller {
     /// The caller when the daemon has no credentials configured (loopback only).
-    pub fn anonymous() -> Caller {
+    pub(crate) fn anonymous() -> Caller {
         Caller {
             credential: Arc::from("anonymous"),
             scope: Scope::Admin,
@@ -44,27 +44,27 @@ impl Caller {
     }
 
     /// A request on the local control socket (its file mode authenticated it).
-    pub fn control_socket() -> Caller {
+    pub(crate) fn control_socket() -> Caller {
         Caller {
             credential: Arc::from("control-socket"),
             scope: Scope::Admin,
         }
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.credential
     }
 
     /// The credential's name, or `None` for the anonymous caller of a
     /// daemon without credentials (there is nobody to name).
-    pub fn named(&self) -> Option<&str> {
+    pub(crate) fn named(&self) -> Option<&str> {
         (*self != Caller::anonymous()).then_some(&*self.credential)
     }
 }
 
 /// How a caller presents itself.
 #[derive(Debug, Clone, Copy)]
-pub enum Identity<'a> {
+pub(crate) enum Identity<'a> {
     Bearer(&'a str),
     CertificateSubject(&'a str),
 }
@@ -87,7 +87,7 @@ struct Token {
 /// Every configured credential. Tokens are kept as SHA-256 digests and
 /// compared digest to digest, so neither the time taken nor anything else
 /// depends on a stored token's length or content.
-pub struct Credentials {
+pub(crate) struct Credentials {
     required: bool,
     tokens: Vec<Token>,
     clients: Vec<NamedClient>,
@@ -97,7 +97,7 @@ impl Credentials {
     /// `auth_tokens` and `auth_token_file` (admin, named `auth_tokens[<n>]`),
     /// `[[server.tokens]]`, the fleet token (admin, named `fleet`: other
     /// hosts relay here with it) and `[[server.clients]]`.
-    pub fn from_config(config: &Config) -> Credentials {
+    pub(crate) fn from_config(config: &Config) -> Credentials {
         let mut tokens: Vec<Token> = config
             .auth
             .admin_tokens
@@ -128,12 +128,12 @@ impl Credentials {
         }
     }
 
-    pub fn required(&self) -> bool {
+    pub(crate) fn required(&self) -> bool {
         self.required
     }
 
     /// The credential an identity stands for: its name and scope.
-    pub fn identify(&self, identity: Identity<'_>) -> Option<Caller> {
+    pub(crate) fn identify(&self, identity: Identity<'_>) -> Option<Caller> {
         match identity {
             Identity::Bearer(token) => self.token(token),
             Identity::CertificateSubject(subject) => self
@@ -151,7 +151,7 @@ impl Credentials {
     /// bearer token, or (without an `Authorization` header) a verified
     /// client certificate of `server.clients`. For the browser guard: such a
     /// request cannot be a cross-site forgery.
-    pub fn vouch_for(&self, headers: &http::HeaderMap, peer: Option<&PeerIdentity>) -> bool {
+    pub(crate) fn vouch_for(&self, headers: &http::HeaderMap, peer: Option<&PeerIdentity>) -> bool {
         match presented(headers.get(http::header::AUTHORIZATION)) {
             Presented::Bearer(token) => self.token(token).is_some(),
             Presented::Malformed(_) => false,
@@ -215,7 +215,7 @@ fn presented(header: Option<&http::HeaderValue>) -> Presented<'_> {
 /// The middleware: identifies the caller, checks what the request needs,
 /// and runs it with a [`Caller`] extension inside a span naming the
 /// credential.
-pub async fn require_credential(
+pub(crate) async fn require_credential(
     State(credentials): State<Arc<Credentials>>,
     mut request: Request,
     next: Next,

@@ -54,7 +54,7 @@ const STOP_TRIGGERS: &[&str] = &[
 
 /// The names a request may address this daemon by.
 #[derive(Debug, Clone)]
-pub struct AllowedHosts {
+pub(crate) struct AllowedHosts {
     any: bool,
     /// Lower case, without a trailing dot.
     names: Vec<String>,
@@ -63,7 +63,7 @@ pub struct AllowedHosts {
 impl AllowedHosts {
     /// `localhost`, this machine's host name and `<hostname>.local`, the
     /// fleet's advertised endpoint host, and `server.allowed_hosts`.
-    pub fn from_config(config: &Config) -> AllowedHosts {
+    pub(crate) fn from_config(config: &Config) -> AllowedHosts {
         let mut names = vec!["localhost".to_string()];
         if let Some(hostname) = crate::config::machine_hostname() {
             let hostname = normalize(&hostname);
@@ -92,7 +92,7 @@ impl AllowedHosts {
 
     /// Whether `host` (a host as in a URI: a name, an IPv4 address or a
     /// bracketed IPv6 address; no port) names this daemon.
-    pub fn allows(&self, host: &str) -> bool {
+    pub(crate) fn allows(&self, host: &str) -> bool {
         if self.any || is_ip_literal(host) {
             return true;
         }
@@ -106,7 +106,7 @@ impl AllowedHosts {
     /// `/mcp`): "any IP address" becomes the addresses this daemon can be
     /// reached at (loopback, the listen address, or, listening on every
     /// interface, each interface's address as of start-up). `None`: any host.
-    pub fn as_list(&self, listen: SocketAddr) -> Option<Vec<String>> {
+    pub(crate) fn as_list(&self, listen: SocketAddr) -> Option<Vec<String>> {
         if self.any {
             return None;
         }
@@ -149,7 +149,7 @@ fn is_ip_literal(host: &str) -> bool {
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// `Host` / `:authority` names something else (DNS rebinding).
     HostNotAllowed(String),
     /// A state-changing request from another origin.
@@ -190,7 +190,7 @@ impl Refusal {
 }
 
 /// What [`check`] looks at: the request without its body.
-pub struct Checked<'a> {
+pub(crate) struct Checked<'a> {
     pub method: &'a Method,
     pub uri: &'a Uri,
     pub headers: &'a HeaderMap,
@@ -226,7 +226,7 @@ fn changes_state(method: &Method) -> bool {
 }
 
 /// The whole decision, without I/O.
-pub fn check(r: &Checked<'_>, allowed: &AllowedHosts) -> Result<(), Refusal> {
+pub(crate) fn check(r: &Checked<'_>, allowed: &AllowedHosts) -> Result<(), Refusal> {
     if STOP_TRIGGERS.contains(&r.uri.path()) {
         return Ok(());
     }
@@ -313,7 +313,7 @@ fn same_origin(
 
 /// The middleware: refuses what [`check`] refuses, as JSON (REST) or a
 /// gRPC status.
-pub async fn guard(
+pub(crate) async fn guard(
     State((allowed, credentials)): State<(Arc<AllowedHosts>, Arc<Credentials>)>,
     request: Request,
     next: Next,

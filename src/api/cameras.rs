@@ -21,7 +21,7 @@ use super::reply::json_error;
 use crate::HostContext;
 use crate::camera::{Camera, Frame, mjpeg};
 
-pub fn routes() -> Router<Arc<HostContext>> {
+pub(super) fn routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/v1/cameras", get(list))
         .route("/v1/cameras/{name}/snapshot.jpg", get(snapshot))

@@ -35,18 +35,18 @@ use tokio::time::Instant;
 
 /// Descriptors given back to the rest of the process when accept runs out
 /// of them (see [`ConnectionTable::shed`]).
-pub const SHED_HEADROOM: usize = 8;
+pub(crate) const SHED_HEADROOM: usize = 8;
 
 /// Identifies a connection in its table; ids increase in opening order.
-pub type ConnectionId = u64;
+pub(crate) type ConnectionId = u64;
 
 /// Connections whose first request is a stop that may be seated beyond the
 /// cap when it has no place to free.
-pub const STOP_OVERFLOW: usize = 64;
+pub(crate) const STOP_OVERFLOW: usize = 64;
 
 /// What a connection's first bytes say it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arrival {
+pub(crate) enum Arrival {
     /// Its first request triggers the protective stop (`POST /v1/estop`,
     /// `POST /v1/fleet/estop`).
     Stop,
@@ -55,7 +55,7 @@ pub enum Arrival {
 
 /// Where a newcomer ends up.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Seat<T> {
+pub(crate) enum Seat<T> {
     /// Seated; `evicted` are to be closed for it.
     Seated { id: ConnectionId, evicted: Vec<T> },
     /// No place: every connection has a request in flight (or a stop on
@@ -76,7 +76,7 @@ struct Entry<T> {
 }
 
 #[derive(Debug)]
-pub struct ConnectionTable<T> {
+pub(crate) struct ConnectionTable<T> {
     /// At most this many connections (the configured cap, lowered when the
     /// process ran out of file descriptors).
     limit: usize,
@@ -89,7 +89,7 @@ pub struct ConnectionTable<T> {
 }
 
 impl<T> ConnectionTable<T> {
-    pub fn new(limit: usize) -> Self {
+    pub(crate) fn new(limit: usize) -> Self {
         ConnectionTable {
             limit: limit.max(1),
             next_id: 0,
@@ -98,24 +98,24 @@ impl<T> ConnectionTable<T> {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
     #[cfg(test)]
-    pub fn limit(&self) -> usize {
+    pub(crate) fn limit(&self) -> usize {
         self.limit
     }
 
     /// Connections removed from the table whose end has not been reported.
-    pub fn closing(&self) -> usize {
+    pub(crate) fn closing(&self) -> usize {
         self.closing.len()
     }
 
     /// Seats a newcomer whose first bytes say `arrival`: in a free place,
     /// else in the place of a victim (see the module doc), else (a stop)
     /// beyond the cap, else it is refused.
-    pub fn open(&mut self, closer: T, arrival: Arrival, now: Instant) -> Seat<T> {
+    pub(crate) fn open(&mut self, closer: T, arrival: Arrival, now: Instant) -> Seat<T> {
         let mut evicted = Vec::new();
         while self.entries.len() >= self.limit {
             match self.evict_for_newcomer() {
@@ -145,19 +145,19 @@ impl<T> ConnectionTable<T> {
     }
 
     /// The connection ended (or was closed). Unknown ids are ignored.
-    pub fn close(&mut self, id: ConnectionId) {
+    pub(crate) fn close(&mut self, id: ConnectionId) {
         self.entries.remove(&id);
         self.closing.remove(&id);
     }
 
-    pub fn request_started(&mut self, id: ConnectionId, now: Instant) {
+    pub(crate) fn request_started(&mut self, id: ConnectionId, now: Instant) {
         if let Some(e) = self.entries.get_mut(&id) {
             e.in_flight = e.in_flight.saturating_add(1);
             e.active_at = now;
         }
     }
 
-    pub fn request_ended(&mut self, id: ConnectionId, now: Instant) {
+    pub(crate) fn request_ended(&mut self, id: ConnectionId, now: Instant) {
         if let Some(e) = self.entries.get_mut(&id) {
             // Its first request (a stop, perhaps) has ended: an ordinary
             // connection from now on.
@@ -168,7 +168,7 @@ impl<T> ConnectionTable<T> {
     }
 
     /// The connection completed a request that passed authentication.
-    pub fn authenticated(&mut self, id: ConnectionId) {
+    pub(crate) fn authenticated(&mut self, id: ConnectionId) {
         if let Some(e) = self.entries.get_mut(&id) {
             e.authenticated = true;
         }
@@ -180,7 +180,7 @@ impl<T> ConnectionTable<T> {
     /// descriptors again), and removes and returns the connections above it
     /// (at least one, unless the table holds only stops whose request runs,
     /// or nothing: then the descriptors are used elsewhere).
-    pub fn shed(&mut self) -> Vec<T> {
+    pub(crate) fn shed(&mut self) -> Vec<T> {
         self.limit = self.entries.len().saturating_sub(SHED_HEADROOM).max(1);
         let mut shed = Vec::new();
         while self.entries.len() > self.limit {
@@ -196,7 +196,7 @@ impl<T> ConnectionTable<T> {
     }
 
     /// Removes and returns every connection idle for at least `timeout`.
-    pub fn expire_idle(&mut self, now: Instant, timeout: Duration) -> Vec<T> {
+    pub(crate) fn expire_idle(&mut self, now: Instant, timeout: Duration) -> Vec<T> {
         let expired: Vec<ConnectionId> = self
             .entries
             .iter()
@@ -260,7 +260,7 @@ impl<T> ConnectionTable<T> {
 }
 
 /// Identifies a connection in the [`Lobby`].
-pub type LobbyId = u64;
+pub(crate) type LobbyId = u64;
 
 /// Connections accepted that have not shown their first bytes yet (or,
 /// with TLS, finished the handshake): at most `limit`. When it is full, the
@@ -272,7 +272,7 @@ pub type LobbyId = u64;
 /// nothing and have waited past their grace are the first to go
 /// ([`Lobby::shed`]).
 #[derive(Debug)]
-pub struct Lobby<T> {
+pub(crate) struct Lobby<T> {
     limit: usize,
     next_id: LobbyId,
     waiting: VecDeque<(LobbyId, Instant, T)>,
@@ -282,10 +282,10 @@ pub struct Lobby<T> {
 }
 
 /// How long a connection in a full lobby keeps its place.
-pub const LOBBY_GRACE: Duration = Duration::from_secs(1);
+pub(crate) const LOBBY_GRACE: Duration = Duration::from_secs(1);
 
 impl<T> Lobby<T> {
-    pub fn new(limit: usize) -> Self {
+    pub(crate) fn new(limit: usize) -> Self {
         Lobby {
             limit: limit.max(1),
             next_id: 0,
@@ -297,7 +297,7 @@ impl<T> Lobby<T> {
     /// A newcomer waits: its id and, when the lobby was full, the closer of
     /// the oldest, dropped for it. `Err`: full of connections still within
     /// their grace; the newcomer's closer, to close it.
-    pub fn enter(&mut self, closer: T, now: Instant) -> Result<(LobbyId, Option<T>), T> {
+    pub(crate) fn enter(&mut self, closer: T, now: Instant) -> Result<(LobbyId, Option<T>), T> {
         let mut dropped = None;
         if self.waiting.len() >= self.limit {
             dropped = self.shed(now, 1, |_| true).pop();
@@ -312,7 +312,7 @@ impl<T> Lobby<T> {
     }
 
     /// It left (seated, refused, closed or timed out). Unknown ids are ignored.
-    pub fn leave(&mut self, id: LobbyId) {
+    pub(crate) fn leave(&mut self, id: LobbyId) {
         self.closing.remove(&id);
         if let Some(at) = self.waiting.iter().position(|(i, _, _)| *i == id) {
             self.waiting.remove(at);
@@ -324,7 +324,7 @@ impl<T> Lobby<T> {
     /// that have sent nothing, a flood's in all likelihood; a client silent
     /// for [`LOBBY_GRACE`] connects again). They count as
     /// [`Lobby::closing`] until they leave.
-    pub fn shed(&mut self, now: Instant, most: usize, bare: impl Fn(&T) -> bool) -> Vec<T> {
+    pub(crate) fn shed(&mut self, now: Instant, most: usize, bare: impl Fn(&T) -> bool) -> Vec<T> {
         // Oldest first: once one is within its grace, so are the rest.
         let ids: Vec<LobbyId> = self
             .waiting
@@ -347,18 +347,18 @@ impl<T> Lobby<T> {
     }
 
     /// Connections dropped or shed whose leaving has not been reported.
-    pub fn closing(&self) -> usize {
+    pub(crate) fn closing(&self) -> usize {
         self.closing.len()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.waiting.len()
     }
 }
 
 /// What the first bytes of a connection say, or `None` while they could
 /// still be the start of a stop's request line.
-pub fn classify(first: &[u8]) -> Option<Arrival> {
+pub(crate) fn classify(first: &[u8]) -> Option<Arrival> {
     const STOPS: [&[u8]; 2] = [b"POST /v1/estop", b"POST /v1/fleet/estop"];
     for stop in STOPS {
         if first.len() <= stop.len() {

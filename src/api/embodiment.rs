@@ -17,7 +17,7 @@ use serde_json::json;
 use super::reply::json_error;
 use crate::HostContext;
 
-pub fn routes() -> Router<Arc<HostContext>> {
+pub(super) fn routes() -> Router<Arc<HostContext>> {
     Router::new().route("/v1/embodiment", get(embodiment))
 }
 

@@ -18,7 +18,7 @@ use super::reply::{json_body, json_error};
 use crate::HostContext;
 use crate::hw::gpio::SimGpio;
 
-pub fn routes() -> Router<Arc<HostContext>> {
+pub(super) fn routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/v1/gpio", get(list))
         .route("/v1/gpio/{pin}", post(set))

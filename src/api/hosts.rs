@@ -27,7 +27,7 @@ use crate::proto::{self, host_service_server::HostService};
 use crate::safety::{ClearRequest, StopRequest};
 
 /// Page size of a listing without a limit.
-pub const DEFAULT_HOSTS_LIMIT: u64 = 100;
+pub(super) const DEFAULT_HOSTS_LIMIT: u64 = 100;
 /// The largest page.
 pub const MAX_HOSTS_LIMIT: u64 = 1000;
 /// How long `POST /v1/fleet/estop` waits for the hosts to report the stop
@@ -35,12 +35,12 @@ pub const MAX_HOSTS_LIMIT: u64 = 1000;
 const DEFAULT_CONFIRM_WAIT: Duration = Duration::from_secs(5);
 const MAX_CONFIRM_WAIT_MS: u64 = 60_000;
 
-pub struct HostApi {
+pub(super) struct HostApi {
     ctx: Arc<HostContext>,
 }
 
 impl HostApi {
-    pub fn new(ctx: Arc<HostContext>) -> Self {
+    pub(super) fn new(ctx: Arc<HostContext>) -> Self {
         HostApi { ctx }
     }
 }
@@ -178,7 +178,7 @@ impl HostService for HostApi {
 
 // ------------------------------------------------------------------ REST
 
-pub fn routes() -> Router<Arc<HostContext>> {
+pub(super) fn routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/v1/hosts", get(list))
         .route("/v1/hosts/{id}", get(one))

@@ -13,7 +13,7 @@ use crate::HostContext;
 use crate::metrics::{Format, encode, register_build};
 
 /// Every metric, the daemon's state sampled now.
-pub fn render(ctx: &HostContext, format: Format) -> Result<String, std::fmt::Error> {
+pub(super) fn render(ctx: &HostContext, format: Format) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::with_prefix("rozd");
     register_events(&mut registry);
     register_state(&mut registry, ctx);

@@ -19,7 +19,7 @@ use super::reply::json_error;
 use crate::HostContext;
 use crate::record::files::{self, FilesError};
 
-pub fn routes() -> Router<Arc<HostContext>> {
+pub(super) fn routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/v1/recordings", get(list))
         .route("/v1/recordings/{name}", get(download))

@@ -8,7 +8,7 @@ use http::StatusCode;
 use serde_json::json;
 
 /// The error body every REST error uses: `{"error": {"code", "message"}}`.
-pub fn json_error(
+pub(super) fn json_error(
     status: StatusCode,
     code: &str,
     message: &str,
@@ -24,7 +24,7 @@ pub fn json_error(
 /// on, naming the field at fault: `the body is not valid JSON: ...`, `the
 /// body must be a JSON object`, `` `prompt`: invalid type: integer `3`,
 /// expected a string ``, ``unknown field `colour`, expected one of ...``.
-pub fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+pub(super) fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
     // A derived struct also reads a JSON array (its fields in order): a
     // body is an object, or refused.
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
@@ -60,7 +60,7 @@ pub fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Strin
 }
 
 /// By its content type (`application/grpc`, `application/grpc+proto`, ...).
-pub fn is_grpc(request: &Request) -> bool {
+pub(super) fn is_grpc(request: &Request) -> bool {
     request
         .headers()
         .get(http::header::CONTENT_TYPE)
@@ -94,7 +94,7 @@ const PLAIN_ERROR_KEPT: usize = 1024;
 /// its limit, 400 for a path or body that does not decode) becomes the
 /// documented `{"error": {"code", "message"}}` body with its text as the
 /// message. gRPC answers are left alone.
-pub async fn json_errors(
+pub(super) async fn json_errors(
     request: Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {

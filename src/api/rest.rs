@@ -16,11 +16,11 @@ use crate::HostContext;
 use crate::store::{StoreError, TurnRecord};
 
 /// `GET /v1/sessions` page size when `limit` is not given.
-pub const DEFAULT_SESSIONS_LIMIT: u32 = 50;
+pub(super) const DEFAULT_SESSIONS_LIMIT: u32 = 50;
 /// The largest `limit` `GET /v1/sessions` accepts.
-pub const MAX_SESSIONS_LIMIT: u32 = 500;
+pub(super) const MAX_SESSIONS_LIMIT: u32 = 500;
 
-pub fn routes() -> Router<Arc<HostContext>> {
+pub(super) fn routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/status", get(status))
@@ -89,7 +89,7 @@ async fn metrics(State(ctx): State<Arc<HostContext>>, headers: http::HeaderMap) 
 }
 
 /// The routes the local control socket serves besides the safety ones.
-pub fn control_routes() -> Router<Arc<HostContext>> {
+pub(super) fn control_routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/status", get(status))
@@ -359,7 +359,7 @@ async fn open_sessions(State(ctx): State<Arc<HostContext>>) -> Json<Value> {
 /// streams served here (`grpc`), those relayed through here to another
 /// host (`relayed`), then MCP sessions (`mcp`); each with the calls it has
 /// waiting for approval.
-pub fn open_sessions_json(ctx: &HostContext) -> Value {
+pub(super) fn open_sessions_json(ctx: &HostContext) -> Value {
     let waiting = ctx.approvals.list();
     let waiting_for = |owner: &str| waiting.iter().filter(|a| a.session_id == owner).count();
     let mut data: Vec<Value> = ctx
@@ -489,7 +489,7 @@ fn turn_json(t: &TurnRecord) -> serde_json::Value {
 }
 
 /// Unknown paths: gRPC clients get `UNIMPLEMENTED`, everyone else a JSON 404.
-pub async fn fallback(request: Request) -> Response {
+pub(super) async fn fallback(request: Request) -> Response {
     if is_grpc(&request) {
         return tonic::Status::unimplemented(format!("no gRPC method {}", request.uri().path()))
             .into_http::<axum::body::Body>();
@@ -502,7 +502,7 @@ pub async fn fallback(request: Request) -> Response {
     .into_response()
 }
 
-pub async fn method_not_allowed(request: Request) -> Response {
+pub(super) async fn method_not_allowed(request: Request) -> Response {
     json_error(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",

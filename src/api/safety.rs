@@ -39,12 +39,12 @@ fn safety_now(ctx: &HostContext) -> SafetyStatus {
     )
 }
 
-pub struct SafetyApi {
+pub(super) struct SafetyApi {
     ctx: Arc<HostContext>,
 }
 
 impl SafetyApi {
-    pub fn new(ctx: Arc<HostContext>) -> Self {
+    pub(super) fn new(ctx: Arc<HostContext>) -> Self {
         SafetyApi { ctx }
     }
 
@@ -138,7 +138,7 @@ pub(super) fn caller_name(extensions: &http::Extensions) -> Option<String> {
 
 // ------------------------------------------------------------------ REST
 
-pub fn routes() -> Router<Arc<HostContext>> {
+pub(super) fn routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/v1/safety", get(get_status))
         .route("/v1/estop", post(trigger))

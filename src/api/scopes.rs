@@ -8,7 +8,7 @@ use crate::config::types::Scope;
 
 /// What a request needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Need {
+pub(crate) enum Need {
     /// No credential: liveness probes.
     Public,
     /// Any authenticated caller, whatever its scope: triggering a
@@ -91,7 +91,7 @@ const PUBLIC: &[&str] = &["/healthz"];
 /// What `method path` needs. Reads (GET, HEAD) of anything not public need
 /// `read`; a state change not in the table needs `admin`, so a route added
 /// without a line here fails closed.
-pub fn need(method: &Method, path: &str) -> Need {
+pub(crate) fn need(method: &Method, path: &str) -> Need {
     // The dashboard's page and assets load without a credential; the page
     // then calls the API with one.
     if PUBLIC.contains(&path) || super::ui::is_page(path) {

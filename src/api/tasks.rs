@@ -42,17 +42,17 @@ const MAX_LIMIT: u32 = 500;
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-pub struct TaskApi {
+pub(super) struct TaskApi {
     ctx: Arc<HostContext>,
 }
 
 impl TaskApi {
-    pub fn new(ctx: Arc<HostContext>) -> Self {
+    pub(super) fn new(ctx: Arc<HostContext>) -> Self {
         TaskApi { ctx }
     }
 }
 
-pub fn status_of(e: TaskError) -> Status {
+pub(super) fn status_of(e: TaskError) -> Status {
     match e {
         TaskError::InvalidArgument(m) => Status::invalid_argument(m),
         TaskError::NotFound(m) => Status::not_found(m),
@@ -151,7 +151,7 @@ fn task_proto(view: TaskView) -> proto::Task {
 }
 
 /// A stored team event as the wire's `TeamEvent`.
-pub fn team_event_proto(entry: &StoredTaskEvent) -> Option<proto::TeamEvent> {
+pub(super) fn team_event_proto(entry: &StoredTaskEvent) -> Option<proto::TeamEvent> {
     use proto::team_event::Event;
     let event = match TeamEvent::from_stored(&entry.kind, &entry.body)? {
         TeamEvent::Started { worker_id, host_id } => {
@@ -205,7 +205,7 @@ fn status_update(task_id: &str, entry: &StoredTaskEvent) -> proto::TaskStatusUpd
 }
 
 /// `WatchTeam`: every stored team event of the task, then live ones.
-pub async fn watch_team(
+pub(super) async fn watch_team(
     ctx: Arc<HostContext>,
     relayed_by: Option<String>,
     task_id: String,
@@ -410,7 +410,7 @@ impl TaskService for TaskApi {
 
 // ------------------------------------------------------------------ REST
 
-pub fn routes() -> Router<Arc<HostContext>> {
+pub(super) fn routes() -> Router<Arc<HostContext>> {
     Router::new()
         .route("/v1/tasks", get(list_rest).post(create_rest))
         .route("/v1/tasks/{id}", get(get_rest))

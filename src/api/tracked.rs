@@ -16,11 +16,11 @@ use tower::ServiceExt as _;
 use super::connections::{ConnectionId, ConnectionTable};
 
 /// A listener's table; a connection's entry holds what closes it.
-pub type SharedTable = Arc<Mutex<ConnectionTable<Closer>>>;
+pub(crate) type SharedTable = Arc<Mutex<ConnectionTable<Closer>>>;
 
 /// How the accept loop asks a connection's task to close it.
 #[derive(Debug, Clone, Default)]
-pub struct Closer {
+pub(crate) struct Closer {
     shed: CancellationToken,
     expire: CancellationToken,
     /// A byte has come from the peer (a request's, a TLS ClientHello): it
@@ -31,54 +31,54 @@ pub struct Closer {
 impl Closer {
     /// At once: the connection is dropped (shed for a newcomer, or for
     /// descriptors).
-    pub fn shed(&self) {
+    pub(crate) fn shed(&self) {
         self.shed.cancel();
     }
 
     /// Gracefully: it idled out (HTTP/2 gets a GOAWAY).
-    pub fn expire(&self) {
+    pub(crate) fn expire(&self) {
         self.expire.cancel();
     }
 
     /// Whether it has been told to shed.
-    pub fn is_shed(&self) -> bool {
+    pub(crate) fn is_shed(&self) -> bool {
         self.shed.is_cancelled()
     }
 
     /// A byte came from the peer.
-    pub fn mark_heard(&self) {
+    pub(crate) fn mark_heard(&self) {
         self.heard.store(true, Ordering::Relaxed);
     }
 
     /// Whether a byte has come from the peer.
-    pub fn heard(&self) -> bool {
+    pub(crate) fn heard(&self) -> bool {
         self.heard.load(Ordering::Relaxed)
     }
 
-    pub async fn shed_requested(&self) {
+    pub(crate) async fn shed_requested(&self) {
         self.shed.cancelled().await;
     }
 
-    pub async fn expire_requested(&self) {
+    pub(crate) async fn expire_requested(&self) {
         self.expire.cancelled().await;
     }
 }
 
 /// The connection a request arrived on (a request extension).
 #[derive(Debug, Clone)]
-pub struct Connection {
+pub(crate) struct Connection {
     id: ConnectionId,
     table: SharedTable,
 }
 
 impl Connection {
-    pub fn new(id: ConnectionId, table: SharedTable) -> Self {
+    pub(crate) fn new(id: ConnectionId, table: SharedTable) -> Self {
         Connection { id, table }
     }
 
     /// A request on it passed authentication: it is not shed before
     /// connections that never did.
-    pub fn mark_authenticated(&self) {
+    pub(crate) fn mark_authenticated(&self) {
         self.table.lock().authenticated(self.id);
     }
 }
@@ -108,7 +108,7 @@ impl Drop for InFlight {
 /// `router` as the service of one connection.
 /// `peer`: the connection's verified client certificate, given to every
 /// request as an extension.
-pub fn service(
+pub(crate) fn service(
     router: axum::Router,
     connection: Connection,
     peer: Option<crate::tls::PeerIdentity>,

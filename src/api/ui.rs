@@ -27,7 +27,7 @@ use super::reply::json_error;
 use crate::HostContext;
 
 /// The stream sends at most this many Observations a second.
-pub const STREAM_MAX_HZ: u64 = 10;
+pub(crate) const STREAM_MAX_HZ: u64 = 10;
 /// How often the stream looks for changes of the slower sections
 /// (status, tasks, hosts) and sends those that changed.
 const SNAPSHOT_EVERY: Duration = Duration::from_secs(1);
@@ -69,7 +69,7 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
 const INDEX: &[u8] = include_bytes!("ui/index.html");
 
 /// Whether `path` is the page or one of its assets (served without a token).
-pub fn is_page(path: &str) -> bool {
+pub(crate) fn is_page(path: &str) -> bool {
     path == "/ui"
         || path
             .strip_prefix("/ui/")

@@ -45,7 +45,7 @@ impl SourceKind {
 /// One `[[cameras]]` entry as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CameraConfig {
+pub(crate) struct CameraConfig {
     pub name: String,
     pub source: SourceKind,
     /// What the camera looks at, for the model and people.
@@ -243,14 +243,17 @@ impl PixelFormat {
 }
 
 /// Most bytes of frames one replayed camera holds (read at config load).
-pub const MAX_REPLAY_BYTES: usize = 256 << 20;
+pub(crate) const MAX_REPLAY_BYTES: usize = 256 << 20;
 
 /// Most cameras one host runs.
-pub const MAX_CAMERAS: usize = 16;
+pub(crate) const MAX_CAMERAS: usize = 16;
 
 /// Validates every `[[cameras]]` entry; `have_world`: the host runs the
 /// simulated world (a `sim` camera renders it).
-pub fn validate(cameras: &[CameraConfig], have_world: bool) -> Result<Vec<CameraSpec>, Invalid> {
+pub(crate) fn validate(
+    cameras: &[CameraConfig],
+    have_world: bool,
+) -> Result<Vec<CameraSpec>, Invalid> {
     if cameras.len() > MAX_CAMERAS {
         return Err(Invalid::new(
             format!("cameras[{MAX_CAMERAS}]"),

@@ -103,7 +103,7 @@ const RATE_WINDOW: usize = 32;
 
 /// What a camera's source reported so far.
 #[derive(Debug, Clone)]
-pub struct CameraState {
+pub(crate) struct CameraState {
     stale_after: Duration,
     link_up: bool,
     /// When the link last came up (or the camera started).
@@ -119,7 +119,7 @@ pub struct CameraState {
 
 /// The size of a frame and when it was captured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FrameInfo {
+pub(crate) struct FrameInfo {
     pub width: u32,
     pub height: u32,
     pub bytes: usize,
@@ -145,7 +145,7 @@ pub struct HealthView {
 }
 
 impl CameraState {
-    pub fn new(stale_after: Duration, now: Instant) -> CameraState {
+    pub(crate) fn new(stale_after: Duration, now: Instant) -> CameraState {
         CameraState {
             stale_after,
             link_up: true,
@@ -161,7 +161,7 @@ impl CameraState {
     }
 
     /// The source is connected again.
-    pub fn link_up(&mut self, now: Instant) {
+    pub(crate) fn link_up(&mut self, now: Instant) {
         if !self.link_up {
             self.link_up = true;
             self.since = now;
@@ -169,7 +169,7 @@ impl CameraState {
     }
 
     /// The source cannot be reached (or went away); `why` for the status.
-    pub fn link_down(&mut self, why: String) {
+    pub(crate) fn link_down(&mut self, why: String) {
         if self.link_up {
             self.reconnects += 1;
         }
@@ -179,7 +179,7 @@ impl CameraState {
     }
 
     /// A good frame arrived.
-    pub fn frame(&mut self, info: FrameInfo) {
+    pub(crate) fn frame(&mut self, info: FrameInfo) {
         self.link_up(info.at);
         self.frames += 1;
         if self.recent.len() == RATE_WINDOW {
@@ -190,19 +190,19 @@ impl CameraState {
     }
 
     /// A frame was refused.
-    pub fn rejected(&mut self, why: Rejection, message: String, now: Instant) {
+    pub(crate) fn rejected(&mut self, why: Rejection, message: String, now: Instant) {
         self.rejected.count(why);
         self.last_rejection = Some(now);
         self.last_error = Some(message);
     }
 
     #[cfg(test)]
-    pub fn rejections(&self) -> Rejected {
+    pub(crate) fn rejections(&self) -> Rejected {
         self.rejected
     }
 
     /// The health at `now`.
-    pub fn health(&self, now: Instant) -> Health {
+    pub(crate) fn health(&self, now: Instant) -> Health {
         if !self.link_up {
             return Health::Disconnected;
         }
@@ -219,7 +219,7 @@ impl CameraState {
     }
 
     /// Frames per second over the recent frames, 0 when not `ok`.
-    pub fn fps(&self, now: Instant) -> f64 {
+    pub(crate) fn fps(&self, now: Instant) -> f64 {
         if self.health(now) != Health::Ok || self.recent.len() < 2 {
             return 0.0;
         }
@@ -234,7 +234,7 @@ impl CameraState {
         (fps * 10.0).round() / 10.0
     }
 
-    pub fn view(&self, now: Instant) -> HealthView {
+    pub(crate) fn view(&self, now: Instant) -> HealthView {
         let f = self.last_frame;
         HealthView {
             health: self.health(now),
@@ -256,14 +256,14 @@ impl CameraState {
 /// The wait before the next attempt to reach a source: doubling from
 /// `min` to `max` with every failure, back to `min` after a success.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     min: Duration,
     max: Duration,
     next: Duration,
 }
 
 impl Backoff {
-    pub fn new(min: Duration, max: Duration) -> Backoff {
+    pub(crate) fn new(min: Duration, max: Duration) -> Backoff {
         Backoff {
             min,
             max,
@@ -272,13 +272,13 @@ impl Backoff {
     }
 
     /// The wait after a failure; the following one is twice as long.
-    pub fn failed(&mut self) -> Duration {
+    pub(crate) fn failed(&mut self) -> Duration {
         let wait = self.next;
         self.next = (self.next * 2).min(self.max);
         wait
     }
 
-    pub fn succeeded(&mut self) {
+    pub(crate) fn succeeded(&mut self) {
         self.next = self.min;
     }
 }
@@ -286,14 +286,14 @@ impl Backoff {
 /// Whether a frame is due for an observer that takes at most one every
 /// `every` (the recording's `camera_hz`, a stream's `max_stream_fps`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Throttle {
+pub(crate) struct Throttle {
     last: Option<Instant>,
 }
 
 impl Throttle {
     /// `true` (and remembered) when at least `every` passed since the last
     /// frame taken.
-    pub fn take(&mut self, every: Duration, now: Instant) -> bool {
+    pub(crate) fn take(&mut self, every: Duration, now: Instant) -> bool {
         if self
             .last
             .is_some_and(|last| now.saturating_duration_since(last) < every)

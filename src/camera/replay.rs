@@ -62,7 +62,7 @@ fn sleep_until(until: Instant, shutdown: &CancellationToken) {
 
 /// What the replay does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Show this frame now.
     Show(usize),
     /// Nothing is due before then.
@@ -75,7 +75,7 @@ pub enum Step {
 /// overdue when a later one is also due is skipped (a camera keeps only
 /// its latest frame anyway).
 #[derive(Debug, Clone)]
-pub struct Playback {
+pub(crate) struct Playback {
     /// Each frame's time since the recording's start, in order; never empty.
     times: Vec<Duration>,
     /// The recording's length: a looped pass takes this long (at speed 1).
@@ -89,7 +89,7 @@ pub struct Playback {
 
 impl Playback {
     /// `speed` > 0 (validated in `[replay]`).
-    pub fn new(
+    pub(crate) fn new(
         times: Vec<Duration>,
         span: Duration,
         speed: f64,
@@ -125,7 +125,7 @@ impl Playback {
             .div_f64(self.speed)
     }
 
-    pub fn step(&mut self, now: Instant) -> Step {
+    pub(crate) fn step(&mut self, now: Instant) -> Step {
         if self.next >= self.times.len() {
             if !self.looped {
                 return Step::Ended;

@@ -24,19 +24,19 @@ const OBJECT_SIZE: f64 = 0.15;
 
 type Rgb = [u8; 3];
 
-pub const SKY: Rgb = [205, 215, 228];
-pub const FLOOR: Rgb = [96, 96, 96];
+pub(crate) const SKY: Rgb = [205, 215, 228];
+pub(crate) const FLOOR: Rgb = [96, 96, 96];
 /// The walls facing +x (the west wall, x = 0), -x (east), +y (south), -y (north).
-pub const WALL_WEST: Rgb = [150, 90, 200];
-pub const WALL_EAST: Rgb = [60, 110, 220];
-pub const WALL_SOUTH: Rgb = [40, 170, 150];
-pub const WALL_NORTH: Rgb = [220, 190, 60];
-pub const CRATE: Rgb = [170, 100, 40];
-pub const OBJECT: Rgb = [230, 30, 30];
+pub(crate) const WALL_WEST: Rgb = [150, 90, 200];
+pub(crate) const WALL_EAST: Rgb = [60, 110, 220];
+pub(crate) const WALL_SOUTH: Rgb = [40, 170, 150];
+pub(crate) const WALL_NORTH: Rgb = [220, 190, 60];
+pub(crate) const CRATE: Rgb = [170, 100, 40];
+pub(crate) const OBJECT: Rgb = [230, 30, 30];
 
 /// What the camera sees besides the room: the obstacles and the object.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Scene {
+pub(crate) struct Scene {
     pub width: f64,
     pub depth: f64,
     pub obstacles: Vec<Obstacle>,
@@ -45,7 +45,7 @@ pub struct Scene {
 }
 
 impl Scene {
-    pub fn of(spec: &WorldSpec, object: Option<(f64, f64)>) -> Scene {
+    pub(crate) fn of(spec: &WorldSpec, object: Option<(f64, f64)>) -> Scene {
         Scene {
             width: spec.width,
             depth: spec.depth,
@@ -57,7 +57,7 @@ impl Scene {
 
 /// The view from `pose` as RGB pixels (`width` × `height`, row by row),
 /// `fov_deg` wide.
-pub fn render(scene: &Scene, pose: Pose, width: u32, height: u32, fov_deg: f64) -> Vec<u8> {
+pub(crate) fn render(scene: &Scene, pose: Pose, width: u32, height: u32, fov_deg: f64) -> Vec<u8> {
     let (w, h) = (width as usize, height as usize);
     let mut rgb = vec![0u8; w * h * 3];
     let horizon = h as f64 / 2.0;

@@ -16,9 +16,9 @@ use super::types::Invalid;
 /// The largest `max_packet_size` a broker connection may ask for.
 pub const MAX_MAX_PACKET: u32 = 16 * 1024 * 1024;
 /// The broker port of `mqtt://` without a port.
-pub const MQTT_PORT: u16 = 1883;
+pub(crate) const MQTT_PORT: u16 = 1883;
 /// The broker port of `mqtts://` without a port.
-pub const MQTTS_PORT: u16 = 8883;
+pub(crate) const MQTTS_PORT: u16 = 8883;
 
 /// Where a broker is: `mqtt://host[:port]` or `mqtts://host[:port]`, an
 /// IPv6 address in brackets (`mqtt://[::1]:1883`).
@@ -130,10 +130,10 @@ impl<'de> Deserialize<'de> for BrokerUrl {
     }
 }
 
-pub fn default_reconnect_min_ms() -> u64 {
+pub(crate) fn default_reconnect_min_ms() -> u64 {
     1_000
 }
-pub fn default_reconnect_max_ms() -> u64 {
+pub(crate) fn default_reconnect_max_ms() -> u64 {
     30_000
 }
 
@@ -146,7 +146,7 @@ pub fn check_max_packet_size(size: u32, min: u32) -> Result<(), String> {
 }
 
 /// What a section allows of the shared connection fields.
-pub struct BrokerLimits {
+pub(crate) struct BrokerLimits {
     /// `[mqtt]` or `[fleet]`: the prefix of the keys in errors.
     pub section: &'static str,
     pub keep_alive_secs: RangeInclusive<u64>,
@@ -169,7 +169,7 @@ pub struct BrokerFields<'a> {
 /// is sent as a 16-bit number of seconds (and the MQTT 5 client takes no
 /// less than 5); the CA file must be readable now, not at the first TLS
 /// handshake.
-pub fn check(fields: &BrokerFields<'_>, limits: &BrokerLimits) -> Result<(), Invalid> {
+pub(crate) fn check(fields: &BrokerFields<'_>, limits: &BrokerLimits) -> Result<(), Invalid> {
     let key = |k: &str| format!("{}.{k}", limits.section);
     super::types::within(
         key("keep_alive_secs"),

@@ -9,7 +9,7 @@ use std::ops::Range;
 use toml::de::{DeTable, DeValue};
 
 /// Name of the whole document in errors that belong to no key.
-pub const DOCUMENT: &str = "<document>";
+pub(super) const DOCUMENT: &str = "<document>";
 
 /// One key of the document: its dotted path and where it is.
 struct Entry {
@@ -66,7 +66,7 @@ fn walk(table: &DeTable<'_>, prefix: &str, depth: usize, out: &mut Vec<Entry>) {
 }
 
 /// The 1-based line of a byte offset.
-pub fn line_of(text: &str, offset: usize) -> usize {
+pub(super) fn line_of(text: &str, offset: usize) -> usize {
     let offset = offset.min(text.len());
     text.as_bytes()[..offset]
         .iter()
@@ -78,7 +78,7 @@ pub fn line_of(text: &str, offset: usize) -> usize {
 /// The 1-based line and dotted key at a byte offset of the text (of a
 /// parse error): the innermost key whose name or value holds the offset,
 /// else the table whose header comes last before it.
-pub fn locate_span(text: &str, offset: usize) -> (Option<usize>, String) {
+pub(super) fn locate_span(text: &str, offset: usize) -> (Option<usize>, String) {
     let entries = entries(text);
     let holds = |r: &Range<usize>| r.start <= offset && offset < r.end.max(r.start + 1);
     let inner = entries
@@ -99,7 +99,7 @@ pub fn locate_span(text: &str, offset: usize) -> (Option<usize>, String) {
 /// The line where a dotted key (`server.listen`, `actuators[1].max`) is set;
 /// if it is not set, the line of the innermost table that holds it (not the
 /// document).
-pub fn locate_key(text: &str, dotted: &str) -> Option<usize> {
+pub(super) fn locate_key(text: &str, dotted: &str) -> Option<usize> {
     let entries = entries(text);
     let mut path = dotted;
     loop {

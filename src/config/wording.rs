@@ -4,7 +4,7 @@
 //! Plain functions of the message and the key; unit-tested on strings.
 
 /// `message` (from deserialising at `key`) reworded for people.
-pub fn reword(message: &str, key: &str) -> String {
+pub(super) fn reword(message: &str, key: &str) -> String {
     if message == "invalid type: map, expected a sequence" {
         let name = key.rsplit('.').next().unwrap_or(key);
         return format!(

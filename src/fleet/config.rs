@@ -8,7 +8,7 @@ use crate::config::types::{HostConfig, Invalid, Secret, token_lines, within};
 use crate::hw::config::MqttConfig;
 
 /// Default topic prefix: records on `roz/v1/hosts/<env>/<id>`, stops on `roz/v1/estop/<env>`.
-pub const DEFAULT_PREFIX: &str = "roz/v1";
+pub(crate) const DEFAULT_PREFIX: &str = "roz/v1";
 
 broker_section! {
     /// `[fleet]`: the broker of the host registry, and this host's presence
@@ -81,7 +81,7 @@ impl ViewScope {
 }
 
 /// Bounds of `lookup_timeout_ms`.
-pub const LOOKUP_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 50..=60_000;
+pub(crate) const LOOKUP_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 50..=60_000;
 
 fn default_lookup_timeout_ms() -> u64 {
     1000
@@ -93,10 +93,10 @@ fn default_keep_alive_secs() -> u64 {
 /// Default `max_packet_size`: twice the largest record rozd takes
 /// ([`super::record::MAX_RECORD_BYTES`]), so that a record a little too big
 /// is seen and counted rather than silently dropped by the broker.
-pub const DEFAULT_MAX_PACKET: u32 = 128 * 1024;
+pub(crate) const DEFAULT_MAX_PACKET: u32 = 128 * 1024;
 /// The smallest `max_packet_size`: a record of the largest size rozd takes,
 /// with its topic and headers.
-pub const MIN_MAX_PACKET: u32 = super::record::MAX_RECORD_BYTES as u32 + 1024;
+pub(crate) const MIN_MAX_PACKET: u32 = super::record::MAX_RECORD_BYTES as u32 + 1024;
 
 fn default_max_packet_size() -> u32 {
     DEFAULT_MAX_PACKET
@@ -131,12 +131,12 @@ impl FleetConfig {
 
 /// Whether `s` can be one level of an MQTT topic (no separators, no
 /// wildcards, nothing a broker rejects).
-pub fn topic_level_ok(s: &str) -> bool {
+pub(crate) fn topic_level_ok(s: &str) -> bool {
     !s.is_empty() && s.len() <= 128 && !s.contains(['/', '+', '#', '\0'])
 }
 
 /// What `[fleet]` is checked against of the listener (`[server]`).
-pub struct Listener {
+pub(crate) struct Listener {
     /// `server.listen`.
     pub listen: std::net::SocketAddr,
     /// `[server.tls]` is configured.
@@ -145,7 +145,7 @@ pub struct Listener {
 
 /// Checks `[fleet]` and reads the token, which a fleet requires (it keys
 /// the MAC of every fleet message).
-pub fn validate(
+pub(crate) fn validate(
     fleet: &mut FleetConfig,
     host: &HostConfig,
     server: &Listener,
@@ -297,7 +297,7 @@ pub fn validate(
 
 /// An endpoint other hosts can dial: `http://host:port` or
 /// `https://host:port` (then the host's certificate must name its host id).
-pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
+pub(crate) fn check_endpoint(endpoint: &str) -> Result<(), String> {
     let uri: http::Uri = endpoint
         .parse()
         .map_err(|e| format!("{endpoint:?} is not a URL: {e}"))?;

@@ -104,7 +104,7 @@ pub(crate) struct JudgedCommand {
 
 impl JudgedCommand {
     /// The fleet member that sent it: only for an authentic command.
-    pub fn sender(&self) -> Option<&str> {
+    pub(crate) fn sender(&self) -> Option<&str> {
         match &self.message {
             Message::Authentic(command) => command.by.as_deref(),
             Message::Untrusted(_) => None,
@@ -114,7 +114,7 @@ impl JudgedCommand {
     /// The reason a stop from it latches with on this host (its audit
     /// row): who sent it only when the command is authentic, else what is
     /// wrong with it (never anything it says).
-    pub fn stop_reason(&self, environment_id: &str) -> String {
+    pub(crate) fn stop_reason(&self, environment_id: &str) -> String {
         let (from, detail) = match &self.message {
             Message::Authentic(command) => {
                 let by = command.by.as_deref().unwrap_or("an unnamed fleet member");
@@ -141,7 +141,7 @@ impl JudgedCommand {
 
     /// What it is, for the log, when it latches without being the fleet's
     /// fresh stop.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match &self.message {
             Message::Authentic(_) => {
                 "a stop command that is not fresh (a replay or a late delivery)".to_string()

@@ -37,7 +37,7 @@ use super::record::{HostRecord, RecordStatus};
 
 /// What to do after [`Lookups::ask`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ask {
+pub(super) enum Ask {
     /// The first lookup of this id: subscribe to its record.
     Subscribe,
     /// A lookup of this id is under way: wait with it.
@@ -50,11 +50,11 @@ pub enum Ask {
 /// Most ids looked up at once (each is a subscription on the broker for at
 /// most the lookup's time): a flood of requests for made-up ids cannot
 /// pile up subscriptions beyond this.
-pub const MAX_LOOKUPS: usize = 256;
+pub(super) const MAX_LOOKUPS: usize = 256;
 
 /// How a lookup ended.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
+pub(super) enum Outcome {
     /// The broker's retained record of the host (authentic, checked).
     Found(Box<HostRecord>),
     /// No record came within the lookup's time.
@@ -68,7 +68,7 @@ pub enum Outcome {
 /// A lookup that ended: unsubscribe from `id`'s record (if it was
 /// subscribed to) and answer every waiter with `outcome`.
 #[derive(Debug)]
-pub struct Done<W> {
+pub(super) struct Done<W> {
     pub id: String,
     pub outcome: Outcome,
     pub waiters: Vec<W>,
@@ -84,7 +84,7 @@ struct Pending<W> {
 
 /// The lookups under way.
 #[derive(Debug)]
-pub struct Lookups<W> {
+pub(super) struct Lookups<W> {
     timeout: Duration,
     pending: HashMap<String, Pending<W>>,
     /// Deadlines in order, for [`Lookups::next_deadline`].
@@ -92,7 +92,7 @@ pub struct Lookups<W> {
 }
 
 impl<W> Lookups<W> {
-    pub fn new(timeout: Duration) -> Lookups<W> {
+    pub(super) fn new(timeout: Duration) -> Lookups<W> {
         Lookups {
             timeout,
             pending: HashMap::new(),
@@ -102,7 +102,7 @@ impl<W> Lookups<W> {
 
     /// `waiter` asks for `id` at `now`. With [`Ask::Full`] the waiter is
     /// returned, not kept.
-    pub fn ask(&mut self, id: &str, waiter: W, now: Instant) -> (Ask, Option<W>) {
+    pub(super) fn ask(&mut self, id: &str, waiter: W, now: Instant) -> (Ask, Option<W>) {
         if let Some(pending) = self.pending.get_mut(id) {
             pending.waiters.push(waiter);
             return (Ask::Joined, None);
@@ -124,24 +124,24 @@ impl<W> Lookups<W> {
     }
 
     /// Whether a lookup of `id` is under way (a record of it is wanted).
-    pub fn wants(&self, id: &str) -> bool {
+    pub(super) fn wants(&self, id: &str) -> bool {
         self.pending.contains_key(id)
     }
 
     /// How many ids are being looked up.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.pending.len()
     }
 
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }
 
     /// An authentic, checked record of `record.id` arrived: the lookup
     /// ends if it is live or registered; an offline one is kept.
-    pub fn found(&mut self, record: HostRecord) -> Option<Done<W>> {
+    pub(super) fn found(&mut self, record: HostRecord) -> Option<Done<W>> {
         let pending = self.pending.get_mut(&record.id)?;
         if record.status == RecordStatus::Offline {
             let newer = pending
@@ -158,13 +158,13 @@ impl<W> Lookups<W> {
     }
 
     /// When the next lookup runs out of time.
-    pub fn next_deadline(&self) -> Option<Instant> {
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
         self.deadlines.first().map(|(at, _)| *at)
     }
 
     /// Ends the lookups whose time is up at `now`, each with the record it
     /// kept (offline), or not found.
-    pub fn expire(&mut self, now: Instant) -> Vec<Done<W>> {
+    pub(super) fn expire(&mut self, now: Instant) -> Vec<Done<W>> {
         let mut done = Vec::new();
         while let Some((at, id)) = self.deadlines.first().cloned() {
             if at > now {
@@ -182,7 +182,7 @@ impl<W> Lookups<W> {
     }
 
     /// The broker connection was lost: every lookup ends.
-    pub fn disconnected(&mut self) -> Vec<Done<W>> {
+    pub(super) fn disconnected(&mut self) -> Vec<Done<W>> {
         let ids: Vec<String> = self.pending.keys().cloned().collect();
         ids.iter()
             .filter_map(|id| self.end(id, Outcome::Disconnected))

@@ -43,11 +43,11 @@ use super::seal::{self, MessageKey, Unauthentic};
 
 /// How far a clear's issue time may be from this host's clock, either way.
 /// Fleet hosts keep their clocks synchronised (NTP) well within this.
-pub const MAX_CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;
+pub(crate) const MAX_CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;
 
 /// A message on the stop topic, read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Message {
+pub(crate) enum Message {
     /// Sealed with the fleet key for this topic, and a valid command.
     Authentic(FleetStopCommand),
     /// Anything else: it latches (see the module), and nothing in it is
@@ -57,7 +57,7 @@ pub enum Message {
 
 /// Why a message on the stop topic is not an authentic, valid command.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Defect {
+pub(crate) enum Defect {
     /// Zero bytes: the broker's way of deleting the retained command.
     #[error("an empty message (it deletes the retained fleet command; it clears nothing)")]
     Empty,
@@ -80,7 +80,7 @@ pub enum Defect {
 
 impl Defect {
     /// Who the message came from, as far as anything can be said.
-    pub fn sender(&self) -> &'static str {
+    pub(crate) fn sender(&self) -> &'static str {
         match self {
             Defect::Empty | Defect::Oversized { .. } => "an MQTT publisher",
             Defect::UnsealedStop(_)
@@ -95,14 +95,14 @@ impl Defect {
     }
 
     /// Whether it was sealed with the fleet key (then only its content is wrong).
-    pub fn is_sealed(&self) -> bool {
+    pub(crate) fn is_sealed(&self) -> bool {
         matches!(self, Defect::Malformed { unsealed: None, .. })
     }
 }
 
 /// Reads `payload`, received on the stop topic `topic`, with the fleet's
 /// `key` (`None`: no key, nothing is authentic).
-pub fn read(key: Option<&MessageKey>, topic: &str, payload: &[u8]) -> Message {
+pub(crate) fn read(key: Option<&MessageKey>, topic: &str, payload: &[u8]) -> Message {
     if payload.is_empty() {
         return Message::Untrusted(Defect::Empty);
     }
@@ -136,7 +136,7 @@ pub fn read(key: Option<&MessageKey>, topic: &str, payload: &[u8]) -> Message {
 
 /// How a stop that latches came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopKind {
+pub(crate) enum StopKind {
     /// Sealed with the fleet key and fresh: its `by` and `reason` are
     /// trustworthy.
     Authentic,
@@ -150,7 +150,7 @@ pub enum StopKind {
 
 /// Why an authentic command was not applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     #[error("a command without an issue time (at_ms)")]
     NoIssueTime,
     #[error(
@@ -171,7 +171,7 @@ pub enum Refusal {
 
 /// What to do with a command.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Latch the protective stop (source `fleet`).
     Stop(StopKind),
     /// Clear the stop the fleet set.
@@ -187,12 +187,12 @@ pub enum Verdict {
 /// clear was applied). It is this host's own stop, already applied, not a
 /// late replay to latch again. (A late clear needs no such memory: one
 /// older than a command applied is refused and latches nothing.)
-pub const OWN_STOPS_REMEMBERED: usize = 32;
+pub(crate) const OWN_STOPS_REMEMBERED: usize = 32;
 
 /// The fleet stop's state on one host: what it applied and since when the
 /// fleet's stop holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StopGate {
+pub(crate) struct StopGate {
     /// The `id` of the latest authentic command applied.
     last_id: Option<String>,
     /// The `id`s of the latest stops this host published, newest last (at
@@ -206,7 +206,7 @@ pub struct StopGate {
 }
 
 impl StopGate {
-    pub fn new() -> StopGate {
+    pub(crate) fn new() -> StopGate {
         StopGate::default()
     }
 
@@ -214,7 +214,7 @@ impl StopGate {
     /// `fleet_latched_since`: when this host's stop from the fleet
     /// latched, if it holds one (used when the stop command itself was not
     /// seen, e.g. after a restart).
-    pub fn decide(
+    pub(crate) fn decide(
         &mut self,
         message: &Message,
         now_ms: i64,
@@ -264,7 +264,7 @@ impl StopGate {
 
     /// This host published `command` (and applied it itself): its echo
     /// from the broker is [`Verdict::AlreadyApplied`].
-    pub fn published(&mut self, command: &FleetStopCommand, now_ms: i64) {
+    pub(crate) fn published(&mut self, command: &FleetStopCommand, now_ms: i64) {
         if let Some(id) = &command.id
             && command.stop
         {

@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 
 /// The subscriptions the fleet connection asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Subscription {
+pub(super) enum Subscription {
     /// This environment's fleet stop (QoS 1, first and on its own).
     Stop,
     /// The fleet stop again, for its retained command (every heartbeat).
@@ -28,32 +28,32 @@ pub enum Subscription {
 /// made ([`Subscriptions::asked`]); each gets its packet id when it is sent
 /// ([`Subscriptions::sent`]); the SUBACK names that id.
 #[derive(Debug, Default)]
-pub struct Subscriptions {
+pub(super) struct Subscriptions {
     queued: VecDeque<Subscription>,
     sent: HashMap<u16, Subscription>,
 }
 
 impl Subscriptions {
     /// A SUBSCRIBE for `what` was handed to the client.
-    pub fn asked(&mut self, what: Subscription) {
+    pub(super) fn asked(&mut self, what: Subscription) {
         self.queued.push_back(what);
     }
 
     /// The client sent the oldest SUBSCRIBE asked for, as packet `pkid`.
-    pub fn sent(&mut self, pkid: u16) {
+    pub(super) fn sent(&mut self, pkid: u16) {
         if let Some(what) = self.queued.pop_front() {
             self.sent.insert(pkid, what);
         }
     }
 
     /// The SUBACK of packet `pkid`: what it answers.
-    pub fn acked(&mut self, pkid: u16) -> Option<Subscription> {
+    pub(super) fn acked(&mut self, pkid: u16) -> Option<Subscription> {
         self.sent.remove(&pkid)
     }
 
     /// A new broker session: nothing sent before is answered any more
     /// (requests still queued in the client are sent on the new one).
-    pub fn new_session(&mut self) {
+    pub(super) fn new_session(&mut self) {
         self.sent.clear();
     }
 }
@@ -64,7 +64,7 @@ impl Subscriptions {
 /// afterwards was dropped while this host was connected, perhaps for this
 /// host (the broker does not say for which client).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DroppedCount {
+pub(super) struct DroppedCount {
     /// The broker's latest count.
     latest: Option<u64>,
     /// What it grew by since this host first saw it.
@@ -74,7 +74,7 @@ pub struct DroppedCount {
 impl DroppedCount {
     /// The broker published `count`: returns by how much it grew (0 for the
     /// first value, and after the broker restarted and counts from 0 again).
-    pub fn seen(&mut self, count: u64) -> u64 {
+    pub(super) fn seen(&mut self, count: u64) -> u64 {
         let grew = match self.latest {
             Some(before) if count > before => count - before,
             _ => 0,
@@ -85,19 +85,19 @@ impl DroppedCount {
     }
 
     /// Whether the broker publishes its count at all (seen once).
-    pub fn available(&self) -> bool {
+    pub(super) fn available(&self) -> bool {
         self.latest.is_some()
     }
 
     /// Messages the broker dropped (for any client) since this host first
     /// saw its count.
-    pub fn since_join(&self) -> u64 {
+    pub(super) fn since_join(&self) -> u64 {
         self.since_join
     }
 }
 
 /// The count in a `$SYS/broker/publish/messages/dropped` payload.
-pub fn parse_count(payload: &[u8]) -> Option<u64> {
+pub(super) fn parse_count(payload: &[u8]) -> Option<u64> {
     std::str::from_utf8(payload).ok()?.trim().parse().ok()
 }
 

@@ -13,12 +13,12 @@ use super::config::ReplaySpec;
 use super::{Health, Readings};
 
 /// The source key of every replayed sensor.
-pub const SOURCE: &str = "replay";
+pub(crate) const SOURCE: &str = "replay";
 
 /// Plays one sensor's values until they end (or, with `loop`, forever)
 /// or shutdown. Time 0 is the recording's first message on any channel, so
 /// sensors replayed from one file keep their recorded order.
-pub async fn run_sensor(
+pub(crate) async fn run_sensor(
     name: String,
     spec: ReplaySpec,
     readings: Arc<dyn Readings>,

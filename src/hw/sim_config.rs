@@ -100,7 +100,7 @@ fn number(key: &str, v: f64, lo: f64, lo_inclusive: bool, hi: f64) -> Result<f64
 
 /// Checks `[sim]` and builds the world it describes (the built-in room
 /// for every key left out).
-pub fn world_spec(cfg: &SimWorldConfig) -> Result<WorldSpec, Invalid> {
+pub(crate) fn world_spec(cfg: &SimWorldConfig) -> Result<WorldSpec, Invalid> {
     let mut spec = WorldSpec::default();
     if let Some(w) = cfg.width_m {
         spec.width = number("width_m", w, 0.0, false, MAX_SIDE_M)?;

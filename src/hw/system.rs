@@ -11,7 +11,7 @@ use super::config::SystemMetric;
 use super::{Health, Readings};
 
 /// One reading of a metric; `Err` says why it is not available here.
-pub fn read_metric(metric: SystemMetric, system: &mut System) -> Result<f64, String> {
+pub(crate) fn read_metric(metric: SystemMetric, system: &mut System) -> Result<f64, String> {
     match metric {
         SystemMetric::CpuLoad => {
             let load = System::load_average().map_err(|e| e.to_string())?;
@@ -69,7 +69,7 @@ pub fn read_metric(metric: SystemMetric, system: &mut System) -> Result<f64, Str
 }
 
 /// Polls one metric for one sensor until shutdown.
-pub async fn run_sensor(
+pub(crate) async fn run_sensor(
     name: String,
     metric: SystemMetric,
     every: Duration,

@@ -66,7 +66,7 @@ impl FoxgloveConfig {
 }
 
 /// Checks the section; an error names the key (`foxglove.<key>`) and why.
-pub fn validate(c: &FoxgloveConfig) -> Result<(), Invalid> {
+pub(crate) fn validate(c: &FoxgloveConfig) -> Result<(), Invalid> {
     within("foxglove.max_clients", c.max_clients, 1..=1000)?;
     within("foxglove.send_buffer", c.send_buffer, 1..=65_536)?;
     // Not a number and infinities are outside every range.

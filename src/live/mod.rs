@@ -39,10 +39,10 @@ use policy::{Offer, SubscribeError, Subscriptions};
 
 /// The most subscriptions one client may hold (every channel of a large
 /// robot fits).
-pub const MAX_SUBSCRIPTIONS: usize = 4096;
+pub(crate) const MAX_SUBSCRIPTIONS: usize = 4096;
 
 /// Nanoseconds since the Unix epoch, now.
-pub fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
@@ -50,7 +50,7 @@ pub fn now_ns() -> u64 {
 
 /// What a live message holds before it is encoded.
 #[derive(Debug)]
-pub enum Content {
+pub(crate) enum Content {
     /// An event as the recording has it (encoded by [`schema::message`]).
     Recorded(Event),
     /// A message already as JSON (the simulated scene).
@@ -59,14 +59,14 @@ pub enum Content {
 
 /// One message for any number of clients, encoded at most once.
 #[derive(Debug)]
-pub struct Live {
+pub(crate) struct Live {
     pub at_ns: u64,
     content: Content,
     body: OnceLock<Vec<u8>>,
 }
 
 impl Live {
-    pub fn new(content: Content, at_ns: u64) -> Live {
+    pub(crate) fn new(content: Content, at_ns: u64) -> Live {
         Live {
             at_ns,
             content,
@@ -75,7 +75,7 @@ impl Live {
     }
 
     /// The message's JSON, as the recording writes it.
-    pub fn body(&self) -> &[u8] {
+    pub(crate) fn body(&self) -> &[u8] {
         self.body.get_or_init(|| match &self.content {
             Content::Recorded(event) => schema::message(event, self.at_ns).body,
             Content::Json(value) => serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec()),
@@ -85,14 +85,14 @@ impl Live {
 
 /// A message queued for one client under its subscription id.
 #[derive(Debug)]
-pub struct Queued {
+pub(crate) struct Queued {
     pub subscription: u32,
     pub live: Arc<Live>,
 }
 
 /// Process-wide counts for `/metrics`.
 #[derive(Debug, Default)]
-pub struct Counts {
+pub(crate) struct Counts {
     /// Messages handed to clients' sockets.
     pub sent: AtomicU64,
     /// Messages dropped because a client's send buffer was full.
@@ -106,7 +106,7 @@ pub struct Counts {
 }
 
 /// The counts of every hub in this process.
-pub static COUNTS: Counts = Counts {
+pub(crate) static COUNTS: Counts = Counts {
     sent: AtomicU64::new(0),
     dropped_full: AtomicU64::new(0),
     dropped_too_large: AtomicU64::new(0),
@@ -123,7 +123,7 @@ struct Tap {
 
 /// The live clients and what each subscribes to.
 #[derive(Debug)]
-pub struct Hub {
+pub(crate) struct Hub {
     config: FoxgloveConfig,
     taps: Mutex<HashMap<u64, Tap>>,
     /// Subscriptions over all clients: zero means nothing is made at all.
@@ -138,7 +138,7 @@ pub struct Hub {
 
 /// A client's place under the connection cap; given back when dropped.
 #[derive(Debug)]
-pub struct Admission {
+pub(crate) struct Admission {
     hub: Arc<Hub>,
 }
 
@@ -151,7 +151,7 @@ impl Drop for Admission {
 
 /// A client attached to the hub; detached (its subscriptions gone) when dropped.
 #[derive(Debug)]
-pub struct Attached {
+pub(crate) struct Attached {
     hub: Arc<Hub>,
     pub id: u64,
 }
@@ -168,7 +168,7 @@ impl Drop for Attached {
 }
 
 impl Hub {
-    pub fn new(config: FoxgloveConfig) -> Arc<Hub> {
+    pub(crate) fn new(config: FoxgloveConfig) -> Arc<Hub> {
         Arc::new(Hub {
             config,
             taps: Mutex::default(),
@@ -179,7 +179,7 @@ impl Hub {
         })
     }
 
-    pub fn config(&self) -> &FoxgloveConfig {
+    pub(crate) fn config(&self) -> &FoxgloveConfig {
         &self.config
     }
 
@@ -188,7 +188,7 @@ impl Hub {
     }
 
     /// A place for one more client, unless `max_clients` are connected.
-    pub fn admit(self: &Arc<Self>) -> Option<Admission> {
+    pub(crate) fn admit(self: &Arc<Self>) -> Option<Admission> {
         let max = self.config.max_clients;
         let taken = self
             .admitted
@@ -205,7 +205,7 @@ impl Hub {
 
     /// Attaches a client: what it subscribes to arrives on the receiver,
     /// at most `send_buffer` messages queued.
-    pub fn attach(self: &Arc<Self>) -> (Attached, mpsc::Receiver<Queued>) {
+    pub(crate) fn attach(self: &Arc<Self>) -> (Attached, mpsc::Receiver<Queued>) {
         let (queue, receiver) = mpsc::channel(self.config.send_buffer);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(
@@ -225,7 +225,12 @@ impl Hub {
     }
 
     /// Client `client` subscribes to `topic` as `id`.
-    pub fn subscribe(&self, client: &Attached, id: u32, topic: &str) -> Result<(), SubscribeError> {
+    pub(crate) fn subscribe(
+        &self,
+        client: &Attached,
+        id: u32,
+        topic: &str,
+    ) -> Result<(), SubscribeError> {
         let mut taps = self.lock();
         let Some(tap) = taps.get_mut(&client.id) else {
             return Ok(());
@@ -236,7 +241,7 @@ impl Hub {
     }
 
     /// Client `client` ends subscription `id`; says which topic it was.
-    pub fn unsubscribe(&self, client: &Attached, id: u32) -> Result<String, SubscribeError> {
+    pub(crate) fn unsubscribe(&self, client: &Attached, id: u32) -> Result<String, SubscribeError> {
         let mut taps = self.lock();
         let Some(tap) = taps.get_mut(&client.id) else {
             return Err(SubscribeError::NoSuchSubscription(id));
@@ -281,7 +286,7 @@ impl Hub {
     /// Offers a message on `topic` to one client (channels it polls
     /// itself: the Observation, the scene) as of tick `tick`; `content` is
     /// made only when due, and once per tick for every client.
-    pub fn offer_to(
+    pub(crate) fn offer_to(
         &self,
         client: &Attached,
         topic: &'static str,

@@ -16,7 +16,7 @@ struct Subscription {
 
 /// Why a subscription request was refused (the client hears it as a status).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SubscribeError {
+pub(crate) enum SubscribeError {
     #[error("subscription id {0} is in use")]
     IdInUse(u32),
     #[error("already subscribed to {0}")]
@@ -32,7 +32,7 @@ pub enum SubscribeError {
 /// all an earlier one did. Events (actuator changes, the stop, the audit,
 /// sessions, tasks) are each news and are never thinned; the send buffer
 /// bounds them.
-pub fn rate_limited(topic: &str) -> bool {
+pub(crate) fn rate_limited(topic: &str) -> bool {
     topic == "/observation"
         || topic == "/sim/scene"
         || topic.starts_with("/sensors/")
@@ -41,7 +41,7 @@ pub fn rate_limited(topic: &str) -> bool {
 
 /// One client's subscriptions, by topic, with their rate limit.
 #[derive(Debug, Clone)]
-pub struct Subscriptions {
+pub(crate) struct Subscriptions {
     by_topic: HashMap<String, Subscription>,
     /// The shortest time between two messages of one channel.
     every: Duration,
@@ -50,7 +50,7 @@ pub struct Subscriptions {
 
 /// What to do with a message offered to one client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Offer {
+pub(crate) enum Offer {
     /// Not subscribed: nothing is made for it.
     NotWanted,
     /// Within `max_hz` of the previous one on its channel: skipped.
@@ -62,7 +62,7 @@ pub enum Offer {
 impl Subscriptions {
     /// `every`: the channel's minimum interval; `limit`: the most
     /// subscriptions one client may hold.
-    pub fn new(every: Duration, limit: usize) -> Subscriptions {
+    pub(crate) fn new(every: Duration, limit: usize) -> Subscriptions {
         Subscriptions {
             by_topic: HashMap::new(),
             every,
@@ -70,17 +70,17 @@ impl Subscriptions {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_topic.len()
     }
 
     #[cfg(test)]
-    pub fn wants(&self, topic: &str) -> bool {
+    pub(crate) fn wants(&self, topic: &str) -> bool {
         self.by_topic.contains_key(topic)
     }
 
     /// Subscribes `topic` as `id`.
-    pub fn subscribe(&mut self, id: u32, topic: &str) -> Result<(), SubscribeError> {
+    pub(crate) fn subscribe(&mut self, id: u32, topic: &str) -> Result<(), SubscribeError> {
         if self.by_topic.values().any(|s| s.id == id) {
             return Err(SubscribeError::IdInUse(id));
         }
@@ -101,7 +101,7 @@ impl Subscriptions {
     }
 
     /// Ends subscription `id`; says which topic it was.
-    pub fn unsubscribe(&mut self, id: u32) -> Result<String, SubscribeError> {
+    pub(crate) fn unsubscribe(&mut self, id: u32) -> Result<String, SubscribeError> {
         let topic = self
             .by_topic
             .iter()
@@ -114,7 +114,7 @@ impl Subscriptions {
 
     /// A message on `topic` at `now`: whether to send it, and as which
     /// subscription. A message sent is remembered for the rate limit.
-    pub fn offer(&mut self, topic: &str, now: Instant) -> Offer {
+    pub(crate) fn offer(&mut self, topic: &str, now: Instant) -> Offer {
         let Some(sub) = self.by_topic.get_mut(topic) else {
             return Offer::NotWanted;
         };

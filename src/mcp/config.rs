@@ -59,10 +59,10 @@ impl McpConfig {
 }
 
 /// The largest `max_sessions` taken.
-pub const MAX_MAX_SESSIONS: usize = 10_000;
+pub(crate) const MAX_MAX_SESSIONS: usize = 10_000;
 
 /// Checks the section; an error names the key (`mcp.<key>`) and why.
-pub fn validate(mcp: &McpConfig) -> Result<(), Invalid> {
+pub(crate) fn validate(mcp: &McpConfig) -> Result<(), Invalid> {
     within("mcp.session_idle_secs", mcp.session_idle_secs, 10..=86_400)?;
     within("mcp.max_sessions", mcp.max_sessions, 1..=MAX_MAX_SESSIONS)?;
     within("mcp.keepalive_secs", mcp.keepalive_secs, 1..=3600)?;

@@ -37,19 +37,19 @@ use crate::api::auth::Caller;
 
 /// The largest body a POST to `/mcp` may have (rmcp's own limit is set to
 /// the same).
-pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// JSON-RPC's error codes, and the server-defined ones rozd answers.
 pub(crate) mod code {
     /// The body is not JSON (or nested too deep for the parser).
-    pub const PARSE_ERROR: i64 = -32700;
+    pub(crate) const PARSE_ERROR: i64 = -32700;
     /// JSON, but not a JSON-RPC message; or a body too large.
-    pub const INVALID_REQUEST: i64 = -32600;
+    pub(crate) const INVALID_REQUEST: i64 = -32600;
     /// `mcp.max_sessions` sessions exist and none is idle.
-    pub const TOO_MANY_SESSIONS: i64 = -32000;
+    pub(crate) const TOO_MANY_SESSIONS: i64 = -32000;
     /// The session named does not exist (ended, evicted, or another
     /// credential's).
-    pub const SESSION_NOT_FOUND: i64 = -32001;
+    pub(crate) const SESSION_NOT_FOUND: i64 = -32001;
 }
 
 tokio::task_local! {
@@ -63,13 +63,13 @@ pub(super) fn held_seat() -> Option<Reservation> {
 }
 
 /// What the gate works with.
-pub struct Gate {
+pub(crate) struct Gate {
     pub sessions: Arc<Sessions>,
     pub manager: Arc<Manager>,
 }
 
 /// A JSON-RPC error answer with HTTP `status`.
-pub fn jsonrpc_error(status: StatusCode, id: Value, code: i64, message: &str) -> Response {
+pub(crate) fn jsonrpc_error(status: StatusCode, id: Value, code: i64, message: &str) -> Response {
     (
         status,
         axum::Json(json!({
@@ -164,7 +164,7 @@ async fn message(body: Body) -> Result<(axum::body::Bytes, ClientJsonRpcMessage)
 }
 
 /// The middleware in front of rmcp (see the module doc).
-pub async fn check(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+pub(crate) async fn check(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
     let credential: Arc<str> = request
         .extensions()
         .get::<Caller>()

@@ -22,17 +22,17 @@ pub(crate) mod sessions;
 
 use std::sync::Arc;
 
-pub use config::McpConfig;
+pub(crate) use config::McpConfig;
 
 /// What the rest of the daemon shares with the MCP server (its calls wait
 /// for approval in the host's list, [`crate::session::approvals`]).
 #[derive(Debug)]
-pub struct Mcp {
+pub(crate) struct Mcp {
     pub sessions: Arc<sessions::Sessions>,
 }
 
 impl Mcp {
-    pub fn new(ooda: Arc<crate::ooda::Ooda>, config: &McpConfig) -> Mcp {
+    pub(crate) fn new(ooda: Arc<crate::ooda::Ooda>, config: &McpConfig) -> Mcp {
         Mcp {
             sessions: Arc::new(sessions::Sessions::new(ooda, config.max_sessions)),
         }

@@ -54,13 +54,13 @@ use crate::session::approvals::{ApprovalView, Asker};
 use crate::session::host_call::{self, Answer, CallSite, Outcome};
 
 /// The latest Observation, as a resource.
-pub const OBSERVATION_URI: &str = "roz://observation";
+pub(crate) const OBSERVATION_URI: &str = "roz://observation";
 /// The embodiment generated from the configuration (Markdown).
-pub const EMBODIMENT_URI: &str = "rozd://embodiment";
+pub(crate) const EMBODIMENT_URI: &str = "rozd://embodiment";
 /// The operator's manual (Markdown).
-pub const MANUAL_URI: &str = "rozd://manual";
+pub(crate) const MANUAL_URI: &str = "rozd://manual";
 /// The prompt that carries both.
-pub const OPERATE_PROMPT: &str = "operate_robot";
+pub(crate) const OPERATE_PROMPT: &str = "operate_robot";
 /// Subscribers hear of a new Observation at most this often.
 const UPDATE_PERIOD: Duration = Duration::from_secs(1);
 /// Longest client name the audit keeps.
@@ -122,7 +122,7 @@ pub(crate) fn router(ctx: Arc<HostContext>, hosts: Option<Vec<String>>) -> axum:
 }
 
 /// One MCP session's server.
-pub struct HostServer {
+pub(crate) struct HostServer {
     ctx: Arc<HostContext>,
     /// The Observation subscription's task, stopped with the session.
     subscription: Mutex<Option<DropGuard>>,

@@ -51,13 +51,13 @@ use crate::ooda::Ooda;
 use crate::ooda::act::Origin;
 
 /// The owner under which an MCP session commands actuators.
-pub fn owner(session_id: &str) -> String {
+pub(crate) fn owner(session_id: &str) -> String {
     format!("mcp:{session_id}")
 }
 
 /// A seat held for an `initialize` on its way to creating a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Reservation(u64);
+pub(crate) struct Reservation(u64);
 
 #[derive(Debug)]
 struct Entry {
@@ -79,14 +79,14 @@ struct Entry {
 /// A session taken out of the table to make room: its calls are
 /// abandoned (none was in flight), its actuators go safe, rmcp closes it.
 #[derive(Debug)]
-pub struct Evicted {
+pub(crate) struct Evicted {
     pub id: String,
     pub credential: Arc<str>,
 }
 
 /// What [`Table::admit`] decided for a newcomer.
 #[derive(Debug)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// A seat is held for the newcomer, made by evicting `evicted` if the
     /// table was full.
     Seated {
@@ -100,7 +100,7 @@ pub enum Admission {
 
 /// Counters for `/v1/status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct TableStats {
+pub(crate) struct TableStats {
     pub sessions: usize,
     pub max_sessions: usize,
     /// Idle sessions ended to seat a newcomer, since start.
@@ -111,7 +111,7 @@ pub struct TableStats {
 
 /// An open MCP session, as `GET /v1/sessions/open` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct McpSessionView {
+pub(crate) struct McpSessionView {
     pub id: String,
     /// The credential that opened it (`anonymous` on a daemon without credentials).
     pub credential: String,
@@ -127,7 +127,7 @@ pub struct McpSessionView {
 /// The MCP sessions and the seats held for new ones; no I/O, no clock:
 /// every change takes the moment it happens at.
 #[derive(Debug)]
-pub struct Table {
+pub(crate) struct Table {
     max: usize,
     entries: HashMap<String, Entry>,
     pending: HashMap<Reservation, Arc<str>>,
@@ -138,7 +138,7 @@ pub struct Table {
 
 impl Table {
     /// A table of at most `max` sessions (at least one).
-    pub fn new(max: usize) -> Table {
+    pub(crate) fn new(max: usize) -> Table {
         Table {
             max: max.max(1),
             entries: HashMap::new(),
@@ -149,7 +149,7 @@ impl Table {
         }
     }
 
-    pub fn stats(&self) -> TableStats {
+    pub(crate) fn stats(&self) -> TableStats {
         TableStats {
             sessions: self.entries.len(),
             max_sessions: self.max,
@@ -160,7 +160,7 @@ impl Table {
 
     /// Holds a seat for a new session of `credential`, evicting an idle
     /// session if every seat is taken (see the module doc for which).
-    pub fn admit(&mut self, credential: &Arc<str>) -> Admission {
+    pub(crate) fn admit(&mut self, credential: &Arc<str>) -> Admission {
         let mut evicted = None;
         if self.entries.len() + self.pending.len() >= self.max {
             let Some(victim) = self.victim(credential) else {
@@ -214,7 +214,7 @@ impl Table {
     /// Session `id` was created for `reservation`: the seat becomes the
     /// session, opened by the reservation's credential. `false` for a
     /// reservation that is not held (nothing is seated then).
-    pub fn seat(&mut self, reservation: Reservation, id: &str, now: Instant) -> bool {
+    pub(crate) fn seat(&mut self, reservation: Reservation, id: &str, now: Instant) -> bool {
         let Some(credential) = self.pending.remove(&reservation) else {
             return false;
         };
@@ -234,7 +234,7 @@ impl Table {
 
     /// The `initialize` of `reservation` ended without a session (or with
     /// one, already seated): the seat is free again.
-    pub fn release(&mut self, reservation: Reservation) {
+    pub(crate) fn release(&mut self, reservation: Reservation) {
         self.pending.remove(&reservation);
     }
 
@@ -242,7 +242,13 @@ impl Table {
     /// session exists and is that credential's (another's is not there, to
     /// it). `in_flight`: a POST, whose answer keeps the session busy until
     /// [`Table::end`].
-    pub fn begin(&mut self, id: &str, credential: &str, in_flight: bool, now: Instant) -> bool {
+    pub(crate) fn begin(
+        &mut self,
+        id: &str,
+        credential: &str,
+        in_flight: bool,
+        now: Instant,
+    ) -> bool {
         match self.entries.get_mut(id) {
             Some(entry) if &*entry.credential == credential => {
                 entry.last_active = now;
@@ -256,20 +262,20 @@ impl Table {
     }
 
     /// The answer to a request begun with `in_flight` is finished.
-    pub fn end(&mut self, id: &str, now: Instant) {
+    pub(crate) fn end(&mut self, id: &str, now: Instant) {
         if let Some(entry) = self.entries.get_mut(id) {
             entry.in_flight = entry.in_flight.saturating_sub(1);
             entry.last_active = now;
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// The open sessions, the oldest first, their moments in unix ms by
     /// `unix_ms`.
-    pub fn list(&self, unix_ms: impl Fn(Instant) -> i64) -> Vec<McpSessionView> {
+    pub(crate) fn list(&self, unix_ms: impl Fn(Instant) -> i64) -> Vec<McpSessionView> {
         let mut views: Vec<McpSessionView> = self
             .entries
             .iter()
@@ -291,7 +297,7 @@ impl Table {
 
 /// The open MCP sessions.
 #[derive(Debug)]
-pub struct Sessions {
+pub(crate) struct Sessions {
     table: Mutex<Table>,
     ooda: Arc<Ooda>,
     /// A moment in both clocks: the table's instants as unix ms.
@@ -300,7 +306,7 @@ pub struct Sessions {
 
 impl Sessions {
     /// At most `max` sessions (`mcp.max_sessions`).
-    pub fn new(ooda: Arc<Ooda>, max: usize) -> Sessions {
+    pub(crate) fn new(ooda: Arc<Ooda>, max: usize) -> Sessions {
         Sessions {
             table: Mutex::new(Table::new(max)),
             ooda,
@@ -309,16 +315,16 @@ impl Sessions {
     }
 
     /// Sessions open now.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.lock().len()
     }
 
-    pub fn stats(&self) -> TableStats {
+    pub(crate) fn stats(&self) -> TableStats {
         self.lock().stats()
     }
 
     /// The open sessions ([`Table::list`]).
-    pub fn list(&self) -> Vec<McpSessionView> {
+    pub(crate) fn list(&self) -> Vec<McpSessionView> {
         let (at, at_ms) = self.epoch;
         self.lock().list(|t| {
             let since = i64::try_from(t.saturating_duration_since(at).as_millis());
@@ -328,17 +334,17 @@ impl Sessions {
 
     /// [`Table::admit`]; an evicted session's deadman is the caller's to
     /// run (with rmcp's close, see [`Manager::evict`]).
-    pub fn admit(&self, credential: &Arc<str>) -> Admission {
+    pub(crate) fn admit(&self, credential: &Arc<str>) -> Admission {
         self.lock().admit(credential)
     }
 
-    pub fn release(&self, reservation: Reservation) {
+    pub(crate) fn release(&self, reservation: Reservation) {
         self.lock().release(reservation);
     }
 
     /// [`Table::begin`]; the guard ends an in-flight request when dropped
     /// (when its answer is finished or abandoned).
-    pub fn begin(
+    pub(crate) fn begin(
         self: &Arc<Self>,
         id: &str,
         credential: &str,
@@ -356,7 +362,7 @@ impl Sessions {
     /// client goes away or the session ends; `None` for an unknown session.
     /// A request proves the client is there now, even after it was found
     /// gone (what it commanded before is safe by then).
-    pub fn presence(&self, id: &str) -> Option<CancellationToken> {
+    pub(crate) fn presence(&self, id: &str) -> Option<CancellationToken> {
         let mut table = self.lock();
         let entry = table.entries.get_mut(id)?;
         if entry.present.is_cancelled() {
@@ -367,7 +373,7 @@ impl Sessions {
 
     /// Whether session `id`'s client holds its event stream and has not
     /// been found gone since: the one a ping can reach.
-    pub fn listening(&self, id: &str) -> bool {
+    pub(crate) fn listening(&self, id: &str) -> bool {
         self.lock()
             .entries
             .get(id)
@@ -376,7 +382,7 @@ impl Sessions {
 
     /// Session `id`'s client holds its stream but did not answer: it is gone
     /// (a silent peer, e.g. a cut network). Whether the session still exists.
-    pub async fn unresponsive(&self, id: &str) -> bool {
+    pub(crate) async fn unresponsive(&self, id: &str) -> bool {
         let present = match self.lock().entries.get(id) {
             None => return false,
             Some(e) if e.present.is_cancelled() => return true,
@@ -447,7 +453,7 @@ impl Sessions {
 /// A request of a session under way; dropped when its answer is finished
 /// (or abandoned), ending it in the table.
 #[derive(Debug)]
-pub struct RequestGuard {
+pub(crate) struct RequestGuard {
     /// Set for a request that counts as in flight.
     sessions: Option<Arc<Sessions>>,
     id: String,
@@ -462,7 +468,7 @@ impl Drop for RequestGuard {
 }
 
 /// Every actuator session `id` commands goes to its safe value.
-pub async fn deadman(ooda: &Ooda, id: &str, reason: &str) {
+pub(crate) async fn deadman(ooda: &Ooda, id: &str, reason: &str) {
     let owner = owner(id);
     let released = ooda
         .actuators()
@@ -507,7 +513,7 @@ impl Stream for Guarded {
 
 /// Why [`Manager`] did not do what rmcp asked.
 #[derive(Debug, thiserror::Error)]
-pub enum ManagerError {
+pub(crate) enum ManagerError {
     #[error(transparent)]
     Local(#[from] LocalSessionManagerError),
     /// A session would be created without a seat held for it by
@@ -518,19 +524,19 @@ pub enum ManagerError {
 
 /// rmcp's in-memory session manager, telling [`Sessions`] when sessions
 /// begin and end and when their standalone streams open and close.
-pub struct Manager {
+pub(crate) struct Manager {
     inner: LocalSessionManager,
     sessions: Arc<Sessions>,
 }
 
 impl Manager {
-    pub fn new(inner: LocalSessionManager, sessions: Arc<Sessions>) -> Manager {
+    pub(crate) fn new(inner: LocalSessionManager, sessions: Arc<Sessions>) -> Manager {
         Manager { inner, sessions }
     }
 
     /// Ends a session [`Table::admit`] evicted: rmcp closes it (its
     /// streams end), and what it commands goes safe.
-    pub async fn evict(&self, evicted: &Evicted) {
+    pub(crate) async fn evict(&self, evicted: &Evicted) {
         tracing::warn!(
             session_id = %owner(&evicted.id),
             credential = %evicted.credential,

@@ -30,21 +30,21 @@ use super::{
 };
 
 /// The `anthropic-version` header rozd speaks.
-pub const API_VERSION: &str = "2023-06-01";
+pub(crate) const API_VERSION: &str = "2023-06-01";
 
 #[derive(Debug)]
-pub struct AnthropicModel {
+pub(crate) struct AnthropicModel {
     endpoint: ResolvedEndpoint,
     client: SharedClient,
 }
 
 impl AnthropicModel {
-    pub fn new(endpoint: ResolvedEndpoint) -> Self {
+    pub(crate) fn new(endpoint: ResolvedEndpoint) -> Self {
         let client = SharedClient::build(endpoint.connect_timeout);
         AnthropicModel { endpoint, client }
     }
 
-    pub fn with_client(endpoint: ResolvedEndpoint, client: SharedClient) -> Self {
+    pub(crate) fn with_client(endpoint: ResolvedEndpoint, client: SharedClient) -> Self {
         AnthropicModel { endpoint, client }
     }
 }
@@ -124,7 +124,7 @@ fn cache_marker() -> Value {
 }
 
 /// The JSON body of a streaming Messages request.
-pub fn request_body(endpoint: &ResolvedEndpoint, request: &ModelRequest) -> Value {
+pub(crate) fn request_body(endpoint: &ResolvedEndpoint, request: &ModelRequest) -> Value {
     let cache = endpoint.prompt_cache;
     let mut body = serde_json::Map::new();
     body.insert("model".into(), json!(endpoint.model));
@@ -294,7 +294,7 @@ enum Open {
 
 /// Assembles one streamed message.
 #[derive(Debug, Default)]
-pub struct AnthropicDecoder {
+pub(crate) struct AnthropicDecoder {
     blocks: BTreeMap<u64, Open>,
     usage: Usage,
     stop: Option<ModelStop>,

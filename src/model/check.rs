@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use super::{Block, Message, Model, ModelEvent, ModelRequest, ModelStop, ToolDef, Usage};
 
 /// The tool the check makes the model call.
-pub const CHECK_TOOL: &str = "read_sensor";
+pub(crate) const CHECK_TOOL: &str = "read_sensor";
 
 const SYSTEM: &str = "You are being checked by rozd, a robot host. Answer briefly.";
 /// Enough for a word or a tool call; small, so a check costs little.
@@ -28,7 +28,7 @@ const MAX_OUTPUT_TOKENS: u32 = 256;
 
 /// One step's verdict.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Step {
+pub(crate) struct Step {
     /// What was tried, e.g. `tool call (forced)`.
     pub step: &'static str,
     pub ok: bool,
@@ -114,7 +114,7 @@ fn red_square() -> Vec<u8> {
 /// Runs the check's steps against `model`, in order; a step that depends
 /// on one that failed is tried anyway with a stand-in (a tool result can be
 /// checked without the model's own call).
-pub async fn run(model: &dyn Model) -> Vec<Step> {
+pub(crate) async fn run(model: &dyn Model) -> Vec<Step> {
     let mut steps = Vec::new();
 
     let asked = Message::user(vec![Block::Text("Reply with the single word OK.".into())]);

@@ -13,15 +13,15 @@ use serde::Deserialize;
 use crate::config::types::Invalid;
 
 /// The name of the offline command model.
-pub const LOCAL: &str = "local";
+pub(crate) const LOCAL: &str = "local";
 /// Anthropic's API, when an endpoint gives no `base_url`.
-pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
+pub(crate) const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
 /// The environment variable an Anthropic endpoint reads its key from by default.
-pub const ANTHROPIC_KEY_ENV: &str = "ANTHROPIC_API_KEY";
+pub(crate) const ANTHROPIC_KEY_ENV: &str = "ANTHROPIC_API_KEY";
 /// OpenAI's API, when an `openai` endpoint gives no `base_url`.
-pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+pub(crate) const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
 /// Names starting with this go to Anthropic when no endpoint has that name.
-pub const CLAUDE_PREFIX: &str = "claude-";
+pub(crate) const CLAUDE_PREFIX: &str = "claude-";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -430,7 +430,7 @@ impl ModelConfig {
     }
 }
 
-pub fn is_claude(name: &str) -> bool {
+pub(crate) fn is_claude(name: &str) -> bool {
     name.len() > CLAUDE_PREFIX.len() && name.starts_with(CLAUDE_PREFIX)
 }
 

@@ -34,7 +34,7 @@ pub(super) const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 /// Why an API key could not be found. Messages name the variable or file,
 /// never a value.
 #[derive(Debug, thiserror::Error)]
-pub enum KeyError {
+pub(super) enum KeyError {
     #[error(
         "environment variable {var} is not set; it must hold the API key of model endpoint {endpoint:?}"
     )]
@@ -55,10 +55,10 @@ pub enum KeyError {
 
 /// An API key: never printed.
 #[derive(Clone, PartialEq, Eq)]
-pub struct ApiKey(String);
+pub(super) struct ApiKey(String);
 
 impl ApiKey {
-    pub fn expose(&self) -> &str {
+    pub(super) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -72,7 +72,7 @@ impl std::fmt::Debug for ApiKey {
 /// The endpoint's key: from `api_key_file` if set, else from the environment
 /// variable `api_key_env`, else none. Read on every call, so a rotated key
 /// file takes effect without a restart.
-pub fn api_key(endpoint: &ResolvedEndpoint) -> Result<Option<ApiKey>, KeyError> {
+pub(super) fn api_key(endpoint: &ResolvedEndpoint) -> Result<Option<ApiKey>, KeyError> {
     api_key_from(endpoint, |var| std::env::var(var))
 }
 
@@ -119,7 +119,7 @@ fn api_key_from(
 
 /// Replaces every occurrence of the given secrets, and anything that looks
 /// like an API key (`sk-...`, `sk_...`), with `[redacted]`.
-pub fn redact(text: &str, secrets: &[&str]) -> String {
+pub(super) fn redact(text: &str, secrets: &[&str]) -> String {
     let mut out = text.to_string();
     for secret in secrets.iter().filter(|s| s.len() >= 4) {
         out = out.replace(secret, "[redacted]");
@@ -156,10 +156,10 @@ pub fn redact(text: &str, secrets: &[&str]) -> String {
 /// A reqwest client shared by the calls of one endpoint, or why it could
 /// not be built (reported on every call).
 #[derive(Debug, Clone)]
-pub struct SharedClient(Result<reqwest::Client, String>);
+pub(crate) struct SharedClient(Result<reqwest::Client, String>);
 
 impl SharedClient {
-    pub fn build(connect_timeout: Duration) -> Self {
+    pub(crate) fn build(connect_timeout: Duration) -> Self {
         install_crypto_provider();
         let built = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
@@ -194,7 +194,7 @@ fn install_crypto_provider() {
 /// Why one attempt failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{message}")]
-pub struct Failure {
+pub(super) struct Failure {
     pub message: String,
     pub retryable: bool,
     pub retry_after: Option<Duration>,
@@ -205,7 +205,7 @@ pub struct Failure {
 }
 
 impl Failure {
-    pub fn retryable(message: impl Into<String>) -> Self {
+    pub(super) fn retryable(message: impl Into<String>) -> Self {
         Failure {
             message: message.into(),
             retryable: true,
@@ -213,7 +213,7 @@ impl Failure {
             server_error: false,
         }
     }
-    pub fn fatal(message: impl Into<String>) -> Self {
+    pub(super) fn fatal(message: impl Into<String>) -> Self {
         Failure {
             message: message.into(),
             retryable: false,
@@ -224,7 +224,7 @@ impl Failure {
 }
 
 /// Turns one provider's event stream into model events.
-pub trait Decoder: Send + 'static {
+pub(super) trait Decoder: Send + 'static {
     /// One server-sent event.
     fn event(&mut self, event: SseEvent) -> Result<Vec<ModelEvent>, Failure>;
     /// The body ended (cleanly) before [`Decoder::finished`].
@@ -234,10 +234,10 @@ pub trait Decoder: Send + 'static {
 }
 
 /// Extracts the provider's message from an error body.
-pub type ErrorMessage = fn(&[u8]) -> Option<String>;
+pub(super) type ErrorMessage = fn(&[u8]) -> Option<String>;
 
 /// One streaming call: what to send, how to decode it, how to retry.
-pub struct Call<D> {
+pub(super) struct Call<D> {
     pub client: SharedClient,
     pub url: String,
     pub headers: HeaderMap,
@@ -251,7 +251,7 @@ pub struct Call<D> {
 }
 
 impl<D: Decoder> Call<D> {
-    pub fn into_stream(self) -> ModelStream {
+    pub(super) fn into_stream(self) -> ModelStream {
         let running = Running {
             call: self,
             body: None,
@@ -273,7 +273,7 @@ impl<D: Decoder> Call<D> {
 }
 
 /// A stream that yields one error.
-pub fn failed(error: ModelError) -> ModelStream {
+pub(super) fn failed(error: ModelError) -> ModelStream {
     futures_util::stream::once(std::future::ready(Err(error))).boxed()
 }
 
@@ -609,7 +609,7 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-pub fn shorten(text: &str, limit: usize) -> String {
+pub(super) fn shorten(text: &str, limit: usize) -> String {
     if text.chars().count() <= limit {
         return text.to_string();
     }
@@ -619,7 +619,7 @@ pub fn shorten(text: &str, limit: usize) -> String {
 }
 
 /// The `error.message` (or `error` string, or `message`) of a JSON error body.
-pub fn json_error_message(body: &[u8]) -> Option<String> {
+pub(super) fn json_error_message(body: &[u8]) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     let error = v.get("error");
     let message = error

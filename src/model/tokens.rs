@@ -3,7 +3,7 @@
 //! token per four characters of a word, one per punctuation mark).
 
 /// Estimated tokens in `text`.
-pub fn count(text: &str) -> u32 {
+pub(crate) fn count(text: &str) -> u32 {
     // Runs over the system prompt, the Observation and every new message
     // before each model call: ASCII, nearly all of that text, is classified
     // a byte at a time; other characters are decoded as they come.
@@ -49,7 +49,7 @@ const ASCII: [u8; 128] = {
 
 /// Whether an ASCII byte is whitespace as `char::is_whitespace` has it:
 /// unlike `u8::is_ascii_whitespace`, that includes the vertical tab.
-pub const fn is_ascii_whitespace_char(b: u8) -> bool {
+pub(crate) const fn is_ascii_whitespace_char(b: u8) -> bool {
     matches!(b, b' ' | b'\t'..=b'\r')
 }
 

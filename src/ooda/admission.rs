@@ -27,7 +27,7 @@ const SAFE_EPSILON: f64 = 1e-12;
 
 /// Why a command is not applied.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The protective stop is active (its reason).
     Stopped(String),
     NotFinite(f64),
@@ -45,7 +45,7 @@ pub enum Refusal {
 
 /// One actuator's commanded state.
 #[derive(Debug, Clone)]
-pub struct Admission {
+pub(crate) struct Admission {
     value: f64,
     /// Who commanded the current (non-safe) value.
     owner: Option<Origin>,
@@ -59,7 +59,7 @@ pub struct Admission {
 
 /// What applying a command changed.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Change {
+pub(crate) struct Change {
     pub previous: f64,
     /// The hold in force: the configured `hold_ms`, shortened (never
     /// extended) by the command's own; none for the safe value.
@@ -70,7 +70,7 @@ pub struct Change {
 
 impl Admission {
     /// At its safe value, owned by nobody.
-    pub fn new(safe_value: f64, now: Instant) -> Admission {
+    pub(crate) fn new(safe_value: f64, now: Instant) -> Admission {
         Admission {
             value: safe_value,
             owner: None,
@@ -83,33 +83,33 @@ impl Admission {
 
     /// Why the device did not confirm that it is at the safe value, when
     /// the last drive to it failed.
-    pub fn safe_unconfirmed(&self) -> Option<&str> {
+    pub(crate) fn safe_unconfirmed(&self) -> Option<&str> {
         self.safe_unconfirmed.as_deref()
     }
 
-    pub fn value(&self) -> f64 {
+    pub(crate) fn value(&self) -> f64 {
         self.value
     }
 
-    pub fn owner(&self) -> Option<&Origin> {
+    pub(crate) fn owner(&self) -> Option<&Origin> {
         self.owner.as_ref()
     }
 
-    pub fn since(&self) -> Instant {
+    pub(crate) fn since(&self) -> Instant {
         self.since
     }
 
-    pub fn hold_until(&self) -> Option<Instant> {
+    pub(crate) fn hold_until(&self) -> Option<Instant> {
         self.hold_until
     }
 
-    pub fn at_safe_value(&self, spec: &ActuatorSpec) -> bool {
+    pub(crate) fn at_safe_value(&self, spec: &ActuatorSpec) -> bool {
         (self.value - spec.safe_value).abs() < SAFE_EPSILON
     }
 
     /// May `origin` command `value` now? `stop` is the reason of the active
     /// protective stop, if one is.
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         spec: &ActuatorSpec,
         value: f64,
@@ -150,7 +150,7 @@ impl Admission {
 
     /// The driver took `value` for `origin` at `now`; `asked_hold` is the
     /// command's own hold, if it gave one.
-    pub fn applied(
+    pub(crate) fn applied(
         &mut self,
         spec: &ActuatorSpec,
         value: f64,
@@ -182,7 +182,7 @@ impl Admission {
     /// The safe value was driven (whether or not the device confirmed it:
     /// it is the value rozd wants); `error`: why the device did not
     /// confirm it. Returns who had owned the value before.
-    pub fn went_safe(
+    pub(crate) fn went_safe(
         &mut self,
         spec: &ActuatorSpec,
         error: Option<String>,
@@ -196,7 +196,7 @@ impl Admission {
     }
 
     /// The value's hold has run out by `now`.
-    pub fn hold_expired(&self, now: Instant) -> bool {
+    pub(crate) fn hold_expired(&self, now: Instant) -> bool {
         self.hold_until.is_some_and(|until| until <= now)
     }
 }
@@ -207,7 +207,7 @@ impl Admission {
 /// expiry task over a deadline set). At most one deadline per actuator
 /// (its index): a new command replaces the old one.
 #[derive(Debug, Default)]
-pub struct HoldDeadlines {
+pub(crate) struct HoldDeadlines {
     by_time: BTreeSet<(Instant, usize)>,
     by_actuator: HashMap<usize, Instant>,
 }
@@ -216,7 +216,7 @@ impl HoldDeadlines {
     /// Sets (or, with `None`, removes) the deadline of `actuator`. Returns
     /// whether the earliest deadline moved earlier, i.e. whether a sleeping
     /// expiry task must be woken to sleep less.
-    pub fn set(&mut self, actuator: usize, deadline: Option<Instant>) -> bool {
+    pub(crate) fn set(&mut self, actuator: usize, deadline: Option<Instant>) -> bool {
         if let Some(old) = self.by_actuator.remove(&actuator) {
             self.by_time.remove(&(old, actuator));
         }
@@ -230,12 +230,12 @@ impl HoldDeadlines {
     }
 
     /// The earliest deadline.
-    pub fn next(&self) -> Option<Instant> {
+    pub(crate) fn next(&self) -> Option<Instant> {
         self.by_time.first().map(|(t, _)| *t)
     }
 
     /// Removes and returns the actuators whose deadline is at or before `now`.
-    pub fn take_due(&mut self, now: Instant) -> Vec<usize> {
+    pub(crate) fn take_due(&mut self, now: Instant) -> Vec<usize> {
         let mut due = Vec::new();
         while let Some(&(t, actuator)) = self.by_time.first() {
             if t > now {

@@ -7,7 +7,7 @@ use super::act::{ActError, ActuatorEvent, ActuatorObserver, Applied, Origin, Ver
 /// drive (origin `safety`: `applied`, or `driver_error` when the device did
 /// not confirm it), and every feedback verdict by actuator and status.
 #[derive(Debug, Default)]
-pub struct ActuatorMetrics;
+pub(crate) struct ActuatorMetrics;
 
 impl ActuatorObserver for ActuatorMetrics {
     fn actuator_changed(&self, event: &ActuatorEvent) {

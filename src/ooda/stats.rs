@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 /// Ticks the percentiles are taken over.
-pub const WINDOW: usize = 4096;
+pub(crate) const WINDOW: usize = 4096;
 
 /// What `/v1/status` (`ooda`) and the benchmark report.
 #[derive(Debug, Clone, Serialize, Default, PartialEq)]
@@ -46,7 +46,7 @@ pub struct RealtimeView {
 
 /// Collected by the loop, read by [`TickHistory::stats`].
 #[derive(Debug, Default)]
-pub struct TickHistory {
+pub(crate) struct TickHistory {
     ticks: u64,
     missed: u64,
     late_max_us: u64,
@@ -58,7 +58,7 @@ pub struct TickHistory {
 impl TickHistory {
     /// One tick: how late it woke, how long its work took, and how many
     /// deadlines before it were skipped.
-    pub fn tick(&mut self, late_us: u64, exec_us: u64, skipped: u64) {
+    pub(crate) fn tick(&mut self, late_us: u64, exec_us: u64, skipped: u64) {
         self.ticks += 1;
         self.missed += skipped;
         self.late_max_us = self.late_max_us.max(late_us);
@@ -71,7 +71,12 @@ impl TickHistory {
         }
     }
 
-    pub fn stats(&self, tick_hz: f64, timer: &'static str, realtime: RealtimeView) -> LoopStats {
+    pub(crate) fn stats(
+        &self,
+        tick_hz: f64,
+        timer: &'static str,
+        realtime: RealtimeView,
+    ) -> LoopStats {
         let late = sorted(&self.late);
         let exec = sorted(&self.exec);
         LoopStats {

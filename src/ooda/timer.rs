@@ -73,7 +73,7 @@ pub enum TimerError {
 /// One wake-up: how late it came after its deadline, and how many earlier
 /// deadlines were skipped.
 #[derive(Debug, Clone, Copy)]
-pub struct Wake {
+pub(crate) struct Wake {
     pub late: Duration,
     pub skipped: u64,
 }
@@ -81,7 +81,7 @@ pub struct Wake {
 /// Starts the loop's thread: applies `realtime` on it (reporting failure
 /// before returning), then calls `tick` at every deadline `period` apart
 /// until it returns `false`.
-pub fn spawn_thread(
+pub(crate) fn spawn_thread(
     period: Duration,
     realtime: &Realtime,
     mut tick: impl FnMut(Wake) -> bool + Send + 'static,
@@ -140,7 +140,7 @@ fn run_thread(period: Duration, tick: &mut impl FnMut(Wake) -> bool) {
 }
 
 /// The loop as a task on the runtime's clock.
-pub async fn run_runtime(period: Duration, mut tick: impl FnMut(Wake) -> bool) {
+pub(crate) async fn run_runtime(period: Duration, mut tick: impl FnMut(Wake) -> bool) {
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut expected: Option<tokio::time::Instant> = None;
@@ -201,7 +201,7 @@ fn apply(realtime: &Realtime) -> Result<(), TimerError> {
 /// `tick` with its panics caught: a tick that panics ends the loop and
 /// hands `failed` the panic's message once (the caller goes safe), instead
 /// of leaving a dead loop behind whose reflexes no longer run.
-pub fn guarded(
+pub(crate) fn guarded(
     mut tick: impl FnMut(Wake) -> bool,
     failed: impl FnOnce(String),
 ) -> impl FnMut(Wake) -> bool {

@@ -10,7 +10,7 @@ use crate::config::types::{Invalid, within};
 use crate::hw::config::{ActuatorTarget, HardwareSpec, SensorSource};
 
 /// The streams a recording can hold, by their `streams` name.
-pub const STREAMS: &[&str] = &[
+pub(crate) const STREAMS: &[&str] = &[
     "observation",
     "sensors",
     "actuators",
@@ -110,7 +110,7 @@ impl RecordConfig {
 }
 
 /// Checks `[record]`; an error names the key (`record.<key>`) and why.
-pub fn validate(record: &RecordConfig) -> Result<(), Invalid> {
+pub(crate) fn validate(record: &RecordConfig) -> Result<(), Invalid> {
     if let Some(dir) = &record.directory {
         if dir.as_os_str().is_empty() {
             return Err(Invalid::new("record.directory", "must not be empty"));
@@ -203,7 +203,10 @@ impl Default for ReplayConfig {
 /// beside an actuator that is not simulated is refused unless
 /// `replay.allow_real_actuators` says otherwise), then gives every replayed
 /// sensor the speed and `loop` of `[replay]`.
-pub fn validate_replay(replay: &ReplayConfig, hardware: &mut HardwareSpec) -> Result<(), Invalid> {
+pub(crate) fn validate_replay(
+    replay: &ReplayConfig,
+    hardware: &mut HardwareSpec,
+) -> Result<(), Invalid> {
     let s = replay.speed;
     if !(s.is_finite() && (0.01..=1000.0).contains(&s)) {
         return Err(Invalid::new(

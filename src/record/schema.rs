@@ -16,7 +16,7 @@ use crate::store::AuditRecord;
 /// One thing to record, as the taps hand it over (converted to JSON on the
 /// writer's thread, not on the hot path).
 #[derive(Debug)]
-pub enum Event {
+pub(crate) enum Event {
     Sensor {
         name: Arc<str>,
         value: f64,
@@ -45,7 +45,7 @@ pub enum Event {
 
 /// The kinds of channel, each with its schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kind {
+pub(crate) enum Kind {
     Observation,
     Sensor,
     Actuator,
@@ -59,7 +59,7 @@ pub enum Kind {
 
 impl Kind {
     /// The schema's name.
-    pub fn schema_name(self) -> &'static str {
+    pub(crate) fn schema_name(self) -> &'static str {
         match self {
             Kind::Observation => "rozd.Observation",
             Kind::Sensor => "rozd.SensorValue",
@@ -73,7 +73,7 @@ impl Kind {
     }
 
     /// The JSON Schema (draft 2020-12) of the channel's messages.
-    pub fn schema(self) -> Value {
+    pub(crate) fn schema(self) -> Value {
         let mut schema = match self {
             Kind::Observation => json!({
                 "type": "object",
@@ -226,7 +226,7 @@ impl Kind {
 
 /// An event as a message: its kind, channel and JSON body.
 #[derive(Debug)]
-pub struct Message {
+pub(crate) struct Message {
     pub kind: Kind,
     pub topic: String,
     pub body: Vec<u8>,
@@ -240,7 +240,7 @@ struct SensorValue<'a> {
 }
 
 /// The message of `event`, logged at `at_ns` (ns since the Unix epoch).
-pub fn message(event: &Event, at_ns: u64) -> Message {
+pub(crate) fn message(event: &Event, at_ns: u64) -> Message {
     let (kind, topic, body) = match event {
         Event::Sensor { name, value } => (
             Kind::Sensor,
@@ -386,7 +386,7 @@ pub fn message(event: &Event, at_ns: u64) -> Message {
 }
 
 /// The `/sessions` message of a session that started.
-pub fn session_started(s: &crate::store::SessionRecord) -> Value {
+pub(crate) fn session_started(s: &crate::store::SessionRecord) -> Value {
     json!({
         "event": "session_started",
         "session_id": s.id,
@@ -396,12 +396,12 @@ pub fn session_started(s: &crate::store::SessionRecord) -> Value {
 }
 
 /// The `/sessions` message of a session that ended.
-pub fn session_ended(id: &str, reason: &str) -> Value {
+pub(crate) fn session_ended(id: &str, reason: &str) -> Value {
     json!({"event": "session_ended", "session_id": id, "reason": reason})
 }
 
 /// The `/sessions` message of a turn that ended, with the messages it added.
-pub fn turn_ended(t: &crate::store::TurnRecord) -> Value {
+pub(crate) fn turn_ended(t: &crate::store::TurnRecord) -> Value {
     json!({
         "event": "turn_ended",
         "session_id": t.session_id,

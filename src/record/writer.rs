@@ -19,7 +19,7 @@ use super::schema::{self, Event, Kind};
 
 /// What goes through the queue.
 #[derive(Debug)]
-pub enum Item {
+pub(super) enum Item {
     /// An event and when it happened (ns since the Unix epoch).
     Record(u64, Event),
     /// Finish the current file, then answer and end the thread.
@@ -31,7 +31,7 @@ const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// Counters and state the writer shares with `/v1/status` and `/metrics`.
 #[derive(Debug, Default)]
-pub struct Shared {
+pub(super) struct Shared {
     /// Messages written to a file.
     pub written: AtomicU64,
     /// Events dropped because the queue was full.
@@ -48,10 +48,10 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn current(&self) -> Option<String> {
+    pub(super) fn current(&self) -> Option<String> {
         self.current.lock().clone()
     }
-    pub fn last_error(&self) -> Option<String> {
+    pub(super) fn last_error(&self) -> Option<String> {
         self.last_error.lock().clone()
     }
     fn set_current(&self, name: Option<String>) {
@@ -66,7 +66,7 @@ impl Shared {
 
 /// The writer's settings.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub(super) struct Settings {
     pub directory: PathBuf,
     pub host_id: String,
     pub max_file_bytes: u64,
@@ -226,7 +226,7 @@ impl Open {
 }
 
 /// Runs until told to finish (or every sender is gone).
-pub fn run(settings: Settings, queue: Receiver<Item>, shared: Arc<Shared>) {
+pub(super) fn run(settings: Settings, queue: Receiver<Item>, shared: Arc<Shared>) {
     let mut open: Option<Open> = None;
     let mut retry_at: Option<Instant> = None;
     let mut next_flush = Instant::now() + settings.flush_every;

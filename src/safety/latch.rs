@@ -87,7 +87,7 @@ impl<'a> ClearRequest<'a> {
 
 /// What a clear did: the events to report (in order) and its answer.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Cleared {
+pub(crate) struct Cleared {
     pub events: Vec<StopEvent>,
     /// `Ok(true)` if a cause was removed, `Ok(false)` if there was none to
     /// remove; refused while an input asserts a cause in scope.
@@ -106,7 +106,7 @@ struct Held {
 /// that counts the changes of the causes (the stop file records up to
 /// which one it holds).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Latch {
+pub(crate) struct Latch {
     causes: Vec<StopInfo>,
     /// Inputs that still assert the stop (input -> what it holds).
     held: BTreeMap<String, Held>,
@@ -115,18 +115,18 @@ pub struct Latch {
 
 impl Latch {
     /// A latch holding `causes` (restored from the stop file).
-    pub fn with_causes(causes: Vec<StopInfo>) -> Latch {
+    pub(crate) fn with_causes(causes: Vec<StopInfo>) -> Latch {
         Latch {
             causes,
             ..Latch::default()
         }
     }
 
-    pub fn causes(&self) -> &[StopInfo] {
+    pub(crate) fn causes(&self) -> &[StopInfo] {
         &self.causes
     }
 
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation
     }
 
@@ -136,7 +136,7 @@ impl Latch {
 
     /// Adds the request's cause at `now_ms`. `None` when its source holds a
     /// cause already (which keeps its first reason): nothing changed.
-    pub fn trigger(&mut self, request: StopRequest<'_>, now_ms: i64) -> Option<StopEvent> {
+    pub(crate) fn trigger(&mut self, request: StopRequest<'_>, now_ms: i64) -> Option<StopEvent> {
         if self.causes.iter().any(|c| request.source.is(&c.source)) {
             return None;
         }
@@ -159,7 +159,7 @@ impl Latch {
     /// arrived). `Err(())` when `source` holds no cause: a late reason never
     /// latches by itself. `Ok(None)` when the reason is the same already.
     #[allow(clippy::result_unit_err)]
-    pub fn give_reason(
+    pub(crate) fn give_reason(
         &mut self,
         source: &StopSource,
         reason: &str,
@@ -185,7 +185,7 @@ impl Latch {
     /// Clears what the request's scope names. A cause an input asserts is
     /// never removed: the operator's clear removes the others and is
     /// refused; a source's clear is refused outright.
-    pub fn clear(&mut self, request: ClearRequest<'_>) -> Cleared {
+    pub(crate) fn clear(&mut self, request: ClearRequest<'_>) -> Cleared {
         let by = request.by.to_string();
         let credential = request.credential.map(str::to_string);
         let refusal = |input: &String, held: &Held, cleared: Vec<String>| {
@@ -264,7 +264,7 @@ impl Latch {
 
     /// `input` asserts `source`'s cause: it cannot be cleared until the
     /// input is released. (It does not latch by itself.)
-    pub fn hold(&mut self, input: &str, source: &StopSource, why: &str) {
+    pub(crate) fn hold(&mut self, input: &str, source: &StopSource, why: &str) {
         self.held.insert(
             input.to_string(),
             Held {
@@ -275,12 +275,12 @@ impl Latch {
     }
 
     /// `input` no longer asserts the stop; the cause stays until cleared.
-    pub fn release(&mut self, input: &str) {
+    pub(crate) fn release(&mut self, input: &str) {
         self.held.remove(input);
     }
 
     /// Inputs that assert the stop now, by name.
-    pub fn held_inputs(&self) -> Vec<String> {
+    pub(crate) fn held_inputs(&self) -> Vec<String> {
         self.held.keys().cloned().collect()
     }
 }

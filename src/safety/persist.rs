@@ -22,7 +22,7 @@ use super::StopInfo;
 
 /// How long a stop or a clear waits for its state to reach the disk before
 /// it answers anyway (and reports that it was not persisted).
-pub const DURABLE_WITHIN: Duration = Duration::from_secs(2);
+pub(crate) const DURABLE_WITHIN: Duration = Duration::from_secs(2);
 /// The file's format version.
 const VERSION: u32 = 1;
 /// A stop file larger than this is not one of ours.

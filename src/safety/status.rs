@@ -9,12 +9,12 @@ use crate::ooda::Ooda;
 use crate::ooda::orient::AlarmLevel;
 
 /// `level` while nothing is latched.
-pub const LEVEL_NORMAL: &str = "normal";
+pub(crate) const LEVEL_NORMAL: &str = "normal";
 /// `level` while the protective stop is latched.
-pub const LEVEL_PROTECTIVE_STOP: &str = "protective_stop";
+pub(crate) const LEVEL_PROTECTIVE_STOP: &str = "protective_stop";
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SafetyStatus {
+pub(crate) struct SafetyStatus {
     pub environment_id: String,
     pub estop_active: bool,
     /// `normal` or `protective_stop`.
@@ -35,7 +35,7 @@ pub struct SafetyStatus {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct InputStatus {
+pub(crate) struct InputStatus {
     /// `gpio:<pin>` or `mqtt:<topic>`.
     pub name: String,
     /// A GPIO input at its active level (clearing is refused meanwhile).

@@ -17,7 +17,7 @@ const TRANSCRIPT_BLOCK_CHARS: usize = 4_000;
 /// The fractions of `max_context_tokens` at which compaction steps start,
 /// and the fraction they bring the context down to.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CompactionLimits {
+pub(crate) struct CompactionLimits {
     pub target: f64,
     pub tool_results_at: f64,
     pub thinking_at: f64,
@@ -37,7 +37,7 @@ impl Default for CompactionLimits {
 
 /// Estimates calibrated by what the provider reported.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ContextMeter {
+pub(crate) struct ContextMeter {
     /// Real tokens per estimated token, from the last call with usage.
     scale: f64,
 }
@@ -50,7 +50,7 @@ impl Default for ContextMeter {
 
 impl ContextMeter {
     /// An estimate in real tokens.
-    pub fn scaled(&self, estimate: u32) -> u32 {
+    pub(crate) fn scaled(&self, estimate: u32) -> u32 {
         let v = (f64::from(estimate) * self.scale).ceil();
         if v >= f64::from(u32::MAX) {
             u32::MAX
@@ -60,13 +60,13 @@ impl ContextMeter {
     }
 
     /// Real tokens in estimate units.
-    pub fn unscaled(&self, tokens: u32) -> u32 {
+    pub(crate) fn unscaled(&self, tokens: u32) -> u32 {
         (f64::from(tokens) / self.scale).floor() as u32
     }
 
     /// Learns from a call whose request and answer were estimated at
     /// `estimate` and which the provider counted as `actual` tokens.
-    pub fn calibrate(&mut self, estimate: u32, actual: u32) {
+    pub(crate) fn calibrate(&mut self, estimate: u32, actual: u32) {
         if estimate > 0 && actual > 0 {
             self.scale = (f64::from(actual) / f64::from(estimate)).clamp(0.25, 4.0);
         }
@@ -74,7 +74,7 @@ impl ContextMeter {
 }
 
 /// Estimated tokens of messages.
-pub fn estimate(messages: &[Message]) -> u32 {
+pub(crate) fn estimate(messages: &[Message]) -> u32 {
     messages
         .iter()
         .map(model::estimate_message_tokens)
@@ -85,13 +85,13 @@ pub fn estimate(messages: &[Message]) -> u32 {
 /// together so that a turn does not count the whole conversation again:
 /// it grows with every turn, and a turn starts with its size.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct History {
+pub(crate) struct History {
     messages: Vec<Message>,
     tokens: u32,
 }
 
 impl History {
-    pub fn new(messages: Vec<Message>) -> History {
+    pub(crate) fn new(messages: Vec<Message>) -> History {
         History {
             tokens: estimate(&messages),
             messages,
@@ -105,36 +105,36 @@ impl History {
         History { messages, tokens }
     }
 
-    pub fn push(&mut self, message: Message) {
+    pub(crate) fn push(&mut self, message: Message) {
         self.tokens = self
             .tokens
             .saturating_add(model::estimate_message_tokens(&message));
         self.messages.push(message);
     }
 
-    pub fn messages(&self) -> &[Message] {
+    pub(crate) fn messages(&self) -> &[Message] {
         &self.messages
     }
 
     /// Estimated tokens of the messages.
-    pub fn tokens(&self) -> u32 {
+    pub(crate) fn tokens(&self) -> u32 {
         self.tokens
     }
 
-    pub fn into_parts(self) -> (Vec<Message>, u32) {
+    pub(crate) fn into_parts(self) -> (Vec<Message>, u32) {
         (self.messages, self.tokens)
     }
 }
 
 /// Whether a message starts a turn: a user message with the user's own text
 /// (not only tool results).
-pub fn starts_turn(m: &Message) -> bool {
+pub(crate) fn starts_turn(m: &Message) -> bool {
     m.role == Role::User && m.content.iter().any(|b| matches!(b, Block::Text(_)))
 }
 
 /// The index of the last assistant message: it and what follows are what
 /// the model is working on now and are never elided.
-pub fn working_tail(conversation: &[Message]) -> usize {
+pub(crate) fn working_tail(conversation: &[Message]) -> usize {
     conversation
         .iter()
         .rposition(|m| m.role == Role::Assistant)
@@ -144,7 +144,7 @@ pub fn working_tail(conversation: &[Message]) -> usize {
 /// Level 1: replaces the content of tool results in `conversation[..before]`,
 /// oldest first, by a short note, until `estimate` (of the whole request,
 /// kept up to date) is at most `target`. Returns how many were elided.
-pub fn elide_tool_results(
+pub(crate) fn elide_tool_results(
     conversation: &mut [Message],
     before: usize,
     estimate: &mut u32,
@@ -183,7 +183,7 @@ const IMAGE_ELIDED: &str =
 /// in `conversation[..before]`, oldest first, until `estimate` is at most
 /// `target`, and says so in the result's text. Images a client sent are
 /// left to the later levels. Returns how many were dropped.
-pub fn elide_tool_images(
+pub(crate) fn elide_tool_images(
     conversation: &mut [Message],
     before: usize,
     estimate: &mut u32,
@@ -226,7 +226,7 @@ pub fn elide_tool_images(
 /// `conversation[..before]`, oldest first, until `estimate` is at most
 /// `target`. Messages left empty are removed. Returns (blocks removed,
 /// messages removed).
-pub fn strip_thinking(
+pub(crate) fn strip_thinking(
     conversation: &mut Vec<Message>,
     before: usize,
     estimate: &mut u32,
@@ -271,7 +271,7 @@ pub fn strip_thinking(
 /// brings `estimate` to at most `target` once `conversation[..cut]` is
 /// replaced by `reserve` tokens, else the largest. `None` when there is no
 /// old turn.
-pub fn cut_old_turns(
+pub(crate) fn cut_old_turns(
     conversation: &[Message],
     turn_start: usize,
     estimate: u32,
@@ -294,7 +294,7 @@ pub fn cut_old_turns(
 }
 
 /// Old turns as plain text, for the model to summarise.
-pub fn transcript(messages: &[Message]) -> String {
+pub(crate) fn transcript(messages: &[Message]) -> String {
     let clip = |s: &str| -> String {
         if s.chars().count() <= TRANSCRIPT_BLOCK_CHARS {
             return s.to_string();
@@ -341,14 +341,14 @@ pub fn transcript(messages: &[Message]) -> String {
 }
 
 /// The instruction of a summarisation call.
-pub const SUMMARY_SYSTEM: &str = "You compress the early part of a conversation between a user \
+pub(crate) const SUMMARY_SYSTEM: &str = "You compress the early part of a conversation between a user \
 and an AI agent that works on a robot host through tools, so the agent can continue without it. \
 Write a concise summary (at most about 300 words) that keeps: the user's goals and instructions, \
 decisions made, facts learnt (sensor readings, tool results that still matter), actions taken on \
 the hardware and their outcomes, and open tasks. Plain text, no preamble.";
 
 /// The message that replaces summarised turns.
-pub fn summary_message(summary: &str) -> Message {
+pub(crate) fn summary_message(summary: &str) -> Message {
     Message::user(vec![Block::Text(format!(
         "[Summary of the earlier conversation, written when rozd compacted the context]\n{summary}"
     ))])

@@ -535,7 +535,7 @@ pub struct Manual {
 }
 
 /// `text` without `<!-- ... -->` comments (an unclosed one runs to the end).
-pub fn strip_comments(text: &str) -> String {
+pub(crate) fn strip_comments(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("<!--") {
@@ -665,24 +665,24 @@ impl Briefing {
 
 /// The current briefing; swapped whole when the manual is re-read.
 #[derive(Debug)]
-pub struct Briefings {
+pub(crate) struct Briefings {
     current: RwLock<Arc<Briefing>>,
 }
 
 impl Briefings {
-    pub fn new(briefing: Briefing) -> Briefings {
+    pub(crate) fn new(briefing: Briefing) -> Briefings {
         Briefings {
             current: RwLock::new(Arc::new(briefing)),
         }
     }
 
     /// What a session starting now is told.
-    pub fn current(&self) -> Arc<Briefing> {
+    pub(crate) fn current(&self) -> Arc<Briefing> {
         self.current.read().clone()
     }
 
     /// New sessions get `manual` with the same embodiment; returns the new version.
-    pub fn replace_manual(&self, manual: Option<Manual>) -> String {
+    pub(crate) fn replace_manual(&self, manual: Option<Manual>) -> String {
         let mut current = self.current.write();
         let next = Briefing::new(current.embodiment.clone(), manual);
         let version = next.version.clone();
@@ -693,7 +693,7 @@ impl Briefings {
 
 /// A briefing of an empty robot with `manual`, for tests.
 #[cfg(test)]
-pub fn test_briefing(manual: Option<&str>) -> Arc<Briefing> {
+pub(crate) fn test_briefing(manual: Option<&str>) -> Arc<Briefing> {
     Arc::new(Briefing::new(
         Arc::new(plain_embodiment()),
         manual.map(|text| Manual {

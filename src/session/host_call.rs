@@ -24,7 +24,7 @@ use crate::store::{AuditKind, AuditRecord, Decision};
 use crate::tools::ToolError;
 
 /// What differs between the callers of a host tool.
-pub trait CallSite {
+pub(crate) trait CallSite {
     /// Why the caller stopped waiting (a cancelled turn, a client gone).
     type Interrupt;
 
@@ -82,7 +82,7 @@ impl From<GateDecision> for Decision {
 
 /// The answer to an approval.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// `Ok(())` approved; `Err(message)` denied or not answered in time
     /// (the message says which, for the caller).
     pub verdict: Result<(), String>,
@@ -95,7 +95,7 @@ pub struct Answer {
 impl Answer {
     /// An operator's answer (dashboard, REST, Foxglove) to the approval of
     /// `name`.
-    pub fn from_operator(answered: super::approvals::Answered, name: &str) -> Answer {
+    pub(crate) fn from_operator(answered: super::approvals::Answered, name: &str) -> Answer {
         Answer {
             verdict: if answered.approve {
                 Ok(())
@@ -107,7 +107,7 @@ impl Answer {
     }
 
     /// No answer within `secs`: denied.
-    pub fn timed_out(name: &str, secs: u64) -> Answer {
+    pub(crate) fn timed_out(name: &str, secs: u64) -> Answer {
         Answer {
             verdict: Err(format!(
                 "`{name}` was not approved within {secs} s (session.approval_timeout_secs): denied"
@@ -119,7 +119,7 @@ impl Answer {
 
 /// Why a host tool call did not run, or failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// Parameters a PURE tool cannot take, an unknown sensor or port.
     Invalid,
     /// A PHYSICAL value outside the host's limits: refused, never clamped.
@@ -146,7 +146,7 @@ pub enum Failure {
 
 impl Failure {
     /// The code MCP clients see (see docs/guides/mcp.md).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Failure::Invalid => "invalid_argument",
             Failure::SafetyViolation => "safety_violation",
@@ -163,7 +163,7 @@ impl Failure {
 
     /// The `SessionError` a session's client hears beside the result; none
     /// for failures the result alone reports.
-    pub fn session_code(self) -> Option<ErrorCode> {
+    pub(crate) fn session_code(self) -> Option<ErrorCode> {
         match self {
             Failure::SafetyViolation => Some(ErrorCode::SafetyViolation),
             Failure::EStop => Some(ErrorCode::EStop),
@@ -176,7 +176,7 @@ impl Failure {
 
     /// `e_stop` and `safety_violation`: the host refused or stopped a
     /// physical action (a headless turn ends on them).
-    pub fn is_safety(self) -> bool {
+    pub(crate) fn is_safety(self) -> bool {
         matches!(self, Failure::SafetyViolation | Failure::EStop)
     }
 }
@@ -197,7 +197,7 @@ impl From<&ToolError> for Failure {
 
 /// The result of a host tool call.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// The tool's JSON answer, or what went wrong (for the model or client).
     pub content: String,
     /// `None`: the call ran and succeeded.
@@ -215,12 +215,12 @@ impl Outcome {
         }
     }
 
-    pub fn is_error(&self) -> bool {
+    pub(crate) fn is_error(&self) -> bool {
         self.failure.is_some()
     }
 
     /// The error a session's client hears beside the result of call `id`.
-    pub fn session_error(&self, id: &str) -> Option<SessionError> {
+    pub(crate) fn session_error(&self, id: &str) -> Option<SessionError> {
         let code = self.failure?.session_code()?;
         Some(SessionError::new(
             code,
@@ -231,7 +231,7 @@ impl Outcome {
 
 /// What the gate decided; `decision` is the audit's word for it, and
 /// `approved_by` the credential that answered an approval.
-pub enum Gate {
+pub(crate) enum Gate {
     Pass {
         decision: GateDecision,
         approved_by: Option<String>,
@@ -246,7 +246,7 @@ pub enum Gate {
 
 /// The gate every tool call passes, host or client: the permission policy,
 /// and an approval where it asks for one.
-pub async fn gate<S: CallSite>(
+pub(crate) async fn gate<S: CallSite>(
     site: &mut S,
     permissions: &PermissionPolicy,
     id: &str,
@@ -316,7 +316,7 @@ async fn approve_timed<S: CallSite>(
 /// the caller abandons while it runs is audited as such and returns the
 /// caller's interrupt (a command that reached its driver finishes in its own
 /// task and is then undone by the deadman, see `Actuators::command`).
-pub async fn run<S: CallSite>(
+pub(crate) async fn run<S: CallSite>(
     site: &mut S,
     host: &HostAccess,
     permissions: &PermissionPolicy,
@@ -499,7 +499,7 @@ fn audit_record(
 /// made the call itself (`approvals.require_other_credential`): `kind`
 /// `approval`, `decision` `refused`, `credential` the one that tried,
 /// `origin` the way it tried (`POST /v1/approvals`, `ApproveToolUse`, ...).
-pub fn own_approval_refused(
+pub(crate) fn own_approval_refused(
     session_id: &str,
     tool_call_id: &str,
     tool: &str,

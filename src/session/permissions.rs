@@ -131,7 +131,7 @@ impl PermissionPolicy {
 }
 
 /// Glob match where `*` matches any run of characters and `?` exactly one.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
+pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
     let p: Vec<char> = pattern.chars().collect();
     let t: Vec<char> = text.chars().collect();
     let (mut pi, mut ti) = (0, 0);

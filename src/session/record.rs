@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use crate::model::{Block, Message, Role};
 
 /// Conversation messages as stored JSON. Image bytes are not stored, only their size.
-pub fn messages_json(messages: &[Message]) -> Value {
+pub(super) fn messages_json(messages: &[Message]) -> Value {
     let blocks = |m: &Message| -> Vec<Value> {
         m.content
             .iter()

@@ -27,7 +27,7 @@ type TurnFuture = Pin<Box<dyn Future<Output = TurnOutcome> + Send>>;
 
 /// Why a turn ended without an outcome.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TurnFailed {
+pub(super) enum TurnFailed {
     #[error("the turn panicked: {0}")]
     Panicked(String),
     #[error("the turn did not wind down in time and was aborted")]
@@ -37,9 +37,9 @@ pub enum TurnFailed {
 /// The turn's inbox is full (the turn has not read what it was given yet):
 /// the input it did not take.
 #[derive(Debug, Clone, PartialEq)]
-pub struct InboxFull(pub TurnInput);
+pub(super) struct InboxFull(pub TurnInput);
 
-pub struct RunningTurn {
+pub(super) struct RunningTurn {
     /// `None` once aborted. The mutex is never locked (the turn is reached
     /// through `get_mut`); it only lets the session loop, whose methods
     /// take `&self` across awaits, hold a turn that is not `Sync`.
@@ -49,7 +49,7 @@ pub struct RunningTurn {
 
 impl RunningTurn {
     /// `turn` reads its inputs from the receiver of `inbox`.
-    pub fn new(
+    pub(super) fn new(
         turn: impl Future<Output = TurnOutcome> + Send + 'static,
         inbox: mpsc::Sender<TurnInput>,
     ) -> RunningTurn {
@@ -65,7 +65,7 @@ impl RunningTurn {
     /// Runs the turn until it ends. Cancel-safe: dropping this future leaves
     /// the turn where it was, and it goes on at the next call. Once it has
     /// ended (or was aborted) this never resolves again.
-    pub async fn finished(&mut self) -> Result<TurnOutcome, TurnFailed> {
+    pub(super) async fn finished(&mut self) -> Result<TurnOutcome, TurnFailed> {
         let Some(future) = self.future.as_mut() else {
             return Err(TurnFailed::Aborted);
         };
@@ -81,12 +81,12 @@ impl RunningTurn {
     }
 
     /// Drops the turn where it stands (its drop guards run).
-    pub fn abort(&mut self) {
+    pub(super) fn abort(&mut self) {
         self.future = None;
     }
 
     /// Hands `input` to the turn without waiting.
-    pub fn offer(&self, input: TurnInput) -> Result<(), InboxFull> {
+    pub(super) fn offer(&self, input: TurnInput) -> Result<(), InboxFull> {
         match self.inbox.try_send(input) {
             Ok(()) => Ok(()),
             // A turn that has finished reading its inbox has finished: the

@@ -28,7 +28,7 @@ const MAX_ERRORS: usize = 5;
 
 /// A schema checked once and ready to validate values.
 #[derive(Debug, Clone)]
-pub struct Schema {
+pub(crate) struct Schema {
     root: Value,
     /// Compiled `pattern`s and `patternProperties`, by source.
     patterns: HashMap<String, regex::Regex>,
@@ -36,7 +36,7 @@ pub struct Schema {
 
 impl Schema {
     /// Checks that `root` is a schema rozd can apply.
-    pub fn compile(root: &Value) -> Result<Schema, String> {
+    pub(crate) fn compile(root: &Value) -> Result<Schema, String> {
         let mut patterns = HashMap::new();
         check_schema(root, root, "#", &mut patterns, 0)?;
         Ok(Schema {
@@ -47,7 +47,7 @@ impl Schema {
 
     /// Every problem of `value` (at most five), each `<path>: <problem>`
     /// where the path is a JSON pointer into the value (empty at the top).
-    pub fn errors(&self, value: &Value) -> Vec<String> {
+    pub(crate) fn errors(&self, value: &Value) -> Vec<String> {
         let mut errors = Vec::new();
         self.check(&self.root, value, "", &mut errors, 0);
         errors.truncate(MAX_ERRORS);

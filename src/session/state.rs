@@ -27,7 +27,7 @@ fn invalid(message: impl Into<String>) -> SessionError {
 /// What one session may hold of the client's data (`[session]`
 /// `max_session_bytes`, `max_session_tools`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SessionLimits {
+pub(crate) struct SessionLimits {
     pub max_bytes: u64,
     pub max_tools: u32,
 }
@@ -35,7 +35,7 @@ pub struct SessionLimits {
 impl SessionLimits {
     /// No bound (unit tests of other rules).
     #[cfg(test)]
-    pub const NONE: SessionLimits = SessionLimits {
+    pub(crate) const NONE: SessionLimits = SessionLimits {
         max_bytes: u64::MAX,
         max_tools: u32::MAX,
     };
@@ -68,7 +68,7 @@ impl SessionLimits {
 }
 
 /// Bytes of a tool's definition as the client sent it.
-pub fn tool_bytes(spec: &ToolSpec) -> u64 {
+pub(crate) fn tool_bytes(spec: &ToolSpec) -> u64 {
     (spec.name.len() + spec.description.len() + spec.parameters_schema.to_string().len()) as u64
 }
 
@@ -101,7 +101,7 @@ fn history_bytes(history: &[HistoryMessage]) -> u64 {
 }
 
 #[derive(Debug)]
-pub struct Session {
+pub(crate) struct Session {
     pub id: String,
     pub environment_id: String,
     pub model: Arc<dyn Model>,
@@ -131,7 +131,7 @@ pub struct Session {
 
 /// Everything a turn needs, prepared from the session and the `UserMessage`.
 #[derive(Debug)]
-pub struct TurnPlan {
+pub(crate) struct TurnPlan {
     pub message_id: String,
     pub ai_mode: AiMode,
     pub user_content: String,
@@ -143,7 +143,7 @@ pub struct TurnPlan {
 
 impl Session {
     /// Validates a `StartSession` and builds the session.
-    pub fn start(
+    pub(crate) fn start(
         request: StartRequest,
         briefing: Arc<Briefing>,
         host: &HostConfig,
@@ -217,7 +217,7 @@ impl Session {
         self.history_bytes + context + tools.bytes() + guidance
     }
 
-    pub fn register_tools(
+    pub(crate) fn register_tools(
         &mut self,
         source: Option<String>,
         tools: Vec<ToolSpec>,
@@ -251,7 +251,11 @@ impl Session {
     }
 
     /// Validates a `UserMessage` and prepares its turn.
-    pub fn plan_turn(&self, turn: UserTurn, host: &HostConfig) -> Result<TurnPlan, SessionError> {
+    pub(crate) fn plan_turn(
+        &self,
+        turn: UserTurn,
+        host: &HostConfig,
+    ) -> Result<TurnPlan, SessionError> {
         // Sessions that target this host default to ooda_re_act.
         let ai_mode = match turn.ai_mode.as_deref() {
             None | Some("") => AiMode::OodaReAct,
@@ -312,7 +316,7 @@ impl Session {
         parts.join("\n\n")
     }
 
-    pub fn remember_expired(&mut self, ids: impl IntoIterator<Item = String>) {
+    pub(crate) fn remember_expired(&mut self, ids: impl IntoIterator<Item = String>) {
         for id in ids {
             if self.expired_calls.len() == EXPIRED_CALLS_KEPT {
                 self.expired_calls.pop_front();
@@ -321,14 +325,14 @@ impl Session {
         }
     }
 
-    pub fn is_expired(&self, tool_call_id: &str) -> bool {
+    pub(crate) fn is_expired(&self, tool_call_id: &str) -> bool {
         self.expired_calls.iter().any(|id| id == tool_call_id)
     }
 
     /// The context's size in tokens (for `Keepalive`): the last request and
     /// answer as the provider counted them, or estimated, updated live while
     /// a turn runs.
-    pub fn tokens_used(&self) -> u32 {
+    pub(crate) fn tokens_used(&self) -> u32 {
         self.live_tokens.load(Ordering::Relaxed)
     }
 }

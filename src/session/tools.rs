@@ -12,7 +12,7 @@ use crate::model::ToolDef;
 
 /// A tool with its compiled parameter schema.
 #[derive(Debug, Clone)]
-pub struct Tool {
+pub(crate) struct Tool {
     pub spec: ToolSpec,
     schema: Arc<Schema>,
     /// Estimated tokens of its definition in a model request, counted once:
@@ -21,7 +21,7 @@ pub struct Tool {
 }
 
 impl Tool {
-    pub fn new(spec: ToolSpec) -> Result<Tool, String> {
+    pub(crate) fn new(spec: ToolSpec) -> Result<Tool, String> {
         if !spec.parameters_schema.is_object() {
             return Err(format!(
                 "tool `{}`: parameters_schema must be a JSON object",
@@ -46,7 +46,7 @@ impl Tool {
     }
 
     /// Checks parameters against the schema; the message lists what is wrong.
-    pub fn validate(&self, parameters: &Value) -> Result<(), String> {
+    pub(crate) fn validate(&self, parameters: &Value) -> Result<(), String> {
         let errors = self.schema.errors(parameters);
         if errors.is_empty() {
             Ok(())
@@ -55,7 +55,7 @@ impl Tool {
         }
     }
 
-    pub fn definition(&self) -> ToolDef {
+    pub(crate) fn definition(&self) -> ToolDef {
         ToolDef {
             name: self.spec.name.clone(),
             description: self.spec.description.clone(),
@@ -65,13 +65,13 @@ impl Tool {
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct ToolRegistry {
+pub(crate) struct ToolRegistry {
     tools: Vec<Tool>,
 }
 
 impl ToolRegistry {
     /// A registry from a list that must have unique names.
-    pub fn from_specs(specs: Vec<ToolSpec>, field: &str) -> Result<ToolRegistry, String> {
+    pub(crate) fn from_specs(specs: Vec<ToolSpec>, field: &str) -> Result<ToolRegistry, String> {
         let mut registry = ToolRegistry::default();
         registry.add(specs, field)?;
         Ok(registry)
@@ -96,7 +96,7 @@ impl ToolRegistry {
     /// `RegisterTools`: drops every tool named `{source}__*`, then adds
     /// `specs` (each must carry that prefix). All or nothing: on error the
     /// registry is unchanged.
-    pub fn register(
+    pub(crate) fn register(
         &mut self,
         source: Option<&str>,
         specs: Vec<ToolSpec>,
@@ -128,34 +128,34 @@ impl ToolRegistry {
         Ok(RegisterSummary { removed, added })
     }
 
-    pub fn get(&self, name: &str) -> Option<&Tool> {
+    pub(crate) fn get(&self, name: &str) -> Option<&Tool> {
         self.tools.iter().find(|t| t.spec.name == name)
     }
 
-    pub fn names(&self) -> Vec<&str> {
+    pub(crate) fn names(&self) -> Vec<&str> {
         self.tools.iter().map(|t| t.spec.name.as_str()).collect()
     }
 
-    pub fn definitions(&self) -> Vec<ToolDef> {
+    pub(crate) fn definitions(&self) -> Vec<ToolDef> {
         self.tools.iter().map(Tool::definition).collect()
     }
 
     /// Estimated tokens of [`ToolRegistry::definitions`]
     /// ([`crate::model::estimate_tools_tokens`]), counted when the tools
     /// were added.
-    pub fn tokens(&self) -> u32 {
+    pub(crate) fn tokens(&self) -> u32 {
         self.tools
             .iter()
             .map(|t| t.tokens)
             .fold(0u32, u32::saturating_add)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.tools.len()
     }
 
     /// Bytes of the tools' definitions (names, descriptions, schemas).
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.tools
             .iter()
             .map(|t| super::state::tool_bytes(&t.spec))
@@ -164,7 +164,7 @@ impl ToolRegistry {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RegisterSummary {
+pub(crate) struct RegisterSummary {
     pub removed: usize,
     pub added: usize,
 }

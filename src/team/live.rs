@@ -8,7 +8,7 @@ pub(super) type WorkerEndWatch = (String, watch::Receiver<Option<WorkerEnd>>);
 
 /// A running task.
 #[derive(Debug)]
-pub struct LiveTask {
+pub(crate) struct LiveTask {
     pub id: String,
     pub environment_id: String,
     pub timeout_secs: u32,

@@ -14,7 +14,7 @@ mod live;
 pub(crate) mod state;
 pub(crate) mod worker;
 
-pub use live::LiveTask;
+pub(crate) use live::LiveTask;
 
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
@@ -37,7 +37,7 @@ const WATCH_BATCH: u32 = 256;
 const WATCH_POLL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
-pub enum TaskError {
+pub(crate) enum TaskError {
     #[error("{0}")]
     InvalidArgument(String),
     #[error("{0}")]
@@ -60,7 +60,7 @@ pub enum TaskError {
 
 /// What `CreateTask` asks for.
 #[derive(Debug, Clone, Default)]
-pub struct NewTask {
+pub(crate) struct NewTask {
     pub prompt: String,
     pub environment_id: String,
     pub host_id: Option<String>,
@@ -72,14 +72,14 @@ pub struct NewTask {
 
 /// A task as reported: its row plus the calls waiting for approval.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct TaskView {
+pub(crate) struct TaskView {
     #[serde(flatten)]
     pub row: TaskRow,
     pub pending_approvals: Vec<ApprovalView>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct ApprovalView {
+pub(crate) struct ApprovalView {
     pub tool_call_id: String,
     pub worker_id: String,
     pub tool: String,
@@ -222,7 +222,7 @@ fn start_worker(
 /// The host a task id names: ids are `<host id>:<uuid>`, so that any rozd
 /// of a fleet can route a request for a task to the host that runs it
 /// without asking anyone.
-pub fn task_owner(id: &str) -> Result<&str, TaskError> {
+pub(crate) fn task_owner(id: &str) -> Result<&str, TaskError> {
     let malformed = || {
         TaskError::InvalidArgument(format!(
             "task id {id:?} is not <host id>:<uuid> (as CreateTask returns it)"
@@ -530,7 +530,7 @@ pub(crate) async fn cancel(team: &TeamHost, id: &str) -> Result<(), TaskError> {
 /// How an answer to a task's call arrived (the audit's `origin` of a
 /// refused one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AnsweredVia {
+pub(crate) enum AnsweredVia {
     /// `TaskService.ApproveToolUse`.
     Grpc,
     /// `POST /v1/tasks/{id}/approvals`.
@@ -619,7 +619,7 @@ pub(crate) async fn approve(
 
 /// Which part of a task's log a watcher follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Follow {
+pub(crate) enum Follow {
     TeamEvents,
     Status,
 }
@@ -710,7 +710,7 @@ pub(crate) async fn follow(
 /// After a restart: no task resumes physical work by itself. Tasks that were
 /// running are failed (`interrupted`), their workers reported failed
 /// (`e_stop`: the host stopped under them) and exited.
-pub async fn recover(store: &crate::store::Store) -> Result<Vec<String>, StoreError> {
+pub(crate) async fn recover(store: &crate::store::Store) -> Result<Vec<String>, StoreError> {
     let closed = store
         .close_unfinished_tasks(
             TaskStatus::TERMINAL,

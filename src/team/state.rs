@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 /// A task's status. `succeeded`, `failed`, `cancelled` and `timed_out` are final.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskStatus {
+pub(crate) enum TaskStatus {
     Pending,
     Running,
     WaitingApproval,
@@ -20,10 +20,10 @@ pub enum TaskStatus {
 
 impl TaskStatus {
     /// Final statuses, as stored.
-    pub const TERMINAL: &'static [&'static str] =
+    pub(crate) const TERMINAL: &'static [&'static str] =
         &["succeeded", "failed", "cancelled", "timed_out"];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TaskStatus::Pending => "pending",
             TaskStatus::Running => "running",
@@ -35,18 +35,18 @@ impl TaskStatus {
         }
     }
 
-    pub fn is_terminal(self) -> bool {
+    pub(crate) fn is_terminal(self) -> bool {
         Self::TERMINAL.contains(&self.as_str())
     }
 
-    pub fn is_terminal_str(status: &str) -> bool {
+    pub(crate) fn is_terminal_str(status: &str) -> bool {
         Self::TERMINAL.contains(&status)
     }
 }
 
 /// Why a worker failed: exactly the reasons `WorkerFailed.reason` may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailReason {
+pub(crate) enum FailReason {
     /// A protective stop, or the daemon stopping under the worker.
     EStop,
     /// The task's `timeout_secs` ran out.
@@ -58,7 +58,7 @@ pub enum FailReason {
 }
 
 impl FailReason {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             FailReason::EStop => "e_stop",
             FailReason::Timeout => "timeout",
@@ -70,7 +70,7 @@ impl FailReason {
 
 /// Why the whole task is being stopped before its workers finished.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StopCause {
+pub(crate) enum StopCause {
     Cancelled,
     Timeout,
     EStop(String),
@@ -82,7 +82,7 @@ pub enum StopCause {
 
 impl StopCause {
     /// What each running worker reports; `None` for a cancel (not a failure).
-    pub fn worker_failure(&self) -> Option<FailReason> {
+    pub(crate) fn worker_failure(&self) -> Option<FailReason> {
         match self {
             StopCause::Cancelled | StopCause::LeadFailed(_) => None,
             StopCause::Timeout => Some(FailReason::Timeout),
@@ -91,7 +91,7 @@ impl StopCause {
     }
 
     /// The task's final status and detail.
-    pub fn final_status(&self) -> (TaskStatus, String) {
+    pub(crate) fn final_status(&self) -> (TaskStatus, String) {
         match self {
             StopCause::Cancelled => (TaskStatus::Cancelled, "cancelled".into()),
             StopCause::Timeout => (TaskStatus::TimedOut, "timeout".into()),
@@ -103,11 +103,11 @@ impl StopCause {
 }
 
 /// Detail of a task the daemon stopped under (shutdown or restart).
-pub const INTERRUPTED: &str = "interrupted";
+pub(crate) const INTERRUPTED: &str = "interrupted";
 
 /// How a worker ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WorkerEnd {
+pub(crate) enum WorkerEnd {
     Completed(String),
     Failed { reason: FailReason, detail: String },
     Cancelled,
@@ -115,7 +115,7 @@ pub enum WorkerEnd {
 
 impl WorkerEnd {
     /// What `await_workers` tells the lead about this worker.
-    pub fn to_json(&self, worker_id: &str) -> Value {
+    pub(crate) fn to_json(&self, worker_id: &str) -> Value {
         match self {
             WorkerEnd::Completed(result) => {
                 json!({"worker_id": worker_id, "status": "completed", "result": result})
@@ -130,7 +130,7 @@ impl WorkerEnd {
 
 /// One team event, as published by `WatchTeam` and stored in the task's log.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TeamEvent {
+pub(crate) enum TeamEvent {
     Started {
         worker_id: String,
         host_id: String,
@@ -159,7 +159,7 @@ pub enum TeamEvent {
 }
 
 impl TeamEvent {
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             TeamEvent::Started { .. } => "worker_started",
             TeamEvent::Phase { .. } => "worker_phase",
@@ -170,7 +170,7 @@ impl TeamEvent {
         }
     }
 
-    pub fn worker_id(&self) -> &str {
+    pub(crate) fn worker_id(&self) -> &str {
         match self {
             TeamEvent::Started { worker_id, .. }
             | TeamEvent::Phase { worker_id, .. }
@@ -182,7 +182,7 @@ impl TeamEvent {
     }
 
     /// The event's fields as stored.
-    pub fn body(&self) -> Value {
+    pub(crate) fn body(&self) -> Value {
         match self {
             TeamEvent::Started { worker_id, host_id } => {
                 json!({"worker_id": worker_id, "host_id": host_id})
@@ -209,7 +209,7 @@ impl TeamEvent {
     }
 
     /// Rebuilds an event from the store; `None` for an entry that is not one.
-    pub fn from_stored(kind: &str, body: &Value) -> Option<TeamEvent> {
+    pub(crate) fn from_stored(kind: &str, body: &Value) -> Option<TeamEvent> {
         let text = |key: &str| body.get(key).and_then(Value::as_str).map(str::to_string);
         let worker_id = text("worker_id")?;
         Some(match kind {
@@ -245,7 +245,7 @@ impl TeamEvent {
 
 /// A tool call waiting for `ApproveToolUse`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingApproval {
+pub(crate) struct PendingApproval {
     /// The id `ApproveToolUse` names: the model's call id, qualified with the
     /// worker id should another worker already wait on the same call id.
     pub tool_call_id: String,
@@ -260,7 +260,7 @@ pub struct PendingApproval {
 /// The live state of a running task. The status follows from it: running
 /// while no call waits for approval, `waiting_approval` while one does.
 #[derive(Debug, Default)]
-pub struct TaskState {
+pub(crate) struct TaskState {
     /// Workers started so far (worker zero included), by index.
     pub started: u32,
     pub approvals: BTreeMap<String, PendingApproval>,
@@ -270,7 +270,7 @@ pub struct TaskState {
 
 impl TaskState {
     /// The status a running task shows now.
-    pub fn live_status(&self) -> TaskStatus {
+    pub(crate) fn live_status(&self) -> TaskStatus {
         if self.approvals.is_empty() {
             TaskStatus::Running
         } else {
@@ -279,7 +279,7 @@ impl TaskState {
     }
 
     /// Admits a new worker: its index, or why not.
-    pub fn admit_worker(&mut self, max_spawned: u32) -> Result<u32, String> {
+    pub(crate) fn admit_worker(&mut self, max_spawned: u32) -> Result<u32, String> {
         if let Some(cause) = &self.stopping {
             return Err(format!("the task is stopping ({cause:?}); no new workers"));
         }
@@ -294,12 +294,12 @@ impl TaskState {
         Ok(index)
     }
 
-    pub fn worker_exited(&mut self, worker_id: &str) {
+    pub(crate) fn worker_exited(&mut self, worker_id: &str) {
         self.approvals.retain(|_, p| p.worker_id != worker_id);
     }
 
     /// Records the first stop cause; later ones do not replace it.
-    pub fn stop(&mut self, cause: StopCause) -> bool {
+    pub(crate) fn stop(&mut self, cause: StopCause) -> bool {
         if self.stopping.is_some() {
             return false;
         }

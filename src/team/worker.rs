@@ -25,8 +25,8 @@ use crate::session::tools::ToolRegistry;
 use crate::session::turn::{self, TurnInput, TurnLimits, TurnNote, TurnSetup};
 use crate::session::{Activity, ErrorCode, ServerEvent, StopReason, ToolOutcome, ToolSpec};
 
-pub const SPAWN_WORKER: &str = "spawn_worker";
-pub const AWAIT_WORKERS: &str = "await_workers";
+pub(crate) const SPAWN_WORKER: &str = "spawn_worker";
+pub(crate) const AWAIT_WORKERS: &str = "await_workers";
 
 /// How long a stopped worker's turn gets to wind down before it is aborted.
 const WIND_DOWN: Duration = Duration::from_secs(5);
@@ -34,7 +34,7 @@ const WIND_DOWN: Duration = Duration::from_secs(5);
 const MAX_RESULT_CHARS: usize = 4000;
 
 /// What a worker is asked to do.
-pub struct WorkerPlan {
+pub(crate) struct WorkerPlan {
     pub worker_id: String,
     pub prompt: String,
     pub mode: AiMode,
@@ -43,7 +43,7 @@ pub struct WorkerPlan {
 }
 
 /// The team tools of a task's lead, answered by this module, never sent anywhere.
-pub fn team_tools(await_timeout_ms: u32) -> Result<ToolRegistry, String> {
+pub(crate) fn team_tools(await_timeout_ms: u32) -> Result<ToolRegistry, String> {
     ToolRegistry::from_specs(
         vec![
             ToolSpec {

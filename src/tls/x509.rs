@@ -46,11 +46,11 @@ impl CertInfo {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("not an X.509 certificate this reader understands: {0}")]
-pub struct X509Error(String);
+pub(crate) struct X509Error(String);
 
 /// Reads the subject and validity of a DER certificate (x509-parser does
 /// the DER; the subject's string form is rozd's own, below).
-pub fn parse(der: &[u8]) -> Result<CertInfo, X509Error> {
+pub(crate) fn parse(der: &[u8]) -> Result<CertInfo, X509Error> {
     let (_, cert) =
         x509_parser::parse_x509_certificate(der).map_err(|e| X509Error(e.to_string()))?;
     let validity = cert.validity();

@@ -30,6 +30,6 @@ impl ToolSpec {
 }
 
 /// A deadline as a tool's `timeout_ms` (saturating).
-pub fn millis(d: Duration) -> u32 {
+pub(super) fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }

@@ -45,7 +45,7 @@ use crate::record::schema::Event;
 use protocol::{Channel, Level, Request};
 
 /// Where Foxglove connects.
-pub const PATH: &str = "/foxglove";
+pub(crate) const PATH: &str = "/foxglove";
 
 /// The largest message a client may send.
 const MAX_CLIENT_MESSAGE: usize = 64 * 1024;

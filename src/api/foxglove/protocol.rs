@@ -13,7 +13,7 @@ use crate::config::types::Scope;
 use crate::record::schema::Kind;
 
 /// The WebSocket subprotocol.
-pub const SUBPROTOCOL: &str = "foxglove.websocket.v1";
+pub(super) const SUBPROTOCOL: &str = "foxglove.websocket.v1";
 
 /// Server binary opcodes.
 const MESSAGE_DATA: u8 = 0x01;
@@ -22,13 +22,13 @@ const SERVICE_CALL_RESPONSE: u8 = 0x03;
 const SERVICE_CALL_REQUEST: u8 = 0x02;
 
 /// The topic of the simulated world as a 3D scene.
-pub const SCENE_TOPIC: &str = "/sim/scene";
+pub(super) const SCENE_TOPIC: &str = "/sim/scene";
 /// The topic of the Observation (polled by each client at `max_hz`).
-pub const OBSERVATION_TOPIC: &str = "/observation";
+pub(super) const OBSERVATION_TOPIC: &str = "/observation";
 
 /// What a channel's messages are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChannelSchema {
+pub(super) enum ChannelSchema {
     /// The recordings' schema of that kind.
     Recorded(Kind),
     /// `foxglove.SceneUpdate` of the simulated world.
@@ -36,14 +36,14 @@ pub enum ChannelSchema {
 }
 
 impl ChannelSchema {
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             ChannelSchema::Recorded(kind) => kind.schema_name(),
             ChannelSchema::Scene => "foxglove.SceneUpdate",
         }
     }
 
-    pub fn schema(self) -> Value {
+    pub(super) fn schema(self) -> Value {
         match self {
             ChannelSchema::Recorded(kind) => kind.schema(),
             ChannelSchema::Scene => scene_schema(),
@@ -53,7 +53,7 @@ impl ChannelSchema {
 
 /// One advertised channel.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Channel {
+pub(super) struct Channel {
     pub id: u32,
     pub topic: String,
     pub schema: ChannelSchema,
@@ -61,7 +61,7 @@ pub struct Channel {
 
 /// Every channel of this host, with ids from 1: the recordings' topics,
 /// then `/sim/scene` when a simulated world runs.
-pub fn channels(
+pub(super) fn channels(
     sensors: &[&str],
     actuators: &[&str],
     cameras: &[&str],
@@ -109,7 +109,7 @@ pub fn channels(
 
 /// The services, with their ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Service {
+pub(super) enum Service {
     ProtectiveStop = 1,
     ClearProtectiveStop = 2,
     Approve = 3,
@@ -118,7 +118,7 @@ pub enum Service {
 }
 
 impl Service {
-    pub const ALL: [Service; 5] = [
+    pub(super) const ALL: [Service; 5] = [
         Service::ProtectiveStop,
         Service::ClearProtectiveStop,
         Service::Approve,
@@ -126,11 +126,11 @@ impl Service {
         Service::CommandActuator,
     ];
 
-    pub fn from_id(id: u32) -> Option<Service> {
+    pub(super) fn from_id(id: u32) -> Option<Service> {
         Service::ALL.into_iter().find(|s| *s as u32 == id)
     }
 
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Service::ProtectiveStop => "protective_stop",
             Service::ClearProtectiveStop => "clear_protective_stop",
@@ -142,7 +142,7 @@ impl Service {
 
     /// The scope the call needs, as its REST twin does (`None`: any
     /// credential: anyone may stop).
-    pub fn needs(self) -> Option<Scope> {
+    pub(super) fn needs(self) -> Option<Scope> {
         match self {
             Service::ProtectiveStop => None,
             Service::ClearProtectiveStop => Some(Scope::Admin),
@@ -187,7 +187,7 @@ impl Service {
 }
 
 /// `serverInfo`, the first message of every connection.
-pub fn server_info(name: &str, session_id: &str, host_id: &str) -> String {
+pub(super) fn server_info(name: &str, session_id: &str, host_id: &str) -> String {
     json!({
         "op": "serverInfo",
         "name": name,
@@ -200,7 +200,7 @@ pub fn server_info(name: &str, session_id: &str, host_id: &str) -> String {
 }
 
 /// `advertise` of `channels`.
-pub fn advertise(channels: &[Channel]) -> String {
+pub(super) fn advertise(channels: &[Channel]) -> String {
     let list: Vec<Value> = channels
         .iter()
         .map(|c| {
@@ -218,7 +218,7 @@ pub fn advertise(channels: &[Channel]) -> String {
 }
 
 /// `advertiseServices` of every service.
-pub fn advertise_services() -> String {
+pub(super) fn advertise_services() -> String {
     let list: Vec<Value> = Service::ALL
         .iter()
         .map(|s| {
@@ -247,24 +247,24 @@ pub fn advertise_services() -> String {
 
 /// Status levels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
+pub(super) enum Level {
     Warning = 1,
     Error = 2,
 }
 
 /// A `status` message for the client's user.
-pub fn status(level: Level, message: &str) -> String {
+pub(super) fn status(level: Level, message: &str) -> String {
     json!({"op": "status", "level": level as u8, "message": message}).to_string()
 }
 
 /// `serviceCallFailure`.
-pub fn service_call_failure(service_id: u32, call_id: u32, message: &str) -> String {
+pub(super) fn service_call_failure(service_id: u32, call_id: u32, message: &str) -> String {
     json!({"op": "serviceCallFailure", "serviceId": service_id, "callId": call_id, "message": message})
         .to_string()
 }
 
 /// Binary `MessageData`: a message of subscription `subscription` logged at `at_ns`.
-pub fn message_data(subscription: u32, at_ns: u64, payload: &[u8]) -> Vec<u8> {
+pub(super) fn message_data(subscription: u32, at_ns: u64, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(13 + payload.len());
     out.push(MESSAGE_DATA);
     out.extend_from_slice(&subscription.to_le_bytes());
@@ -274,7 +274,7 @@ pub fn message_data(subscription: u32, at_ns: u64, payload: &[u8]) -> Vec<u8> {
 }
 
 /// Binary `ServiceCallResponse` with a JSON payload.
-pub fn service_call_response(service_id: u32, call_id: u32, payload: &[u8]) -> Vec<u8> {
+pub(super) fn service_call_response(service_id: u32, call_id: u32, payload: &[u8]) -> Vec<u8> {
     const ENCODING: &[u8] = b"json";
     let mut out = Vec::with_capacity(13 + ENCODING.len() + payload.len());
     out.push(SERVICE_CALL_RESPONSE);
@@ -288,7 +288,7 @@ pub fn service_call_response(service_id: u32, call_id: u32, payload: &[u8]) -> V
 
 /// What a client asked for.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Request {
+pub(super) enum Request {
     /// `(subscription id, channel id)` pairs.
     Subscribe(Vec<(u32, u32)>),
     Unsubscribe(Vec<u32>),
@@ -310,7 +310,7 @@ struct SubscriptionRequest {
 }
 
 /// A client's text message.
-pub fn parse_text(text: &str) -> Result<Request, String> {
+pub(super) fn parse_text(text: &str) -> Result<Request, String> {
     let value: Value =
         serde_json::from_str(text).map_err(|e| format!("not a JSON message: {e}"))?;
     let op = value
@@ -348,7 +348,7 @@ pub fn parse_text(text: &str) -> Result<Request, String> {
 }
 
 /// A client's binary message.
-pub fn parse_binary(bytes: &[u8]) -> Result<Request, String> {
+pub(super) fn parse_binary(bytes: &[u8]) -> Result<Request, String> {
     let u32_at = |at: usize| -> Result<u32, String> {
         bytes
             .get(at..at + 4)

@@ -25,7 +25,7 @@ fn cube(cx: f64, cy: f64, sx: f64, sy: f64, sz: f64, c: Value) -> Value {
 }
 
 /// The scene at `at_unix_ms`.
-pub fn scene(spec: &WorldSpec, view: &WorldView, at_unix_ms: i64) -> Value {
+pub(super) fn scene(spec: &WorldSpec, view: &WorldView, at_unix_ms: i64) -> Value {
     let ms = at_unix_ms.max(0);
     let stamp = json!({"sec": ms / 1000, "nsec": (ms % 1000) * 1_000_000});
     let (w, d) = (spec.width, spec.depth);

@@ -26,7 +26,7 @@ use crate::session::approvals::{ApprovalView, Asker};
 use crate::session::host_call::{self, Answer, CallSite};
 
 /// The stop's source (and the clearer) for calls over Foxglove.
-pub const SOURCE: &StopSource = &StopSource::Foxglove;
+pub(super) const SOURCE: &StopSource = &StopSource::Foxglove;
 
 /// Calls of one client running at once, besides the stop (which never waits).
 const MAX_CALLS_IN_FLIGHT: usize = 8;
@@ -47,7 +47,7 @@ pub(super) struct Calls {
 type Reply = Result<Value, String>;
 
 impl Calls {
-    pub fn new(
+    pub(super) fn new(
         ctx: Arc<HostContext>,
         caller: Caller,
         owner: String,
@@ -66,7 +66,7 @@ impl Calls {
 
     /// Starts call `call_id` of service `service_id`; its answer (or
     /// failure) goes to the client when it is done.
-    pub fn call(&self, service_id: u32, call_id: u32, encoding: &str, payload: &[u8]) {
+    pub(super) fn call(&self, service_id: u32, call_id: u32, encoding: &str, payload: &[u8]) {
         let fail = |message: String| {
             let text = protocol::service_call_failure(service_id, call_id, &message);
             // A client that floods calls without reading loses answers, not the daemon's memory.

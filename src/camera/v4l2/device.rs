@@ -109,7 +109,7 @@ impl DeviceError {
 
 /// Opens real V4L2 devices.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct V4l2Opener;
+pub(super) struct V4l2Opener;
 
 impl Opener for V4l2Opener {
     type Source = OpenDevice;
@@ -120,7 +120,7 @@ impl Opener for V4l2Opener {
 }
 
 /// An open device, streaming.
-pub struct OpenDevice {
+pub(super) struct OpenDevice {
     path: PathBuf,
     layout: Layout,
     // Dropped before the device (field order): stops the stream and

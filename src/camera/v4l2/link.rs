@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use crate::camera::health::Backoff;
 
 /// Bounds of the wait between attempts to open the device.
-pub const BACKOFF_MIN: Duration = Duration::from_millis(250);
-pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(250);
+pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Longest single wait for a frame, so that silence is noticed in time.
-pub const MAX_READ_WAIT: Duration = Duration::from_millis(500);
+pub(super) const MAX_READ_WAIT: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -24,7 +24,7 @@ enum State {
 
 /// What the camera's task does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub(super) enum Step {
     /// Open the device (now).
     Open,
     /// Wait this long, then ask again.
@@ -37,7 +37,7 @@ pub enum Step {
 
 /// The link of one camera.
 #[derive(Debug, Clone)]
-pub struct Link {
+pub(super) struct Link {
     backoff: Backoff,
     silent_after: Duration,
     state: State,
@@ -46,7 +46,7 @@ pub struct Link {
 impl Link {
     /// A link that opens its device at once; an open device with no frame
     /// for `silent_after` is reopened.
-    pub fn new(silent_after: Duration, now: Instant) -> Link {
+    pub(super) fn new(silent_after: Duration, now: Instant) -> Link {
         Link {
             backoff: Backoff::new(BACKOFF_MIN, BACKOFF_MAX),
             silent_after,
@@ -57,12 +57,12 @@ impl Link {
     /// How long an open device may be silent before it is reopened, for a
     /// camera that is `stale` after `stale_after`: twice that (as network
     /// cameras), and at least a second (cameras take a moment to start).
-    pub fn silent_after(stale_after: Duration) -> Duration {
+    pub(super) fn silent_after(stale_after: Duration) -> Duration {
         (stale_after * 2).max(Duration::from_secs(1))
     }
 
     /// What to do at `now`.
-    pub fn step(&self, now: Instant) -> Step {
+    pub(super) fn step(&self, now: Instant) -> Step {
         match self.state {
             State::Closed { retry_at } if now >= retry_at => Step::Open,
             State::Closed { retry_at } => Step::Wait(retry_at - now),
@@ -81,20 +81,20 @@ impl Link {
     }
 
     /// The device was opened.
-    pub fn opened(&mut self, now: Instant) {
+    pub(super) fn opened(&mut self, now: Instant) {
         self.state = State::Open { heard: now };
     }
 
     /// The device delivered a frame (usable or not): it is alive, and the
     /// next outage starts its backoff from the shortest wait.
-    pub fn heard(&mut self, now: Instant) {
+    pub(super) fn heard(&mut self, now: Instant) {
         self.state = State::Open { heard: now };
         self.backoff.succeeded();
     }
 
     /// Opening failed, the open device failed, or it was closed for its
     /// silence: closed until the returned wait has passed.
-    pub fn failed(&mut self, now: Instant) -> Duration {
+    pub(super) fn failed(&mut self, now: Instant) -> Duration {
         let wait = self.backoff.failed();
         self.state = State::Closed {
             retry_at: now + wait,

@@ -13,7 +13,7 @@ use super::{
 
 /// The longest `feedback.settle_ms`: a bound on how long a PHYSICAL call
 /// waits for its verdict.
-pub const MAX_SETTLE_MS: u64 = 60_000;
+pub(super) const MAX_SETTLE_MS: u64 = 60_000;
 
 /// Every actuator, in order, and whether one drives the simulated world.
 /// `sensors` are the validated sensors a `feedback` may name.

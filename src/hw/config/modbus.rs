@@ -282,7 +282,7 @@ pub(super) fn validate_links(
 
 /// 3.5 character times of 11 bits at `baud`, at least 1.75 ms (the
 /// specification's fixed value above 19200 baud).
-pub fn default_frame_gap(baud: u32) -> Duration {
+pub(crate) fn default_frame_gap(baud: u32) -> Duration {
     let chars = Duration::from_secs_f64(3.5 * 11.0 / f64::from(baud.max(1)));
     chars.max(Duration::from_micros(1750))
 }
@@ -449,7 +449,7 @@ pub(super) struct Written {
 }
 
 impl Written {
-    pub fn claim(
+    pub(super) fn claim(
         &mut self,
         link: &str,
         p: &ModbusPoint,

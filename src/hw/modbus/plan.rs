@@ -12,7 +12,7 @@ use super::codec::{Codec, Table};
 
 /// One sensor as its link polls it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SensorRead {
+pub(crate) struct SensorRead {
     pub name: String,
     /// The device's unit id.
     pub unit: u8,
@@ -25,7 +25,7 @@ pub struct SensorRead {
 
 /// Where a sensor's value lies in a request's reply.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Slot {
+pub(crate) struct Slot {
     pub sensor: String,
     /// From the request's first address.
     pub offset: u16,
@@ -34,7 +34,7 @@ pub struct Slot {
 
 /// One read request: `count` items of `table` from `start`, feeding `slots`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ReadRequest {
+pub(crate) struct ReadRequest {
     pub unit: u8,
     pub table: Table,
     pub start: u16,
@@ -45,7 +45,7 @@ pub struct ReadRequest {
 impl ReadRequest {
     /// The sensors' values from a register reply (`None` for a sensor the
     /// reply is too short for).
-    pub fn values_in_words<'a>(
+    pub(crate) fn values_in_words<'a>(
         &'a self,
         words: &'a [u16],
     ) -> impl Iterator<Item = (&'a str, Option<f64>)> + 'a {
@@ -58,7 +58,7 @@ impl ReadRequest {
     }
 
     /// The sensors' values from a bit reply.
-    pub fn values_in_bits<'a>(
+    pub(crate) fn values_in_bits<'a>(
         &'a self,
         bits: &'a [bool],
     ) -> impl Iterator<Item = (&'a str, Option<f64>)> + 'a {
@@ -71,7 +71,7 @@ impl ReadRequest {
     }
 
     /// `holding 100-131`: what the log and errors name.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let last = u32::from(self.start) + u32::from(self.count.max(1)) - 1;
         format!(
             "unit {} {} {}-{last}",
@@ -84,7 +84,7 @@ impl ReadRequest {
 
 /// The requests read together at one rate.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PollGroup {
+pub(crate) struct PollGroup {
     pub every: Duration,
     pub requests: Vec<ReadRequest>,
 }
@@ -94,7 +94,7 @@ pub struct PollGroup {
 /// request spans addresses of one table whose gaps are at most `max_gap`
 /// items, and at most `max_registers` registers (the protocol's 2000 for
 /// bits). Sensors at the same address share it.
-pub fn plan(sensors: &[SensorRead], max_registers: u16, max_gap: u16) -> Vec<PollGroup> {
+pub(crate) fn plan(sensors: &[SensorRead], max_registers: u16, max_gap: u16) -> Vec<PollGroup> {
     let mut rates: Vec<Duration> = sensors.iter().map(|s| s.every).collect();
     rates.sort();
     rates.dedup();
@@ -150,7 +150,7 @@ pub fn plan(sensors: &[SensorRead], max_registers: u16, max_gap: u16) -> Vec<Pol
 /// last period are still waiting when the next is due misses that poll
 /// (counted), rather than piling up requests the link cannot serve.
 #[derive(Debug)]
-pub struct Poller {
+pub(crate) struct Poller {
     groups: Vec<GroupState>,
     /// (group, request) due now, in order.
     queue: VecDeque<(usize, usize)>,
@@ -168,7 +168,7 @@ struct GroupState {
 
 impl Poller {
     /// Every group due at `now`.
-    pub fn new(groups: &[PollGroup], now: Instant) -> Poller {
+    pub(crate) fn new(groups: &[PollGroup], now: Instant) -> Poller {
         Poller {
             groups: groups
                 .iter()
@@ -185,7 +185,7 @@ impl Poller {
     }
 
     /// Starts over at `now` (after a reconnection): nothing waits.
-    pub fn restart(&mut self, now: Instant) {
+    pub(crate) fn restart(&mut self, now: Instant) {
         self.queue.clear();
         for g in &mut self.groups {
             g.next_due = now;
@@ -195,7 +195,7 @@ impl Poller {
 
     /// When the next request is due (`now` when one waits): `None`
     /// without groups.
-    pub fn next_wake(&self, now: Instant) -> Option<Instant> {
+    pub(crate) fn next_wake(&self, now: Instant) -> Option<Instant> {
         if !self.queue.is_empty() {
             return Some(now);
         }
@@ -203,7 +203,7 @@ impl Poller {
     }
 
     /// The next request due at `now` (group, request index), if any.
-    pub fn take(&mut self, now: Instant) -> Option<(usize, usize)> {
+    pub(crate) fn take(&mut self, now: Instant) -> Option<(usize, usize)> {
         for (i, g) in self.groups.iter_mut().enumerate() {
             if g.next_due > now {
                 continue;
@@ -231,7 +231,7 @@ impl Poller {
     }
 
     /// Polls missed so far.
-    pub fn missed(&self) -> u64 {
+    pub(crate) fn missed(&self) -> u64 {
         self.missed
     }
 }
@@ -239,7 +239,7 @@ impl Poller {
 /// The latest request latencies of a link (µs), a fixed ring: what its
 /// percentiles in `/v1/observation` are taken over.
 #[derive(Debug, Clone)]
-pub struct LatencyRing {
+pub(crate) struct LatencyRing {
     values: Vec<u64>,
     next: usize,
 }
@@ -254,9 +254,9 @@ impl Default for LatencyRing {
 }
 
 impl LatencyRing {
-    pub const CAPACITY: usize = 1024;
+    pub(crate) const CAPACITY: usize = 1024;
 
-    pub fn push(&mut self, us: u64) {
+    pub(crate) fn push(&mut self, us: u64) {
         if self.values.len() < Self::CAPACITY {
             self.values.push(us);
         } else {
@@ -266,7 +266,7 @@ impl LatencyRing {
     }
 
     /// Nearest-rank percentile (`p` in 0..=1); 0 when empty.
-    pub fn percentile(&self, p: f64) -> u64 {
+    pub(crate) fn percentile(&self, p: f64) -> u64 {
         if self.values.is_empty() {
             return 0;
         }
@@ -333,7 +333,7 @@ impl WriteOp {
 
 /// What kind of failure a request met (the counters' labels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FaultKind {
+pub(crate) enum FaultKind {
     /// The device answered with a Modbus exception.
     Exception,
     /// No reply within the request timeout.
@@ -347,7 +347,7 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 5] = [
+    pub(crate) const ALL: [FaultKind; 5] = [
         FaultKind::Exception,
         FaultKind::Timeout,
         FaultKind::BadFrame,
@@ -355,7 +355,7 @@ impl FaultKind {
         FaultKind::Protocol,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             FaultKind::Exception => "exception",
             FaultKind::Timeout => "timeout",
@@ -366,7 +366,7 @@ impl FaultKind {
     }
 
     /// Worth sending the request again (the device may not have seen it).
-    pub fn retryable(self) -> bool {
+    pub(crate) fn retryable(self) -> bool {
         matches!(self, FaultKind::Timeout | FaultKind::BadFrame)
     }
 
@@ -374,7 +374,7 @@ impl FaultKind {
     /// not come in time may still come and be taken for the next one's, so
     /// a timeout ends the connection; an RTU line clears its buffer before
     /// every request, so only a failed port does.
-    pub fn ends_connection(self, tcp: bool) -> bool {
+    pub(crate) fn ends_connection(self, tcp: bool) -> bool {
         match self {
             FaultKind::Disconnected => true,
             FaultKind::Timeout | FaultKind::Protocol => tcp,
@@ -385,13 +385,13 @@ impl FaultKind {
 
 /// A failed request: its kind and what the sensors' `error` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fault {
+pub(crate) struct Fault {
     pub kind: FaultKind,
     pub message: String,
 }
 
 /// The name of a Modbus exception code (application protocol 1.1b3, 7).
-pub fn exception_name(code: u8) -> String {
+pub(crate) fn exception_name(code: u8) -> String {
     let name = match code {
         1 => "illegal function",
         2 => "illegal data address",
@@ -410,7 +410,7 @@ pub fn exception_name(code: u8) -> String {
 /// A timeout, told apart from a corrupted reply: on RTU the framing drops
 /// a frame whose CRC fails and waits on, so a request that timed out after
 /// bytes came back met a bad frame, not silence.
-pub fn timeout_fault(timeout: Duration, bytes_since_request: u64) -> Fault {
+pub(crate) fn timeout_fault(timeout: Duration, bytes_since_request: u64) -> Fault {
     let ms = timeout.as_millis();
     if bytes_since_request > 0 {
         Fault {

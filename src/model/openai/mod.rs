@@ -26,13 +26,13 @@ use super::{
 };
 
 #[derive(Debug)]
-pub struct OpenAiModel {
+pub(crate) struct OpenAiModel {
     endpoint: ResolvedEndpoint,
     client: SharedClient,
 }
 
 impl OpenAiModel {
-    pub fn new(endpoint: ResolvedEndpoint) -> Self {
+    pub(crate) fn new(endpoint: ResolvedEndpoint) -> Self {
         let client = SharedClient::build(endpoint.connect_timeout);
         OpenAiModel { endpoint, client }
     }
@@ -104,7 +104,7 @@ impl Model for OpenAiModel {
 }
 
 /// The JSON body of a streaming Chat Completions request.
-pub fn request_body(endpoint: &ResolvedEndpoint, request: &ModelRequest) -> Value {
+pub(crate) fn request_body(endpoint: &ResolvedEndpoint, request: &ModelRequest) -> Value {
     let mut messages = Vec::new();
     if !request.system.is_empty() {
         messages.push(json!({"role": "system", "content": request.system}));
@@ -344,7 +344,7 @@ struct PartialCall {
 
 /// Assembles one streamed chat completion.
 #[derive(Debug)]
-pub struct OpenAiDecoder {
+pub(crate) struct OpenAiDecoder {
     think: ThinkSplitter,
     calls: BTreeMap<u64, PartialCall>,
     finish_reason: Option<String>,
@@ -356,7 +356,7 @@ pub struct OpenAiDecoder {
 }
 
 impl OpenAiDecoder {
-    pub fn new(estimated_input: u32) -> Self {
+    pub(crate) fn new(estimated_input: u32) -> Self {
         OpenAiDecoder {
             think: ThinkSplitter::default(),
             calls: BTreeMap::new(),

@@ -51,7 +51,7 @@ use crate::tools::HostTools;
 /// The host side of a turn: host tools, where audit goes, and the
 /// Observation to inject in `ooda_re_act` mode.
 #[derive(Debug, Clone)]
-pub struct HostAccess {
+pub(crate) struct HostAccess {
     /// Who owns the actuators this turn commands (a session, or a task's worker).
     pub session_id: String,
     /// How the audit names the caller, e.g. `session <id>`.
@@ -113,7 +113,7 @@ impl TurnHost {
 
 impl HostAccess {
     /// The credential the audit names for this turn's physical calls.
-    pub fn with_credential(mut self, credential: Option<String>) -> HostAccess {
+    pub(crate) fn with_credential(mut self, credential: Option<String>) -> HostAccess {
         self.credential = credential;
         self
     }
@@ -121,7 +121,7 @@ impl HostAccess {
 
 /// Progress of a turn for a headless driver: not part of the session protocol.
 #[derive(Debug, Clone, PartialEq)]
-pub enum TurnNote {
+pub(crate) enum TurnNote {
     /// A model/tool cycle began (1-based).
     Cycle(u32),
     /// The model called a tool (host or client), before any permission check.
@@ -135,7 +135,7 @@ pub enum TurnNote {
 
 /// What the session loop forwards to the running turn.
 #[derive(Debug, Clone, PartialEq)]
-pub enum TurnInput {
+pub(crate) enum TurnInput {
     ToolResult(ToolOutcome),
     Decision {
         tool_call_id: String,
@@ -147,7 +147,7 @@ pub enum TurnInput {
 }
 
 #[derive(Debug, Clone)]
-pub struct TurnLimits {
+pub(crate) struct TurnLimits {
     pub max_cycles: u32,
     pub max_output_tokens: u32,
     pub default_tool_timeout_ms: u32,
@@ -169,7 +169,7 @@ impl TurnLimits {
     /// The configured limits (`[session]`, and `model.max_output_tokens`
     /// for a model without its own) for a turn of `model` with this context
     /// budget, after `tokens_spent` tokens; `headless` for a task's worker.
-    pub fn new(
+    pub(crate) fn new(
         session: &SessionConfig,
         default_max_output_tokens: u32,
         model: &dyn Model,
@@ -198,7 +198,7 @@ impl TurnLimits {
     }
 }
 
-pub struct TurnSetup {
+pub(crate) struct TurnSetup {
     pub message_id: String,
     pub model: Arc<dyn Model>,
     pub system: String,
@@ -214,7 +214,7 @@ pub struct TurnSetup {
 }
 
 #[derive(Debug)]
-pub struct TurnOutcome {
+pub(crate) struct TurnOutcome {
     /// The conversation after the turn (compacted where the budget required).
     pub conversation: History,
     /// This turn's own messages as they were produced, from its user message
@@ -315,7 +315,7 @@ impl Conversation {
     }
 }
 
-pub async fn run(
+pub(crate) async fn run(
     setup: TurnSetup,
     out: mpsc::Sender<ServerEvent>,
     inbox: mpsc::Receiver<TurnInput>,
