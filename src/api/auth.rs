@@ -114,7 +114,7 @@ impl Credentials {
             digest: digest(t.secret.expose()),
             scope: t.scope,
         }));
-        if let Some(token) = config.fleet.as_ref().and_then(|f| f.token.as_ref()) {
+        if let Some(token) = config.fleet.as_ref().map(|f| &f.token) {
             tokens.push(Token {
                 name: Arc::from(FLEET_CREDENTIAL),
                 digest: digest(token.expose()),

@@ -213,7 +213,7 @@ pub(super) fn fleet_json(ctx: &HostContext) -> Value {
         Some(c) => json!({
             "configured": true,
             "connected": ctx.fleet.is_connected(),
-            "broker": c.url.as_str(),
+            "broker": c.broker.url.as_str(),
             "topic_prefix": c.topic_prefix,
             // What a listing without an environment lists: this host's
             // environment, or every environment (`fleet`).

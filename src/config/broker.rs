@@ -222,11 +222,13 @@ pub(crate) fn check(fields: &BrokerFields<'_>, limits: &BrokerLimits) -> Result<
 /// `default` paths) of `keep_alive_secs` and `max_packet_size`.
 /// `connection: T` also gives the section `fn connection(&self, client_id)
 /// -> T` for a section `T` declared with this macro without fields of its
-/// own (what the MQTT client code takes).
+/// own (what the MQTT client code takes). Every field has the struct's
+/// visibility; the section's own fields are written `pub` (which keeps
+/// them apart from `connection:`) and take it too.
 macro_rules! broker_section {
     (
         $(#[$attr:meta])*
-        pub struct $name:ident {
+        $vis:vis struct $name:ident {
             defaults: { keep_alive_secs: $keep_alive:literal, max_packet_size: $max_packet:literal $(,)? },
             $(connection: $connection:ident,)?
             $($(#[$fattr:meta])* pub $field:ident : $ty:ty),* $(,)?
@@ -235,48 +237,48 @@ macro_rules! broker_section {
         $(#[$attr])*
         #[derive(Debug, Clone, serde::Deserialize)]
         #[serde(deny_unknown_fields)]
-        pub struct $name {
+        $vis struct $name {
             /// `mqtt://host[:port]` or `mqtts://host[:port]` (an IPv6
             /// address in brackets), parsed when the configuration is read.
-            pub url: $crate::config::broker::BrokerUrl,
+            $vis url: $crate::config::broker::BrokerUrl,
             /// The MQTT client id; stable, so that the broker keeps this
             /// connection's session (and a restarted rozd takes it over).
             #[serde(default)]
-            pub client_id: Option<String>,
+            $vis client_id: Option<String>,
             #[serde(default)]
-            pub username: Option<String>,
+            $vis username: Option<String>,
             /// Name of an environment variable holding the password.
             #[serde(default)]
-            pub password_env: Option<String>,
+            $vis password_env: Option<String>,
             /// CA certificate (PEM) for `mqtts://`; default: the system roots.
             #[serde(default)]
-            pub ca_file: Option<std::path::PathBuf>,
+            $vis ca_file: Option<std::path::PathBuf>,
             /// Client certificate chain (PEM) presented to the broker over
             /// `mqtts://` (with `key_file`); a broker with
             /// `use_identity_as_username` takes its CN as the user name.
             #[serde(default)]
-            pub cert_file: Option<std::path::PathBuf>,
+            $vis cert_file: Option<std::path::PathBuf>,
             /// Private key (PEM) of `cert_file`.
             #[serde(default)]
-            pub key_file: Option<std::path::PathBuf>,
+            $vis key_file: Option<std::path::PathBuf>,
             /// MQTT keep-alive: the broker publishes a last will when it has
             /// heard nothing for 1.5 times this.
             #[serde(default = $keep_alive)]
-            pub keep_alive_secs: u64,
+            $vis keep_alive_secs: u64,
             #[serde(default = "crate::config::broker::default_reconnect_min_ms")]
-            pub reconnect_min_ms: u64,
+            $vis reconnect_min_ms: u64,
             #[serde(default = "crate::config::broker::default_reconnect_max_ms")]
-            pub reconnect_max_ms: u64,
+            $vis reconnect_max_ms: u64,
             /// The largest packet the broker may send this connection (MQTT 5
             /// maximum packet size): it drops bigger messages for us.
             #[serde(default = $max_packet)]
-            pub max_packet_size: u32,
-            $($(#[$fattr])* pub $field: $ty,)*
+            $vis max_packet_size: u32,
+            $($(#[$fattr])* $vis $field: $ty,)*
         }
 
         impl $name {
             /// The shared connection fields, for [`crate::config::broker::check`].
-            pub fn broker_fields(&self) -> $crate::config::broker::BrokerFields<'_> {
+            $vis fn broker_fields(&self) -> $crate::config::broker::BrokerFields<'_> {
                 $crate::config::broker::BrokerFields {
                     client_id: self.client_id.as_deref(),
                     ca_file: self.ca_file.as_deref(),
@@ -292,7 +294,7 @@ macro_rules! broker_section {
             $(
             /// This section's broker connection as the MQTT client code
             /// takes it, as `client_id`.
-            pub fn connection(&self, client_id: String) -> $connection {
+            $vis fn connection(&self, client_id: String) -> $connection {
                 $connection {
                     url: self.url.clone(),
                     client_id: Some(client_id),

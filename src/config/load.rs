@@ -162,7 +162,7 @@ struct RawConfig {
     sim: Option<crate::hw::config::SimWorldConfig>,
     /// The fleet registry's broker; absent: this host alone.
     #[serde(default)]
-    fleet: Option<crate::fleet::config::FleetConfig>,
+    fleet: Option<crate::fleet::config::RawFleet>,
     /// The MCP server at `/mcp`.
     #[serde(default)]
     mcp: crate::mcp::config::McpConfig,
@@ -284,11 +284,12 @@ impl OodaConfig {
 
 /// The sections of the file that validation turns into other types (the
 /// hardware, the reflex rules, the cameras into specs; `[server]` into
-/// its settings and credentials): [`Config::check`] reads them, and only
+/// its settings and credentials; `[fleet]` into its settings and token): [`Config::check`] reads them, and only
 /// what they became stays (and `[[actuators]]` as written, which `Config`
 /// keeps for `GET /v1/actuators`).
 struct SpecSections {
     server: RawServer,
+    fleet: Option<crate::fleet::config::RawFleet>,
     gpio: GpioConfig,
     mqtt: Option<MqttConfig>,
     serial: Vec<SerialPortConfig>,
@@ -349,7 +350,7 @@ impl RawConfig {
             ooda,
             safety,
             actuators,
-            fleet,
+            fleet: None,
             mcp,
             foxglove,
             record,
@@ -364,6 +365,7 @@ impl RawConfig {
         };
         let sections = SpecSections {
             server,
+            fleet,
             gpio,
             mqtt,
             serial,
@@ -537,16 +539,17 @@ impl Config {
             ));
             keep(self.check_cameras(&sections.cameras));
         }
-        if let Some(fleet) = self.fleet.as_mut() {
-            keep(crate::fleet::config::validate(
-                fleet,
-                &self.host,
-                &crate::fleet::config::Listener {
-                    listen: self.server.listen,
-                    tls: self.server.tls.is_some(),
-                },
-                sections.mqtt.as_ref(),
-            ));
+        if let Some(fleet) = &sections.fleet {
+            let listener = crate::fleet::config::Listener {
+                listen: self.server.listen,
+                tls: self.server.tls.is_some(),
+            };
+            match fleet.build(&self.host, &listener, sections.mqtt.as_ref()) {
+                Ok(fleet) => self.fleet = Some(fleet),
+                Err(e) => {
+                    keep(Err(e));
+                }
+            }
         }
         keep(crate::mcp::config::validate(&self.mcp));
         keep(crate::live::config::validate(&self.foxglove));
@@ -942,8 +945,9 @@ impl Config {
             files.extend(mqtt.cert_file.as_deref().map(|p| ("mqtt.cert_file", p)));
         }
         if let Some(fleet) = &self.fleet {
-            files.extend(fleet.ca_file.as_deref().map(|p| ("fleet.ca_file", p)));
-            files.extend(fleet.cert_file.as_deref().map(|p| ("fleet.cert_file", p)));
+            let broker = &fleet.broker;
+            files.extend(broker.ca_file.as_deref().map(|p| ("fleet.ca_file", p)));
+            files.extend(broker.cert_file.as_deref().map(|p| ("fleet.cert_file", p)));
         }
         warnings.extend(files.into_iter().flat_map(|(key, path)| {
             crate::tls::expiry_warnings(path, now_secs)
@@ -957,12 +961,12 @@ impl Config {
     /// fleet's, which other hosts present when they relay here) or client
     /// certificate subject is configured.
     pub fn auth_required(&self) -> bool {
-        !self.auth.is_empty() || self.fleet.as_ref().is_some_and(|f| f.token.is_some())
+        !self.auth.is_empty() || self.fleet.is_some()
     }
 
     /// How many credentials are configured (for `rozd check`).
     pub fn credential_count(&self) -> usize {
-        self.auth.len() + usize::from(self.fleet.as_ref().is_some_and(|f| f.token.is_some()))
+        self.auth.len() + usize::from(self.fleet.is_some())
     }
 }
 

@@ -34,17 +34,32 @@ fn defaults() {
     .unwrap();
     let f = c.fleet.as_ref().unwrap();
     assert_eq!(
-        (f.topic_prefix.as_str(), f.heartbeat_secs, f.keep_alive_secs),
-        ("roz/v1", 10, 15)
+        (
+            f.topic_prefix.as_str(),
+            f.heartbeat,
+            f.broker.keep_alive_secs
+        ),
+        ("roz/v1", std::time::Duration::from_secs(10), 15)
     );
-    assert_eq!(f.client_id("rover-1"), "rozd-fleet-rover-1");
-    assert_eq!(f.max_packet_size, 128 * 1024);
-    assert_eq!(f.broker("rover-1").max_packet_size, 128 * 1024);
+    assert_eq!(f.lookup_timeout, std::time::Duration::from_millis(1000));
+    // the built-in configuration's host id is the machine's: name one
+    let named = parse(&format!(
+        "[host]\nid = \"rover-1\"\n{FLEET}token_file = {:?}\n",
+        path.display().to_string()
+    ))
+    .unwrap();
+    let named = named.fleet.as_ref().unwrap();
+    assert_eq!(named.client_id, "rozd-fleet-rover-1");
+    assert_eq!(
+        named.broker.client_id.as_deref(),
+        Some("rozd-fleet-rover-1")
+    );
+    assert_eq!(f.broker.max_packet_size, 128 * 1024);
     assert_eq!(
         f.advertised("127.0.0.1:8080".parse().unwrap()),
         "http://127.0.0.1:8080"
     );
-    assert_eq!(f.token.as_ref().map(Secret::expose), Some("t0ken"));
+    assert_eq!(f.token.expose(), "t0ken");
     assert!(c.summary().contains("fleet:         mqtt://broker:1883"));
     assert!(parse("").unwrap().fleet.is_none());
 }
@@ -158,10 +173,7 @@ fn the_token_is_accepted_for_auth_and_never_printed() {
     ))
     .unwrap();
     let fleet = c.fleet.as_ref().unwrap();
-    assert_eq!(
-        fleet.token.as_ref().map(Secret::expose),
-        Some("s3cret-fleet")
-    );
+    assert_eq!(fleet.token.expose(), "s3cret-fleet");
     // it counts as a credential: a non-loopback listener is allowed
     assert!(c.auth_required());
     assert_eq!(c.credential_count(), 1);

@@ -160,12 +160,12 @@ impl Config {
             "fleet:         {}",
             match &self.fleet {
                 Some(f) => format!(
-                    "{} (prefix {}, heartbeat {}s, advertise {}, token {})",
-                    f.url,
+                    // A validated fleet always has its token.
+                    "{} (prefix {}, heartbeat {}s, advertise {}, token set)",
+                    f.broker.url,
                     f.topic_prefix,
-                    f.heartbeat_secs,
+                    f.heartbeat_secs(),
                     f.advertise.as_deref().unwrap_or("http://<listen address>"),
-                    if f.token.is_some() { "set" } else { "none" }
                 ),
                 None => "none (this host alone)".to_string(),
             }

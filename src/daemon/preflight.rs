@@ -49,7 +49,11 @@ pub const NOT_CHECKED: &str = "not checked (only `rozd run` finds out): whether 
 
 fn named_variables(config: &Config) -> Vec<String> {
     let mut vars = Vec::new();
-    if let Some(var) = config.fleet.as_ref().and_then(|f| f.password_env.clone()) {
+    if let Some(var) = config
+        .fleet
+        .as_ref()
+        .and_then(|f| f.broker.password_env.clone())
+    {
         vars.push(var);
     }
     if let Some(var) = (config.hardware.mqtt.as_ref()).and_then(|m| m.password_env.clone()) {
@@ -81,7 +85,7 @@ pub fn check(config: &Config, facts: &HostFacts) -> Findings {
     if let Some(var) = config
         .fleet
         .as_ref()
-        .and_then(|f| f.password_env.as_deref())
+        .and_then(|f| f.broker.password_env.as_deref())
         && !facts.env_set.contains(var)
     {
         found.errors.push(format!(

@@ -2,6 +2,7 @@
 //! presence settings, the endpoint it advertises and the fleet token.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::config::broker::broker_section;
 use crate::config::types::{HostConfig, Invalid, Secret, token_lines, within};
@@ -11,11 +12,10 @@ use crate::hw::config::MqttConfig;
 pub(crate) const DEFAULT_PREFIX: &str = "roz/v1";
 
 broker_section! {
-    /// `[fleet]`: the broker of the host registry, and this host's presence
-    /// on it. Its client id defaults to `rozd-fleet-<host id>`, so that a
-    /// restarted rozd takes over its previous connection (and its last
-    /// will) at once.
-    pub struct FleetConfig {
+    /// `[fleet]` as written: the broker of the host registry, and this
+    /// host's presence on it. [`RawFleet::build`] checks it and makes the
+    /// [`FleetConfig`] rozd reads.
+    pub(crate) struct RawFleet {
         defaults: {
             keep_alive_secs: "default_keep_alive_secs",
             max_packet_size: "default_max_packet_size",
@@ -42,10 +42,6 @@ broker_section! {
         /// `https://` when `[server.tls]` is configured.
         #[serde(default)]
         pub advertise: Option<String>,
-        /// Whether the listener serves TLS (from `[server.tls]`, set at
-        /// validation): the default `advertise` is then `https://`.
-        #[serde(skip)]
-        pub listener_tls: bool,
         /// Environment variable holding the fleet token.
         #[serde(default)]
         pub token_env: Option<String>,
@@ -53,11 +49,39 @@ broker_section! {
         /// `#` comment). `token_env` or `token_file` is required.
         #[serde(default)]
         pub token_file: Option<PathBuf>,
-        /// The fleet token, read from `token_env` or `token_file` at load
-        /// (always `Some` once validated).
-        #[serde(skip)]
-        pub token: Option<Secret>,
     }
+}
+
+/// `[fleet]`, validated: the broker of the host registry, this host's
+/// presence on it, and the fleet token. Its client id defaults to
+/// `rozd-fleet-<host id>`, so that a restarted rozd takes over its previous
+/// connection (and its last will) at once.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// The broker connection, as the MQTT client code takes it (its
+    /// `client_id` set).
+    pub broker: MqttConfig,
+    /// The broker connection's client id.
+    pub client_id: String,
+    /// Records on `<prefix>/hosts/<env>/<id>`, stops on `<prefix>/estop/<env>`.
+    pub topic_prefix: String,
+    /// Between refreshes of the host record (`heartbeat_secs`, whole
+    /// seconds); a host silent for three of its intervals is `stale`.
+    pub heartbeat: Duration,
+    /// Which hosts' records this host holds.
+    pub view: ViewScope,
+    /// How long a lookup of a host outside the view waits for the broker's
+    /// retained record (`lookup_timeout_ms`).
+    pub lookup_timeout: Duration,
+    /// `advertise` as written (checked: `http(s)://host:port`); see
+    /// [`FleetConfig::advertised`].
+    pub advertise: Option<String>,
+    /// The listener serves TLS: the default advertised endpoint is then
+    /// `https://`.
+    listener_tls: bool,
+    /// The fleet token, read from `token_env` or `token_file` at load: it
+    /// keys the MAC of every fleet message.
+    pub token: Secret,
 }
 
 /// `[fleet] view`: which records a host subscribes to and holds.
@@ -109,23 +133,17 @@ fn default_heartbeat_secs() -> u64 {
 }
 
 impl FleetConfig {
-    /// The broker connection as the MQTT client code takes it.
-    pub fn broker(&self, host_id: &str) -> MqttConfig {
-        self.connection(self.client_id(host_id))
-    }
-
-    pub fn client_id(&self, host_id: &str) -> String {
-        self.client_id
-            .clone()
-            .unwrap_or_else(|| format!("rozd-fleet-{host_id}"))
-    }
-
     /// The endpoint this host advertises, given the address it is bound to.
     pub fn advertised(&self, bound: std::net::SocketAddr) -> String {
         let scheme = if self.listener_tls { "https" } else { "http" };
         self.advertise
             .clone()
             .unwrap_or_else(|| format!("{scheme}://{bound}"))
+    }
+
+    /// The heartbeat in whole seconds, as host records carry it.
+    pub fn heartbeat_secs(&self) -> u64 {
+        self.heartbeat.as_secs()
     }
 }
 
@@ -143,156 +161,171 @@ pub(crate) struct Listener {
     pub tls: bool,
 }
 
-/// Checks `[fleet]` and reads the token, which a fleet requires (it keys
-/// the MAC of every fleet message).
-pub(crate) fn validate(
-    fleet: &mut FleetConfig,
-    host: &HostConfig,
-    server: &Listener,
-    mqtt: Option<&MqttConfig>,
-) -> Result<(), Invalid> {
-    let err = |key: &str, message: String| Err(Invalid::new(format!("fleet.{key}"), message));
-    crate::config::broker::check(
-        &fleet.broker_fields(),
-        &crate::config::broker::BrokerLimits {
-            section: "fleet",
-            // 5: the shortest keep-alive the MQTT 5 client takes.
-            keep_alive_secs: 5..=3600,
-            min_packet_size: MIN_MAX_PACKET,
-        },
-    )?;
-    within("fleet.heartbeat_secs", fleet.heartbeat_secs, 1..=3600)?;
-    within(
-        "fleet.lookup_timeout_ms",
-        fleet.lookup_timeout_ms,
-        LOOKUP_TIMEOUT_MS,
-    )?;
-    let prefix = &fleet.topic_prefix;
-    if prefix.is_empty()
-        || prefix.len() > 128
-        || prefix.starts_with('/')
-        || prefix.ends_with('/')
-        || prefix.contains(['+', '#', '\0'])
-        || prefix.split('/').any(str::is_empty)
-    {
-        return err(
-            "topic_prefix",
-            format!(
-                "{prefix:?} is not a topic prefix like \"roz/v1\" (no wildcards, no empty levels)"
-            ),
-        );
-    }
-    let client_id = fleet.client_id(&host.id);
-    if client_id.trim().is_empty() || client_id.len() > 64 {
-        return err("client_id", "must be 1-64 characters".into());
-    }
-    if let Some(m) = mqtt {
-        let hardware = crate::hw::mqtt::client_id(m, &host.id);
-        let stop_input = format!("{hardware}{}", crate::hw::mqtt::STOP_CLIENT_SUFFIX);
-        if client_id == hardware || client_id == stop_input {
+impl RawFleet {
+    /// Checks `[fleet]` and reads the token, which a fleet requires (it keys
+    /// the MAC of every fleet message): the section as rozd reads it.
+    pub(crate) fn build(
+        &self,
+        host: &HostConfig,
+        server: &Listener,
+        mqtt: Option<&MqttConfig>,
+    ) -> Result<FleetConfig, Invalid> {
+        let fleet = self;
+        let err = |key: &str, message: String| Err(Invalid::new(format!("fleet.{key}"), message));
+        crate::config::broker::check(
+            &fleet.broker_fields(),
+            &crate::config::broker::BrokerLimits {
+                section: "fleet",
+                // 5: the shortest keep-alive the MQTT 5 client takes.
+                keep_alive_secs: 5..=3600,
+                min_packet_size: MIN_MAX_PACKET,
+            },
+        )?;
+        within("fleet.heartbeat_secs", fleet.heartbeat_secs, 1..=3600)?;
+        within(
+            "fleet.lookup_timeout_ms",
+            fleet.lookup_timeout_ms,
+            LOOKUP_TIMEOUT_MS,
+        )?;
+        let prefix = &fleet.topic_prefix;
+        if prefix.is_empty()
+            || prefix.len() > 128
+            || prefix.starts_with('/')
+            || prefix.ends_with('/')
+            || prefix.contains(['+', '#', '\0'])
+            || prefix.split('/').any(str::is_empty)
+        {
             return err(
-                "client_id",
+                "topic_prefix",
                 format!(
-                    "{client_id:?} is also the client id of an [mqtt] connection; the two \
-                     connections would keep disconnecting each other"
+                    "{prefix:?} is not a topic prefix like \"roz/v1\" (no wildcards, no empty levels)"
                 ),
             );
         }
-    }
-    fleet.listener_tls = server.tls;
-    if fleet.cert_file.is_some() && fleet.ca_file.is_none() {
-        return err(
-            "ca_file",
-            "fleet.cert_file (this host's certificate) needs fleet.ca_file, the fleet's CA: \
-             relays check that the other host's certificate chains to it"
-                .into(),
-        );
-    }
-    if fleet.password_env.is_some() && fleet.username.is_none() {
-        return err("password_env", "needs fleet.username".into());
-    }
-    match &fleet.advertise {
-        Some(endpoint) => {
-            if let Err(why) = check_endpoint(endpoint) {
-                return err("advertise", why);
-            }
-            if endpoint.starts_with("https://") && !server.tls {
+        let client_id = fleet
+            .client_id
+            .clone()
+            .unwrap_or_else(|| format!("rozd-fleet-{}", host.id));
+        if client_id.trim().is_empty() || client_id.len() > 64 {
+            return err("client_id", "must be 1-64 characters".into());
+        }
+        if let Some(m) = mqtt {
+            let hardware = crate::hw::mqtt::client_id(m, &host.id);
+            let stop_input = format!("{hardware}{}", crate::hw::mqtt::STOP_CLIENT_SUFFIX);
+            if client_id == hardware || client_id == stop_input {
                 return err(
-                    "advertise",
-                    format!("{endpoint:?} is https://, but [server.tls] is not configured"),
-                );
-            }
-            if endpoint.starts_with("http://") && fleet.cert_file.is_some() {
-                return err(
-                    "advertise",
+                    "client_id",
                     format!(
-                        "{endpoint:?} is plaintext, but this fleet uses host certificates \
-                         (fleet.cert_file): other hosts relay only over TLS; advertise https://"
+                        "{client_id:?} is also the client id of an [mqtt] connection; the two \
+                     connections would keep disconnecting each other"
                     ),
                 );
             }
         }
-        None if server.listen.ip().is_unspecified() => {
+        if fleet.cert_file.is_some() && fleet.ca_file.is_none() {
             return err(
-                "advertise",
-                format!(
-                    "server.listen is {}, which other hosts cannot connect to; set \
-                     fleet.advertise = \"http://<this host's address>:{}\"",
-                    server.listen,
-                    server.listen.port()
-                ),
-            );
-        }
-        None => {}
-    }
-    if !topic_level_ok(&host.environment_id) {
-        return Err(Invalid::new(
-            "host.environment_id",
-            format!(
-                "{:?} cannot be a topic level of the fleet's stop command (1-128 characters, \
-                 no '/', '+', '#')",
-                host.environment_id
-            ),
-        ));
-    }
-    fleet.token = match (&fleet.token_env, &fleet.token_file) {
-        (Some(_), Some(_)) => {
-            return err("token_file", "set token_env or token_file, not both".into());
-        }
-        (Some(var), None) => match std::env::var(var) {
-            Ok(token) if !token.trim().is_empty() => Some(Secret::new(token.trim())),
-            Ok(_) => return err("token_env", format!("{var} is empty")),
-            Err(_) => {
-                return err(
-                    "token_env",
-                    format!("names {var}, which is not set (or not UTF-8)"),
-                );
-            }
-        },
-        (None, Some(path)) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                Invalid::new(
-                    "fleet.token_file",
-                    format!("cannot read {}: {e}", path.display()),
-                )
-            })?;
-            match token_lines(&text).next() {
-                Some(token) => Some(Secret::new(token)),
-                None => return err("token_file", format!("{} holds no token", path.display())),
-            }
-        }
-        (None, None) => {
-            return err(
-                "token_file",
-                "a fleet needs the fleet token: set fleet.token_file (or fleet.token_env) on \
-                 every host of the fleet, to the same token. It authenticates host records, \
-                 fleet stop/clear commands and relayed requests; without it anyone who can \
-                 publish to the broker could redirect sessions or clear a fleet stop"
+                "ca_file",
+                "fleet.cert_file (this host's certificate) needs fleet.ca_file, the fleet's CA: \
+             relays check that the other host's certificate chains to it"
                     .into(),
             );
         }
-    };
-    Ok(())
+        if fleet.password_env.is_some() && fleet.username.is_none() {
+            return err("password_env", "needs fleet.username".into());
+        }
+        match &fleet.advertise {
+            Some(endpoint) => {
+                if let Err(why) = check_endpoint(endpoint) {
+                    return err("advertise", why);
+                }
+                if endpoint.starts_with("https://") && !server.tls {
+                    return err(
+                        "advertise",
+                        format!("{endpoint:?} is https://, but [server.tls] is not configured"),
+                    );
+                }
+                if endpoint.starts_with("http://") && fleet.cert_file.is_some() {
+                    return err(
+                        "advertise",
+                        format!(
+                            "{endpoint:?} is plaintext, but this fleet uses host certificates \
+                         (fleet.cert_file): other hosts relay only over TLS; advertise https://"
+                        ),
+                    );
+                }
+            }
+            None if server.listen.ip().is_unspecified() => {
+                return err(
+                    "advertise",
+                    format!(
+                        "server.listen is {}, which other hosts cannot connect to; set \
+                     fleet.advertise = \"http://<this host's address>:{}\"",
+                        server.listen,
+                        server.listen.port()
+                    ),
+                );
+            }
+            None => {}
+        }
+        if !topic_level_ok(&host.environment_id) {
+            return Err(Invalid::new(
+                "host.environment_id",
+                format!(
+                    "{:?} cannot be a topic level of the fleet's stop command (1-128 characters, \
+                 no '/', '+', '#')",
+                    host.environment_id
+                ),
+            ));
+        }
+        let token = match (&fleet.token_env, &fleet.token_file) {
+            (Some(_), Some(_)) => {
+                return err("token_file", "set token_env or token_file, not both".into());
+            }
+            (Some(var), None) => match std::env::var(var) {
+                Ok(token) if !token.trim().is_empty() => Secret::new(token.trim()),
+                Ok(_) => return err("token_env", format!("{var} is empty")),
+                Err(_) => {
+                    return err(
+                        "token_env",
+                        format!("names {var}, which is not set (or not UTF-8)"),
+                    );
+                }
+            },
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    Invalid::new(
+                        "fleet.token_file",
+                        format!("cannot read {}: {e}", path.display()),
+                    )
+                })?;
+                match token_lines(&text).next() {
+                    Some(token) => Secret::new(token),
+                    None => return err("token_file", format!("{} holds no token", path.display())),
+                }
+            }
+            (None, None) => {
+                return err(
+                    "token_file",
+                    "a fleet needs the fleet token: set fleet.token_file (or fleet.token_env) on \
+                 every host of the fleet, to the same token. It authenticates host records, \
+                 fleet stop/clear commands and relayed requests; without it anyone who can \
+                 publish to the broker could redirect sessions or clear a fleet stop"
+                        .into(),
+                );
+            }
+        };
+        Ok(FleetConfig {
+            broker: fleet.connection(client_id.clone()),
+            client_id,
+            topic_prefix: fleet.topic_prefix.clone(),
+            heartbeat: Duration::from_secs(fleet.heartbeat_secs),
+            view: fleet.view,
+            lookup_timeout: Duration::from_millis(fleet.lookup_timeout_ms),
+            advertise: fleet.advertise.clone(),
+            listener_tls: server.tls,
+            token,
+        })
+    }
 }
 
 /// An endpoint other hosts can dial: `http://host:port` or

@@ -205,14 +205,14 @@ impl Fleet {
             Some(f) => f.advertised(bound),
             None => format!("http://{bound}"),
         };
-        let heartbeat = fleet.as_ref().map_or(10, |f| f.heartbeat_secs);
-        let keep_alive = fleet.as_ref().map_or(15, |f| f.keep_alive_secs);
+        let heartbeat = fleet.as_ref().map_or(10, |f| f.heartbeat_secs());
+        let keep_alive = fleet.as_ref().map_or(15, |f| f.broker.keep_alive_secs);
         let max_packet_size = fleet
             .as_ref()
-            .map_or(config::DEFAULT_MAX_PACKET, |f| f.max_packet_size);
+            .map_or(config::DEFAULT_MAX_PACKET, |f| f.broker.max_packet_size);
         let key = fleet
             .as_ref()
-            .and_then(|f| f.token.as_ref())
+            .map(|f| &f.token)
             .map(|token| MessageKey::from_token(token.expose()));
         let own = HostRecord {
             v: record::RECORD_VERSION,

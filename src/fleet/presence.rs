@@ -62,29 +62,28 @@ pub(super) fn start(
     let Some(config) = fleet.config() else {
         return Ok(());
     };
-    let own_id = fleet.own_id().to_string();
     // A clean session (the default): nothing is queued for us while away.
     let options = crate::hw::mqtt_link::options(
-        &config.broker(&own_id),
-        &config.client_id(&own_id),
-        config.max_packet_size,
+        &config.broker,
+        &config.client_id,
+        config.broker.max_packet_size,
     )
     .map_err(|why| FleetError::Setup(why.replace("mqtt.", "fleet.")))?;
     let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
     set_will(&mut eventloop, fleet);
     *fleet.client.lock() = Some(client.clone());
     let backoff = crate::hw::mqtt_link::Backoff::new(
-        Duration::from_millis(config.reconnect_min_ms),
-        Duration::from_millis(config.reconnect_max_ms),
+        Duration::from_millis(config.broker.reconnect_min_ms),
+        Duration::from_millis(config.broker.reconnect_max_ms),
     );
-    let heartbeat = Duration::from_secs(config.heartbeat_secs);
+    let heartbeat = config.heartbeat;
     let Some(lookup_requests) = fleet.lookup_requests.lock().take() else {
         return Err(FleetError::Setup(
             "the fleet's broker connection was started twice".into(),
         ));
     };
     tracing::info!(
-        url = %config.url,
+        url = %config.broker.url,
         prefix = %config.topic_prefix,
         view = config.view.as_str(),
         endpoint = fleet.own.endpoint.as_deref().unwrap_or(""),
@@ -103,12 +102,12 @@ pub(super) fn start(
         rejects: LogLimiter::new(REJECT_LOG_EVERY),
         impostor_log: LogLimiter::new(REJECT_LOG_EVERY),
         resync_at: None,
-        url: config.url.to_string(),
+        url: config.broker.url.to_string(),
         subscriptions: Subscriptions::default(),
         dropped_log: LogLimiter::new(DROPPED_LOG_EVERY),
         stop_applied: None,
         displaced: false,
-        lookups: Lookups::new(Duration::from_millis(config.lookup_timeout_ms)),
+        lookups: Lookups::new(config.lookup_timeout),
         lookup_requests,
         legacy_cleared: false,
     };

@@ -180,7 +180,7 @@ impl Fleet {
         // retained `online` is the broker's word that the connection lives
         // (the last will replaces it), and its liveness messages (in the
         // view of its environment) or their silence decide its presence.
-        let heartbeat = record.heartbeat_secs.unwrap_or(config.heartbeat_secs);
+        let heartbeat = record.heartbeat_secs.unwrap_or(config.heartbeat_secs());
         let max_age_ms = i64::try_from(heartbeat)
             .unwrap_or(i64::MAX)
             .saturating_mul(1000)
@@ -196,7 +196,7 @@ impl Fleet {
         }
         // With host certificates the fleet token goes only where a
         // certificate proves the host is `host_id`.
-        if config.cert_file.is_some() && !endpoint.starts_with("https://") {
+        if config.broker.cert_file.is_some() && !endpoint.starts_with("https://") {
             return Err(RouteError::Unavailable(format!(
                 "host {host_id:?} advertises {endpoint}, which is not TLS; this fleet uses \
                  host certificates (fleet.cert_file), so the fleet token is sent only \
@@ -206,12 +206,12 @@ impl Fleet {
         Ok(Route::Remote(RemoteHost {
             id: host_id.to_string(),
             endpoint: endpoint.clone(),
-            token: config.token.clone(),
+            token: Some(config.token.clone()),
             relayed_by: self.own.id.clone(),
             tls: crate::tls::client::ClientTlsFiles {
-                ca_file: config.ca_file.clone(),
-                cert_file: config.cert_file.clone(),
-                key_file: config.key_file.clone(),
+                ca_file: config.broker.ca_file.clone(),
+                cert_file: config.broker.cert_file.clone(),
+                key_file: config.broker.key_file.clone(),
             },
         }))
     }

@@ -24,23 +24,28 @@ fn token_file() -> &'static std::path::Path {
     Box::leak(dir.path().join("fleet-token").into_boxed_path())
 }
 
+/// The `[fleet]` table `table` (with the tests' token file) as validation
+/// makes it, for `host` on a plaintext loopback listener.
+fn built(table: &str, host: &HostConfig) -> FleetConfig {
+    let raw: config::RawFleet = toml::from_str(&format!(
+        "{table}token_file = {:?}\n",
+        token_file().display().to_string()
+    ))
+    .unwrap();
+    let listener = config::Listener {
+        listen: "127.0.0.1:8080".parse().unwrap(),
+        tls: false,
+    };
+    raw.build(host, &listener, None).unwrap()
+}
+
 /// This host `a` in environment `lab`, offering the `observe` tool, on
 /// the broker of `section` (a `[fleet]` table) if it is not empty.
 fn fleet(section: &str) -> Fleet {
     let host: HostConfig = toml::from_str("id = \"a\"\nenvironment_id = \"lab\"\n").unwrap();
-    let fleet = section.strip_prefix("[fleet]\n").map(|table| {
-        let mut f: FleetConfig = toml::from_str(&format!(
-            "{table}token_file = {:?}\n",
-            token_file().display().to_string()
-        ))
-        .unwrap();
-        let listener = config::Listener {
-            listen: "127.0.0.1:8080".parse().unwrap(),
-            tls: false,
-        };
-        config::validate(&mut f, &host, &listener, None).unwrap();
-        f
-    });
+    let fleet = section
+        .strip_prefix("[fleet]\n")
+        .map(|table| built(table, &host));
     let offer = Offer {
         host_tools: vec!["observe".into()],
         ..Offer::default()
@@ -664,12 +669,22 @@ fn the_audit_names_only_authentic_senders() {
 #[test]
 fn with_host_certificates_only_tls_endpoints_are_routed_to() {
     let host: HostConfig = toml::from_str("id = \"a\"\nenvironment_id = \"lab\"\n").unwrap();
-    let mut config: FleetConfig = toml::from_str(
-        "url = \"mqtts://127.0.0.1:1\"\nca_file = \"/etc/fleet-ca.pem\"\n\
-         cert_file = \"/etc/a.pem\"\nkey_file = \"/etc/a.key\"\n",
-    )
-    .unwrap();
-    config.token = Some(Secret::new(TOKEN));
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, "").unwrap();
+        path
+    };
+    let (ca, cert, key) = (file("fleet-ca.pem"), file("a.pem"), file("a.key"));
+    let config = built(
+        &format!(
+            "url = \"mqtts://127.0.0.1:1\"\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+            ca.display().to_string(),
+            cert.display().to_string(),
+            key.display().to_string()
+        ),
+        &host,
+    );
     let f = Fleet::new(
         &host,
         Some(&config),
@@ -694,9 +709,9 @@ fn with_host_certificates_only_tls_endpoints_are_routed_to() {
             assert_eq!(
                 remote.tls,
                 crate::tls::client::ClientTlsFiles {
-                    ca_file: Some("/etc/fleet-ca.pem".into()),
-                    cert_file: Some("/etc/a.pem".into()),
-                    key_file: Some("/etc/a.key".into()),
+                    ca_file: Some(ca.clone()),
+                    cert_file: Some(cert.clone()),
+                    key_file: Some(key.clone()),
                 }
             );
         }
