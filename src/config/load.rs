@@ -712,7 +712,7 @@ impl Config {
         // Upper bounds keep `now + period` far from overflowing an Instant.
         within(
             "session.keepalive_secs",
-            self.session.keepalive_secs,
+            self.session.keepalive.as_secs(),
             1..=86_400,
         )?;
         within(
@@ -722,7 +722,7 @@ impl Config {
         )?;
         within(
             "session.approval_timeout_secs",
-            self.session.approval_timeout_secs,
+            self.session.approval_timeout.as_secs(),
             1..=86_400,
         )?;
         within("session.max_cycles", self.session.max_cycles, 1..)?;
@@ -884,7 +884,7 @@ impl Config {
             rules: &self.reflex_rules,
             cameras: &self.cameras,
             safety: &self.safety,
-            approval_timeout_secs: self.session.approval_timeout_secs,
+            approval_timeout_secs: self.session.approval_timeout.as_secs(),
             tick_hz: self.ooda.tick_hz,
         }
     }

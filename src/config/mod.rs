@@ -6,9 +6,11 @@
 //!
 //! - [`types`]: the shared leaf types (sections and values other modules
 //!   take, and [`Invalid`], the one shape of a validation failure); it
-//!   imports nothing of rozd.
+//!   imports nothing of rozd but `units`.
 //! - [`broker`]: the broker address and connection fields `[mqtt]` and
 //!   `[fleet]` share; a leaf too.
+//! - [`units`]: `_secs` and `_ms` keys read straight into `Duration`s; a
+//!   leaf.
 //! - `load`: the aggregate [`Config`]: finds, reads and validates, calling
 //!   the sub-modules' validators (hw, safety, ooda, model, fleet).
 //! - `server`: `[server]` as written and its validation into the listener's
@@ -16,7 +18,8 @@
 //! - `summary`: `rozd check`'s human-readable summary.
 //! - `locate`: the line of a key, from the `toml` crate's spans.
 //!
-//! Sub-modules import only `config::types` and `config::broker`, never the
+//! Sub-modules import only `config::types`, `config::broker` and
+//! `config::units`, never the
 //! aggregate (the test `sub_modules_do_not_import_the_aggregate` keeps it so).
 
 pub(crate) mod broker;
@@ -26,6 +29,7 @@ mod scope;
 mod server;
 mod summary;
 pub(crate) mod types;
+pub(crate) mod units;
 mod wording;
 
 pub use load::{

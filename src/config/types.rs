@@ -3,9 +3,10 @@
 //! take from the configuration, and the one shape every validator reports a
 //! problem in ([`Invalid`]).
 //!
-//! This file imports nothing of rozd, so every module can depend on it
-//! without a circle through the aggregate (`config::load`), which itself
-//! calls the sub-modules' validators.
+//! This file imports nothing of rozd but the leaf `config::units` (how its
+//! durations are read), so every module can depend on it without a circle
+//! through the aggregate (`config::load`), which itself calls the
+//! sub-modules' validators.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -390,12 +391,17 @@ pub(super) fn default_store_path(
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SessionConfig {
-    /// Seconds between `Keepalive` messages on an open session stream.
-    pub keepalive_secs: u64,
+    /// Between `Keepalive` messages on an open session stream.
+    #[serde(rename = "keepalive_secs", deserialize_with = "super::units::secs")]
+    pub keepalive: Duration,
     /// Timeout for a client tool that declares `timeout_ms = 0`.
     pub default_tool_timeout_ms: u32,
     /// How long a `require_confirmation` call waits for a `PermissionDecision`.
-    pub approval_timeout_secs: u64,
+    #[serde(
+        rename = "approval_timeout_secs",
+        deserialize_with = "super::units::secs"
+    )]
+    pub approval_timeout: Duration,
     /// Upper bound of model calls in one turn (stop reason `max_cycles`).
     pub max_cycles: u32,
     /// Context budget when `StartSession.max_context_tokens` is absent.
@@ -423,9 +429,9 @@ pub struct SessionConfig {
 impl Default for SessionConfig {
     fn default() -> Self {
         SessionConfig {
-            keepalive_secs: 10,
+            keepalive: Duration::from_secs(10),
             default_tool_timeout_ms: 30_000,
-            approval_timeout_secs: 120,
+            approval_timeout: Duration::from_secs(120),
             max_cycles: 25,
             default_max_context_tokens: 200_000,
             max_session_tokens: 0,

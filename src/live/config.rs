@@ -26,7 +26,11 @@ pub struct FoxgloveConfig {
     /// own messages are limited to 64 KiB.
     pub max_message_kb: usize,
     /// A client that does not take a frame within this long is disconnected.
-    pub send_timeout_secs: u64,
+    #[serde(
+        rename = "send_timeout_secs",
+        deserialize_with = "crate::config::units::secs"
+    )]
+    pub send_timeout: std::time::Duration,
 }
 
 impl Default for FoxgloveConfig {
@@ -38,7 +42,7 @@ impl Default for FoxgloveConfig {
             send_buffer: 256,
             max_hz: 20.0,
             max_message_kb: 1024,
-            send_timeout_secs: 10,
+            send_timeout: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -72,6 +76,10 @@ pub(crate) fn validate(c: &FoxgloveConfig) -> Result<(), Invalid> {
     // Not a number and infinities are outside every range.
     within("foxglove.max_hz", c.max_hz, 0.1..=1000.0)?;
     within("foxglove.max_message_kb", c.max_message_kb, 1..=65_536)?;
-    within("foxglove.send_timeout_secs", c.send_timeout_secs, 1..=3600)?;
+    within(
+        "foxglove.send_timeout_secs",
+        c.send_timeout.as_secs(),
+        1..=3600,
+    )?;
     Ok(())
 }

@@ -76,7 +76,7 @@ pub(crate) fn router(ctx: Arc<HostContext>, hosts: Option<Vec<String>>) -> axum:
         let mut local = LocalSessionManager::default();
         local.session_config = {
             let mut config = SessionConfig::default();
-            config.keep_alive = Some(Duration::from_secs(mcp.session_idle_secs));
+            config.keep_alive = Some(mcp.session_idle);
             config
         };
         local
@@ -88,7 +88,7 @@ pub(crate) fn router(ctx: Arc<HostContext>, hosts: Option<Vec<String>>) -> axum:
     });
     let mut config = StreamableHttpServerConfig::default()
         .with_max_request_body_bytes(super::gate::MAX_BODY_BYTES)
-        .with_sse_keep_alive(Some(Duration::from_secs(mcp.keepalive_secs)))
+        .with_sse_keep_alive(Some(mcp.keepalive))
         .with_cancellation_token(ctx.shutdown.child_token());
     config = match hosts {
         Some(hosts) => {
@@ -269,7 +269,7 @@ impl ServerHandler for HostServer {
                  operator's manual) before you move anything, or start from the prompt \
                  {OPERATE_PROMPT}.",
                 id = host.id,
-                secs = self.ctx.config.session.approval_timeout_secs,
+                secs = self.ctx.config.session.approval_timeout.as_secs(),
             ))
     }
 
@@ -555,7 +555,7 @@ async fn watch_client(
     session: String,
     stop: CancellationToken,
 ) {
-    let period = Duration::from_secs(ctx.config.mcp.keepalive_secs);
+    let period = ctx.config.mcp.keepalive;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -694,7 +694,7 @@ impl CallSite for McpCall<'_> {
         input: &Value,
         category: ToolCategory,
     ) -> Result<Answer, Abandoned> {
-        let secs = self.ctx.config.session.approval_timeout_secs;
+        let timeout = self.ctx.config.session.approval_timeout;
         let since = now_ms();
         let mut waiting = self.ctx.approvals.ask(ApprovalView {
             id: id.to_string(),
@@ -707,7 +707,8 @@ impl CallSite for McpCall<'_> {
             origin: self.origin.clone(),
             credential: self.credential.clone(),
             since_unix_ms: since,
-            expires_unix_ms: since.saturating_add(i64::try_from(secs * 1000).unwrap_or(i64::MAX)),
+            expires_unix_ms: since
+                .saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)),
         });
         tracing::info!(tool_call_id = id, tool = name, origin = %self.origin, "MCP call waits for approval");
         let answer = tokio::select! {
@@ -723,7 +724,7 @@ impl CallSite for McpCall<'_> {
                 },
                 by: self.credential.clone(),
             },
-            () = tokio::time::sleep(Duration::from_secs(secs)) => Answer::timed_out(name, secs),
+            () = tokio::time::sleep(timeout) => Answer::timed_out(name, timeout),
         };
         Ok(answer)
     }

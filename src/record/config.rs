@@ -3,6 +3,7 @@
 //! only `config::types` and the hardware specs.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -31,8 +32,12 @@ pub struct RecordConfig {
     pub directory: Option<PathBuf>,
     /// A file is finished and a new one started once it holds this many KiB.
     pub max_file_kb: u64,
-    /// ... or once it has been open this many seconds.
-    pub max_file_secs: u64,
+    /// ... or once it has been open this long (`max_file_secs`).
+    #[serde(
+        rename = "max_file_secs",
+        deserialize_with = "crate::config::units::secs"
+    )]
+    pub max_file_age: Duration,
     /// The oldest finished files are deleted while all of them together
     /// exceed this many MiB; 0: no cap.
     pub max_total_mb: u64,
@@ -46,9 +51,10 @@ pub struct RecordConfig {
     pub camera_hz: f64,
     /// Messages waiting for the writer at most; more are dropped and counted.
     pub queue: usize,
-    /// The open chunk is closed and flushed to the file this often: what a
-    /// `kill -9` can lose at most.
-    pub flush_ms: u64,
+    /// The open chunk is closed and flushed to the file this often
+    /// (`flush_ms`): what a `kill -9` can lose at most.
+    #[serde(rename = "flush_ms", deserialize_with = "crate::config::units::millis")]
+    pub flush_every: Duration,
 }
 
 impl Default for RecordConfig {
@@ -57,14 +63,14 @@ impl Default for RecordConfig {
             enabled: true,
             directory: None,
             max_file_kb: 64 * 1024,
-            max_file_secs: 3600,
+            max_file_age: Duration::from_secs(3600),
             max_total_mb: 1024,
             max_files: 0,
             streams: STREAMS.iter().map(ToString::to_string).collect(),
             observation_hz: 1.0,
             camera_hz: 1.0,
             queue: 4096,
-            flush_ms: 1000,
+            flush_every: Duration::from_millis(1000),
         }
     }
 }
@@ -97,7 +103,7 @@ impl RecordConfig {
             self.resolved_directory(store_path).display(),
             self.streams.join(", "),
             self.max_file_kb,
-            self.max_file_secs,
+            self.max_file_age.as_secs(),
             match (self.max_total_mb, self.max_files) {
                 (0, 0) => "every file".to_string(),
                 (mb, 0) => format!("at most {mb} MiB"),
@@ -128,8 +134,12 @@ pub(crate) fn validate(record: &RecordConfig) -> Result<(), Invalid> {
         16..=4 * 1024 * 1024,
     )
     .map_err(|e| e.noting("4 GiB"))?;
-    within("record.max_file_secs", record.max_file_secs, 1..=7 * 86_400)
-        .map_err(|e| e.noting("a week"))?;
+    within(
+        "record.max_file_secs",
+        record.max_file_age.as_secs(),
+        1..=7 * 86_400,
+    )
+    .map_err(|e| e.noting("a week"))?;
     if record.max_total_mb != 0 && record.max_total_mb.saturating_mul(1024) < record.max_file_kb {
         return Err(Invalid::new(
             "record.max_total_mb",
@@ -171,7 +181,11 @@ pub(crate) fn validate(record: &RecordConfig) -> Result<(), Invalid> {
         ));
     }
     within("record.queue", record.queue, 16..=1_048_576)?;
-    within("record.flush_ms", record.flush_ms, 10..=60_000)?;
+    within(
+        "record.flush_ms",
+        record.flush_every.as_millis(),
+        10..=60_000,
+    )?;
     Ok(())
 }
 
@@ -307,7 +321,7 @@ mod tests {
             ),
             (
                 RecordConfig {
-                    flush_ms: 0,
+                    flush_every: Duration::ZERO,
                     ..Default::default()
                 },
                 "record.flush_ms",

@@ -129,10 +129,10 @@ impl Recorder {
             directory: directory.clone(),
             host_id: host_id.to_string(),
             max_file_bytes: config.max_file_kb * 1024,
-            max_file_age: Duration::from_secs(config.max_file_secs),
+            max_file_age: config.max_file_age,
             max_total_bytes: config.max_total_mb * 1024 * 1024,
             max_files: config.max_files,
-            flush_every: Duration::from_millis(config.flush_ms),
+            flush_every: config.flush_every,
         };
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()

@@ -106,11 +106,12 @@ impl Answer {
         }
     }
 
-    /// No answer within `secs`: denied.
-    pub(crate) fn timed_out(name: &str, secs: u64) -> Answer {
+    /// No answer within `timeout`: denied.
+    pub(crate) fn timed_out(name: &str, timeout: std::time::Duration) -> Answer {
         Answer {
             verdict: Err(format!(
-                "`{name}` was not approved within {secs} s (session.approval_timeout_secs): denied"
+                "`{name}` was not approved within {} s (session.approval_timeout_secs): denied",
+                timeout.as_secs()
             )),
             by: None,
         }

@@ -211,7 +211,7 @@ async fn run_loop(
 ) {
     let registry = host.sessions.clone();
     let active = registry.enter(credential.clone());
-    let period = Duration::from_secs(host.agent.limits.keepalive_secs);
+    let period = host.agent.limits.keepalive;
     let mut keepalive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let shutdown = host.agent.shutdown.clone();

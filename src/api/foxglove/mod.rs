@@ -23,7 +23,6 @@ mod services;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use axum::Extension;
 use axum::extract::State;
@@ -194,7 +193,7 @@ async fn write(
     hub: &Hub,
 ) {
     let max = hub.config().max_message_kb * 1024;
-    let timeout = Duration::from_secs(hub.config().send_timeout_secs);
+    let timeout = hub.config().send_timeout;
     loop {
         let (message, counted) = tokio::select! {
             biased;

@@ -9,7 +9,6 @@
 //! what it commanded goes to its safe value.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
@@ -303,7 +302,7 @@ impl CallSite for FoxgloveCall<'_> {
         input: &Value,
         category: ToolCategory,
     ) -> Result<Answer, Gone> {
-        let secs = self.ctx.config.session.approval_timeout_secs;
+        let timeout = self.ctx.config.session.approval_timeout;
         let since = now_ms();
         let mut waiting = self.ctx.approvals.ask(ApprovalView {
             id: id.to_string(),
@@ -316,14 +315,15 @@ impl CallSite for FoxgloveCall<'_> {
             origin: self.origin.clone(),
             credential: self.credential.clone(),
             since_unix_ms: since,
-            expires_unix_ms: since.saturating_add(i64::try_from(secs * 1000).unwrap_or(i64::MAX)),
+            expires_unix_ms: since
+                .saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)),
         });
         tracing::info!(tool_call_id = id, tool = name, origin = %self.origin, "Foxglove call waits for approval");
         let answer = tokio::select! {
             biased;
             () = self.gone.cancelled() => return Err(Gone),
             answered = waiting.decided() => Answer::from_operator(answered, name),
-            () = tokio::time::sleep(Duration::from_secs(secs)) => Answer::timed_out(name, secs),
+            () = tokio::time::sleep(timeout) => Answer::timed_out(name, timeout),
         };
         Ok(answer)
     }

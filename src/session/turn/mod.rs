@@ -183,7 +183,7 @@ impl TurnLimits {
                 .max_output_tokens()
                 .unwrap_or(default_max_output_tokens),
             default_tool_timeout_ms: session.default_tool_timeout_ms,
-            approval_timeout: Duration::from_secs(session.approval_timeout_secs),
+            approval_timeout: session.approval_timeout,
             context_budget,
             compaction: CompactionLimits {
                 target: session.compact_target,
