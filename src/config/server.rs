@@ -312,10 +312,13 @@ impl TokenConfig {
 fn check_tls(tls: &ServerTlsConfig) -> Result<(), Invalid> {
     within(
         "server.tls.handshake_timeout_secs",
-        tls.handshake_timeout_secs,
+        tls.handshake_timeout.as_secs(),
         1..=300,
     )?;
-    if tls.reload_check_secs > 86_400 {
+    if tls
+        .reload_check
+        .is_some_and(|every| every.as_secs() > 86_400)
+    {
         return Err(Invalid::new(
             "server.tls.reload_check_secs",
             "must be between 0 (only on SIGHUP) and 86400",

@@ -297,20 +297,28 @@ pub struct ServerTlsConfig {
     pub client_ca_file: Option<PathBuf>,
     #[serde(default)]
     pub client_auth: ClientAuth,
-    /// Bound on a client's TLS handshake.
-    #[serde(default = "default_handshake_timeout_secs")]
-    pub handshake_timeout_secs: u64,
-    /// How often the files are checked for a change (then reloaded); 0:
-    /// only on SIGHUP.
-    #[serde(default = "default_reload_check_secs")]
-    pub reload_check_secs: u64,
+    /// Bound on a client's TLS handshake (`handshake_timeout_secs`).
+    #[serde(
+        rename = "handshake_timeout_secs",
+        deserialize_with = "super::units::secs",
+        default = "default_handshake_timeout"
+    )]
+    pub handshake_timeout: Duration,
+    /// How often the files are checked for a change, then reloaded
+    /// (`reload_check_secs`); `None` (0): only on SIGHUP.
+    #[serde(
+        rename = "reload_check_secs",
+        deserialize_with = "super::units::secs_or_off",
+        default = "default_reload_check"
+    )]
+    pub reload_check: Option<Duration>,
 }
 
-fn default_handshake_timeout_secs() -> u64 {
-    10
+fn default_handshake_timeout() -> Duration {
+    Duration::from_secs(10)
 }
-fn default_reload_check_secs() -> u64 {
-    10
+fn default_reload_check() -> Option<Duration> {
+    Some(Duration::from_secs(10))
 }
 
 /// The file name of the control socket in its default directory.

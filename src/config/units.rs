@@ -25,6 +25,11 @@ pub(crate) fn millis<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Err
     u64::deserialize(d).map(Duration::from_millis)
 }
 
+/// A whole number of seconds, where 0 turns the thing off (`None`).
+pub(crate) fn secs_or_off<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    u64::deserialize(d).map(|secs| (secs > 0).then(|| Duration::from_secs(secs)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -36,6 +41,8 @@ mod tests {
         wait: Duration,
         #[serde(rename = "flush_ms", deserialize_with = "millis")]
         flush: Duration,
+        #[serde(rename = "check_secs", deserialize_with = "secs_or_off", default)]
+        check: Option<Duration>,
     }
 
     #[test]
@@ -43,6 +50,14 @@ mod tests {
         let s: Section = toml::from_str("wait_secs = 3\nflush_ms = 250\n").unwrap();
         assert_eq!(s.wait, Duration::from_secs(3));
         assert_eq!(s.flush, Duration::from_millis(250));
+        assert_eq!(s.check, None, "absent");
+        let s: Section = toml::from_str("wait_secs = 0\nflush_ms = 0\ncheck_secs = 0\n").unwrap();
+        assert_eq!(
+            (s.wait, s.flush, s.check),
+            (Duration::ZERO, Duration::ZERO, None)
+        );
+        let s: Section = toml::from_str("wait_secs = 0\nflush_ms = 0\ncheck_secs = 7\n").unwrap();
+        assert_eq!(s.check, Some(Duration::from_secs(7)));
     }
 
     #[test]

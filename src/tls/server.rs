@@ -168,7 +168,7 @@ impl ServerTls {
     }
 
     pub fn handshake_timeout(&self) -> Duration {
-        Duration::from_secs(self.settings.handshake_timeout_secs)
+        self.settings.handshake_timeout
     }
 
     /// The status now (`cert_problem` as of this moment).
@@ -248,11 +248,10 @@ impl ServerTls {
     /// Reloads whenever the files change (checked every
     /// `reload_check_secs`), until `stop`.
     pub async fn watch(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
-        let every = self.settings.reload_check_secs;
-        if every == 0 {
+        let Some(every) = self.settings.reload_check else {
             return;
-        }
-        let mut ticker = tokio::time::interval(Duration::from_secs(every));
+        };
+        let mut ticker = tokio::time::interval(every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -534,8 +533,8 @@ mod tests {
             key_file: key_file.to_path_buf(),
             client_ca_file: None,
             client_auth: ClientAuth::None,
-            handshake_timeout_secs: 10,
-            reload_check_secs: 0,
+            handshake_timeout: Duration::from_secs(10),
+            reload_check: None,
         }
     }
 

@@ -866,8 +866,8 @@ async fn trap(cert: &Path, key: &Path) -> (String, tokio::task::JoinHandle<usize
         key_file: key.to_path_buf(),
         client_ca_file: None,
         client_auth: rozd::config::ClientAuth::None,
-        handshake_timeout_secs: 10,
-        reload_check_secs: 0,
+        handshake_timeout: std::time::Duration::from_secs(10),
+        reload_check: None,
     };
     let acceptor = rozd::tls::ServerTls::load(&settings).unwrap().acceptor();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
