@@ -111,10 +111,10 @@ impl Ooda {
         };
         for (i, (rule, rule_state)) in self.rules.iter().zip(state.rules.iter_mut()).enumerate() {
             let fired = rule.step(rule_state, &facts, now);
-            if fired {
-                tracing::info!(rule = %rule.name, action = ?rule.action, "reflex rule fired");
-                self.hand_off(i, rule);
-            }
+            // The status is told of the firing (its result cleared) before
+            // the action is handed off: the action's task, on another
+            // thread, may finish first, and its result must not be cleared
+            // after it was written (the dashboard then showed "…" for ever).
             // Told only on a change: most ticks take no lock here.
             let phase = rule_state.phase();
             if fired || state.rule_phases.get(i) != Some(&phase) {
@@ -132,6 +132,10 @@ impl Ooda {
                         }
                     }
                 });
+            }
+            if fired {
+                tracing::info!(rule = %rule.name, action = ?rule.action, "reflex rule fired");
+                self.hand_off(i, rule);
             }
         }
         if state.until_publish == 0 {
