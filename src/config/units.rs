@@ -3,13 +3,13 @@
 //! [`Duration`], so that no reader converts units and a section whose
 //! validation derives nothing is its own typed form:
 //!
-//! ```ignore
+//! ```text
 //! #[serde(rename = "keepalive_secs", deserialize_with = "units::secs")]
 //! pub keepalive: Duration,
 //! ```
 //!
 //! A wrong value gets serde's own error for the number (`expected u64`),
-//! located at the key as every other.
+//! reported at its line and key as every other.
 
 use std::time::Duration;
 
