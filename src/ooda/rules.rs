@@ -193,6 +193,34 @@ pub struct RuleStatus {
     pub last_result: Option<String>,
 }
 
+impl RuleStatus {
+    /// The rule fired for the `count`th time, at `at_unix_ms`; what its
+    /// action did is not known yet, unless that firing's action has told
+    /// already ([`RuleStatus::action_done`]): the loop tells the firing and
+    /// the action's task tells its result from different threads, and
+    /// either may come first.
+    pub(crate) fn fired(&mut self, count: u64, at_unix_ms: i64) {
+        if count < self.fired {
+            return;
+        }
+        if count > self.fired {
+            self.fired = count;
+            self.last_result = None;
+        }
+        self.last_fired_unix_ms = Some(at_unix_ms);
+    }
+
+    /// What the action of the `count`th firing did. An older firing's
+    /// result, come late, is not shown for a newer one.
+    pub(crate) fn action_done(&mut self, count: u64, result: String) {
+        if count < self.fired {
+            return;
+        }
+        self.fired = count;
+        self.last_result = Some(result);
+    }
+}
+
 /// One reflex rule as `GET /v1/rules` lists it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RuleView {
@@ -776,6 +804,50 @@ mod tests {
         );
         assert!(rule.step(&mut s, &near, t0 + Duration::from_millis(1100)));
         assert_eq!(s.fired, 2);
+    }
+
+    /// The loop tells a firing and the action's task its result, from two
+    /// threads: in either order the status ends the same, the result shown.
+    #[test]
+    fn a_firing_and_its_actions_result_may_be_told_in_either_order() {
+        let told_first = {
+            let mut s = RuleStatus::default();
+            s.fired(1, 7);
+            s.action_done(1, "speed set to 0".into());
+            s
+        };
+        let result_first = {
+            let mut s = RuleStatus::default();
+            s.action_done(1, "speed set to 0".into());
+            s.fired(1, 7);
+            s
+        };
+        assert_eq!(told_first, result_first);
+        assert_eq!(
+            (
+                result_first.fired,
+                result_first.last_fired_unix_ms,
+                result_first.last_result.as_deref()
+            ),
+            (1, Some(7), Some("speed set to 0"))
+        );
+    }
+
+    #[test]
+    fn a_new_firing_clears_the_last_result_and_a_late_old_result_is_not_shown() {
+        let mut s = RuleStatus::default();
+        s.fired(1, 7);
+        s.action_done(1, "speed set to 0".into());
+        s.fired(2, 9);
+        assert_eq!((s.fired, s.last_result.as_deref()), (2, None), "pending");
+        // The first firing's action told again, late: not the second's.
+        s.action_done(1, "speed not set: stopped".into());
+        assert_eq!(s.last_result, None);
+        // A stale firing does not move the count back.
+        s.fired(1, 11);
+        assert_eq!((s.fired, s.last_fired_unix_ms), (2, Some(9)));
+        s.action_done(2, "speed set to 0".into());
+        assert_eq!(s.last_result.as_deref(), Some("speed set to 0"));
     }
 
     #[tokio::test(start_paused = true)]

@@ -111,10 +111,6 @@ impl Ooda {
         };
         for (i, (rule, rule_state)) in self.rules.iter().zip(state.rules.iter_mut()).enumerate() {
             let fired = rule.step(rule_state, &facts, now);
-            // The status is told of the firing (its result cleared) before
-            // the action is handed off: the action's task, on another
-            // thread, may finish first, and its result must not be cleared
-            // after it was written (the dashboard then showed "…" for ever).
             // Told only on a change: most ticks take no lock here.
             let phase = rule_state.phase();
             if fired || state.rule_phases.get(i) != Some(&phase) {
@@ -126,16 +122,16 @@ impl Ooda {
                     if let Some(status) = all.get_mut(i) {
                         status.phase = Some(phase);
                         if fired {
-                            status.fired = count;
-                            status.last_fired_unix_ms = Some(crate::clock::now_ms());
-                            status.last_result = None;
+                            status.fired(count, crate::clock::now_ms());
                         }
                     }
                 });
             }
+            // After the status knows of the firing (though the status takes
+            // the two in either order: see `RuleStatus::fired`).
             if fired {
                 tracing::info!(rule = %rule.name, action = ?rule.action, "reflex rule fired");
-                self.hand_off(i, rule);
+                self.hand_off(i, rule, rule_state.fired);
             }
         }
         if state.until_publish == 0 {
@@ -154,7 +150,8 @@ impl Ooda {
     /// A fired rule's action leaves the tick: a stop latches here and now
     /// (so nothing can be commanded in between), everything that touches a
     /// driver or the network runs as a task.
-    fn hand_off(self: &Arc<Self>, index: usize, rule: &rules::Rule) {
+    /// `count`: which firing of the rule this is, for its status.
+    fn hand_off(self: &Arc<Self>, index: usize, rule: &rules::Rule, count: u64) {
         let source = StopSource::Rule(rule.name.clone());
         if let Action::ProtectiveStop { reason } = &rule.action {
             self.protective_stop
@@ -199,7 +196,7 @@ impl Ooda {
             };
             me.rule_status.send_modify(|all| {
                 if let Some(status) = all.get_mut(index) {
-                    status.last_result = Some(result);
+                    status.action_done(count, result);
                 }
             });
         });
