@@ -295,12 +295,22 @@ impl<T> Lobby<T> {
     }
 
     /// A newcomer waits: its id and, when the lobby was full, the closer of
-    /// the oldest, dropped for it. `Err`: full of connections still within
-    /// their grace; the newcomer's closer, to close it.
-    pub(crate) fn enter(&mut self, closer: T, now: Instant) -> Result<(LobbyId, Option<T>), T> {
+    /// the oldest past its grace, dropped for it: the oldest that is `bare`
+    /// (has sent nothing) if any, so that a stop on its way outlasts a
+    /// silent flood. `Err`: full of connections still within their grace;
+    /// the newcomer's closer, to close it.
+    pub(crate) fn enter(
+        &mut self,
+        closer: T,
+        now: Instant,
+        bare: impl Fn(&T) -> bool,
+    ) -> Result<(LobbyId, Option<T>), T> {
         let mut dropped = None;
         if self.waiting.len() >= self.limit {
-            dropped = self.shed(now, 1, |_| true).pop();
+            dropped = self
+                .shed(now, 1, bare)
+                .pop()
+                .or_else(|| self.shed(now, 1, |_| true).pop());
             if dropped.is_none() {
                 return Err(closer);
             }
@@ -588,17 +598,39 @@ mod tests {
     fn a_full_lobby_drops_its_oldest_after_its_grace_else_refuses_the_newcomer() {
         let t0 = Instant::now();
         let mut lobby = Lobby::new(2);
-        let (a, dropped) = lobby.enter("a", t0).unwrap();
+        let any = |_: &&str| true;
+        let (a, dropped) = lobby.enter("a", t0, any).unwrap();
         assert_eq!(dropped, None);
-        let (_b, _) = lobby.enter("b", t0 + secs(1)).unwrap();
-        assert_eq!(lobby.enter("early", t0 + LOBBY_GRACE / 2), Err("early"));
-        let (_c, dropped) = lobby.enter("c", t0 + LOBBY_GRACE).unwrap();
+        let (_b, _) = lobby.enter("b", t0 + secs(1), any).unwrap();
+        assert_eq!(
+            lobby.enter("early", t0 + LOBBY_GRACE / 2, any),
+            Err("early")
+        );
+        let (_c, dropped) = lobby.enter("c", t0 + LOBBY_GRACE, any).unwrap();
         assert_eq!(dropped, Some("a"));
         assert_eq!(lobby.closing(), 1, "dropped, not yet gone");
         lobby.leave(a);
         assert_eq!((lobby.len(), lobby.closing()), (2, 0));
-        let (_d, dropped) = lobby.enter("d", t0 + secs(5)).unwrap();
+        let (_d, dropped) = lobby.enter("d", t0 + secs(5), any).unwrap();
         assert_eq!(dropped, Some("b"));
+    }
+
+    #[test]
+    fn a_full_lobby_drops_a_silent_connection_before_one_that_has_begun_to_speak() {
+        let t0 = Instant::now();
+        let mut lobby = Lobby::new(2);
+        // "stop" has sent its first bytes (a stop whose TLS handshake or
+        // request line trickles in); "silent" has sent nothing.
+        let bare = |c: &&str| *c != "stop";
+        lobby.enter("stop", t0, bare).unwrap();
+        lobby.enter("silent", t0 + secs(1), bare).unwrap();
+        let (_, dropped) = lobby.enter("new", t0 + secs(3), bare).unwrap();
+        assert_eq!(dropped, Some("silent"), "the older one has spoken");
+        // With none silent past its grace, the oldest goes all the same.
+        let (_, dropped) = lobby
+            .enter("newer", t0 + secs(5), |c: &&str| *c == "nobody")
+            .unwrap();
+        assert_eq!(dropped, Some("stop"));
     }
 
     #[test]
@@ -609,7 +641,7 @@ mod tests {
         let t0 = Instant::now();
         let mut lobby = Lobby::new(100);
         let ids: Vec<_> = (0..6)
-            .map(|i| lobby.enter(i, t0 + secs(i)).unwrap().0)
+            .map(|i| lobby.enter(i, t0 + secs(i), |_| true).unwrap().0)
             .collect();
         let bare = |c: &u64| *c != 1;
         // Nobody past the grace yet: nothing goes.

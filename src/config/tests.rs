@@ -248,6 +248,26 @@ fn server_limits_hosts_and_socket_errors_name_line_and_key() {
             "server.shutdown_grace_secs",
         ),
         (
+            "[server]\nauth_tokens = [\"ok\", \" \"]\n",
+            2,
+            "server.auth_tokens",
+        ),
+        (
+            "[server.tls]\ncert_file = \"/x\"\nkey_file = \"/y\"\nhandshake_timeout_secs = 0\n",
+            4,
+            "server.tls.handshake_timeout_secs",
+        ),
+        (
+            "[server.tls]\ncert_file = \"/x\"\nkey_file = \"/y\"\nhandshake_timeout_secs = 301\n",
+            4,
+            "server.tls.handshake_timeout_secs",
+        ),
+        (
+            "[server.tls]\ncert_file = \"/x\"\nkey_file = \"/y\"\nreload_check_secs = 86401\n",
+            4,
+            "server.tls.reload_check_secs",
+        ),
+        (
             "[server]\nhttp2_keepalive_secs = 86401\n",
             2,
             "server.http2_keepalive_secs",

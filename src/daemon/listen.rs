@@ -371,7 +371,7 @@ pub(super) fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'stati
         Some(_) => None,
         None => match lobby
             .lock()
-            .enter(closer.clone(), tokio::time::Instant::now())
+            .enter(closer.clone(), tokio::time::Instant::now(), |c| !c.heard())
         {
             Ok((id, dropped)) => {
                 if let Some(dropped) = dropped {
@@ -452,7 +452,9 @@ impl Seating {
         self,
         arrival: impl Future<Output = Option<Arrived<S>>>,
     ) {
+        // Biased: a stop that arrived as it was shed is served (below).
         let arrived = tokio::select! {
+            biased;
             arrived = arrival => arrived,
             () = self.closer.shed_requested() => None,
             () = self.drain.cancelled() => None,
@@ -709,7 +711,11 @@ mod tests {
         let (bare, heard) = (Closer::default(), Closer::default());
         heard.mark_heard();
         for closer in [&bare, &heard] {
-            seats.lobby.lock().enter(closer.clone(), t0).unwrap();
+            seats
+                .lobby
+                .lock()
+                .enter(closer.clone(), t0, |_| true)
+                .unwrap();
         }
         let seated = Closer::default();
         let open = seats.table.lock().open(seated.clone(), Arrival::Other, t0);

@@ -111,6 +111,13 @@ impl Ooda {
         };
         for (i, (rule, rule_state)) in self.rules.iter().zip(state.rules.iter_mut()).enumerate() {
             let fired = rule.step(rule_state, &facts, now);
+            // The action first: a stop latches here and now. The status
+            // takes the firing and the action's result in either order
+            // (see `RuleStatus::fired`).
+            if fired {
+                tracing::info!(rule = %rule.name, action = ?rule.action, "reflex rule fired");
+                self.hand_off(i, rule, rule_state.fired);
+            }
             // Told only on a change: most ticks take no lock here.
             let phase = rule_state.phase();
             if fired || state.rule_phases.get(i) != Some(&phase) {
@@ -126,12 +133,6 @@ impl Ooda {
                         }
                     }
                 });
-            }
-            // After the status knows of the firing (though the status takes
-            // the two in either order: see `RuleStatus::fired`).
-            if fired {
-                tracing::info!(rule = %rule.name, action = ?rule.action, "reflex rule fired");
-                self.hand_off(i, rule, rule_state.fired);
             }
         }
         if state.until_publish == 0 {

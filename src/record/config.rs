@@ -140,7 +140,11 @@ pub(crate) fn validate(record: &RecordConfig) -> Result<(), Invalid> {
         1..=7 * 86_400,
     )
     .map_err(|e| e.noting("a week"))?;
-    if record.max_total_mb != 0 && record.max_total_mb.saturating_mul(1024) < record.max_file_kb {
+    // The cap first: below it the size in bytes cannot overflow.
+    if record.max_total_mb > 1 << 30 {
+        return Err(Invalid::new("record.max_total_mb", "must be at most 2^30"));
+    }
+    if record.max_total_mb != 0 && record.max_total_mb * 1024 < record.max_file_kb {
         return Err(Invalid::new(
             "record.max_total_mb",
             format!(
@@ -148,9 +152,6 @@ pub(crate) fn validate(record: &RecordConfig) -> Result<(), Invalid> {
                 record.max_total_mb, record.max_file_kb
             ),
         ));
-    }
-    if record.max_total_mb > 1 << 30 {
-        return Err(Invalid::new("record.max_total_mb", "must be at most 2^30"));
     }
     for (i, stream) in record.streams.iter().enumerate() {
         if !STREAMS.contains(&stream.as_str()) {
@@ -330,6 +331,15 @@ mod tests {
         for (config, key) in cases {
             assert_eq!(validate(&config).map_err(|e| e.key), Err(key.to_string()));
         }
+        // The huge one is refused by its cap, not by the comparison with a file.
+        let huge = RecordConfig {
+            max_total_mb: i64::MAX as u64,
+            ..Default::default()
+        };
+        assert_eq!(
+            validate(&huge).map_err(|e| e.message),
+            Err("must be at most 2^30".to_string())
+        );
     }
 
     #[test]

@@ -240,31 +240,37 @@ impl FrameSource for OpenDevice {
                 .poll(libc::POLLIN, i32::try_from(ms).unwrap_or(60_000))
             {
                 Ok(0) => return Ok(None),
-                Ok(_) => self.stream.clear_timeout(),
+                Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(None),
                 Err(e) => return Err(DeviceError::classify(&self.path, "wait for a frame", e)),
             }
         } else {
             self.stream.set_timeout(FIRST_FRAME_WITHIN);
         }
-        match CaptureStream::next(&mut self.stream) {
+        let frame = match CaptureStream::next(&mut self.stream) {
             Ok((buffer, meta)) => {
-                self.streaming = true;
                 let used = (meta.bytesused as usize).min(buffer.len());
-                Ok(Some(RawFrame {
+                RawFrame {
                     data: buffer[..used].to_vec(),
                     damaged: meta.flags.contains(BufferFlags::ERROR),
-                }))
+                }
             }
-            Err(e) if e.kind() == io::ErrorKind::TimedOut && !self.streaming => {
-                Err(DeviceError::Io {
+            // Only the first call has a timeout: later ones come after poll.
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                return Err(DeviceError::Io {
                     path: self.path.clone(),
                     what: "wait for the first frame after starting the stream",
                     source: e,
-                })
+                });
             }
-            Err(e) => Err(DeviceError::classify(&self.path, "read a frame", e)),
+            Err(e) => return Err(DeviceError::classify(&self.path, "read a frame", e)),
+        };
+        if !self.streaming {
+            // From now on rozd waits with poll, and `next` need not wait.
+            self.streaming = true;
+            self.stream.clear_timeout();
         }
+        Ok(Some(frame))
     }
 }
 
