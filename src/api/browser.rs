@@ -52,6 +52,11 @@ const STOP_TRIGGERS: &[&str] = &[
     "/roz.v1.SafetyService/TriggerEstop",
 ];
 
+/// Whether a request to `path` triggers the stop.
+pub(crate) fn is_stop_trigger(path: &str) -> bool {
+    STOP_TRIGGERS.contains(&path)
+}
+
 /// The names a request may address this daemon by.
 #[derive(Debug, Clone)]
 pub(crate) struct AllowedHosts {
@@ -227,7 +232,7 @@ fn changes_state(method: &Method) -> bool {
 
 /// The whole decision, without I/O.
 pub(crate) fn check(r: &Checked<'_>, allowed: &AllowedHosts) -> Result<(), Refusal> {
-    if STOP_TRIGGERS.contains(&r.uri.path()) {
+    if is_stop_trigger(r.uri.path()) {
         return Ok(());
     }
     if r.headers

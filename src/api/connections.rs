@@ -21,9 +21,10 @@
 //! Out of file descriptors ([`ConnectionTable::shed`]) the same order
 //! applies, then the one whose last activity is oldest, a request in flight
 //! included, then a stop whose head has not all come yet (one that stalls
-//! must not pin the table); never a stop whose request runs (its caller
-//! would not learn that the stop latched, or the stop would be dropped
-//! before it ran).
+//! must not pin the table); never a connection on which a stop's request
+//! runs, whatever its first bytes were (a gRPC `TriggerEstop` on HTTP/2
+//! included): its caller would not learn that the stop latched, or the
+//! stop would be dropped before it ran.
 //!
 //! A connection is idle while no request is in flight on it; it has been
 //! idle since its last request ended (or since it opened).
@@ -71,6 +72,10 @@ struct Entry<T> {
     /// displaced nor shed.
     stop: bool,
     in_flight: u32,
+    /// Requests that trigger the stop running on it, whatever its first
+    /// bytes were (a gRPC `TriggerEstop` on an HTTP/2 connection, a second
+    /// request of a keep-alive one): it is not shed while one runs.
+    stops_running: u32,
     /// When it last opened, started or ended a request.
     active_at: Instant,
 }
@@ -138,6 +143,7 @@ impl<T> ConnectionTable<T> {
                 authenticated: false,
                 stop,
                 in_flight: 0,
+                stops_running: 0,
                 active_at: now,
             },
         );
@@ -164,6 +170,20 @@ impl<T> ConnectionTable<T> {
             e.stop = false;
             e.in_flight = e.in_flight.saturating_sub(1);
             e.active_at = now;
+        }
+    }
+
+    /// A request that triggers the stop started on it (within a request
+    /// counted by [`ConnectionTable::request_started`]).
+    pub(crate) fn stop_started(&mut self, id: ConnectionId) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.stops_running = e.stops_running.saturating_add(1);
+        }
+    }
+
+    pub(crate) fn stop_ended(&mut self, id: ConnectionId) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.stops_running = e.stops_running.saturating_sub(1);
         }
     }
 
@@ -244,7 +264,7 @@ impl<T> ConnectionTable<T> {
         let least_active = || {
             self.entries
                 .iter()
-                .filter(|(_, e)| !(e.stop && e.in_flight > 0))
+                .filter(|(_, e)| !(e.stop && e.in_flight > 0) && e.stops_running == 0)
                 .min_by_key(|(_, e)| (e.stop, e.active_at))
                 .map(|(id, _)| *id)
         };
@@ -581,6 +601,25 @@ mod tests {
         // Down to one place: the idle one first, then the pending stop.
         assert_eq!(table.shed(), ["idle", "pending"]);
         assert!(table.shed().is_empty(), "the running stop stays");
+    }
+
+    #[test]
+    fn out_of_descriptors_a_stop_running_on_any_connection_keeps_it() {
+        // A gRPC TriggerEstop arrives on an HTTP/2 connection, whose first
+        // bytes (the preface) say nothing of a stop.
+        let t0 = Instant::now();
+        let mut table = ConnectionTable::new(10);
+        let (grpc, _) = open(&mut table, "grpc", t0);
+        let (other, _) = open(&mut table, "other", t0 + secs(1));
+        table.request_started(grpc, t0 + secs(2));
+        table.stop_started(grpc);
+        table.request_started(other, t0 + secs(3));
+        // The least active is the gRPC one, but its stop runs.
+        assert_eq!(table.shed(), ["other"]);
+        assert!(table.shed().is_empty(), "the running stop stays");
+        table.stop_ended(grpc);
+        table.request_ended(grpc, t0 + secs(4));
+        assert_eq!(table.shed(), ["grpc"]);
     }
 
     #[test]

@@ -83,25 +83,32 @@ impl Connection {
     }
 }
 
-/// Counts a request as in flight while it lives.
-struct InFlight(Connection);
+/// Counts a request as in flight while it lives (and, for a request that
+/// triggers the stop, as a stop running: its connection is not shed).
+struct InFlight {
+    connection: Connection,
+    stop: bool,
+}
 
 impl InFlight {
-    fn start(connection: Connection) -> Self {
-        connection
-            .table
-            .lock()
-            .request_started(connection.id, tokio::time::Instant::now());
-        InFlight(connection)
+    fn start(connection: Connection, stop: bool) -> Self {
+        let mut table = connection.table.lock();
+        table.request_started(connection.id, tokio::time::Instant::now());
+        if stop {
+            table.stop_started(connection.id);
+        }
+        drop(table);
+        InFlight { connection, stop }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0
-            .table
-            .lock()
-            .request_ended(self.0.id, tokio::time::Instant::now());
+        let mut table = self.connection.table.lock();
+        if self.stop {
+            table.stop_ended(self.connection.id);
+        }
+        table.request_ended(self.connection.id, tokio::time::Instant::now());
     }
 }
 
@@ -119,7 +126,8 @@ pub(crate) fn service(
     Future = impl Send,
 > + Clone {
     tower::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
-        let in_flight = InFlight::start(connection.clone());
+        let stop = super::browser::is_stop_trigger(request.uri().path());
+        let in_flight = InFlight::start(connection.clone(), stop);
         request.extensions_mut().insert(connection.clone());
         if let Some(peer) = &peer {
             request.extensions_mut().insert(peer.clone());
