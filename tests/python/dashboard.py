@@ -128,8 +128,20 @@ def main():
         world = driver.find_element(By.ID, "world-card")
         seen = driver.find_element(By.ID, "cameras-card")
         assert world.is_displayed() and seen.is_displayed()
-        assert abs(world.location["y"] - seen.location["y"]) < 4 and seen.location["x"] > world.location["x"], \
-            (world.location, seen.location)
+        # The page lays out again as pictures and cards load: both places
+        # are read together, until they hold (seen in CI: the two reads of
+        # one assertion straddled a re-layout).
+        placed = [None]
+
+        def beside(d):
+            placed[0] = (d.find_element(By.ID, "world-card").location,
+                         d.find_element(By.ID, "cameras-card").location)
+            w, c = placed[0]
+            return abs(w["y"] - c["y"]) < 4 and c["x"] > w["x"]
+        try:
+            wait.until(beside)
+        except TimeoutException:
+            raise AssertionError("the camera is not beside the world view: %r" % (placed[0],))
         driver.save_screenshot(shots + "/dashboard-camera.png")
         print("camera live:", caption.replace("\n", " "), flush=True)
 
