@@ -34,6 +34,17 @@ def click(element):
     return True
 
 
+def press(element):
+    """Presses a button of a card the page re-renders with every event: in
+    the page itself, on that very element. A pointer click lands at the
+    element's place as it was when it was found, and a re-layout in between
+    (another card gone, a table grown) sends it elsewhere: CI saw an
+    approval's Approve and Deny lost so. A stale element raises, and the
+    wait looks it up again."""
+    element.parent.execute_script("arguments[0].click();", element)
+    return True
+
+
 def text_when(wait, selector, good):
     """Waits until the text of `selector` is good and returns it. The page
     re-renders with every event: the element is looked up and read in one
@@ -201,10 +212,10 @@ def main():
         # Answered from the page: every change of the list re-renders the
         # cards, so each is looked up and clicked in one step.
         step = "approving the gRPC session's call from the page"
-        wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, '.approval[data-call="%s"] button.approve' % session_call)))
+        wait.until(lambda d: press(d.find_element(By.CSS_SELECTOR, '.approval[data-call="%s"] button.approve' % session_call)))
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '.approval[data-call="%s"]' % session_call))
         step = "denying the MCP call from the page"
-        wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, '.approval[data-kind="mcp"] button.deny')))
+        wait.until(lambda d: press(d.find_element(By.CSS_SELECTOR, '.approval[data-kind="mcp"] button.deny')))
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '.approval[data-kind="mcp"]'))
         # The reflex rules: the session's turn_rate 10 made one fire, which
         # set turn_rate back to 0 and re-armed; the other never fired.
@@ -219,7 +230,7 @@ def main():
         full_page(driver, shots + "/dashboard-full.png")
 
         step = "approving the task's call from the page"
-        wait.until(lambda d: click(d.find_element(By.CSS_SELECTOR, '.approval[data-kind="task"] button.approve')))
+        wait.until(lambda d: press(d.find_element(By.CSS_SELECTOR, '.approval[data-kind="task"] button.approve')))
         # Each plot starts with the last minutes (the trend), not the last
         # 128 samples (6.4 s of wave at 20 Hz): reloaded now, after the
         # daemon has run for more than 8 s, wave's plot starts further back.
